@@ -1,0 +1,64 @@
+#pragma once
+// The interface every compute backend implements: the whole gpt-oss forward pass over a flat
+// ("varlen") batch of tokens from many sequences, with a paged KV cache the backend owns and the
+// kv/ layer's page tables address.
+//
+// Why a whole forward pass and not per-op calls: the CUDA backend fuses across op boundaries
+// and captures whole decode steps in CUDA graphs; the CPU backend composes its own ops (each
+// unit-tested) into the same sequence. Both implement the math in ../shared/DESIGN.md.
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/dtype.h"
+#include "model/config.h"
+
+namespace gptoss {
+
+// The KV cache is two page pools: one for full-attention layers, one for sliding-window layers
+// (whose old pages the kv/ layer releases). A page id addresses the same slot in every layer of
+// its group; a page holds K and V for `page_size` consecutive positions of one sequence.
+enum KvGroup { kKvFull = 0, kKvSliding = 1 };
+
+struct KvCacheConfig {
+  int page_size = 16;
+  int num_pages[2] = {0, 0};  // per group
+  DType dtype = DType::BF16;  // BF16, or F8_E4M3 (`--kv-cache-dtype fp8`); the CPU backend stores F32 for BF16
+};
+
+struct SeqBatchInfo {
+  int32_t first_token = 0;  // index of this sequence's first token in ForwardBatch::tokens
+  int32_t n_tokens = 0;     // new tokens of this sequence in this pass
+  int32_t start_pos = 0;    // absolute position of its first new token (= tokens already cached)
+  // Page tables per group: position p lives in page pages[g][p / page_size]. Entries of the
+  // sliding group below the window may be -1 (released). Must cover start_pos + n_tokens.
+  const int32_t* pages[2] = {nullptr, nullptr};
+  int32_t n_pages[2] = {0, 0};
+};
+
+struct ForwardBatch {
+  std::vector<int32_t> tokens;      // all new tokens, sequence after sequence
+  std::vector<SeqBatchInfo> seqs;
+  std::vector<int32_t> logit_rows;  // token indices (into tokens) whose logits are wanted, in output order
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string name() const = 0;
+  virtual const GptOssConfig& config() const = 0;
+  // (Re)allocates the KV cache; previous contents are dropped.
+  virtual void init_kv_cache(const KvCacheConfig& kv) = 0;
+  virtual const KvCacheConfig& kv_config() const = 0;
+  // Runs the model: stores K/V of every new token into its page, then writes the logits of
+  // batch.logit_rows to `logits` (host memory, [logit_rows.size(), vocab] float32).
+  virtual void forward(const ForwardBatch& batch, float* logits) = 0;
+  // Bytes of memory the backend can give the KV cache after its weights (0 = no fixed limit).
+  virtual size_t kv_memory_available() const { return 0; }
+};
+
+// Bytes one page of group g costs in a backend's storage.
+size_t kv_page_bytes(const GptOssConfig& c, KvGroup g, int page_size, DType dtype);
+
+}  // namespace gptoss

@@ -1,0 +1,186 @@
+#include "model/safetensors.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "common/error.h"
+
+namespace gptoss {
+
+using nlohmann::json;
+namespace fs = std::filesystem;
+
+int64_t TensorView::numel() const {
+  int64_t n = 1;
+  for (auto d : shape) n *= d;
+  return n;
+}
+
+std::string TensorView::shape_str() const {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
+  int fd = ::open(path.c_str(), O_RDONLY);
+  if (fd < 0) throw Error(path + ": cannot open (" + std::strerror(errno) + ")");
+  struct stat st {};
+  if (fstat(fd, &st) != 0) {
+    ::close(fd);
+    throw Error(path + ": cannot stat");
+  }
+  size_ = size_t(st.st_size);
+  if (size_ < 8) {
+    ::close(fd);
+    throw Error(path + ": truncated safetensors file (" + std::to_string(size_) + " bytes)");
+  }
+  map_ = mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
+  ::close(fd);
+  if (map_ == MAP_FAILED) {
+    map_ = nullptr;
+    throw Error(path + ": mmap failed");
+  }
+  const uint8_t* base = static_cast<const uint8_t*>(map_);
+  uint64_t hlen;
+  std::memcpy(&hlen, base, 8);
+  if (hlen > size_ - 8) throw Error(path + ": truncated safetensors header (header length " + std::to_string(hlen) + ")");
+  json h;
+  try {
+    h = json::parse(base + 8, base + 8 + hlen);
+  } catch (const json::exception& e) {
+    throw Error(path + ": invalid safetensors header: " + e.what());
+  }
+  if (!h.is_object()) throw Error(path + ": safetensors header is not an object");
+  const uint8_t* data = base + 8 + hlen;
+  const size_t data_size = size_ - 8 - hlen;
+  for (auto& [name, v] : h.items()) {
+    if (name == "__metadata__") continue;
+    TensorView t;
+    t.name = name;
+    t.file = path;
+    try {
+      std::string dt = v.at("dtype").get<std::string>();
+      if (!dtype_from_name(dt, &t.dtype)) throw Error(path + ": tensor " + name + " has unsupported dtype " + dt);
+      t.shape = v.at("shape").get<std::vector<int64_t>>();
+      auto off = v.at("data_offsets").get<std::vector<uint64_t>>();
+      if (off.size() != 2 || off[0] > off[1]) throw Error(path + ": tensor " + name + " has bad data_offsets");
+      if (off[1] > data_size)
+        throw Error(path + ": tensor " + name + " extends past the end of the file (truncated?)");
+      t.data = data + off[0];
+      t.nbytes = off[1] - off[0];
+    } catch (const json::exception& e) {
+      throw Error(path + ": tensor " + name + " has a malformed header entry: " + e.what());
+    }
+    for (auto d : t.shape)
+      if (d < 0) throw Error(path + ": tensor " + name + " has a negative dimension");
+    if (size_t(t.numel()) * dtype_size(t.dtype) != t.nbytes)
+      throw Error(path + ": tensor " + name + " byte size " + std::to_string(t.nbytes) + " does not match " +
+                  dtype_name(t.dtype) + " " + t.shape_str());
+    tensors_.emplace(name, std::move(t));
+  }
+}
+
+SafetensorsFile::~SafetensorsFile() {
+  if (map_) munmap(map_, size_);
+}
+
+const TensorView* SafetensorsFile::find(const std::string& name) const {
+  auto it = tensors_.find(name);
+  return it == tensors_.end() ? nullptr : &it->second;
+}
+
+Checkpoint::Checkpoint(const std::string& dir) : dir_(dir) {
+  if (!fs::is_directory(dir)) throw Error(dir + ": not a model directory");
+  std::vector<std::string> files;
+  fs::path index = fs::path(dir) / "model.safetensors.index.json";
+  fs::path single = fs::path(dir) / "model.safetensors";
+  std::map<std::string, std::string> weight_map;
+  if (fs::exists(index)) {
+    std::ifstream f(index);
+    json j;
+    try {
+      j = json::parse(f);
+      weight_map = j.at("weight_map").get<std::map<std::string, std::string>>();
+    } catch (const json::exception& e) {
+      throw Error(index.string() + ": invalid index: " + e.what());
+    }
+    for (auto& [n, fn] : weight_map)
+      if (std::find(files.begin(), files.end(), fn) == files.end()) files.push_back(fn);
+  } else if (fs::exists(single)) {
+    files.push_back("model.safetensors");
+  } else {
+    throw Error(dir + ": no model.safetensors or model.safetensors.index.json");
+  }
+  for (auto& fn : files) {
+    fs::path p = fs::path(dir) / fn;
+    if (!fs::exists(p)) throw Error(p.string() + ": missing (listed in model.safetensors.index.json)");
+    files_.push_back(std::make_unique<SafetensorsFile>(p.string()));
+  }
+  for (auto& f : files_)
+    for (auto& [n, t] : f->tensors()) index_[n] = &t;
+  for (auto& [n, fn] : weight_map) {
+    auto it = index_.find(n);
+    if (it == index_.end()) throw Error((fs::path(dir) / fn).string() + ": tensor " + n + " listed in the index is missing");
+    if (fs::path(it->second->file).filename() != fn)
+      throw Error(it->second->file + ": tensor " + n + " found here, but the index places it in " + fn);
+  }
+}
+
+const TensorView* Checkpoint::find(const std::string& name) const {
+  auto it = index_.find(name);
+  return it == index_.end() ? nullptr : it->second;
+}
+
+const TensorView& Checkpoint::get(const std::string& name) const {
+  auto* t = find(name);
+  if (!t) throw Error(dir_ + ": tensor " + name + " is missing from the checkpoint");
+  return *t;
+}
+
+std::vector<std::string> Checkpoint::names() const {
+  std::vector<std::string> r;
+  for (auto& [n, t] : index_) r.push_back(n);
+  return r;
+}
+
+size_t TensorSpec::nbytes() const {
+  size_t n = dtype_size(dtype);
+  for (auto d : shape) n *= size_t(d);
+  return n;
+}
+
+void write_safetensors(const std::string& path, const std::vector<TensorSpec>& specs,
+                       const std::function<void(const TensorSpec&, uint8_t* out)>& fill) {
+  // nlohmann::ordered_json keeps the declaration order, which is also the data order.
+  nlohmann::ordered_json h;
+  h["__metadata__"] = {{"format", "pt"}};
+  size_t off = 0;
+  for (auto& s : specs) {
+    h[s.name] = {{"dtype", dtype_name(s.dtype)}, {"shape", s.shape}, {"data_offsets", {off, off + s.nbytes()}}};
+    off += s.nbytes();
+  }
+  std::string hs = h.dump();
+  while ((8 + hs.size()) % 8) hs.push_back(' ');
+  std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  if (!f) throw Error(path + ": cannot create");
+  uint64_t hlen = hs.size();
+  f.write(reinterpret_cast<const char*>(&hlen), 8);
+  f.write(hs.data(), std::streamsize(hs.size()));
+  std::vector<uint8_t> buf;
+  for (auto& s : specs) {
+    buf.assign(s.nbytes(), 0);
+    fill(s, buf.data());
+    f.write(reinterpret_cast<const char*>(buf.data()), std::streamsize(buf.size()));
+  }
+  if (!f) throw Error(path + ": write failed");
+}
+
+}  // namespace gptoss
