@@ -429,6 +429,17 @@ void Tokenizer::Impl::finish(const std::vector<ByteMap::Entry>& entries,
         special_lengths.end())
       special_lengths.push_back(name.size());
   }
+  // The references (openai/harmony, tiktoken with the o200k_harmony table) also accept
+  // "<|reserved_ID|>" for the named specials from 200013 up (i.e. <|reserved_200018|> is
+  // <|endofprompt|>). Accept the same aliases when no token has that name.
+  for (auto& [name, id] : specials_in) {
+    if (id < 200013 || id >= 201088) continue;
+    std::string alias = "<|reserved_" + std::to_string(id) + "|>";
+    if (specials_by_name.emplace(alias, id).second &&
+        std::find(special_lengths.begin(), special_lengths.end(), alias.size()) ==
+            special_lengths.end())
+      special_lengths.push_back(alias.size());
+  }
   std::sort(special_lengths.begin(), special_lengths.end());
   specials = std::move(specials_in);
   // Common prefix of every special name ("<|"): the scan looks for it first.
