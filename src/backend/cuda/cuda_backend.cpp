@@ -12,6 +12,7 @@
 
 #include "backend/cuda/cuda_common.h"
 #include "backend/cuda/kernels.h"
+#include "model/make_model.h"
 #include "model/weights.h"
 
 namespace gptoss {
@@ -222,21 +223,26 @@ void CudaBackend::build_random(const std::string& preset, uint64_t seed) {
     fill_random_u8(d, n, sid++, lo, hi, stream_);
     return d;
   };
-  embed_ = bf(size_t(V) * H, 0.02f);
-  final_norm_ = f32(H, 1.f, 0.05f);
-  lm_head_ = WeightMat{WeightMat::kBF16, bf(size_t(V) * H, 0.02f), nullptr, nullptr, V, H};
+  // The distributions make-model writes (uniform with the same mean and spread), so a GPU random
+  // model behaves like a checkpoint one.
+  const RandomWeightSpec r;
+  const float ds = r.dense_std, bs = r.bias_std;
+  const int slo = r.scale_lo, shi = r.scale_hi;
+  embed_ = bf(size_t(V) * H, r.embed_std);
+  final_norm_ = f32(H, 1.f, r.norm_std);
+  lm_head_ = WeightMat{WeightMat::kBF16, bf(size_t(V) * H, ds), nullptr, nullptr, V, H};
   for (int l = 0; l < cfg_.num_layers; ++l) {
     Layer L{};
-    L.attn_norm = f32(H, 1.f, 0.05f);
-    L.mlp_norm = f32(H, 1.f, 0.05f);
+    L.attn_norm = f32(H, 1.f, r.norm_std);
+    L.mlp_norm = f32(H, 1.f, r.norm_std);
     L.sinks = f32(cfg_.num_heads, 0.f, 0.5f);
-    L.qkv = WeightMat{WeightMat::kBF16, bf(size_t(QKV) * H, 0.02f), nullptr, f32(QKV, 0.f, 0.02f), QKV, H};
-    L.o = WeightMat{WeightMat::kBF16, bf(size_t(H) * qd, 0.02f), nullptr, f32(H, 0.f, 0.02f), H, qd};
-    L.router = WeightMat{WeightMat::kBF16, bf(size_t(E) * H, 0.02f), nullptr, f32(E, 0.f, 0.02f), E, H};
-    L.gate_up = WeightMat{WeightMat::kMXFP4, u8(size_t(E) * 2 * I * H / 2, 0, 255), u8(size_t(E) * 2 * I * H / 32, 119, 123),
-                          f32(size_t(E) * 2 * I, 0.f, 0.02f), 2 * I, H};
-    L.down = WeightMat{WeightMat::kMXFP4, u8(size_t(E) * H * I / 2, 0, 255), u8(size_t(E) * H * I / 32, 119, 123),
-                       f32(size_t(E) * H, 0.f, 0.02f), H, I};
+    L.qkv = WeightMat{WeightMat::kBF16, bf(size_t(QKV) * H, ds), nullptr, f32(QKV, 0.f, bs), QKV, H};
+    L.o = WeightMat{WeightMat::kBF16, bf(size_t(H) * qd, ds), nullptr, f32(H, 0.f, bs), H, qd};
+    L.router = WeightMat{WeightMat::kBF16, bf(size_t(E) * H, ds), nullptr, f32(E, 0.f, bs), E, H};
+    L.gate_up = WeightMat{WeightMat::kMXFP4, u8(size_t(E) * 2 * I * H / 2, 0, 255),
+                          u8(size_t(E) * 2 * I * H / 32, slo, shi), f32(size_t(E) * 2 * I, 0.f, bs), 2 * I, H};
+    L.down = WeightMat{WeightMat::kMXFP4, u8(size_t(E) * H * I / 2, 0, 255), u8(size_t(E) * H * I / 32, slo, shi),
+                       f32(size_t(E) * H, 0.f, bs), H, I};
     layers_.push_back(L);
   }
 }
