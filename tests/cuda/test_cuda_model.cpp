@@ -41,6 +41,21 @@ Compare compare(Backend& gpu, Backend& cpu, const std::vector<int32_t>& prompt, 
   auto lg = sg.append(prompt, true), lc = sc.append(prompt, true);
   c.prefill_err = rel_err(lg, lc);
   const int V = cpu.config().vocab;
+  {
+    // Per-row errors: a few bad rows point at discrete decisions (expert routing), all rows at a bug.
+    std::vector<double> rows;
+    for (size_t r = 0; r < prompt.size(); ++r)
+      rows.push_back(rel_err(std::vector<float>(lg.begin() + r * V, lg.begin() + (r + 1) * V),
+                             std::vector<float>(lc.begin() + r * V, lc.begin() + (r + 1) * V)));
+    auto sorted = rows;
+    std::sort(sorted.begin(), sorted.end());
+    int bad = int(std::count_if(rows.begin(), rows.end(), [](double e) { return e > 2e-2; }));
+    std::printf("  rows: median rel err %.3g, max %.3g, rows over 2e-2: %d of %zu; first bad rows:", sorted[sorted.size() / 2],
+                sorted.back(), bad, rows.size());
+    for (size_t r = 0, shown = 0; r < rows.size() && shown < 8; ++r)
+      if (rows[r] > 2e-2) { std::printf(" %zu(%.2g)", r, rows[r]); ++shown; }
+    std::printf("\n");
+  }
   std::vector<float> last_g(lg.end() - V, lg.end()), last_c(lc.end() - V, lc.end());
   std::vector<int> tg, tc;
   for (int s = 0; s < steps; ++s) {
@@ -149,6 +164,9 @@ TEST_F(CudaModel, TwoLayers120bShapesMatchCpu) {
     FastRng r(fresh_seed());
     std::vector<int32_t> prompt;
     for (int i = 0; i < 150; ++i) prompt.push_back(int(r.next() % cfg.vocab));  // crosses the 128 window
+    Compare c1 = compare(*gpu, *cpu, {prompt[0]}, 4);
+    std::printf("2-layer 120b shapes, 1-token prompt: prefill logits rel err %.3g, greedy equal %d/4\n", c1.prefill_err,
+                c1.greedy_equal);
     Compare c = compare(*gpu, *cpu, prompt, 16);
     std::printf("2-layer 120b shapes, 150-token prompt: prefill logits rel err %.3g, greedy equal %d/16\n",
                 c.prefill_err, c.greedy_equal);

@@ -5,6 +5,8 @@
 #include "backend/cuda/cuda_backend.h"
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <string>
@@ -112,7 +114,36 @@ class CudaBackend final : public Backend {
   int32_t* h_meta_ = nullptr;  // pinned
 
   std::map<int, cudaGraphExec_t> graphs_;
-  std::vector<float> host_row_;  // scratch
+
+  // GPTOSS_CUDA_PROFILE=1: decode steps run eagerly with an event after every op; the time per
+  // op kind (summed over layers and steps) is printed when the backend goes away.
+  bool profile_ = false;
+  std::vector<std::pair<const char*, cudaEvent_t>> prof_marks_;
+  std::map<std::string, std::pair<double, int>> prof_;
+  cudaEvent_t prof_start_ = nullptr;
+  void mark(const char* what) {
+    if (!profile_) return;
+    cudaEvent_t e;
+    GPTOSS_CUDA_CHECK(cudaEventCreate(&e));
+    GPTOSS_CUDA_CHECK(cudaEventRecord(e, stream_));
+    prof_marks_.push_back({what, e});
+  }
+  void collect_profile() {
+    if (!profile_ || prof_marks_.empty()) return;
+    GPTOSS_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    cudaEvent_t prev = prof_start_;
+    for (auto& [what, e] : prof_marks_) {
+      float ms = 0;
+      GPTOSS_CUDA_CHECK(cudaEventElapsedTime(&ms, prev, e));
+      auto& slot = prof_[what];
+      slot.first += ms;
+      slot.second += 1;
+      if (prev != prof_start_) cudaEventDestroy(prev);
+      prev = e;
+    }
+    cudaEventDestroy(prev);
+    prof_marks_.clear();
+  }
 };
 
 
@@ -140,9 +171,19 @@ CudaBackend::CudaBackend(const BackendOptions& opts) {
   }
   alloc_workspace();
   GPTOSS_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  profile_ = std::getenv("GPTOSS_CUDA_PROFILE") != nullptr;
+  if (profile_) GPTOSS_CUDA_CHECK(cudaEventCreate(&prof_start_));
 }
 
 CudaBackend::~CudaBackend() {
+  if (profile_ && !prof_.empty()) {
+    double total = 0;
+    for (auto& [k, v] : prof_) total += v.first;
+    std::fprintf(stderr, "cuda profile (eager passes, events between ops):\n");
+    for (auto& [k, v] : prof_)
+      std::fprintf(stderr, "  %-14s %10.3f ms  %5.1f%%  (%d ops)\n", k.c_str(), v.first, 100 * v.first / total, v.second);
+  }
+  if (prof_start_) cudaEventDestroy(prof_start_);
   for (auto& [b, g] : graphs_) cudaGraphExecDestroy(g);
   if (h_meta_) cudaFreeHost(h_meta_);
   if (stream_) cudaStreamDestroy(stream_);
@@ -339,29 +380,43 @@ void CudaBackend::lm_head(const int32_t* rows, int n_rows) {
 void CudaBackend::run_pass(int n, const PassMeta& m, int n_rows, int nsplit) {
   const GptOssConfig& c = cfg_;
   const int H = c.hidden, QKV = c.q_dim() + 2 * c.kv_dim(), E = c.num_experts, k = c.experts_per_token;
+  if (profile_) GPTOSS_CUDA_CHECK(cudaEventRecord(prof_start_, stream_));
   embed(embed_, m.tokens, n, H, x_, stream_);
+  mark("embed");
   for (const Layer& L : layers_) {
     const int g = L.sliding ? kKvSliding : kKvFull;
     KvLayer kv{static_cast<uint8_t*>(kv_pool_[g].get()) + kv_layer_bytes_[g] * L.group_index,
                kvc_.dtype == DType::F8_E4M3, kvc_.page_size};
     TokenMeta tm{m.pos, m.pt_off[g], m.pt};
     rmsnorm(x_, L.attn_norm, n, H, c.rms_eps, nullptr, xn_, stream_);
+    mark("norm");
     linear(L.qkv, xn_, H, n, Epilogue{Epilogue::kStoreBF16, qkv_, QKV}, stream_);
+    mark("qkv");
     rope_kv_store(qkv_, n, c.num_heads, c.num_kv_heads, c.head_dim, inv_freq_, yarn_.attention_scaling, tm, kv,
                   stream_);
+    mark("rope_kv");
     attention(qkv_, n, c.num_heads, c.num_kv_heads, c.head_dim, L.sliding ? c.sliding_window : 0, L.sinks, tm, kv,
               nsplit, partial_, attn_, stream_);
+    mark("attention");
     linear(L.o, attn_, c.q_dim(), n, Epilogue{Epilogue::kAddF32, x_, H}, stream_);
+    mark("o_proj");
     rmsnorm(x_, L.mlp_norm, n, H, c.rms_eps, nullptr, xn_, stream_);
+    mark("norm");
     linear(L.router, xn_, H, n, Epilogue{Epilogue::kStoreF32, router_logits_, E}, stream_);
+    mark("router");
     moe_route(router_logits_, n, E, k, routing_, stream_);
+    mark("route");
     Epilogue gu{Epilogue::kSwiGLU, act_, c.intermediate};
     gu.swiglu_limit = c.swiglu_limit;
     linear_grouped(L.gate_up, xn_, H, n * k, E, true, routing_, gu, stream_);
+    mark("gate_up");
     linear_grouped(L.down, act_, c.intermediate, n * k, E, false, routing_, Epilogue{Epilogue::kScatterAdd, x_, H},
                    stream_);
+    mark("down");
   }
   if (n_rows > 0) lm_head(m.rows, n_rows);
+  mark("lm_head");
+  collect_profile();
 }
 
 void CudaBackend::stage_chunk(const ForwardBatch& b, int t0, int t1, Staged* st, std::vector<int>* seq_of) {
@@ -414,7 +469,7 @@ void CudaBackend::run_batch(const ForwardBatch& b, float* logits, int32_t* greed
   int covered = 0;
   for (const SeqBatchInfo& s : b.seqs) covered += s.n_tokens;
   if (covered != M) throw Error("cuda backend: sequences do not cover the batch's tokens");
-  bool decode = M <= kMaxGraphBatch;
+  bool decode = M <= kMaxGraphBatch && !profile_;
   for (const SeqBatchInfo& s : b.seqs) decode &= s.n_tokens <= 1;
   const int V = cfg_.vocab;
   if (decode) {

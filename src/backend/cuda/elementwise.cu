@@ -174,10 +174,8 @@ MoeRouting moe_routing_carve(void* mem, int max_pairs, int E) {
 constexpr int kMaxExpertsPerLane = 8;  // E <= 256
 constexpr int kMaxTopK = 8;
 
-__global__ void topk_kernel(const float* __restrict__ logits, int n, int E, int k, MoeRouting r) {
-  int t = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+__device__ void topk_token(const float* __restrict__ logits, int t, int E, int k, const MoeRouting& r) {
   int lane = threadIdx.x & 31;
-  if (t >= n) return;
   float v[kMaxExpertsPerLane];
 #pragma unroll
   for (int i = 0; i < kMaxExpertsPerLane; ++i) {
@@ -216,7 +214,12 @@ __global__ void topk_kernel(const float* __restrict__ logits, int n, int E, int 
   }
 }
 
-__global__ void moe_sort_kernel(int P, int E, int k, MoeRouting r) {
+__global__ void topk_kernel(const float* __restrict__ logits, int n, int E, int k, MoeRouting r) {
+  int t = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+  if (t < n) topk_token(logits, t, E, k, r);
+}
+
+__device__ void moe_sort_block(int P, int E, int k, const MoeRouting& r) {
   extern __shared__ int32_t sm[];
   int32_t* cnt = sm;         // [E]
   int32_t* cursor = sm + E;  // [E]
@@ -253,9 +256,24 @@ __global__ void moe_sort_kernel(int P, int E, int k, MoeRouting r) {
   }
 }
 
+__global__ void moe_sort_kernel(int P, int E, int k, MoeRouting r) { moe_sort_block(P, E, k, r); }
+
+// Decode-sized batches: top-k and the sort in one launch (one block), a launch less per layer.
+__global__ void moe_route_small_kernel(const float* __restrict__ logits, int n, int E, int k, MoeRouting r) {
+  for (int t = threadIdx.x / 32; t < n; t += blockDim.x / 32) topk_token(logits, t, E, k, r);
+  __threadfence_block();
+  __syncthreads();
+  moe_sort_block(n * k, E, k, r);
+}
+
 void moe_route(const float* logits, int n, int E, int k, const MoeRouting& r, cudaStream_t s) {
   if (n <= 0) return;
   if (E > 32 * kMaxExpertsPerLane || k > kMaxTopK || k > E) throw Error("moe_route: unsupported experts/top-k");
+  if (n <= 64) {
+    moe_route_small_kernel<<<1, 1024, 2 * E * sizeof(int32_t), s>>>(logits, n, E, k, r);
+    GPTOSS_CUDA_LAUNCH_CHECK();
+    return;
+  }
   topk_kernel<<<(n + 7) / 8, 256, 0, s>>>(logits, n, E, k, r);
   GPTOSS_CUDA_LAUNCH_CHECK();
   moe_sort_kernel<<<1, 1024, 2 * E * sizeof(int32_t), s>>>(n * k, E, k, r);
