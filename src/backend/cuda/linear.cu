@@ -7,6 +7,8 @@
 #include <algorithm>
 
 #include "backend/cuda/cuda_common.h"
+#include <cuda_fp16.h>
+
 #include "backend/cuda/device_utils.cuh"
 #include "backend/cuda/kernels.h"
 
@@ -69,8 +71,7 @@ constexpr int kGemvRowsPerBlock = kGemvWarps * kGemvRowsPerWarp;
 constexpr int kGemvMT = 4;  // tokens per pass over the weights
 constexpr int kGemvMaxM = 8;  // the auto path uses GEMV up to this many rows (per group)
 
-template <int FMT>
-__global__ void __launch_bounds__(256) gemv_kernel(LinArgs a) {
+__global__ void __launch_bounds__(256, 3) gemv_bf16_kernel(LinArgs a) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
   const int n0 = (blockIdx.x * kGemvWarps + warp) * kGemvRowsPerWarp;
   const int N = a.W.N, K = a.W.K;
@@ -103,7 +104,7 @@ __global__ void __launch_bounds__(256) gemv_kernel(LinArgs a) {
 #pragma unroll
     for (int m = 0; m < kGemvMT; ++m) acc0[m] = acc1[m] = 0.f;
 
-    if constexpr (FMT == WeightMat::kBF16) {
+    {
       const uint16_t* W = static_cast<const uint16_t*>(a.W.w) + size_t(expert) * N * K;
       const uint4* w0 = reinterpret_cast<const uint4*>(W + size_t(n0) * K);
       const uint4* w1 = reinterpret_cast<const uint4*>(W + size_t(n1) * K);
@@ -138,61 +139,6 @@ __global__ void __launch_bounds__(256) gemv_kernel(LinArgs a) {
           }
         }
       }
-    } else {
-      const int kb = K / 32;
-      const uint8_t* B = static_cast<const uint8_t*>(a.W.w) + size_t(expert) * N * kb * 16;
-      const uint8_t* S = a.W.scales + size_t(expert) * N * kb;
-      const uint4* w0 = reinterpret_cast<const uint4*>(B + size_t(n0) * kb * 16);
-      const uint4* w1 = reinterpret_cast<const uint4*>(B + size_t(n1) * kb * 16);
-      const uint8_t* s0 = S + size_t(n0) * kb;
-      const uint8_t* s1 = S + size_t(n1) * kb;
-      constexpr int U = 2;
-      for (int c0 = lane; c0 < kb; c0 += 32 * U) {
-        uint4 wa[U], wb[U];
-        uint32_t sa[U], sb[U];
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-          int c = c0 + u * 32;
-          if (c < kb) { wa[u] = __ldg(w0 + c); wb[u] = __ldg(w1 + c); sa[u] = __ldg(s0 + c); sb[u] = __ldg(s1 + c); }
-        }
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-          int c = c0 + u * 32;
-          if (c >= kb) break;
-          const float fsa = mx_scale_hi(sa[u]), fsb = mx_scale_hi(sb[u]);
-          const float lsa = mx_scale_lo(sa[u]), lsb = mx_scale_lo(sb[u]);
-          float da[32], db[32];
-          const uint32_t* pa = reinterpret_cast<const uint32_t*>(&wa[u]);
-          const uint32_t* pb = reinterpret_cast<const uint32_t*>(&wb[u]);
-#pragma unroll
-          for (int i = 0; i < 4; ++i)
-#pragma unroll
-            for (int j = 0; j < 8; ++j) {
-              da[i * 8 + j] = e2m1_bits(pa[i] >> (4 * j)) * fsa;
-              db[i * 8 + j] = e2m1_bits(pb[i] >> (4 * j)) * fsb;
-            }
-#pragma unroll
-          for (int m = 0; m < kGemvMT; ++m) {
-            if (m >= mt) break;
-            const uint4* xp = reinterpret_cast<const uint4*>(xrow[m] + size_t(c) * 32);
-            float t0 = 0.f, t1 = 0.f;
-#pragma unroll
-            for (int q = 0; q < 4; ++q) {
-              uint4 xv = xp[q];
-              const uint32_t* px = reinterpret_cast<const uint32_t*>(&xv);
-#pragma unroll
-              for (int i = 0; i < 4; ++i) {
-                float2 x = bf16x2_to_f32x2(px[i]);
-                int e = q * 8 + i * 2;
-                t0 = fmaf(da[e], x.x, fmaf(da[e + 1], x.y, t0));
-                t1 = fmaf(db[e], x.x, fmaf(db[e + 1], x.y, t1));
-              }
-            }
-            acc0[m] = fmaf(t0, lsa, acc0[m]);
-            acc1[m] = fmaf(t1, lsb, acc1[m]);
-          }
-        }
-      }
     }
 #pragma unroll
     for (int m = 0; m < kGemvMT; ++m) {
@@ -211,6 +157,153 @@ __global__ void __launch_bounds__(256) gemv_kernel(LinArgs a) {
         } else {
           epi_store(a, row, n0, v0);
           if (has1) epi_store(a, row, n0 + 1, v1);
+        }
+      }
+    }
+  }
+}
+
+
+// MXFP4 GEMV. Decoding is the cost here (3.6 B weights a token), so it runs two elements per
+// instruction: a 32-bit word of nibbles gives four fp16 pairs (element j and j+4) with two shifts
+// and two logic ops each, one HMUL2 makes them exact e2m1 values, and HFMA2 multiplies them with
+// the activations (staged once per block in shared memory as fp16 pairs in the same order,
+// pre-scaled by 1/16 for headroom). Each half accumulates only 4 products in fp16 before the sum
+// moves to fp32; the e8m0 scale is applied per 32-element block in fp32.
+constexpr int kMxMaxK = 3072;  // 3 chunks of 32 per lane: every gpt-oss K (2880) in one pass
+
+__device__ __forceinline__ void mx_load_pair(const LinArgs& a, int expert, int n0, uint4* wa, uint4* wb, uint32_t* sa,
+                                             uint32_t* sb, int lane) {
+  const int N = a.W.N, kb = a.W.K / 32;
+  const int n0c = n0 < N ? n0 : 0, n1 = n0 + 1 < N ? n0 + 1 : n0c;
+  const uint8_t* B = static_cast<const uint8_t*>(a.W.w) + size_t(expert) * N * kb * 16;
+  const uint8_t* S = a.W.scales + size_t(expert) * N * kb;
+  const uint4* w0 = reinterpret_cast<const uint4*>(B + size_t(n0c) * kb * 16);
+  const uint4* w1 = reinterpret_cast<const uint4*>(B + size_t(n1) * kb * 16);
+#pragma unroll
+  for (int u = 0; u < kMxMaxK / 1024; ++u) {
+    int c = lane + u * 32;
+    if (n0 < N && c < kb) {
+      wa[u] = __ldg(w0 + c);
+      wb[u] = __ldg(w1 + c);
+      sa[u] = __ldg(S + size_t(n0c) * kb + c);
+      sb[u] = __ldg(S + size_t(n1) * kb + c);
+    }
+  }
+}
+
+// Grid: (row blocks, groups); each warp walks row pairs n0 = (blockIdx.x + it * gridDim.x) * 16
+// + 2 * warp, loading the next pair's weights before computing the current one, so the bytes
+// of a small decode GEMV stay in flight without a second wave of blocks; the activations are
+// staged once per block.
+__global__ void __launch_bounds__(256, 2) gemv_mxfp4_kernel(LinArgs a) {
+  __shared__ __align__(16) __half2 xh[kGemvMT][kMxMaxK / 2];
+  constexpr int U = kMxMaxK / 1024;  // 32-element chunks per lane
+  const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+  const int N = a.W.N, K = a.W.K, kb = K / 32;
+  int row_begin = 0, row_end = a.M, expert = 0;
+  if (a.grouped) {
+    int g = blockIdx.y;
+    if (g >= a.r.counts[0]) return;  // uniform over the block
+    row_begin = a.r.group_start[g];
+    row_end = a.r.group_end[g];
+    expert = a.r.group_expert[g];
+  }
+  const int stride = gridDim.x * kGemvRowsPerBlock;
+  const __half2 k2p14 = __floats2half2_rn(16384.f, 16384.f);
+  for (int rb = row_begin; rb < row_end; rb += kGemvMT) {
+    const int mt = min(kGemvMT, row_end - rb);
+    __syncthreads();  // the previous chunk's readers are done with xh
+    for (int m = 0; m < mt; ++m) {
+      int p = rb + m;
+      const uint16_t* xr = a.A + size_t(a.gather_a ? a.r.pair_token[p] : p) * a.lda;
+      for (int i = threadIdx.x; i < K / 2; i += blockDim.x) {
+        int k0 = (i >> 2) * 8 + (i & 3);
+        xh[m][i] = __floats2half2_rn(bf16_bits_to_f32(xr[k0]) * 0.0625f, bf16_bits_to_f32(xr[k0 + 4]) * 0.0625f);
+      }
+    }
+    __syncthreads();
+    uint4 wa[U], wb[U];
+    uint32_t sa[U], sb[U];
+    int n0 = blockIdx.x * kGemvRowsPerBlock + 2 * warp;
+    mx_load_pair(a, expert, n0, wa, wb, sa, sb, lane);
+    for (; n0 < N; n0 += stride) {
+      uint4 ca[U], cb[U];
+      uint32_t csa[U], csb[U];
+#pragma unroll
+      for (int u = 0; u < U; ++u) { ca[u] = wa[u]; cb[u] = wb[u]; csa[u] = sa[u]; csb[u] = sb[u]; }
+      if (n0 + stride < N) mx_load_pair(a, expert, n0 + stride, wa, wb, sa, sb, lane);
+      float acc0[kGemvMT], acc1[kGemvMT];
+#pragma unroll
+      for (int m = 0; m < kGemvMT; ++m) acc0[m] = acc1[m] = 0.f;
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int c = lane + u * 32;
+        if (c >= kb) break;
+        // 2^(s-127) times the 16 the activations were divided by.
+        const float fa = __uint_as_float(max(min(csa[u], 254u), 1u) << 23) * 16.f;
+        const float fb = __uint_as_float(max(min(csb[u], 254u), 1u) << 23) * 16.f;
+        const uint32_t* pa = reinterpret_cast<const uint32_t*>(&ca[u]);
+        const uint32_t* pb = reinterpret_cast<const uint32_t*>(&cb[u]);
+        float ta[kGemvMT], tb[kGemvMT];
+#pragma unroll
+        for (int m = 0; m < kGemvMT; ++m) ta[m] = tb[m] = 0.f;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          __half2 da[4], db[4];
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            const int sh_m = 9 - 4 * j, sh_s = 12 - 4 * j;
+            uint32_t ua = ((sh_m >= 0 ? pa[i] << sh_m : pa[i] >> -sh_m) & 0x0E000E00u) | ((pa[i] << sh_s) & 0x80008000u);
+            uint32_t ub = ((sh_m >= 0 ? pb[i] << sh_m : pb[i] >> -sh_m) & 0x0E000E00u) | ((pb[i] << sh_s) & 0x80008000u);
+            da[j] = __hmul2(*reinterpret_cast<__half2*>(&ua), k2p14);
+            db[j] = __hmul2(*reinterpret_cast<__half2*>(&ub), k2p14);
+          }
+#pragma unroll
+          for (int m = 0; m < kGemvMT; ++m) {
+            if (m >= mt) break;
+            uint4 xv = *reinterpret_cast<const uint4*>(&xh[m][16 * c + 4 * i]);
+            const __half2* x2 = reinterpret_cast<const __half2*>(&xv);
+            __half2 ha = __hmul2(da[0], x2[0]), hb = __hmul2(db[0], x2[0]);
+#pragma unroll
+            for (int j = 1; j < 4; ++j) {
+              ha = __hfma2(da[j], x2[j], ha);
+              hb = __hfma2(db[j], x2[j], hb);
+            }
+            float2 fa2 = __half22float2(ha), fb2 = __half22float2(hb);
+            ta[m] += fa2.x + fa2.y;
+            tb[m] += fb2.x + fb2.y;
+          }
+        }
+#pragma unroll
+        for (int m = 0; m < kGemvMT; ++m) {
+          acc0[m] = fmaf(ta[m], fa, acc0[m]);
+          acc1[m] = fmaf(tb[m], fb, acc1[m]);
+        }
+      }
+#pragma unroll
+      for (int m = 0; m < kGemvMT; ++m) {
+        acc0[m] = warp_sum(acc0[m]);
+        acc1[m] = warp_sum(acc1[m]);
+      }
+      if (lane < mt) {
+        const bool has1 = n0 + 1 < N;
+        float bias0 = 0.f, bias1 = 0.f;
+        if (a.W.bias) {
+          bias0 = a.W.bias[size_t(expert) * N + n0];
+          if (has1) bias1 = a.W.bias[size_t(expert) * N + n0 + 1];
+        }
+#pragma unroll
+        for (int m = 0; m < kGemvMT; ++m) {
+          if (m != lane) continue;
+          int row = rb + m;
+          float v0 = acc0[m] + bias0, v1 = acc1[m] + bias1;
+          if (a.epi.mode == Epilogue::kSwiGLU) {
+            epi_swiglu(a, row, n0, v0, v1);
+          } else {
+            epi_store(a, row, n0, v0);
+            if (has1) epi_store(a, row, n0 + 1, v1);
+          }
         }
       }
     }
@@ -423,10 +516,21 @@ void launch(const LinArgs& a, int path, int grid_y, cudaStream_t s) {
   if (grid_y <= 0) return;
   if (path == 1) {
     dim3 grid((a.W.N + kGemvRowsPerBlock - 1) / kGemvRowsPerBlock, a.grouped ? grid_y : 1);
+    if (a.W.fmt == WeightMat::kMXFP4) {
+      // One wave: about two blocks per SM over all groups; warps loop over the rows.
+      static int sms = [] {
+        int d = 0, n = 0;
+        cudaGetDevice(&d);
+        cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, d);
+        return n > 0 ? n : 132;
+      }();
+      int per_group = std::max(1, 2 * sms / int(grid.y));
+      grid.x = std::min<int>(grid.x, per_group);
+    }
     if (a.W.fmt == WeightMat::kBF16)
-      gemv_kernel<WeightMat::kBF16><<<grid, 256, 0, s>>>(a);
+      gemv_bf16_kernel<<<grid, 256, 0, s>>>(a);
     else
-      gemv_kernel<WeightMat::kMXFP4><<<grid, 256, 0, s>>>(a);
+      gemv_mxfp4_kernel<<<grid, 256, 0, s>>>(a);
   } else {
     dim3 grid((a.W.N + BN - 1) / BN, grid_y);
     if (a.W.fmt == WeightMat::kBF16)
@@ -447,6 +551,7 @@ void linear(const WeightMat& W, const bf16_t* A, int lda, int M, const Epilogue&
   if (epi.mode == Epilogue::kScatterAdd) throw Error("linear: scatter-add needs routing");
   LinArgs a{W, A, lda, M, false, false, MoeRouting{}, epi};
   int path = g_force_path ? g_force_path : (M <= kGemvMaxM ? 1 : 2);
+  if (W.fmt == WeightMat::kMXFP4 && W.K > kMxMaxK) path = 2;
   launch(a, path, path == 1 ? 1 : (M + BM - 1) / BM, s);
 }
 
@@ -457,6 +562,7 @@ void linear_grouped(const WeightMat& W, const bf16_t* A, int lda, int pairs, int
   LinArgs a{W, A, lda, 0, true, gather_a, r, epi};
   // Decode batches spread over many experts (few rows each): GEMV per group. Prefill: GEMM tiles.
   int path = g_force_path ? g_force_path : (pairs <= 4 * kGemvMaxM ? 1 : 2);
+  if (W.K > kMxMaxK) path = 2;
   launch(a, path, path == 1 ? moe_max_groups(pairs, E) : moe_max_tiles(pairs, E), s);
 }
 
