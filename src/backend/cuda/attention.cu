@@ -38,6 +38,7 @@ template <int D>
 __global__ void __launch_bounds__(256) attention_kernel(const uint16_t* __restrict__ qkv, int Hq, int Hkv, int window,
                                                         TokenMeta tm, KvLayer kv, int nsplit,
                                                         float* __restrict__ partial) {
+  pdl_begin();
   constexpr int PAD = D + 4;  // keeps float4 row reads across lanes free of bank conflicts
   constexpr int DPL = D / 32;  // output dims per lane
   __shared__ __align__(16) float Ks[kTile][PAD];
@@ -132,6 +133,7 @@ __global__ void __launch_bounds__(256) attention_kernel(const uint16_t* __restri
 template <int D>
 __global__ void attention_combine_kernel(const float* __restrict__ partial, int Hq, int nsplit,
                                          const float* __restrict__ sinks, uint16_t* __restrict__ out) {
+  pdl_begin();
   constexpr int DPL = D / 32;
   const int t = blockIdx.x;
   const int h = blockIdx.y * (blockDim.x / 32) + threadIdx.x / 32;
@@ -163,13 +165,13 @@ void attention(const bf16_t* qkv, int n, int Hq, int Hkv, int D, int window, con
   dim3 grid(n, Hkv, nsplit);
   dim3 cgrid(n, (Hq + 7) / 8);
   if (D == 64) {
-    attention_kernel<64><<<grid, 256, 0, s>>>(qkv, Hq, Hkv, window, tm, kv, nsplit, partial);
+    launch_pdl(attention_kernel<64>, dim3(grid), dim3(256), 0, s, qkv, Hq, Hkv, window, tm, kv, nsplit, partial);
     GPTOSS_CUDA_LAUNCH_CHECK();
-    attention_combine_kernel<64><<<cgrid, 256, 0, s>>>(partial, Hq, nsplit, sinks, out);
+    launch_pdl(attention_combine_kernel<64>, dim3(cgrid), dim3(256), 0, s, partial, Hq, nsplit, sinks, out);
   } else if (D == 32) {
-    attention_kernel<32><<<grid, 256, 0, s>>>(qkv, Hq, Hkv, window, tm, kv, nsplit, partial);
+    launch_pdl(attention_kernel<32>, dim3(grid), dim3(256), 0, s, qkv, Hq, Hkv, window, tm, kv, nsplit, partial);
     GPTOSS_CUDA_LAUNCH_CHECK();
-    attention_combine_kernel<32><<<cgrid, 256, 0, s>>>(partial, Hq, nsplit, sinks, out);
+    launch_pdl(attention_combine_kernel<32>, dim3(cgrid), dim3(256), 0, s, partial, Hq, nsplit, sinks, out);
   } else {
     throw Error("attention: head_dim must be 32 or 64");
   }

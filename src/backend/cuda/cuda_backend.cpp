@@ -118,6 +118,10 @@ class CudaBackend final : public Backend {
   // GPTOSS_CUDA_PROFILE=1: decode steps run eagerly with an event after every op; the time per
   // op kind (summed over layers and steps) is printed when the backend goes away.
   bool profile_ = false;
+  // GPTOSS_CUDA_SKIP=norms,dense,attn,router,experts,lm_head: timing experiments only (the
+  // output is garbage); the step time without a group of ops is the cost of that group.
+  std::string skip_;
+  bool skip(const char* what) const { return !skip_.empty() && skip_.find(what) != std::string::npos; }
   std::vector<std::pair<const char*, cudaEvent_t>> prof_marks_;
   std::map<std::string, std::pair<double, int>> prof_;
   cudaEvent_t prof_start_ = nullptr;
@@ -172,6 +176,7 @@ CudaBackend::CudaBackend(const BackendOptions& opts) {
   alloc_workspace();
   GPTOSS_CUDA_CHECK(cudaStreamSynchronize(stream_));
   profile_ = std::getenv("GPTOSS_CUDA_PROFILE") != nullptr;
+  if (const char* sk = std::getenv("GPTOSS_CUDA_SKIP")) skip_ = sk;
   if (profile_) GPTOSS_CUDA_CHECK(cudaEventCreate(&prof_start_));
 }
 
@@ -388,33 +393,36 @@ void CudaBackend::run_pass(int n, const PassMeta& m, int n_rows, int nsplit) {
     KvLayer kv{static_cast<uint8_t*>(kv_pool_[g].get()) + kv_layer_bytes_[g] * L.group_index,
                kvc_.dtype == DType::F8_E4M3, kvc_.page_size};
     TokenMeta tm{m.pos, m.pt_off[g], m.pt};
-    rmsnorm(x_, L.attn_norm, n, H, c.rms_eps, nullptr, xn_, stream_);
+    if (!skip("norms")) rmsnorm(x_, L.attn_norm, n, H, c.rms_eps, nullptr, xn_, stream_);
     mark("norm");
-    linear(L.qkv, xn_, H, n, Epilogue{Epilogue::kStoreBF16, qkv_, QKV}, stream_);
+    if (!skip("dense")) linear(L.qkv, xn_, H, n, Epilogue{Epilogue::kStoreBF16, qkv_, QKV}, stream_);
     mark("qkv");
-    rope_kv_store(qkv_, n, c.num_heads, c.num_kv_heads, c.head_dim, inv_freq_, yarn_.attention_scaling, tm, kv,
-                  stream_);
+    if (!skip("attn"))
+      rope_kv_store(qkv_, n, c.num_heads, c.num_kv_heads, c.head_dim, inv_freq_, yarn_.attention_scaling, tm, kv,
+                    stream_);
     mark("rope_kv");
-    attention(qkv_, n, c.num_heads, c.num_kv_heads, c.head_dim, L.sliding ? c.sliding_window : 0, L.sinks, tm, kv,
-              nsplit, partial_, attn_, stream_);
+    if (!skip("attn"))
+      attention(qkv_, n, c.num_heads, c.num_kv_heads, c.head_dim, L.sliding ? c.sliding_window : 0, L.sinks, tm, kv,
+                nsplit, partial_, attn_, stream_);
     mark("attention");
-    linear(L.o, attn_, c.q_dim(), n, Epilogue{Epilogue::kAddF32, x_, H}, stream_);
+    if (!skip("dense")) linear(L.o, attn_, c.q_dim(), n, Epilogue{Epilogue::kAddF32, x_, H}, stream_);
     mark("o_proj");
-    rmsnorm(x_, L.mlp_norm, n, H, c.rms_eps, nullptr, xn_, stream_);
+    if (!skip("norms")) rmsnorm(x_, L.mlp_norm, n, H, c.rms_eps, nullptr, xn_, stream_);
     mark("norm");
-    linear(L.router, xn_, H, n, Epilogue{Epilogue::kStoreF32, router_logits_, E}, stream_);
+    if (!skip("router")) linear(L.router, xn_, H, n, Epilogue{Epilogue::kStoreF32, router_logits_, E}, stream_);
     mark("router");
-    moe_route(router_logits_, n, E, k, routing_, stream_);
+    if (!skip("router")) moe_route(router_logits_, n, E, k, routing_, stream_);
     mark("route");
     Epilogue gu{Epilogue::kSwiGLU, act_, c.intermediate};
     gu.swiglu_limit = c.swiglu_limit;
-    linear_grouped(L.gate_up, xn_, H, n * k, E, true, routing_, gu, stream_);
+    if (!skip("experts")) linear_grouped(L.gate_up, xn_, H, n * k, E, true, routing_, gu, stream_);
     mark("gate_up");
-    linear_grouped(L.down, act_, c.intermediate, n * k, E, false, routing_, Epilogue{Epilogue::kScatterAdd, x_, H},
-                   stream_);
+    if (!skip("experts"))
+      linear_grouped(L.down, act_, c.intermediate, n * k, E, false, routing_, Epilogue{Epilogue::kScatterAdd, x_, H},
+                     stream_);
     mark("down");
   }
-  if (n_rows > 0) lm_head(m.rows, n_rows);
+  if (n_rows > 0 && !skip("lm_head")) lm_head(m.rows, n_rows);
   mark("lm_head");
   collect_profile();
 }

@@ -5,6 +5,9 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <utility>
+
+#include "backend/cuda/cuda_common.h"
 
 namespace gptoss::cuda {
 
@@ -47,6 +50,41 @@ __device__ __forceinline__ float e8m0_to_f32_dev(uint32_t s) {
 __device__ __forceinline__ float e2m1_to_f32(uint32_t code) {
   float mag = float((0xC8643210u >> ((code & 7u) * 4u)) & 15u) * 0.5f;
   return (code & 8u) ? -mag : mag;
+}
+
+// Programmatic dependent launch (sm_90+): every kernel of the forward pass is launched with
+// programmatic stream serialization, so the next kernel's blocks start while this one drains and
+// hide its launch latency. Each kernel calls pdl_wait() before touching memory an earlier kernel
+// writes or reads (it returns once the previous grid has completed and flushed), then
+// pdl_trigger() to let the following kernel launch.
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_trigger() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_begin() {
+  pdl_wait();
+  pdl_trigger();
+}
+
+template <typename... KArgs, typename... Args>
+void launch_pdl(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, Args&&... args) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = s;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  GPTOSS_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
 }
 
 }  // namespace gptoss::cuda

@@ -45,6 +45,7 @@ bool cuda_device_available() {
 
 __global__ void embed_kernel(const uint16_t* __restrict__ table, const int32_t* __restrict__ tokens, int H,
                              float* __restrict__ x) {
+  pdl_begin();
   int t = blockIdx.x;
   const uint16_t* row = table + size_t(tokens[t]) * H;
   for (int i = threadIdx.x; i < H; i += blockDim.x) x[size_t(t) * H + i] = bf16_bits_to_f32(row[i]);
@@ -52,12 +53,13 @@ __global__ void embed_kernel(const uint16_t* __restrict__ table, const int32_t* 
 
 void embed(const bf16_t* table, const int32_t* tokens, int n, int H, float* x, cudaStream_t s) {
   if (n <= 0) return;
-  embed_kernel<<<n, 256, 0, s>>>(table, tokens, H, x);
+  launch_pdl(embed_kernel, dim3(n), dim3(256), 0, s, table, tokens, H, x);
   GPTOSS_CUDA_LAUNCH_CHECK();
 }
 
 __global__ void rmsnorm_kernel(const float* __restrict__ x, const float* __restrict__ w, int H, float eps,
                                const int32_t* __restrict__ rows, uint16_t* __restrict__ y) {
+  pdl_begin();
   int r = blockIdx.x;
   int src = rows ? rows[r] : r;
   const float* xr = x + size_t(src) * H;
@@ -81,7 +83,7 @@ __global__ void rmsnorm_kernel(const float* __restrict__ x, const float* __restr
 void rmsnorm(const float* x, const float* w, int n, int H, float eps, const int32_t* rows, bf16_t* y,
              cudaStream_t s) {
   if (n <= 0) return;
-  rmsnorm_kernel<<<n, 256, 0, s>>>(x, w, H, eps, rows, y);
+  launch_pdl(rmsnorm_kernel, dim3(n), dim3(256), 0, s, x, w, H, eps, rows, y);
   GPTOSS_CUDA_LAUNCH_CHECK();
 }
 
@@ -93,6 +95,7 @@ __device__ __forceinline__ size_t kv_offset(int page, int kv, int slot, int h, i
 
 __global__ void rope_kv_kernel(uint16_t* __restrict__ qkv, int Hq, int Hkv, int D,
                                const float* __restrict__ inv_freq, float scaling, TokenMeta tm, KvLayer kv) {
+  pdl_begin();
   int t = blockIdx.x;
   int pos = tm.pos[t];
   int half = D / 2;
@@ -140,7 +143,7 @@ __global__ void rope_kv_kernel(uint16_t* __restrict__ qkv, int Hq, int Hkv, int 
 void rope_kv_store(bf16_t* qkv, int n, int Hq, int Hkv, int D, const float* inv_freq, float attn_scaling,
                    const TokenMeta& tm, const KvLayer& kv, cudaStream_t s) {
   if (n <= 0) return;
-  rope_kv_kernel<<<n, 256, 0, s>>>(qkv, Hq, Hkv, D, inv_freq, attn_scaling, tm, kv);
+  launch_pdl(rope_kv_kernel, dim3(n), dim3(256), 0, s, qkv, Hq, Hkv, D, inv_freq, attn_scaling, tm, kv);
   GPTOSS_CUDA_LAUNCH_CHECK();
 }
 
@@ -215,6 +218,7 @@ __device__ void topk_token(const float* __restrict__ logits, int t, int E, int k
 }
 
 __global__ void topk_kernel(const float* __restrict__ logits, int n, int E, int k, MoeRouting r) {
+  pdl_begin();
   int t = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
   if (t < n) topk_token(logits, t, E, k, r);
 }
@@ -256,10 +260,14 @@ __device__ void moe_sort_block(int P, int E, int k, const MoeRouting& r) {
   }
 }
 
-__global__ void moe_sort_kernel(int P, int E, int k, MoeRouting r) { moe_sort_block(P, E, k, r); }
+__global__ void moe_sort_kernel(int P, int E, int k, MoeRouting r) {
+  pdl_begin();
+  moe_sort_block(P, E, k, r);
+}
 
 // Decode-sized batches: top-k and the sort in one launch (one block), a launch less per layer.
 __global__ void moe_route_small_kernel(const float* __restrict__ logits, int n, int E, int k, MoeRouting r) {
+  pdl_begin();
   for (int t = threadIdx.x / 32; t < n; t += blockDim.x / 32) topk_token(logits, t, E, k, r);
   __threadfence_block();
   __syncthreads();
@@ -270,19 +278,20 @@ void moe_route(const float* logits, int n, int E, int k, const MoeRouting& r, cu
   if (n <= 0) return;
   if (E > 32 * kMaxExpertsPerLane || k > kMaxTopK || k > E) throw Error("moe_route: unsupported experts/top-k");
   if (n <= 64) {
-    moe_route_small_kernel<<<1, 1024, 2 * E * sizeof(int32_t), s>>>(logits, n, E, k, r);
+    launch_pdl(moe_route_small_kernel, dim3(1), dim3(1024), 2 * E * sizeof(int32_t), s, logits, n, E, k, r);
     GPTOSS_CUDA_LAUNCH_CHECK();
     return;
   }
-  topk_kernel<<<(n + 7) / 8, 256, 0, s>>>(logits, n, E, k, r);
+  launch_pdl(topk_kernel, dim3((n + 7) / 8), dim3(256), 0, s, logits, n, E, k, r);
   GPTOSS_CUDA_LAUNCH_CHECK();
-  moe_sort_kernel<<<1, 1024, 2 * E * sizeof(int32_t), s>>>(n * k, E, k, r);
+  launch_pdl(moe_sort_kernel, dim3(1), dim3(1024), 2 * E * sizeof(int32_t), s, n * k, E, k, r);
   GPTOSS_CUDA_LAUNCH_CHECK();
 }
 
 // ---------------------------------------------------------------------------------------------
 
 __global__ void argmax_kernel(const float* __restrict__ logits, int V, int32_t* __restrict__ out) {
+  pdl_begin();
   const float* row = logits + size_t(blockIdx.x) * V;
   float best = -INFINITY;
   int bi = 0x7fffffff;
@@ -310,7 +319,7 @@ __global__ void argmax_kernel(const float* __restrict__ logits, int V, int32_t* 
 
 void argmax_rows(const float* logits, int n, int V, int32_t* out, cudaStream_t s) {
   if (n <= 0) return;
-  argmax_kernel<<<n, 1024, 0, s>>>(logits, V, out);
+  launch_pdl(argmax_kernel, dim3(n), dim3(1024), 0, s, logits, V, out);
   GPTOSS_CUDA_LAUNCH_CHECK();
 }
 
@@ -324,6 +333,7 @@ __device__ __forceinline__ uint64_t splitmix64(uint64_t z) {
 }
 
 __global__ void fill_bf16_kernel(uint16_t* p, size_t n, uint64_t seed, float mean, float amp) {
+  pdl_begin();
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
     uint64_t h = splitmix64(seed * 0x100000001b3ull + i);
     float u = float(h >> 40) * (1.0f / 16777216.0f) * 2.f - 1.f;
@@ -332,6 +342,7 @@ __global__ void fill_bf16_kernel(uint16_t* p, size_t n, uint64_t seed, float mea
 }
 
 __global__ void fill_u8_kernel(uint8_t* p, size_t n, uint64_t seed, int lo, int span) {
+  pdl_begin();
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
     uint64_t h = splitmix64(seed * 0x100000001b3ull + i);
     p[i] = uint8_t(lo + int((h >> 32) % uint64_t(span)));
@@ -340,11 +351,12 @@ __global__ void fill_u8_kernel(uint8_t* p, size_t n, uint64_t seed, int lo, int 
 
 void fill_random_bf16(bf16_t* p, size_t n, uint64_t seed, float mean, float std, cudaStream_t s) {
   if (n == 0) return;
-  fill_bf16_kernel<<<1024, 256, 0, s>>>(p, n, seed, mean, std * 1.7320508f);
+  launch_pdl(fill_bf16_kernel, dim3(1024), dim3(256), 0, s, p, n, seed, mean, std * 1.7320508f);
   GPTOSS_CUDA_LAUNCH_CHECK();
 }
 
 __global__ void fill_f32_kernel(float* p, size_t n, uint64_t seed, float mean, float amp) {
+  pdl_begin();
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
     uint64_t h = splitmix64(seed * 0x100000001b3ull + i);
     float u = float(h >> 40) * (1.0f / 16777216.0f) * 2.f - 1.f;
@@ -354,13 +366,13 @@ __global__ void fill_f32_kernel(float* p, size_t n, uint64_t seed, float mean, f
 
 void fill_random_f32(float* p, size_t n, uint64_t seed, float mean, float std, cudaStream_t s) {
   if (n == 0) return;
-  fill_f32_kernel<<<256, 256, 0, s>>>(p, n, seed, mean, std * 1.7320508f);
+  launch_pdl(fill_f32_kernel, dim3(256), dim3(256), 0, s, p, n, seed, mean, std * 1.7320508f);
   GPTOSS_CUDA_LAUNCH_CHECK();
 }
 
 void fill_random_u8(uint8_t* p, size_t n, uint64_t seed, int lo, int hi, cudaStream_t s) {
   if (n == 0) return;
-  fill_u8_kernel<<<1024, 256, 0, s>>>(p, n, seed, lo, hi - lo + 1);
+  launch_pdl(fill_u8_kernel, dim3(1024), dim3(256), 0, s, p, n, seed, lo, hi - lo + 1);
   GPTOSS_CUDA_LAUNCH_CHECK();
 }
 

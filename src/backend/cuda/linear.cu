@@ -75,6 +75,14 @@ __global__ void __launch_bounds__(256, 3) gemv_bf16_kernel(LinArgs a) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
   const int n0 = (blockIdx.x * kGemvWarps + warp) * kGemvRowsPerWarp;
   const int N = a.W.N, K = a.W.K;
+  if (!a.grouped && n0 < N) {
+    // Weights depend on no earlier kernel: pull this warp's rows toward L2 while the previous
+    // kernel drains (programmatic dependent launch), then wait for its outputs.
+    const char* base = static_cast<const char*>(a.W.w) + size_t(n0) * K * 2;
+    const int lines = (min(2, N - n0) * K * 2 + 127) / 128;
+    for (int l = lane; l < lines; l += 32) asm volatile("prefetch.global.L2 [%0];" ::"l"(base + size_t(l) * 128));
+  }
+  pdl_begin();
   int row_begin = 0, row_end = a.M, expert = 0;
   if (a.grouped) {
     int g = blockIdx.y;
@@ -197,6 +205,7 @@ __device__ __forceinline__ void mx_load_pair(const LinArgs& a, int expert, int n
 // of a small decode GEMV stay in flight without a second wave of blocks; the activations are
 // staged once per block.
 __global__ void __launch_bounds__(256, 2) gemv_mxfp4_kernel(LinArgs a) {
+  pdl_begin();
   __shared__ __align__(16) __half2 xh[kGemvMT][kMxMaxK / 2];
   constexpr int U = kMxMaxK / 1024;  // 32-element chunks per lane
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
@@ -343,6 +352,7 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
 
 template <int FMT>
 __global__ void __launch_bounds__(128) gemm_kernel(LinArgs a) {
+  pdl_begin();
   __shared__ __align__(16) uint16_t As[2][BM][SK];
   __shared__ __align__(16) uint16_t Bs[2][BN][SK];
   const int tid = threadIdx.x, warp = tid / 32, lane = tid & 31;
@@ -528,15 +538,15 @@ void launch(const LinArgs& a, int path, int grid_y, cudaStream_t s) {
       grid.x = std::min<int>(grid.x, per_group);
     }
     if (a.W.fmt == WeightMat::kBF16)
-      gemv_bf16_kernel<<<grid, 256, 0, s>>>(a);
+      launch_pdl(gemv_bf16_kernel, dim3(grid), dim3(256), 0, s, a);
     else
-      gemv_mxfp4_kernel<<<grid, 256, 0, s>>>(a);
+      launch_pdl(gemv_mxfp4_kernel, dim3(grid), dim3(256), 0, s, a);
   } else {
     dim3 grid((a.W.N + BN - 1) / BN, grid_y);
     if (a.W.fmt == WeightMat::kBF16)
-      gemm_kernel<WeightMat::kBF16><<<grid, 128, 0, s>>>(a);
+      launch_pdl(gemm_kernel<WeightMat::kBF16>, dim3(grid), dim3(128), 0, s, a);
     else
-      gemm_kernel<WeightMat::kMXFP4><<<grid, 128, 0, s>>>(a);
+      launch_pdl(gemm_kernel<WeightMat::kMXFP4>, dim3(grid), dim3(128), 0, s, a);
   }
   GPTOSS_CUDA_LAUNCH_CHECK();
 }
