@@ -711,6 +711,10 @@ bool Tokenizer::is_special(TokenId id) const {
   return id >= 0 && size_t(id) < impl_->special.size() && impl_->special[id];
 }
 
+bool Tokenizer::has_token(TokenId id) const {
+  return id >= 0 && size_t(id) < impl_->present.size() && impl_->present[id];
+}
+
 size_t Tokenizer::vocab_size() const { return impl_->present.size(); }
 
 const std::vector<std::pair<std::string, TokenId>>& Tokenizer::special_tokens() const {

@@ -48,6 +48,8 @@ class Tokenizer {
   // Like token_id but throws gptoss::Error naming the token when absent.
   TokenId require_token_id(std::string_view name) const;
   bool is_special(TokenId id) const;
+  // True when `id` is a token of this vocabulary (ordinary or special).
+  bool has_token(TokenId id) const;
   // One past the largest id (201088 for o200k_harmony).
   size_t vocab_size() const;
   // All special tokens, (name, id), in id order.
