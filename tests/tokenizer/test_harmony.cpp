@@ -539,3 +539,119 @@ TEST(HarmonyParse, RandomTokenStreamsNeverCrash) {
   EXPECT_GT(ok, 30);  // both outcomes are exercised
   EXPECT_GT(errors, 30);
 }
+
+// Ported from openai/harmony tests/test_harmony.py (missing <|message|>, strict and not).
+TEST(HarmonyParse, MissingMessageTokenVariants) {
+  struct T {
+    std::string text;
+    std::vector<Message> expected;
+  };
+  const std::string refuse =
+      "<|start|>assistant<|channel|>analysis<|message|>We must refuse<|end|>"
+      "<|start|>assistant<|channel|>final<|message|>I'm sorry, but I can't help with that."
+      "<|return|>";
+  std::vector<Message> tail{
+      Message::text(Role::Assistant, "We must refuse").with_channel("analysis"),
+      Message::text(Role::Assistant, "I'm sorry, but I can't help with that.").with_channel("final")};
+  std::vector<T> cases;
+  {
+    T t{"I must refuse<|end|>" + refuse, {Message::text(Role::Assistant, "I must refuse")}};
+    t.expected.insert(t.expected.end(), tail.begin(), tail.end());
+    cases.push_back(t);
+  }
+  {
+    T t{"<|channel|>analysis I must refuse<|end|>" + refuse,
+        {Message::text(Role::Assistant, "I must refuse").with_channel("analysis")}};
+    t.expected.insert(t.expected.end(), tail.begin(), tail.end());
+    cases.push_back(t);
+  }
+  cases.push_back({"... Let's use the tool.<|end|><|start|>assistant to=functions.get_weather"
+                   "<|channel|>commentary json<|message|>{\"location\": \"Tokyo\"}<|call|>",
+                   {Message::text(Role::Assistant, "... Let's use the tool."),
+                    Message::text(Role::Assistant, "{\"location\": \"Tokyo\"}")
+                        .with_channel("commentary")
+                        .with_recipient("functions.get_weather")
+                        .with_content_type("json")}});
+  for (const T& t : cases) {
+    auto ids = enc_special(t.text);
+    {
+      StreamParser strict(o200k(), Role::Assistant, ParseOptions{true});
+      bool threw = false;
+      try {
+        for (TokenId x : ids) strict.push(x);
+      } catch (const gptoss::Error& e) {
+        threw = true;
+        EXPECT_NE(std::string(e.what()).find("unexpected text in message header"), std::string::npos)
+            << e.what();
+      }
+      EXPECT_TRUE(threw) << t.text;
+    }
+    StreamParser lenient(o200k(), Role::Assistant, ParseOptions{false});
+    for (TokenId x : ids) lenient.push(x);
+    EXPECT_EQ(lenient.messages(), t.expected) << t.text;
+  }
+}
+
+TEST(HarmonyParse, InvalidUtf8Decoding) {
+  auto prefix = enc_special("<|start|>assistant<|message|>");
+  EXPECT_EQ(o200k().token_bytes(9552), " \xF0\x9F");
+  auto run = [&](std::vector<TokenId> body, const std::string& suffix) {
+    std::vector<TokenId> ids = prefix;
+    ids.insert(ids.end(), body.begin(), body.end());
+    for (TokenId t : enc_special(suffix)) ids.push_back(t);
+    StreamParser p(o200k(), std::nullopt);
+    for (TokenId t : ids) p.push(t);
+    return p.messages();
+  };
+  auto cat = [](std::vector<TokenId> a, const std::vector<TokenId>& b) {
+    a.insert(a.end(), b.begin(), b.end());
+    return a;
+  };
+  EXPECT_EQ(run({9552, 9552}, "worked<|end|>"),
+            std::vector<Message>{Message::text(Role::Assistant, " \uFFFD \uFFFDworked")});
+  EXPECT_EQ(run(cat({9552}, o200k().encode("XY")), "<|end|>"),
+            std::vector<Message>{Message::text(Role::Assistant, " \uFFFDXY")});
+  EXPECT_EQ(run(cat({9552}, o200k().encode(" interesting")), "<|end|>"),
+            std::vector<Message>{Message::text(Role::Assistant, " \uFFFD interesting")});
+}
+
+TEST(HarmonyParse, InvalidUtf8NoEosKeepsAccumulating) {
+  std::vector<TokenId> ids = enc_special("<|start|>assistant<|message|>");
+  ids.push_back(9552);
+  for (TokenId t : o200k().encode(" interesting")) ids.push_back(t);
+  for (TokenId t : o200k().encode(" story")) ids.push_back(t);
+  StreamParser p(o200k(), std::nullopt);
+  std::string deltas;
+  for (TokenId t : ids) {
+    p.push(t);
+    if (p.last_content_delta()) deltas += *p.last_content_delta();
+  }
+  EXPECT_EQ(p.current_content(), " \uFFFD interesting story");
+  EXPECT_EQ(deltas, " \uFFFD interesting story");
+  p.push(o200k().encode("Y")[0]);
+  EXPECT_EQ(p.last_content_delta(), "Y");
+  EXPECT_EQ(p.current_content(), " \uFFFD interesting storyY");
+  EXPECT_TRUE(p.in_content());
+  EXPECT_EQ(p.current_role(), Role::Assistant);
+}
+
+TEST(HarmonyParse, TrickyUtf8) {
+  std::string text =
+      "Hello M\u00fcller, \u0393\u03b5\u03b9\u03ac \u03c3\u03bf\u03c5, \u041f\u0440\u0438\u0432"
+      "\u0435\u0442, \u05e9\u05dc\u05d5\u05dd, \u0645\u0631\u062d\u0628\u0627, \u0928\u092e\u0938"
+      "\u094d\u0924\u0947, \u3053\u3093\u306b\u3061\u306f, \uc548\ub155\ud558\uc138\uc694, "
+      "\u4f60\u597d. Normalized (na\u00efve) vs. decomposed (nai\u0308ve) characters. "
+      "Some emojis: \U0001F60A\U0001F44B\U0001F3FE\U0001F468\u200d\U0001F469\u200d\U0001F467"
+      "\u200d\U0001F466\U0001F1FA\U0001F1F8.";
+  std::vector<TokenId> ids = enc_special("<|start|>assistant<|message|>");
+  for (TokenId t : o200k().encode(text)) ids.push_back(t);
+  ids.push_back(o200k().require_token_id("<|end|>"));
+  StreamParser p(o200k(), std::nullopt);
+  std::string deltas;
+  for (TokenId t : ids) {
+    p.push(t);
+    if (p.last_content_delta()) deltas += *p.last_content_delta();
+  }
+  EXPECT_EQ(p.messages(), std::vector<Message>{Message::text(Role::Assistant, text)});
+  EXPECT_EQ(deltas, text);
+}
