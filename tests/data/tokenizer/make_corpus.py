@@ -146,6 +146,16 @@ para = ("It was the best of times, it was the worst of times, it was the age of 
         "of despair, we had everything before us, we had nothing before us.\n\n")
 T.append(para * 8)
 
+# Long pieces (no break for the pre-tokenizer): the O(n log n) merge path.
+rng2 = random.Random(7)
+T.append("".join(rng2.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(3000)))
+T.append("".join(rng2.choice("etaoinshrdlu") for _ in range(1500)) + "'ll")
+T.append("".join(rng2.choice("的一是不了人我在有他这中大来上国个到说们为子和你地出道也时年") for _ in range(800)))
+T.append("".join(rng2.choice("!@#$%^&*()-=+[]{};:,.<>/?|~") for _ in range(1200)) + "\r\n//")
+T.append("".join(rng2.choice("كتابمدرسةعلم") for _ in range(900)))
+T.append("ab" * 2000)
+T.append("\u00e9" * 700 + "e\u0301" * 300)
+
 with open(os.path.join(here, "corpus.jsonl"), "w", encoding="utf-8") as f:
     for t in T:
         f.write(json.dumps({"text": t}, ensure_ascii=False) + "\n")
