@@ -865,6 +865,145 @@ std::vector<ParserEvent> StreamParser::finish() {
   return ev;
 }
 
+// ---------------------------------------------------------------------------------------------
+// Chat Completions.
+
+namespace {
+
+std::string chat_text(const Json& content, const std::string& where) {
+  if (content.is_null()) return "";
+  if (content.is_string()) return content.get<std::string>();
+  if (content.is_array()) {
+    std::string s;
+    for (const Json& part : content) {
+      const std::string* type = get_str(part, "type");
+      const std::string* t = get_str(part, "text");
+      if (!type || (*type != "text" && *type != "input_text" && *type != "output_text") || !t)
+        throw Error(where + ": only text content parts are supported");
+      s += *t;
+    }
+    return s;
+  }
+  throw Error(where + ": content must be a string or an array of text parts");
+}
+
+std::optional<ReasoningEffort> parse_effort(const Json& v, const std::string& where) {
+  if (v.is_null()) return std::nullopt;
+  if (!v.is_string()) throw Error(where + " must be \"low\", \"medium\" or \"high\"");
+  std::string e = v.get<std::string>();
+  if (e == "low") return ReasoningEffort::Low;
+  if (e == "medium") return ReasoningEffort::Medium;
+  if (e == "high") return ReasoningEffort::High;
+  throw Error(where + " must be \"low\", \"medium\" or \"high\", not \"" + e + "\"");
+}
+
+}  // namespace
+
+Conversation conversation_from_chat(const Json& req, const ChatOptions& opts) {
+  if (!req.is_object()) throw Error("request must be a JSON object");
+  const Json* msgs = get(req, "messages");
+  if (!msgs || !msgs->is_array()) throw Error("messages must be an array");
+
+  SystemContent sys;
+  sys.knowledge_cutoff = opts.knowledge_cutoff;
+  sys.conversation_start_date = opts.current_date;
+  sys.reasoning_effort = opts.default_effort;
+  if (const Json* e = get(req, "reasoning_effort"))
+    if (auto eff = parse_effort(*e, "reasoning_effort")) sys.reasoning_effort = eff;
+  if (const Json* r = get(req, "reasoning"); r && r->is_object())
+    if (const Json* e = get(*r, "effort"))
+      if (auto eff = parse_effort(*e, "reasoning.effort")) sys.reasoning_effort = eff;
+
+  DeveloperContent dev;
+  std::vector<std::string> instructions;
+  bool hide_tools = false;
+  if (const std::string* tc = get_str(req, "tool_choice"); tc && *tc == "none") hide_tools = true;
+  if (const Json* tools = get(req, "tools"); tools && !tools->is_null() && !hide_tools) {
+    if (!tools->is_array()) throw Error("tools must be an array");
+    std::vector<ToolDescription> fns;
+    for (size_t i = 0; i < tools->size(); ++i) {
+      const Json& t = (*tools)[i];
+      std::string where = "tools[" + std::to_string(i) + "]";
+      const std::string* type = get_str(t, "type");
+      if (!type || *type != "function") throw Error(where + ": only type \"function\" is supported");
+      const Json* f = get(t, "function");
+      if (!f || !f->is_object()) throw Error(where + ".function must be an object");
+      const std::string* name = get_str(*f, "name");
+      if (!name || name->empty()) throw Error(where + ".function.name must be a non-empty string");
+      ToolDescription d{*name, "", std::nullopt};
+      if (const std::string* desc = get_str(*f, "description")) d.description = *desc;
+      if (const Json* p = get(*f, "parameters"); p && !p->is_null()) {
+        if (!p->is_object()) throw Error(where + ".function.parameters must be an object");
+        d.parameters = *p;
+      }
+      fns.push_back(std::move(d));
+    }
+    if (!fns.empty()) dev.with_function_tools(std::move(fns));
+  }
+
+  Conversation conv;
+  std::map<std::string, std::string> call_names;  // tool_call_id -> function name
+  std::vector<Message> body;
+  for (size_t i = 0; i < msgs->size(); ++i) {
+    const Json& m = (*msgs)[i];
+    std::string where = "messages[" + std::to_string(i) + "]";
+    const std::string* role = get_str(m, "role");
+    if (!role) throw Error(where + ".role must be a string");
+    const Json* content = get(m, "content");
+    static const Json null_json;
+    const Json& c = content ? *content : null_json;
+    if (*role == "system" || *role == "developer") {
+      std::string t = chat_text(c, where);
+      if (!t.empty()) instructions.push_back(t);
+    } else if (*role == "user") {
+      body.push_back(Message::text(Role::User, chat_text(c, where)));
+    } else if (*role == "assistant") {
+      for (const char* key : {"reasoning_content", "reasoning"})
+        if (const std::string* r = get_str(m, key); r && !r->empty()) {
+          body.push_back(Message::text(Role::Assistant, *r).with_channel("analysis"));
+          break;
+        }
+      const Json* calls = get(m, "tool_calls");
+      bool has_calls = calls && calls->is_array() && !calls->empty();
+      std::string t = chat_text(c, where);
+      if (!t.empty())
+        body.push_back(Message::text(Role::Assistant, t).with_channel(has_calls ? "commentary" : "final"));
+      if (has_calls)
+        for (size_t k = 0; k < calls->size(); ++k) {
+          const Json& call = (*calls)[k];
+          std::string w = where + ".tool_calls[" + std::to_string(k) + "]";
+          const Json* f = get(call, "function");
+          const std::string* name = f ? get_str(*f, "name") : nullptr;
+          if (!name || name->empty()) throw Error(w + ".function.name must be a non-empty string");
+          std::string args = "{}";
+          if (const Json* a = get(*f, "arguments"); a && !a->is_null())
+            args = a->is_string() ? a->get<std::string>() : a->dump();
+          if (const std::string* id = get_str(call, "id")) call_names[*id] = *name;
+          body.push_back(Message::text(Role::Assistant, args)
+                             .with_channel("commentary")
+                             .with_recipient("functions." + *name)
+                             .with_content_type("<|constrain|>json"));
+        }
+    } else if (*role == "tool" || *role == "function") {
+      std::string name;
+      if (const std::string* id = get_str(m, "tool_call_id"))
+        if (auto it = call_names.find(*id); it != call_names.end()) name = it->second;
+      if (name.empty())
+        if (const std::string* n = get_str(m, "name")) name = *n;
+      if (name.empty())
+        throw Error(where + ": tool message must answer an earlier tool call (tool_call_id) or have a name");
+      body.push_back(Message::tool_result("functions." + name, chat_text(c, where)));
+    } else {
+      throw Error(where + ".role \"" + *role + "\" is not one of system, developer, user, assistant, tool");
+    }
+  }
+  conv.messages.push_back(Message::system(std::move(sys)));
+  if (!instructions.empty()) dev.instructions = join(instructions, "\n\n");
+  if (dev.instructions || !dev.tools.empty()) conv.messages.push_back(Message::developer(std::move(dev)));
+  for (Message& m : body) conv.messages.push_back(std::move(m));
+  return conv;
+}
+
 std::vector<Message> parse_completion(const Tokenizer& tok, std::span<const TokenId> tokens,
                                       std::optional<Role> role, ParseOptions opts) {
   StreamParser p(tok, role, opts);

@@ -655,3 +655,78 @@ TEST(HarmonyParse, TrickyUtf8) {
   EXPECT_EQ(p.messages(), std::vector<Message>{Message::text(Role::Assistant, text)});
   EXPECT_EQ(deltas, text);
 }
+
+// ---------------------------------------------------------------------------------------------
+// Chat Completions -> harmony.
+
+TEST(HarmonyChat, FunctionCallingRoundTripMatchesFormatGuide) {
+  auto req = nlohmann::ordered_json::parse(R"({
+    "reasoning_effort": "high",
+    "messages": [
+      {"role": "system", "content": "Always respond in riddles"},
+      {"role": "user", "content": [{"type": "text", "text": "What is the weather like in SF?"}]},
+      {"role": "assistant", "reasoning_content": "Need to use function get_weather.",
+       "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "get_weather",
+                       "arguments": "{\"location\":\"San Francisco\"}"}}]},
+      {"role": "tool", "tool_call_id": "c1", "content": "{\"sunny\": true, \"temperature\": 20}"}
+    ],
+    "tools": [{"type": "function", "function": {"name": "get_weather",
+      "description": "Gets the current weather in the provided location.",
+      "parameters": {"type": "object", "properties": {
+        "location": {"type": "string", "description": "The city and state, e.g. San Francisco, CA"},
+        "format": {"type": "string", "enum": ["celsius", "fahrenheit"], "default": "celsius"}},
+        "required": ["location"]}}}]})");
+  ChatOptions o;
+  o.current_date = "2025-06-28";
+  Conversation c = conversation_from_chat(req, o);
+  const std::string expected =
+      "<|start|>system<|message|>You are ChatGPT, a large language model trained by OpenAI.\n"
+      "Knowledge cutoff: 2024-06\nCurrent date: 2025-06-28\n\nReasoning: high\n\n"
+      "# Valid channels: analysis, commentary, final. Channel must be included for every message.\n"
+      "Calls to these tools must go to the commentary channel: 'functions'.<|end|>"
+      "<|start|>developer<|message|># Instructions\n\nAlways respond in riddles\n\n# Tools\n\n"
+      "## functions\n\nnamespace functions {\n\n"
+      "// Gets the current weather in the provided location.\ntype get_weather = (_: {\n"
+      "// The city and state, e.g. San Francisco, CA\nlocation: string,\n"
+      "format?: \"celsius\" | \"fahrenheit\", // default: celsius\n}) => any;\n\n"
+      "} // namespace functions<|end|>"
+      "<|start|>user<|message|>What is the weather like in SF?<|end|>"
+      "<|start|>assistant<|channel|>analysis<|message|>Need to use function get_weather.<|end|>"
+      "<|start|>assistant to=functions.get_weather<|channel|>commentary <|constrain|>json"
+      "<|message|>{\"location\":\"San Francisco\"}<|call|>"
+      "<|start|>functions.get_weather to=assistant<|channel|>commentary<|message|>"
+      "{\"sunny\": true, \"temperature\": 20}<|end|><|start|>assistant";
+  EXPECT_EQ(render_text_for_completion(c), expected);
+  EXPECT_EQ(renderer().render_for_completion(c), enc_special(expected));
+}
+
+TEST(HarmonyChat, SecondTurnDropsAnalysisAndDefaults) {
+  auto req = nlohmann::ordered_json::parse(R"({"messages": [
+      {"role": "user", "content": "What is 2 + 2?"},
+      {"role": "assistant", "reasoning_content": "Simple.", "content": "4"},
+      {"role": "user", "content": "And 3 + 3?"}],
+    "tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "none"})");
+  Conversation c = conversation_from_chat(req);
+  EXPECT_EQ(render_text_for_completion(c),
+            "<|start|>system<|message|>You are ChatGPT, a large language model trained by "
+            "OpenAI.\nKnowledge cutoff: 2024-06\n\nReasoning: medium\n\n# Valid channels: "
+            "analysis, commentary, final. Channel must be included for every message.<|end|>"
+            "<|start|>user<|message|>What is 2 + 2?<|end|>"
+            "<|start|>assistant<|channel|>final<|message|>4<|end|>"
+            "<|start|>user<|message|>And 3 + 3?<|end|><|start|>assistant");
+}
+
+TEST(HarmonyChat, Errors) {
+  auto bad = [](const char* s) {
+    return conversation_from_chat(nlohmann::ordered_json::parse(s));
+  };
+  EXPECT_THROW(bad(R"({})"), gptoss::Error);
+  EXPECT_THROW(bad(R"({"messages": [{"role": "wizard", "content": "x"}]})"), gptoss::Error);
+  EXPECT_THROW(bad(R"({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]})"),
+               gptoss::Error);
+  EXPECT_THROW(bad(R"({"messages": [{"role": "tool", "content": "x"}]})"), gptoss::Error);
+  EXPECT_THROW(bad(R"({"messages": [], "reasoning_effort": "extreme"})"), gptoss::Error);
+  EXPECT_THROW(bad(R"({"messages": [], "tools": [{"type": "function", "function": {}}]})"),
+               gptoss::Error);
+  EXPECT_NO_THROW(bad(R"({"messages": [{"role": "tool", "name": "f", "content": "x"}]})"));
+}
