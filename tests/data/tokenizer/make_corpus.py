@@ -156,6 +156,11 @@ T.append("".join(rng2.choice("كتابمدرسةعلم") for _ in range(900)))
 T.append("ab" * 2000)
 T.append("\u00e9" * 700 + "e\u0301" * 300)
 
+# Control characters and the edges of \\s (Unicode White_Space).
+T.append("a\x1c\x1d\x1e\x1fb \x00 \x01\x7f\x85 x\u180e y\u200b z\u2060 w\ufeff v\u00ad")
+T.append("\x1c \x1c\n \u0085\u0085 \u2028\u2029\u202f\u205f\u1680 \u3000\n\u00a0 end")
+T.append("\x0b\x0c\r\n \x0b x \x0c y\r")
+
 with open(os.path.join(here, "corpus.jsonl"), "w", encoding="utf-8") as f:
     for t in T:
         f.write(json.dumps({"text": t}, ensure_ascii=False) + "\n")
