@@ -1004,6 +1004,36 @@ Conversation conversation_from_chat(const Json& req, const ChatOptions& opts) {
   return conv;
 }
 
+ChatPart chat_part(const ParsedHeader& h) {
+  if (h.role != Role::Assistant) return ChatPart::Other;
+  if (h.recipient) {
+    if (h.recipient->rfind("functions.", 0) == 0) return ChatPart::ToolCall;
+    return ChatPart::Other;
+  }
+  if (h.channel && *h.channel == "analysis") return ChatPart::Reasoning;
+  return ChatPart::Content;
+}
+
+std::string tool_call_name(const std::string& recipient) {
+  return recipient.rfind("functions.", 0) == 0 ? recipient.substr(10) : recipient;
+}
+
+ChatTurn chat_turn(const std::vector<Message>& messages) {
+  ChatTurn t;
+  for (const Message& m : messages) {
+    ParsedHeader h{m.role, m.name, m.recipient, m.channel, m.content_type};
+    switch (chat_part(h)) {
+      case ChatPart::Content: t.content += m.text_content(); break;
+      case ChatPart::Reasoning: t.reasoning += m.text_content(); break;
+      case ChatPart::ToolCall:
+        t.tool_calls.push_back({tool_call_name(*m.recipient), m.text_content()});
+        break;
+      case ChatPart::Other: break;
+    }
+  }
+  return t;
+}
+
 std::vector<Message> parse_completion(const Tokenizer& tok, std::span<const TokenId> tokens,
                                       std::optional<Role> role, ParseOptions opts) {
   StreamParser p(tok, role, opts);

@@ -226,6 +226,30 @@ struct ChatOptions {
 Conversation conversation_from_chat(const nlohmann::ordered_json& request,
                                     const ChatOptions& opts = {});
 
+// What a sampled assistant turn says, in Chat Completions terms.
+enum class ChatPart {
+  Content,        // final channel (and commentary without a recipient: preambles; no channel)
+  Reasoning,      // analysis channel without a recipient
+  ToolCall,       // a message to=functions.NAME: its content is the call's JSON arguments
+  Other,          // a message to a built-in tool (browser, python) or from a tool
+};
+// Where a message with this header belongs (for streaming deltas from StreamParser events).
+ChatPart chat_part(const ParsedHeader& h);
+// "functions.NAME" -> "NAME"; other recipients unchanged.
+std::string tool_call_name(const std::string& recipient);
+
+struct ChatTurn {
+  std::string content;
+  std::string reasoning;
+  struct ToolCall {
+    std::string name;       // without the "functions." prefix
+    std::string arguments;  // JSON text as the model wrote it
+  };
+  std::vector<ToolCall> tool_calls;
+};
+// Gathers parsed assistant messages into one Chat Completions answer.
+ChatTurn chat_turn(const std::vector<Message>& messages);
+
 // Convenience: parse a complete completion (all tokens, then EOS).
 std::vector<Message> parse_completion(const Tokenizer& tok, std::span<const TokenId> tokens,
                                       std::optional<Role> role = Role::Assistant,

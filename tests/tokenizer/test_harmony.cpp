@@ -730,3 +730,26 @@ TEST(HarmonyChat, Errors) {
                gptoss::Error);
   EXPECT_NO_THROW(bad(R"({"messages": [{"role": "tool", "name": "f", "content": "x"}]})"));
 }
+
+TEST(HarmonyChat, ChatTurnFromParsedCompletion) {
+  auto ids = enc_special(
+      "<|channel|>analysis<|message|>Need weather.<|end|>"
+      "<|start|>assistant<|channel|>commentary<|message|>Checking.<|end|>"
+      "<|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json"
+      "<|message|>{\"location\":\"SF\"}<|call|>");
+  auto msgs = parse_completion(o200k(), ids, Role::Assistant);
+  ChatTurn t = chat_turn(msgs);
+  EXPECT_EQ(t.reasoning, "Need weather.");
+  EXPECT_EQ(t.content, "Checking.");
+  ASSERT_EQ(t.tool_calls.size(), 1u);
+  EXPECT_EQ(t.tool_calls[0].name, "get_weather");
+  EXPECT_EQ(t.tool_calls[0].arguments, "{\"location\":\"SF\"}");
+
+  auto fin = chat_turn(parse_completion(
+      o200k(), enc_special("<|channel|>final<|message|>Hi!<|return|>"), Role::Assistant));
+  EXPECT_EQ(fin.content, "Hi!");
+  EXPECT_TRUE(fin.reasoning.empty());
+  EXPECT_TRUE(fin.tool_calls.empty());
+  ParsedHeader browser{Role::Assistant, std::nullopt, "browser.search", "analysis", std::nullopt};
+  EXPECT_EQ(chat_part(browser), ChatPart::Other);
+}
