@@ -66,6 +66,8 @@ class Tokenizer {
 // Incremental decode: push ids one at a time and get back the text they complete. Never returns
 // a partial UTF-8 sequence; bytes that can never become valid are emitted as U+FFFD. The
 // concatenation of every push() and the final flush() equals Tokenizer::decode(all ids).
+// A special token decodes to its name (callers that stream to users skip is_special ids).
+// push() throws gptoss::Error on an id outside the vocabulary.
 class StreamingDecoder {
  public:
   explicit StreamingDecoder(const Tokenizer& tok);
