@@ -1,0 +1,1 @@
+#include "tokenizer/harmony.h"

@@ -1,0 +1,86 @@
+// `gptoss generate`: prefill a prompt, then decode token by token through the KV cache.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <numeric>
+#include <random>
+
+#include "backend/backend_factory.h"
+#include "backend/solo_sequence.h"
+#include "common/error.h"
+#include "tools/backend_options.h"
+#include "tools/builtin_model.h"
+#include "tools/command.h"
+#include "tools/prompt_ids.h"
+
+namespace {
+
+struct Args {
+  gptoss::BackendOptions backend;
+  std::string ids, text;
+  int max_tokens = 16;
+  float temperature = 0.0f, top_p = 1.0f;
+  uint64_t seed = 0;
+};
+
+// Greedy at temperature 0 (ties to the lower id), else softmax(logits / T) truncated to the
+// smallest set whose mass reaches top_p.
+int32_t sample(const float* logits, int V, float temperature, float top_p, std::mt19937_64& rng) {
+  if (temperature <= 0.0f) return int32_t(std::max_element(logits, logits + V) - logits);
+  std::vector<int32_t> order(V);
+  std::iota(order.begin(), order.end(), 0);
+  std::sort(order.begin(), order.end(), [&](int a, int b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); });
+  std::vector<double> p(V);
+  double sum = 0;
+  for (int i = 0; i < V; ++i) sum += p[i] = std::exp(double(logits[order[i]] - logits[order[0]]) / temperature);
+  double mass = 0;
+  int keep = V;
+  for (int i = 0; i < V; ++i) {
+    mass += p[i] / sum;
+    if (mass >= top_p) {
+      keep = i + 1;
+      break;
+    }
+  }
+  double r = std::uniform_real_distribution<double>(0, 1)(rng) * std::accumulate(p.begin(), p.begin() + keep, 0.0);
+  for (int i = 0; i < keep; ++i)
+    if ((r -= p[i]) <= 0) return order[i];
+  return order[keep - 1];
+}
+
+gptoss::tools::RegisterCommand reg({"generate", "Generate tokens after a prompt", [](CLI::App* app) {
+  auto a = std::make_shared<Args>();
+  gptoss::tools::add_backend_options(app, a->backend);
+  auto* ids = app->add_option("--prompt-ids", a->ids, "Comma-separated token ids");
+  auto* txt = app->add_option("--prompt", a->text, "Prompt text (tokenized with the model's tokenizer)");
+  ids->excludes(txt);
+  app->add_option("--max-tokens", a->max_tokens, "Tokens to generate")->capture_default_str()->check(CLI::PositiveNumber);
+  app->add_option("--temperature", a->temperature, "0 = greedy")->capture_default_str()->check(CLI::NonNegativeNumber);
+  app->add_option("--top-p", a->top_p, "Nucleus sampling mass")->capture_default_str()->check(CLI::Range(0.0, 1.0));
+  app->add_option("--seed", a->seed, "Sampling seed")->capture_default_str();
+  return [a]() {
+    if (a->backend.model_dir.empty() && a->backend.random_weights.empty())
+      a->backend.model_dir = gptoss::tools::ensure_builtin_model();
+    if (!a->text.empty()) throw gptoss::Error("--prompt needs the tokenizer; pass --prompt-ids");
+    if (a->ids.empty()) throw gptoss::Error("pass --prompt-ids or --prompt");
+    auto prompt = gptoss::tools::parse_ids(a->ids);
+    auto backend = gptoss::create_backend(a->backend);
+    const int V = backend->config().vocab;
+    for (int32_t t : prompt)
+      if (t >= V) throw gptoss::Error("prompt token " + std::to_string(t) + " is outside the model's vocabulary of " + std::to_string(V));
+    gptoss::SoloSequence seq(*backend, int(prompt.size()) + a->max_tokens);
+    std::mt19937_64 rng(a->seed);
+    std::vector<float> logits = seq.append(prompt, false);
+    std::vector<int32_t> out;
+    for (int i = 0; i < a->max_tokens; ++i) {
+      int32_t t = sample(logits.data(), V, a->temperature, a->top_p, rng);
+      out.push_back(t);
+      if (i + 1 < a->max_tokens) logits = seq.append({t}, false);
+    }
+    for (size_t i = 0; i < out.size(); ++i) std::printf("%s%d", i ? "," : "", out[i]);
+    std::printf("\n");
+    return 0;
+  };
+}});
+
+}  // namespace

@@ -1,0 +1,39 @@
+// `gptoss logits`: the logits of every position of one full prefill, as float32 safetensors.
+#include <cstdio>
+#include <cstring>
+
+#include "backend/backend_factory.h"
+#include "backend/solo_sequence.h"
+#include "model/safetensors.h"
+#include "tools/backend_options.h"
+#include "tools/command.h"
+#include "tools/prompt_ids.h"
+
+namespace {
+
+struct Args {
+  gptoss::BackendOptions backend;
+  std::string ids, out;
+};
+
+gptoss::tools::RegisterCommand reg({"logits", "Write the logits of a full prefill to a safetensors file", [](CLI::App* app) {
+  auto a = std::make_shared<Args>();
+  gptoss::tools::add_backend_options(app, a->backend);
+  app->add_option("--prompt-ids", a->ids, "Comma-separated token ids")->required();
+  app->add_option("--out", a->out, "Output .safetensors (tensor \"logits\" [n, vocab] F32)")->required();
+  return [a]() {
+    auto ids = gptoss::tools::parse_ids(a->ids);
+    auto backend = gptoss::create_backend(a->backend);
+    const int V = backend->config().vocab;
+    gptoss::SoloSequence seq(*backend, int(ids.size()));
+    std::vector<float> logits = seq.append(ids, /*all_logits=*/true);
+    gptoss::TensorSpec spec{"logits", gptoss::DType::F32, {int64_t(ids.size()), V}};
+    gptoss::write_safetensors(a->out, {spec}, [&](const gptoss::TensorSpec& s, uint8_t* out) {
+      std::memcpy(out, logits.data(), s.nbytes());
+    });
+    std::printf("wrote %s: logits [%zu, %d]\n", a->out.c_str(), ids.size(), V);
+    return 0;
+  };
+}});
+
+}  // namespace

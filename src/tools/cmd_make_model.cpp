@@ -1,0 +1,37 @@
+// `gptoss make-model`: a random-weight checkpoint in the published layout.
+#include <cstdio>
+
+#include "model/make_model.h"
+#include "tools/command.h"
+
+namespace {
+
+struct Args {
+  std::string preset = "tiny", out;
+  uint64_t seed = 0;
+  int layers = 0;
+  double shard_gb = 4.0;
+};
+
+gptoss::tools::RegisterCommand reg({"make-model", "Write a random-weight gpt-oss checkpoint (HF layout)", [](CLI::App* app) {
+  auto a = std::make_shared<Args>();
+  app->add_option("--preset", a->preset, "tiny, 20b or 120b")->capture_default_str();
+  app->add_option("--out", a->out, "Output directory")->required();
+  app->add_option("--seed", a->seed, "Random seed (same seed, same files)")->capture_default_str();
+  app->add_option("--layers", a->layers, "Override the number of layers (e.g. 2 layers of 120b shape)");
+  app->add_option("--shard-gb", a->shard_gb, "Approximate shard size in GB")->capture_default_str();
+  return [a]() {
+    auto c = gptoss::GptOssConfig::preset(a->preset);
+    if (a->layers > 0) {
+      c.num_layers = a->layers;
+      c.layer_sliding.resize(a->layers);
+      for (int i = 0; i < a->layers; ++i) c.layer_sliding[i] = i % 2 == 0;
+    }
+    gptoss::make_random_model(c, a->out, a->seed, size_t(a->shard_gb * 1e9));
+    std::printf("wrote %s (preset %s, %d layers, seed %llu)\n", a->out.c_str(), a->preset.c_str(), c.num_layers,
+                (unsigned long long)a->seed);
+    return 0;
+  };
+}});
+
+}  // namespace
