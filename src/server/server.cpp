@@ -574,7 +574,7 @@ void Server::setup_routes() {
     set_error(res, ApiError{401, "Incorrect API key provided.", "invalid_request_error", "", "invalid_api_key"});
     return httplib::Server::HandlerResponse::Handled;
   });
-  svr_->set_error_handler([](const httplib::Request& req, httplib::Response& res) {
+  svr_->set_error_handler(httplib::Server::HandlerWithResponse([](const httplib::Request& req, httplib::Response& res) {
     if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
     ApiError e;
     e.status = res.status;
@@ -588,7 +588,7 @@ void Server::setup_routes() {
     if (res.status >= 500) e.type = "server_error";
     set_error(res, e);
     return httplib::Server::HandlerResponse::Handled;
-  });
+  }));
   svr_->set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
     std::string msg = "Internal error.";
     try {
