@@ -13,30 +13,12 @@
 #include "backend/backend_factory.h"
 #include "common/error.h"
 #include "engine/engine.h"
-#include "model/make_model.h"
 #include "server/server.h"
 #include "tokenizer/tokenizer.h"
+#include "tools/builtin_model.h"
 #include "tools/command.h"
 
 namespace {
-
-// The built-in tiny model, made once under ${XDG_CACHE_HOME:-~/.cache}/gptoss/models/tiny.
-std::string builtin_model_dir() {
-  namespace fs = std::filesystem;
-  const char* xdg = std::getenv("XDG_CACHE_HOME");
-  const char* home = std::getenv("HOME");
-  fs::path base = xdg && *xdg ? fs::path(xdg) : fs::path(home ? home : "/tmp") / ".cache";
-  fs::path dir = base / "gptoss" / "models" / "tiny";
-  if (fs::exists(dir / "config.json") && fs::exists(dir / "tokenizer.json")) return dir.string();
-  fs::path tmp = dir.string() + ".tmp" + std::to_string(::getpid());
-  fs::create_directories(tmp);
-  gptoss::make_random_model(gptoss::GptOssConfig::preset("tiny"), tmp.string(), 0);
-  gptoss::write_harmony_tokenizer_json(gptoss::default_tiktoken_path(), (tmp / "tokenizer.json").string());
-  std::error_code ec;
-  fs::rename(tmp, dir, ec);
-  if (ec) fs::remove_all(tmp);  // another process made it first
-  return dir.string();
-}
 
 struct Args {
   gptoss::BackendOptions backend;
@@ -50,7 +32,7 @@ struct Args {
 int run_serve(Args& a) {
   namespace fs = std::filesystem;
   bool builtin = a.backend.model_dir.empty() && a.backend.random_weights.empty();
-  if (builtin) a.backend.model_dir = builtin_model_dir();
+  if (builtin) a.backend.model_dir = gptoss::tools::ensure_builtin_model();
   if (a.server.served_model_name.empty())
     a.server.served_model_name = builtin ? std::string("gpt-oss-tiny")
                                  : !a.backend.random_weights.empty() ? "gpt-oss-" + a.backend.random_weights

@@ -4,7 +4,9 @@
 // `window` through the sliding one). It stores each token and its position in the pages the
 // engine hands it and checks them back, so wrong page tables, a released page still in use or
 // a page shared by two sequences change outputs or throw.
+#include <chrono>
 #include <cmath>
+#include <thread>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
@@ -35,6 +37,7 @@ class FakeBackend : public Backend {
 
   void forward(const ForwardBatch& b, float* logits) override {
     ++forward_calls;
+    if (delay_us > 0) std::this_thread::sleep_for(std::chrono::microseconds(delay_us));
     max_batch_tokens = std::max<int>(max_batch_tokens, int(b.tokens.size()));
     max_batch_seqs = std::max<int>(max_batch_seqs, int(b.seqs.size()));
     std::vector<uint64_t> row_hash(b.tokens.size(), 0);
@@ -70,6 +73,7 @@ class FakeBackend : public Backend {
   }
 
   int forward_calls = 0;
+  int delay_us = 0;  // per forward: makes streams slow enough to interrupt
   int max_batch_tokens = 0;
   int max_batch_seqs = 0;
 

@@ -23,7 +23,7 @@ const Tokenizer& tok() {
 }
 
 struct Fixture {
-  testing::FakeBackend backend{201088, 16};
+  gptoss::testing::FakeBackend backend{201088, 16};
   std::unique_ptr<Engine> engine;
   std::unique_ptr<Server> server;
   std::thread th;
@@ -79,7 +79,9 @@ void expect_error(const httplib::Result& r, int status, const std::string& param
   EXPECT_TRUE(j["error"]["type"].is_string());
   EXPECT_TRUE(j["error"].contains("param"));
   EXPECT_TRUE(j["error"].contains("code"));
-  if (!param.empty()) EXPECT_EQ(j["error"]["param"], param) << r->body;
+  if (!param.empty()) {
+    EXPECT_EQ(j["error"]["param"], param) << r->body;
+  }
 }
 
 std::vector<json> sse_events(const std::string& body, bool* done) {
@@ -237,10 +239,10 @@ TEST(Http, ApiKey) {
 
 TEST(Http, DisconnectFreesSlot) {
   Fixture f({}, 4096, 1);
-  json b = chat_body(3000, true);
-  b["ignore_eos"] = true;
+  f.backend.delay_us = 2000;
+  json b = {{"prompt", "Once upon a time"}, {"max_tokens", 3000}, {"stream", true}, {"ignore_eos", true}};
   std::string body = b.dump();
-  std::string req = "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: " +
+  std::string req = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: " +
                     std::to_string(body.size()) + "\r\n\r\n" + body;
   int fd = socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in a{};
@@ -251,17 +253,17 @@ TEST(Http, DisconnectFreesSlot) {
   ASSERT_EQ(write(fd, req.data(), req.size()), ssize_t(req.size()));
   char buf[4096];
   size_t got = 0;
-  for (int i = 0; i < 100 && got < 2000; ++i) {
+  for (int i = 0; i < 1000 && got < 1000; ++i) {
     ssize_t n = read(fd, buf, sizeof buf);
     if (n <= 0) break;
     got += n;
   }
-  EXPECT_GE(got, 2000u);
+  EXPECT_GE(got, 1000u);
   EXPECT_EQ(f.engine->num_active(), 1);
   close(fd);
   for (int i = 0; i < 2000 && f.engine->num_active() > 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
   EXPECT_EQ(f.engine->num_active(), 0);
-  EXPECT_GT(f.engine->metrics().requests_aborted.load(), 0);
+  EXPECT_GT(f.engine->metrics().requests_aborted.load(), 0) << f.engine->metrics().generation_tokens.load() << " " << f.engine->metrics().requests_finished.load();
   // the single slot serves the next client
   auto ok = f.post("/v1/chat/completions", chat_body(2).dump());
   ASSERT_TRUE(ok);
@@ -281,16 +283,22 @@ TEST(Http, MetricsAndDrain) {
   // A stream in flight when shutdown starts still completes.
   json b = chat_body(40, true);
   b["ignore_eos"] = true;
-  httplib::Result streamed;
-  std::thread t([&] { streamed = f->post("/v1/chat/completions", b.dump()); });
+  int status = 0;
+  std::string sbody;
+  std::thread t([&] {
+    auto r = f->post("/v1/chat/completions", b.dump());
+    if (r) {
+      status = r->status;
+      sbody = r->body;
+    }
+  });
   for (int i = 0; i < 2000 && f->engine->num_active() == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   std::thread sd([&] { f->server->shutdown(); });
   t.join();
   sd.join();
-  ASSERT_TRUE(streamed);
-  EXPECT_EQ(streamed->status, 200);
+  EXPECT_EQ(status, 200);
   bool done;
-  sse_events(streamed->body, &done);
+  sse_events(sbody, &done);
   EXPECT_TRUE(done);
   f.reset();
 }

@@ -109,7 +109,7 @@ TEST(OpenAiApi, ErrorBody) {
   EXPECT_EQ(j["error"]["message"], "nope");
   EXPECT_EQ(j["error"]["param"], "model");
   EXPECT_EQ(j["error"]["code"], "model_not_found");
-  auto k = error_body(ApiError{400, "x"});
+  auto k = error_body(ApiError{400, "x", "invalid_request_error", "", ""});
   EXPECT_TRUE(k["error"]["param"].is_null());
   EXPECT_TRUE(k["error"]["code"].is_null());
 }
