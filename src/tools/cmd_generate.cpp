@@ -1,5 +1,7 @@
 // `gptoss generate`: prefill a prompt, then decode token by token through the KV cache.
 #include <algorithm>
+#include <filesystem>
+#include <optional>
 #include <cmath>
 #include <cstdio>
 #include <numeric>
@@ -12,6 +14,7 @@
 #include "tools/builtin_model.h"
 #include "tools/command.h"
 #include "tools/prompt_ids.h"
+#include "tokenizer/tokenizer.h"
 
 namespace {
 
@@ -61,9 +64,13 @@ gptoss::tools::RegisterCommand reg({"generate", "Generate tokens after a prompt"
   return [a]() {
     if (a->backend.model_dir.empty() && a->backend.random_weights.empty())
       a->backend.model_dir = gptoss::tools::ensure_builtin_model();
-    if (!a->text.empty()) throw gptoss::Error("--prompt needs the tokenizer; pass --prompt-ids");
-    if (a->ids.empty()) throw gptoss::Error("pass --prompt-ids or --prompt");
-    auto prompt = gptoss::tools::parse_ids(a->ids);
+    if (a->ids.empty() && a->text.empty()) throw gptoss::Error("pass --prompt-ids or --prompt");
+    std::optional<gptoss::Tokenizer> tok;
+    auto tok_path = std::filesystem::path(a->backend.model_dir) / "tokenizer.json";
+    if (!a->backend.model_dir.empty() && std::filesystem::exists(tok_path)) tok = gptoss::Tokenizer::from_file(tok_path.string());
+    if (!a->text.empty() && !tok) throw gptoss::Error("--prompt needs a tokenizer.json in the model directory; pass --prompt-ids");
+    auto prompt = a->text.empty() ? gptoss::tools::parse_ids(a->ids) : tok->encode(a->text, /*allow_special=*/true);
+    if (prompt.empty()) throw gptoss::Error("the prompt is empty");
     auto backend = gptoss::create_backend(a->backend);
     const int V = backend->config().vocab;
     for (int32_t t : prompt)
@@ -79,6 +86,9 @@ gptoss::tools::RegisterCommand reg({"generate", "Generate tokens after a prompt"
     }
     for (size_t i = 0; i < out.size(); ++i) std::printf("%s%d", i ? "," : "", out[i]);
     std::printf("\n");
+    // The text too, when the model has a tokenizer and every id is one of its tokens.
+    if (tok && std::all_of(out.begin(), out.end(), [&](int32_t t) { return size_t(t) < tok->vocab_size(); }))
+      std::fprintf(stderr, "%s\n", tok->decode(out).c_str());
     return 0;
   };
 }});

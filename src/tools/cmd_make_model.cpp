@@ -1,7 +1,10 @@
 // `gptoss make-model`: a random-weight checkpoint in the published layout.
 #include <cstdio>
 
+#include <filesystem>
+
 #include "model/make_model.h"
+#include "tokenizer/tokenizer.h"
 #include "tools/command.h"
 
 namespace {
@@ -11,6 +14,7 @@ struct Args {
   uint64_t seed = 0;
   int layers = 0;
   double shard_gb = 4.0;
+  bool no_tokenizer = false;
 };
 
 gptoss::tools::RegisterCommand reg({"make-model", "Write a random-weight gpt-oss checkpoint (HF layout)", [](CLI::App* app) {
@@ -20,6 +24,7 @@ gptoss::tools::RegisterCommand reg({"make-model", "Write a random-weight gpt-oss
   app->add_option("--seed", a->seed, "Random seed (same seed, same files)")->capture_default_str();
   app->add_option("--layers", a->layers, "Override the number of layers (e.g. 2 layers of 120b shape)");
   app->add_option("--shard-gb", a->shard_gb, "Approximate shard size in GB")->capture_default_str();
+  app->add_flag("--no-tokenizer", a->no_tokenizer, "Do not write tokenizer.json (o200k_harmony)");
   return [a]() {
     auto c = gptoss::GptOssConfig::preset(a->preset);
     if (a->layers > 0) {
@@ -28,6 +33,9 @@ gptoss::tools::RegisterCommand reg({"make-model", "Write a random-weight gpt-oss
       for (int i = 0; i < a->layers; ++i) c.layer_sliding[i] = i % 2 == 0;
     }
     gptoss::make_random_model(c, a->out, a->seed, size_t(a->shard_gb * 1e9));
+    if (!a->no_tokenizer)
+      gptoss::write_harmony_tokenizer_json(gptoss::default_tiktoken_path(),
+                                           (std::filesystem::path(a->out) / "tokenizer.json").string());
     std::printf("wrote %s (preset %s, %d layers, seed %llu)\n", a->out.c_str(), a->preset.c_str(), c.num_layers,
                 (unsigned long long)a->seed);
     return 0;

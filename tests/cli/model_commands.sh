@@ -11,8 +11,13 @@ check() { if eval "$2"; then pass=$((pass+1)); else fail=$((fail+1)); echo "FAIL
 "$bin" make-model --preset tiny --out "$tmp/b" --seed 3 --shard-gb 0.05 >/dev/null
 check "make-model is deterministic" 'diff -r "$tmp/a" "$tmp/b" >/dev/null'
 check "make-model writes shards and an index" '[ $(ls "$tmp/a"/model-*-of-*.safetensors | wc -l) -ge 2 ] && [ -f "$tmp/a/model.safetensors.index.json" ]'
-out=$("$bin" generate --model "$tmp/a" --prompt-ids 1,2,3 --max-tokens 4 2>&1)
+out=$("$bin" generate --model "$tmp/a" --prompt-ids 1,2,3 --max-tokens 4 2>"$tmp/text")
 check "generate on a made model prints 4 ids ($out)" '[[ "$out" =~ ^[0-9]+,[0-9]+,[0-9]+,[0-9]+$ ]]'
+
+check "generate prints the text of a made model's tokens" '[ -s "$tmp/text" ]'
+out=$("$bin" generate --model "$tmp/a" --prompt "Hello world" --max-tokens 2 2>/dev/null)
+check "generate --prompt tokenizes text ($out)" '[[ "$out" =~ ^[0-9]+,[0-9]+$ ]]'
+check "make-model writes tokenizer.json" '[ -s "$tmp/a/tokenizer.json" ]'
 
 # generate on the fixture reproduces transformers' greedy continuation of prompt 0.
 fx="$data/tiny-gptoss"
