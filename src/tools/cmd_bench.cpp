@@ -68,6 +68,11 @@ int run(Args& a) {
   auto be = create_backend(a.backend);
   const GptOssConfig& c = be->config();
   auto pps = parse_list(a.pp), tgs = parse_list(a.tg);
+  // What the KV cache could get after the weights, and how many tokens of context that is
+  // (full-attention layers; sliding layers need only a window per sequence).
+  const double kv_avail = double(be->kv_memory_available());
+  const double per_tok_fp8 = double(kv_page_bytes(c, kKvFull, 1, DType::F8_E4M3));
+  const double per_tok_bf16 = double(kv_page_bytes(c, kKvFull, 1, DType::BF16));
   int max_len = 1;
   for (int p : pps) max_len = std::max(max_len, p);
   for (int t : tgs) max_len = std::max(max_len, a.tg_prompt + t);
@@ -143,6 +148,9 @@ int run(Args& a) {
     std::printf("| %s | %s | %s | %s | %.2f ± %.2f |\n", model.c_str(), a.backend.device.c_str(), a.kv_dtype.c_str(),
                 r.test.c_str(), r.mean, r.sd);
   if (peak_gib >= 0) std::printf("\nGPU memory in use after the runs (weights + KV + workspace): %.2f GiB\n", peak_gib);
+  if (kv_avail > 0)
+    std::printf("KV memory available after weights: %.2f GiB = %.2fM tokens fp8 / %.2fM tokens bf16 (full-attention layers)\n",
+                kv_avail / (1 << 30), kv_avail / per_tok_fp8 / 1e6, kv_avail / per_tok_bf16 / 1e6);
   nlohmann::json j;
   j["model"] = model;
   j["device"] = a.backend.device;
@@ -150,6 +158,10 @@ int run(Args& a) {
   j["tg_prompt"] = a.tg_prompt;
   j["runs"] = a.runs;
   if (peak_gib >= 0) j["gpu_memory_gib"] = peak_gib;
+  if (kv_avail > 0) {
+    j["kv_memory_available_gib"] = kv_avail / (1 << 30);
+    j["kv_capacity_tokens_fp8"] = kv_avail / per_tok_fp8;
+  }
   for (auto& r : results) j["results"].push_back({{"test", r.test}, {"tps_mean", r.mean}, {"tps_sd", r.sd}, {"tps", r.tps}});
   std::printf("\n%s\n", j.dump().c_str());
   if (!a.json_path.empty()) std::ofstream(a.json_path) << j.dump(2) << "\n";

@@ -61,9 +61,18 @@ __global__ void __launch_bounds__(256) attention_kernel(const uint16_t* __restri
   float q[D];
   const float scale = rsqrtf(float(D));
   if (active) {
-    const uint16_t* qp = qkv + size_t(t) * row_len + size_t(h) * D;
+    const uint4* qp = reinterpret_cast<const uint4*>(qkv + size_t(t) * row_len + size_t(h) * D);
 #pragma unroll
-    for (int d = 0; d < D; ++d) q[d] = bf16_bits_to_f32(qp[d]) * scale;
+    for (int c = 0; c < D / 8; ++c) {
+      uint4 v = qp[c];
+      const uint32_t* w = reinterpret_cast<const uint32_t*>(&v);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        float2 f = bf16x2_to_f32x2(w[i]);
+        q[c * 8 + 2 * i] = f.x * scale;
+        q[c * 8 + 2 * i + 1] = f.y * scale;
+      }
+    }
   }
   float m = -INFINITY, l = 0.f, o[DPL];
 #pragma unroll

@@ -57,33 +57,56 @@ void embed(const bf16_t* table, const int32_t* tokens, int n, int H, float* x, c
   GPTOSS_CUDA_LAUNCH_CHECK();
 }
 
-__global__ void rmsnorm_kernel(const float* __restrict__ x, const float* __restrict__ w, int H, float eps,
-                               const int32_t* __restrict__ rows, uint16_t* __restrict__ y) {
+// One block of 1024 threads per row, x read once with 16-byte loads and kept in registers
+// (H <= 4 * 4 * 1024): a decode step runs this on one row, where latency is all that counts.
+constexpr int kNormThreads = 1024, kNormVec = 4;
+__global__ void __launch_bounds__(1024) rmsnorm_kernel(const float* __restrict__ x, const float* __restrict__ w, int H,
+                                                       float eps, const int32_t* __restrict__ rows,
+                                                       uint16_t* __restrict__ y) {
   pdl_begin();
   int r = blockIdx.x;
   int src = rows ? rows[r] : r;
-  const float* xr = x + size_t(src) * H;
+  const float4* xr = reinterpret_cast<const float4*>(x + size_t(src) * H);
+  const int n4 = H / 4;
+  float4 v[kNormVec];
   float ss = 0.f;
-  for (int i = threadIdx.x; i < H; i += blockDim.x) ss += xr[i] * xr[i];
+#pragma unroll
+  for (int u = 0; u < kNormVec; ++u) {
+    int i = threadIdx.x + u * kNormThreads;
+    v[u] = i < n4 ? xr[i] : make_float4(0.f, 0.f, 0.f, 0.f);
+    ss += v[u].x * v[u].x + v[u].y * v[u].y + v[u].z * v[u].z + v[u].w * v[u].w;
+  }
   __shared__ float red[32];
   ss = warp_sum(ss);
   if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = ss;
   __syncthreads();
   if (threadIdx.x < 32) {
-    float v = threadIdx.x < blockDim.x / 32 ? red[threadIdx.x] : 0.f;
-    v = warp_sum(v);
-    if (threadIdx.x == 0) red[0] = v;
+    float t = threadIdx.x < blockDim.x / 32 ? red[threadIdx.x] : 0.f;
+    t = warp_sum(t);
+    if (threadIdx.x == 0) red[0] = t;
   }
   __syncthreads();
-  float inv = 1.0f / sqrtf(red[0] / float(H) + eps);
-  for (int i = threadIdx.x; i < H; i += blockDim.x)
-    y[size_t(r) * H + i] = f32_to_bf16_bits(xr[i] * inv * w[i]);
+  const float inv = 1.0f / sqrtf(red[0] / float(H) + eps);
+  const float4* w4 = reinterpret_cast<const float4*>(w);
+  uint2* yr = reinterpret_cast<uint2*>(y + size_t(r) * H);
+#pragma unroll
+  for (int u = 0; u < kNormVec; ++u) {
+    int i = threadIdx.x + u * kNormThreads;
+    if (i < n4) {
+      float4 ww = w4[i];
+      uint2 o;
+      o.x = uint32_t(f32_to_bf16_bits(v[u].x * inv * ww.x)) | (uint32_t(f32_to_bf16_bits(v[u].y * inv * ww.y)) << 16);
+      o.y = uint32_t(f32_to_bf16_bits(v[u].z * inv * ww.z)) | (uint32_t(f32_to_bf16_bits(v[u].w * inv * ww.w)) << 16);
+      yr[i] = o;
+    }
+  }
 }
 
 void rmsnorm(const float* x, const float* w, int n, int H, float eps, const int32_t* rows, bf16_t* y,
              cudaStream_t s) {
   if (n <= 0) return;
-  launch_pdl(rmsnorm_kernel, dim3(n), dim3(256), 0, s, x, w, H, eps, rows, y);
+  if (H % 4 != 0 || H > 4 * kNormVec * kNormThreads) throw Error("rmsnorm: H must be a multiple of 4, <= 16384");
+  launch_pdl(rmsnorm_kernel, dim3(n), dim3(kNormThreads), 0, s, x, w, H, eps, rows, y);
   GPTOSS_CUDA_LAUNCH_CHECK();
 }
 
@@ -103,11 +126,19 @@ __global__ void rope_kv_kernel(uint16_t* __restrict__ qkv, int Hq, int Hkv, int 
   uint16_t* row = qkv + size_t(t) * row_len;
   int page = tm.pt[tm.pt_off[t] + pos / kv.page_size];
   int slot = pos % kv.page_size;
-  // Rotate the first halves' partners: one thread per (head, j) over q and k heads.
+  // cos/sin once per frequency (not per head): precise sincosf is the costly part.
+  __shared__ float cs[64], sn_s[64];
+  for (int j = threadIdx.x; j < half; j += blockDim.x) {
+    float ang = float(pos) * inv_freq[j];
+    float sv, cv;
+    sincosf(ang, &sv, &cv);
+    cs[j] = cv * scaling;
+    sn_s[j] = sv * scaling;
+  }
+  __syncthreads();
   for (int i = threadIdx.x; i < (Hq + Hkv) * half; i += blockDim.x) {
     int h = i / half, j = i % half;
-    float ang = float(pos) * inv_freq[j];
-    float c = cosf(ang) * scaling, sn = sinf(ang) * scaling;
+    float c = cs[j], sn = sn_s[j];
     uint16_t* hp = row + size_t(h) * D;
     float x1 = bf16_bits_to_f32(hp[j]), x2 = bf16_bits_to_f32(hp[j + half]);
     float o1 = x1 * c - x2 * sn, o2 = x2 * c + x1 * sn;
@@ -143,7 +174,8 @@ __global__ void rope_kv_kernel(uint16_t* __restrict__ qkv, int Hq, int Hkv, int 
 void rope_kv_store(bf16_t* qkv, int n, int Hq, int Hkv, int D, const float* inv_freq, float attn_scaling,
                    const TokenMeta& tm, const KvLayer& kv, cudaStream_t s) {
   if (n <= 0) return;
-  launch_pdl(rope_kv_kernel, dim3(n), dim3(256), 0, s, qkv, Hq, Hkv, D, inv_freq, attn_scaling, tm, kv);
+  if (D > 128) throw Error("rope: head_dim must be <= 128");
+  launch_pdl(rope_kv_kernel, dim3(n), dim3(512), 0, s, qkv, Hq, Hkv, D, inv_freq, attn_scaling, tm, kv);
   GPTOSS_CUDA_LAUNCH_CHECK();
 }
 
@@ -231,25 +263,39 @@ __device__ void moe_sort_block(int P, int E, int k, const MoeRouting& r) {
   __syncthreads();
   for (int p = threadIdx.x; p < P; p += blockDim.x) atomicAdd(&cnt[r.topk_idx[p]], 1);
   __syncthreads();
-  if (threadIdx.x == 0) {
-    int off = 0, g = 0, tiles = 0;
-    for (int e = 0; e < E; ++e) {
-      int c = cnt[e];
-      cursor[e] = off;
-      if (c == 0) continue;
+  // Exclusive scans over experts (one thread each, E <= 1024): row offsets, group slots of
+  // the non-empty experts, GEMM row tiles.
+  int32_t* s_off = sm + 2 * E;    // [E]
+  int32_t* s_grp = sm + 3 * E;    // [E]
+  int32_t* s_tile = sm + 4 * E;   // [E]
+  const int e = threadIdx.x;
+  int c = e < E ? cnt[e] : 0;
+  int nt = (c + kGemmBM - 1) / kGemmBM;
+  if (e < E) { s_off[e] = c; s_grp[e] = c > 0; s_tile[e] = nt; }
+  __syncthreads();
+  for (int d = 1; d < E; d *= 2) {  // Hillis-Steele inclusive scans
+    int a0 = 0, a1 = 0, a2 = 0;
+    if (e < E && e >= d) { a0 = s_off[e - d]; a1 = s_grp[e - d]; a2 = s_tile[e - d]; }
+    __syncthreads();
+    if (e < E && e >= d) { s_off[e] += a0; s_grp[e] += a1; s_tile[e] += a2; }
+    __syncthreads();
+  }
+  if (e < E) {
+    int off = s_off[e] - c, g = s_grp[e] - (c > 0), t0 = s_tile[e] - nt;
+    cursor[e] = off;
+    if (c > 0) {
       r.group_expert[g] = e;
       r.group_start[g] = off;
       r.group_end[g] = off + c;
-      for (int i = 0; i < c; i += kGemmBM) {
-        r.tile_group[tiles] = g;
-        r.tile_row[tiles] = off + i;
-        ++tiles;
+      for (int i = 0; i < nt; ++i) {
+        r.tile_group[t0 + i] = g;
+        r.tile_row[t0 + i] = off + i * kGemmBM;
       }
-      off += c;
-      ++g;
     }
-    r.counts[0] = g;
-    r.counts[1] = tiles;
+    if (e == E - 1) {
+      r.counts[0] = s_grp[e];
+      r.counts[1] = s_tile[e];
+    }
   }
   __syncthreads();
   for (int p = threadIdx.x; p < P; p += blockDim.x) {
@@ -278,13 +324,13 @@ void moe_route(const float* logits, int n, int E, int k, const MoeRouting& r, cu
   if (n <= 0) return;
   if (E > 32 * kMaxExpertsPerLane || k > kMaxTopK || k > E) throw Error("moe_route: unsupported experts/top-k");
   if (n <= 64) {
-    launch_pdl(moe_route_small_kernel, dim3(1), dim3(1024), 2 * E * sizeof(int32_t), s, logits, n, E, k, r);
+    launch_pdl(moe_route_small_kernel, dim3(1), dim3(1024), 5 * E * sizeof(int32_t), s, logits, n, E, k, r);
     GPTOSS_CUDA_LAUNCH_CHECK();
     return;
   }
   launch_pdl(topk_kernel, dim3((n + 7) / 8), dim3(256), 0, s, logits, n, E, k, r);
   GPTOSS_CUDA_LAUNCH_CHECK();
-  launch_pdl(moe_sort_kernel, dim3(1), dim3(1024), 2 * E * sizeof(int32_t), s, n * k, E, k, r);
+  launch_pdl(moe_sort_kernel, dim3(1), dim3(1024), 5 * E * sizeof(int32_t), s, n * k, E, k, r);
   GPTOSS_CUDA_LAUNCH_CHECK();
 }
 

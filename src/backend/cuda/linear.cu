@@ -223,13 +223,24 @@ __global__ void __launch_bounds__(256, 2) gemv_mxfp4_kernel(LinArgs a) {
   for (int rb = row_begin; rb < row_end; rb += kGemvMT) {
     const int mt = min(kGemvMT, row_end - rb);
     __syncthreads();  // the previous chunk's readers are done with xh
-    for (int m = 0; m < mt; ++m) {
+    // One 16-byte load per (token, 8 columns), all issued before any is used: a GEMV this
+    // small is a chain of latencies, not of bandwidth.
+    for (int i = threadIdx.x; i < mt * (K / 8); i += blockDim.x) {
+      int m = i / (K / 8), g8 = i % (K / 8);
       int p = rb + m;
       const uint16_t* xr = a.A + size_t(a.gather_a ? a.r.pair_token[p] : p) * a.lda;
-      for (int i = threadIdx.x; i < K / 2; i += blockDim.x) {
-        int k0 = (i >> 2) * 8 + (i & 3);
-        xh[m][i] = __floats2half2_rn(bf16_bits_to_f32(xr[k0]) * 0.0625f, bf16_bits_to_f32(xr[k0 + 4]) * 0.0625f);
+      uint4 v = *reinterpret_cast<const uint4*>(xr + g8 * 8);
+      const uint32_t* w = reinterpret_cast<const uint32_t*>(&v);
+      float f[8];
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        float2 t = bf16x2_to_f32x2(w[q]);
+        f[2 * q] = t.x * 0.0625f;
+        f[2 * q + 1] = t.y * 0.0625f;
       }
+      __half2* dst = &xh[m][g8 * 4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) dst[j] = __floats2half2_rn(f[j], f[j + 4]);
     }
     __syncthreads();
     uint4 wa[U], wb[U];
