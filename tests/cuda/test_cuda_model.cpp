@@ -38,6 +38,9 @@ struct Compare {
   double median_row_err = 0;
   double frac_rows_over = 0;  // rows whose own rel err exceeds 2e-2
   int greedy_equal = 0;
+  // Steps before the first CPU near-tie (top-2 gap < 2% of the logits' rms): a bf16 path may
+  // pick either token there, so greedy equality is required only up to it.
+  int greedy_required = 0;
 };
 
 // Prefill `prompt` (all logits) on both backends, then `steps` greedy steps each on its own.
@@ -66,13 +69,22 @@ Compare compare(Backend& gpu, Backend& cpu, const std::vector<int32_t>& prompt, 
   }
   std::vector<float> last_g(lg.end() - V, lg.end()), last_c(lc.end() - V, lc.end());
   std::vector<int> tg, tc;
+  c.greedy_required = -1;
   for (int s = 0; s < steps; ++s) {
     tg.push_back(argmax(last_g));
     tc.push_back(argmax(last_c));
+    if (c.greedy_required < 0) {
+      std::vector<float> sorted = last_c;
+      std::partial_sort(sorted.begin(), sorted.begin() + 2, sorted.end(), std::greater<float>());
+      double ms = 0;
+      for (float v : last_c) ms += double(v) * v;
+      if (sorted[0] - sorted[1] < 0.02 * std::sqrt(ms / last_c.size())) c.greedy_required = s;
+    }
     last_g = sg.append({tg.back()}, false);
     last_c = sc.append({tc.back()}, false);
   }
   while (c.greedy_equal < steps && tg[c.greedy_equal] == tc[c.greedy_equal]) ++c.greedy_equal;
+  if (c.greedy_required < 0) c.greedy_required = steps;
   return c;
 }
 
@@ -129,16 +141,26 @@ void shrink_expert_outputs(const std::string& dir) {
 TEST_F(CudaModel, TinyFixtureMatchesCpu) {
   auto gpu = make("cuda", kFixture), cpu = make("cpu", kFixture);
   const int V = cpu->config().vocab;
-  std::vector<std::vector<int32_t>> prompts = {{1}, {}, {}};
+  // The fixture's own prompts (lengths 1, 20, 45; the last crosses the window of 8), whose
+  // greedy continuations transformers recorded, plus a fresh random prompt for the logits only.
+  std::ifstream gf(kFixture + "/golden.json");
+  auto prompts = nlohmann::json::parse(gf)["prompts"].get<std::vector<std::vector<int32_t>>>();
+  ASSERT_EQ(prompts.size(), 3u);
   FastRng r(fresh_seed());
-  for (int i = 0; i < 20; ++i) prompts[1].push_back(int(r.next() % V));
-  for (int i = 0; i < 45; ++i) prompts[2].push_back(int(r.next() % V));
+  std::vector<int32_t> rnd;
+  for (int i = 0; i < 33; ++i) rnd.push_back(int(r.next() % V));
+  {
+    Compare c = compare(*gpu, *cpu, rnd, 4);
+    std::printf("tiny fixture, random 33-token prompt: prefill logits rel err %.3g\n", c.prefill_err);
+    EXPECT_LE(c.prefill_err, 2e-2);
+  }
   for (auto& p : prompts) {
     Compare c = compare(*gpu, *cpu, p, 16);
     std::printf("tiny fixture, %zu-token prompt: prefill logits rel err %.3g, greedy equal %d/16\n", p.size(),
                 c.prefill_err, c.greedy_equal);
     EXPECT_LE(c.prefill_err, 2e-2);
-    EXPECT_EQ(c.greedy_equal, 16);
+    std::printf("  greedy: first CPU near-tie at step %d\n", c.greedy_required);
+    EXPECT_GE(c.greedy_equal, c.greedy_required);
   }
   Compare c8 = compare(*gpu, *cpu, prompts[2], 16, DType::F8_E4M3);
   std::printf("tiny fixture, fp8 KV: prefill logits rel err %.3g, greedy equal %d/16\n", c8.prefill_err,
@@ -203,7 +225,9 @@ TEST_F(CudaModel, BatchedDecodeEqualsAlone) {
     auto l = solo.append({toks[s].back()}, false);
     std::vector<float> got(ld.begin() + size_t(S - 1 - s) * V, ld.begin() + size_t(S - s) * V);
     double e = rel_err(got, l);
-    EXPECT_LE(e, 1e-3) << "seq " << s;
+    // Seq 0's prompt went through the GEMM path in the mixed batch and the GEMV path alone,
+    // so its cached K/V differ by rounding.
+    EXPECT_LE(e, 5e-3) << "seq " << s;
     std::printf("batched decode vs alone, seq %d: rel err %.3g\n", s, e);
     EXPECT_EQ(greedy[S - 1 - s], argmax(got)) << "seq " << s;
   }
@@ -233,8 +257,8 @@ TEST_F(CudaModel, TwoLayers120bShapesMatchCpu) {
     EXPECT_LE(c1.prefill_err, 2e-2);
     EXPECT_LE(c.prefill_err, 2e-2);
     EXPECT_LE(c.median_row_err, 2e-2);
-    // Greedy tokens: a near-tie of the top two logits can still flip between bf16 and fp32.
-    EXPECT_GE(c.greedy_equal, 8);
+    EXPECT_GE(c.greedy_equal, c.greedy_required);
+    EXPECT_GE(c1.greedy_equal, c1.greedy_required);
     RecordProperty("whole_prompt_rel_err", std::to_string(c.prefill_err));
     RecordProperty("greedy_equal", std::to_string(c.greedy_equal));
   }
