@@ -221,6 +221,11 @@ void Tokenizer::Impl::bpe(std::string_view piece, std::vector<TokenId>& out) con
     out.push_back(TokenId(id));
     return;
   }
+  if (!whole.empty())
+    if (uint32_t id = whole.id(piece); id != ByteMap::kMissing) {
+      out.push_back(TokenId(id));
+      return;
+    }
   if (piece.size() > kLongPiece) {
     bpe_long(piece, out);
     return;
@@ -595,7 +600,7 @@ struct TokenizerJsonSax : nlohmann::json_sax<nlohmann::json> {
     size_t items = 0;
   };
   std::vector<Frame> st;
-  bool have_model = false, have_vocab = false;
+  bool have_model = false, have_vocab = false, ignore_merges = false;
   std::string model_type = "BPE";
   std::vector<std::pair<std::string, int64_t>> vocab;  // byte-level strings
   std::vector<std::pair<std::string, std::string>> merges;
@@ -640,7 +645,10 @@ struct TokenizerJsonSax : nlohmann::json_sax<nlohmann::json> {
     return true;
   }
   bool null() override { return true; }
-  bool boolean(bool) override { return true; }
+  bool boolean(bool v) override {
+    if (at(2, "model", "ignore_merges")) ignore_merges = v;
+    return true;
+  }
   bool number_integer(number_integer_t v) override { return value_number(v); }
   bool number_unsigned(number_unsigned_t v) override {
     return value_number(v > uint64_t(INT64_MAX) ? -1 : int64_t(v));
@@ -737,12 +745,17 @@ Tokenizer Tokenizer::from_tokenizer_json(const std::string& path) {
   }
   sax.merges.clear();
   entries.reserve(vocab.size());
+  std::vector<ByteMap::Entry> whole;  // with ignore_merges: tokens no merge produces
   for (auto& [bs, id] : vocab) {
     if (auto it = merged.find(bs); it != merged.end())
       entries.push_back({bs, it->second, uint32_t(id)});
     else if (bs.size() == 1)
       entries.push_back({bs, uint32_t(uint8_t(bs[0])), uint32_t(id)});
+    else if (sax.ignore_merges)
+      whole.push_back({bs, ByteMap::kMissing, uint32_t(id)});
   }
+  // ignore_merges: a pre-tokenized piece that is a vocab entry is that token, merges or not.
+  if (!whole.empty()) impl->whole.build(whole);
   // Pre-tokenizer: the Split regex if there is one, else o200k's.
   impl->regex = std::make_shared<Regex>(sax.regex ? *sax.regex : std::string(kO200kPattern));
   std::vector<std::pair<std::string, TokenId>> specials;
@@ -941,7 +954,7 @@ void write_harmony_tokenizer_json(const std::string& tiktoken_path, const std::s
   f << "  \"decoder\": {\"type\": \"ByteLevel\", \"add_prefix_space\": true, \"trim_offsets\": true,"
        " \"use_regex\": true},\n";
   f << "  \"model\": {\n    \"type\": \"BPE\", \"dropout\": null, \"unk_token\": null,"
-       " \"continuing_subword_prefix\": \"\", \"end_of_word_suffix\": \"\","
+       " \"continuing_subword_prefix\": null, \"end_of_word_suffix\": null,"
        " \"fuse_unk\": false, \"byte_fallback\": false, \"ignore_merges\": false,\n";
   f << "    \"vocab\": {";
   for (uint32_t r = 0; r < tokens.size(); ++r)
