@@ -1,0 +1,188 @@
+#pragma once
+// The engine: requests queue, and a scheduler loop runs one Backend::forward at a time over a
+// batch mixing prefill chunks and decode tokens of many sequences (continuous batching,
+// chunked prefill under a per-step token budget), with paged KV bookkeeping (kv/), preemption
+// by recompute when KV pages run out, cancellation, and host-side sampling.
+//
+// Scheduling is two small steps per iteration:
+//  1. capacity: admit waiting requests FCFS while max_num_seqs and free KV pages allow;
+//  2. micro-batch: within max_num_batched_tokens, every decoding sequence gets one token
+//     (oldest first; when its page cannot be had, the newest running sequence not yet in this
+//     step is preempted: its pages freed, it is requeued first in line to recompute prompt +
+//     output), then prefilling sequences get chunks of their remaining tokens.
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "backend/backend.h"
+#include "engine/metrics.h"
+#include "engine/sampling.h"
+#include "kv/kv_manager.h"
+
+namespace gptoss {
+
+enum class FinishReason { kNone, kStop, kLength, kAbort, kError };
+const char* finish_reason_name(FinishReason r);  // "stop", "length", "abort", "error"
+
+// What a request's stream receives after each step that touched it.
+struct EngineEvent {
+  std::vector<int32_t> tokens;          // newly generated tokens (stop tokens included)
+  std::vector<TokenLogprob> logprobs;   // one per token when SamplingParams::logprobs >= 0
+  std::string text;                     // newly decoded text (stop strings cut, prefixes held back)
+  bool finished = false;
+  FinishReason finish_reason = FinishReason::kNone;
+  std::string stop_string;              // the stop string that ended it, if any
+  int32_t stop_token = -1;              // the stop token that ended it, if any
+  int prompt_tokens = 0;
+  int completion_tokens = 0;
+  std::string error;                    // kError
+};
+
+// Wakes the engine loop (shared with request streams so cancel() can poke it).
+struct EngineSignal {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool pending = false;
+  void notify() {
+    {
+      std::lock_guard<std::mutex> l(mu);
+      pending = true;
+    }
+    cv.notify_all();
+  }
+};
+
+// The consumer side of one request. Thread-safe.
+class RequestStream {
+ public:
+  uint64_t id() const { return id_; }
+  // Next event, or nullopt after `timeout` without one.
+  std::optional<EngineEvent> next(std::chrono::milliseconds timeout);
+  // Asks the engine to stop this request; it frees its KV pages at the next step and sends a
+  // final event with FinishReason::kAbort (unless it already finished).
+  void cancel();
+  bool cancelled() const { return cancelled_.load(); }
+  bool finished() const { return finished_.load(); }
+
+  // engine side
+  RequestStream(uint64_t id, std::shared_ptr<EngineSignal> sig) : id_(id), sig_(std::move(sig)) {}
+  void push(EngineEvent ev);
+
+ private:
+  uint64_t id_;
+  std::shared_ptr<EngineSignal> sig_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<EngineEvent> q_;
+  std::atomic<bool> cancelled_{false};
+  std::atomic<bool> finished_{false};
+};
+
+struct EngineConfig {
+  int max_num_seqs = 32;
+  int max_num_batched_tokens = 2048;
+  int max_model_len = 0;          // 0: the model's max_position_embeddings (clamped to the KV pool)
+  int64_t kv_cache_tokens = 0;    // full-attention positions in the pool; 0: from the backend's
+                                  // memory, or max_num_seqs * max_model_len (at most 1M) when it has no limit
+  int page_size = 16;
+  std::vector<int32_t> stop_token_ids;  // end tokens for every request (harmony <|return|>, <|call|>, eos)
+  // Bytes of a token's text ("" for special or unknown ids); null: no text and no stop strings.
+  std::function<std::string(int32_t)> token_text;
+};
+
+struct EngineStats {
+  int running = 0;
+  int waiting = 0;
+  double kv_usage = 0;  // fraction of the fuller pool in use
+  int kv_pages_used[2] = {0, 0};
+  int kv_pages_total[2] = {0, 0};
+};
+
+class Engine {
+ public:
+  // `backend` must outlive the engine; the engine (re)initializes its KV cache.
+  Engine(Backend& backend, EngineConfig cfg);
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // Runs the scheduler loop on a thread until stop().
+  void start();
+  // Stops the loop; unfinished requests end with kAbort.
+  void stop();
+
+  // Queues a request. Throws gptoss::Error on an empty prompt, a prompt of max_model_len or
+  // more tokens, token ids outside the vocabulary, or max_tokens < 1.
+  std::shared_ptr<RequestStream> submit(std::vector<int32_t> prompt, const SamplingParams& sp);
+
+  // Without start(): runs one scheduler iteration on the caller's thread; false when idle.
+  bool step();
+
+  int max_model_len() const { return max_model_len_; }
+  int vocab() const { return vocab_; }
+  const EngineConfig& config() const { return cfg_; }
+  EngineStats stats() const;
+  EngineMetrics& metrics() { return metrics_; }
+  int num_active() const { return active_.load(); }  // submitted and not yet finished
+  const KvManagerConfig& kv_config() const { return kv_->config(); }
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  struct Sequence {
+    uint64_t id = 0;
+    std::shared_ptr<RequestStream> stream;
+    std::vector<int32_t> tokens;  // prompt then output
+    int prompt_len = 0;
+    int32_t num_computed = 0;     // positions whose KV is cached
+    SamplingParams sp;
+    std::mt19937_64 rng;
+    std::unordered_map<int32_t, int> counts;
+    std::string text;             // decoded output
+    size_t text_sent = 0;
+    Clock::time_point arrival, last_token;
+    bool got_first = false;
+    int output_len() const { return int(tokens.size()) - prompt_len; }
+  };
+  void loop();
+  void drain_incoming();
+  void schedule_and_run();
+  void preempt(size_t running_index);
+  void finish(Sequence& s, EngineEvent& ev, FinishReason r);
+  void append_token(Sequence& s, int32_t tok, const float* row, EngineEvent& ev);
+  size_t safe_text_end(const Sequence& s) const;
+  void publish_stats();
+
+  Backend& backend_;
+  EngineConfig cfg_;
+  int vocab_ = 0;
+  int max_model_len_ = 0;
+  std::unique_ptr<KvManager> kv_;
+  std::shared_ptr<EngineSignal> sig_ = std::make_shared<EngineSignal>();
+  std::mutex in_mu_;
+  std::deque<std::unique_ptr<Sequence>> incoming_;
+  std::deque<std::unique_ptr<Sequence>> waiting_;   // engine thread only
+  std::vector<std::unique_ptr<Sequence>> running_;  // engine thread only, admission order
+  std::atomic<uint64_t> next_id_{1};
+  std::atomic<int> active_{0};
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+  std::vector<float> logits_, scratch_;
+  std::vector<int32_t> idx_scratch_;
+  std::mt19937_64 seed_rng_{std::random_device{}()};
+  std::mutex seed_mu_;
+  mutable std::mutex stats_mu_;
+  EngineStats stats_;
+  EngineMetrics metrics_;
+};
+
+}  // namespace gptoss

@@ -1,0 +1,40 @@
+#include "engine/metrics.h"
+
+#include <cstdio>
+
+namespace gptoss {
+
+Histogram::Histogram(std::vector<double> b) : bounds_(std::move(b)), counts_(bounds_.size() + 1, 0) {}
+
+void Histogram::observe(double v) {
+  std::lock_guard<std::mutex> l(mu_);
+  size_t i = 0;
+  while (i < bounds_.size() && v > bounds_[i]) ++i;
+  ++counts_[i];
+  sum_ += v;
+  ++n_;
+}
+
+uint64_t Histogram::count() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return n_;
+}
+
+void Histogram::render(const std::string& name, const std::string& help, std::string& out) const {
+  std::lock_guard<std::mutex> l(mu_);
+  out += "# HELP " + name + " " + help + "\n# TYPE " + name + " histogram\n";
+  uint64_t cum = 0;
+  char buf[64];
+  for (size_t i = 0; i < bounds_.size(); ++i) {
+    cum += counts_[i];
+    std::snprintf(buf, sizeof buf, "%g", bounds_[i]);
+    out += name + "_bucket{le=\"" + buf + "\"} " + std::to_string(cum) + "\n";
+  }
+  cum += counts_.back();
+  out += name + "_bucket{le=\"+Inf\"} " + std::to_string(cum) + "\n";
+  std::snprintf(buf, sizeof buf, "%.9g", sum_);
+  out += name + "_sum " + buf + "\n";
+  out += name + "_count " + std::to_string(n_) + "\n";
+}
+
+}  // namespace gptoss

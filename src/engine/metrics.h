@@ -1,0 +1,39 @@
+#pragma once
+// Prometheus-style counters and histograms the engine fills and the server renders.
+#include <atomic>
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace gptoss {
+
+class Histogram {
+ public:
+  explicit Histogram(std::vector<double> upper_bounds);
+  void observe(double v);
+  // Appends the Prometheus text of this histogram (name_bucket/_sum/_count) to `out`.
+  void render(const std::string& name, const std::string& help, std::string& out) const;
+  uint64_t count() const;
+
+ private:
+  std::vector<double> bounds_;
+  mutable std::mutex mu_;
+  std::vector<uint64_t> counts_;  // per bucket, non-cumulative; last = +Inf
+  double sum_ = 0;
+  uint64_t n_ = 0;
+};
+
+struct EngineMetrics {
+  std::atomic<int64_t> prompt_tokens{0};
+  std::atomic<int64_t> generation_tokens{0};
+  std::atomic<int64_t> requests_finished{0};
+  std::atomic<int64_t> requests_aborted{0};
+  std::atomic<int64_t> preemptions{0};
+  std::atomic<int64_t> steps{0};
+  Histogram ttft_s{{0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0}};
+  Histogram itl_s{{0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5}};
+  Histogram e2e_s{{0.01, 0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0}};
+};
+
+}  // namespace gptoss

@@ -1,0 +1,48 @@
+#pragma once
+// Host-side sampling from one row of logits: penalties, temperature, top-k, top-p, min-p, and
+// log-probabilities of the raw distribution.
+#include <cstdint>
+#include <optional>
+#include <random>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+namespace gptoss {
+
+struct SamplingParams {
+  float temperature = 1.0f;  // < 1e-5: greedy
+  float top_p = 1.0f;        // (0, 1]
+  int top_k = 0;             // <= 0: off
+  float min_p = 0.0f;        // [0, 1]
+  std::optional<uint64_t> seed;
+  float presence_penalty = 0.0f;   // OpenAI semantics, on generated tokens
+  float frequency_penalty = 0.0f;
+  std::vector<std::string> stop;         // stop strings (on the detokenized output)
+  std::vector<int32_t> stop_token_ids;   // in addition to the engine's end tokens
+  int max_tokens = 16;                   // >= 1
+  int logprobs = -1;                     // -1 none; 0 the chosen token's; n: and the top n
+  bool ignore_eos = false;               // do not stop at the engine's end tokens
+};
+
+struct TokenLogprob {
+  int32_t token = 0;
+  float logprob = 0.0f;
+  std::vector<std::pair<int32_t, float>> top;  // best first
+};
+
+// One uniform double in [0, 1) from the generator (53 bits; the same on every platform).
+inline double uniform01(std::mt19937_64& rng) { return double(rng() >> 11) * 0x1.0p-53; }
+
+// Samples one token id in [0, vocab). `counts`: occurrences of each generated token so far.
+// Draws exactly one number from rng per call (also when greedy), so a seeded request's output
+// does not depend on its parameters' code paths. `scratch` avoids reallocations.
+int32_t sample_token(const float* logits, int vocab, const SamplingParams& sp,
+                     const std::unordered_map<int32_t, int>& counts, std::mt19937_64& rng,
+                     std::vector<float>& scratch, std::vector<int32_t>& idx_scratch);
+
+// log-softmax of the raw logits: the chosen token's logprob and the top_n best.
+TokenLogprob compute_logprobs(const float* logits, int vocab, int32_t chosen, int top_n);
+
+}  // namespace gptoss

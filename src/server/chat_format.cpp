@@ -1,0 +1,240 @@
+#include "server/chat_format.h"
+
+#include <map>
+
+#include "common/error.h"
+
+namespace gptoss::server {
+
+using harmony::Message;
+using harmony::Role;
+
+harmony::Conversation build_conversation(const ChatRequest& r) {
+  harmony::SystemContent sys;
+  if (r.reasoning_effort) {
+    if (*r.reasoning_effort == "low") sys.reasoning_effort = harmony::ReasoningEffort::Low;
+    else if (*r.reasoning_effort == "high") sys.reasoning_effort = harmony::ReasoningEffort::High;
+    else sys.reasoning_effort = harmony::ReasoningEffort::Medium;
+  }
+  harmony::DeveloperContent dev;
+  std::string instructions;
+  for (const auto& m : r.messages)
+    if ((m.role == "system" || m.role == "developer") && m.content && !m.content->empty()) {
+      if (!instructions.empty()) instructions += "\n\n";
+      instructions += *m.content;
+    }
+  bool with_tools = !r.tools.empty() && r.tool_choice != "none";
+  if (with_tools && r.tool_choice == "required") {
+    if (!instructions.empty()) instructions += "\n\n";
+    instructions += "You must call one of the functions.";
+  } else if (with_tools && r.tool_choice != "auto") {
+    if (!instructions.empty()) instructions += "\n\n";
+    instructions += "You must call the function " + r.tool_choice + ".";
+  }
+  if (!instructions.empty()) dev.instructions = instructions;
+  if (with_tools) {
+    std::vector<harmony::ToolDescription> tools;
+    for (const auto& t : r.tools) {
+      harmony::ToolDescription d;
+      d.name = t.name;
+      d.description = t.description;
+      d.parameters = t.parameters;
+      tools.push_back(std::move(d));
+    }
+    dev.with_function_tools(std::move(tools));
+  }
+  harmony::Conversation c;
+  c.messages.push_back(Message::system(sys));
+  if (dev.instructions || !dev.tools.empty()) c.messages.push_back(Message::developer(dev));
+
+  std::map<std::string, std::string> call_names;  // tool_call_id -> function name
+  for (const auto& m : r.messages) {
+    if (m.role == "system" || m.role == "developer") continue;
+    if (m.role == "user") {
+      c.messages.push_back(Message::text(Role::User, *m.content));
+    } else if (m.role == "assistant") {
+      if (m.reasoning && !m.reasoning->empty())
+        c.messages.push_back(Message::text(Role::Assistant, *m.reasoning).with_channel("analysis"));
+      if (m.content && !m.content->empty())
+        c.messages.push_back(
+            Message::text(Role::Assistant, *m.content).with_channel(m.tool_calls.empty() ? "final" : "commentary"));
+      for (const auto& tc : m.tool_calls) {
+        if (!tc.id.empty()) call_names[tc.id] = tc.name;
+        c.messages.push_back(Message::text(Role::Assistant, tc.arguments.empty() ? "{}" : tc.arguments)
+                                 .with_channel("commentary")
+                                 .with_recipient("functions." + tc.name)
+                                 .with_content_type("<|constrain|>json"));
+      }
+    } else if (m.role == "tool") {
+      std::string name = m.name;
+      if (name.empty()) {
+        auto it = call_names.find(m.tool_call_id);
+        if (it != call_names.end()) name = it->second;
+      }
+      if (name.empty()) {
+        // The last call made, when the client gave neither a known id nor a name.
+        for (auto it = c.messages.rbegin(); it != c.messages.rend(); ++it)
+          if (it->recipient && it->recipient->rfind("functions.", 0) == 0) {
+            name = it->recipient->substr(10);
+            break;
+          }
+      }
+      if (name.empty()) bad_request("A tool message must answer an earlier tool call (tool_call_id).", "messages");
+      c.messages.push_back(Message::tool_result("functions." + name, *m.content));
+    }
+  }
+  return c;
+}
+
+std::vector<TokenId> render_chat_prompt(const harmony::Renderer& renderer, const ChatRequest& r) {
+  return renderer.render_for_completion(build_conversation(r), Role::Assistant);
+}
+
+void ChatDelta::append(const ChatDelta& d) {
+  content += d.content;
+  reasoning += d.reasoning;
+  for (const auto& t : d.tool_calls) {
+    if (!tool_calls.empty() && tool_calls.back().index == t.index && t.id.empty())
+      tool_calls.back().arguments += t.arguments;
+    else
+      tool_calls.push_back(t);
+  }
+}
+
+ChatOutputMapper::ChatOutputMapper(const Tokenizer& tok) : tok_(tok) {
+  harmony::ParseOptions o;
+  o.strict = false;
+  parser_.emplace(tok_, Role::Assistant, o);
+}
+
+void ChatOutputMapper::start_message(const harmony::ParsedHeader& h, ChatDelta& d) {
+  msg_streamed_.clear();
+  if (h.recipient && *h.recipient != "all" && !h.recipient->empty() && h.role == Role::Assistant) {
+    kind_ = Kind::Tool;
+    std::string name = *h.recipient;
+    if (name.rfind("functions.", 0) == 0) name = name.substr(10);
+    ToolCall tc;
+    tc.id = make_id("call_");
+    tc.name = name;
+    calls_.push_back(tc);
+    ChatDelta::ToolCallDelta td;
+    td.index = int(calls_.size()) - 1;
+    td.id = tc.id;
+    td.name = tc.name;
+    d.tool_calls.push_back(td);
+    any_output_ = true;
+  } else if (h.channel && *h.channel == "analysis") {
+    kind_ = Kind::Reasoning;
+  } else {
+    kind_ = Kind::Content;
+  }
+}
+
+void ChatOutputMapper::add_text(const std::string& text, ChatDelta& d) {
+  if (text.empty()) return;
+  any_output_ = true;
+  msg_streamed_ += text;
+  switch (kind_) {
+    case Kind::Reasoning:
+      reasoning_ += text;
+      d.reasoning += text;
+      break;
+    case Kind::Tool: {
+      calls_.back().arguments += text;
+      ChatDelta::ToolCallDelta td;
+      td.index = int(calls_.size()) - 1;
+      td.arguments = text;
+      d.tool_calls.push_back(td);
+      break;
+    }
+    default:
+      content_ += text;
+      d.content += text;
+  }
+}
+
+void ChatOutputMapper::on_events(const std::vector<harmony::ParserEvent>& evs, ChatDelta& d) {
+  using K = harmony::ParserEvent::Kind;
+  for (const auto& e : evs) {
+    if (e.kind == K::MessageStart) {
+      start_message(e.header, d);
+    } else if (e.kind == K::ContentDelta) {
+      if (kind_ == Kind::None) start_message(e.header, d);
+      add_text(e.text, d);
+    } else if (e.kind == K::MessageEnd) {
+      if (kind_ == Kind::None) start_message(e.header, d);
+      // Text the deltas did not carry (e.g. a header-only message at the end of a stream).
+      if (e.text.size() > msg_streamed_.size() && e.text.compare(0, msg_streamed_.size(), msg_streamed_) == 0)
+        add_text(e.text.substr(msg_streamed_.size()), d);
+      kind_ = Kind::None;
+      msg_streamed_.clear();
+    }
+  }
+}
+
+void ChatOutputMapper::raw_text(TokenId t, ChatDelta& d) {
+  if (t < 0 || size_t(t) >= tok_.vocab_size() || tok_.is_special(t)) return;
+  try {
+    std::string s = raw_->push(t);
+    if (!s.empty()) {
+      any_output_ = true;
+      content_ += s;
+      d.content += s;
+    }
+  } catch (const std::exception&) {
+  }
+}
+
+ChatDelta ChatOutputMapper::push(TokenId t) {
+  ChatDelta d;
+  tokens_.push_back(t);
+  if (parser_) {
+    try {
+      on_events(parser_->push(t), d);
+      return d;
+    } catch (const std::exception&) {
+      parser_.reset();
+      raw_.emplace(tok_);
+      if (kind_ != Kind::Content && kind_ != Kind::None) kind_ = Kind::Content;
+      return d;  // the token that broke the format is dropped
+    }
+  }
+  raw_text(t, d);
+  return d;
+}
+
+ChatDelta ChatOutputMapper::finish() {
+  ChatDelta d;
+  if (parser_) {
+    try {
+      on_events(parser_->finish(), d);
+    } catch (const std::exception&) {
+    }
+  } else if (raw_) {
+    std::string s = raw_->flush();
+    content_ += s;
+    d.content += s;
+  }
+  if (!any_output_ && !tokens_.empty()) {
+    // Nothing well-formed came out: answer the decoded text of the ordinary tokens.
+    std::vector<TokenId> ids;
+    for (TokenId t : tokens_)
+      if (t >= 0 && size_t(t) < tok_.vocab_size() && !tok_.is_special(t)) ids.push_back(t);
+    try {
+      std::string s = tok_.decode(ids);
+      content_ += s;
+      d.content += s;
+    } catch (const std::exception&) {
+    }
+  }
+  any_output_ = true;
+  return d;
+}
+
+void ChatOutputMapper::truncate_at(const std::string& stop) {
+  if (stop.empty()) return;
+  if (auto p = content_.find(stop); p != std::string::npos) content_.resize(p);
+  if (auto p = reasoning_.find(stop); p != std::string::npos) reasoning_.resize(p);
+}
+
+}  // namespace gptoss::server

@@ -1,0 +1,351 @@
+#include "server/openai_api.h"
+
+#include <cctype>
+#include <cmath>
+#include <cstdio>
+#include <random>
+
+namespace gptoss::server {
+
+nlohmann::json error_body(const ApiError& e) {
+  nlohmann::json err = {{"message", e.message}, {"type", e.type}};
+  err["param"] = e.param.empty() ? nlohmann::json(nullptr) : nlohmann::json(e.param);
+  err["code"] = e.code.empty() ? nlohmann::json(nullptr) : nlohmann::json(e.code);
+  return {{"error", err}};
+}
+
+void bad_request(const std::string& msg, const std::string& param, const std::string& code) {
+  throw ApiError{400, msg, "invalid_request_error", param, code};
+}
+
+ojson parse_body(const std::string& body) {
+  ojson j;
+  try {
+    j = ojson::parse(body);
+  } catch (const std::exception& e) {
+    bad_request(std::string("The request body is not valid JSON: ") + e.what(), "", "invalid_json");
+  }
+  if (!j.is_object()) bad_request("The request body must be a JSON object.");
+  return j;
+}
+
+namespace {
+
+const char* type_name(const ojson& v) {
+  switch (v.type()) {
+    case ojson::value_t::null: return "null";
+    case ojson::value_t::object: return "an object";
+    case ojson::value_t::array: return "an array";
+    case ojson::value_t::string: return "a string";
+    case ojson::value_t::boolean: return "a boolean";
+    case ojson::value_t::number_integer:
+    case ojson::value_t::number_unsigned: return "an integer";
+    case ojson::value_t::number_float: return "a number";
+    default: return "an unknown type";
+  }
+}
+
+// Returns the value of key when present and not null.
+const ojson* get(const ojson& j, const char* key) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return nullptr;
+  return &*it;
+}
+
+[[noreturn]] void wrong_type(const std::string& key, const char* want, const ojson& v) {
+  bad_request("'" + key + "' must be " + want + ", not " + type_name(v) + ".", key, "invalid_type");
+}
+
+std::optional<double> get_number(const ojson& j, const char* key, double lo, double hi) {
+  const ojson* v = get(j, key);
+  if (!v) return std::nullopt;
+  if (!v->is_number()) wrong_type(key, "a number", *v);
+  double d = v->get<double>();
+  if (!std::isfinite(d) || d < lo || d > hi) {
+    char buf[160];
+    std::snprintf(buf, sizeof buf, "'%s' must be between %g and %g, got %g.", key, lo, hi, d);
+    bad_request(buf, key, "invalid_value");
+  }
+  return d;
+}
+
+std::optional<int64_t> get_int(const ojson& j, const char* key, int64_t lo, int64_t hi) {
+  const ojson* v = get(j, key);
+  if (!v) return std::nullopt;
+  if (v->is_number_float()) {
+    double d = v->get<double>();
+    if (std::floor(d) != d) wrong_type(key, "an integer", *v);
+    if (d < double(lo) || d > double(hi))
+      bad_request("'" + std::string(key) + "' must be between " + std::to_string(lo) + " and " + std::to_string(hi) + ".",
+                  key, "invalid_value");
+    return int64_t(d);
+  }
+  if (!v->is_number_integer()) wrong_type(key, "an integer", *v);
+  if (v->is_number_unsigned()) {
+    uint64_t u = v->get<uint64_t>();
+    if (u > uint64_t(hi))
+      bad_request("'" + std::string(key) + "' must be at most " + std::to_string(hi) + ".", key, "invalid_value");
+    return int64_t(u);
+  }
+  int64_t x = v->get<int64_t>();
+  if (x < lo || x > hi)
+    bad_request("'" + std::string(key) + "' must be between " + std::to_string(lo) + " and " + std::to_string(hi) + ", got " +
+                    std::to_string(x) + ".",
+                key, "invalid_value");
+  return x;
+}
+
+std::optional<bool> get_bool(const ojson& j, const char* key) {
+  const ojson* v = get(j, key);
+  if (!v) return std::nullopt;
+  if (!v->is_boolean()) wrong_type(key, "a boolean", *v);
+  return v->get<bool>();
+}
+
+std::optional<std::string> get_string(const ojson& j, const char* key) {
+  const ojson* v = get(j, key);
+  if (!v) return std::nullopt;
+  if (!v->is_string()) wrong_type(key, "a string", *v);
+  return v->get<std::string>();
+}
+
+void parse_common(const ojson& j, CommonRequest& r) {
+  const ojson* model = get(j, "model");
+  if (model && !model->is_string()) wrong_type("model", "a string", *model);
+  if (model) r.model = model->get<std::string>();
+  auto mt = get_int(j, "max_completion_tokens", INT64_MIN, INT64_MAX);
+  if (!mt) mt = get_int(j, "max_tokens", INT64_MIN, INT64_MAX);
+  if (mt) {
+    if (*mt < 1)
+      bad_request("'max_tokens' must be at least 1, got " + std::to_string(*mt) + ".", "max_tokens", "invalid_value");
+    r.max_tokens = int(std::min<int64_t>(*mt, 1 << 30));
+  }
+  SamplingParams& sp = r.sampling;
+  if (auto t = get_number(j, "temperature", 0.0, 2.0)) sp.temperature = float(*t);
+  if (auto t = get_number(j, "top_p", 0.0, 1.0)) {
+    if (*t <= 0.0) bad_request("'top_p' must be greater than 0.", "top_p", "invalid_value");
+    sp.top_p = float(*t);
+  }
+  if (auto t = get_int(j, "top_k", -1, 1 << 30)) sp.top_k = int(*t);
+  if (auto t = get_number(j, "min_p", 0.0, 1.0)) sp.min_p = float(*t);
+  if (auto t = get_number(j, "presence_penalty", -2.0, 2.0)) sp.presence_penalty = float(*t);
+  if (auto t = get_number(j, "frequency_penalty", -2.0, 2.0)) sp.frequency_penalty = float(*t);
+  if (auto t = get_int(j, "seed", INT64_MIN, INT64_MAX)) sp.seed = uint64_t(*t);
+  if (auto n = get_int(j, "n", 1, 1 << 30); n && *n != 1)
+    bad_request("Only n=1 is supported.", "n", "unsupported_value");
+  if (const ojson* st = get(j, "stop")) {
+    if (st->is_string()) {
+      sp.stop.push_back(st->get<std::string>());
+    } else if (st->is_array()) {
+      if (st->size() > 16) bad_request("'stop' may hold at most 16 strings.", "stop", "invalid_value");
+      for (const auto& s : *st) {
+        if (!s.is_string()) wrong_type("stop", "a string or an array of strings", s);
+        sp.stop.push_back(s.get<std::string>());
+      }
+    } else {
+      wrong_type("stop", "a string or an array of strings", *st);
+    }
+    for (const auto& s : sp.stop)
+      if (s.empty()) bad_request("'stop' strings must not be empty.", "stop", "invalid_value");
+  }
+  if (const ojson* ids = get(j, "stop_token_ids")) {
+    if (!ids->is_array()) wrong_type("stop_token_ids", "an array of integers", *ids);
+    for (const auto& v : *ids) {
+      if (!v.is_number_integer()) wrong_type("stop_token_ids", "an array of integers", v);
+      sp.stop_token_ids.push_back(int32_t(v.get<int64_t>()));
+    }
+  }
+  if (auto b = get_bool(j, "ignore_eos")) sp.ignore_eos = *b;
+  if (auto b = get_bool(j, "stream")) r.stream = *b;
+  if (const ojson* so = get(j, "stream_options")) {
+    if (!so->is_object()) wrong_type("stream_options", "an object", *so);
+    if (auto b = get_bool(*so, "include_usage")) r.include_usage = *b;
+    if (auto b = get_bool(*so, "continuous_usage_stats")) r.continuous_usage = *b;
+  }
+  if (const ojson* u = get(j, "user"); u && !u->is_string()) wrong_type("user", "a string", *u);
+}
+
+std::string content_text(const ojson& c, const std::string& where) {
+  if (c.is_string()) return c.get<std::string>();
+  if (c.is_array()) {
+    std::string out;
+    for (const auto& part : c) {
+      if (!part.is_object()) wrong_type(where, "a string or an array of content parts", part);
+      auto type = get_string(part, "type");
+      if (!type) bad_request("Each content part needs a 'type'.", where, "invalid_value");
+      if (*type == "text" || *type == "input_text" || *type == "output_text") {
+        auto t = get_string(part, "text");
+        if (!t) bad_request("A text content part needs 'text'.", where, "invalid_value");
+        out += *t;
+      } else {
+        bad_request("Content parts of type '" + *type + "' are not supported.", where, "unsupported_value");
+      }
+    }
+    return out;
+  }
+  wrong_type(where, "a string or an array of content parts", c);
+}
+
+}  // namespace
+
+ChatRequest parse_chat_request(const ojson& j) {
+  ChatRequest r;
+  parse_common(j, r);
+  if (auto b = get_bool(j, "logprobs")) r.logprobs = *b;
+  if (auto t = get_int(j, "top_logprobs", 0, 20)) {
+    r.top_logprobs = int(*t);
+    if (*t > 0 && !r.logprobs)
+      bad_request("'top_logprobs' requires 'logprobs' to be true.", "top_logprobs", "invalid_value");
+  }
+  r.sampling.logprobs = r.logprobs ? r.top_logprobs : -1;
+  const ojson* msgs = get(j, "messages");
+  if (!msgs) bad_request("'messages' is required.", "messages", "missing_required_parameter");
+  if (!msgs->is_array()) wrong_type("messages", "an array", *msgs);
+  if (msgs->empty()) bad_request("'messages' must not be empty.", "messages", "invalid_value");
+  for (size_t i = 0; i < msgs->size(); ++i) {
+    const ojson& m = (*msgs)[i];
+    std::string where = "messages[" + std::to_string(i) + "]";
+    if (!m.is_object()) wrong_type(where, "an object", m);
+    ChatMessage cm;
+    auto role = get_string(m, "role");
+    if (!role) bad_request(where + " needs a 'role'.", where + ".role", "missing_required_parameter");
+    cm.role = *role;
+    if (cm.role != "system" && cm.role != "developer" && cm.role != "user" && cm.role != "assistant" &&
+        cm.role != "tool")
+      bad_request(where + ".role '" + cm.role + "' is not one of system, developer, user, assistant, tool.",
+                  where + ".role", "invalid_value");
+    if (const ojson* c = get(m, "content")) cm.content = content_text(*c, where + ".content");
+    if (auto n = get_string(m, "name")) cm.name = *n;
+    if (cm.role == "assistant") {
+      if (auto rc = get_string(m, "reasoning_content")) cm.reasoning = *rc;
+      else if (auto rs = get_string(m, "reasoning")) cm.reasoning = *rs;
+      if (const ojson* tcs = get(m, "tool_calls")) {
+        if (!tcs->is_array()) wrong_type(where + ".tool_calls", "an array", *tcs);
+        for (const auto& tc : *tcs) {
+          if (!tc.is_object()) wrong_type(where + ".tool_calls", "an array of objects", tc);
+          ToolCall c;
+          if (auto id = get_string(tc, "id")) c.id = *id;
+          const ojson* fn = get(tc, "function");
+          if (!fn || !fn->is_object())
+            bad_request(where + ".tool_calls entries need a 'function' object.", where + ".tool_calls", "invalid_value");
+          auto name = get_string(*fn, "name");
+          if (!name || name->empty())
+            bad_request(where + ".tool_calls function needs a 'name'.", where + ".tool_calls", "invalid_value");
+          c.name = *name;
+          if (const ojson* a = get(*fn, "arguments")) c.arguments = a->is_string() ? a->get<std::string>() : a->dump();
+          cm.tool_calls.push_back(std::move(c));
+        }
+      }
+      if (!cm.content && !cm.reasoning && cm.tool_calls.empty())
+        bad_request(where + " (assistant) needs 'content' or 'tool_calls'.", where + ".content", "invalid_value");
+    } else {
+      if (!cm.content)
+        bad_request(where + " needs 'content'.", where + ".content", "missing_required_parameter");
+    }
+    if (cm.role == "tool") {
+      if (auto id = get_string(m, "tool_call_id")) cm.tool_call_id = *id;
+    }
+    r.messages.push_back(std::move(cm));
+  }
+  if (const ojson* tools = get(j, "tools")) {
+    if (!tools->is_array()) wrong_type("tools", "an array", *tools);
+    for (const auto& t : *tools) {
+      if (!t.is_object()) wrong_type("tools", "an array of objects", t);
+      auto type = get_string(t, "type");
+      if (type && *type != "function")
+        bad_request("Only tools of type 'function' are supported.", "tools", "unsupported_value");
+      const ojson* fn = get(t, "function");
+      if (!fn || !fn->is_object()) bad_request("Each tool needs a 'function' object.", "tools", "invalid_value");
+      FunctionTool ft;
+      auto name = get_string(*fn, "name");
+      if (!name || name->empty()) bad_request("Each tool function needs a 'name'.", "tools", "invalid_value");
+      for (char ch : *name)
+        if (!(std::isalnum(static_cast<unsigned char>(ch)) || ch == '_' || ch == '-'))
+          bad_request("Tool names may hold only letters, digits, '_' and '-'.", "tools", "invalid_value");
+      ft.name = *name;
+      if (auto d = get_string(*fn, "description")) ft.description = *d;
+      if (const ojson* p = get(*fn, "parameters")) {
+        if (!p->is_object()) wrong_type("tools.function.parameters", "an object", *p);
+        ft.parameters = *p;
+      }
+      r.tools.push_back(std::move(ft));
+    }
+  }
+  if (const ojson* tc = get(j, "tool_choice")) {
+    if (tc->is_string()) {
+      r.tool_choice = tc->get<std::string>();
+      if (r.tool_choice != "none" && r.tool_choice != "auto" && r.tool_choice != "required")
+        bad_request("'tool_choice' must be none, auto, required or a function.", "tool_choice", "invalid_value");
+    } else if (tc->is_object()) {
+      const ojson* fn = get(*tc, "function");
+      auto name = fn && fn->is_object() ? get_string(*fn, "name") : std::nullopt;
+      if (!name) bad_request("'tool_choice' object needs function.name.", "tool_choice", "invalid_value");
+      bool found = false;
+      for (const auto& t : r.tools) found |= t.name == *name;
+      if (!found) bad_request("'tool_choice' names a function not in 'tools'.", "tool_choice", "invalid_value");
+      r.tool_choice = *name;
+    } else {
+      wrong_type("tool_choice", "a string or an object", *tc);
+    }
+    if (r.tool_choice == "required" && r.tools.empty())
+      bad_request("'tool_choice' is required but no 'tools' were given.", "tool_choice", "invalid_value");
+  }
+  if (auto e = get_string(j, "reasoning_effort")) {
+    if (*e != "low" && *e != "medium" && *e != "high")
+      bad_request("'reasoning_effort' must be low, medium or high.", "reasoning_effort", "invalid_value");
+    r.reasoning_effort = *e;
+  }
+  return r;
+}
+
+CompletionRequest parse_completion_request(const ojson& j) {
+  CompletionRequest r;
+  parse_common(j, r);
+  if (auto lp = get_int(j, "logprobs", 0, 20)) {
+    r.logprobs = true;
+    r.top_logprobs = int(*lp);
+  }
+  r.sampling.logprobs = r.logprobs ? r.top_logprobs : -1;
+  if (auto e = get_bool(j, "echo")) r.echo = *e;
+  const ojson* p = get(j, "prompt");
+  if (!p) bad_request("'prompt' is required.", "prompt", "missing_required_parameter");
+  auto int_list = [&](const ojson& a) {
+    std::vector<int32_t> ids;
+    for (const auto& v : a) {
+      if (!v.is_number_integer()) wrong_type("prompt", "a string, an array of strings or an array of token ids", v);
+      int64_t x = v.get<int64_t>();
+      if (x < 0 || x > INT32_MAX) bad_request("Token id " + std::to_string(x) + " is out of range.", "prompt", "invalid_value");
+      ids.push_back(int32_t(x));
+    }
+    return ids;
+  };
+  if (p->is_string()) {
+    r.prompt = p->get<std::string>();
+  } else if (p->is_array()) {
+    if (p->empty()) bad_request("'prompt' must not be empty.", "prompt", "invalid_value");
+    const ojson& first = (*p)[0];
+    if (first.is_string() || first.is_array()) {
+      if (p->size() != 1) bad_request("Only one prompt per request is supported.", "prompt", "unsupported_value");
+      if (first.is_string()) r.prompt = first.get<std::string>();
+      else r.prompt = int_list(first);
+    } else {
+      r.prompt = int_list(*p);
+    }
+  } else {
+    wrong_type("prompt", "a string, an array of strings or an array of token ids", *p);
+  }
+  if (auto* s = std::get_if<std::string>(&r.prompt); s && s->empty())
+    bad_request("'prompt' must not be empty.", "prompt", "invalid_value");
+  if (auto* ids = std::get_if<std::vector<int32_t>>(&r.prompt); ids && ids->empty())
+    bad_request("'prompt' must not be empty.", "prompt", "invalid_value");
+  return r;
+}
+
+std::string make_id(const std::string& prefix) {
+  static thread_local std::mt19937_64 rng{std::random_device{}()};
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "%016llx%08llx", (unsigned long long)rng(), (unsigned long long)(rng() & 0xffffffff));
+  return prefix + buf;
+}
+
+}  // namespace gptoss::server

@@ -1,0 +1,688 @@
+#include "server/server.h"
+
+#include <httplib.h>
+#include <sys/socket.h>
+
+#include <chrono>
+#include <cstdio>
+#include <ctime>
+#include <thread>
+
+#include "common/error.h"
+#include "server/chat_format.h"
+#include "server/openai_api.h"
+
+namespace gptoss::server {
+
+using json = nlohmann::json;
+using namespace std::chrono_literals;
+
+std::vector<int32_t> default_stop_tokens(const Tokenizer& tok, const GptOssConfig& c) {
+  std::vector<int32_t> ids;
+  for (const char* name : {"<|return|>", "<|call|>"})
+    if (auto id = tok.token_id(name); id && *id < c.vocab) ids.push_back(*id);
+  if (c.eos_token_id >= 0 && c.eos_token_id < c.vocab &&
+      std::find(ids.begin(), ids.end(), c.eos_token_id) == ids.end())
+    ids.push_back(c.eos_token_id);
+  return ids;
+}
+
+std::function<std::string(int32_t)> token_text_fn(const Tokenizer& tok) {
+  return [tok](int32_t id) -> std::string {
+    if (id < 0 || size_t(id) >= tok.vocab_size()) return {};
+    try {
+      if (tok.is_special(id)) return {};
+      return std::string(tok.token_bytes(id));
+    } catch (const std::exception&) {
+      return {};
+    }
+  };
+}
+
+namespace {
+
+std::string dumps(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+void set_json(httplib::Response& res, int status, const json& j) {
+  res.status = status;
+  res.set_content(dumps(j), "application/json");
+}
+
+void set_error(httplib::Response& res, const ApiError& e) { set_json(res, e.status, error_body(e)); }
+
+int64_t now_s() { return int64_t(std::time(nullptr)); }
+
+std::string token_str(const Tokenizer& tok, int32_t id) {
+  if (id < 0 || size_t(id) >= tok.vocab_size()) return "<|unk_" + std::to_string(id) + "|>";
+  try {
+    return std::string(tok.token_bytes(id));
+  } catch (const std::exception&) {
+    return "<|unk_" + std::to_string(id) + "|>";
+  }
+}
+
+json chat_logprob_entry(const Tokenizer& tok, const TokenLogprob& lp) {
+  auto one = [&](int32_t id, float v) {
+    std::string s = token_str(tok, id);
+    json bytes = json::array();
+    for (unsigned char c : s) bytes.push_back(int(c));
+    return json{{"token", s}, {"logprob", v}, {"bytes", bytes}};
+  };
+  json e = one(lp.token, lp.logprob);
+  json top = json::array();
+  for (auto& [id, v] : lp.top) top.push_back(one(id, v));
+  e["top_logprobs"] = top;
+  return e;
+}
+
+json usage_json(int prompt, int completion) {
+  return {{"prompt_tokens", prompt}, {"completion_tokens", completion}, {"total_tokens", prompt + completion}};
+}
+
+json delta_json(const ChatDelta& d) {
+  json j = json::object();
+  if (!d.content.empty()) j["content"] = d.content;
+  if (!d.reasoning.empty()) {
+    j["reasoning_content"] = d.reasoning;
+    j["reasoning"] = d.reasoning;
+  }
+  if (!d.tool_calls.empty()) {
+    json arr = json::array();
+    for (const auto& t : d.tool_calls) {
+      json c = {{"index", t.index}};
+      if (!t.id.empty()) {
+        c["id"] = t.id;
+        c["type"] = "function";
+        c["function"] = {{"name", t.name}, {"arguments", t.arguments}};
+      } else {
+        c["function"] = {{"arguments", t.arguments}};
+      }
+      arr.push_back(c);
+    }
+    j["tool_calls"] = arr;
+  }
+  return j;
+}
+
+std::string sse(const json& j) { return "data: " + dumps(j) + "\n\n"; }
+
+const char* chat_finish_reason(FinishReason r, bool tool_calls) {
+  switch (r) {
+    case FinishReason::kStop: return tool_calls ? "tool_calls" : "stop";
+    case FinishReason::kLength: return "length";
+    case FinishReason::kAbort: return "abort";
+    default: return "error";
+  }
+}
+
+}  // namespace
+
+struct Server::Handlers {
+  Server& s;
+
+  void check_model(const std::string& model) {
+    if (!model.empty() && model != s.opts_.served_model_name)
+      throw ApiError{404, "The model `" + model + "` does not exist.", "invalid_request_error", "model",
+                     "model_not_found"};
+  }
+
+  void check_draining() {
+    if (s.draining_) throw ApiError{503, "The server is shutting down.", "service_unavailable", "", "shutting_down"};
+  }
+
+  // Fills max_tokens and checks the context length.
+  void finalize(CommonRequest& r, size_t prompt_len, const char* param) {
+    const int mml = s.engine_.max_model_len();
+    if (int64_t(prompt_len) >= mml)
+      throw ApiError{400,
+                     "This model's maximum context length is " + std::to_string(mml) + " tokens. However, your prompt has " +
+                         std::to_string(prompt_len) + " tokens.",
+                     "invalid_request_error", param, "context_length_exceeded"};
+    int room = mml - int(prompt_len);
+    if (r.max_tokens) {
+      if (*r.max_tokens > room)
+        throw ApiError{400,
+                       "This model's maximum context length is " + std::to_string(mml) + " tokens. However, you requested " +
+                           std::to_string(prompt_len + *r.max_tokens) + " tokens (" + std::to_string(prompt_len) +
+                           " in the prompt, " + std::to_string(*r.max_tokens) + " for the completion).",
+                       "invalid_request_error", "max_tokens", "context_length_exceeded"};
+      r.sampling.max_tokens = *r.max_tokens;
+    } else {
+      r.sampling.max_tokens = room;
+    }
+    for (int32_t id : r.sampling.stop_token_ids)
+      if (id < 0 || id >= s.engine_.vocab())
+        throw ApiError{400, "stop_token_ids holds an id outside the vocabulary.", "invalid_request_error",
+                       "stop_token_ids", "invalid_value"};
+  }
+
+  std::shared_ptr<RequestStream> submit(const std::vector<int32_t>& prompt, const SamplingParams& sp) {
+    try {
+      return s.engine_.submit(prompt, sp);
+    } catch (const Error& e) {
+      throw ApiError{400, e.what(), "invalid_request_error", "", "invalid_value"};
+    }
+  }
+
+  // ---------------------------------------------------------------- chat
+  struct ChatStream {
+    std::shared_ptr<RequestStream> rs;
+    std::unique_ptr<ChatOutputMapper> mapper;
+    std::string id, model;
+    int64_t created = 0;
+    bool include_usage = false, continuous_usage = false, logprobs = false;
+    bool started = false, done = false;
+    int prompt_tokens = 0;
+  };
+
+  json chat_chunk(const ChatStream& st, const json& delta, const json& logprobs, const char* finish) {
+    json choice = {{"index", 0}, {"delta", delta}, {"logprobs", logprobs}};
+    choice["finish_reason"] = finish ? json(finish) : json(nullptr);
+    json j = {{"id", st.id}, {"object", "chat.completion.chunk"}, {"created", st.created}, {"model", st.model},
+              {"choices", json::array({choice})}};
+    if (st.include_usage) j["usage"] = nullptr;
+    return j;
+  }
+
+  void chat(const httplib::Request& req, httplib::Response& res) {
+    check_draining();
+    ojson body = parse_body(req.body);
+    ChatRequest r = parse_chat_request(body);
+    check_model(r.model);
+    std::vector<int32_t> prompt;
+    try {
+      prompt = render_chat_prompt(s.renderer_, r);
+    } catch (const ApiError&) {
+      throw;
+    } catch (const std::exception& e) {
+      throw ApiError{400, std::string("Could not render the conversation: ") + e.what(), "invalid_request_error",
+                     "messages", "invalid_value"};
+    }
+    finalize(r, prompt.size(), "messages");
+    auto rs = submit(prompt, r.sampling);
+    auto st = std::make_shared<ChatStream>();
+    st->rs = rs;
+    st->mapper = std::make_unique<ChatOutputMapper>(s.tok_);
+    st->id = make_id("chatcmpl-");
+    st->model = s.opts_.served_model_name;
+    st->created = now_s();
+    st->include_usage = r.include_usage;
+    st->continuous_usage = r.continuous_usage;
+    st->logprobs = r.logprobs;
+    st->prompt_tokens = int(prompt.size());
+
+    if (!r.stream) {
+      json lps = json::array();
+      std::optional<EngineEvent> last;
+      for (;;) {
+        auto ev = rs->next(1000ms);
+        if (!ev) continue;
+        for (size_t i = 0; i < ev->tokens.size(); ++i) {
+          st->mapper->push(ev->tokens[i]);
+          if (i < ev->logprobs.size()) lps.push_back(chat_logprob_entry(s.tok_, ev->logprobs[i]));
+        }
+        if (ev->finished) {
+          last = std::move(ev);
+          break;
+        }
+      }
+      st->mapper->finish();
+      if (last->finish_reason == FinishReason::kError)
+        throw ApiError{500, "Generation failed: " + last->error, "server_error", "", ""};
+      if (!last->stop_string.empty()) st->mapper->truncate_at(last->stop_string);
+      json msg = {{"role", "assistant"}};
+      msg["content"] = st->mapper->content().empty() && st->mapper->has_tool_calls() ? json(nullptr)
+                                                                                      : json(st->mapper->content());
+      if (!st->mapper->reasoning().empty()) {
+        msg["reasoning_content"] = st->mapper->reasoning();
+        msg["reasoning"] = st->mapper->reasoning();
+      }
+      if (st->mapper->has_tool_calls()) {
+        json calls = json::array();
+        for (const auto& c : st->mapper->tool_calls())
+          calls.push_back({{"id", c.id}, {"type", "function"}, {"function", {{"name", c.name}, {"arguments", c.arguments}}}});
+        msg["tool_calls"] = calls;
+      }
+      json choice = {{"index", 0},
+                     {"message", msg},
+                     {"logprobs", r.logprobs ? json{{"content", lps}} : json(nullptr)},
+                     {"finish_reason", chat_finish_reason(last->finish_reason, st->mapper->has_tool_calls())}};
+      json out = {{"id", st->id},       {"object", "chat.completion"}, {"created", st->created},
+                  {"model", st->model}, {"choices", json::array({choice})},
+                  {"usage", usage_json(last->prompt_tokens, last->completion_tokens)}};
+      set_json(res, 200, out);
+      return;
+    }
+
+    ++s.streams_open_;
+    Server* srv = &s;
+    res.set_header("Cache-Control", "no-cache");
+    res.set_chunked_content_provider(
+        "text/event-stream",
+        [this, st](size_t, httplib::DataSink& sink) -> bool {
+          if (st->done) {
+            sink.done();
+            return true;
+          }
+          std::string out;
+          if (!st->started) {
+            st->started = true;
+            out += sse(chat_chunk(*st, json{{"role", "assistant"}, {"content", ""}}, nullptr, nullptr));
+          }
+          auto ev = st->rs->next(out.empty() ? 200ms : 0ms);
+          while (ev) {
+            ChatDelta d;
+            json lps = json::array();
+            for (size_t i = 0; i < ev->tokens.size(); ++i) {
+              d.append(st->mapper->push(ev->tokens[i]));
+              if (st->logprobs && i < ev->logprobs.size()) lps.push_back(chat_logprob_entry(s.tok_, ev->logprobs[i]));
+            }
+            if (ev->finished) d.append(st->mapper->finish());
+            json lp = st->logprobs && !lps.empty() ? json{{"content", lps}} : json(nullptr);
+            if (!d.empty() || !lp.is_null()) {
+              json ch = chat_chunk(*st, delta_json(d), lp, nullptr);
+              if (st->continuous_usage) ch["usage"] = usage_json(ev->prompt_tokens, ev->completion_tokens);
+              out += sse(ch);
+            }
+            if (ev->finished) {
+              if (ev->finish_reason == FinishReason::kError) {
+                out += sse(error_body(ApiError{500, "Generation failed: " + ev->error, "server_error", "", ""}));
+              } else {
+                json ch = chat_chunk(*st, json::object(), nullptr,
+                                     chat_finish_reason(ev->finish_reason, st->mapper->has_tool_calls()));
+                if (st->continuous_usage) ch["usage"] = usage_json(ev->prompt_tokens, ev->completion_tokens);
+                out += sse(ch);
+              }
+              if (st->include_usage) {
+                json u = {{"id", st->id},       {"object", "chat.completion.chunk"}, {"created", st->created},
+                          {"model", st->model}, {"choices", json::array()},
+                          {"usage", usage_json(ev->prompt_tokens, ev->completion_tokens)}};
+                out += sse(u);
+              }
+              out += "data: [DONE]\n\n";
+              st->done = true;
+              break;
+            }
+            ev = st->rs->next(0ms);
+          }
+          if (!out.empty() && !sink.write(out.data(), out.size())) {
+            st->rs->cancel();
+            return false;
+          }
+          if (st->done) sink.done();
+          return true;
+        },
+        [st, srv](bool success) {
+          if (!success || !st->done) {
+            st->rs->cancel();
+            ++srv->client_disconnects_;
+          }
+          --srv->streams_open_;
+        });
+  }
+
+  // ---------------------------------------------------------------- completions
+  struct TextStream {
+    std::shared_ptr<RequestStream> rs;
+    std::string id, model;
+    int64_t created = 0;
+    bool include_usage = false, continuous_usage = false, logprobs = false;
+    bool done = false;
+    std::string echo;
+    size_t text_offset = 0;
+  };
+
+  json text_logprobs(const std::vector<TokenLogprob>& lps, size_t& offset) {
+    json tokens = json::array(), tlp = json::array(), top = json::array(), offs = json::array();
+    for (const auto& lp : lps) {
+      std::string t = token_str(s.tok_, lp.token);
+      tokens.push_back(t);
+      tlp.push_back(lp.logprob);
+      json m = json::object();
+      for (auto& [id, v] : lp.top) m[token_str(s.tok_, id)] = v;
+      top.push_back(m);
+      offs.push_back(offset);
+      offset += t.size();
+    }
+    return {{"tokens", tokens}, {"token_logprobs", tlp}, {"top_logprobs", top}, {"text_offset", offs}};
+  }
+
+  json text_chunk(const TextStream& st, const std::string& text, const json& lp, const char* finish) {
+    json choice = {{"index", 0}, {"text", text}, {"logprobs", lp}};
+    choice["finish_reason"] = finish ? json(finish) : json(nullptr);
+    json j = {{"id", st.id}, {"object", "text_completion"}, {"created", st.created}, {"model", st.model},
+              {"choices", json::array({choice})}};
+    if (st.include_usage) j["usage"] = nullptr;
+    return j;
+  }
+
+  static const char* text_finish(FinishReason r) {
+    switch (r) {
+      case FinishReason::kStop: return "stop";
+      case FinishReason::kLength: return "length";
+      case FinishReason::kAbort: return "abort";
+      default: return "error";
+    }
+  }
+
+  void completions(const httplib::Request& req, httplib::Response& res) {
+    check_draining();
+    ojson body = parse_body(req.body);
+    CompletionRequest r = parse_completion_request(body);
+    check_model(r.model);
+    std::vector<int32_t> prompt;
+    std::string echo;
+    if (auto* text = std::get_if<std::string>(&r.prompt)) {
+      prompt = s.tok_.encode(*text, false);
+      echo = *text;
+      if (prompt.empty()) bad_request("'prompt' encodes to no tokens.", "prompt", "invalid_value");
+    } else {
+      prompt = std::get<std::vector<int32_t>>(r.prompt);
+      for (int32_t id : prompt)
+        if (id >= s.engine_.vocab())
+          bad_request("Token id " + std::to_string(id) + " is outside the model's vocabulary of " +
+                          std::to_string(s.engine_.vocab()) + ".",
+                      "prompt", "invalid_value");
+      if (r.echo) {
+        std::vector<int32_t> ok;
+        for (int32_t id : prompt)
+          if (size_t(id) < s.tok_.vocab_size()) ok.push_back(id);
+        try {
+          echo = s.tok_.decode(ok);
+        } catch (const std::exception&) {
+        }
+      }
+    }
+    finalize(r, prompt.size(), "prompt");
+    auto rs = submit(prompt, r.sampling);
+    auto st = std::make_shared<TextStream>();
+    st->rs = rs;
+    st->id = make_id("cmpl-");
+    st->model = s.opts_.served_model_name;
+    st->created = now_s();
+    st->include_usage = r.include_usage;
+    st->continuous_usage = r.continuous_usage;
+    st->logprobs = r.logprobs;
+    if (r.echo) st->echo = echo;
+
+    if (!r.stream) {
+      std::string text = st->echo;
+      std::vector<TokenLogprob> lps;
+      std::optional<EngineEvent> last;
+      for (;;) {
+        auto ev = rs->next(1000ms);
+        if (!ev) continue;
+        text += ev->text;
+        lps.insert(lps.end(), ev->logprobs.begin(), ev->logprobs.end());
+        if (ev->finished) {
+          last = std::move(ev);
+          break;
+        }
+      }
+      if (last->finish_reason == FinishReason::kError)
+        throw ApiError{500, "Generation failed: " + last->error, "server_error", "", ""};
+      size_t off = st->echo.size();
+      json choice = {{"index", 0},
+                     {"text", text},
+                     {"logprobs", r.logprobs ? text_logprobs(lps, off) : json(nullptr)},
+                     {"finish_reason", text_finish(last->finish_reason)}};
+      json out = {{"id", st->id},       {"object", "text_completion"}, {"created", st->created},
+                  {"model", st->model}, {"choices", json::array({choice})},
+                  {"usage", usage_json(last->prompt_tokens, last->completion_tokens)}};
+      set_json(res, 200, out);
+      return;
+    }
+
+    ++s.streams_open_;
+    Server* srv = &s;
+    res.set_header("Cache-Control", "no-cache");
+    res.set_chunked_content_provider(
+        "text/event-stream",
+        [this, st](size_t, httplib::DataSink& sink) -> bool {
+          if (st->done) {
+            sink.done();
+            return true;
+          }
+          std::string out;
+          if (!st->echo.empty()) {
+            out += sse(text_chunk(*st, st->echo, nullptr, nullptr));
+            st->text_offset = st->echo.size();
+            st->echo.clear();
+          }
+          auto ev = st->rs->next(out.empty() ? 200ms : 0ms);
+          while (ev) {
+            json lp = st->logprobs && !ev->logprobs.empty() ? text_logprobs(ev->logprobs, st->text_offset) : json(nullptr);
+            if (lp.is_null()) st->text_offset += ev->text.size();
+            if (!ev->text.empty() || !lp.is_null()) {
+              json ch = text_chunk(*st, ev->text, lp, nullptr);
+              if (st->continuous_usage) ch["usage"] = usage_json(ev->prompt_tokens, ev->completion_tokens);
+              out += sse(ch);
+            }
+            if (ev->finished) {
+              if (ev->finish_reason == FinishReason::kError)
+                out += sse(error_body(ApiError{500, "Generation failed: " + ev->error, "server_error", "", ""}));
+              else
+                out += sse(text_chunk(*st, "", nullptr, text_finish(ev->finish_reason)));
+              if (st->include_usage) {
+                json u = {{"id", st->id},       {"object", "text_completion"}, {"created", st->created},
+                          {"model", st->model}, {"choices", json::array()},
+                          {"usage", usage_json(ev->prompt_tokens, ev->completion_tokens)}};
+                out += sse(u);
+              }
+              out += "data: [DONE]\n\n";
+              st->done = true;
+              break;
+            }
+            ev = st->rs->next(0ms);
+          }
+          if (!out.empty() && !sink.write(out.data(), out.size())) {
+            st->rs->cancel();
+            return false;
+          }
+          if (st->done) sink.done();
+          return true;
+        },
+        [st, srv](bool success) {
+          if (!success || !st->done) {
+            st->rs->cancel();
+            ++srv->client_disconnects_;
+          }
+          --srv->streams_open_;
+        });
+  }
+
+  // ---------------------------------------------------------------- small endpoints
+  json model_card() {
+    return {{"id", s.opts_.served_model_name}, {"object", "model"},     {"created", s.created_},
+            {"owned_by", "gptoss"},            {"root", s.opts_.served_model_name},
+            {"max_model_len", s.engine_.max_model_len()}};
+  }
+
+  void tokenize(const httplib::Request& req, httplib::Response& res) {
+    ojson body = parse_body(req.body);
+    std::vector<int32_t> ids;
+    if (body.contains("messages")) {
+      ChatRequest r = parse_chat_request(body);
+      ids = render_chat_prompt(s.renderer_, r);
+    } else {
+      auto it = body.find("prompt");
+      if (it == body.end() || !it->is_string()) bad_request("'prompt' (a string) or 'messages' is required.", "prompt");
+      ids = s.tok_.encode(it->get<std::string>(), false);
+    }
+    set_json(res, 200, {{"tokens", ids}, {"count", ids.size()}, {"max_model_len", s.engine_.max_model_len()}});
+  }
+
+  void detokenize(const httplib::Request& req, httplib::Response& res) {
+    ojson body = parse_body(req.body);
+    auto it = body.find("tokens");
+    if (it == body.end() || !it->is_array()) bad_request("'tokens' (an array of ids) is required.", "tokens");
+    std::vector<int32_t> ids;
+    for (const auto& v : *it) {
+      if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() >= int64_t(s.tok_.vocab_size()))
+        bad_request("'tokens' holds an invalid id.", "tokens", "invalid_value");
+      ids.push_back(int32_t(v.get<int64_t>()));
+    }
+    set_json(res, 200, {{"prompt", s.tok_.decode(ids)}});
+  }
+};
+
+Server::Server(Engine& engine, const Tokenizer& tok, ServerOptions opts)
+    : engine_(engine), tok_(tok), renderer_(tok), opts_(std::move(opts)), svr_(std::make_unique<httplib::Server>()) {
+  created_ = now_s();
+  setup_routes();
+}
+
+Server::~Server() = default;
+
+void Server::setup_routes() {
+  auto h = std::make_shared<Handlers>(Handlers{*this});
+  int threads = opts_.http_threads > 0 ? opts_.http_threads : 4 * engine_.config().max_num_seqs + 64;
+  svr_->new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+  svr_->set_payload_max_length(opts_.max_body_bytes);
+  svr_->set_read_timeout(opts_.read_timeout_s, 0);
+  svr_->set_write_timeout(opts_.write_timeout_s, 0);
+  svr_->set_keep_alive_max_count(1000);
+  svr_->set_keep_alive_timeout(5);
+
+  // Wraps a handler: OpenAI error objects for ApiError and anything else.
+  auto wrap = [this](std::function<void(const httplib::Request&, httplib::Response&)> f) {
+    return [this, f](const httplib::Request& req, httplib::Response& res) {
+      ++http_requests_;
+      try {
+        f(req, res);
+      } catch (const ApiError& e) {
+        ++http_errors_;
+        set_error(res, e);
+      } catch (const Error& e) {
+        ++http_errors_;
+        set_error(res, ApiError{400, e.what(), "invalid_request_error", "", ""});
+      } catch (const std::exception& e) {
+        ++http_errors_;
+        set_error(res, ApiError{500, std::string("Internal error: ") + e.what(), "server_error", "", ""});
+      }
+      if (opts_.log_requests)
+        std::fprintf(stderr, "%s %s -> %d\n", req.method.c_str(), req.path.c_str(), res.status);
+    };
+  };
+
+  svr_->set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    if (opts_.api_key.empty() || req.path.rfind("/v1", 0) != 0) return httplib::Server::HandlerResponse::Unhandled;
+    std::string auth = req.get_header_value("Authorization");
+    if (auth == "Bearer " + opts_.api_key) return httplib::Server::HandlerResponse::Unhandled;
+    ++http_requests_;
+    ++http_errors_;
+    set_error(res, ApiError{401, "Incorrect API key provided.", "invalid_request_error", "", "invalid_api_key"});
+    return httplib::Server::HandlerResponse::Handled;
+  });
+  svr_->set_error_handler(httplib::Server::HandlerWithResponse([](const httplib::Request& req, httplib::Response& res) {
+    if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
+    ApiError e;
+    e.status = res.status;
+    switch (res.status) {
+      case 404: e.message = "Not found: " + req.method + " " + req.path; e.code = "not_found"; break;
+      case 405: e.message = "Method not allowed."; break;
+      case 413: e.message = "The request body is too large."; e.code = "request_too_large"; break;
+      case 414: e.message = "The request URI is too long."; break;
+      default: e.message = "Bad request."; break;
+    }
+    if (res.status >= 500) e.type = "server_error";
+    set_error(res, e);
+    return httplib::Server::HandlerResponse::Handled;
+  }));
+  svr_->set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+    std::string msg = "Internal error.";
+    try {
+      if (ep) std::rethrow_exception(ep);
+    } catch (const std::exception& e) {
+      msg = std::string("Internal error: ") + e.what();
+    } catch (...) {
+    }
+    set_error(res, ApiError{500, msg, "server_error", "", ""});
+  });
+
+  svr_->Get("/health", wrap([this](const httplib::Request&, httplib::Response& res) {
+    if (draining_) set_json(res, 503, {{"status", "draining"}});
+    else set_json(res, 200, {{"status", "ok"}});
+  }));
+  svr_->Get("/v1/models", wrap([h](const httplib::Request&, httplib::Response& res) {
+    set_json(res, 200, {{"object", "list"}, {"data", json::array({h->model_card()})}});
+  }));
+  svr_->Get(R"(/v1/models/(.+))", wrap([h, this](const httplib::Request& req, httplib::Response& res) {
+    if (req.matches[1] != opts_.served_model_name)
+      throw ApiError{404, "The model `" + std::string(req.matches[1]) + "` does not exist.", "invalid_request_error",
+                     "model", "model_not_found"};
+    set_json(res, 200, h->model_card());
+  }));
+  svr_->Post("/v1/chat/completions", wrap([h](const httplib::Request& q, httplib::Response& r) { h->chat(q, r); }));
+  svr_->Post("/v1/completions", wrap([h](const httplib::Request& q, httplib::Response& r) { h->completions(q, r); }));
+  svr_->Post("/tokenize", wrap([h](const httplib::Request& q, httplib::Response& r) { h->tokenize(q, r); }));
+  svr_->Post("/detokenize", wrap([h](const httplib::Request& q, httplib::Response& r) { h->detokenize(q, r); }));
+  svr_->Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+    res.set_content(metrics_text(), "text/plain; version=0.0.4");
+  });
+}
+
+std::string Server::metrics_text() const {
+  EngineStats st = engine_.stats();
+  EngineMetrics& m = engine_.metrics();
+  std::string out;
+  const std::string lbl = "{model_name=\"" + opts_.served_model_name + "\"}";
+  auto gauge = [&](const std::string& name, const std::string& help, double v, const char* type = "gauge") {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%.10g", v);
+    out += "# HELP " + name + " " + help + "\n# TYPE " + name + " " + type + "\n" + name + lbl + " " + buf + "\n";
+  };
+  gauge("gptoss:num_requests_running", "Requests in the running batch.", st.running);
+  gauge("gptoss:num_requests_waiting", "Requests waiting for a slot or KV memory.", st.waiting);
+  gauge("gptoss:kv_cache_usage_perc", "Fraction of KV-cache pages in use (the fuller pool).", st.kv_usage);
+  gauge("gptoss:kv_cache_pages_used_full", "KV pages in use, full-attention pool.", st.kv_pages_used[0]);
+  gauge("gptoss:kv_cache_pages_total_full", "KV pages, full-attention pool.", st.kv_pages_total[0]);
+  gauge("gptoss:kv_cache_pages_used_sliding", "KV pages in use, sliding-window pool.", st.kv_pages_used[1]);
+  gauge("gptoss:kv_cache_pages_total_sliding", "KV pages, sliding-window pool.", st.kv_pages_total[1]);
+  gauge("gptoss:prompt_tokens_total", "Prompt tokens computed (prefill, recompute included).", double(m.prompt_tokens), "counter");
+  gauge("gptoss:generation_tokens_total", "Tokens generated.", double(m.generation_tokens), "counter");
+  gauge("gptoss:request_finished_total", "Requests finished (any reason).", double(m.requests_finished), "counter");
+  gauge("gptoss:request_aborted_total", "Requests cancelled (client gone or shutdown).", double(m.requests_aborted), "counter");
+  gauge("gptoss:num_preemptions_total", "Sequences preempted for KV memory.", double(m.preemptions), "counter");
+  gauge("gptoss:engine_steps_total", "Forward passes run.", double(m.steps), "counter");
+  gauge("gptoss:http_requests_total", "HTTP API requests.", double(http_requests_), "counter");
+  gauge("gptoss:http_errors_total", "HTTP API requests answered with an error.", double(http_errors_), "counter");
+  gauge("gptoss:client_disconnects_total", "Streams whose client went away.", double(client_disconnects_), "counter");
+  gauge("gptoss:streams_open", "Open SSE streams.", double(streams_open_));
+  m.ttft_s.render("gptoss:time_to_first_token_seconds", "Time to first token.", out);
+  m.itl_s.render("gptoss:time_per_output_token_seconds", "Time between output tokens.", out);
+  m.e2e_s.render("gptoss:e2e_request_latency_seconds", "Request latency in the engine.", out);
+  return out;
+}
+
+void Server::bind() {
+  int fd_seen = -1;
+  svr_->set_socket_options([&fd_seen](int sock) {
+    int yes = 1;
+    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+    fd_seen = sock;
+  });
+  if (opts_.port == 0) {
+    port_ = svr_->bind_to_any_port(opts_.host);
+    if (port_ <= 0) throw Error("cannot bind " + opts_.host);
+  } else {
+    if (!svr_->bind_to_port(opts_.host, opts_.port))
+      throw Error("cannot bind " + opts_.host + ":" + std::to_string(opts_.port));
+    port_ = opts_.port;
+  }
+  // cpp-httplib listens with a backlog of 5; many clients connecting at once need more.
+  if (fd_seen >= 0) ::listen(fd_seen, 1024);
+}
+
+void Server::run() { svr_->listen_after_bind(); }
+
+void Server::shutdown() {
+  if (shutdown_started_.exchange(true)) return;
+  draining_ = true;
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(opts_.drain_timeout_s);
+  while (std::chrono::steady_clock::now() < deadline && (engine_.num_active() > 0 || streams_open_ > 0))
+    std::this_thread::sleep_for(20ms);
+  svr_->stop();
+}
+
+}  // namespace gptoss::server

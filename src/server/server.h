@@ -1,0 +1,72 @@
+#pragma once
+// The OpenAI-compatible HTTP server over an Engine: /health, /v1/models, /v1/chat/completions,
+// /v1/completions (SSE streams), /metrics (Prometheus text), /tokenize, /detokenize.
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "engine/engine.h"
+#include "tokenizer/harmony.h"
+#include "tokenizer/tokenizer.h"
+
+namespace httplib {
+class Server;
+}
+
+namespace gptoss::server {
+
+struct ServerOptions {
+  std::string host = "127.0.0.1";
+  int port = 8000;                      // 0: any free port (see Server::port())
+  std::string api_key;                  // non-empty: /v1/* needs "Authorization: Bearer KEY"
+  std::string served_model_name = "gpt-oss";
+  size_t max_body_bytes = size_t(8) << 20;
+  int http_threads = 0;                 // 0: 4 * max_num_seqs + 64
+  int read_timeout_s = 30;
+  int write_timeout_s = 30;
+  int drain_timeout_s = 120;            // SIGTERM: how long to let running requests finish
+  bool log_requests = false;
+};
+
+class Server {
+ public:
+  // `engine` must be started by the caller and outlive the server.
+  Server(Engine& engine, const Tokenizer& tok, ServerOptions opts);
+  ~Server();
+  // Binds the listening socket (throws gptoss::Error when it cannot).
+  void bind();
+  int port() const { return port_; }
+  // Serves until shutdown().
+  void run();
+  // Stops taking requests (503), waits for the running ones (up to drain_timeout_s), then stops
+  // the listener so run() returns. Thread-safe; returns at once when called again.
+  void shutdown();
+  bool draining() const { return draining_.load(); }
+
+  // Prometheus text of the metrics.
+  std::string metrics_text() const;
+
+ private:
+  void setup_routes();
+  Engine& engine_;
+  Tokenizer tok_;
+  harmony::Renderer renderer_;
+  ServerOptions opts_;
+  std::unique_ptr<httplib::Server> svr_;
+  int port_ = 0;
+  std::atomic<bool> draining_{false};
+  std::atomic<bool> shutdown_started_{false};
+  std::atomic<int64_t> http_requests_{0}, http_errors_{0}, streams_open_{0}, client_disconnects_{0};
+  int64_t created_ = 0;
+  struct Handlers;
+  friend struct Handlers;
+};
+
+// The engine's end tokens for a tokenizer: <|return|>, <|call|> (looked up by name) and eos.
+std::vector<int32_t> default_stop_tokens(const Tokenizer& tok, const GptOssConfig& c);
+// The engine's token_text for a tokenizer: a token's bytes, "" for specials and unknown ids.
+std::function<std::string(int32_t)> token_text_fn(const Tokenizer& tok);
+
+}  // namespace gptoss::server

@@ -1,0 +1,128 @@
+// `gptoss serve`: the OpenAI-compatible server.
+#include <pthread.h>
+#include <signal.h>
+
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <cstdio>
+#include <filesystem>
+#include <thread>
+
+#include "backend/backend_factory.h"
+#include "common/error.h"
+#include "engine/engine.h"
+#include "server/server.h"
+#include "tokenizer/tokenizer.h"
+#include "tools/builtin_model.h"
+#include "tools/command.h"
+
+namespace {
+
+struct Args {
+  gptoss::BackendOptions backend;
+  gptoss::EngineConfig engine;
+  gptoss::server::ServerOptions server;
+  std::string tokenizer;
+  std::string kv_cache_dtype = "bf16";
+  double max_body_mb = 8;
+};
+
+int run_serve(Args& a) {
+  namespace fs = std::filesystem;
+  bool builtin = a.backend.model_dir.empty() && a.backend.random_weights.empty();
+  if (builtin) a.backend.model_dir = gptoss::tools::ensure_builtin_model();
+  if (a.server.served_model_name.empty())
+    a.server.served_model_name = builtin ? std::string("gpt-oss-tiny")
+                                 : !a.backend.random_weights.empty() ? "gpt-oss-" + a.backend.random_weights
+                                                                     : fs::path(a.backend.model_dir).filename().string();
+  if (a.server.served_model_name.empty()) a.server.served_model_name = a.backend.model_dir;
+
+  gptoss::Tokenizer tok = [&] {
+    if (!a.tokenizer.empty()) return gptoss::Tokenizer::from_file(a.tokenizer);
+    if (!a.backend.model_dir.empty() && fs::exists(fs::path(a.backend.model_dir) / "tokenizer.json"))
+      return gptoss::Tokenizer::from_file(a.backend.model_dir);
+    return gptoss::Tokenizer::o200k_harmony();
+  }();
+
+  // SIGTERM/SIGINT are taken by a thread of ours (blocked everywhere else).
+  sigset_t sigs;
+  sigemptyset(&sigs);
+  sigaddset(&sigs, SIGTERM);
+  sigaddset(&sigs, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  auto backend = gptoss::create_backend(a.backend);
+  if (a.kv_cache_dtype == "fp8") {
+    gptoss::KvCacheConfig kv = backend->kv_config();
+    kv.dtype = gptoss::DType::F8_E4M3;
+    backend->init_kv_cache(kv);
+  } else if (a.kv_cache_dtype != "bf16") {
+    throw gptoss::Error("--kv-cache-dtype must be bf16 or fp8");
+  }
+  a.engine.stop_token_ids = gptoss::server::default_stop_tokens(tok, backend->config());
+  a.engine.token_text = gptoss::server::token_text_fn(tok);
+  gptoss::Engine engine(*backend, a.engine);
+  engine.start();
+  a.server.max_body_bytes = size_t(a.max_body_mb * 1024 * 1024);
+  gptoss::server::Server server(engine, tok, a.server);
+  server.bind();
+  std::fprintf(stderr,
+               "gptoss serve: http://%s:%d  model %s (%s, %s), max_model_len %d, max_num_seqs %d, KV pages %d+%d of %d\n",
+               a.server.host.c_str(), server.port(), a.server.served_model_name.c_str(), backend->name().c_str(),
+               builtin ? "built-in tiny" : a.backend.model_dir.c_str(), engine.max_model_len(), a.engine.max_num_seqs,
+               engine.kv_config().num_pages[0], engine.kv_config().num_pages[1], engine.kv_config().page_size);
+  std::atomic<bool> done{false};
+  std::thread sig_thread([&] {
+    timespec ts{0, 200 * 1000 * 1000};
+    while (!done) {
+      int s = sigtimedwait(&sigs, nullptr, &ts);
+      if (s == SIGTERM || s == SIGINT) {
+        std::fprintf(stderr, "gptoss serve: %s, draining %d request(s)\n", s == SIGTERM ? "SIGTERM" : "SIGINT",
+                     engine.num_active());
+        server.shutdown();
+        break;
+      }
+    }
+  });
+  server.run();
+  done = true;
+  sig_thread.join();
+  engine.stop();
+  std::fprintf(stderr, "gptoss serve: stopped\n");
+  return 0;
+}
+
+gptoss::tools::RegisterCommand reg({"serve", "Serve a model through an OpenAI-compatible HTTP API", [](CLI::App* app) {
+  auto a = std::make_shared<Args>();
+  a->server.served_model_name.clear();
+  app->add_option("--model", a->backend.model_dir, "Checkpoint directory (default: the built-in tiny model)");
+  app->add_option("--random-weights", a->backend.random_weights, "Serve random weights of a preset: tiny, 20b, 120b");
+  app->add_option("--device", a->backend.device, "cpu or cuda")->capture_default_str();
+  app->add_option("--host", a->server.host, "Address to listen on")->capture_default_str();
+  app->add_option("--port", a->server.port, "Port (0: any free one)")->capture_default_str();
+  app->add_option("--served-model-name", a->server.served_model_name, "Model name in the API");
+  app->add_option("--api-key", a->server.api_key, "Require 'Authorization: Bearer KEY' on /v1/*")
+      ->envname("GPTOSS_API_KEY");
+  app->add_option("--max-model-len", a->engine.max_model_len, "Context length (default: the model's, bounded by KV memory)");
+  app->add_option("--max-num-seqs", a->engine.max_num_seqs, "Sequences running at once")->capture_default_str();
+  app->add_option("--max-num-batched-tokens", a->engine.max_num_batched_tokens, "Tokens per forward pass")
+      ->capture_default_str();
+  app->add_option("--kv-cache-tokens", a->engine.kv_cache_tokens,
+                  "Positions in the KV cache (default: from device memory, or max-num-seqs x max-model-len up to 1M)");
+  app->add_option("--kv-cache-dtype", a->kv_cache_dtype, "bf16 or fp8")->capture_default_str();
+  app->add_option("--mxfp4-layers", a->backend.mxfp4_layers, "Layers quantized to MXFP4 at load (cuda)")->capture_default_str();
+  app->add_option("--mxfp4-backend", a->backend.mxfp4_backend, "MXFP4 kernel family (cuda)")->capture_default_str();
+  app->add_option("--threads", a->backend.threads, "CPU threads (0: all)")->capture_default_str();
+  app->add_option("--seed", a->backend.seed, "Seed of random weights")->capture_default_str();
+  app->add_option("--tokenizer", a->tokenizer, "tokenizer.json or .tiktoken (default: the model's, else o200k_harmony)");
+  app->add_option("--max-body-mb", a->max_body_mb, "Largest request body (413 beyond)")->capture_default_str();
+  app->add_option("--http-threads", a->server.http_threads, "HTTP worker threads (0: 4 x max-num-seqs + 64)");
+  app->add_option("--drain-timeout", a->server.drain_timeout_s, "Seconds SIGTERM waits for running requests")
+      ->capture_default_str();
+  app->add_flag("--log-requests", a->server.log_requests, "Log each request to stderr");
+  return [a]() { return run_serve(*a); };
+}});
+}  // namespace

@@ -1,0 +1,49 @@
+// SIGTERM drains running requests; bench-serve runs against the tiny model (numbers not asserted).
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { spawn } from 'node:child_process';
+import OpenAI from 'openai';
+import { startServer, BIN } from './harness.mjs';
+
+test('bench-serve smoke test', async () => {
+  const srv = await startServer(['--max-num-seqs', '8']);
+  try {
+    const out = await new Promise((resolve, reject) => {
+      const p = spawn(BIN, ['bench-serve', '--base-url', srv.apiURL, '--model', 'gpt-oss-tiny', '--requests', '16',
+                            '--concurrency', '4', '--max-tokens', '16', '--json', '-'], { stdio: ['ignore', 'pipe', 'inherit'] });
+      let s = '';
+      p.stdout.on('data', (d) => { s += d; });
+      p.on('exit', (code) => (code === 0 ? resolve(s) : reject(new Error(`bench-serve exited ${code}:\n${s}`))));
+    });
+    process.stdout.write(out);
+    const j = JSON.parse(out.slice(out.indexOf('{')));
+    assert.equal(j.ok, 16);
+    assert.equal(j.failed, 0);
+    assert.ok(j.completion_tokens > 0);
+    for (const k of ['ttft_median_ms', 'ttft_p99_ms', 'decode_tok_s_per_stream_median', 'aggregate_tok_s', 'total_s'])
+      assert.equal(typeof j[k], 'number', k);
+  } finally {
+    await srv.stop();
+  }
+});
+
+test('SIGTERM lets running streams finish, then exits 0', async () => {
+  const srv = await startServer(['--max-num-seqs', '4']);
+  const client = new OpenAI({ apiKey: 'x', baseURL: srv.apiURL, maxRetries: 0 });
+  const s = await client.completions.create({
+    model: 'gpt-oss-tiny', prompt: 'Once upon a time', max_tokens: 300, stream: true, ignore_eos: true,
+    stream_options: { include_usage: true },
+  });
+  let usage = null;
+  let finish = null;
+  let n = 0;
+  for await (const ch of s) {
+    if (n++ === 2) srv.proc.kill('SIGTERM');
+    if (ch.usage) usage = ch.usage;
+    if (ch.choices.length && ch.choices[0].finish_reason) finish = ch.choices[0].finish_reason;
+  }
+  assert.equal(finish, 'length');
+  assert.equal(usage.completion_tokens, 300);
+  const e = await srv.wait();
+  assert.equal(e.code, 0);
+});

@@ -1,0 +1,322 @@
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <map>
+#include <thread>
+
+#include "common/error.h"
+#include "engine/engine.h"
+#include "fake_backend.h"
+
+using namespace gptoss;
+using gptoss::testing::FakeBackend;
+
+namespace {
+
+struct Result {
+  std::vector<int32_t> tokens;
+  std::string text;
+  FinishReason reason = FinishReason::kNone;
+  int prompt_tokens = 0, completion_tokens = 0;
+  std::string stop_string;
+  int32_t stop_token = -1;
+  std::vector<TokenLogprob> logprobs;
+};
+
+Result collect(RequestStream& s) {
+  Result r;
+  for (int i = 0; i < 100000; ++i) {
+    auto ev = s.next(std::chrono::milliseconds(5000));
+    if (!ev) {
+      ADD_FAILURE() << "timed out waiting for an event";
+      return r;
+    }
+    r.tokens.insert(r.tokens.end(), ev->tokens.begin(), ev->tokens.end());
+    r.logprobs.insert(r.logprobs.end(), ev->logprobs.begin(), ev->logprobs.end());
+    r.text += ev->text;
+    if (ev->finished) {
+      r.reason = ev->finish_reason;
+      r.prompt_tokens = ev->prompt_tokens;
+      r.completion_tokens = ev->completion_tokens;
+      r.stop_string = ev->stop_string;
+      r.stop_token = ev->stop_token;
+      return r;
+    }
+  }
+  ADD_FAILURE() << "no end";
+  return r;
+}
+
+void run_idle(Engine& e) {
+  for (int i = 0; i < 1000000 && e.step(); ++i) {
+  }
+}
+
+std::vector<int32_t> prompt_of(int len, int salt, int vocab = 64) {
+  std::vector<int32_t> p;
+  for (int i = 0; i < len; ++i) p.push_back((i * 7 + salt * 13 + 1) % (vocab - 2));
+  return p;
+}
+
+std::string letter(int32_t t) { return std::string(1, char('a' + t % 26)); }
+
+EngineConfig small_cfg() {
+  EngineConfig c;
+  c.max_num_seqs = 4;
+  c.max_num_batched_tokens = 16;
+  c.page_size = 4;
+  c.kv_cache_tokens = 4096;
+  c.max_model_len = 512;
+  return c;
+}
+
+Result run_alone(const std::vector<int32_t>& prompt, const SamplingParams& sp, EngineConfig cfg = small_cfg()) {
+  FakeBackend be;
+  cfg.max_num_seqs = 1;
+  Engine e(be, cfg);
+  auto s = e.submit(prompt, sp);
+  run_idle(e);
+  return collect(*s);
+}
+
+}  // namespace
+
+TEST(Engine, SingleGreedyRequest) {
+  FakeBackend be;
+  Engine e(be, small_cfg());
+  SamplingParams sp;
+  sp.temperature = 0;
+  sp.max_tokens = 10;
+  auto s = e.submit(prompt_of(5, 1), sp);
+  run_idle(e);
+  Result r = collect(*s);
+  EXPECT_EQ(r.reason, FinishReason::kLength);
+  EXPECT_EQ(r.tokens.size(), 10u);
+  EXPECT_EQ(r.completion_tokens, 10);
+  EXPECT_EQ(r.prompt_tokens, 5);
+  EXPECT_EQ(e.stats().kv_pages_used[0], 0);
+  EXPECT_EQ(e.stats().kv_pages_used[1], 0);
+  EXPECT_EQ(e.num_active(), 0);
+}
+
+TEST(Engine, RejectsBadRequests) {
+  FakeBackend be;
+  Engine e(be, small_cfg());
+  SamplingParams sp;
+  EXPECT_THROW(e.submit({}, sp), Error);
+  EXPECT_THROW(e.submit(prompt_of(512, 1), sp), Error);
+  EXPECT_THROW(e.submit({1, 2, 64}, sp), Error);
+  EXPECT_THROW(e.submit({1, 2, -1}, sp), Error);
+  sp.max_tokens = 0;
+  EXPECT_THROW(e.submit({1, 2}, sp), Error);
+}
+
+TEST(Engine, StopsAtMaxModelLen) {
+  FakeBackend be;
+  EngineConfig c = small_cfg();
+  c.max_model_len = 20;
+  Engine e(be, c);
+  SamplingParams sp;
+  sp.temperature = 0;
+  sp.max_tokens = 1000;
+  sp.ignore_eos = true;
+  auto s = e.submit(prompt_of(15, 2), sp);
+  run_idle(e);
+  Result r = collect(*s);
+  EXPECT_EQ(r.reason, FinishReason::kLength);
+  EXPECT_EQ(r.completion_tokens, 5);
+}
+
+// Many requests of mixed lengths, greedy and seeded sampling, at max_num_seqs 4 and a 16-token
+// budget (chunked prefill): each must produce what it produces alone.
+TEST(Engine, BatchedEqualsAlone) {
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<SamplingParams> sps;
+  for (int i = 0; i < 20; ++i) {
+    prompts.push_back(prompt_of(1 + (i * 11) % 45, i));
+    SamplingParams sp;
+    sp.max_tokens = 5 + (i * 7) % 30;
+    sp.ignore_eos = true;
+    if (i % 2) {
+      sp.temperature = 0;
+    } else {
+      sp.temperature = 0.9f;
+      sp.top_p = 0.95f;
+      sp.seed = 1000 + i;
+    }
+    sps.push_back(sp);
+  }
+  FakeBackend be;
+  Engine e(be, small_cfg());
+  std::vector<std::shared_ptr<RequestStream>> ss;
+  for (int i = 0; i < 20; ++i) ss.push_back(e.submit(prompts[i], sps[i]));
+  run_idle(e);
+  EXPECT_LE(be.max_batch_tokens, 16);
+  EXPECT_LE(be.max_batch_seqs, 4);
+  EXPECT_GT(be.max_batch_seqs, 1);
+  for (int i = 0; i < 20; ++i) {
+    Result r = collect(*ss[i]);
+    Result alone = run_alone(prompts[i], sps[i]);
+    EXPECT_EQ(r.tokens, alone.tokens) << i;
+    EXPECT_EQ(int(r.tokens.size()), sps[i].max_tokens);
+  }
+  EXPECT_EQ(e.stats().kv_pages_used[0], 0);
+}
+
+TEST(Engine, PreemptionWhenKvRunsOut) {
+  EngineConfig c = small_cfg();
+  c.kv_cache_tokens = 96;  // 24 pages of 4: not enough for 4 sequences of ~60 positions
+  c.max_model_len = 90;
+  std::vector<std::vector<int32_t>> prompts;
+  SamplingParams sp;
+  sp.temperature = 0;
+  sp.max_tokens = 50;
+  sp.ignore_eos = true;
+  FakeBackend be;
+  Engine e(be, c);
+  std::vector<std::shared_ptr<RequestStream>> ss;
+  for (int i = 0; i < 6; ++i) {
+    prompts.push_back(prompt_of(10 + i, i));
+    ss.push_back(e.submit(prompts.back(), sp));
+  }
+  run_idle(e);
+  EXPECT_GT(e.metrics().preemptions.load(), 0);
+  for (int i = 0; i < 6; ++i) {
+    Result r = collect(*ss[i]);
+    EXPECT_EQ(r.tokens, run_alone(prompts[i], sp, c).tokens) << i;
+    EXPECT_EQ(r.completion_tokens, 50);
+  }
+  EXPECT_EQ(e.stats().kv_pages_used[0], 0);
+  EXPECT_EQ(e.stats().kv_pages_used[1], 0);
+}
+
+TEST(Engine, CancelFreesSlot) {
+  FakeBackend be;
+  EngineConfig c = small_cfg();
+  c.max_num_seqs = 1;
+  Engine e(be, c);
+  SamplingParams sp;
+  sp.max_tokens = 100000 > 400 ? 400 : 400;
+  sp.ignore_eos = true;
+  auto a = e.submit(prompt_of(5, 1), sp);
+  auto b = e.submit(prompt_of(5, 2), sp);
+  for (int i = 0; i < 5; ++i) e.step();
+  EXPECT_EQ(e.stats().running, 1);
+  EXPECT_EQ(e.stats().waiting, 1);
+  a->cancel();
+  e.step();
+  auto ra = collect(*a);
+  EXPECT_EQ(ra.reason, FinishReason::kAbort);
+  EXPECT_EQ(e.stats().running, 1);  // b took the slot
+  EXPECT_EQ(e.stats().waiting, 0);
+  b->cancel();
+  run_idle(e);
+  EXPECT_EQ(collect(*b).reason, FinishReason::kAbort);
+  EXPECT_EQ(e.stats().kv_pages_used[0], 0);
+  EXPECT_EQ(e.num_active(), 0);
+}
+
+TEST(Engine, StopTokenAndStopStrings) {
+  SamplingParams sp;
+  sp.temperature = 0;
+  sp.max_tokens = 30;
+  sp.ignore_eos = true;
+  EngineConfig c = small_cfg();
+  c.token_text = letter;
+  Result base = run_alone(prompt_of(6, 3), sp, c);
+  ASSERT_EQ(base.tokens.size(), 30u);
+  ASSERT_EQ(base.text.size(), 30u);
+  // stop token: the 5th generated token
+  SamplingParams st = sp;
+  st.stop_token_ids = {base.tokens[4]};
+  Result r = run_alone(prompt_of(6, 3), st, c);
+  size_t first = std::find(base.tokens.begin(), base.tokens.end(), base.tokens[4]) - base.tokens.begin();
+  EXPECT_EQ(r.reason, FinishReason::kStop);
+  EXPECT_EQ(r.stop_token, base.tokens[4]);
+  EXPECT_EQ(r.tokens.size(), first + 1);
+  EXPECT_EQ(r.text, base.text.substr(0, first));  // the stop token's text is not output
+  // engine-wide end token
+  EngineConfig c2 = c;
+  c2.stop_token_ids = {base.tokens[4]};
+  SamplingParams noign = sp;
+  noign.ignore_eos = false;
+  EXPECT_EQ(run_alone(prompt_of(6, 3), noign, c2).tokens.size(), first + 1);
+  // stop string spanning tokens 10..12
+  SamplingParams ss = sp;
+  std::string stop = base.text.substr(10, 3);
+  ss.stop = {"zzzzzzzzzz", stop};
+  Result rs = run_alone(prompt_of(6, 3), ss, c);
+  size_t pos = base.text.find(stop);
+  EXPECT_EQ(rs.reason, FinishReason::kStop);
+  EXPECT_EQ(rs.stop_string, stop);
+  EXPECT_EQ(rs.text, base.text.substr(0, pos));
+  EXPECT_EQ(rs.tokens.size(), pos + 3);
+  // streaming never emits text that the stop string later cuts
+  FakeBackend be;
+  Engine e(be, c);
+  auto s = e.submit(prompt_of(6, 3), ss);
+  run_idle(e);
+  std::string streamed;
+  for (int i = 0; i < 100; ++i) {
+    auto ev = s->next(std::chrono::milliseconds(1000));
+    ASSERT_TRUE(ev);
+    streamed += ev->text;
+    EXPECT_EQ(base.text.substr(0, streamed.size()), streamed);
+    if (ev->finished) break;
+  }
+  EXPECT_EQ(streamed, base.text.substr(0, pos));
+}
+
+TEST(Engine, Logprobs) {
+  SamplingParams sp;
+  sp.temperature = 0;
+  sp.max_tokens = 4;
+  sp.logprobs = 3;
+  Result r = run_alone(prompt_of(6, 4), sp);
+  ASSERT_EQ(r.logprobs.size(), 4u);
+  for (size_t i = 0; i < 4; ++i) {
+    EXPECT_EQ(r.logprobs[i].token, r.tokens[i]);
+    ASSERT_EQ(r.logprobs[i].top.size(), 3u);
+    EXPECT_EQ(r.logprobs[i].top[0].first, r.tokens[i]);  // greedy = best
+    EXPECT_LE(r.logprobs[i].logprob, 0.0f);
+  }
+}
+
+TEST(Engine, ThreadedManyClients) {
+  FakeBackend be;
+  EngineConfig c = small_cfg();
+  c.max_num_seqs = 8;
+  c.max_num_batched_tokens = 64;
+  Engine e(be, c);
+  e.start();
+  const int N = 32;
+  std::vector<Result> res(N);
+  std::vector<std::thread> th;
+  SamplingParams sp;
+  sp.temperature = 0;
+  sp.max_tokens = 12;
+  sp.ignore_eos = true;
+  for (int i = 0; i < N; ++i)
+    th.emplace_back([&, i] {
+      auto s = e.submit(prompt_of(3 + i % 20, i), sp);
+      res[i] = collect(*s);
+    });
+  for (auto& t : th) t.join();
+  for (int i = 0; i < N; ++i) {
+    EXPECT_EQ(res[i].tokens, run_alone(prompt_of(3 + i % 20, i), sp).tokens) << i;
+  }
+  e.stop();
+  EXPECT_EQ(e.num_active(), 0);
+}
+
+TEST(Engine, StopAbortsPending) {
+  FakeBackend be;
+  Engine e(be, small_cfg());
+  SamplingParams sp;
+  sp.max_tokens = 400;
+  sp.ignore_eos = true;
+  auto a = e.submit(prompt_of(5, 1), sp);
+  e.step();
+  e.stop();
+  EXPECT_EQ(collect(*a).reason, FinishReason::kAbort);
+}

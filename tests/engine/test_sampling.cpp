@@ -1,0 +1,115 @@
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <map>
+
+#include "engine/sampling.h"
+
+using namespace gptoss;
+
+static std::vector<float> logits_of(std::vector<float> p) {
+  for (auto& v : p) v = std::log(v);
+  return p;
+}
+
+TEST(Sampling, GreedyIsArgmax) {
+  std::vector<float> l = {0.1f, 2.0f, -1.0f, 1.9f};
+  SamplingParams sp;
+  sp.temperature = 0;
+  std::mt19937_64 rng(1);
+  std::vector<float> s;
+  std::vector<int32_t> idx;
+  EXPECT_EQ(sample_token(l.data(), 4, sp, {}, rng, s, idx), 1);
+  sp.temperature = 1;
+  sp.top_k = 1;
+  for (int i = 0; i < 20; ++i) EXPECT_EQ(sample_token(l.data(), 4, sp, {}, rng, s, idx), 1);
+}
+
+TEST(Sampling, SeedDeterminism) {
+  std::vector<float> l(100);
+  for (int i = 0; i < 100; ++i) l[i] = std::sin(i * 0.7f);
+  SamplingParams sp;
+  std::vector<float> s;
+  std::vector<int32_t> idx;
+  std::mt19937_64 a(42), b(42), c(43);
+  std::vector<int> ra, rb, rc;
+  for (int i = 0; i < 50; ++i) {
+    ra.push_back(sample_token(l.data(), 100, sp, {}, a, s, idx));
+    rb.push_back(sample_token(l.data(), 100, sp, {}, b, s, idx));
+    rc.push_back(sample_token(l.data(), 100, sp, {}, c, s, idx));
+  }
+  EXPECT_EQ(ra, rb);
+  EXPECT_NE(ra, rc);
+}
+
+TEST(Sampling, Distribution) {
+  auto l = logits_of({0.5f, 0.3f, 0.15f, 0.05f});
+  SamplingParams sp;
+  std::vector<float> s;
+  std::vector<int32_t> idx;
+  std::mt19937_64 rng(7);
+  std::map<int, int> n;
+  const int N = 20000;
+  for (int i = 0; i < N; ++i) ++n[sample_token(l.data(), 4, sp, {}, rng, s, idx)];
+  EXPECT_NEAR(n[0] / double(N), 0.5, 0.02);
+  EXPECT_NEAR(n[3] / double(N), 0.05, 0.01);
+  // top_p 0.75 keeps {0, 1}
+  sp.top_p = 0.75f;
+  n.clear();
+  for (int i = 0; i < N; ++i) ++n[sample_token(l.data(), 4, sp, {}, rng, s, idx)];
+  EXPECT_EQ(n[2] + n[3], 0);
+  EXPECT_NEAR(n[0] / double(N), 0.5 / 0.8, 0.02);
+  // min_p 0.5: keeps p >= 0.25 -> {0, 1}
+  sp.top_p = 1;
+  sp.min_p = 0.5f;
+  n.clear();
+  for (int i = 0; i < N; ++i) ++n[sample_token(l.data(), 4, sp, {}, rng, s, idx)];
+  EXPECT_EQ(n[2] + n[3], 0);
+  // top_k 3
+  sp.min_p = 0;
+  sp.top_k = 3;
+  n.clear();
+  for (int i = 0; i < N; ++i) ++n[sample_token(l.data(), 4, sp, {}, rng, s, idx)];
+  EXPECT_EQ(n[3], 0);
+  EXPECT_GT(n[2], 0);
+  // low temperature sharpens
+  sp.top_k = 0;
+  sp.temperature = 0.1f;
+  n.clear();
+  for (int i = 0; i < 2000; ++i) ++n[sample_token(l.data(), 4, sp, {}, rng, s, idx)];
+  EXPECT_GT(n[0], 1950);
+}
+
+TEST(Sampling, Penalties) {
+  std::vector<float> l = {1.0f, 0.9f, 0.0f};
+  SamplingParams sp;
+  sp.temperature = 0;
+  std::vector<float> s;
+  std::vector<int32_t> idx;
+  std::mt19937_64 rng(1);
+  std::unordered_map<int32_t, int> counts{{0, 1}};
+  EXPECT_EQ(sample_token(l.data(), 3, sp, counts, rng, s, idx), 0);
+  sp.presence_penalty = 0.2f;
+  EXPECT_EQ(sample_token(l.data(), 3, sp, counts, rng, s, idx), 1);
+  sp.presence_penalty = 0;
+  sp.frequency_penalty = 0.05f;
+  counts[0] = 3;  // 1 - 0.15 < 0.9
+  EXPECT_EQ(sample_token(l.data(), 3, sp, counts, rng, s, idx), 1);
+  sp.frequency_penalty = -1.0f;  // negative encourages
+  counts = {{2, 2}};
+  EXPECT_EQ(sample_token(l.data(), 3, sp, counts, rng, s, idx), 2);
+}
+
+TEST(Sampling, Logprobs) {
+  auto l = logits_of({0.5f, 0.3f, 0.2f});
+  for (auto& v : l) v += 3.0f;  // shift invariance
+  TokenLogprob t = compute_logprobs(l.data(), 3, 1, 2);
+  EXPECT_NEAR(t.logprob, std::log(0.3f), 1e-5);
+  ASSERT_EQ(t.top.size(), 2u);
+  EXPECT_EQ(t.top[0].first, 0);
+  EXPECT_NEAR(t.top[0].second, std::log(0.5f), 1e-5);
+  EXPECT_EQ(t.top[1].first, 1);
+  std::vector<float> inf = {0.0f, -INFINITY};
+  TokenLogprob t2 = compute_logprobs(inf.data(), 2, 1, 0);
+  EXPECT_TRUE(std::isfinite(t2.logprob));
+}

@@ -1,0 +1,128 @@
+// The harmony output parser mapped to content / reasoning / tool_calls, on canned token streams.
+#include <gtest/gtest.h>
+
+#include "server/chat_format.h"
+
+using namespace gptoss;
+using namespace gptoss::server;
+
+namespace {
+const Tokenizer& tok() {
+  static const Tokenizer t = Tokenizer::o200k_harmony();
+  return t;
+}
+
+struct Mapped {
+  ChatDelta streamed;
+  std::string content, reasoning;
+  std::vector<ToolCall> calls;
+};
+
+Mapped run(const std::string& text_with_specials) {
+  std::vector<TokenId> ids = tok().encode(text_with_specials, true);
+  ChatOutputMapper m(tok());
+  Mapped out;
+  for (TokenId t : ids) out.streamed.append(m.push(t));
+  out.streamed.append(m.finish());
+  out.content = m.content();
+  out.reasoning = m.reasoning();
+  out.calls = m.tool_calls();
+  return out;
+}
+}  // namespace
+
+TEST(ChatFormat, ReasoningThenFinal) {
+  auto r = run("<|channel|>analysis<|message|>User says hi. Reply politely.<|end|>"
+               "<|start|>assistant<|channel|>final<|message|>Hello! How can I help?<|return|>");
+  EXPECT_EQ(r.reasoning, "User says hi. Reply politely.");
+  EXPECT_EQ(r.content, "Hello! How can I help?");
+  EXPECT_TRUE(r.calls.empty());
+  EXPECT_EQ(r.streamed.reasoning, r.reasoning);
+  EXPECT_EQ(r.streamed.content, r.content);
+}
+
+TEST(ChatFormat, ToolCall) {
+  auto r = run("<|channel|>analysis<|message|>Need weather.<|end|>"
+               "<|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>"
+               "{\"city\":\"Paris\"}<|call|>");
+  EXPECT_EQ(r.reasoning, "Need weather.");
+  EXPECT_EQ(r.content, "");
+  ASSERT_EQ(r.calls.size(), 1u);
+  EXPECT_EQ(r.calls[0].name, "get_weather");
+  EXPECT_EQ(r.calls[0].arguments, "{\"city\":\"Paris\"}");
+  EXPECT_EQ(r.calls[0].id.rfind("call_", 0), 0u);
+  ASSERT_EQ(r.streamed.tool_calls.size(), 1u);
+  EXPECT_EQ(r.streamed.tool_calls[0].name, "get_weather");
+  EXPECT_EQ(r.streamed.tool_calls[0].id, r.calls[0].id);
+  EXPECT_EQ(r.streamed.tool_calls[0].arguments, r.calls[0].arguments);
+}
+
+TEST(ChatFormat, RecipientBeforeChannel) {
+  auto r = run(" to=functions.lookup<|channel|>commentary <|constrain|>json<|message|>{\"q\":1}<|call|>");
+  ASSERT_EQ(r.calls.size(), 1u);
+  EXPECT_EQ(r.calls[0].name, "lookup");
+  EXPECT_EQ(r.calls[0].arguments, "{\"q\":1}");
+}
+
+TEST(ChatFormat, TwoToolCallsAndPreamble) {
+  auto r = run("<|channel|>commentary<|message|>Checking both.<|end|>"
+               "<|start|>assistant<|channel|>commentary to=functions.a <|constrain|>json<|message|>{}<|call|>"
+               "<|start|>assistant<|channel|>commentary to=functions.b <|constrain|>json<|message|>{\"x\":2}<|call|>");
+  EXPECT_EQ(r.content, "Checking both.");
+  ASSERT_EQ(r.calls.size(), 2u);
+  EXPECT_EQ(r.calls[0].name, "a");
+  EXPECT_EQ(r.calls[1].name, "b");
+  EXPECT_EQ(r.calls[1].arguments, "{\"x\":2}");
+  ASSERT_EQ(r.streamed.tool_calls.size(), 2u);
+  EXPECT_EQ(r.streamed.tool_calls[1].index, 1);
+}
+
+TEST(ChatFormat, TruncatedByLength) {
+  auto r = run("<|channel|>final<|message|>Partial answ");
+  EXPECT_EQ(r.content, "Partial answ");
+}
+
+TEST(ChatFormat, GarbageNeverThrows) {
+  // Random ids, specials in odd places, ids the tokenizer has never heard of.
+  uint64_t s = 99;
+  for (int trial = 0; trial < 30; ++trial) {
+    ChatOutputMapper m(tok());
+    for (int i = 0; i < 60; ++i) {
+      s = s * 6364136223846793005ull + 1442695040888963407ull;
+      int32_t t = int32_t((s >> 33) % 201100);
+      if (i % 7 == 3) t = tok().require_token_id(i % 2 ? "<|start|>" : "<|message|>");
+      if (i == 50) t = 250000;
+      EXPECT_NO_THROW(m.push(t));
+    }
+    EXPECT_NO_THROW(m.finish());
+  }
+  // Plain text without any header still comes back as content.
+  auto r = run("Hello world, no header here.");
+  EXPECT_FALSE(r.content.empty());
+}
+
+TEST(ChatFormat, ConversationRendering) {
+  ChatRequest r = parse_chat_request(parse_body(R"({
+    "messages": [
+      {"role": "system", "content": "Be brief."},
+      {"role": "user", "content": "Weather in Paris?"},
+      {"role": "assistant", "reasoning_content": "Call the tool.",
+       "tool_calls": [{"id": "call_9", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\":\"Paris\"}"}}]},
+      {"role": "tool", "tool_call_id": "call_9", "content": "{\"temp\": 20}"}
+    ],
+    "tools": [{"type": "function", "function": {"name": "get_weather", "description": "Current weather",
+               "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}],
+    "reasoning_effort": "low"})"));
+  harmony::Conversation c = build_conversation(r);
+  std::string text = harmony::render_text_for_completion(c);
+  EXPECT_NE(text.find("Reasoning: low"), std::string::npos) << text;
+  EXPECT_NE(text.find("Be brief."), std::string::npos);
+  EXPECT_NE(text.find("get_weather"), std::string::npos);
+  EXPECT_NE(text.find("to=functions.get_weather"), std::string::npos);
+  EXPECT_NE(text.find("<|start|>functions.get_weather to=assistant"), std::string::npos) << text;
+  EXPECT_NE(text.find("{\"temp\": 20}"), std::string::npos);
+  EXPECT_EQ(text.substr(text.size() - 18), "<|start|>assistant") << text;
+  harmony::Renderer ren(tok());
+  auto ids = render_chat_prompt(ren, r);
+  EXPECT_EQ(tok().decode_bytes(ids), text);
+}
