@@ -101,6 +101,9 @@ std::function<int()> setup_cli(void* app_ptr, std::vector<std::string> prefix) {
   p3->add_option("--workers", o->p3.workers, "child processes at a time")->capture_default_str();
   p3->add_option("--max-variants", o->p3.max_variants, "cap on variants (0: all)");
   p3->add_option("--nvdisasm", o->p3.disassembler, "nvdisasm to use");
+  p3->add_flag("--known-first", o->p3.known_first, "run the variants nvdisasm decodes first");
+  p3->add_option("--disasm-share", o->p3.disasm_share, "share of the budget for the nvdisasm pre-pass")
+      ->capture_default_str();
   p3->add_flag("--report", o->p3_report, "only rebuild phase3.md from the recorded phase3.jsonl (no GPU)");
   auto* ch = app->add_subcommand("phase3-child", "")->group("");  // internal
   ch->add_option("--cubin", o->c_cubin)->required();

@@ -170,6 +170,8 @@ struct Phase3Options {
   std::string disassembler;   // nvdisasm, for known/unknown; empty: find
   std::string target = "sm_90";
   size_t max_variants = 0;    // 0: all
+  bool known_first = false;   // run variants nvdisasm decodes first (default: those it cannot decode)
+  double disasm_share = 0.3;  // at most this share of the budget for the nvdisasm pre-pass
   bool quiet = false;
 };
 struct Phase3Record {

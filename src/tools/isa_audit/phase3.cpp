@@ -408,7 +408,7 @@ Phase3Summary run_phase3(const Phase3Options& opt) {
     auto worker = [&](int id) {
       fs::path f = tmp / ("v" + std::to_string(id) + ".cubin");
       for (size_t i; (i = next++) < todo.size();) {
-        if (since(t0) > opt.budget_s * 0.3) break;
+        if (since(t0) > opt.budget_s * opt.disasm_share) break;
         auto& t = todo[i];
         t.disasm.clear();
         std::string img = bytes;
@@ -450,7 +450,9 @@ Phase3Summary run_phase3(const Phase3Options& opt) {
     fs::remove_all(tmp);
   }
   // Unknown-to-the-disassembler variants first: they are the point of the audit.
-  std::stable_sort(todo.begin(), todo.end(), [](const Todo& a, const Todo& b) { return !a.known && b.known; });
+  std::stable_sort(todo.begin(), todo.end(), [&](const Todo& a, const Todo& b) {
+    return opt.known_first ? (a.known && !b.known) : (!a.known && b.known);
+  });
   std::map<std::pair<const Site*, uint32_t>, const Todo*> info;
   for (auto& t : todo) info[{t.site, t.value}] = &t;
   // Step B: run on the GPU, `workers` children at a time, chunks of values per child.
@@ -568,7 +570,10 @@ Phase3Summary run_phase3(const Phase3Options& opt) {
   s.seconds = since(t0);
   double before = 0;  // time spent by earlier (resumed) runs on this output directory
   if (fs::exists(out / "phase3_summary.json")) try {
-      before = json::parse(read_file(out / "phase3_summary.json")).value("seconds_total", 0.0);
+      {
+        auto pj = json::parse(read_file(out / "phase3_summary.json"));
+        before = pj.value("seconds_total", pj.value("seconds_this_run", 0.0));
+      }
     } catch (...) {
     }
   s.seconds_total = before + s.seconds;
