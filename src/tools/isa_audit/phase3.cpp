@@ -565,6 +565,10 @@ Phase3Summary run_phase3(const Phase3Options& opt) {
     if (stopping)
       for (auto& c : kids) c.pending.clear();
   }
+  for (size_t i = 0; i < kids.size(); ++i) {
+    std::error_code ec;
+    fs::remove(out / ("values_" + std::to_string(i) + ".txt"), ec);
+  }
   Phase3Summary s;
   s.planned = planned;
   s.seconds = since(t0);
