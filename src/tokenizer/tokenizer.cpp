@@ -471,12 +471,12 @@ void Tokenizer::Impl::finish(const std::vector<ByteMap::Entry>& entries,
   bytes_of.assign(n, std::string());
   present.assign(n, 0);
   special.assign(n, 0);
-  id_of_bytes.reserve(all.size() * 2);
   for (auto& [b, id] : all) {
     if (id < 0) throw Error("tokenizer: negative token id");
-    bytes_of[id] = b;
     present[id] = 1;
-    id_of_bytes.emplace(b, id);
+    // token_id() looks in `ranks` first: only tokens BPE cannot produce need another entry.
+    if (ranks.id(b) != uint32_t(id)) id_of_bytes.emplace(b, id);
+    bytes_of[id] = std::move(b);
   }
   std::sort(specials_in.begin(), specials_in.end(),
             [](auto& a, auto& b) { return a.second < b.second; });
@@ -856,6 +856,7 @@ std::string Tokenizer::decode(std::span<const TokenId> ids) const {
 std::optional<TokenId> Tokenizer::token_id(std::string_view name) const {
   auto it = impl_->specials_by_name.find(std::string(name));
   if (it != impl_->specials_by_name.end()) return it->second;
+  if (uint32_t id = impl_->ranks.id(name); id != ByteMap::kMissing) return TokenId(id);
   auto jt = impl_->id_of_bytes.find(std::string(name));
   if (jt != impl_->id_of_bytes.end()) return jt->second;
   return std::nullopt;
