@@ -50,8 +50,14 @@ Engine::Engine(Backend& backend, EngineConfig cfg) : backend_(backend), cfg_(std
   kvc.page_size = cfg_.page_size;
   int64_t tokens = cfg_.kv_cache_tokens;
   size_t bytes = backend_.kv_memory_available();
-  if (tokens <= 0 && bytes == 0)
-    tokens = std::min<int64_t>(int64_t(cfg_.max_num_seqs) * mml, int64_t(1) << 20);
+  if (tokens <= 0 && bytes == 0) {
+    // No device limit (the CPU backend): enough for max_num_seqs full contexts, at most 256K
+    // positions and about 1 GiB of f32 full-attention cache.
+    tokens = std::min<int64_t>(int64_t(cfg_.max_num_seqs) * mml, int64_t(1) << 18);
+    size_t page_f32 = kv_page_bytes(mc, kKvFull, cfg_.page_size, DType::F32);
+    if (page_f32 > 0)
+      tokens = std::min<int64_t>(tokens, std::max<int64_t>(1, int64_t((size_t(1) << 30) / page_f32)) * cfg_.page_size);
+  }
   KvManagerConfig kc = plan_kv_pages(mc, kvc.dtype, cfg_.page_size, tokens, bytes, cfg_.max_num_seqs,
                                      cfg_.max_num_batched_tokens);
   // A sequence must fit the pool alone.

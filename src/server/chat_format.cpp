@@ -190,7 +190,18 @@ ChatDelta ChatOutputMapper::push(TokenId t) {
   tokens_.push_back(t);
   if (parser_) {
     try {
-      on_events(parser_->push(t), d);
+      auto evs = parser_->push(t);
+      if (!evs.empty() || parser_->in_content()) header_tokens_.clear();
+      else header_tokens_.push_back(t);
+      on_events(evs, d);
+      if (header_tokens_.size() > kMaxHeaderTokens) {
+        // Not harmony: what looked like a header is text.
+        parser_.reset();
+        raw_.emplace(tok_);
+        kind_ = Kind::Content;
+        for (TokenId h : header_tokens_) raw_text(h, d);
+        header_tokens_.clear();
+      }
       return d;
     } catch (const std::exception&) {
       parser_.reset();

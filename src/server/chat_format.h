@@ -41,6 +41,10 @@ struct ChatDelta {
 // the parser rejects (a random model's) falls back to plain decoded text as content.
 class ChatOutputMapper {
  public:
+  // A header (between <|start|> and <|message|>) longer than this is not harmony: the mapper
+  // falls back to plain text, so a model that never formats its output still streams.
+  static constexpr size_t kMaxHeaderTokens = 48;
+
   explicit ChatOutputMapper(const Tokenizer& tok);
   ChatDelta push(TokenId t);
   ChatDelta finish();
@@ -63,6 +67,7 @@ class ChatOutputMapper {
   std::optional<harmony::StreamParser> parser_;
   std::optional<StreamingDecoder> raw_;  // fallback after a parse error
   std::vector<TokenId> tokens_;
+  std::vector<TokenId> header_tokens_;  // tokens since the last message boundary, outside content
   Kind kind_ = Kind::None;
   std::string msg_streamed_;  // text of the current message already emitted
   std::string content_, reasoning_;

@@ -111,7 +111,7 @@ gptoss::tools::RegisterCommand reg({"serve", "Serve a model through an OpenAI-co
   app->add_option("--max-num-batched-tokens", a->engine.max_num_batched_tokens, "Tokens per forward pass")
       ->capture_default_str();
   app->add_option("--kv-cache-tokens", a->engine.kv_cache_tokens,
-                  "Positions in the KV cache (default: from device memory, or max-num-seqs x max-model-len up to 1M)");
+                  "Positions in the KV cache (default: from device memory; on cpu max-num-seqs x max-model-len, at most 256K and ~1 GiB)");
   app->add_option("--kv-cache-dtype", a->kv_cache_dtype, "bf16 or fp8")->capture_default_str();
   app->add_option("--mxfp4-layers", a->backend.mxfp4_layers, "Layers quantized to MXFP4 at load (cuda)")->capture_default_str();
   app->add_option("--mxfp4-backend", a->backend.mxfp4_backend, "MXFP4 kernel family (cuda)")->capture_default_str();

@@ -126,3 +126,17 @@ TEST(ChatFormat, ConversationRendering) {
   auto ids = render_chat_prompt(ren, r);
   EXPECT_EQ(tok().decode_bytes(ids), text);
 }
+
+TEST(ChatFormat, UnformattedOutputStillStreams) {
+  std::string text;
+  for (int i = 0; i < 80; ++i) text += " word" + std::to_string(i);
+  std::vector<TokenId> ids = tok().encode(text, false);
+  ChatOutputMapper m(tok());
+  ChatDelta before_finish;
+  for (TokenId t : ids) before_finish.append(m.push(t));
+  EXPECT_FALSE(before_finish.content.empty());  // streamed before the end
+  ChatDelta all = before_finish;
+  all.append(m.finish());
+  EXPECT_EQ(all.content, text);
+  EXPECT_EQ(m.content(), text);
+}
