@@ -13,6 +13,7 @@
 #include <tuple>
 #include <fstream>
 #include <limits>
+#include <queue>
 #include <sstream>
 #include <unordered_map>
 
@@ -220,8 +221,13 @@ void Tokenizer::Impl::bpe(std::string_view piece, std::vector<TokenId>& out) con
     out.push_back(TokenId(id));
     return;
   }
+  if (piece.size() > kLongPiece) {
+    bpe_long(piece, out);
+    return;
+  }
   // tiktoken's merge loop: parts[i].rank = rank of bytes [start_i, start_{i+2}); repeatedly
-  // merge the lowest-ranked adjacent pair.
+  // merge the lowest-ranked adjacent pair (the leftmost among equals). Quadratic in the piece
+  // length, fastest for the short pieces of ordinary text.
   struct Part {
     uint32_t start, rank;
   };
@@ -252,6 +258,54 @@ void Tokenizer::Impl::bpe(std::string_view piece, std::vector<TokenId>& out) con
   }
   for (size_t i = 0; i + 1 < parts.size(); ++i) {
     uint32_t id = ranks.id(piece.substr(parts[i].start, parts[i + 1].start - parts[i].start));
+    if (id == ByteMap::kMissing)
+      throw Error("tokenizer: no token for a byte sequence (the vocabulary lacks a single byte)");
+    out.push_back(TokenId(id));
+  }
+}
+
+// The same merges for long pieces (a run of letters with no space, a long run of punctuation)
+// in O(n log n): a linked list of parts and a heap of (rank, start), so the lowest rank merges
+// first and, among equal ranks, the leftmost, exactly as in the loop above.
+void Tokenizer::Impl::bpe_long(std::string_view piece, std::vector<TokenId>& out) const {
+  const uint32_t n = static_cast<uint32_t>(piece.size());
+  constexpr uint32_t kMax = ByteMap::kMissing;
+  std::vector<uint32_t> next(n), prev(n), rank(n, kMax);
+  for (uint32_t i = 0; i < n; ++i) next[i] = i + 1, prev[i] = i - 1;  // prev[0] unused
+  auto pair_rank = [&](uint32_t i) -> uint32_t {  // rank of part i joined with the next part
+    uint32_t j = next[i];
+    if (j >= n) return kMax;
+    uint32_t end = next[j];  // n when j is the last part
+    return ranks.rank(piece.substr(i, end - i));
+  };
+  using E = std::pair<uint32_t, uint32_t>;  // (rank, start)
+  std::priority_queue<E, std::vector<E>, std::greater<E>> heap;
+  for (uint32_t i = 0; i + 1 < n; ++i) {
+    rank[i] = pair_rank(i);
+    if (rank[i] != kMax) heap.push({rank[i], i});
+  }
+  std::vector<uint8_t> alive(n, 1);
+  while (!heap.empty()) {
+    auto [r, i] = heap.top();
+    heap.pop();
+    if (!alive[i] || rank[i] != r) continue;  // stale
+    uint32_t j = next[i];
+    alive[j] = 0;
+    next[i] = next[j];
+    if (next[j] < n) prev[next[j]] = i;
+    rank[i] = pair_rank(i);
+    if (rank[i] != kMax) heap.push({rank[i], i});
+    if (i > 0) {
+      uint32_t p = prev[i];
+      uint32_t pr = pair_rank(p);
+      if (pr != rank[p]) {
+        rank[p] = pr;
+        if (pr != kMax) heap.push({pr, p});
+      }
+    }
+  }
+  for (uint32_t i = 0; i < n; i = next[i]) {
+    uint32_t id = ranks.id(piece.substr(i, next[i] - i));
     if (id == ByteMap::kMissing)
       throw Error("tokenizer: no token for a byte sequence (the vocabulary lacks a single byte)");
     out.push_back(TokenId(id));
@@ -304,11 +358,14 @@ size_t Tokenizer::Impl::find_special(std::string_view text, size_t from, TokenId
 namespace {
 
 std::string read_file(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
+  std::ifstream f(path, std::ios::binary | std::ios::ate);
   if (!f) throw Error("tokenizer: cannot open " + path);
-  std::ostringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
+  std::streamsize n = f.tellg();
+  if (n < 0) throw Error("tokenizer: cannot read " + path);
+  std::string s(static_cast<size_t>(n), '\0');
+  f.seekg(0);
+  if (!f.read(s.data(), n)) throw Error("tokenizer: cannot read " + path);
+  return s;
 }
 
 int b64val(unsigned char c) {
@@ -527,84 +584,174 @@ Tokenizer Tokenizer::from_tiktoken(const std::string& path) {
   return Tokenizer(std::move(impl));
 }
 
-Tokenizer Tokenizer::from_tokenizer_json(const std::string& path) {
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(read_file(path));
-  } catch (const nlohmann::json::exception& e) {
-    throw Error("tokenizer: " + path + ": invalid JSON: " + e.what());
+namespace {
+
+// What the loader needs from a tokenizer.json, read with nlohmann's SAX interface (no DOM: the
+// o200k file has 200k vocab entries and 450k merges).
+struct TokenizerJsonSax : nlohmann::json_sax<nlohmann::json> {
+  struct Frame {
+    bool obj;
+    std::string key;
+    size_t items = 0;
+  };
+  std::vector<Frame> st;
+  bool have_model = false, have_vocab = false;
+  std::string model_type = "BPE";
+  std::vector<std::pair<std::string, int64_t>> vocab;  // byte-level strings
+  std::vector<std::pair<std::string, std::string>> merges;
+  std::vector<std::pair<std::string, int64_t>> added;
+  std::optional<std::string> regex;
+  std::string problem;  // first structural problem
+  std::vector<std::string> pair;  // a merge given as ["a", "b"]
+  std::string added_content;
+  int64_t added_id = -1;
+  bool added_has_content = false;
+  std::string error;
+
+  bool at(size_t depth, const char* k0, const char* k1 = nullptr) const {
+    if (st.size() != depth) return false;
+    if (st[0].key != k0) return false;
+    return !k1 || (st.size() > 1 && st[1].key == k1);
   }
-  auto bad = [&](const std::string& what) { return Error("tokenizer: " + path + ": " + what); };
-  try {
-    auto impl = std::make_shared<Impl>();
-    if (!j.contains("model") || !j["model"].is_object()) throw bad("no model");
-    const auto& model = j["model"];
-    if (model.value("type", std::string("BPE")) != "BPE") throw bad("model.type must be BPE");
-    if (!model.contains("vocab") || !model["vocab"].is_object()) throw bad("model.vocab missing");
-    std::string bytes;
-    std::vector<std::pair<std::string, TokenId>> all;
-    std::unordered_map<std::string, TokenId> vocab;  // bytes -> id
-    vocab.reserve(model["vocab"].size() * 2);
-    for (auto it = model["vocab"].begin(); it != model["vocab"].end(); ++it) {
-      if (!bl_to_bytes(it.key(), bytes) || bytes.empty())
-        throw bad("vocab entry outside the byte-level alphabet: " + it.key());
-      TokenId id = it.value().get<TokenId>();
-      vocab.emplace(bytes, id);
-      all.emplace_back(bytes, id);
-    }
-    // Merge priority: a byte string's rank is the index of the first merge producing it (merges
-    // rank after the 256 single bytes). BPE then only produces single bytes and merge results.
-    std::vector<ByteMap::Entry> entries;
-    std::unordered_map<std::string, uint32_t> merged;
-    merged.reserve(vocab.size() * 2);
-    std::string a, b, left, right;
-    uint32_t idx = 0;
-    if (model.contains("merges"))
-      for (const auto& m : model["merges"]) {
-        if (m.is_string()) {
-          const std::string& s = m.get_ref<const std::string&>();
-          size_t sp = s.find(' ');
-          if (sp == std::string::npos) throw bad("bad merge '" + s + "'");
-          left = s.substr(0, sp), right = s.substr(sp + 1);
-        } else if (m.is_array() && m.size() == 2) {
-          left = m[0].get<std::string>(), right = m[1].get<std::string>();
-        } else {
-          throw bad("bad merge entry " + m.dump());
-        }
-        if (!bl_to_bytes(left, a) || !bl_to_bytes(right, b))
-          throw bad("merge outside the byte-level alphabet: " + left + " " + right);
-        if (!vocab.count(a) || !vocab.count(b)) throw bad("merge of unknown tokens: " + left + " " + right);
-        std::string ab = a + b;
-        if (!vocab.count(ab)) throw bad("merge result not in vocab: " + left + " " + right);
-        merged.emplace(std::move(ab), 256 + idx++);
+  bool value_number(int64_t v) {
+    if (at(3, "model", "vocab") && st[2].obj) vocab.emplace_back(st[2].key, v);
+    else if (at(3, "added_tokens") && st[2].obj && st[2].key == "id") added_id = v;
+    return true;
+  }
+  bool value_string(std::string& v) {
+    if (at(2, "model", "type")) {
+      model_type = v;
+    } else if (at(3, "model", "merges") && !st[2].obj) {
+      size_t sp = v.find(' ');
+      if (sp == std::string::npos) {
+        if (problem.empty()) problem = "bad merge '" + v + "'";
+      } else {
+        merges.emplace_back(v.substr(0, sp), v.substr(sp + 1));
       }
-    for (auto& [bs, id] : vocab) {
-      if (auto it = merged.find(bs); it != merged.end())
-        entries.push_back({bs, it->second, uint32_t(id)});
-      else if (bs.size() == 1)
-        entries.push_back({bs, uint32_t(uint8_t(bs[0])), uint32_t(id)});
+    } else if (at(4, "model", "merges") && !st[3].obj) {
+      pair.push_back(std::move(v));
+    } else if (at(3, "added_tokens") && st[2].obj && st[2].key == "content") {
+      added_content = v;
+      added_has_content = true;
+    } else if (!st.empty() && st[0].key == "pre_tokenizer" && st.back().obj &&
+               st.back().key == "Regex" && !regex) {
+      regex = v;
     }
-    // Pre-tokenizer: the Split regex if there is one, else o200k's.
-    std::string pattern = kO200kPattern;
-    std::function<void(const nlohmann::json&)> scan = [&](const nlohmann::json& p) {
-      if (!p.is_object()) return;
-      if (p.value("type", std::string()) == "Split" && p.contains("pattern") &&
-          p["pattern"].contains("Regex"))
-        pattern = p["pattern"]["Regex"].get<std::string>();
-      if (p.contains("pretokenizers"))
-        for (const auto& q : p["pretokenizers"]) scan(q);
-    };
-    if (j.contains("pre_tokenizer")) scan(j["pre_tokenizer"]);
-    impl->regex = std::make_shared<Regex>(pattern);
-    std::vector<std::pair<std::string, TokenId>> specials;
-    if (j.contains("added_tokens") && j["added_tokens"].is_array())
-      for (const auto& t : j["added_tokens"])
-        specials.emplace_back(t.at("content").get<std::string>(), t.at("id").get<TokenId>());
-    impl->finish(entries, std::move(all), std::move(specials));
-    return Tokenizer(std::move(impl));
-  } catch (const nlohmann::json::exception& e) {
-    throw bad(std::string("malformed: ") + e.what());
+    return true;
   }
+  bool null() override { return true; }
+  bool boolean(bool) override { return true; }
+  bool number_integer(number_integer_t v) override { return value_number(v); }
+  bool number_unsigned(number_unsigned_t v) override {
+    return value_number(v > uint64_t(INT64_MAX) ? -1 : int64_t(v));
+  }
+  bool number_float(number_float_t, const string_t&) override { return true; }
+  bool string(string_t& v) override { return value_string(v); }
+  bool binary(binary_t&) override { return true; }
+  bool start_object(std::size_t) override {
+    if (at(1, "model")) have_model = true;
+    if (at(2, "model", "vocab")) have_vocab = true;
+    if (at(2, "added_tokens")) added_id = -1, added_has_content = false;
+    st.push_back({true, ""});
+    return true;
+  }
+  bool key(string_t& k) override {
+    st.back().key = k;
+    return true;
+  }
+  bool end_object() override {
+    st.pop_back();
+    if (at(2, "added_tokens")) {
+      if (added_id < 0 || !added_has_content) {
+        if (problem.empty()) problem = "added token without id or content";
+      } else {
+        added.emplace_back(added_content, added_id);
+      }
+    }
+    return true;
+  }
+  bool start_array(std::size_t) override {
+    if (at(3, "model", "merges")) pair.clear();
+    st.push_back({false, ""});
+    return true;
+  }
+  bool end_array() override {
+    st.pop_back();
+    if (at(3, "model", "merges")) {
+      if (pair.size() != 2) {
+        if (problem.empty()) problem = "bad merge entry";
+      } else {
+        merges.emplace_back(std::move(pair[0]), std::move(pair[1]));
+      }
+    }
+    return true;
+  }
+  bool parse_error(std::size_t pos, const std::string&, const nlohmann::detail::exception& e) override {
+    error = std::string(e.what()) + " (byte " + std::to_string(pos) + ")";
+    return false;
+  }
+};
+
+}  // namespace
+
+Tokenizer Tokenizer::from_tokenizer_json(const std::string& path) {
+  auto bad = [&](const std::string& what) { return Error("tokenizer: " + path + ": " + what); };
+  TokenizerJsonSax sax;
+  {
+    std::string text = read_file(path);
+    if (!nlohmann::json::sax_parse(text, &sax) || !sax.error.empty())
+      throw bad("invalid JSON: " + sax.error);
+  }
+  if (!sax.have_model) throw bad("no model");
+  if (sax.model_type != "BPE") throw bad("model.type must be BPE");
+  if (!sax.have_vocab) throw bad("model.vocab missing");
+  if (!sax.problem.empty()) throw bad(sax.problem);
+  auto impl = std::make_shared<Impl>();
+  std::string bytes;
+  std::vector<std::pair<std::string, TokenId>> all;
+  all.reserve(sax.vocab.size());
+  std::unordered_map<std::string, TokenId> vocab;  // bytes -> id
+  vocab.reserve(sax.vocab.size() * 2);
+  for (auto& [key, id] : sax.vocab) {
+    if (!bl_to_bytes(key, bytes) || bytes.empty())
+      throw bad("vocab entry outside the byte-level alphabet: " + key);
+    if (id < 0 || id > 100000000) throw bad("bad id for vocab entry " + key);
+    vocab.emplace(bytes, TokenId(id));
+    all.emplace_back(bytes, TokenId(id));
+  }
+  sax.vocab.clear();
+  // Merge priority: a byte string's rank is the index of the first merge producing it (merges
+  // rank after the 256 single bytes). BPE then only produces single bytes and merge results.
+  std::vector<ByteMap::Entry> entries;
+  std::unordered_map<std::string, uint32_t> merged;
+  merged.reserve(sax.merges.size() * 2);
+  std::string a, b;
+  uint32_t idx = 0;
+  for (auto& [left, right] : sax.merges) {
+    if (!bl_to_bytes(left, a) || !bl_to_bytes(right, b))
+      throw bad("merge outside the byte-level alphabet: " + left + " " + right);
+    if (!vocab.count(a) || !vocab.count(b)) throw bad("merge of unknown tokens: " + left + " " + right);
+    std::string ab = a + b;
+    if (!vocab.count(ab)) throw bad("merge result not in vocab: " + left + " " + right);
+    merged.emplace(std::move(ab), 256 + idx++);
+  }
+  sax.merges.clear();
+  entries.reserve(vocab.size());
+  for (auto& [bs, id] : vocab) {
+    if (auto it = merged.find(bs); it != merged.end())
+      entries.push_back({bs, it->second, uint32_t(id)});
+    else if (bs.size() == 1)
+      entries.push_back({bs, uint32_t(uint8_t(bs[0])), uint32_t(id)});
+  }
+  // Pre-tokenizer: the Split regex if there is one, else o200k's.
+  impl->regex = std::make_shared<Regex>(sax.regex ? *sax.regex : std::string(kO200kPattern));
+  std::vector<std::pair<std::string, TokenId>> specials;
+  for (auto& [content, id] : sax.added) {
+    if (id > 100000000) throw bad("bad id for added token " + content);
+    specials.emplace_back(content, TokenId(id));
+  }
+  impl->finish(entries, std::move(all), std::move(specials));
+  return Tokenizer(std::move(impl));
 }
 
 Tokenizer Tokenizer::from_file(const std::string& path) {
@@ -709,6 +856,10 @@ TokenId Tokenizer::require_token_id(std::string_view name) const {
 
 bool Tokenizer::is_special(TokenId id) const {
   return id >= 0 && size_t(id) < impl_->special.size() && impl_->special[id];
+}
+
+bool Tokenizer::has_token(TokenId id) const {
+  return id >= 0 && size_t(id) < impl_->present.size() && impl_->present[id];
 }
 
 size_t Tokenizer::vocab_size() const { return impl_->present.size(); }

@@ -48,6 +48,8 @@ class Tokenizer {
   // Like token_id but throws gptoss::Error naming the token when absent.
   TokenId require_token_id(std::string_view name) const;
   bool is_special(TokenId id) const;
+  // True when `id` is a token of this vocabulary (ordinary or special).
+  bool has_token(TokenId id) const;
   // One past the largest id (201088 for o200k_harmony).
   size_t vocab_size() const;
   // All special tokens, (name, id), in id order.
@@ -64,6 +66,8 @@ class Tokenizer {
 // Incremental decode: push ids one at a time and get back the text they complete. Never returns
 // a partial UTF-8 sequence; bytes that can never become valid are emitted as U+FFFD. The
 // concatenation of every push() and the final flush() equals Tokenizer::decode(all ids).
+// A special token decodes to its name (callers that stream to users skip is_special ids).
+// push() throws gptoss::Error on an id outside the vocabulary.
 class StreamingDecoder {
  public:
   explicit StreamingDecoder(const Tokenizer& tok);

@@ -91,7 +91,10 @@ struct Tokenizer::Impl {
   void finish(const std::vector<ByteMap::Entry>& entries,
               std::vector<std::pair<std::string, TokenId>> all,
               std::vector<std::pair<std::string, TokenId>> specials);
+  // Pieces longer than this take the O(n log n) path.
+  static constexpr size_t kLongPiece = 256;
   void bpe(std::string_view piece, std::vector<TokenId>& out) const;
+  void bpe_long(std::string_view piece, std::vector<TokenId>& out) const;
   void encode_ordinary(std::string_view text, std::vector<TokenId>& out) const;
   size_t find_special(std::string_view text, size_t from, TokenId& id, size_t& len) const;
 };

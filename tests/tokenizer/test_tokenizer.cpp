@@ -213,6 +213,10 @@ TEST(Tokenizer, LongRunsAndOddInput) {
     auto ids = tok.encode(s);
     EXPECT_EQ(tok.decode(ids), s);
   }
+  // A huge piece (no pre-tokenizer break) takes the O(n log n) path: this must not hang.
+  std::string huge;
+  for (int i = 0; i < 200000; ++i) huge += char('a' + (i * 7919) % 26);
+  EXPECT_EQ(tok.decode(tok.encode(huge)), huge);
   // Invalid UTF-8 still encodes (byte tokens) and decodes to its bytes.
   std::string bad = "ok \xFF\xFE bytes \xC3 end\xE2\x82";
   auto ids = tok.encode(bad);

@@ -24,9 +24,13 @@ inline float dot(const float* a, const float* b, int n) {
 }
 
 // Shared driver of the two linear layers: `row(o, buf)` writes weight row o as floats.
+// Below this many multiply-adds a parallel region costs more than it saves (and under a
+// loaded machine, idle OpenMP threads spinning for work make small ops much slower).
+constexpr size_t kParallelWork = size_t(1) << 18;
+
 template <class RowFn>
 void linear_rows(const float* x, int n, int in, int out, const float* bias, float* y, RowFn row) {
-#pragma omp parallel
+#pragma omp parallel if (size_t(n) * in * out >= kParallelWork)
   {
     std::vector<float> w(in);
 #pragma omp for schedule(static)
@@ -88,7 +92,7 @@ void attention(const float* q, int n, int start_pos, const float* k, const float
                int Hq, int Hkv, int D, int window, const float* sinks, float* out) {
   const float scale = 1.0f / std::sqrt(float(D));
   const int group = Hq / Hkv;
-#pragma omp parallel
+#pragma omp parallel if (size_t(n) * Hq * D * (start_pos + n) >= kParallelWork)
   {
     std::vector<float> p;
 #pragma omp for collapse(2) schedule(static)

@@ -146,6 +146,21 @@ para = ("It was the best of times, it was the worst of times, it was the age of 
         "of despair, we had everything before us, we had nothing before us.\n\n")
 T.append(para * 8)
 
+# Long pieces (no break for the pre-tokenizer): the O(n log n) merge path.
+rng2 = random.Random(7)
+T.append("".join(rng2.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(3000)))
+T.append("".join(rng2.choice("etaoinshrdlu") for _ in range(1500)) + "'ll")
+T.append("".join(rng2.choice("的一是不了人我在有他这中大来上国个到说们为子和你地出道也时年") for _ in range(800)))
+T.append("".join(rng2.choice("!@#$%^&*()-=+[]{};:,.<>/?|~") for _ in range(1200)) + "\r\n//")
+T.append("".join(rng2.choice("كتابمدرسةعلم") for _ in range(900)))
+T.append("ab" * 2000)
+T.append("\u00e9" * 700 + "e\u0301" * 300)
+
+# Control characters and the edges of \\s (Unicode White_Space).
+T.append("a\x1c\x1d\x1e\x1fb \x00 \x01\x7f\x85 x\u180e y\u200b z\u2060 w\ufeff v\u00ad")
+T.append("\x1c \x1c\n \u0085\u0085 \u2028\u2029\u202f\u205f\u1680 \u3000\n\u00a0 end")
+T.append("\x0b\x0c\r\n \x0b x \x0c y\r")
+
 with open(os.path.join(here, "corpus.jsonl"), "w", encoding="utf-8") as f:
     for t in T:
         f.write(json.dumps({"text": t}, ensure_ascii=False) + "\n")

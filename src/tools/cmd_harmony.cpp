@@ -1,0 +1,103 @@
+// `gptoss harmony-render`: a Chat Completions request (JSON) -> the harmony prompt (text or ids).
+// `gptoss harmony-parse`: sampled ids (a JSON array per line) -> the parsed messages (JSON).
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "common/error.h"
+#include "tokenizer/harmony.h"
+#include "tools/command.h"
+
+namespace {
+
+using gptoss::harmony::Role;
+
+gptoss::Tokenizer load(const std::string& path) {
+  return path.empty() ? gptoss::Tokenizer::o200k_harmony() : gptoss::Tokenizer::from_file(path);
+}
+
+std::string slurp(const std::string& path) {
+  if (path == "-") {
+    std::stringstream ss;
+    ss << std::cin.rdbuf();
+    return ss.str();
+  }
+  std::ifstream f(path, std::ios::binary);
+  if (!f) throw gptoss::Error("cannot open " + path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+gptoss::tools::RegisterCommand reg_render(
+    {"harmony-render", "Render a Chat Completions request (JSON) as the harmony prompt",
+     [](CLI::App* sub) {
+       auto path = std::make_shared<std::string>();
+       auto request = std::make_shared<std::string>("-");
+       auto ids = std::make_shared<bool>(false);
+       auto date = std::make_shared<std::string>();
+       sub->add_option("--tokenizer", *path, "tokenizer.json, .tiktoken file or model directory");
+       sub->add_option("--request", *request, "Request JSON file ('-': stdin)");
+       sub->add_option("--date", *date, "Current date for the system message (e.g. 2025-06-28)");
+       sub->add_flag("--ids", *ids, "Print token ids (a JSON array) instead of text");
+       return [=]() {
+         nlohmann::ordered_json req;
+         try {
+           req = nlohmann::ordered_json::parse(slurp(*request));
+         } catch (const nlohmann::json::exception& e) {
+           throw gptoss::Error(std::string("harmony-render: invalid JSON: ") + e.what());
+         }
+         gptoss::harmony::ChatOptions o;
+         if (!date->empty()) o.current_date = *date;
+         auto conv = gptoss::harmony::conversation_from_chat(req, o);
+         if (*ids) {
+           gptoss::harmony::Renderer r(load(*path));
+           std::printf("%s\n", nlohmann::json(r.render_for_completion(conv)).dump().c_str());
+         } else {
+           std::printf("%s\n", gptoss::harmony::render_text_for_completion(conv).c_str());
+         }
+         return 0;
+       };
+     }});
+
+gptoss::tools::RegisterCommand reg_parse(
+    {"harmony-parse", "Parse sampled token ids (JSON arrays, one a line) into harmony messages",
+     [](CLI::App* sub) {
+       auto path = std::make_shared<std::string>();
+       auto no_role = std::make_shared<bool>(false);
+       auto lenient = std::make_shared<bool>(false);
+       sub->add_option("--tokenizer", *path, "tokenizer.json, .tiktoken file or model directory");
+       sub->add_flag("--with-start", *no_role,
+                     "The ids begin with <|start|> (default: they follow '<|start|>assistant')");
+       sub->add_flag("--lenient", *lenient, "Non-strict parsing of malformed headers");
+       return [=]() {
+         auto tok = load(*path);
+         std::string line;
+         while (std::getline(std::cin, line)) {
+           if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+           auto ids = nlohmann::json::parse(line).get<std::vector<gptoss::TokenId>>();
+           auto msgs = gptoss::harmony::parse_completion(
+               tok, ids, *no_role ? std::nullopt : std::optional<Role>(Role::Assistant),
+               gptoss::harmony::ParseOptions{!*lenient});
+           nlohmann::ordered_json out = nlohmann::ordered_json::array();
+           for (const auto& m : msgs) {
+             nlohmann::ordered_json j;
+             j["role"] = std::string(gptoss::harmony::role_name(m.role));
+             if (m.name) j["name"] = *m.name;
+             if (m.recipient) j["recipient"] = *m.recipient;
+             if (m.channel) j["channel"] = *m.channel;
+             if (m.content_type) j["content_type"] = *m.content_type;
+             j["content"] = m.text_content();
+             out.push_back(j);
+           }
+           std::printf("%s\n", out.dump().c_str());
+           std::fflush(stdout);
+         }
+         return 0;
+       };
+     }});
+
+}  // namespace
