@@ -53,8 +53,6 @@ class ChatOutputMapper {
   const std::string& reasoning() const { return reasoning_; }
   const std::vector<ToolCall>& tool_calls() const { return calls_; }
   bool has_tool_calls() const { return !calls_.empty(); }
-  // Cuts content and reasoning at the first occurrence of `stop` (non-streamed answers).
-  void truncate_at(const std::string& stop);
 
  private:
   enum class Kind { None, Content, Reasoning, Tool };
@@ -73,6 +71,25 @@ class ChatOutputMapper {
   std::string content_, reasoning_;
   std::vector<ToolCall> calls_;
   bool any_output_ = false;
+};
+
+// Stop strings on a stream of text (chat content): feed() returns what is safe to show, holding
+// back a tail that may begin a stop string; once one completes, matched() and the text from it
+// on is dropped.
+class StopMatcher {
+ public:
+  explicit StopMatcher(std::vector<std::string> stops) : stops_(std::move(stops)) {}
+  std::string feed(const std::string& text);
+  std::string flush();  // end of stream: the held-back tail (nothing once matched)
+  bool matched() const { return matched_; }
+  const std::string& matched_stop() const { return which_; }
+  bool empty() const { return stops_.empty(); }
+
+ private:
+  std::vector<std::string> stops_;
+  std::string held_;
+  bool matched_ = false;
+  std::string which_;
 };
 
 }  // namespace gptoss::server

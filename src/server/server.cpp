@@ -173,6 +173,8 @@ struct Server::Handlers {
     bool include_usage = false, continuous_usage = false, logprobs = false;
     bool started = false, done = false;
     int prompt_tokens = 0;
+    int completion_tokens = 0;
+    std::unique_ptr<StopMatcher> stops;  // stop strings, on the content only
   };
 
   json chat_chunk(const ChatStream& st, const json& delta, const json& logprobs, const char* finish) {
@@ -199,8 +201,13 @@ struct Server::Handlers {
                      "messages", "invalid_value"};
     }
     finalize(r, prompt.size(), "messages");
+    // Chat stop strings apply to the visible content, not to harmony headers or reasoning: the
+    // server matches them and cancels the request.
+    std::vector<std::string> stop_strings = std::move(r.sampling.stop);
+    r.sampling.stop.clear();
     auto rs = submit(prompt, r.sampling);
     auto st = std::make_shared<ChatStream>();
+    st->stops = std::make_unique<StopMatcher>(std::move(stop_strings));
     st->rs = rs;
     st->mapper = std::make_unique<ChatOutputMapper>(s.tok_);
     st->id = make_id("chatcmpl-");
@@ -214,25 +221,37 @@ struct Server::Handlers {
     if (!r.stream) {
       json lps = json::array();
       std::optional<EngineEvent> last;
+      std::string content;
+      int prompt_tokens = int(prompt.size()), completion_tokens = 0;
       for (;;) {
         auto ev = rs->next(1000ms);
         if (!ev) continue;
+        ChatDelta d;
         for (size_t i = 0; i < ev->tokens.size(); ++i) {
-          st->mapper->push(ev->tokens[i]);
+          d.append(st->mapper->push(ev->tokens[i]));
           if (i < ev->logprobs.size()) lps.push_back(chat_logprob_entry(s.tok_, ev->logprobs[i]));
         }
+        if (ev->finished) d.append(st->mapper->finish());
+        content += st->stops->feed(d.content);
+        completion_tokens = ev->completion_tokens;
+        if (st->stops->matched()) {
+          rs->cancel();
+          last = EngineEvent{};
+          last->finish_reason = FinishReason::kStop;
+          last->prompt_tokens = prompt_tokens;
+          last->completion_tokens = completion_tokens;
+          break;
+        }
         if (ev->finished) {
+          content += st->stops->flush();
           last = std::move(ev);
           break;
         }
       }
-      st->mapper->finish();
       if (last->finish_reason == FinishReason::kError)
         throw ApiError{500, "Generation failed: " + last->error, "server_error", "", ""};
-      if (!last->stop_string.empty()) st->mapper->truncate_at(last->stop_string);
       json msg = {{"role", "assistant"}};
-      msg["content"] = st->mapper->content().empty() && st->mapper->has_tool_calls() ? json(nullptr)
-                                                                                      : json(st->mapper->content());
+      msg["content"] = content.empty() && st->mapper->has_tool_calls() ? json(nullptr) : json(content);
       if (!st->mapper->reasoning().empty()) {
         msg["reasoning_content"] = st->mapper->reasoning();
         msg["reasoning"] = st->mapper->reasoning();
@@ -278,6 +297,17 @@ struct Server::Handlers {
               if (st->logprobs && i < ev->logprobs.size()) lps.push_back(chat_logprob_entry(s.tok_, ev->logprobs[i]));
             }
             if (ev->finished) d.append(st->mapper->finish());
+            st->completion_tokens = ev->completion_tokens;
+            d.content = st->stops->feed(d.content);
+            if (st->stops->matched()) {
+              // A stop string in the content: end here with "stop".
+              st->rs->cancel();
+              ev->finished = true;
+              ev->finish_reason = FinishReason::kStop;
+              ev->prompt_tokens = st->prompt_tokens;
+            } else if (ev->finished) {
+              d.content += st->stops->flush();
+            }
             json lp = st->logprobs && !lps.empty() ? json{{"content", lps}} : json(nullptr);
             if (!d.empty() || !lp.is_null()) {
               json ch = chat_chunk(*st, delta_json(d), lp, nullptr);

@@ -140,3 +140,25 @@ TEST(ChatFormat, UnformattedOutputStillStreams) {
   EXPECT_EQ(all.content, text);
   EXPECT_EQ(m.content(), text);
 }
+
+TEST(ChatFormat, StopMatcher) {
+  StopMatcher m({"STOP", "xyz"});
+  std::string out;
+  out += m.feed("hello S");
+  EXPECT_EQ(out, "hello ");  // "S" held back
+  out += m.feed("T");
+  out += m.feed("x");  // "ST" released ("STx" cannot become STOP); "x" may begin "xyz"
+  EXPECT_EQ(out, "hello ST");
+  out += m.feed("y and more STO");
+  EXPECT_FALSE(m.matched());
+  out += m.feed("P trailing");
+  EXPECT_TRUE(m.matched());
+  EXPECT_EQ(m.matched_stop(), "STOP");
+  EXPECT_EQ(out, "hello STxy and more ");
+  EXPECT_EQ(m.feed("anything"), "");
+  StopMatcher n({"ab"});
+  EXPECT_EQ(n.feed("xa"), "x");
+  EXPECT_EQ(n.flush(), "a");
+  StopMatcher none({});
+  EXPECT_EQ(none.feed("abc"), "abc");
+}

@@ -171,6 +171,37 @@ TEST(Http, StreamedChatMatchesPlain) {
   EXPECT_EQ(last["usage"], pj["usage"]);
 }
 
+TEST(Http, ChatStopStrings) {
+  Fixture f;
+  json b = chat_body(90);
+  auto plain = f.post("/v1/chat/completions", b.dump());
+  ASSERT_TRUE(plain);
+  std::string content = json::parse(plain->body)["choices"][0]["message"]["content"];
+  ASSERT_GT(content.size(), 20u) << content;
+  std::string stop = content.substr(12, 3);
+  std::string want = content.substr(0, content.find(stop));
+  b["stop"] = {stop};
+  auto r = f.post("/v1/chat/completions", b.dump());
+  json j = json::parse(r->body);
+  EXPECT_EQ(j["choices"][0]["message"]["content"], want);
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "stop");
+  b["stream"] = true;
+  auto s = f.post("/v1/chat/completions", b.dump());
+  bool done;
+  std::string streamed, finish;
+  for (auto& e : sse_events(s->body, &done)) {
+    if (e["choices"].empty()) continue;
+    auto& d = e["choices"][0]["delta"];
+    if (d.contains("content")) streamed += d["content"].get<std::string>();
+    if (!e["choices"][0]["finish_reason"].is_null()) finish = e["choices"][0]["finish_reason"];
+  }
+  EXPECT_TRUE(done);
+  EXPECT_EQ(streamed, want);
+  EXPECT_EQ(finish, "stop");
+  for (int i = 0; i < 1000 && f.engine->num_active() > 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  EXPECT_EQ(f.engine->num_active(), 0);
+}
+
 TEST(Http, Completions) {
   Fixture f;
   auto r = f.post("/v1/completions", json{{"prompt", "Hello world"}, {"max_tokens", 4}, {"temperature", 0}, {"logprobs", 2}}.dump());
