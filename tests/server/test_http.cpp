@@ -299,6 +299,25 @@ TEST(Http, DisconnectFreesSlot) {
   auto ok = f.post("/v1/chat/completions", chat_body(2).dump());
   ASSERT_TRUE(ok);
   EXPECT_EQ(ok->status, 200);
+
+  // A non-streamed request whose client vanishes is cancelled too.
+  int64_t aborted = f.engine->metrics().requests_aborted.load();
+  b["stream"] = false;
+  body = b.dump();
+  req = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: " +
+        std::to_string(body.size()) + "\r\n\r\n" + body;
+  fd = socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_EQ(connect(fd, (sockaddr*)&a, sizeof a), 0);
+  ASSERT_EQ(write(fd, req.data(), req.size()), ssize_t(req.size()));
+  int64_t gen0 = f.engine->metrics().generation_tokens.load();
+  for (int i = 0; i < 2000 && f.engine->metrics().generation_tokens.load() < gen0 + 20; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  EXPECT_EQ(f.engine->num_active(), 1);
+  close(fd);
+  for (int i = 0; i < 2000 && f.engine->num_active() > 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  EXPECT_EQ(f.engine->num_active(), 0);
+  EXPECT_EQ(f.engine->metrics().requests_aborted.load(), aborted + 1);
+  EXPECT_LT(f.engine->metrics().generation_tokens.load(), gen0 + 2000);
 }
 
 TEST(Http, MetricsAndDrain) {
