@@ -183,104 +183,117 @@ TEST(IsaPhase3, NoGpuGivesAClearError) {
   fs::remove_all(o.out_dir);
 }
 
-// Phase 1 on the reduced catalog, all default targets, once for the suite.
-class IsaPhase12 : public ::testing::Test {
- protected:
-  static void SetUpTestSuite() {
-    if (!have_ptxas()) return;
-    probes_ = select_probes(load_catalog(GPTOSS_ISA_CATALOG), {}, "ci");
-    Phase1Options opt;
-    dir_ = tmpdir("p12");
-    opt.out_dir = dir_.string();
-    opt.jobs = 2;
-    opt.quiet = true;
-    p1_ = new Phase1Result(run_phase1(probes_, opt));
-  }
-  static void TearDownTestSuite() {
-    delete p1_;
-    p1_ = nullptr;
-    if (!dir_.empty()) fs::remove_all(dir_);
-  }
-  void SetUp() override {
-    if (!p1_) GTEST_SKIP() << "ptxas not found";
-  }
-  static bool acc(const std::string& p, const std::string& t) {
-    auto* c = p1_->find(p, t);
-    EXPECT_TRUE(c) << p << " " << t;
-    return c && c->accepted;
-  }
-  static const std::string& own(const Phase2Result& r, const std::string& probe, const std::string& target) {
-    static std::string s;
-    s.clear();
-    for (auto& e : r.entries)
-      if (e.probe == probe && e.target == target)
-        for (auto& [op, n] : e.opcodes) s += op + " ";
-    return s;
-  }
-  static inline std::vector<Probe> probes_;
-  static inline fs::path dir_;
-  static inline Phase1Result* p1_ = nullptr;
-};
-
-TEST_F(IsaPhase12, Phase1MatchesKnownFacts) {
-  ASSERT_EQ(p1_->results.size(), probes_.size() * 4);
+namespace {
+bool accepted(const Phase1Result& r, const std::string& p, const std::string& t) {
+  auto* c = r.find(p, t);
+  EXPECT_TRUE(c) << p << " " << t;
+  return c && c->accepted;
+}
+std::string own(const Phase2Result& r, const std::string& probe, const std::string& target) {
+  std::string s;
+  for (auto& e : r.entries)
+    if (e.probe == probe && e.target == target)
+      for (auto& [op, n] : e.opcodes) s += op + " ";
+  return s;
+}
+// The facts every phase 1 result must show (issue 6).
+void expect_known_facts(const Phase1Result& r) {
   for (auto t : {"sm_90a", "sm_100a", "sm_120a", "sm_121a"}) {
     SCOPED_TRACE(t);
     std::string ts = t;
-    // Plain warp-level bf16 MMA everywhere.
-    EXPECT_TRUE(acc("mma.m16n8k16.f32.bf16", t));
-    // wgmma only on sm_90a.
-    EXPECT_EQ(acc("wgmma.fence", t), ts == "sm_90a");
-    EXPECT_EQ(acc("wgmma.m64n128k16.f32.bf16.rs", t), ts == "sm_90a");
-    // Block-scaled MXFP4 mma.sync only on the 12x family.
     bool is12x = ts == "sm_120a" || ts == "sm_121a";
-    EXPECT_EQ(acc("mma.kind::mxf4.block_scale.scale_vec::2X.e2m1", t), is12x);
-    // tcgen05 on sm_100a (not on 90a nor 12x).
-    EXPECT_EQ(acc("tcgen05.alloc", t), ts == "sm_100a");
-    EXPECT_EQ(acc("tcgen05.mma.kind::f16", t), ts == "sm_100a");
-    // Hopper-and-later features everywhere.
-    EXPECT_TRUE(acc("mbarrier.try_wait.parity", t));
-    EXPECT_TRUE(acc("cp.async.bulk.g2s", t));
-    EXPECT_TRUE(acc("elect.sync", t));
-    EXPECT_TRUE(acc("cvt.e4m3x2.f32", t));
+    EXPECT_TRUE(accepted(r, "mma.m16n8k16.f32.bf16", t));  // warp-level bf16 MMA everywhere
+    EXPECT_EQ(accepted(r, "wgmma.fence", t), ts == "sm_90a");  // wgmma only on sm_90a
+    EXPECT_EQ(accepted(r, "wgmma.m64n128k16.f32.bf16.rs", t), ts == "sm_90a");
+    EXPECT_EQ(accepted(r, "mma.kind::mxf4.block_scale.scale_vec::2X.e2m1", t), is12x);  // MXFP4 mma.sync: 12x
+    EXPECT_EQ(accepted(r, "tcgen05.alloc", t), ts == "sm_100a");  // tcgen05: sm_100a
+    EXPECT_EQ(accepted(r, "tcgen05.mma.kind::f16", t), ts == "sm_100a");
+    EXPECT_EQ(accepted(r, "cvt.e2m1x2.f32", t), ts != "sm_90a");  // FP4 conversions: Blackwell
+    EXPECT_TRUE(accepted(r, "mbarrier.try_wait.parity", t));
+    EXPECT_TRUE(accepted(r, "cp.async.bulk.g2s", t));
+    EXPECT_TRUE(accepted(r, "elect.sync", t));
+    EXPECT_TRUE(accepted(r, "cvt.e4m3x2.f32", t));
   }
-  // Rejections carry ptxas's own words.
-  auto* rej = p1_->find("wgmma.fence", "sm_100a");
+  auto* rej = r.find("wgmma.fence", "sm_100a");  // rejections carry ptxas's own words
   ASSERT_TRUE(rej);
-  EXPECT_NE(rej->message.find("wgmma"), std::string::npos) << rej->message;
+  EXPECT_NE(rej->message.find("not supported on .target 'sm_100a'"), std::string::npos) << rej->message;
+}
+}  // namespace
+
+// Phase 1 on the reduced catalog (tag ci), all default targets, with the real ptxas.
+TEST(IsaPhase12, Phase1MatchesKnownFacts) {
+  if (!have_ptxas()) GTEST_SKIP() << "ptxas not found";
+  auto probes = select_probes(load_catalog(GPTOSS_ISA_CATALOG), {}, "ci");
+  Phase1Options opt;
+  fs::path dir = tmpdir("p1");
+  opt.out_dir = dir.string(), opt.jobs = 2, opt.quiet = true;
+  auto r = run_phase1(probes, opt);
+  ASSERT_EQ(r.results.size(), probes.size() * 4);
+  expect_known_facts(r);
   // Outputs round-trip.
-  EXPECT_TRUE(fs::exists(dir_ / "matrix.md"));
-  auto back = phase1_from_json(nlohmann::json::parse(read(dir_ / "phase1.json")));
-  EXPECT_EQ(back.results.size(), p1_->results.size());
+  EXPECT_NE(read(dir / "matrix.md").find("| `wgmma.fence` |"), std::string::npos);
+  EXPECT_TRUE(fs::exists(dir / "cubins" / "sm_100a" / "tcgen05.alloc.cubin"));
+  auto back = phase1_from_json(nlohmann::json::parse(read(dir / "phase1.json")));
+  EXPECT_EQ(back.results.size(), r.results.size());
   EXPECT_TRUE(back.find("tcgen05.alloc", "sm_100a")->accepted);
+  fs::remove_all(dir);
 }
 
-// Phase 2 over disassemblies recorded on the GPU machine (CUDA 13.0 cuobjdump) for the reduced
-// catalog: CI machines have ptxas but no disassembler.
-TEST_F(IsaPhase12, Phase2FromRecordedSass) {
-  fs::path rec = fs::path(GPTOSS_TEST_DATA) / "isa_audit" / "sass";
-  if (!fs::exists(rec)) GTEST_SKIP() << "no recorded SASS in " << rec;
-  fs::path d = dir_ / "recorded";
-  fs::create_directories(d);
-  fs::copy(rec, d / "sass", fs::copy_options::recursive | fs::copy_options::overwrite_existing);
+// Phase 2 over the full run recorded on the GPU machine (CUDA 13.0 ptxas + cuobjdump, reduced to
+// the ci probes): CI machines have ptxas but no disassembler.
+TEST(IsaPhase12, Phase2FromRecordedSass) {
+  auto full = phase1_from_json(nlohmann::json::parse(read(GPTOSS_ISA_RECORDED "/phase1.json")));
+  EXPECT_GE(full.probes.size(), 300u);
+  expect_known_facts(full);
+  Phase1Result p1 = full;
+  p1.probes.clear(), p1.results.clear();
+  for (auto& p : full.probes)
+    if (p.has_tag("ci")) p1.probes.push_back(p);
+  for (auto& c : full.results)
+    for (auto& p : p1.probes)
+      if (p.name == c.probe) p1.results.push_back(c);
+  fs::path d = tmpdir("p2rec");
+  fs::copy(fs::path(GPTOSS_TEST_DATA) / "isa_audit" / "sass", d / "sass", fs::copy_options::recursive);
   Phase2Options o;
   o.out_dir = d.string(), o.from_sass = true, o.jobs = 2, o.quiet = true;
-  auto r = run_phase2(*p1_, o);
-  EXPECT_NE(own(r, "mma.m16n8k16.f32.bf16", "sm_90a").find("HMMA"), std::string::npos);
-  EXPECT_NE(own(r, "wgmma.m64n128k16.f32.bf16.rs", "sm_90a").find("HGMMA"), std::string::npos);
-  EXPECT_NE(own(r, "tcgen05.mma.kind::f16", "sm_100a").find("UTC"), std::string::npos);
-  EXPECT_FALSE(own(r, "mma.kind::mxf4.block_scale.scale_vec::2X.e2m1", "sm_120a").empty());
+  auto r = run_phase2(p1, o);
+  for (auto& e : r.entries) EXPECT_TRUE(e.ok) << e.probe << " " << e.target << ": " << e.message;
+  for (auto t : {"sm_90a", "sm_100a", "sm_120a", "sm_121a"})
+    EXPECT_NE(own(r, "mma.m16n8k16.f32.bf16", t).find("HMMA.16816.F32.BF16"), std::string::npos) << t;
+  EXPECT_NE(own(r, "wgmma.m64n128k16.f32.bf16.rs", "sm_90a").find("HGMMA.64x128x16.F32.BF16"), std::string::npos);
+  EXPECT_NE(own(r, "tcgen05.mma.kind::f16", "sm_100a").find("UTCHMMA"), std::string::npos);
+  for (auto t : {"sm_120a", "sm_121a"})  // native block-scaled FP4 MMA on 12x
+    EXPECT_NE(own(r, "mma.kind::mxf4.block_scale.scale_vec::2X.e2m1", t).find("OMMA.SF.16864.F32.E2M1.E2M1"),
+              std::string::npos) << t;
+  EXPECT_NE(own(r, "cvt.e2m1x2.f32", "sm_100a").find("F2FP.SATFINITE.E2M1.F32"), std::string::npos);
+  EXPECT_TRUE(own(r, "mma.m16n8k16.f32.bf16", "sm_90a").find("LDG") == std::string::npos);  // wrapper subtracted
   EXPECT_TRUE(fs::exists(d / "sass_table.md"));
-  for (auto t : {"sm_90a", "sm_100a", "sm_120a", "sm_121a"}) EXPECT_GT(r.distinct[t].size(), 10u) << t;
+  EXPECT_TRUE(r.distinct["sm_90a"].count("HGMMA.64x128x16.F32.BF16"));
+  EXPECT_FALSE(r.distinct["sm_100a"].count("HGMMA.64x128x16.F32.BF16"));
+  fs::remove_all(d);
 }
 
-// Phase 2 with a live disassembler, where one is installed.
-TEST_F(IsaPhase12, Phase2Live) {
-  if (find_tool("cuobjdump").empty() && find_tool("nvdisasm").empty())
-    GTEST_SKIP() << "no cuobjdump/nvdisasm on this machine";
+// Phase 2 with a live disassembler where one is installed; elsewhere it must say what is missing.
+TEST(IsaPhase12, Phase2Live) {
+  if (!have_ptxas()) GTEST_SKIP() << "ptxas not found";
+  auto probes = select_probes(load_catalog(GPTOSS_ISA_CATALOG), {"mma.m16n8k16.f32.bf16", "wgmma.fence"}, "");
+  Phase1Options opt;
+  fs::path dir = tmpdir("p2live");
+  opt.out_dir = dir.string(), opt.jobs = 2, opt.quiet = true, opt.targets = {"sm_90a", "sm_120a"};
+  auto p1 = run_phase1(probes, opt);
   Phase2Options o;
-  o.out_dir = dir_.string(), o.jobs = 2, o.quiet = true;
-  auto r = run_phase2(*p1_, o);
-  EXPECT_NE(own(r, "mma.m16n8k16.f32.bf16", "sm_90a").find("HMMA"), std::string::npos);
-  EXPECT_FALSE(r.distinct["sm_90a"].empty());
+  o.out_dir = dir.string(), o.jobs = 2, o.quiet = true;
+  if (find_tool("cuobjdump").empty() && find_tool("nvdisasm").empty()) {
+    try {
+      run_phase2(p1, o);
+      ADD_FAILURE() << "phase 2 ran without a disassembler";
+    } catch (const gptoss::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("cuobjdump or nvdisasm"), std::string::npos) << e.what();
+    }
+  } else {
+    auto r = run_phase2(p1, o);
+    EXPECT_NE(own(r, "mma.m16n8k16.f32.bf16", "sm_90a").find("HMMA"), std::string::npos);
+    EXPECT_FALSE(r.distinct["sm_90a"].empty());
+  }
+  fs::remove_all(dir);
 }

@@ -19,7 +19,7 @@ struct Opts {
   std::string catalog, tag, out = "isa-audit-out", disasm, ptx_version;
   std::vector<std::string> targets{"sm_90a", "sm_100a", "sm_120a", "sm_121a"}, filters;
   int jobs = 0;
-  bool from_sass = false, quiet = false;
+  bool from_sass = false, quiet = false, p3_report = false;
   Phase3Options p3;
   // child
   std::string c_cubin, c_kernel = "p3", c_values;
@@ -101,6 +101,10 @@ std::function<int()> setup_cli(void* app_ptr, std::vector<std::string> prefix) {
   p3->add_option("--workers", o->p3.workers, "child processes at a time")->capture_default_str();
   p3->add_option("--max-variants", o->p3.max_variants, "cap on variants (0: all)");
   p3->add_option("--nvdisasm", o->p3.disassembler, "nvdisasm to use");
+  p3->add_flag("--known-first", o->p3.known_first, "run the variants nvdisasm decodes first");
+  p3->add_option("--disasm-share", o->p3.disasm_share, "share of the budget for the nvdisasm pre-pass")
+      ->capture_default_str();
+  p3->add_flag("--report", o->p3_report, "only rebuild phase3.md from the recorded phase3.jsonl (no GPU)");
   auto* ch = app->add_subcommand("phase3-child", "")->group("");  // internal
   ch->add_option("--cubin", o->c_cubin)->required();
   ch->add_option("--kernel", o->c_kernel);
@@ -132,7 +136,7 @@ std::function<int()> setup_cli(void* app_ptr, std::vector<std::string> prefix) {
     }
     if (p3->parsed()) {
       o->p3.out_dir = o->out, o->p3.quiet = o->quiet;
-      auto s = run_phase3(o->p3);
+      auto s = o->p3_report ? phase3_report(o->p3) : run_phase3(o->p3);
       std::printf("phase3: %zu of %zu variants recorded, %.1f s this run -> %s/phase3.md\n", s.tried, s.planned,
                   s.seconds, o->out.c_str());
       for (auto& [k, n] : s.by_class) std::printf("  %-20s %zu\n", k.c_str(), n);

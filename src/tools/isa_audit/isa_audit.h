@@ -170,6 +170,8 @@ struct Phase3Options {
   std::string disassembler;   // nvdisasm, for known/unknown; empty: find
   std::string target = "sm_90";
   size_t max_variants = 0;    // 0: all
+  bool known_first = false;   // run variants nvdisasm decodes first (default: those it cannot decode)
+  double disasm_share = 0.3;  // at most this share of the budget for the nvdisasm pre-pass
   bool quiet = false;
 };
 struct Phase3Record {
@@ -183,11 +185,17 @@ struct Phase3Record {
 };
 struct Phase3Summary {
   size_t tried = 0, planned = 0;
-  double seconds = 0;
+  double seconds = 0;        // this run
+  double seconds_total = 0;  // all runs on this output directory (phase 3 resumes)
   std::map<std::string, size_t> by_class;
   std::vector<Phase3Record> records;
 };
 Phase3Summary run_phase3(const Phase3Options& opt);
+// Rebuilds phase3.md from phase3.jsonl and phase3_summary.json in opt.out_dir (no GPU needed).
+Phase3Summary phase3_report(const Phase3Options& opt);
+// What nvdisasm said about a patched instruction: "decodes", "opclass X, fields undefined",
+// "unrecognized opcode", "does not decode" or "not checked".
+std::string disasm_verdict(const Phase3Record& r);
 // The child side (runs in its own process): loads `cubin` patched at `offset` with each value and
 // prints one line per variant. Returns the exit code.
 int phase3_child(const std::string& cubin, const std::string& kernel, uint64_t offset, int bit0,

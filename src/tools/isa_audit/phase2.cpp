@@ -226,6 +226,18 @@ std::string phase2_markdown(const Phase1Result& p1, const Phase2Result& r) {
       if (!elsewhere) only += "`" + b + "` ";
     }
     o << (only.empty() ? "(none)" : only) << "\n\n";
+    // The same against other families only (sm_120a and sm_121a are one family, "sm_12").
+    auto family = [](const std::string& t) { return t.substr(0, t.find_last_of("0123456789")); };
+    std::string fam = family(t), only_fam;
+    for (auto& b : bases) {
+      bool elsewhere = false;
+      for (auto& [t2, s2] : r.distinct)
+        if (family(t2) != fam)
+          for (auto& op : s2)
+            if (op.substr(0, op.find('.')) == b) elsewhere = true;
+      if (!elsewhere) only_fam += "`" + b + "` ";
+    }
+    o << "Only in the " << fam << "x family: " << (only_fam.empty() ? "(none)" : only_fam) << "\n\n";
   }
   return o.str();
 }

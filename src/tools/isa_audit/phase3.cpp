@@ -408,7 +408,7 @@ Phase3Summary run_phase3(const Phase3Options& opt) {
     auto worker = [&](int id) {
       fs::path f = tmp / ("v" + std::to_string(id) + ".cubin");
       for (size_t i; (i = next++) < todo.size();) {
-        if (since(t0) > opt.budget_s * 0.3) break;
+        if (since(t0) > opt.budget_s * opt.disasm_share) break;
         auto& t = todo[i];
         t.disasm.clear();
         std::string img = bytes;
@@ -424,7 +424,19 @@ Phase3Summary run_phase3(const Phase3Options& opt) {
               std::transform(u.begin(), u.end(), u.begin(), ::toupper);
               t.known = u.find('?') == std::string::npos && u.rfind("UNKNOWN", 0) && u.rfind("INVALID", 0);
             }
-        if (!t.known) {
+        if (!t.known && r.exit_code == 0) {
+          char mark[16];
+          std::snprintf(mark, sizeof mark, "/*%04x*/", t.site->insn_offset);
+          size_t p = r.out.find(mark);
+          if (p != std::string::npos) {
+            size_t e = r.out.find('\n', p);
+            std::string line = r.out.substr(p + std::strlen(mark), e == std::string::npos ? std::string::npos : e - p - std::strlen(mark));
+            size_t a = line.find_first_not_of(" \t");
+            t.disasm = "(printed: " + (a == std::string::npos ? std::string() : line.substr(a, 120)) + ")";
+          } else {
+            t.disasm = "(nvdisasm printed no instruction at the site)";
+          }
+        } else if (!t.known) {
           std::string m = r.err;
           while (!m.empty() && (m.back() == '\n' || m.back() == '\r')) m.pop_back();
           t.disasm = m.empty() ? "" : "(nvdisasm: " + m.substr(0, 160) + ")";
@@ -438,7 +450,9 @@ Phase3Summary run_phase3(const Phase3Options& opt) {
     fs::remove_all(tmp);
   }
   // Unknown-to-the-disassembler variants first: they are the point of the audit.
-  std::stable_sort(todo.begin(), todo.end(), [](const Todo& a, const Todo& b) { return !a.known && b.known; });
+  std::stable_sort(todo.begin(), todo.end(), [&](const Todo& a, const Todo& b) {
+    return opt.known_first ? (a.known && !b.known) : (!a.known && b.known);
+  });
   std::map<std::pair<const Site*, uint32_t>, const Todo*> info;
   for (auto& t : todo) info[{t.site, t.value}] = &t;
   // Step B: run on the GPU, `workers` children at a time, chunks of values per child.
@@ -551,16 +565,30 @@ Phase3Summary run_phase3(const Phase3Options& opt) {
     if (stopping)
       for (auto& c : kids) c.pending.clear();
   }
+  for (size_t i = 0; i < kids.size(); ++i) {
+    std::error_code ec;
+    fs::remove(out / ("values_" + std::to_string(i) + ".txt"), ec);
+  }
   Phase3Summary s;
   s.planned = planned;
   s.seconds = since(t0);
+  double before = 0;  // time spent by earlier (resumed) runs on this output directory
+  if (fs::exists(out / "phase3_summary.json")) try {
+      {
+        auto pj = json::parse(read_file(out / "phase3_summary.json"));
+        before = pj.value("seconds_total", pj.value("seconds_this_run", 0.0));
+      }
+    } catch (...) {
+    }
+  s.seconds_total = before + s.seconds;
   for (auto& [k, r] : done) {
     s.records.push_back(r);
     ++s.by_class[r.klass];
   }
   s.tried = s.records.size();
   write_file(out / "phase3.md", phase3_markdown(s, opt));
-  json sj = {{"tried", s.tried}, {"planned", s.planned}, {"seconds_this_run", s.seconds}, {"by_class", s.by_class},
+  json sj = {{"tried", s.tried}, {"planned", s.planned}, {"seconds_this_run", s.seconds},
+             {"seconds_total", s.seconds_total}, {"by_class", s.by_class},
              {"field_bit0", opt.field_bit0}, {"field_bits", opt.field_bits}, {"sites", json::array()}};
   for (auto& st : sites)
     sj["sites"].push_back({{"name", st.name}, {"offset", st.insn_offset}, {"original_field", st.original}});
@@ -568,29 +596,79 @@ Phase3Summary run_phase3(const Phase3Options& opt) {
   return s;
 }
 
+Phase3Summary phase3_report(const Phase3Options& opt) {
+  fs::path out = opt.out_dir;
+  Phase3Summary s;
+  auto sj = json::parse(read_file(out / "phase3_summary.json"));
+  s.planned = sj.value("planned", size_t(0));
+  s.seconds = sj.value("seconds_this_run", 0.0);
+  s.seconds_total = sj.value("seconds_total", s.seconds);
+  std::map<std::pair<std::string, uint32_t>, Phase3Record> done;
+  std::ifstream f(out / "phase3.jsonl");
+  if (!f) throw Error("no " + (out / "phase3.jsonl").string());
+  for (std::string line; std::getline(f, line);) {
+    if (line.empty()) continue;
+    auto j = json::parse(line);
+    Phase3Record r{j["site"], j["value"], j["class"], j["detail"], j["disasm"], j["known"], j["seconds"]};
+    done[{r.site, r.value}] = r;
+  }
+  for (auto& [k, r] : done) s.records.push_back(r), ++s.by_class[r.klass];
+  s.tried = s.records.size();
+  write_file(out / "phase3.md", phase3_markdown(s, opt));
+  return s;
+}
+
+std::string disasm_verdict(const Phase3Record& r) {
+  if (r.known) return "decodes";
+  if (r.disasm == "(not checked)") return "not checked";
+  auto p = r.disasm.find("Opclass '");
+  if (p != std::string::npos) {
+    auto e = r.disasm.find('\'', p + 9);
+    return "opclass " + r.disasm.substr(p + 9, e - p - 9) + ", fields undefined";
+  }
+  if (r.disasm.find("Unrecognized operation") != std::string::npos) return "unrecognized opcode";
+  if (r.disasm.empty()) return "no verdict recorded";
+  return "does not decode";
+}
+
 std::string phase3_markdown(const Phase3Summary& s, const Phase3Options& opt) {
   std::ostringstream o;
   o << "# SASS binary audit (phase 3)\n\n" << s.tried << " variants recorded of " << s.planned
     << " planned (field bits " << opt.field_bit0 << ".." << opt.field_bit0 + opt.field_bits - 1
-    << " of the 128-bit instruction word); this run took " << int(s.seconds + 0.5) << " s.\n\n| class | count |\n|---|---|\n";
+    << " of the 128-bit instruction word); " << int(s.seconds_total + 0.5) << " s of runs in all (the last one "
+    << int(s.seconds + 0.5) << " s).\n\n| class | count |\n|---|---|\n";
   for (auto& [k, n] : s.by_class) o << "| " << k << " | " << n << " |\n";
-  std::map<std::string, std::map<std::string, int>> cross;  // class -> known/unknown
-  for (auto& r : s.records)
-    ++cross[r.klass][r.known ? "names" : r.disasm == "(not checked)" ? "unchecked" : "not"];
-  o << "\n| class | nvdisasm names it | nvdisasm does not | not checked |\n|---|---|---|---|\n";
+  std::map<std::string, std::map<std::string, int>> cross;  // class -> verdict kind
+  for (auto& r : s.records) {
+    std::string v = disasm_verdict(r);
+    ++cross[r.klass][v.rfind("opclass", 0) == 0 ? "opclass" : v];
+  }
+  o << "\nWhat nvdisasm says about each patched instruction: `decodes` (prints an instruction), `opclass "
+       "known` (it names the opcode class but rejects the other fields: 'Opclass X, undefined value'), "
+       "`unrecognized` ('Unrecognized operation for functional unit').\n\n"
+    << "| class | decodes | opclass known | unrecognized | other | not checked |\n|---|---|---|---|---|---|\n";
   for (auto& [k, m] : cross)
-    o << "| " << k << " | " << m["names"] << " | " << m["not"] << " | " << m["unchecked"] << " |\n";
-  o << "\n## Executed, but the disassembler does not name the opcode\n\n| site | field value | class | detail | nvdisasm |\n|---|---|---|---|---|\n";
+    o << "| " << k << " | " << m["decodes"] << " | " << m["opclass"] << " | " << m["unrecognized opcode"] << " | "
+      << m["does not decode"] + m["no verdict recorded"] << " | " << m["not checked"] << " |\n";
+  o << "\n## Executed, but the disassembler does not decode the instruction\n\n| site | field value | class | nvdisasm verdict | output vs unpatched | nvdisasm |\n|---|---|---|---|---|---|\n";
   int n = 0;
   for (auto& r : s.records)
     if (!r.known && r.disasm != "(not checked)" &&
         (r.klass == "ran_same" || r.klass == "ran_diff" || r.klass == "original")) {
       char v[16];
       std::snprintf(v, sizeof v, "0x%03x", r.value);
-      o << "| " << r.site << " | " << v << " | " << r.klass << " | " << r.detail << " | " << r.disasm << " |\n";
+      std::string d = r.disasm.substr(0, r.disasm.find('\n'));
+      o << "| " << r.site << " | " << v << " | " << r.klass << " | " << disasm_verdict(r) << " | " << r.detail << " | " << d
+        << " |\n";
       ++n;
     }
-  if (!n) o << "| (none) | | | | |\n";
+  if (!n) o << "| (none) | | | | | |\n";
+  // Unrecognized opcodes by outcome: does the hardware agree with the disassembler?
+  std::map<std::string, int> unrec;
+  for (auto& r : s.records)
+    if (disasm_verdict(r) == "unrecognized opcode") ++unrec[r.klass];
+  o << "\n## Opcodes nvdisasm does not recognize: what the hardware did\n\n| class | count |\n|---|---|\n";
+  for (auto& [k, c] : unrec) o << "| " << k << " | " << c << " |\n";
   o << "\n## Named by the disassembler: outcome per mnemonic\n\n| mnemonic | variants | ran_same | ran_diff | illegal | other |\n|---|---|---|---|---|---|\n";
   std::map<std::string, std::array<int, 5>> per;
   for (auto& r : s.records)
