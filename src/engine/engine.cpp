@@ -49,7 +49,7 @@ Engine::Engine(Backend& backend, EngineConfig cfg) : backend_(backend), cfg_(std
   KvCacheConfig kvc = backend_.kv_config();
   kvc.page_size = cfg_.page_size;
   int64_t tokens = cfg_.kv_cache_tokens;
-  size_t bytes = backend_.kv_memory_available();
+  size_t bytes = cfg_.kv_cache_bytes > 0 ? cfg_.kv_cache_bytes : backend_.kv_memory_available();
   if (tokens <= 0 && bytes == 0) {
     // No device limit (the CPU backend): enough for max_num_seqs full contexts, at most 256K
     // positions and about 1 GiB of f32 full-attention cache.

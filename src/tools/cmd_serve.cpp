@@ -27,6 +27,7 @@ struct Args {
   std::string tokenizer;
   std::string kv_cache_dtype = "bf16";
   double max_body_mb = 8;
+  double kv_cache_gb = 0;
 };
 
 int run_serve(Args& a) {
@@ -62,6 +63,7 @@ int run_serve(Args& a) {
   } else if (a.kv_cache_dtype != "bf16") {
     throw gptoss::Error("--kv-cache-dtype must be bf16 or fp8");
   }
+  if (a.kv_cache_gb > 0) a.engine.kv_cache_bytes = size_t(a.kv_cache_gb * double(size_t(1) << 30));
   a.engine.stop_token_ids = gptoss::server::default_stop_tokens(tok, backend->config());
   a.engine.token_text = gptoss::server::token_text_fn(tok);
   gptoss::Engine engine(*backend, a.engine);
@@ -112,6 +114,8 @@ gptoss::tools::RegisterCommand reg({"serve", "Serve a model through an OpenAI-co
       ->capture_default_str();
   app->add_option("--kv-cache-tokens", a->engine.kv_cache_tokens,
                   "Positions in the KV cache (default: from device memory; on cpu max-num-seqs x max-model-len, at most 256K and ~1 GiB)");
+  app->add_option("--kv-cache-memory", a->kv_cache_gb,
+                  "GiB for the KV cache when --kv-cache-tokens is not given (default: what the device has left)");
   app->add_option("--kv-cache-dtype", a->kv_cache_dtype, "bf16 or fp8")->capture_default_str();
   app->add_option("--mxfp4-layers", a->backend.mxfp4_layers, "Layers quantized to MXFP4 at load (cuda)")->capture_default_str();
   app->add_option("--mxfp4-backend", a->backend.mxfp4_backend, "MXFP4 kernel family (cuda)")->capture_default_str();

@@ -344,3 +344,16 @@ TEST(Engine, StopAbortsPending) {
   e.stop();
   EXPECT_EQ(collect(*a).reason, FinishReason::kAbort);
 }
+
+TEST(Engine, KvCacheBytesBudget) {
+  FakeBackend be;
+  EngineConfig c = small_cfg();
+  c.kv_cache_tokens = 0;
+  c.kv_cache_bytes = size_t(1) << 20;
+  Engine e(be, c);
+  const auto& kc = e.kv_config();
+  size_t used = size_t(kc.num_pages[0]) * kv_page_bytes(be.config(), kKvFull, c.page_size, DType::BF16) +
+                size_t(kc.num_pages[1]) * kv_page_bytes(be.config(), kKvSliding, c.page_size, DType::BF16);
+  EXPECT_LE(used, c.kv_cache_bytes);
+  EXPECT_GT(kc.num_pages[0], 100);
+}
