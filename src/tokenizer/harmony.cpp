@@ -772,6 +772,21 @@ void StreamParser::end_message(std::optional<TokenId> end, std::vector<ParserEve
 }
 
 std::vector<ParserEvent> StreamParser::push(TokenId token) {
+  try {
+    return push_impl(token);
+  } catch (const Error&) {
+    // A malformed stream: drop the partial message and wait for the next <|start|>.
+    state_ = State::ExpectStart;
+    next_role_.reset();
+    header_tokens_.clear();
+    content_.clear();
+    pending_bytes_.clear();
+    last_delta_.reset();
+    throw;
+  }
+}
+
+std::vector<ParserEvent> StreamParser::push_impl(TokenId token) {
   std::vector<ParserEvent> ev;
   tokens_.push_back(token);
   last_delta_.reset();
@@ -859,6 +874,9 @@ std::vector<ParserEvent> StreamParser::finish() {
   switch (state_) {
     case State::ExpectStart: break;
     case State::Header:
+      state_ = State::ExpectStart;
+      next_role_.reset();
+      header_tokens_.clear();
       throw Error("harmony: the stream ended inside a message header");
     case State::Content: end_message(std::nullopt, ev); break;
   }

@@ -158,7 +158,8 @@ struct ParserEvent {
 
 // Parses sampled tokens into messages, one token at a time. `role` is the role of the first
 // message when the prompt ended in "<|start|>ROLE" (nullopt: the tokens begin with <|start|>).
-// Malformed input throws gptoss::Error (the parser is then in no defined state); it never
+// Malformed input throws gptoss::Error; the partial message is then dropped and the parser
+// waits for the next <|start|> (messages() keeps the messages completed before). It never
 // crashes and never emits broken UTF-8.
 class StreamParser {
  public:
@@ -183,6 +184,7 @@ class StreamParser {
 
  private:
   enum class State { ExpectStart, Header, Content };
+  std::vector<ParserEvent> push_impl(TokenId token);
   ParsedHeader parse_header(const std::string& text, std::optional<Role> role, bool parse_meta,
                             std::string* remaining) const;
   void end_message(std::optional<TokenId> end, std::vector<ParserEvent>& ev);

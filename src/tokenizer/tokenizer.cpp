@@ -221,6 +221,11 @@ void Tokenizer::Impl::bpe(std::string_view piece, std::vector<TokenId>& out) con
     out.push_back(TokenId(id));
     return;
   }
+  if (!whole.empty())
+    if (uint32_t id = whole.id(piece); id != ByteMap::kMissing) {
+      out.push_back(TokenId(id));
+      return;
+    }
   if (piece.size() > kLongPiece) {
     bpe_long(piece, out);
     return;
@@ -466,12 +471,12 @@ void Tokenizer::Impl::finish(const std::vector<ByteMap::Entry>& entries,
   bytes_of.assign(n, std::string());
   present.assign(n, 0);
   special.assign(n, 0);
-  id_of_bytes.reserve(all.size() * 2);
   for (auto& [b, id] : all) {
     if (id < 0) throw Error("tokenizer: negative token id");
-    bytes_of[id] = b;
     present[id] = 1;
-    id_of_bytes.emplace(b, id);
+    // token_id() looks in `ranks` first: only tokens BPE cannot produce need another entry.
+    if (ranks.id(b) != uint32_t(id)) id_of_bytes.emplace(b, id);
+    bytes_of[id] = std::move(b);
   }
   std::sort(specials_in.begin(), specials_in.end(),
             [](auto& a, auto& b) { return a.second < b.second; });
@@ -595,7 +600,7 @@ struct TokenizerJsonSax : nlohmann::json_sax<nlohmann::json> {
     size_t items = 0;
   };
   std::vector<Frame> st;
-  bool have_model = false, have_vocab = false;
+  bool have_model = false, have_vocab = false, ignore_merges = false;
   std::string model_type = "BPE";
   std::vector<std::pair<std::string, int64_t>> vocab;  // byte-level strings
   std::vector<std::pair<std::string, std::string>> merges;
@@ -640,7 +645,10 @@ struct TokenizerJsonSax : nlohmann::json_sax<nlohmann::json> {
     return true;
   }
   bool null() override { return true; }
-  bool boolean(bool) override { return true; }
+  bool boolean(bool v) override {
+    if (at(2, "model", "ignore_merges")) ignore_merges = v;
+    return true;
+  }
   bool number_integer(number_integer_t v) override { return value_number(v); }
   bool number_unsigned(number_unsigned_t v) override {
     return value_number(v > uint64_t(INT64_MAX) ? -1 : int64_t(v));
@@ -737,12 +745,17 @@ Tokenizer Tokenizer::from_tokenizer_json(const std::string& path) {
   }
   sax.merges.clear();
   entries.reserve(vocab.size());
+  std::vector<ByteMap::Entry> whole;  // with ignore_merges: tokens no merge produces
   for (auto& [bs, id] : vocab) {
     if (auto it = merged.find(bs); it != merged.end())
       entries.push_back({bs, it->second, uint32_t(id)});
     else if (bs.size() == 1)
       entries.push_back({bs, uint32_t(uint8_t(bs[0])), uint32_t(id)});
+    else if (sax.ignore_merges)
+      whole.push_back({bs, ByteMap::kMissing, uint32_t(id)});
   }
+  // ignore_merges: a pre-tokenized piece that is a vocab entry is that token, merges or not.
+  if (!whole.empty()) impl->whole.build(whole);
   // Pre-tokenizer: the Split regex if there is one, else o200k's.
   impl->regex = std::make_shared<Regex>(sax.regex ? *sax.regex : std::string(kO200kPattern));
   std::vector<std::pair<std::string, TokenId>> specials;
@@ -843,6 +856,7 @@ std::string Tokenizer::decode(std::span<const TokenId> ids) const {
 std::optional<TokenId> Tokenizer::token_id(std::string_view name) const {
   auto it = impl_->specials_by_name.find(std::string(name));
   if (it != impl_->specials_by_name.end()) return it->second;
+  if (uint32_t id = impl_->ranks.id(name); id != ByteMap::kMissing) return TokenId(id);
   auto jt = impl_->id_of_bytes.find(std::string(name));
   if (jt != impl_->id_of_bytes.end()) return jt->second;
   return std::nullopt;
@@ -941,7 +955,7 @@ void write_harmony_tokenizer_json(const std::string& tiktoken_path, const std::s
   f << "  \"decoder\": {\"type\": \"ByteLevel\", \"add_prefix_space\": true, \"trim_offsets\": true,"
        " \"use_regex\": true},\n";
   f << "  \"model\": {\n    \"type\": \"BPE\", \"dropout\": null, \"unk_token\": null,"
-       " \"continuing_subword_prefix\": \"\", \"end_of_word_suffix\": \"\","
+       " \"continuing_subword_prefix\": null, \"end_of_word_suffix\": null,"
        " \"fuse_unk\": false, \"byte_fallback\": false, \"ignore_merges\": false,\n";
   f << "    \"vocab\": {";
   for (uint32_t r = 0; r < tokens.size(); ++r)

@@ -33,6 +33,7 @@ class ByteMap {
     return sl ? sl->id : kMissing;
   }
   static uint64_t hash(std::string_view s);
+  bool empty() const { return slots_.empty(); }
 
  private:
   static constexpr uint32_t kEmpty = 0xFFFFFFFFu;
@@ -77,6 +78,7 @@ size_t utf8_decode_lossy(std::string_view in, std::string& out, bool final);
 
 struct Tokenizer::Impl {
   ByteMap ranks;                                      // bytes -> merge rank and id
+  ByteMap whole;  // tokenizer.json with ignore_merges: whole-piece tokens no merge produces
   std::unordered_map<std::string, TokenId> id_of_bytes;  // every ordinary token
   std::vector<std::string> bytes_of;                  // id -> bytes (special: its name)
   std::vector<uint8_t> present, special;

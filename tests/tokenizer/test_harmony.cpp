@@ -499,6 +499,20 @@ TEST(HarmonyParse, MalformedInputGivesCleanErrors) {
   EXPECT_EQ(m[0].text_content(), "a<|start|>b<|channel|>c");
 }
 
+TEST(HarmonyParse, RecoversAfterAnError) {
+  StreamParser p(o200k(), std::nullopt);
+  for (TokenId t : enc_special("<|start|>assistant<|channel|>final<|message|>one<|end|>")) p.push(t);
+  auto bad = enc_special("<|start|>wizard<|message|>");
+  EXPECT_NO_THROW(p.push(bad[0]));
+  EXPECT_NO_THROW(p.push(bad[1]));
+  EXPECT_THROW(p.push(bad[2]), gptoss::Error);  // unknown role
+  EXPECT_FALSE(p.in_content());
+  EXPECT_THROW(p.push(o200k().encode("x")[0]), gptoss::Error);  // not <|start|>
+  for (TokenId t : enc_special("<|start|>assistant<|channel|>final<|message|>two<|end|>")) p.push(t);
+  ASSERT_EQ(p.messages().size(), 2u);
+  EXPECT_EQ(p.messages()[1].text_content(), "two");
+}
+
 TEST(HarmonyParse, RandomTokenStreamsNeverCrash) {
   // Any token sequence either parses or throws gptoss::Error; deltas are valid UTF-8 and add up.
   const auto& tok = o200k();

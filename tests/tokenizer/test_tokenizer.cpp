@@ -266,4 +266,12 @@ TEST(Tokenizer, TokenizerJsonUsesMergePriority) {
   EXPECT_EQ(tok.token_id("<|end|>"), 9);
   EXPECT_TRUE(tok.is_special(9));
   EXPECT_FALSE(tok.is_special(6));
+
+  // With ignore_merges, a piece that is a vocab entry is that token ("abc" = 6).
+  std::string text = read_text(path);
+  text.replace(text.find("\"type\": \"BPE\""), 13, "\"type\": \"BPE\", \"ignore_merges\": true");
+  std::ofstream((dir / "tiny_ignore.json").string()) << text;
+  auto tok2 = Tokenizer::from_file((dir / "tiny_ignore.json").string());
+  EXPECT_EQ(tok2.encode("abc"), (std::vector<TokenId>{6}));
+  EXPECT_EQ(tok2.encode("abca"), (std::vector<TokenId>{0, 5, 0}));
 }
