@@ -431,8 +431,8 @@ void Engine::finish(Sequence& s, EngineEvent& ev, FinishReason r) {
   if (r == FinishReason::kAbort) ++metrics_.requests_aborted;
   ++metrics_.requests_finished;
   metrics_.e2e_s.observe(std::chrono::duration<double>(Clock::now() - s.arrival).count());
+  --active_;  // before the push: whoever sees the end also sees the count
   s.stream->push(std::move(ev));
-  --active_;
 }
 
 void Engine::publish_stats() {

@@ -342,7 +342,9 @@ TEST(Http, MetricsAndDrain) {
       sbody = r->body;
     }
   });
-  for (int i = 0; i < 2000 && f->engine->num_active() == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  int64_t gen0 = f->engine->metrics().generation_tokens.load();
+  for (int i = 0; i < 2000 && f->engine->metrics().generation_tokens.load() < gen0 + 2; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
   std::thread sd([&] { f->server->shutdown(); });
   t.join();
   sd.join();
