@@ -120,7 +120,8 @@ gptoss::tools::RegisterCommand reg({"serve", "Serve a model through an OpenAI-co
   app->add_option("--mxfp4-layers", a->backend.mxfp4_layers, "Layers quantized to MXFP4 at load (cuda)")->capture_default_str();
   app->add_option("--mxfp4-backend", a->backend.mxfp4_backend, "MXFP4 kernel family (cuda)")->capture_default_str();
   app->add_option("--threads", a->backend.threads, "CPU threads (0: all)")->capture_default_str();
-  app->add_option("--seed", a->backend.seed, "Seed of random weights")->capture_default_str();
+  app->add_option("--weights-seed", a->backend.seed, "Seed of --random-weights")->capture_default_str();
+  app->add_option("--device-index", a->backend.device_index, "CUDA device ordinal")->capture_default_str();
   app->add_option("--tokenizer", a->tokenizer, "tokenizer.json or .tiktoken (default: the model's, else o200k_harmony)");
   app->add_option("--max-body-mb", a->max_body_mb, "Largest request body (413 beyond)")->capture_default_str();
   app->add_option("--http-threads", a->server.http_threads, "HTTP worker threads (0: 4 x max-num-seqs + 64)");
