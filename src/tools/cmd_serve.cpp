@@ -33,7 +33,11 @@ struct Args {
 int run_serve(Args& a) {
   namespace fs = std::filesystem;
   bool builtin = a.backend.model_dir.empty() && a.backend.random_weights.empty();
-  if (builtin) a.backend.model_dir = gptoss::tools::ensure_builtin_model();
+  if (builtin) {
+    a.backend.model_dir = gptoss::tools::ensure_builtin_model();
+    // A random toy model rarely ends its turn: keep requests without max_tokens short.
+    if (a.engine.max_model_len == 0) a.engine.max_model_len = 4096;
+  }
   if (a.server.served_model_name.empty())
     a.server.served_model_name = builtin ? std::string("gpt-oss-tiny")
                                  : !a.backend.random_weights.empty() ? "gpt-oss-" + a.backend.random_weights
@@ -108,7 +112,7 @@ gptoss::tools::RegisterCommand reg({"serve", "Serve a model through an OpenAI-co
   app->add_option("--served-model-name", a->server.served_model_name, "Model name in the API");
   app->add_option("--api-key", a->server.api_key, "Require 'Authorization: Bearer KEY' on /v1/*")
       ->envname("GPTOSS_API_KEY");
-  app->add_option("--max-model-len", a->engine.max_model_len, "Context length (default: the model's, bounded by KV memory)");
+  app->add_option("--max-model-len", a->engine.max_model_len, "Context length (default: the model's, bounded by KV memory; 4096 for the built-in tiny model)");
   app->add_option("--max-num-seqs", a->engine.max_num_seqs, "Sequences running at once")->capture_default_str();
   app->add_option("--max-num-batched-tokens", a->engine.max_num_batched_tokens, "Tokens per forward pass")
       ->capture_default_str();
