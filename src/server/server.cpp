@@ -743,7 +743,10 @@ void Server::bind() {
   if (fd_seen >= 0) ::listen(fd_seen, 1024);
 }
 
-void Server::run() { svr_->listen_after_bind(); }
+void Server::run() {
+  run_called_ = true;
+  if (!shutdown_started_) svr_->listen_after_bind();
+}
 
 void Server::shutdown() {
   if (shutdown_started_.exchange(true)) return;
@@ -751,6 +754,8 @@ void Server::shutdown() {
   auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(opts_.drain_timeout_s);
   while (std::chrono::steady_clock::now() < deadline && (engine_.num_active() > 0 || streams_open_ > 0))
     std::this_thread::sleep_for(20ms);
+  // A signal right at start-up: let listen() begin so that stop() ends it.
+  for (int i = 0; i < 250 && run_called_ && !svr_->is_running(); ++i) std::this_thread::sleep_for(20ms);
   svr_->stop();
 }
 
