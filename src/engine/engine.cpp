@@ -49,9 +49,15 @@ Engine::Engine(Backend& backend, EngineConfig cfg) : backend_(backend), cfg_(std
   KvCacheConfig kvc = backend_.kv_config();
   kvc.page_size = cfg_.page_size;
   int64_t tokens = cfg_.kv_cache_tokens;
-  size_t bytes = backend_.kv_memory_available();
-  if (tokens <= 0 && bytes == 0)
-    tokens = std::min<int64_t>(int64_t(cfg_.max_num_seqs) * mml, int64_t(1) << 20);
+  size_t bytes = cfg_.kv_cache_bytes > 0 ? cfg_.kv_cache_bytes : backend_.kv_memory_available();
+  if (tokens <= 0 && bytes == 0) {
+    // No device limit (the CPU backend): enough for max_num_seqs full contexts, at most 256K
+    // positions and about 1 GiB of f32 full-attention cache.
+    tokens = std::min<int64_t>(int64_t(cfg_.max_num_seqs) * mml, int64_t(1) << 18);
+    size_t page_f32 = kv_page_bytes(mc, kKvFull, cfg_.page_size, DType::F32);
+    if (page_f32 > 0)
+      tokens = std::min<int64_t>(tokens, std::max<int64_t>(1, int64_t((size_t(1) << 30) / page_f32)) * cfg_.page_size);
+  }
   KvManagerConfig kc = plan_kv_pages(mc, kvc.dtype, cfg_.page_size, tokens, bytes, cfg_.max_num_seqs,
                                      cfg_.max_num_batched_tokens);
   // A sequence must fit the pool alone.
@@ -425,8 +431,8 @@ void Engine::finish(Sequence& s, EngineEvent& ev, FinishReason r) {
   if (r == FinishReason::kAbort) ++metrics_.requests_aborted;
   ++metrics_.requests_finished;
   metrics_.e2e_s.observe(std::chrono::duration<double>(Clock::now() - s.arrival).count());
+  --active_;  // before the push: whoever sees the end also sees the count
   s.stream->push(std::move(ev));
-  --active_;
 }
 
 void Engine::publish_stats() {

@@ -93,7 +93,9 @@ struct EngineConfig {
   int max_num_batched_tokens = 2048;
   int max_model_len = 0;          // 0: the model's max_position_embeddings (clamped to the KV pool)
   int64_t kv_cache_tokens = 0;    // full-attention positions in the pool; 0: from the backend's
-                                  // memory, or max_num_seqs * max_model_len (at most 1M) when it has no limit
+                                  // memory, or max_num_seqs * max_model_len (at most 256K positions
+                                  // and ~1 GiB) when it has no limit
+  size_t kv_cache_bytes = 0;      // memory for the KV cache when kv_cache_tokens is 0 (0: the backend's kv_memory_available())
   int page_size = 16;
   std::vector<int32_t> stop_token_ids;  // end tokens for every request (harmony <|return|>, <|call|>, eos)
   // Bytes of a token's text ("" for special or unknown ids); null: no text and no stop strings.

@@ -92,6 +92,7 @@ BenchRequestResult one_request(const BenchOptions& o, const Url& url, const std:
                {"stream_options", {{"include_usage", true}}}};
   if (!o.model.empty()) body["model"] = o.model;
   if (o.ignore_eos) body["ignore_eos"] = true;
+  if (o.token_timing) body["logprobs"] = true;
   httplib::Request req;
   req.method = "POST";
   req.path = url.prefix + "/chat/completions";
@@ -136,6 +137,8 @@ BenchRequestResult one_request(const BenchOptions& o, const Url& url, const std:
         for (const char* k : {"content", "reasoning_content"})
           if (d.contains(k) && d[k].is_string() && !d[k].get<std::string>().empty()) has_tok = true;
         if (d.contains("tool_calls")) has_tok = true;
+        const json& lp = j["choices"][0].value("logprobs", json());
+        if (lp.is_object() && lp.contains("content") && lp["content"].is_array() && !lp["content"].empty()) has_tok = true;
         if (has_tok) {
           auto now = Clock::now();
           if (!got_first) {

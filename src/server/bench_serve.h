@@ -18,6 +18,10 @@ struct BenchOptions {
   double temperature = 0.0;
   bool ignore_eos = false;
   int timeout_s = 600;       // per request
+  // Ask for logprobs so every sampled token arrives as a chunk of its own: TTFT and decode
+  // times then count tokens, also before a model writes visible text (harmony headers,
+  // reasoning-less random models).
+  bool token_timing = true;
 };
 
 struct BenchRequestResult {

@@ -190,7 +190,18 @@ ChatDelta ChatOutputMapper::push(TokenId t) {
   tokens_.push_back(t);
   if (parser_) {
     try {
-      on_events(parser_->push(t), d);
+      auto evs = parser_->push(t);
+      if (!evs.empty() || parser_->in_content()) header_tokens_.clear();
+      else header_tokens_.push_back(t);
+      on_events(evs, d);
+      if (header_tokens_.size() > kMaxHeaderTokens) {
+        // Not harmony: what looked like a header is text.
+        parser_.reset();
+        raw_.emplace(tok_);
+        kind_ = Kind::Content;
+        for (TokenId h : header_tokens_) raw_text(h, d);
+        header_tokens_.clear();
+      }
       return d;
     } catch (const std::exception&) {
       parser_.reset();
@@ -231,10 +242,40 @@ ChatDelta ChatOutputMapper::finish() {
   return d;
 }
 
-void ChatOutputMapper::truncate_at(const std::string& stop) {
-  if (stop.empty()) return;
-  if (auto p = content_.find(stop); p != std::string::npos) content_.resize(p);
-  if (auto p = reasoning_.find(stop); p != std::string::npos) reasoning_.resize(p);
+std::string StopMatcher::feed(const std::string& text) {
+  if (matched_) return {};
+  if (stops_.empty()) return text;
+  std::string buf = held_ + text;
+  held_.clear();
+  size_t best = std::string::npos;
+  for (const auto& st : stops_) {
+    size_t p = buf.find(st);
+    if (p != std::string::npos && (best == std::string::npos || p < best)) {
+      best = p;
+      which_ = st;
+    }
+  }
+  if (best != std::string::npos) {
+    matched_ = true;
+    return buf.substr(0, best);
+  }
+  size_t hold = 0;
+  for (const auto& st : stops_)
+    for (size_t k = std::min(st.size() - 1, buf.size()); k > hold; --k)
+      if (buf.compare(buf.size() - k, k, st, 0, k) == 0) {
+        hold = k;
+        break;
+      }
+  held_ = buf.substr(buf.size() - hold);
+  buf.resize(buf.size() - hold);
+  return buf;
+}
+
+std::string StopMatcher::flush() {
+  std::string out;
+  if (!matched_) out.swap(held_);
+  held_.clear();
+  return out;
 }
 
 }  // namespace gptoss::server

@@ -41,6 +41,10 @@ struct ChatDelta {
 // the parser rejects (a random model's) falls back to plain decoded text as content.
 class ChatOutputMapper {
  public:
+  // A header (between <|start|> and <|message|>) longer than this is not harmony: the mapper
+  // falls back to plain text, so a model that never formats its output still streams.
+  static constexpr size_t kMaxHeaderTokens = 48;
+
   explicit ChatOutputMapper(const Tokenizer& tok);
   ChatDelta push(TokenId t);
   ChatDelta finish();
@@ -49,8 +53,6 @@ class ChatOutputMapper {
   const std::string& reasoning() const { return reasoning_; }
   const std::vector<ToolCall>& tool_calls() const { return calls_; }
   bool has_tool_calls() const { return !calls_.empty(); }
-  // Cuts content and reasoning at the first occurrence of `stop` (non-streamed answers).
-  void truncate_at(const std::string& stop);
 
  private:
   enum class Kind { None, Content, Reasoning, Tool };
@@ -63,11 +65,31 @@ class ChatOutputMapper {
   std::optional<harmony::StreamParser> parser_;
   std::optional<StreamingDecoder> raw_;  // fallback after a parse error
   std::vector<TokenId> tokens_;
+  std::vector<TokenId> header_tokens_;  // tokens since the last message boundary, outside content
   Kind kind_ = Kind::None;
   std::string msg_streamed_;  // text of the current message already emitted
   std::string content_, reasoning_;
   std::vector<ToolCall> calls_;
   bool any_output_ = false;
+};
+
+// Stop strings on a stream of text (chat content): feed() returns what is safe to show, holding
+// back a tail that may begin a stop string; once one completes, matched() and the text from it
+// on is dropped.
+class StopMatcher {
+ public:
+  explicit StopMatcher(std::vector<std::string> stops) : stops_(std::move(stops)) {}
+  std::string feed(const std::string& text);
+  std::string flush();  // end of stream: the held-back tail (nothing once matched)
+  bool matched() const { return matched_; }
+  const std::string& matched_stop() const { return which_; }
+  bool empty() const { return stops_.empty(); }
+
+ private:
+  std::vector<std::string> stops_;
+  std::string held_;
+  bool matched_ = false;
+  std::string which_;
 };
 
 }  // namespace gptoss::server

@@ -164,6 +164,44 @@ struct Server::Handlers {
     }
   }
 
+  // Answers a non-streamed request once `step` returns the body. The body goes out as one
+  // chunk of a chunked response, so while the request runs httplib checks the connection
+  // before each wait and a client that went away cancels it.
+  void respond_when_done(httplib::Response& res, std::shared_ptr<RequestStream> rs,
+                         std::function<std::optional<json>(EngineEvent&)> step) {
+    auto done = std::make_shared<bool>(false);
+    Server* srv = &s;
+    ++s.streams_open_;
+    res.set_chunked_content_provider(
+        "application/json",
+        [rs, step, done](size_t, httplib::DataSink& sink) -> bool {
+          if (*done) {
+            sink.done();
+            return true;
+          }
+          if (sink.is_writable && !sink.is_writable()) return false;  // the client is gone
+          auto ev = rs->next(200ms);
+          while (ev) {
+            if (auto out = step(*ev)) {
+              std::string body = dumps(*out);
+              *done = true;
+              if (!sink.write(body.data(), body.size())) return false;
+              sink.done();
+              return true;
+            }
+            ev = rs->next(0ms);
+          }
+          return true;
+        },
+        [rs, done, srv](bool success) {
+          if (!success || !*done) {
+            rs->cancel();
+            ++srv->client_disconnects_;
+          }
+          --srv->streams_open_;
+        });
+  }
+
   // ---------------------------------------------------------------- chat
   struct ChatStream {
     std::shared_ptr<RequestStream> rs;
@@ -173,6 +211,8 @@ struct Server::Handlers {
     bool include_usage = false, continuous_usage = false, logprobs = false;
     bool started = false, done = false;
     int prompt_tokens = 0;
+    int completion_tokens = 0;
+    std::unique_ptr<StopMatcher> stops;  // stop strings, on the content only
   };
 
   json chat_chunk(const ChatStream& st, const json& delta, const json& logprobs, const char* finish) {
@@ -199,8 +239,13 @@ struct Server::Handlers {
                      "messages", "invalid_value"};
     }
     finalize(r, prompt.size(), "messages");
+    // Chat stop strings apply to the visible content, not to harmony headers or reasoning: the
+    // server matches them and cancels the request.
+    std::vector<std::string> stop_strings = std::move(r.sampling.stop);
+    r.sampling.stop.clear();
     auto rs = submit(prompt, r.sampling);
     auto st = std::make_shared<ChatStream>();
+    st->stops = std::make_unique<StopMatcher>(std::move(stop_strings));
     st->rs = rs;
     st->mapper = std::make_unique<ChatOutputMapper>(s.tok_);
     st->id = make_id("chatcmpl-");
@@ -212,45 +257,52 @@ struct Server::Handlers {
     st->prompt_tokens = int(prompt.size());
 
     if (!r.stream) {
-      json lps = json::array();
-      std::optional<EngineEvent> last;
-      for (;;) {
-        auto ev = rs->next(1000ms);
-        if (!ev) continue;
-        for (size_t i = 0; i < ev->tokens.size(); ++i) {
-          st->mapper->push(ev->tokens[i]);
-          if (i < ev->logprobs.size()) lps.push_back(chat_logprob_entry(s.tok_, ev->logprobs[i]));
+      struct Acc {
+        json lps = json::array();
+        std::string content;
+      };
+      auto acc = std::make_shared<Acc>();
+      const bool want_lp = r.logprobs;
+      respond_when_done(res, rs, [this, st, acc, want_lp](EngineEvent& ev) -> std::optional<json> {
+        ChatDelta d;
+        for (size_t i = 0; i < ev.tokens.size(); ++i) {
+          d.append(st->mapper->push(ev.tokens[i]));
+          if (i < ev.logprobs.size()) acc->lps.push_back(chat_logprob_entry(s.tok_, ev.logprobs[i]));
         }
-        if (ev->finished) {
-          last = std::move(ev);
-          break;
+        if (ev.finished) d.append(st->mapper->finish());
+        acc->content += st->stops->feed(d.content);
+        FinishReason reason = ev.finish_reason;
+        if (st->stops->matched()) {
+          st->rs->cancel();
+          reason = FinishReason::kStop;
+        } else if (ev.finished) {
+          acc->content += st->stops->flush();
+        } else {
+          return std::nullopt;
         }
-      }
-      st->mapper->finish();
-      if (last->finish_reason == FinishReason::kError)
-        throw ApiError{500, "Generation failed: " + last->error, "server_error", "", ""};
-      if (!last->stop_string.empty()) st->mapper->truncate_at(last->stop_string);
-      json msg = {{"role", "assistant"}};
-      msg["content"] = st->mapper->content().empty() && st->mapper->has_tool_calls() ? json(nullptr)
-                                                                                      : json(st->mapper->content());
-      if (!st->mapper->reasoning().empty()) {
-        msg["reasoning_content"] = st->mapper->reasoning();
-        msg["reasoning"] = st->mapper->reasoning();
-      }
-      if (st->mapper->has_tool_calls()) {
-        json calls = json::array();
-        for (const auto& c : st->mapper->tool_calls())
-          calls.push_back({{"id", c.id}, {"type", "function"}, {"function", {{"name", c.name}, {"arguments", c.arguments}}}});
-        msg["tool_calls"] = calls;
-      }
-      json choice = {{"index", 0},
-                     {"message", msg},
-                     {"logprobs", r.logprobs ? json{{"content", lps}} : json(nullptr)},
-                     {"finish_reason", chat_finish_reason(last->finish_reason, st->mapper->has_tool_calls())}};
-      json out = {{"id", st->id},       {"object", "chat.completion"}, {"created", st->created},
-                  {"model", st->model}, {"choices", json::array({choice})},
-                  {"usage", usage_json(last->prompt_tokens, last->completion_tokens)}};
-      set_json(res, 200, out);
+        if (reason == FinishReason::kError)
+          return error_body(ApiError{500, "Generation failed: " + ev.error, "server_error", "", ""});
+        json msg = {{"role", "assistant"}};
+        msg["content"] = acc->content.empty() && st->mapper->has_tool_calls() ? json(nullptr) : json(acc->content);
+        if (!st->mapper->reasoning().empty()) {
+          msg["reasoning_content"] = st->mapper->reasoning();
+          msg["reasoning"] = st->mapper->reasoning();
+        }
+        if (st->mapper->has_tool_calls()) {
+          json calls = json::array();
+          for (const auto& c : st->mapper->tool_calls())
+            calls.push_back(
+                {{"id", c.id}, {"type", "function"}, {"function", {{"name", c.name}, {"arguments", c.arguments}}}});
+          msg["tool_calls"] = calls;
+        }
+        json choice = {{"index", 0},
+                       {"message", msg},
+                       {"logprobs", want_lp ? json{{"content", acc->lps}} : json(nullptr)},
+                       {"finish_reason", chat_finish_reason(reason, st->mapper->has_tool_calls())}};
+        return json{{"id", st->id},       {"object", "chat.completion"}, {"created", st->created},
+                    {"model", st->model}, {"choices", json::array({choice})},
+                    {"usage", usage_json(st->prompt_tokens, ev.completion_tokens)}};
+      });
       return;
     }
 
@@ -263,6 +315,10 @@ struct Server::Handlers {
           if (st->done) {
             sink.done();
             return true;
+          }
+          if (sink.is_writable && !sink.is_writable()) {  // the client is gone
+            st->rs->cancel();
+            return false;
           }
           std::string out;
           if (!st->started) {
@@ -278,6 +334,17 @@ struct Server::Handlers {
               if (st->logprobs && i < ev->logprobs.size()) lps.push_back(chat_logprob_entry(s.tok_, ev->logprobs[i]));
             }
             if (ev->finished) d.append(st->mapper->finish());
+            st->completion_tokens = ev->completion_tokens;
+            d.content = st->stops->feed(d.content);
+            if (st->stops->matched()) {
+              // A stop string in the content: end here with "stop".
+              st->rs->cancel();
+              ev->finished = true;
+              ev->finish_reason = FinishReason::kStop;
+              ev->prompt_tokens = st->prompt_tokens;
+            } else if (ev->finished) {
+              d.content += st->stops->flush();
+            }
             json lp = st->logprobs && !lps.empty() ? json{{"content", lps}} : json(nullptr);
             if (!d.empty() || !lp.is_null()) {
               json ch = chat_chunk(*st, delta_json(d), lp, nullptr);
@@ -406,30 +473,28 @@ struct Server::Handlers {
     if (r.echo) st->echo = echo;
 
     if (!r.stream) {
-      std::string text = st->echo;
-      std::vector<TokenLogprob> lps;
-      std::optional<EngineEvent> last;
-      for (;;) {
-        auto ev = rs->next(1000ms);
-        if (!ev) continue;
-        text += ev->text;
-        lps.insert(lps.end(), ev->logprobs.begin(), ev->logprobs.end());
-        if (ev->finished) {
-          last = std::move(ev);
-          break;
-        }
-      }
-      if (last->finish_reason == FinishReason::kError)
-        throw ApiError{500, "Generation failed: " + last->error, "server_error", "", ""};
-      size_t off = st->echo.size();
-      json choice = {{"index", 0},
-                     {"text", text},
-                     {"logprobs", r.logprobs ? text_logprobs(lps, off) : json(nullptr)},
-                     {"finish_reason", text_finish(last->finish_reason)}};
-      json out = {{"id", st->id},       {"object", "text_completion"}, {"created", st->created},
-                  {"model", st->model}, {"choices", json::array({choice})},
-                  {"usage", usage_json(last->prompt_tokens, last->completion_tokens)}};
-      set_json(res, 200, out);
+      struct Acc {
+        std::string text;
+        std::vector<TokenLogprob> lps;
+      };
+      auto acc = std::make_shared<Acc>();
+      acc->text = st->echo;
+      const bool want_lp = r.logprobs;
+      respond_when_done(res, rs, [this, st, acc, want_lp](EngineEvent& ev) -> std::optional<json> {
+        acc->text += ev.text;
+        acc->lps.insert(acc->lps.end(), ev.logprobs.begin(), ev.logprobs.end());
+        if (!ev.finished) return std::nullopt;
+        if (ev.finish_reason == FinishReason::kError)
+          return error_body(ApiError{500, "Generation failed: " + ev.error, "server_error", "", ""});
+        size_t off = st->echo.size();
+        json choice = {{"index", 0},
+                       {"text", acc->text},
+                       {"logprobs", want_lp ? text_logprobs(acc->lps, off) : json(nullptr)},
+                       {"finish_reason", text_finish(ev.finish_reason)}};
+        return json{{"id", st->id},       {"object", "text_completion"}, {"created", st->created},
+                    {"model", st->model}, {"choices", json::array({choice})},
+                    {"usage", usage_json(ev.prompt_tokens, ev.completion_tokens)}};
+      });
       return;
     }
 
@@ -442,6 +507,10 @@ struct Server::Handlers {
           if (st->done) {
             sink.done();
             return true;
+          }
+          if (sink.is_writable && !sink.is_writable()) {  // the client is gone
+            st->rs->cancel();
+            return false;
           }
           std::string out;
           if (!st->echo.empty()) {
@@ -674,7 +743,10 @@ void Server::bind() {
   if (fd_seen >= 0) ::listen(fd_seen, 1024);
 }
 
-void Server::run() { svr_->listen_after_bind(); }
+void Server::run() {
+  run_called_ = true;
+  if (!shutdown_started_) svr_->listen_after_bind();
+}
 
 void Server::shutdown() {
   if (shutdown_started_.exchange(true)) return;
@@ -682,6 +754,8 @@ void Server::shutdown() {
   auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(opts_.drain_timeout_s);
   while (std::chrono::steady_clock::now() < deadline && (engine_.num_active() > 0 || streams_open_ > 0))
     std::this_thread::sleep_for(20ms);
+  // A signal right at start-up: let listen() begin so that stop() ends it.
+  for (int i = 0; i < 250 && run_called_ && !svr_->is_running(); ++i) std::this_thread::sleep_for(20ms);
   svr_->stop();
 }
 

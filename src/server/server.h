@@ -58,6 +58,7 @@ class Server {
   int port_ = 0;
   std::atomic<bool> draining_{false};
   std::atomic<bool> shutdown_started_{false};
+  std::atomic<bool> run_called_{false};
   std::atomic<int64_t> http_requests_{0}, http_errors_{0}, streams_open_{0}, client_disconnects_{0};
   int64_t created_ = 0;
   struct Handlers;

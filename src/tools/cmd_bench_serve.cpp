@@ -24,6 +24,8 @@ gptoss::tools::RegisterCommand reg({"bench-serve", "Load-test an OpenAI-compatib
   app->add_option("--prompts", a->o.prompts_file, "File with one prompt a line (text or {\"prompt\": ...})");
   app->add_option("--temperature", a->o.temperature, "Sampling temperature")->capture_default_str();
   app->add_flag("--ignore-eos", a->o.ignore_eos, "Ask the server to generate max_tokens tokens");
+  app->add_flag("!--no-token-timing", a->o.token_timing,
+                "Do not request logprobs (then TTFT and decode rate count visible text chunks only)");
   app->add_option("--timeout", a->o.timeout_s, "Per-request timeout in seconds")->capture_default_str();
   app->add_option("--json", a->json_out, "Also write the report as JSON to this file ('-' for stdout)");
   return [a]() {

@@ -27,12 +27,17 @@ struct Args {
   std::string tokenizer;
   std::string kv_cache_dtype = "bf16";
   double max_body_mb = 8;
+  double kv_cache_gb = 0;
 };
 
 int run_serve(Args& a) {
   namespace fs = std::filesystem;
   bool builtin = a.backend.model_dir.empty() && a.backend.random_weights.empty();
-  if (builtin) a.backend.model_dir = gptoss::tools::ensure_builtin_model();
+  if (builtin) {
+    a.backend.model_dir = gptoss::tools::ensure_builtin_model();
+    // A random toy model rarely ends its turn: keep requests without max_tokens short.
+    if (a.engine.max_model_len == 0) a.engine.max_model_len = 4096;
+  }
   if (a.server.served_model_name.empty())
     a.server.served_model_name = builtin ? std::string("gpt-oss-tiny")
                                  : !a.backend.random_weights.empty() ? "gpt-oss-" + a.backend.random_weights
@@ -62,6 +67,7 @@ int run_serve(Args& a) {
   } else if (a.kv_cache_dtype != "bf16") {
     throw gptoss::Error("--kv-cache-dtype must be bf16 or fp8");
   }
+  if (a.kv_cache_gb > 0) a.engine.kv_cache_bytes = size_t(a.kv_cache_gb * double(size_t(1) << 30));
   a.engine.stop_token_ids = gptoss::server::default_stop_tokens(tok, backend->config());
   a.engine.token_text = gptoss::server::token_text_fn(tok);
   gptoss::Engine engine(*backend, a.engine);
@@ -106,17 +112,20 @@ gptoss::tools::RegisterCommand reg({"serve", "Serve a model through an OpenAI-co
   app->add_option("--served-model-name", a->server.served_model_name, "Model name in the API");
   app->add_option("--api-key", a->server.api_key, "Require 'Authorization: Bearer KEY' on /v1/*")
       ->envname("GPTOSS_API_KEY");
-  app->add_option("--max-model-len", a->engine.max_model_len, "Context length (default: the model's, bounded by KV memory)");
+  app->add_option("--max-model-len", a->engine.max_model_len, "Context length (default: the model's, bounded by KV memory; 4096 for the built-in tiny model)");
   app->add_option("--max-num-seqs", a->engine.max_num_seqs, "Sequences running at once")->capture_default_str();
   app->add_option("--max-num-batched-tokens", a->engine.max_num_batched_tokens, "Tokens per forward pass")
       ->capture_default_str();
   app->add_option("--kv-cache-tokens", a->engine.kv_cache_tokens,
-                  "Positions in the KV cache (default: from device memory, or max-num-seqs x max-model-len up to 1M)");
+                  "Positions in the KV cache (default: from device memory; on cpu max-num-seqs x max-model-len, at most 256K and ~1 GiB)");
+  app->add_option("--kv-cache-memory", a->kv_cache_gb,
+                  "GiB for the KV cache when --kv-cache-tokens is not given (default: what the device has left)");
   app->add_option("--kv-cache-dtype", a->kv_cache_dtype, "bf16 or fp8")->capture_default_str();
   app->add_option("--mxfp4-layers", a->backend.mxfp4_layers, "Layers quantized to MXFP4 at load (cuda)")->capture_default_str();
   app->add_option("--mxfp4-backend", a->backend.mxfp4_backend, "MXFP4 kernel family (cuda)")->capture_default_str();
   app->add_option("--threads", a->backend.threads, "CPU threads (0: all)")->capture_default_str();
-  app->add_option("--seed", a->backend.seed, "Seed of random weights")->capture_default_str();
+  app->add_option("--weights-seed", a->backend.seed, "Seed of --random-weights")->capture_default_str();
+  app->add_option("--device-index", a->backend.device_index, "CUDA device ordinal")->capture_default_str();
   app->add_option("--tokenizer", a->tokenizer, "tokenizer.json or .tiktoken (default: the model's, else o200k_harmony)");
   app->add_option("--max-body-mb", a->max_body_mb, "Largest request body (413 beyond)")->capture_default_str();
   app->add_option("--http-threads", a->server.http_threads, "HTTP worker threads (0: 4 x max-num-seqs + 64)");

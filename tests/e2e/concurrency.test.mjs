@@ -52,7 +52,12 @@ test('64 concurrent streams at --max-num-seqs 8 equal the same requests run alon
     assert.deepEqual(together[i].toks, alone[i].toks, `request ${i} differs from its run alone`);
     assert.deepEqual(together[i].usage, alone[i].usage);
   }
-  const m = await metrics(srv.baseURL);
+  let m = await metrics(srv.baseURL);
+  // the gauges are published at the end of the engine step that sent the last tokens
+  for (let i = 0; i < 100 && (m['gptoss:num_requests_running'] > 0 || m['gptoss:num_requests_waiting'] > 0); i++) {
+    await sleep(20);
+    m = await metrics(srv.baseURL);
+  }
   assert.equal(m['gptoss:request_finished_total'] - before['gptoss:request_finished_total'], N, 'none lost');
   assert.equal(m['gptoss:num_requests_running'], 0);
   assert.equal(m['gptoss:num_requests_waiting'], 0);

@@ -190,6 +190,30 @@ TEST(Engine, PreemptionWhenKvRunsOut) {
   EXPECT_EQ(e.stats().kv_pages_used[1], 0);
 }
 
+TEST(Engine, SeededSamplingSurvivesPreemption) {
+  EngineConfig c = small_cfg();
+  c.kv_cache_tokens = 96;
+  c.max_model_len = 90;
+  SamplingParams sp;
+  sp.temperature = 1.0f;
+  sp.top_k = 20;
+  sp.max_tokens = 50;
+  sp.ignore_eos = true;
+  FakeBackend be;
+  Engine e(be, c);
+  std::vector<std::shared_ptr<RequestStream>> ss;
+  std::vector<SamplingParams> sps;
+  for (int i = 0; i < 6; ++i) {
+    SamplingParams x = sp;
+    x.seed = 77 + i;
+    sps.push_back(x);
+    ss.push_back(e.submit(prompt_of(10 + i, i), x));
+  }
+  run_idle(e);
+  EXPECT_GT(e.metrics().preemptions.load(), 0);
+  for (int i = 0; i < 6; ++i) EXPECT_EQ(collect(*ss[i]).tokens, run_alone(prompt_of(10 + i, i), sps[i], c).tokens) << i;
+}
+
 TEST(Engine, CancelFreesSlot) {
   FakeBackend be;
   EngineConfig c = small_cfg();
@@ -319,4 +343,17 @@ TEST(Engine, StopAbortsPending) {
   e.step();
   e.stop();
   EXPECT_EQ(collect(*a).reason, FinishReason::kAbort);
+}
+
+TEST(Engine, KvCacheBytesBudget) {
+  FakeBackend be;
+  EngineConfig c = small_cfg();
+  c.kv_cache_tokens = 0;
+  c.kv_cache_bytes = size_t(1) << 20;
+  Engine e(be, c);
+  const auto& kc = e.kv_config();
+  size_t used = size_t(kc.num_pages[0]) * kv_page_bytes(be.config(), kKvFull, c.page_size, DType::BF16) +
+                size_t(kc.num_pages[1]) * kv_page_bytes(be.config(), kKvSliding, c.page_size, DType::BF16);
+  EXPECT_LE(used, c.kv_cache_bytes);
+  EXPECT_GT(kc.num_pages[0], 100);
 }

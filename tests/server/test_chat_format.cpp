@@ -126,3 +126,39 @@ TEST(ChatFormat, ConversationRendering) {
   auto ids = render_chat_prompt(ren, r);
   EXPECT_EQ(tok().decode_bytes(ids), text);
 }
+
+TEST(ChatFormat, UnformattedOutputStillStreams) {
+  std::string text;
+  for (int i = 0; i < 80; ++i) text += " word" + std::to_string(i);
+  std::vector<TokenId> ids = tok().encode(text, false);
+  ChatOutputMapper m(tok());
+  ChatDelta before_finish;
+  for (TokenId t : ids) before_finish.append(m.push(t));
+  EXPECT_FALSE(before_finish.content.empty());  // streamed before the end
+  ChatDelta all = before_finish;
+  all.append(m.finish());
+  EXPECT_EQ(all.content, text);
+  EXPECT_EQ(m.content(), text);
+}
+
+TEST(ChatFormat, StopMatcher) {
+  StopMatcher m({"STOP", "xyz"});
+  std::string out;
+  out += m.feed("hello S");
+  EXPECT_EQ(out, "hello ");  // "S" held back
+  out += m.feed("T");
+  out += m.feed("x");  // "ST" released ("STx" cannot become STOP); "x" may begin "xyz"
+  EXPECT_EQ(out, "hello ST");
+  out += m.feed("y and more STO");
+  EXPECT_FALSE(m.matched());
+  out += m.feed("P trailing");
+  EXPECT_TRUE(m.matched());
+  EXPECT_EQ(m.matched_stop(), "STOP");
+  EXPECT_EQ(out, "hello STxy and more ");
+  EXPECT_EQ(m.feed("anything"), "");
+  StopMatcher n({"ab"});
+  EXPECT_EQ(n.feed("xa"), "x");
+  EXPECT_EQ(n.flush(), "a");
+  StopMatcher none({});
+  EXPECT_EQ(none.feed("abc"), "abc");
+}

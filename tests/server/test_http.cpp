@@ -171,6 +171,37 @@ TEST(Http, StreamedChatMatchesPlain) {
   EXPECT_EQ(last["usage"], pj["usage"]);
 }
 
+TEST(Http, ChatStopStrings) {
+  Fixture f;
+  json b = chat_body(90);
+  auto plain = f.post("/v1/chat/completions", b.dump());
+  ASSERT_TRUE(plain);
+  std::string content = json::parse(plain->body)["choices"][0]["message"]["content"];
+  ASSERT_GT(content.size(), 20u) << content;
+  std::string stop = content.substr(12, 3);
+  std::string want = content.substr(0, content.find(stop));
+  b["stop"] = {stop};
+  auto r = f.post("/v1/chat/completions", b.dump());
+  json j = json::parse(r->body);
+  EXPECT_EQ(j["choices"][0]["message"]["content"], want);
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "stop");
+  b["stream"] = true;
+  auto s = f.post("/v1/chat/completions", b.dump());
+  bool done;
+  std::string streamed, finish;
+  for (auto& e : sse_events(s->body, &done)) {
+    if (e["choices"].empty()) continue;
+    auto& d = e["choices"][0]["delta"];
+    if (d.contains("content")) streamed += d["content"].get<std::string>();
+    if (!e["choices"][0]["finish_reason"].is_null()) finish = e["choices"][0]["finish_reason"];
+  }
+  EXPECT_TRUE(done);
+  EXPECT_EQ(streamed, want);
+  EXPECT_EQ(finish, "stop");
+  for (int i = 0; i < 1000 && f.engine->num_active() > 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  EXPECT_EQ(f.engine->num_active(), 0);
+}
+
 TEST(Http, Completions) {
   Fixture f;
   auto r = f.post("/v1/completions", json{{"prompt", "Hello world"}, {"max_tokens", 4}, {"temperature", 0}, {"logprobs", 2}}.dump());
@@ -268,6 +299,25 @@ TEST(Http, DisconnectFreesSlot) {
   auto ok = f.post("/v1/chat/completions", chat_body(2).dump());
   ASSERT_TRUE(ok);
   EXPECT_EQ(ok->status, 200);
+
+  // A non-streamed request whose client vanishes is cancelled too.
+  int64_t aborted = f.engine->metrics().requests_aborted.load();
+  b["stream"] = false;
+  body = b.dump();
+  req = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: " +
+        std::to_string(body.size()) + "\r\n\r\n" + body;
+  fd = socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_EQ(connect(fd, (sockaddr*)&a, sizeof a), 0);
+  ASSERT_EQ(write(fd, req.data(), req.size()), ssize_t(req.size()));
+  int64_t gen0 = f.engine->metrics().generation_tokens.load();
+  for (int i = 0; i < 2000 && f.engine->metrics().generation_tokens.load() < gen0 + 20; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  EXPECT_EQ(f.engine->num_active(), 1);
+  close(fd);
+  for (int i = 0; i < 2000 && f.engine->num_active() > 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  EXPECT_EQ(f.engine->num_active(), 0);
+  EXPECT_EQ(f.engine->metrics().requests_aborted.load(), aborted + 1);
+  EXPECT_LT(f.engine->metrics().generation_tokens.load(), gen0 + 2000);
 }
 
 TEST(Http, MetricsAndDrain) {
@@ -292,7 +342,9 @@ TEST(Http, MetricsAndDrain) {
       sbody = r->body;
     }
   });
-  for (int i = 0; i < 2000 && f->engine->num_active() == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  int64_t gen0 = f->engine->metrics().generation_tokens.load();
+  for (int i = 0; i < 2000 && f->engine->metrics().generation_tokens.load() < gen0 + 2; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
   std::thread sd([&] { f->server->shutdown(); });
   t.join();
   sd.join();
