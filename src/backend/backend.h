@@ -54,6 +54,10 @@ class Backend {
   // Runs the model: stores K/V of every new token into its page, then writes the logits of
   // batch.logit_rows to `logits` (host memory, [logit_rows.size(), vocab] float32).
   virtual void forward(const ForwardBatch& batch, float* logits) = 0;
+  // The same pass, returning only the greedy (argmax, ties to the lower id) token of each logit
+  // row: the CUDA backend picks them on the device and copies back ids instead of logits. The
+  // default runs forward() and takes the argmax on the host.
+  virtual void forward_greedy(const ForwardBatch& batch, int32_t* tokens_out);
   // Bytes of memory the backend can give the KV cache after its weights (0 = no fixed limit).
   virtual size_t kv_memory_available() const { return 0; }
 };

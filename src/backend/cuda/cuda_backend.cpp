@@ -1,0 +1,591 @@
+// The CUDA backend: owns the weights, the paged KV pools and the workspaces, and composes the
+// kernels of kernels.h into the gpt-oss forward pass. Batches whose sequences all decode one
+// token run as CUDA graphs captured per batch-size bucket; everything else (prefill chunks,
+// mixed batches) runs eagerly, in chunks of at most kMaxChunk tokens.
+#include "backend/cuda/cuda_backend.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "backend/cuda/cuda_common.h"
+#include "backend/cuda/kernels.h"
+#include "model/make_model.h"
+#include "model/weights.h"
+
+namespace gptoss {
+namespace {
+
+using namespace gptoss::cuda;
+
+constexpr int kMaxChunk = 4096;      // tokens per eager pass (bounds the workspaces)
+constexpr int kMaxGraphBatch = 64;   // largest decode bucket captured in a graph
+constexpr int kMaxLogitRows = 64;    // lm_head rows per pass
+constexpr int kMaxSplits = 32;       // attention KV splits
+
+struct Layer {
+  const float* attn_norm;
+  const float* mlp_norm;
+  const float* sinks;
+  WeightMat qkv, o, router, gate_up, down;
+  bool sliding;
+  int group_index;  // index among the layers of its KV group
+};
+
+class CudaBackend final : public Backend {
+ public:
+  explicit CudaBackend(const BackendOptions& opts);
+  ~CudaBackend() override;
+  std::string name() const override { return "cuda"; }
+  const GptOssConfig& config() const override { return cfg_; }
+  void init_kv_cache(const KvCacheConfig& kv) override;
+  const KvCacheConfig& kv_config() const override { return kvc_; }
+  void forward(const ForwardBatch& batch, float* logits) override;
+  void forward_greedy(const ForwardBatch& batch, int32_t* tokens_out) override;
+  size_t kv_memory_available() const override;
+
+ private:
+  // Device allocations that live as long as the backend.
+  template <class T>
+  T* dalloc(size_t count) {
+    bufs_.emplace_back(count * sizeof(T));
+    return bufs_.back().get<T>();
+  }
+  const float* upload_f32(const TensorView& t);
+  const bf16_t* upload_bf16(const TensorView& t);
+  void load_checkpoint(const std::string& dir);
+  void build_random(const std::string& preset, uint64_t seed);
+  void alloc_workspace();
+
+  // One pass over n tokens whose metadata is in the device meta block at `meta` (see
+  // stage_meta); computes the logits of `rows` (device indices into the pass) into d_logits_.
+  struct PassMeta {
+    const int32_t* tokens;
+    const int32_t* pos;
+    const int32_t* pt_off[2];
+    const int32_t* pt;
+    const int32_t* rows;
+  };
+  void run_pass(int n, const PassMeta& m, int n_rows, int nsplit);
+  void lm_head(const int32_t* rows, int n_rows);
+  int splits_for(int n) const;
+
+  // Host staging of the metadata of one pass; returns its device view.
+  struct Staged {
+    std::vector<int32_t> tokens, pos, off0, off1, rows, pt;
+  };
+  PassMeta upload_meta(const Staged& st, int n, int n_rows);
+  void stage_chunk(const ForwardBatch& b, int t0, int t1, Staged* st, std::vector<int>* out_index);
+  void run_graph_step(const ForwardBatch& b);
+  void run_batch(const ForwardBatch& b, float* logits, int32_t* greedy);
+
+  GptOssConfig cfg_;
+  YarnTables yarn_;
+  int device_ = 0;
+  cudaStream_t stream_ = nullptr;
+  std::vector<DeviceBuffer> bufs_;
+  const bf16_t* embed_ = nullptr;
+  const float* final_norm_ = nullptr;
+  WeightMat lm_head_;
+  std::vector<Layer> layers_;
+  float* inv_freq_ = nullptr;
+
+  KvCacheConfig kvc_;
+  DeviceBuffer kv_pool_[2];
+  size_t kv_layer_bytes_[2] = {0, 0};
+
+  // Workspaces (sized for kMaxChunk tokens).
+  float* x_ = nullptr;
+  bf16_t* xn_ = nullptr;
+  bf16_t* qkv_ = nullptr;
+  bf16_t* attn_ = nullptr;
+  float* partial_ = nullptr;
+  float* router_logits_ = nullptr;
+  bf16_t* act_ = nullptr;
+  MoeRouting routing_;
+  float* d_logits_ = nullptr;
+  int32_t* d_greedy_ = nullptr;
+  DeviceBuffer meta_;
+  size_t meta_cap_ = 0;  // int32 entries
+  int32_t* h_meta_ = nullptr;  // pinned
+
+  std::map<int, cudaGraphExec_t> graphs_;
+
+  // GPTOSS_CUDA_PROFILE=1: decode steps run eagerly with an event after every op; the time per
+  // op kind (summed over layers and steps) is printed when the backend goes away.
+  bool profile_ = false;
+  // GPTOSS_CUDA_SKIP=norms,dense,attn,router,experts,lm_head: timing experiments only (the
+  // output is garbage); the step time without a group of ops is the cost of that group.
+  std::string skip_;
+  bool skip(const char* what) const { return !skip_.empty() && skip_.find(what) != std::string::npos; }
+  std::vector<std::pair<const char*, cudaEvent_t>> prof_marks_;
+  std::map<std::string, std::pair<double, int>> prof_;
+  cudaEvent_t prof_start_ = nullptr;
+  void mark(const char* what) {
+    if (!profile_) return;
+    cudaEvent_t e;
+    GPTOSS_CUDA_CHECK(cudaEventCreate(&e));
+    GPTOSS_CUDA_CHECK(cudaEventRecord(e, stream_));
+    prof_marks_.push_back({what, e});
+  }
+  void collect_profile() {
+    if (!profile_ || prof_marks_.empty()) return;
+    GPTOSS_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    cudaEvent_t prev = prof_start_;
+    for (auto& [what, e] : prof_marks_) {
+      float ms = 0;
+      GPTOSS_CUDA_CHECK(cudaEventElapsedTime(&ms, prev, e));
+      auto& slot = prof_[what];
+      slot.first += ms;
+      slot.second += 1;
+      if (prev != prof_start_) cudaEventDestroy(prev);
+      prev = e;
+    }
+    cudaEventDestroy(prev);
+    prof_marks_.clear();
+  }
+};
+
+
+CudaBackend::CudaBackend(const BackendOptions& opts) {
+  if (!cuda_device_available()) throw Error("--device cuda: no CUDA device is available");
+  device_ = opts.device_index;
+  GPTOSS_CUDA_CHECK(cudaSetDevice(device_));
+  GPTOSS_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  if (!opts.model_dir.empty())
+    load_checkpoint(opts.model_dir);
+  else if (!opts.random_weights.empty())
+    build_random(opts.random_weights, opts.seed);
+  else
+    throw Error("cuda backend: give a model directory or a random-weights preset");
+  if (cfg_.hidden % 32 || cfg_.intermediate % 32 || cfg_.q_dim() % 32)
+    throw Error("cuda backend: hidden, intermediate and q_dim must be multiples of 32");
+  if (cfg_.head_dim != 64 && cfg_.head_dim != 32) throw Error("cuda backend: head_dim must be 32 or 64");
+  yarn_ = compute_yarn(cfg_);
+  inv_freq_ = dalloc<float>(yarn_.inv_freq.size());
+  GPTOSS_CUDA_CHECK(cudaMemcpy(inv_freq_, yarn_.inv_freq.data(), yarn_.inv_freq.size() * 4, cudaMemcpyHostToDevice));
+  int idx[2] = {0, 0};
+  for (int l = 0; l < cfg_.num_layers; ++l) {
+    layers_[l].sliding = cfg_.layer_sliding[l];
+    layers_[l].group_index = idx[layers_[l].sliding ? kKvSliding : kKvFull]++;
+  }
+  alloc_workspace();
+  GPTOSS_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  profile_ = std::getenv("GPTOSS_CUDA_PROFILE") != nullptr;
+  if (const char* sk = std::getenv("GPTOSS_CUDA_SKIP")) skip_ = sk;
+  if (profile_) GPTOSS_CUDA_CHECK(cudaEventCreate(&prof_start_));
+}
+
+CudaBackend::~CudaBackend() {
+  if (profile_ && !prof_.empty()) {
+    double total = 0;
+    for (auto& [k, v] : prof_) total += v.first;
+    std::fprintf(stderr, "cuda profile (eager passes, events between ops):\n");
+    for (auto& [k, v] : prof_)
+      std::fprintf(stderr, "  %-14s %10.3f ms  %5.1f%%  (%d ops)\n", k.c_str(), v.first, 100 * v.first / total, v.second);
+  }
+  if (prof_start_) cudaEventDestroy(prof_start_);
+  for (auto& [b, g] : graphs_) cudaGraphExecDestroy(g);
+  if (h_meta_) cudaFreeHost(h_meta_);
+  if (stream_) cudaStreamDestroy(stream_);
+}
+
+const float* CudaBackend::upload_f32(const TensorView& t) {
+  std::vector<float> h(t.numel());
+  for (int64_t i = 0; i < t.numel(); ++i) h[i] = tensor_float_at(t, i);
+  float* d = dalloc<float>(h.size());
+  GPTOSS_CUDA_CHECK(cudaMemcpy(d, h.data(), h.size() * 4, cudaMemcpyHostToDevice));
+  return d;
+}
+
+const bf16_t* CudaBackend::upload_bf16(const TensorView& t) {
+  if (t.dtype != DType::BF16) throw Error(t.file + ": " + t.name + ": expected bf16");
+  bf16_t* d = dalloc<bf16_t>(t.numel());
+  GPTOSS_CUDA_CHECK(cudaMemcpy(d, t.data, t.nbytes, cudaMemcpyHostToDevice));
+  return d;
+}
+
+void CudaBackend::load_checkpoint(const std::string& dir) {
+  auto mw = ModelWeights::load(dir);
+  cfg_ = mw->config;
+  const int H = cfg_.hidden, E = cfg_.num_experts, I = cfg_.intermediate;
+  const int qd = cfg_.q_dim(), kvd = cfg_.kv_dim(), QKV = qd + 2 * kvd;
+  embed_ = upload_bf16(*mw->embed);
+  final_norm_ = upload_f32(*mw->final_norm);
+  lm_head_ = WeightMat{WeightMat::kBF16, upload_bf16(*mw->lm_head), nullptr, nullptr, cfg_.vocab, H};
+  for (const LayerWeights& lw : mw->layers) {
+    Layer L{};
+    L.attn_norm = upload_f32(*lw.attn_norm);
+    L.mlp_norm = upload_f32(*lw.mlp_norm);
+    L.sinks = upload_f32(*lw.sinks);
+    // q, k and v fused into one [QKV, H] matrix: one GEMV/GEMM instead of three.
+    bf16_t* wqkv = dalloc<bf16_t>(size_t(QKV) * H);
+    GPTOSS_CUDA_CHECK(cudaMemcpy(wqkv, lw.q_w->data, lw.q_w->nbytes, cudaMemcpyHostToDevice));
+    GPTOSS_CUDA_CHECK(cudaMemcpy(wqkv + size_t(qd) * H, lw.k_w->data, lw.k_w->nbytes, cudaMemcpyHostToDevice));
+    GPTOSS_CUDA_CHECK(cudaMemcpy(wqkv + size_t(qd + kvd) * H, lw.v_w->data, lw.v_w->nbytes, cudaMemcpyHostToDevice));
+    std::vector<float> b(QKV);
+    for (int i = 0; i < qd; ++i) b[i] = tensor_float_at(*lw.q_b, i);
+    for (int i = 0; i < kvd; ++i) b[qd + i] = tensor_float_at(*lw.k_b, i);
+    for (int i = 0; i < kvd; ++i) b[qd + kvd + i] = tensor_float_at(*lw.v_b, i);
+    float* bqkv = dalloc<float>(QKV);
+    GPTOSS_CUDA_CHECK(cudaMemcpy(bqkv, b.data(), QKV * 4, cudaMemcpyHostToDevice));
+    L.qkv = WeightMat{WeightMat::kBF16, wqkv, nullptr, bqkv, QKV, H};
+    L.o = WeightMat{WeightMat::kBF16, upload_bf16(*lw.o_w), nullptr, upload_f32(*lw.o_b), H, qd};
+    L.router = WeightMat{WeightMat::kBF16, upload_bf16(*lw.router_w), nullptr, upload_f32(*lw.router_b), E, H};
+    auto up_u8 = [&](const TensorView& t) {
+      uint8_t* d = dalloc<uint8_t>(t.nbytes);
+      GPTOSS_CUDA_CHECK(cudaMemcpy(d, t.data, t.nbytes, cudaMemcpyHostToDevice));
+      return d;
+    };
+    L.gate_up = WeightMat{WeightMat::kMXFP4, up_u8(*lw.gate_up_blocks), up_u8(*lw.gate_up_scales),
+                          upload_f32(*lw.gate_up_bias), 2 * I, H};
+    L.down = WeightMat{WeightMat::kMXFP4, up_u8(*lw.down_blocks), up_u8(*lw.down_scales), upload_f32(*lw.down_bias),
+                       H, I};
+    layers_.push_back(L);
+  }
+}
+
+void CudaBackend::build_random(const std::string& preset, uint64_t seed) {
+  cfg_ = GptOssConfig::preset(preset);
+  const int H = cfg_.hidden, E = cfg_.num_experts, I = cfg_.intermediate, V = cfg_.vocab;
+  const int qd = cfg_.q_dim(), kvd = cfg_.kv_dim(), QKV = qd + 2 * kvd;
+  uint64_t sid = seed * 1000003ull + 17;
+  auto bf = [&](size_t n, float std) {
+    bf16_t* d = dalloc<bf16_t>(n);
+    fill_random_bf16(d, n, sid++, 0.f, std, stream_);
+    return d;
+  };
+  auto f32 = [&](size_t n, float mean, float std) {
+    float* d = dalloc<float>(n);
+    fill_random_f32(d, n, sid++, mean, std, stream_);
+    return d;
+  };
+  auto u8 = [&](size_t n, int lo, int hi) {
+    uint8_t* d = dalloc<uint8_t>(n);
+    fill_random_u8(d, n, sid++, lo, hi, stream_);
+    return d;
+  };
+  // The distributions make-model writes (uniform with the same mean and spread), so a GPU random
+  // model behaves like a checkpoint one.
+  const RandomWeightSpec r;
+  const float ds = r.dense_std, bs = r.bias_std;
+  const int slo = r.scale_lo, shi = r.scale_hi;
+  embed_ = bf(size_t(V) * H, r.embed_std);
+  final_norm_ = f32(H, 1.f, r.norm_std);
+  lm_head_ = WeightMat{WeightMat::kBF16, bf(size_t(V) * H, ds), nullptr, nullptr, V, H};
+  for (int l = 0; l < cfg_.num_layers; ++l) {
+    Layer L{};
+    L.attn_norm = f32(H, 1.f, r.norm_std);
+    L.mlp_norm = f32(H, 1.f, r.norm_std);
+    L.sinks = f32(cfg_.num_heads, 0.f, 0.5f);
+    L.qkv = WeightMat{WeightMat::kBF16, bf(size_t(QKV) * H, ds), nullptr, f32(QKV, 0.f, bs), QKV, H};
+    L.o = WeightMat{WeightMat::kBF16, bf(size_t(H) * qd, ds), nullptr, f32(H, 0.f, bs), H, qd};
+    L.router = WeightMat{WeightMat::kBF16, bf(size_t(E) * H, ds), nullptr, f32(E, 0.f, bs), E, H};
+    L.gate_up = WeightMat{WeightMat::kMXFP4, u8(size_t(E) * 2 * I * H / 2, 0, 255),
+                          u8(size_t(E) * 2 * I * H / 32, slo, shi), f32(size_t(E) * 2 * I, 0.f, bs), 2 * I, H};
+    L.down = WeightMat{WeightMat::kMXFP4, u8(size_t(E) * H * I / 2, 0, 255), u8(size_t(E) * H * I / 32, slo, shi),
+                       f32(size_t(E) * H, 0.f, bs), H, I};
+    layers_.push_back(L);
+  }
+}
+
+void CudaBackend::alloc_workspace() {
+  const int T = kMaxChunk, H = cfg_.hidden, E = cfg_.num_experts, k = cfg_.experts_per_token;
+  const int QKV = cfg_.q_dim() + 2 * cfg_.kv_dim();
+  const int P = T * k;
+  x_ = dalloc<float>(size_t(T) * H);
+  xn_ = dalloc<bf16_t>(size_t(T) * H);
+  qkv_ = dalloc<bf16_t>(size_t(T) * QKV);
+  attn_ = dalloc<bf16_t>(size_t(T) * cfg_.q_dim());
+  size_t part = std::max(attention_partial_floats(T, cfg_.num_heads, cfg_.head_dim, 1),
+                         attention_partial_floats(kMaxGraphBatch, cfg_.num_heads, cfg_.head_dim, kMaxSplits));
+  partial_ = dalloc<float>(part);
+  router_logits_ = dalloc<float>(size_t(T) * E);
+  act_ = dalloc<bf16_t>(size_t(P) * cfg_.intermediate);
+  routing_ = moe_routing_carve(dalloc<uint8_t>(moe_routing_bytes(P, E)), P, E);
+  d_logits_ = dalloc<float>(size_t(kMaxLogitRows) * cfg_.vocab);
+  d_greedy_ = dalloc<int32_t>(kMaxLogitRows);
+}
+
+size_t CudaBackend::kv_memory_available() const {
+  size_t free_b = 0, total = 0;
+  GPTOSS_CUDA_CHECK(cudaMemGetInfo(&free_b, &total));
+  // Whatever KV pools exist now are given back by init_kv_cache; keep a margin for the
+  // metadata blocks, graphs and the CUDA context's own growth.
+  size_t have = kv_pool_[0].bytes() + kv_pool_[1].bytes();
+  size_t margin = size_t(1) << 30;
+  size_t avail = free_b + have;
+  return avail > margin ? avail - margin : 0;
+}
+
+void CudaBackend::init_kv_cache(const KvCacheConfig& kv) {
+  if (kv.dtype != DType::BF16 && kv.dtype != DType::F8_E4M3)
+    throw Error("cuda backend: KV cache dtype must be bf16 or fp8 (e4m3)");
+  if (kv.page_size <= 0) throw Error("cuda backend: page_size must be positive");
+  GPTOSS_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  for (auto& [b, g] : graphs_) cudaGraphExecDestroy(g);
+  graphs_.clear();
+  kvc_ = kv;
+  for (int g = 0; g < 2; ++g) {
+    kv_pool_[g].reset();
+    int layers = g == kKvSliding ? cfg_.num_sliding_layers() : cfg_.num_full_layers();
+    // One extra page per group: padding tokens of a graph bucket write their K/V there.
+    kv_layer_bytes_[g] = size_t(kv.num_pages[g] + 1) * kv_page_bytes(cfg_, KvGroup(g), kv.page_size, kv.dtype) /
+                         std::max(1, layers);
+    if (layers > 0) kv_pool_[g].alloc(kv_layer_bytes_[g] * layers);
+  }
+}
+
+int CudaBackend::splits_for(int n) const {
+  int blocks = n * cfg_.num_kv_heads;
+  int s = (264 + blocks - 1) / blocks;
+  return std::clamp(s, 1, kMaxSplits);
+}
+
+CudaBackend::PassMeta CudaBackend::upload_meta(const Staged& st, int n, int n_rows) {
+  size_t need = 4 * size_t(n) + n_rows + st.pt.size() + kMaxLogitRows + 16;
+  if (need > meta_cap_) {
+    // Growing moves the block: graphs captured against the old one must go.
+    GPTOSS_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    for (auto& [b, g] : graphs_) cudaGraphExecDestroy(g);
+    graphs_.clear();
+    size_t cap = std::max<size_t>(need * 2, size_t(1) << 20);
+    meta_.alloc(cap * 4);
+    if (h_meta_) cudaFreeHost(h_meta_);
+    GPTOSS_CUDA_CHECK(cudaMallocHost(&h_meta_, cap * 4));
+    meta_cap_ = cap;
+  }
+  // The previous pass may still read the pinned block through its copy: wait for it.
+  GPTOSS_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  int32_t* h = h_meta_;
+  size_t o = 0;
+  auto put = [&](const std::vector<int32_t>& v, size_t count) {
+    std::memcpy(h + o, v.data(), v.size() * 4);
+    size_t at = o;
+    o += count;
+    return at;
+  };
+  size_t ot = put(st.tokens, n), op = put(st.pos, n), o0 = put(st.off0, n), o1 = put(st.off1, n);
+  size_t orows = put(st.rows, n_rows), opt = put(st.pt, st.pt.size());
+  GPTOSS_CUDA_CHECK(cudaMemcpyAsync(meta_.get(), h, o * 4, cudaMemcpyHostToDevice, stream_));
+  const int32_t* d = meta_.get<int32_t>();
+  return PassMeta{d + ot, d + op, {d + o0, d + o1}, d + opt, d + orows};
+}
+
+void CudaBackend::lm_head(const int32_t* rows, int n_rows) {
+  rmsnorm(x_, final_norm_, n_rows, cfg_.hidden, cfg_.rms_eps, rows, xn_, stream_);
+  Epilogue e{Epilogue::kStoreF32, d_logits_, cfg_.vocab};
+  linear(lm_head_, xn_, cfg_.hidden, n_rows, e, stream_);
+}
+
+void CudaBackend::run_pass(int n, const PassMeta& m, int n_rows, int nsplit) {
+  const GptOssConfig& c = cfg_;
+  const int H = c.hidden, QKV = c.q_dim() + 2 * c.kv_dim(), E = c.num_experts, k = c.experts_per_token;
+  if (profile_) GPTOSS_CUDA_CHECK(cudaEventRecord(prof_start_, stream_));
+  embed(embed_, m.tokens, n, H, x_, stream_);
+  mark("embed");
+  for (const Layer& L : layers_) {
+    const int g = L.sliding ? kKvSliding : kKvFull;
+    KvLayer kv{static_cast<uint8_t*>(kv_pool_[g].get()) + kv_layer_bytes_[g] * L.group_index,
+               kvc_.dtype == DType::F8_E4M3, kvc_.page_size};
+    TokenMeta tm{m.pos, m.pt_off[g], m.pt};
+    if (!skip("norms")) rmsnorm(x_, L.attn_norm, n, H, c.rms_eps, nullptr, xn_, stream_);
+    mark("norm");
+    if (!skip("dense")) linear(L.qkv, xn_, H, n, Epilogue{Epilogue::kStoreBF16, qkv_, QKV}, stream_);
+    mark("qkv");
+    if (!skip("attn"))
+      rope_kv_store(qkv_, n, c.num_heads, c.num_kv_heads, c.head_dim, inv_freq_, yarn_.attention_scaling, tm, kv,
+                    stream_);
+    mark("rope_kv");
+    if (!skip("attn"))
+      attention(qkv_, n, c.num_heads, c.num_kv_heads, c.head_dim, L.sliding ? c.sliding_window : 0, L.sinks, tm, kv,
+                nsplit, partial_, attn_, stream_);
+    mark("attention");
+    if (!skip("dense")) linear(L.o, attn_, c.q_dim(), n, Epilogue{Epilogue::kAddF32, x_, H}, stream_);
+    mark("o_proj");
+    if (!skip("norms")) rmsnorm(x_, L.mlp_norm, n, H, c.rms_eps, nullptr, xn_, stream_);
+    mark("norm");
+    if (!skip("router")) linear(L.router, xn_, H, n, Epilogue{Epilogue::kStoreF32, router_logits_, E}, stream_);
+    mark("router");
+    if (!skip("router")) moe_route(router_logits_, n, E, k, routing_, stream_);
+    mark("route");
+    Epilogue gu{Epilogue::kSwiGLU, act_, c.intermediate};
+    gu.swiglu_limit = c.swiglu_limit;
+    if (!skip("experts")) linear_grouped(L.gate_up, xn_, H, n * k, E, true, routing_, gu, stream_);
+    mark("gate_up");
+    if (!skip("experts"))
+      linear_grouped(L.down, act_, c.intermediate, n * k, E, false, routing_, Epilogue{Epilogue::kScatterAdd, x_, H},
+                     stream_);
+    mark("down");
+  }
+  if (n_rows > 0 && !skip("lm_head")) lm_head(m.rows, n_rows);
+  mark("lm_head");
+  collect_profile();
+}
+
+void CudaBackend::stage_chunk(const ForwardBatch& b, int t0, int t1, Staged* st, std::vector<int>* seq_of) {
+  // Two leading page-table entries hold each group's spare page (for padding tokens).
+  st->pt.assign({kvc_.num_pages[0], kvc_.num_pages[1]});
+  const int ps = kvc_.page_size;
+  for (const SeqBatchInfo& s : b.seqs) {
+    int a = std::max(t0, s.first_token), e = std::min(t1, s.first_token + s.n_tokens);
+    if (a >= e) continue;
+    int last_pos = s.start_pos + (e - s.first_token) - 1;
+    int need = last_pos / ps + 1;
+    int off[2];
+    for (int g = 0; g < 2; ++g) {
+      int layers = g == kKvSliding ? cfg_.num_sliding_layers() : cfg_.num_full_layers();
+      off[g] = int(st->pt.size());
+      if (layers == 0) {
+        st->pt.push_back(kvc_.num_pages[g]);
+        off[g] = g;
+        continue;
+      }
+      if (s.n_pages[g] < need || !s.pages[g])
+        throw Error("cuda backend: sequence page table too short for position " + std::to_string(last_pos));
+      for (int i = 0; i < need; ++i) {
+        int p = s.pages[g][i];
+        if (p >= kvc_.num_pages[g]) throw Error("cuda backend: page id out of range");
+        st->pt.push_back(p);
+      }
+      // Pages of the new tokens must exist (sliding entries below the window may be -1).
+      for (int t = a; t < e; ++t) {
+        int pos = s.start_pos + (t - s.first_token);
+        if (s.pages[g][pos / ps] < 0) throw Error("cuda backend: no page for a new token");
+      }
+    }
+    for (int t = a; t < e; ++t) {
+      int tok = b.tokens[t];
+      if (tok < 0 || tok >= cfg_.vocab) throw Error("cuda backend: token id out of range");
+      st->tokens.push_back(tok);
+      st->pos.push_back(s.start_pos + (t - s.first_token));
+      st->off0.push_back(off[0]);
+      st->off1.push_back(off[1]);
+    }
+  }
+  (void)seq_of;
+}
+
+void CudaBackend::run_batch(const ForwardBatch& b, float* logits, int32_t* greedy) {
+  const int M = int(b.tokens.size());
+  if (kvc_.num_pages[0] + kvc_.num_pages[1] == 0) throw Error("cuda backend: init_kv_cache first");
+  if (M == 0) return;
+  int covered = 0;
+  for (const SeqBatchInfo& s : b.seqs) covered += s.n_tokens;
+  if (covered != M) throw Error("cuda backend: sequences do not cover the batch's tokens");
+  bool decode = M <= kMaxGraphBatch && !profile_;
+  for (const SeqBatchInfo& s : b.seqs) decode &= s.n_tokens <= 1;
+  const int V = cfg_.vocab;
+  if (decode) {
+    int B = 1;
+    while (B < M) B *= 2;
+    Staged st;
+    stage_chunk(b, 0, M, &st, nullptr);
+    for (int i = M; i < B; ++i) {  // padding tokens: position 0 on the spare pages
+      st.tokens.push_back(0);
+      st.pos.push_back(0);
+      st.off0.push_back(0);
+      st.off1.push_back(1);
+    }
+    // Token order of the staged pass may differ from the batch's: map batch index -> pass row.
+    std::vector<int> row_of(M, -1);
+    {
+      int r = 0;
+      for (const SeqBatchInfo& s : b.seqs)
+        for (int t = s.first_token; t < s.first_token + s.n_tokens; ++t) row_of[t] = r++;
+    }
+    for (int i = 0; i < B; ++i) st.rows.push_back(i);
+    PassMeta pm = upload_meta(st, B, B);
+    auto it = graphs_.find(B);
+    if (it == graphs_.end()) {
+      cudaGraph_t graph;
+      GPTOSS_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+      run_pass(B, pm, B, splits_for(B));
+      argmax_rows(d_logits_, B, V, d_greedy_, stream_);
+      GPTOSS_CUDA_CHECK(cudaStreamEndCapture(stream_, &graph));
+      cudaGraphExec_t exec;
+      GPTOSS_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+      cudaGraphDestroy(graph);
+      it = graphs_.emplace(B, exec).first;
+    }
+    GPTOSS_CUDA_CHECK(cudaGraphLaunch(it->second, stream_));
+    if (greedy) {
+      std::vector<int32_t> ids(B);
+      GPTOSS_CUDA_CHECK(cudaMemcpyAsync(ids.data(), d_greedy_, B * 4, cudaMemcpyDeviceToHost, stream_));
+      GPTOSS_CUDA_CHECK(cudaStreamSynchronize(stream_));
+      for (size_t i = 0; i < b.logit_rows.size(); ++i) greedy[i] = ids[row_of[b.logit_rows[i]]];
+    } else {
+      for (size_t i = 0; i < b.logit_rows.size(); ++i)
+        GPTOSS_CUDA_CHECK(cudaMemcpyAsync(logits + i * size_t(V), d_logits_ + size_t(row_of[b.logit_rows[i]]) * V,
+                                          size_t(V) * 4, cudaMemcpyDeviceToHost, stream_));
+      GPTOSS_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    }
+    return;
+  }
+  // Eager path: chunks of kMaxChunk tokens in batch order (each token attends through the
+  // pages, so a sequence split across chunks sees its earlier tokens' K/V).
+  for (int t0 = 0; t0 < M; t0 += kMaxChunk) {
+    int t1 = std::min(M, t0 + kMaxChunk);
+    Staged st;
+    stage_chunk(b, t0, t1, &st, nullptr);
+    // Pass rows follow the sequences' order within the chunk.
+    std::vector<int> row_of(t1 - t0, -1);
+    {
+      int r = 0;
+      for (const SeqBatchInfo& s : b.seqs)
+        for (int t = std::max(t0, s.first_token); t < std::min(t1, s.first_token + s.n_tokens); ++t)
+          row_of[t - t0] = r++;
+    }
+    std::vector<int> outs;  // output indices whose logits come from this chunk
+    for (size_t i = 0; i < b.logit_rows.size(); ++i) {
+      int t = b.logit_rows[i];
+      if (t < 0 || t >= M) throw Error("cuda backend: logit row out of range");
+      if (t >= t0 && t < t1) outs.push_back(int(i));
+    }
+    int n = t1 - t0;
+    int first = std::min<int>(kMaxLogitRows, outs.size());
+    for (int i = 0; i < first; ++i) st.rows.push_back(row_of[b.logit_rows[outs[i]] - t0]);
+    PassMeta pm = upload_meta(st, n, first);
+    run_pass(n, pm, first, splits_for(n));
+    for (size_t done = 0; done < outs.size();) {
+      int cnt = std::min<int>(kMaxLogitRows, outs.size() - done);
+      if (done > 0) {
+        // More rows than one lm_head pass takes: stage the next batch of row indices.
+        GPTOSS_CUDA_CHECK(cudaStreamSynchronize(stream_));
+        for (int i = 0; i < cnt; ++i) h_meta_[i] = row_of[b.logit_rows[outs[done + i]] - t0];
+        int32_t* drows = meta_.get<int32_t>() + (meta_cap_ - kMaxLogitRows);
+        GPTOSS_CUDA_CHECK(cudaMemcpyAsync(drows, h_meta_, cnt * 4, cudaMemcpyHostToDevice, stream_));
+        lm_head(drows, cnt);
+      }
+      if (greedy) {
+        argmax_rows(d_logits_, cnt, V, d_greedy_, stream_);
+        std::vector<int32_t> ids(cnt);
+        GPTOSS_CUDA_CHECK(cudaMemcpyAsync(ids.data(), d_greedy_, cnt * 4, cudaMemcpyDeviceToHost, stream_));
+        GPTOSS_CUDA_CHECK(cudaStreamSynchronize(stream_));
+        for (int i = 0; i < cnt; ++i) greedy[outs[done + i]] = ids[i];
+      } else {
+        for (int i = 0; i < cnt; ++i)
+          GPTOSS_CUDA_CHECK(cudaMemcpyAsync(logits + size_t(outs[done + i]) * V, d_logits_ + size_t(i) * V,
+                                            size_t(V) * 4, cudaMemcpyDeviceToHost, stream_));
+      }
+      GPTOSS_CUDA_CHECK(cudaStreamSynchronize(stream_));
+      done += cnt;
+    }
+  }
+}
+
+void CudaBackend::forward(const ForwardBatch& batch, float* logits) { run_batch(batch, logits, nullptr); }
+
+void CudaBackend::forward_greedy(const ForwardBatch& batch, int32_t* tokens_out) {
+  run_batch(batch, nullptr, tokens_out);
+}
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cuda_backend(const BackendOptions& opts) { return std::make_unique<CudaBackend>(opts); }
+
+}  // namespace gptoss

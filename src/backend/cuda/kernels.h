@@ -1,0 +1,111 @@
+#pragma once
+// Host-side launchers of the CUDA backend's kernels. The backend composes them into a forward
+// pass; tests call each one against the CPU reference (backend/cpu/cpu_ops.h). All pointers are
+// device pointers; every launcher is asynchronous on `stream` and graph-capturable (no host sync,
+// no allocation).
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace gptoss::cuda {
+
+using bf16_t = uint16_t;  // bf16 bits; kernels reinterpret as __nv_bfloat16
+
+// A weight matrix [N, K] (output rows, input columns), optionally one per expert.
+struct WeightMat {
+  enum Format { kBF16 = 0, kMXFP4 = 1 };
+  Format fmt = kBF16;
+  const void* w = nullptr;          // bf16 [E][N][K], or MXFP4 nibbles [E][N][K/32][16]
+  const uint8_t* scales = nullptr;  // MXFP4 e8m0 [E][N][K/32]
+  const float* bias = nullptr;      // [E][N] f32 or null
+  int N = 0, K = 0;
+};
+
+// What happens to each output value v = (A . W^T)[row, n] + bias[n].
+struct Epilogue {
+  enum Mode {
+    kStoreF32,    // out_f32[row, n] = v
+    kStoreBF16,   // out_bf16[row, n] = v
+    kAddF32,      // out_f32[row, n] += v (residual add)
+    kSwiGLU,      // out_bf16[row, n/2] = swiglu(v[n even] (gate), v[n odd] (up))
+    kScatterAdd,  // grouped only: out_f32[token(row), n] += weight(row) * v (atomic)
+  };
+  Mode mode = kStoreF32;
+  void* out = nullptr;
+  int ldo = 0;  // elements between output rows
+  float swiglu_limit = 7.0f;
+};
+
+// Device-side routing of a MoE layer: (token, expert) pairs sorted by expert. Filled by
+// moe_route(); sized for at most `max_pairs` pairs and E experts.
+struct MoeRouting {
+  int32_t* counts = nullptr;        // [2]: n_groups, n_tiles
+  int32_t* group_expert = nullptr;  // [E]
+  int32_t* group_start = nullptr;   // [E] first sorted pair of the group
+  int32_t* group_end = nullptr;     // [E]
+  int32_t* tile_group = nullptr;    // [max_tiles] GEMM row tiles (kGemmBM pairs each)
+  int32_t* tile_row = nullptr;      // [max_tiles]
+  int32_t* pair_token = nullptr;    // [max_pairs] token of each sorted pair
+  float* pair_weight = nullptr;     // [max_pairs]
+  int32_t* topk_idx = nullptr;      // [max_pairs] token order: expert of (t, j)
+  float* topk_w = nullptr;          // [max_pairs]
+};
+constexpr int kGemmBM = 64;
+inline int moe_max_tiles(int pairs, int E) { return (pairs + kGemmBM - 1) / kGemmBM + (pairs < E ? pairs : E); }
+inline int moe_max_groups(int pairs, int E) { return pairs < E ? pairs : E; }
+// Bytes of device memory a MoeRouting for (max_pairs, E) needs, and carving it from one block.
+size_t moe_routing_bytes(int max_pairs, int E);
+MoeRouting moe_routing_carve(void* mem, int max_pairs, int E);
+
+// out = A . W^T + bias, with the epilogue. Dense: A [M, K] bf16 (row stride lda), rows 0..M-1.
+// Picks a CUDA-core GEMV for small M and an mma.sync GEMM otherwise.
+void linear(const WeightMat& W, const bf16_t* A, int lda, int M, const Epilogue& epi, cudaStream_t s);
+// Grouped (MoE): W holds E experts. Sorted pair p uses expert group_expert[g] for p in its group.
+// gather_a: A row of pair p is pair_token[p] (else p). `pairs` is the host-known upper bound.
+void linear_grouped(const WeightMat& W, const bf16_t* A, int lda, int pairs, int E, bool gather_a,
+                    const MoeRouting& r, const Epilogue& epi, cudaStream_t s);
+// Forces a path (tests): 0 = auto, 1 = GEMV, 2 = GEMM.
+void set_linear_path(int path);
+
+// x (f32 [n, H]) -> y (bf16 [n, H]) = x / rms(x) * w. rows: optional row gather (y row i = x row rows[i]).
+void rmsnorm(const float* x, const float* w, int n, int H, float eps, const int32_t* rows, bf16_t* y,
+             cudaStream_t s);
+// x[i] = embed[tokens[i]] (bf16 -> f32).
+void embed(const bf16_t* table, const int32_t* tokens, int n, int H, float* x, cudaStream_t s);
+
+// Paged KV for one layer: [num_pages][2][page_size][Hkv][D] of bf16 or fp8 e4m3.
+struct KvLayer {
+  void* base = nullptr;
+  bool fp8 = false;
+  int page_size = 16;
+};
+// Per-token batch metadata shared by rope/KV-store and attention.
+struct TokenMeta {
+  const int32_t* pos = nullptr;      // [n] absolute position
+  const int32_t* pt_off = nullptr;   // [n] offset of this token's sequence page table in `pt`
+  const int32_t* pt = nullptr;       // page ids
+};
+// Rotates q and k of qkv ([n, (Hq + 2 Hkv) D] bf16, in place) with YaRN and stores k, v into
+// the pages. inv_freq: [D/2] f32.
+void rope_kv_store(bf16_t* qkv, int n, int Hq, int Hkv, int D, const float* inv_freq, float attn_scaling,
+                   const TokenMeta& tm, const KvLayer& kv, cudaStream_t s);
+// Attention with sinks over the pages (the token's own K/V must be stored already). q from qkv
+// (row stride (Hq + 2 Hkv) D); out [n, Hq D] bf16. window 0 = full. nsplit: KV splits per token
+// (flash-decoding); partial: workspace of attention_partial_floats() floats.
+size_t attention_partial_floats(int n, int Hq, int D, int nsplit);
+void attention(const bf16_t* qkv, int n, int Hq, int Hkv, int D, int window, const float* sinks,
+               const TokenMeta& tm, const KvLayer& kv, int nsplit, float* partial, bf16_t* out, cudaStream_t s);
+
+// Router logits [n, E] f32 -> top-k + softmax, pairs sorted by expert (fills r).
+void moe_route(const float* logits, int n, int E, int k, const MoeRouting& r, cudaStream_t s);
+
+// out[i] = argmax of row i of logits [n, V].
+void argmax_rows(const float* logits, int n, int V, int32_t* out, cudaStream_t s);
+
+// Deterministic random fill from (seed, stream id): bf16 ~ uniform with the given std and mean;
+// bytes uniform in [lo, hi].
+void fill_random_bf16(bf16_t* p, size_t n, uint64_t seed, float mean, float std, cudaStream_t s);
+void fill_random_f32(float* p, size_t n, uint64_t seed, float mean, float std, cudaStream_t s);
+void fill_random_u8(uint8_t* p, size_t n, uint64_t seed, int lo, int hi, cudaStream_t s);
+
+}  // namespace gptoss::cuda

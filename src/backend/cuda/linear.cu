@@ -1,0 +1,590 @@
+// Linear layers: dense (bf16 weights) and grouped MoE (MXFP4 experts, dequantized on the fly,
+// never stored as bf16). Small M: CUDA-core GEMV streaming 16-byte weight chunks, one warp per
+// output row pair (so gate/up pairs meet for the SwiGLU epilogue). Larger M: mma.sync m16n8k16
+// bf16 GEMM with fp32 accumulation, MXFP4 tiles dequantized into shared memory. Grouped launches
+// size their grids from host-known upper bounds and read the real group/tile counts on the
+// device, so they capture in CUDA graphs.
+#include <algorithm>
+
+#include "backend/cuda/cuda_common.h"
+#include <cuda_fp16.h>
+
+#include "backend/cuda/device_utils.cuh"
+#include "backend/cuda/kernels.h"
+
+namespace gptoss::cuda {
+
+namespace {
+
+int g_force_path = 0;
+
+struct LinArgs {
+  WeightMat W;
+  const uint16_t* A;
+  int lda;
+  int M;  // dense rows
+  bool grouped, gather_a;
+  MoeRouting r;
+  Epilogue epi;
+};
+
+// e2m1 nibble -> float carrying a 2^-126 factor: the 3 magnitude bits land on the exponent's
+// two low bits and the mantissa's top bit, which maps the subnormal code (0.5) right as well.
+__device__ __forceinline__ float e2m1_bits(uint32_t nib) {
+  return __uint_as_float(((nib & 7u) << 22) | ((nib & 8u) << 28));
+}
+// The scale 2^(s-127) times the 2^126 the nibble trick leaves out, as two factors (hi * lo) so
+// that every e8m0 byte stays finite: hi = 2^(min(s,128)-1), lo = 2^(max(s,128)-128).
+__device__ __forceinline__ float mx_scale_hi(uint32_t s) { return __uint_as_float((min(s, 128u) + 126u) << 23); }
+__device__ __forceinline__ float mx_scale_lo(uint32_t s) { return __uint_as_float((max(s, 128u) - 1u) << 23); }
+
+__device__ __forceinline__ float swiglu_dev(float gate, float up, float limit) {
+  float g = fminf(gate, limit);
+  float u = fmaxf(fminf(up, limit), -limit);
+  return g / (1.f + __expf(-1.702f * g)) * (u + 1.f);
+}
+
+// Applies the epilogue to one value (not SwiGLU).
+__device__ __forceinline__ void epi_store(const LinArgs& a, int row, int n, float v) {
+  const Epilogue& e = a.epi;
+  switch (e.mode) {
+    case Epilogue::kStoreF32: static_cast<float*>(e.out)[size_t(row) * e.ldo + n] = v; break;
+    case Epilogue::kStoreBF16: static_cast<uint16_t*>(e.out)[size_t(row) * e.ldo + n] = f32_to_bf16_bits(v); break;
+    case Epilogue::kAddF32: static_cast<float*>(e.out)[size_t(row) * e.ldo + n] += v; break;
+    case Epilogue::kScatterAdd:
+      atomicAdd(static_cast<float*>(e.out) + size_t(a.r.pair_token[row]) * e.ldo + n, a.r.pair_weight[row] * v);
+      break;
+    default: break;
+  }
+}
+__device__ __forceinline__ void epi_swiglu(const LinArgs& a, int row, int n_even, float gate, float up) {
+  static_cast<uint16_t*>(a.epi.out)[size_t(row) * a.epi.ldo + n_even / 2] =
+      f32_to_bf16_bits(swiglu_dev(gate, up, a.epi.swiglu_limit));
+}
+
+// ---------------------------------------------------------------------------------------------
+// GEMV
+
+constexpr int kGemvWarps = 8;
+constexpr int kGemvRowsPerWarp = 2;
+constexpr int kGemvRowsPerBlock = kGemvWarps * kGemvRowsPerWarp;
+constexpr int kGemvMT = 4;  // tokens per pass over the weights
+constexpr int kGemvMaxM = 8;  // the auto path uses GEMV up to this many rows (per group)
+
+__global__ void __launch_bounds__(256, 3) gemv_bf16_kernel(LinArgs a) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+  const int n0 = (blockIdx.x * kGemvWarps + warp) * kGemvRowsPerWarp;
+  const int N = a.W.N, K = a.W.K;
+  if (!a.grouped && n0 < N) {
+    // Weights depend on no earlier kernel: pull this warp's rows toward L2 while the previous
+    // kernel drains (programmatic dependent launch), then wait for its outputs.
+    const char* base = static_cast<const char*>(a.W.w) + size_t(n0) * K * 2;
+    const int lines = (min(2, N - n0) * K * 2 + 127) / 128;
+    for (int l = lane; l < lines; l += 32) asm volatile("prefetch.global.L2 [%0];" ::"l"(base + size_t(l) * 128));
+  }
+  pdl_begin();
+  int row_begin = 0, row_end = a.M, expert = 0;
+  if (a.grouped) {
+    int g = blockIdx.y;
+    if (g >= a.r.counts[0]) return;
+    row_begin = a.r.group_start[g];
+    row_end = a.r.group_end[g];
+    expert = a.r.group_expert[g];
+  }
+  if (n0 >= N) return;
+  const bool has1 = n0 + 1 < N;
+  const int n1 = has1 ? n0 + 1 : n0;
+  float bias0 = 0.f, bias1 = 0.f;
+  if (a.W.bias) {
+    bias0 = a.W.bias[size_t(expert) * N + n0];
+    bias1 = a.W.bias[size_t(expert) * N + n1];
+  }
+  for (int rb = row_begin; rb < row_end; rb += kGemvMT) {
+    const int mt = min(kGemvMT, row_end - rb);
+    const uint16_t* xrow[kGemvMT];
+#pragma unroll
+    for (int m = 0; m < kGemvMT; ++m) {
+      int p = rb + min(m, mt - 1);
+      int ar = a.gather_a ? a.r.pair_token[p] : p;
+      xrow[m] = a.A + size_t(ar) * a.lda;
+    }
+    float acc0[kGemvMT], acc1[kGemvMT];
+#pragma unroll
+    for (int m = 0; m < kGemvMT; ++m) acc0[m] = acc1[m] = 0.f;
+
+    {
+      const uint16_t* W = static_cast<const uint16_t*>(a.W.w) + size_t(expert) * N * K;
+      const uint4* w0 = reinterpret_cast<const uint4*>(W + size_t(n0) * K);
+      const uint4* w1 = reinterpret_cast<const uint4*>(W + size_t(n1) * K);
+      const int chunks = K / 8;
+      constexpr int U = 4;
+      for (int c0 = lane; c0 < chunks; c0 += 32 * U) {
+        uint4 wa[U], wb[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+          int c = c0 + u * 32;
+          if (c < chunks) { wa[u] = __ldg(w0 + c); wb[u] = __ldg(w1 + c); }
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+          int c = c0 + u * 32;
+          if (c >= chunks) break;
+          const uint32_t* pa = reinterpret_cast<const uint32_t*>(&wa[u]);
+          const uint32_t* pb = reinterpret_cast<const uint32_t*>(&wb[u]);
+#pragma unroll
+          for (int m = 0; m < kGemvMT; ++m) {
+            if (m >= mt) break;
+            uint4 xv = *reinterpret_cast<const uint4*>(xrow[m] + size_t(c) * 8);
+            const uint32_t* px = reinterpret_cast<const uint32_t*>(&xv);
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+              float2 x = bf16x2_to_f32x2(px[i]);
+              float2 fa = bf16x2_to_f32x2(pa[i]);
+              float2 fb = bf16x2_to_f32x2(pb[i]);
+              acc0[m] = fmaf(fa.x, x.x, fmaf(fa.y, x.y, acc0[m]));
+              acc1[m] = fmaf(fb.x, x.x, fmaf(fb.y, x.y, acc1[m]));
+            }
+          }
+        }
+      }
+    }
+#pragma unroll
+    for (int m = 0; m < kGemvMT; ++m) {
+      acc0[m] = warp_sum(acc0[m]);
+      acc1[m] = warp_sum(acc1[m]);
+    }
+    if (lane < mt) {
+      // Each of the first mt lanes finishes one token (compile-time indices via the loop).
+#pragma unroll
+      for (int m = 0; m < kGemvMT; ++m) {
+        if (m != lane) continue;
+        int row = rb + m;
+        float v0 = acc0[m] + bias0, v1 = acc1[m] + bias1;
+        if (a.epi.mode == Epilogue::kSwiGLU) {
+          epi_swiglu(a, row, n0, v0, v1);
+        } else {
+          epi_store(a, row, n0, v0);
+          if (has1) epi_store(a, row, n0 + 1, v1);
+        }
+      }
+    }
+  }
+}
+
+
+// MXFP4 GEMV. Decoding is the cost here (3.6 B weights a token), so it runs two elements per
+// instruction: a 32-bit word of nibbles gives four fp16 pairs (element j and j+4) with two shifts
+// and two logic ops each, one HMUL2 makes them exact e2m1 values, and HFMA2 multiplies them with
+// the activations (staged once per block in shared memory as fp16 pairs in the same order,
+// pre-scaled by 1/16 for headroom). Each half accumulates only 4 products in fp16 before the sum
+// moves to fp32; the e8m0 scale is applied per 32-element block in fp32.
+constexpr int kMxMaxK = 3072;  // 3 chunks of 32 per lane: every gpt-oss K (2880) in one pass
+
+__device__ __forceinline__ void mx_load_pair(const LinArgs& a, int expert, int n0, uint4* wa, uint4* wb, uint32_t* sa,
+                                             uint32_t* sb, int lane) {
+  const int N = a.W.N, kb = a.W.K / 32;
+  const int n0c = n0 < N ? n0 : 0, n1 = n0 + 1 < N ? n0 + 1 : n0c;
+  const uint8_t* B = static_cast<const uint8_t*>(a.W.w) + size_t(expert) * N * kb * 16;
+  const uint8_t* S = a.W.scales + size_t(expert) * N * kb;
+  const uint4* w0 = reinterpret_cast<const uint4*>(B + size_t(n0c) * kb * 16);
+  const uint4* w1 = reinterpret_cast<const uint4*>(B + size_t(n1) * kb * 16);
+#pragma unroll
+  for (int u = 0; u < kMxMaxK / 1024; ++u) {
+    int c = lane + u * 32;
+    if (n0 < N && c < kb) {
+      wa[u] = __ldg(w0 + c);
+      wb[u] = __ldg(w1 + c);
+      sa[u] = __ldg(S + size_t(n0c) * kb + c);
+      sb[u] = __ldg(S + size_t(n1) * kb + c);
+    }
+  }
+}
+
+// Grid: (row blocks, groups); each warp walks row pairs n0 = (blockIdx.x + it * gridDim.x) * 16
+// + 2 * warp, loading the next pair's weights before computing the current one, so the bytes
+// of a small decode GEMV stay in flight without a second wave of blocks; the activations are
+// staged once per block.
+__global__ void __launch_bounds__(256, 2) gemv_mxfp4_kernel(LinArgs a) {
+  pdl_begin();
+  __shared__ __align__(16) __half2 xh[kGemvMT][kMxMaxK / 2];
+  constexpr int U = kMxMaxK / 1024;  // 32-element chunks per lane
+  const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+  const int N = a.W.N, K = a.W.K, kb = K / 32;
+  int row_begin = 0, row_end = a.M, expert = 0;
+  if (a.grouped) {
+    int g = blockIdx.y;
+    if (g >= a.r.counts[0]) return;  // uniform over the block
+    row_begin = a.r.group_start[g];
+    row_end = a.r.group_end[g];
+    expert = a.r.group_expert[g];
+  }
+  const int stride = gridDim.x * kGemvRowsPerBlock;
+  const __half2 k2p14 = __floats2half2_rn(16384.f, 16384.f);
+  for (int rb = row_begin; rb < row_end; rb += kGemvMT) {
+    const int mt = min(kGemvMT, row_end - rb);
+    __syncthreads();  // the previous chunk's readers are done with xh
+    // One 16-byte load per (token, 8 columns), all issued before any is used: a GEMV this
+    // small is a chain of latencies, not of bandwidth.
+    for (int i = threadIdx.x; i < mt * (K / 8); i += blockDim.x) {
+      int m = i / (K / 8), g8 = i % (K / 8);
+      int p = rb + m;
+      const uint16_t* xr = a.A + size_t(a.gather_a ? a.r.pair_token[p] : p) * a.lda;
+      uint4 v = *reinterpret_cast<const uint4*>(xr + g8 * 8);
+      const uint32_t* w = reinterpret_cast<const uint32_t*>(&v);
+      float f[8];
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        float2 t = bf16x2_to_f32x2(w[q]);
+        f[2 * q] = t.x * 0.0625f;
+        f[2 * q + 1] = t.y * 0.0625f;
+      }
+      __half2* dst = &xh[m][g8 * 4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) dst[j] = __floats2half2_rn(f[j], f[j + 4]);
+    }
+    __syncthreads();
+    uint4 wa[U], wb[U];
+    uint32_t sa[U], sb[U];
+    int n0 = blockIdx.x * kGemvRowsPerBlock + 2 * warp;
+    mx_load_pair(a, expert, n0, wa, wb, sa, sb, lane);
+    for (; n0 < N; n0 += stride) {
+      uint4 ca[U], cb[U];
+      uint32_t csa[U], csb[U];
+#pragma unroll
+      for (int u = 0; u < U; ++u) { ca[u] = wa[u]; cb[u] = wb[u]; csa[u] = sa[u]; csb[u] = sb[u]; }
+      if (n0 + stride < N) mx_load_pair(a, expert, n0 + stride, wa, wb, sa, sb, lane);
+      float acc0[kGemvMT], acc1[kGemvMT];
+#pragma unroll
+      for (int m = 0; m < kGemvMT; ++m) acc0[m] = acc1[m] = 0.f;
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int c = lane + u * 32;
+        if (c >= kb) break;
+        // 2^(s-127) times the 16 the activations were divided by.
+        const float fa = __uint_as_float(max(min(csa[u], 254u), 1u) << 23) * 16.f;
+        const float fb = __uint_as_float(max(min(csb[u], 254u), 1u) << 23) * 16.f;
+        const uint32_t* pa = reinterpret_cast<const uint32_t*>(&ca[u]);
+        const uint32_t* pb = reinterpret_cast<const uint32_t*>(&cb[u]);
+        float ta[kGemvMT], tb[kGemvMT];
+#pragma unroll
+        for (int m = 0; m < kGemvMT; ++m) ta[m] = tb[m] = 0.f;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          __half2 da[4], db[4];
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            const int sh_m = 9 - 4 * j, sh_s = 12 - 4 * j;
+            uint32_t ua = ((sh_m >= 0 ? pa[i] << sh_m : pa[i] >> -sh_m) & 0x0E000E00u) | ((pa[i] << sh_s) & 0x80008000u);
+            uint32_t ub = ((sh_m >= 0 ? pb[i] << sh_m : pb[i] >> -sh_m) & 0x0E000E00u) | ((pb[i] << sh_s) & 0x80008000u);
+            da[j] = __hmul2(*reinterpret_cast<__half2*>(&ua), k2p14);
+            db[j] = __hmul2(*reinterpret_cast<__half2*>(&ub), k2p14);
+          }
+#pragma unroll
+          for (int m = 0; m < kGemvMT; ++m) {
+            if (m >= mt) break;
+            uint4 xv = *reinterpret_cast<const uint4*>(&xh[m][16 * c + 4 * i]);
+            const __half2* x2 = reinterpret_cast<const __half2*>(&xv);
+            __half2 ha = __hmul2(da[0], x2[0]), hb = __hmul2(db[0], x2[0]);
+#pragma unroll
+            for (int j = 1; j < 4; ++j) {
+              ha = __hfma2(da[j], x2[j], ha);
+              hb = __hfma2(db[j], x2[j], hb);
+            }
+            float2 fa2 = __half22float2(ha), fb2 = __half22float2(hb);
+            ta[m] += fa2.x + fa2.y;
+            tb[m] += fb2.x + fb2.y;
+          }
+        }
+#pragma unroll
+        for (int m = 0; m < kGemvMT; ++m) {
+          acc0[m] = fmaf(ta[m], fa, acc0[m]);
+          acc1[m] = fmaf(tb[m], fb, acc1[m]);
+        }
+      }
+#pragma unroll
+      for (int m = 0; m < kGemvMT; ++m) {
+        acc0[m] = warp_sum(acc0[m]);
+        acc1[m] = warp_sum(acc1[m]);
+      }
+      if (lane < mt) {
+        const bool has1 = n0 + 1 < N;
+        float bias0 = 0.f, bias1 = 0.f;
+        if (a.W.bias) {
+          bias0 = a.W.bias[size_t(expert) * N + n0];
+          if (has1) bias1 = a.W.bias[size_t(expert) * N + n0 + 1];
+        }
+#pragma unroll
+        for (int m = 0; m < kGemvMT; ++m) {
+          if (m != lane) continue;
+          int row = rb + m;
+          float v0 = acc0[m] + bias0, v1 = acc1[m] + bias1;
+          if (a.epi.mode == Epilogue::kSwiGLU) {
+            epi_swiglu(a, row, n0, v0, v1);
+          } else {
+            epi_store(a, row, n0, v0);
+            if (has1) epi_store(a, row, n0 + 1, v1);
+          }
+        }
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// GEMM (mma.sync m16n8k16 bf16, fp32 accumulate)
+
+constexpr int BM = kGemmBM, BN = 128, BK = 32, SK = BK + 8;  // SK: padded row, conflict-free ldmatrix
+
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
+  uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  int sz = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(sz));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void cp_async_wait1() { asm volatile("cp.async.wait_group 1;\n" ::); }
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t* r, const void* p) {
+  uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(s));
+}
+__device__ __forceinline__ void mma_bf16(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
+template <int FMT>
+__global__ void __launch_bounds__(128) gemm_kernel(LinArgs a) {
+  pdl_begin();
+  __shared__ __align__(16) uint16_t As[2][BM][SK];
+  __shared__ __align__(16) uint16_t Bs[2][BN][SK];
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid & 31;
+  const int N = a.W.N, K = a.W.K;
+  int row0, row_end, expert = 0;
+  if (a.grouped) {
+    int t = blockIdx.y;
+    if (t >= a.r.counts[1]) return;
+    int g = a.r.tile_group[t];
+    row0 = a.r.tile_row[t];
+    row_end = a.r.group_end[g];
+    expert = a.r.group_expert[g];
+  } else {
+    row0 = blockIdx.y * BM;
+    row_end = a.M;
+  }
+  const int n0 = blockIdx.x * BN;
+  const int KT = K / BK;
+
+  // A: each thread copies 16-byte chunk (tid % 4) of rows tid/4 and tid/4 + 32.
+  const uint16_t* a_src[2];
+  bool a_ok[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    int p = row0 + tid / 4 + 32 * i;
+    a_ok[i] = p < row_end;
+    int ar = a_ok[i] ? (a.gather_a ? a.r.pair_token[p] : p) : 0;
+    a_src[i] = a.A + size_t(ar) * a.lda + (tid % 4) * 8;
+  }
+  auto load_a = [&](int kt, int st) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) cp_async16(&As[st][tid / 4 + 32 * i][(tid % 4) * 8], a_src[i] + kt * BK, a_ok[i]);
+  };
+
+  // B, bf16: chunk (tid % 4) of rows tid/4 + 32 i. MXFP4: thread tid owns row tid.
+  const uint16_t* b_src[4];
+  bool b_ok[4];
+  const uint4* mx_src = nullptr;
+  const uint8_t* mx_scale_src = nullptr;
+  bool mx_ok = false;
+  if constexpr (FMT == WeightMat::kBF16) {
+    const uint16_t* W = static_cast<const uint16_t*>(a.W.w) + size_t(expert) * N * K;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      int n = n0 + tid / 4 + 32 * i;
+      b_ok[i] = n < N;
+      b_src[i] = W + size_t(b_ok[i] ? n : 0) * K + (tid % 4) * 8;
+    }
+  } else {
+    const int kb = K / 32;
+    int n = n0 + tid;
+    mx_ok = n < N;
+    size_t rowi = size_t(expert) * N + (mx_ok ? n : 0);
+    mx_src = reinterpret_cast<const uint4*>(static_cast<const uint8_t*>(a.W.w) + rowi * kb * 16);
+    mx_scale_src = a.W.scales + rowi * kb;
+  }
+  uint4 mx_w = make_uint4(0, 0, 0, 0);
+  uint32_t mx_s = 127;
+  auto load_b = [&](int kt, int st) {
+    if constexpr (FMT == WeightMat::kBF16) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) cp_async16(&Bs[st][tid / 4 + 32 * i][(tid % 4) * 8], b_src[i] + kt * BK, b_ok[i]);
+    } else {
+      if (mx_ok) {
+        mx_w = __ldg(mx_src + kt);
+        mx_s = __ldg(mx_scale_src + kt);
+      }
+    }
+  };
+  auto store_b_mx = [&](int st) {
+    if constexpr (FMT == WeightMat::kMXFP4) {
+      const float sc = mx_scale_hi(mx_s), sl = mx_scale_lo(mx_s);
+      const uint32_t* pw = reinterpret_cast<const uint32_t*>(&mx_w);
+      uint32_t packed[16];
+      if (mx_s <= 128) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+#pragma unroll
+          for (int j = 0; j < 4; ++j)
+            packed[i * 4 + j] = pack_bf16x2(e2m1_bits(pw[i] >> (8 * j)) * sc, e2m1_bits(pw[i] >> (8 * j + 4)) * sc);
+      } else {
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+#pragma unroll
+          for (int j = 0; j < 4; ++j)
+            packed[i * 4 + j] = pack_bf16x2(e2m1_bits(pw[i] >> (8 * j)) * sc * sl,
+                                            e2m1_bits(pw[i] >> (8 * j + 4)) * sc * sl);
+      }
+      uint4* dst = reinterpret_cast<uint4*>(&Bs[st][tid][0]);
+#pragma unroll
+      for (int q = 0; q < 4; ++q)
+        dst[q] = make_uint4(packed[4 * q], packed[4 * q + 1], packed[4 * q + 2], packed[4 * q + 3]);
+    }
+  };
+
+  float acc[2][8][4];
+#pragma unroll
+  for (int i = 0; i < 2; ++i)
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+      for (int k = 0; k < 4; ++k) acc[i][j][k] = 0.f;
+
+  const int wm = warp / 2, wn = warp % 2;
+  load_a(0, 0);
+  load_b(0, 0);
+  cp_async_commit();
+  store_b_mx(0);
+  for (int kt = 0; kt < KT; ++kt) {
+    const int st = kt & 1;
+    if (kt + 1 < KT) {
+      load_a(kt + 1, st ^ 1);
+      load_b(kt + 1, st ^ 1);
+    }
+    cp_async_commit();
+    cp_async_wait1();
+    __syncthreads();
+#pragma unroll
+    for (int ks = 0; ks < BK / 16; ++ks) {
+      uint32_t af[2][4];
+#pragma unroll
+      for (int mi = 0; mi < 2; ++mi)
+        ldmatrix_x4(af[mi], &As[st][wm * 32 + mi * 16 + (lane % 16)][ks * 16 + (lane / 16) * 8]);
+#pragma unroll
+      for (int nj = 0; nj < 4; ++nj) {
+        uint32_t bf[4];
+        ldmatrix_x4(bf, &Bs[st][wn * 64 + nj * 16 + (lane >> 4) * 8 + (lane & 7)][ks * 16 + ((lane >> 3) & 1) * 8]);
+#pragma unroll
+        for (int mi = 0; mi < 2; ++mi) {
+          mma_bf16(acc[mi][2 * nj], af[mi], bf[0], bf[1]);
+          mma_bf16(acc[mi][2 * nj + 1], af[mi], bf[2], bf[3]);
+        }
+      }
+    }
+    if (kt + 1 < KT) store_b_mx(st ^ 1);
+    __syncthreads();
+  }
+
+  const int g = lane / 4, tq = lane % 4;
+#pragma unroll
+  for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+    for (int ni = 0; ni < 8; ++ni)
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        int row = row0 + wm * 32 + mi * 16 + g + hh * 8;
+        int n = n0 + wn * 64 + ni * 8 + tq * 2;
+        if (row >= row_end || n >= N) continue;
+        float v0 = acc[mi][ni][hh * 2], v1 = acc[mi][ni][hh * 2 + 1];
+        const bool has1 = n + 1 < N;
+        if (a.W.bias) {
+          v0 += a.W.bias[size_t(expert) * N + n];
+          if (has1) v1 += a.W.bias[size_t(expert) * N + n + 1];
+        }
+        if (a.epi.mode == Epilogue::kSwiGLU) {
+          epi_swiglu(a, row, n, v0, v1);
+        } else {
+          epi_store(a, row, n, v0);
+          if (has1) epi_store(a, row, n + 1, v1);
+        }
+      }
+}
+
+void check_args(const WeightMat& W, const Epilogue& epi) {
+  if (W.K % 32 != 0)
+    throw Error("linear: K must be a multiple of 32 (got " + std::to_string(W.K) + ")");
+  if (epi.mode == Epilogue::kSwiGLU && W.N % 2 != 0) throw Error("linear: SwiGLU needs an even N");
+}
+
+void launch(const LinArgs& a, int path, int grid_y, cudaStream_t s) {
+  if (grid_y <= 0) return;
+  if (path == 1) {
+    dim3 grid((a.W.N + kGemvRowsPerBlock - 1) / kGemvRowsPerBlock, a.grouped ? grid_y : 1);
+    if (a.W.fmt == WeightMat::kMXFP4) {
+      // One wave: about two blocks per SM over all groups; warps loop over the rows.
+      static int sms = [] {
+        int d = 0, n = 0;
+        cudaGetDevice(&d);
+        cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, d);
+        return n > 0 ? n : 132;
+      }();
+      int per_group = std::max(1, 2 * sms / int(grid.y));
+      grid.x = std::min<int>(grid.x, per_group);
+    }
+    if (a.W.fmt == WeightMat::kBF16)
+      launch_pdl(gemv_bf16_kernel, dim3(grid), dim3(256), 0, s, a);
+    else
+      launch_pdl(gemv_mxfp4_kernel, dim3(grid), dim3(256), 0, s, a);
+  } else {
+    dim3 grid((a.W.N + BN - 1) / BN, grid_y);
+    if (a.W.fmt == WeightMat::kBF16)
+      launch_pdl(gemm_kernel<WeightMat::kBF16>, dim3(grid), dim3(128), 0, s, a);
+    else
+      launch_pdl(gemm_kernel<WeightMat::kMXFP4>, dim3(grid), dim3(128), 0, s, a);
+  }
+  GPTOSS_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace
+
+void set_linear_path(int path) { g_force_path = path; }
+
+void linear(const WeightMat& W, const bf16_t* A, int lda, int M, const Epilogue& epi, cudaStream_t s) {
+  if (M <= 0) return;
+  check_args(W, epi);
+  if (epi.mode == Epilogue::kScatterAdd) throw Error("linear: scatter-add needs routing");
+  LinArgs a{W, A, lda, M, false, false, MoeRouting{}, epi};
+  int path = g_force_path ? g_force_path : (M <= kGemvMaxM ? 1 : 2);
+  if (W.fmt == WeightMat::kMXFP4 && W.K > kMxMaxK) path = 2;
+  launch(a, path, path == 1 ? 1 : (M + BM - 1) / BM, s);
+}
+
+void linear_grouped(const WeightMat& W, const bf16_t* A, int lda, int pairs, int E, bool gather_a,
+                    const MoeRouting& r, const Epilogue& epi, cudaStream_t s) {
+  if (pairs <= 0) return;
+  check_args(W, epi);
+  LinArgs a{W, A, lda, 0, true, gather_a, r, epi};
+  // Decode batches spread over many experts (few rows each): GEMV per group. Prefill: GEMM tiles.
+  int path = g_force_path ? g_force_path : (pairs <= 4 * kGemvMaxM ? 1 : 2);
+  if (W.K > kMxMaxK) path = 2;
+  launch(a, path, path == 1 ? moe_max_groups(pairs, E) : moe_max_tiles(pairs, E), s);
+}
+
+}  // namespace gptoss::cuda

@@ -1,0 +1,185 @@
+// `gptoss bench`: llama-bench-style throughput of one sequence. ppN: one forward pass over an
+// N-token prompt (logits of the last token only). tgN: N greedy decode steps after a prompt of
+// --tg-prompt tokens (as a real request would run), each step one forward (graph-captured on
+// CUDA, greedy token picked on the device). Prints a markdown table and JSON.
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <numeric>
+#include <sstream>
+
+#include "backend/backend_factory.h"
+#include "common/error.h"
+#include "tools/backend_options.h"
+#include "tools/command.h"
+#ifdef GPTOSS_HAVE_CUDA
+#include <cuda_runtime.h>
+#endif
+
+namespace {
+
+struct Args {
+  gptoss::BackendOptions backend;
+  std::string pp = "512,2048,8192", tg = "32,128", json_path, kv_dtype = "bf16";
+  int runs = 5, tg_prompt = 512, page_size = 16;
+};
+
+std::vector<int> parse_list(const std::string& s) {
+  std::vector<int> v;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ','))
+    if (!item.empty()) v.push_back(std::stoi(item));
+  return v;
+}
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// One sequence on pages 0..n-1 of both groups.
+struct Seq {
+  gptoss::Backend& b;
+  std::vector<int32_t> pages;
+  int len = 0;
+  void forward(const std::vector<int32_t>& toks, int32_t* next) {
+    gptoss::ForwardBatch fb;
+    fb.tokens = toks;
+    gptoss::SeqBatchInfo s;
+    s.first_token = 0;
+    s.n_tokens = int(toks.size());
+    s.start_pos = len;
+    for (int g = 0; g < 2; ++g) {
+      s.pages[g] = pages.data();
+      s.n_pages[g] = int(pages.size());
+    }
+    fb.seqs.push_back(s);
+    fb.logit_rows.push_back(int(toks.size()) - 1);
+    b.forward_greedy(fb, next);
+    len += int(toks.size());
+  }
+};
+
+int run(Args& a) {
+  using namespace gptoss;
+  auto be = create_backend(a.backend);
+  const GptOssConfig& c = be->config();
+  auto pps = parse_list(a.pp), tgs = parse_list(a.tg);
+  // What the KV cache could get after the weights, and how many tokens of context that is
+  // (full-attention layers; sliding layers need only a window per sequence).
+  const double kv_avail = double(be->kv_memory_available());
+  const double per_tok_fp8 = double(kv_page_bytes(c, kKvFull, 1, DType::F8_E4M3));
+  const double per_tok_bf16 = double(kv_page_bytes(c, kKvFull, 1, DType::BF16));
+  int max_len = 1;
+  for (int p : pps) max_len = std::max(max_len, p);
+  for (int t : tgs) max_len = std::max(max_len, a.tg_prompt + t);
+  KvCacheConfig kv;
+  kv.page_size = a.page_size;
+  int pages = (max_len + a.page_size - 1) / a.page_size + 1;
+  kv.num_pages[0] = kv.num_pages[1] = pages;
+  if (a.kv_dtype == "fp8")
+    kv.dtype = DType::F8_E4M3;
+  else if (a.kv_dtype != "bf16")
+    throw Error("--kv-cache-dtype must be bf16 or fp8");
+  be->init_kv_cache(kv);
+  std::vector<int32_t> page_ids(pages);
+  std::iota(page_ids.begin(), page_ids.end(), 0);
+  uint64_t rng = 88172645463325252ull;
+  auto rand_tokens = [&](int n) {
+    std::vector<int32_t> t(n);
+    for (auto& x : t) {
+      rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+      x = int32_t(rng % uint64_t(c.vocab));
+    }
+    return t;
+  };
+  std::string model = a.backend.model_dir.empty() ? "random " + a.backend.random_weights : a.backend.model_dir;
+  struct Result {
+    std::string test;
+    double mean, sd;
+    std::vector<double> tps;
+  };
+  std::vector<Result> results;
+  auto stats = [](const std::string& name, const std::vector<double>& v) {
+    double m = std::accumulate(v.begin(), v.end(), 0.0) / v.size(), s = 0;
+    for (double x : v) s += (x - m) * (x - m);
+    return Result{name, m, v.size() > 1 ? std::sqrt(s / (v.size() - 1)) : 0.0, v};
+  };
+  for (int p : pps) {
+    std::vector<double> tps;
+    for (int r = -1; r < a.runs; ++r) {  // r = -1: warm-up
+      Seq s{*be, page_ids};
+      auto toks = rand_tokens(p);
+      int32_t next;
+      double t0 = now_s();
+      s.forward(toks, &next);
+      double dt = now_s() - t0;
+      if (r >= 0) tps.push_back(p / dt);
+    }
+    results.push_back(stats("pp" + std::to_string(p), tps));
+    std::fprintf(stderr, "pp%d: %.1f t/s\n", p, results.back().mean);
+  }
+  for (int t : tgs) {
+    std::vector<double> tps;
+    for (int r = -1; r < a.runs; ++r) {
+      Seq s{*be, page_ids};
+      int32_t next;
+      s.forward(rand_tokens(a.tg_prompt), &next);
+      double t0 = now_s();
+      for (int i = 0; i < t; ++i) s.forward({next}, &next);
+      double dt = now_s() - t0;
+      if (r >= 0) tps.push_back(t / dt);
+    }
+    results.push_back(stats("tg" + std::to_string(t), tps));
+    std::fprintf(stderr, "tg%d: %.1f t/s\n", t, results.back().mean);
+  }
+  double peak_gib = -1;
+#ifdef GPTOSS_HAVE_CUDA
+  if (a.backend.device == "cuda") {
+    size_t free_b = 0, total = 0;
+    if (cudaMemGetInfo(&free_b, &total) == cudaSuccess) peak_gib = double(total - free_b) / (1 << 30);
+  }
+#endif
+  std::printf("| model | device | kv | test | t/s |\n|---|---|---|---|---|\n");
+  for (auto& r : results)
+    std::printf("| %s | %s | %s | %s | %.2f ± %.2f |\n", model.c_str(), a.backend.device.c_str(), a.kv_dtype.c_str(),
+                r.test.c_str(), r.mean, r.sd);
+  if (peak_gib >= 0) std::printf("\nGPU memory in use after the runs (weights + KV + workspace): %.2f GiB\n", peak_gib);
+  if (kv_avail > 0)
+    std::printf("KV memory available after weights: %.2f GiB = %.2fM tokens fp8 / %.2fM tokens bf16 (full-attention layers)\n",
+                kv_avail / (1 << 30), kv_avail / per_tok_fp8 / 1e6, kv_avail / per_tok_bf16 / 1e6);
+  nlohmann::json j;
+  j["model"] = model;
+  j["device"] = a.backend.device;
+  j["kv_cache_dtype"] = a.kv_dtype;
+  j["tg_prompt"] = a.tg_prompt;
+  j["runs"] = a.runs;
+  if (peak_gib >= 0) j["gpu_memory_gib"] = peak_gib;
+  if (kv_avail > 0) {
+    j["kv_memory_available_gib"] = kv_avail / (1 << 30);
+    j["kv_capacity_tokens_fp8"] = kv_avail / per_tok_fp8;
+  }
+  for (auto& r : results) j["results"].push_back({{"test", r.test}, {"tps_mean", r.mean}, {"tps_sd", r.sd}, {"tps", r.tps}});
+  std::printf("\n%s\n", j.dump().c_str());
+  if (!a.json_path.empty()) std::ofstream(a.json_path) << j.dump(2) << "\n";
+  return 0;
+}
+
+gptoss::tools::RegisterCommand reg({"bench", "Prompt-processing and generation throughput (llama-bench style)",
+                                    [](CLI::App* app) {
+  auto a = std::make_shared<Args>();
+  gptoss::tools::add_backend_options(app, a->backend);
+  app->add_option("--pp", a->pp, "Prompt lengths, comma-separated")->capture_default_str();
+  app->add_option("--tg", a->tg, "Generated lengths, comma-separated")->capture_default_str();
+  app->add_option("--tg-prompt", a->tg_prompt, "Prompt tokens before each tg run")->capture_default_str();
+  app->add_option("--runs", a->runs, "Timed runs per test (after one warm-up)")->capture_default_str()->check(CLI::PositiveNumber);
+  app->add_option("--kv-cache-dtype", a->kv_dtype, "bf16 or fp8")->capture_default_str();
+  app->add_option("--page-size", a->page_size, "KV page size")->capture_default_str();
+  app->add_option("--json", a->json_path, "Also write the JSON here");
+  return [a]() { return run(*a); };
+}});
+
+}  // namespace

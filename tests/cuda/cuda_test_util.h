@@ -1,0 +1,97 @@
+#pragma once
+// Helpers of the CUDA tests: device buffers with poison, bf16 rounding, fast random data.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <random>
+#include <vector>
+
+#include "backend/cuda/cuda_common.h"
+#include "common/dtype.h"
+
+namespace gptoss::test {
+
+// Skips the test when the machine has no usable GPU (CI compiles these tests but has none).
+class CudaTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!cuda::cuda_device_available()) GTEST_SKIP() << "no CUDA device";
+  }
+};
+
+// GPTOSS_TEST_SMALL=1 keeps only small shapes (compute-sanitizer runs).
+inline bool small_mode() { return std::getenv("GPTOSS_TEST_SMALL") != nullptr; }
+
+inline uint64_t fresh_seed() {
+  static uint64_t s = std::random_device{}() * 0x9e3779b97f4a7c15ull + 1;
+  s = s * 6364136223846793005ull + 1442695040888963407ull;
+  return s;
+}
+
+struct FastRng {
+  uint64_t s;
+  explicit FastRng(uint64_t seed) : s(seed ? seed : 1) {}
+  uint64_t next() {
+    s ^= s << 13;
+    s ^= s >> 7;
+    s ^= s << 17;
+    return s;
+  }
+  float uniform() { return float(next() >> 40) * (1.0f / 16777216.0f); }  // [0, 1)
+  float normalish() { return (uniform() + uniform() + uniform() - 1.5f) * 2.0f; }  // sd 1
+};
+
+inline std::vector<float> rand_f32(size_t n, FastRng& r, float sd = 1.f, float mean = 0.f) {
+  std::vector<float> v(n);
+  for (auto& x : v) x = mean + sd * r.normalish();
+  return v;
+}
+inline std::vector<uint16_t> to_bf16(const std::vector<float>& v) {
+  std::vector<uint16_t> o(v.size());
+  for (size_t i = 0; i < v.size(); ++i) o[i] = f32_to_bf16(v[i]);
+  return o;
+}
+inline std::vector<float> from_bf16(const std::vector<uint16_t>& v) {
+  std::vector<float> o(v.size());
+  for (size_t i = 0; i < v.size(); ++i) o[i] = bf16_to_f32(v[i]);
+  return o;
+}
+inline std::vector<float> round_bf16(std::vector<float> v) {
+  for (auto& x : v) x = bf16_to_f32(f32_to_bf16(x));
+  return v;
+}
+
+template <class T>
+struct Dev {
+  cuda::DeviceBuffer b;
+  size_t n = 0;
+  Dev() = default;
+  explicit Dev(size_t count) : b(count * sizeof(T)), n(count) { poison(); }
+  explicit Dev(const std::vector<T>& h) : b(h.size() * sizeof(T)), n(h.size()) { upload(h); }
+  T* p() const { return b.get<T>(); }
+  void upload(const std::vector<T>& h) {
+    GPTOSS_CUDA_CHECK(cudaMemcpy(p(), h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
+  }
+  // 0xff bytes: NaN as f32 and bf16, so any element a kernel forgets to write shows up.
+  void poison() { GPTOSS_CUDA_CHECK(cudaMemset(p(), 0xff, n * sizeof(T))); }
+  std::vector<T> download() const {
+    GPTOSS_CUDA_CHECK(cudaDeviceSynchronize());
+    std::vector<T> h(n);
+    GPTOSS_CUDA_CHECK(cudaMemcpy(h.data(), p(), n * sizeof(T), cudaMemcpyDeviceToHost));
+    return h;
+  }
+};
+
+inline double rel_err(const std::vector<float>& a, const std::vector<float>& ref) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (!std::isfinite(a[i])) return INFINITY;
+    num += (double(a[i]) - ref[i]) * (double(a[i]) - ref[i]);
+    den += double(ref[i]) * ref[i];
+  }
+  return std::sqrt(num / std::max(den, 1e-30));
+}
+
+}  // namespace gptoss::test

@@ -1,0 +1,318 @@
+// Every CUDA kernel against the CPU reference (backend/cpu/cpu_ops.h) on fresh random inputs, at
+// gpt-oss shapes (hidden 2880, 64/8 heads of 64, 128 experts top-4, vocab 201088) and awkward
+// ones (1, 33, 129, 2049 tokens; contexts crossing 128). Outputs are poisoned (NaN) first.
+#include <algorithm>
+#include <cstdio>
+#include <numeric>
+
+#include "backend/cpu/cpu_ops.h"
+#include "backend/cuda/kernels.h"
+#include "cuda_test_util.h"
+
+namespace gptoss {
+namespace {
+
+using namespace gptoss::test;
+using cuda::Epilogue;
+using cuda::WeightMat;
+
+class Kernels : public CudaTest {
+ protected:
+  void TearDown() override { cuda::set_linear_path(0); }
+};
+
+TEST_F(Kernels, RmsNorm) {
+  for (int n : {1, 33, 129}) {
+    const int H = small_mode() ? 64 : 2880;
+    FastRng r(fresh_seed());
+    auto x = rand_f32(size_t(n) * H, r, 3.f);
+    auto w = rand_f32(H, r, 0.1f, 1.f);
+    std::vector<float> ref(x.size());
+    cpu::rmsnorm(x.data(), w.data(), n, H, 1e-5f, ref.data());
+    Dev<float> dx(x), dw(w);
+    Dev<uint16_t> dy(x.size());
+    cuda::rmsnorm(dx.p(), dw.p(), n, H, 1e-5f, nullptr, dy.p(), 0);
+    double e = rel_err(from_bf16(dy.download()), ref);
+    EXPECT_LE(e, 5e-3) << "n=" << n;
+  }
+}
+
+TEST_F(Kernels, Embed) {
+  const int V = 1000, H = 2880, n = 33;
+  FastRng r(fresh_seed());
+  auto table = to_bf16(rand_f32(size_t(V) * H, r));
+  std::vector<int32_t> toks(n);
+  for (auto& t : toks) t = int(r.next() % V);
+  Dev<uint16_t> dt(table);
+  Dev<int32_t> dk(toks);
+  Dev<float> dx(size_t(n) * H);
+  cuda::embed(dt.p(), dk.p(), n, H, dx.p(), 0);
+  auto x = dx.download();
+  for (int i = 0; i < n; ++i)
+    for (int j = 0; j < H; j += 97) ASSERT_EQ(x[size_t(i) * H + j], bf16_to_f32(table[size_t(toks[i]) * H + j]));
+}
+
+struct DenseCase {
+  int M, N, K;
+};
+
+void check_dense(const DenseCase& c, int path) {
+  FastRng r(fresh_seed());
+  auto x = round_bf16(rand_f32(size_t(c.M) * c.K, r));
+  auto wb = to_bf16(rand_f32(size_t(c.N) * c.K, r, 0.02f));
+  auto bias = rand_f32(c.N, r, 0.1f);
+  std::vector<float> ref(size_t(c.M) * c.N);
+  cpu::linear_bf16(x.data(), c.M, c.K, wb.data(), c.N, bias.data(), ref.data());
+  Dev<uint16_t> dx(to_bf16(x)), dw(wb);
+  Dev<float> db(bias), dy(ref.size());
+  WeightMat W{WeightMat::kBF16, dw.p(), nullptr, db.p(), c.N, c.K};
+  cuda::set_linear_path(path);
+  cuda::linear(W, dx.p(), c.K, c.M, Epilogue{Epilogue::kStoreF32, dy.p(), c.N}, 0);
+  double e = rel_err(dy.download(), ref);
+  EXPECT_LE(e, 2e-3) << "M=" << c.M << " N=" << c.N << " K=" << c.K << " path=" << path;
+  // Residual add and bf16 store epilogues.
+  auto res = rand_f32(ref.size(), r);
+  dy.upload(res);
+  cuda::linear(W, dx.p(), c.K, c.M, Epilogue{Epilogue::kAddF32, dy.p(), c.N}, 0);
+  std::vector<float> ref2(ref.size());
+  for (size_t i = 0; i < ref.size(); ++i) ref2[i] = ref[i] + res[i];
+  EXPECT_LE(rel_err(dy.download(), ref2), 2e-3) << "add, M=" << c.M;
+  Dev<uint16_t> dyb(ref.size());
+  cuda::linear(W, dx.p(), c.K, c.M, Epilogue{Epilogue::kStoreBF16, dyb.p(), c.N}, 0);
+  EXPECT_LE(rel_err(from_bf16(dyb.download()), ref), 6e-3) << "bf16, M=" << c.M;
+}
+
+TEST_F(Kernels, LinearBF16) {
+  std::vector<DenseCase> cases = {{1, 5120, 2880}, {33, 2880, 4096}, {129, 128, 2880}, {4, 520, 64}, {2049, 200, 96}};
+  if (small_mode()) cases = {{1, 72, 64}, {33, 136, 96}, {5, 8, 64}};
+  for (auto& c : cases)
+    for (int path : {0, 1, 2}) check_dense(c, path);
+}
+
+TEST_F(Kernels, LinearLmHeadVocab) {
+  if (small_mode()) GTEST_SKIP() << "large";
+  check_dense({1, 201088, 2880}, 0);
+  check_dense({3, 201088, 2880}, 2);
+}
+
+// One MoE block: route -> gate_up (MXFP4, SwiGLU epilogue) -> down (MXFP4, scatter-add).
+struct MoeCase {
+  int n, E, k, H, I;
+};
+
+void check_moe(const MoeCase& c, int path) {
+  FastRng r(fresh_seed());
+  const int n = c.n, E = c.E, k = c.k, H = c.H, I = c.I;
+  auto x = round_bf16(rand_f32(size_t(n) * H, r));
+  auto logits = rand_f32(size_t(n) * E, r);
+  auto rand_bytes = [&](size_t cnt, int lo, int hi) {
+    std::vector<uint8_t> v(cnt);
+    for (auto& b : v) b = uint8_t(lo + int(r.next() % uint64_t(hi - lo + 1)));
+    return v;
+  };
+  auto gu_b = rand_bytes(size_t(E) * 2 * I * H / 2, 0, 255), gu_s = rand_bytes(size_t(E) * 2 * I * H / 32, 118, 121);
+  auto dn_b = rand_bytes(size_t(E) * H * I / 2, 0, 255), dn_s = rand_bytes(size_t(E) * H * I / 32, 118, 121);
+  auto gu_bias = rand_f32(size_t(E) * 2 * I, r, 0.1f), dn_bias = rand_f32(size_t(E) * H, r, 0.1f);
+
+  // CPU reference.
+  std::vector<int32_t> idx(size_t(n) * k);
+  std::vector<float> wts(size_t(n) * k), ref(size_t(n) * H, 0.f);
+  cpu::router_topk(logits.data(), n, E, k, idx.data(), wts.data());
+  for (int e = 0; e < E; ++e) {
+    std::vector<int> toks;
+    std::vector<float> tw;
+    for (int t = 0; t < n; ++t)
+      for (int j = 0; j < k; ++j)
+        if (idx[size_t(t) * k + j] == e) { toks.push_back(t); tw.push_back(wts[size_t(t) * k + j]); }
+    if (toks.empty()) continue;
+    const int m = int(toks.size());
+    std::vector<float> xs(size_t(m) * H), gu(size_t(m) * 2 * I), act(size_t(m) * I), y(size_t(m) * H);
+    for (int i = 0; i < m; ++i) std::copy_n(&x[size_t(toks[i]) * H], H, &xs[size_t(i) * H]);
+    cpu::linear_mxfp4(xs.data(), m, H, &gu_b[size_t(e) * 2 * I * H / 2], &gu_s[size_t(e) * 2 * I * H / 32], 2 * I,
+                      &gu_bias[size_t(e) * 2 * I], gu.data());
+    cpu::swiglu(gu.data(), m, I, 7.f, act.data());
+    cpu::linear_mxfp4(act.data(), m, I, &dn_b[size_t(e) * H * I / 2], &dn_s[size_t(e) * H * I / 32], H,
+                      &dn_bias[size_t(e) * H], y.data());
+    for (int i = 0; i < m; ++i)
+      for (int h = 0; h < H; ++h) ref[size_t(toks[i]) * H + h] += tw[i] * y[size_t(i) * H + h];
+  }
+
+  // GPU.
+  const int P = n * k;
+  Dev<uint16_t> dx(to_bf16(x));
+  Dev<float> dlog(logits), dgub(gu_bias), ddnb(dn_bias);
+  Dev<uint8_t> dgu_b(gu_b), dgu_s(gu_s), ddn_b(dn_b), ddn_s(dn_s);
+  Dev<uint8_t> rmem(cuda::moe_routing_bytes(P, E));
+  auto rt = cuda::moe_routing_carve(rmem.p(), P, E);
+  Dev<uint16_t> act(size_t(P) * I);
+  Dev<float> out(std::vector<float>(size_t(n) * H, 0.f));
+  cuda::moe_route(dlog.p(), n, E, k, rt, 0);
+  WeightMat gu{WeightMat::kMXFP4, dgu_b.p(), dgu_s.p(), dgub.p(), 2 * I, H};
+  WeightMat dn{WeightMat::kMXFP4, ddn_b.p(), ddn_s.p(), ddnb.p(), H, I};
+  cuda::set_linear_path(path);
+  cuda::linear_grouped(gu, dx.p(), H, P, E, true, rt, Epilogue{Epilogue::kSwiGLU, act.p(), I}, 0);
+  cuda::linear_grouped(dn, act.p(), I, P, E, false, rt, Epilogue{Epilogue::kScatterAdd, out.p(), H}, 0);
+  GPTOSS_CUDA_CHECK(cudaDeviceSynchronize());
+  // Routing itself: same experts (logits are distinct), same weights.
+  std::vector<int32_t> gidx(P);
+  std::vector<float> gw(P);
+  GPTOSS_CUDA_CHECK(cudaMemcpy(gidx.data(), rt.topk_idx, P * 4, cudaMemcpyDeviceToHost));
+  GPTOSS_CUDA_CHECK(cudaMemcpy(gw.data(), rt.topk_w, P * 4, cudaMemcpyDeviceToHost));
+  EXPECT_EQ(gidx, idx) << "top-k experts";
+  EXPECT_LE(rel_err(gw, wts), 1e-5);
+  double e = rel_err(out.download(), ref);
+  EXPECT_LE(e, 1e-2) << "n=" << n << " E=" << E << " H=" << H << " path=" << path;
+  std::printf("moe n=%d E=%d H=%d I=%d path=%d: rel err %.3g\n", n, E, H, I, path, e);
+}
+
+TEST_F(Kernels, MoeMxfp4) {
+  std::vector<MoeCase> cases = {{1, 128, 4, 2880, 2880}, {33, 128, 4, 2880, 2880}, {129, 32, 4, 2880, 2880},
+                                {2049, 32, 4, 256, 256}, {7, 8, 2, 64, 64}};
+  if (small_mode()) cases = {{1, 8, 2, 64, 64}, {33, 8, 4, 96, 64}};
+  for (auto& c : cases)
+    for (int path : {0, 1, 2}) check_moe(c, path);
+}
+
+TEST_F(Kernels, Argmax) {
+  FastRng r(fresh_seed());
+  const int n = 3, V = small_mode() ? 1000 : 201088;
+  auto l = rand_f32(size_t(n) * V, r);
+  Dev<float> dl(l);
+  Dev<int32_t> out(n);
+  cuda::argmax_rows(dl.p(), n, V, out.p(), 0);
+  auto got = out.download();
+  for (int i = 0; i < n; ++i)
+    EXPECT_EQ(got[i], int(std::max_element(l.begin() + size_t(i) * V, l.begin() + size_t(i + 1) * V) -
+                          (l.begin() + size_t(i) * V)));
+}
+
+// Attention over pages: K/V of every earlier position are stored by rope_kv_store (as earlier
+// passes would have), then the new tokens of each sequence go through RoPE + store + attention.
+struct AttnSeq {
+  int start, n;
+};
+
+void check_attention(const std::vector<AttnSeq>& seqs, int window, bool fp8, int nsplit, int Hq, int Hkv, int D) {
+  FastRng r(fresh_seed());
+  const int ps = 16, QKV = (Hq + 2 * Hkv) * D;
+  GptOssConfig cfg;
+  cfg.head_dim = D;
+  YarnTables yarn = compute_yarn(cfg);
+  // Pages: a shuffled pool so page tables are not the identity.
+  int total_pages = 0;
+  for (auto& s : seqs) total_pages += (s.start + s.n + ps - 1) / ps;
+  std::vector<int32_t> perm(total_pages);
+  std::iota(perm.begin(), perm.end(), 0);
+  for (int i = total_pages - 1; i > 0; --i) std::swap(perm[i], perm[r.next() % (i + 1)]);
+  std::vector<int32_t> pt;
+  std::vector<int> pt_off;
+  for (auto& s : seqs) {
+    pt_off.push_back(int(pt.size()));
+    int np = (s.start + s.n + ps - 1) / ps;
+    for (int i = 0; i < np; ++i) pt.push_back(perm[pt.size()]);
+  }
+  const size_t page_elems = size_t(2) * ps * Hkv * D;
+  Dev<uint8_t> pool(size_t(total_pages) * page_elems * (fp8 ? 1 : 2));
+  Dev<int32_t> dpt(pt);
+  Dev<float> dinv(yarn.inv_freq);
+  cuda::KvLayer kv{pool.p(), fp8, ps};
+  auto sinks = rand_f32(Hq, r);
+  Dev<float> dsinks(sinks);
+
+  // qkv of every position of every sequence (bf16 values), rows grouped by sequence.
+  std::vector<std::vector<float>> all(seqs.size());
+  for (size_t i = 0; i < seqs.size(); ++i) all[i] = round_bf16(rand_f32(size_t(seqs[i].start + seqs[i].n) * QKV, r));
+  auto run_pass = [&](bool history) {
+    std::vector<float> rows;
+    std::vector<int32_t> pos, off;
+    for (size_t i = 0; i < seqs.size(); ++i) {
+      int a = history ? 0 : seqs[i].start, b = history ? seqs[i].start : seqs[i].start + seqs[i].n;
+      for (int p = a; p < b; ++p) {
+        rows.insert(rows.end(), &all[i][size_t(p) * QKV], &all[i][size_t(p + 1) * QKV]);
+        pos.push_back(p);
+        off.push_back(pt_off[i]);
+      }
+    }
+    int n = int(pos.size());
+    if (n == 0) return std::make_pair(std::vector<float>(), std::vector<float>());
+    Dev<uint16_t> dq(to_bf16(rows));
+    Dev<int32_t> dpos(pos), doff(off);
+    cuda::TokenMeta tm{dpos.p(), doff.p(), dpt.p()};
+    cuda::rope_kv_store(dq.p(), n, Hq, Hkv, D, dinv.p(), yarn.attention_scaling, tm, kv, 0);
+    if (history) {
+      GPTOSS_CUDA_CHECK(cudaDeviceSynchronize());
+      return std::make_pair(std::vector<float>(), std::vector<float>());
+    }
+    Dev<float> part(cuda::attention_partial_floats(n, Hq, D, nsplit));
+    Dev<uint16_t> out(size_t(n) * Hq * D);
+    cuda::attention(dq.p(), n, Hq, Hkv, D, window, dsinks.p(), tm, kv, nsplit, part.p(), out.p(), 0);
+    return std::make_pair(from_bf16(out.download()), from_bf16(dq.download()));
+  };
+  run_pass(true);
+  auto [got, qkv_after] = run_pass(false);
+
+  // CPU reference, sequence by sequence.
+  std::vector<float> ref, ref_q, got_q;
+  size_t row = 0;
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    const int L = seqs[i].start + seqs[i].n, n = seqs[i].n;
+    std::vector<float> q(size_t(L) * Hq * D), k(size_t(L) * Hkv * D), v(size_t(L) * Hkv * D);
+    std::vector<int32_t> pos(L);
+    std::iota(pos.begin(), pos.end(), 0);
+    for (int p = 0; p < L; ++p) {
+      const float* src = &all[i][size_t(p) * QKV];
+      std::copy_n(src, Hq * D, &q[size_t(p) * Hq * D]);
+      std::copy_n(src + Hq * D, Hkv * D, &k[size_t(p) * Hkv * D]);
+      std::copy_n(src + (Hq + Hkv) * D, Hkv * D, &v[size_t(p) * Hkv * D]);
+    }
+    cpu::rope(q.data(), L, Hq, D, pos.data(), yarn);
+    cpu::rope(k.data(), L, Hkv, D, pos.data(), yarn);
+    auto store_round = [&](std::vector<float>& t) {
+      for (auto& x : t) {
+        x = bf16_to_f32(f32_to_bf16(x));
+        if (fp8) x = fp8_e4m3_to_f32(f32_to_fp8_e4m3(x));
+      }
+    };
+    q = round_bf16(q);
+    store_round(k);
+    store_round(v);
+    std::vector<float> o(size_t(n) * Hq * D);
+    const float* qn = &q[size_t(seqs[i].start) * Hq * D];
+    cpu::attention(qn, n, seqs[i].start, k.data(), v.data(), 0, L, Hq, Hkv, D, window, sinks.data(), o.data());
+    ref.insert(ref.end(), o.begin(), o.end());
+    ref_q.insert(ref_q.end(), qn, qn + size_t(n) * Hq * D);
+    for (int t = 0; t < n; ++t, ++row)
+      got_q.insert(got_q.end(), &qkv_after[row * QKV], &qkv_after[row * QKV + Hq * D]);
+  }
+  std::string what = "window=" + std::to_string(window) + " fp8=" + std::to_string(fp8) + " nsplit=" +
+                     std::to_string(nsplit) + " seqs=" + std::to_string(seqs.size()) + " first start=" +
+                     std::to_string(seqs[0].start) + " n=" + std::to_string(seqs[0].n);
+  EXPECT_LE(rel_err(got_q, ref_q), 1e-2) << "rope: " << what;
+  double e = rel_err(got, ref);
+  EXPECT_LE(e, 1.5e-2) << what;
+  std::printf("attention %s: rel err %.3g\n", what.c_str(), e);
+}
+
+TEST_F(Kernels, AttentionPaged) {
+  std::vector<std::vector<AttnSeq>> batches = {
+      {{0, 1}},                               // first token
+      {{200, 1}, {5, 1}, {2048, 1}},          // decode batch, contexts across 128
+      {{0, 33}},                              // prefill
+      {{100, 129}},                           // chunked prefill crossing the window
+      {{127, 2}, {0, 129}},                   // mixed
+  };
+  if (!small_mode()) batches.push_back({{0, 2049}});
+  const int Hq = small_mode() ? 8 : 64, Hkv = small_mode() ? 1 : 8;
+  for (auto& b : batches)
+    for (int window : {0, 128})
+      for (bool fp8 : {false, true})
+        for (int nsplit : {1, 5, 32}) {
+          if (b.size() == 1 && b[0].n > 129 && nsplit != 1) continue;
+          check_attention(b, window, fp8, nsplit, Hq, Hkv, 64);
+        }
+  // The tiny preset's shape: head_dim 32, 2 query heads per kv head.
+  check_attention({{30, 3}}, 16, false, 2, 4, 2, 32);
+}
+
+}  // namespace
+}  // namespace gptoss

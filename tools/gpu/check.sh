@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# One command for the GPU machine: build (or take prebuilt binaries), run every `cuda` test,
+# a compute-sanitizer memcheck pass on small shapes, and the benchmark; print a summary table.
+#
+#   tools/gpu/check.sh                      # build in build-gpu/ (needs the dev packages), then check
+#   tools/gpu/check.sh --prebuilt DIR       # DIR holds gptoss, test_cuda_kernels, test_cuda_model,
+#                                           # lib/ (shared libraries to preload) and data/tiny-gptoss
+# Options: --quick (fewer bench sizes/runs), --no-bench, --no-sanitizer, --bench-only.
+# Logs and JSON go to $OUT (the device tool's output folder) or ./gpu-check-out.
+set -uo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../.." && pwd)
+prebuilt="" quick=0 bench=1 san=1 tests=1
+while [ $# -gt 0 ]; do
+  case $1 in
+    --prebuilt) prebuilt=$2; shift ;;
+    --quick) quick=1 ;;
+    --no-bench) bench=0 ;;
+    --no-sanitizer) san=0 ;;
+    --bench-only) tests=0; san=0 ;;
+    *) echo "unknown option $1"; exit 2 ;;
+  esac
+  shift
+done
+out=${OUT:-$root/gpu-check-out}
+mkdir -p "$out"
+if [ -n "$prebuilt" ]; then
+  bin=$(cd "$prebuilt" && pwd)
+  export LD_LIBRARY_PATH="$bin/lib:${LD_LIBRARY_PATH:-}"
+  export GPTOSS_TEST_DATA_DIR="$bin/data"
+  gptoss=$bin/gptoss; tk=$bin/test_cuda_kernels; tm=$bin/test_cuda_model
+else
+  cmake -S "$root" -B "$root/build-gpu" -G Ninja -DCMAKE_BUILD_TYPE=Release >"$out/cmake.log" 2>&1 &&
+    ninja -C "$root/build-gpu" gptoss test_cuda_kernels test_cuda_model >"$out/build.log" 2>&1 ||
+    { echo "build failed: see $out/build.log"; tail -30 "$out/build.log"; exit 1; }
+  gptoss=$root/build-gpu/gptoss; tk=$root/build-gpu/tests/cuda/test_cuda_kernels; tm=$root/build-gpu/tests/cuda/test_cuda_model
+fi
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv | tee "$out/gpu.txt"
+declare -a summary
+status() { summary+=("| $1 | $2 |"); }
+if [ $tests = 1 ]; then
+  for t in "$tk" "$tm"; do
+    name=$(basename "$t")
+    timeout 420 "$t" --gtest_color=no >"$out/$name.log" 2>&1
+    rc=$?
+    grep -E "rel err|greedy|FAILED|Failure|error" "$out/$name.log" | head -60
+    status "$name" "$( [ $rc = 0 ] && echo "PASS ($(grep -c '^\[       OK' "$out/$name.log") tests)" || echo "FAIL rc=$rc")"
+  done
+fi
+if [ $san = 1 ]; then
+  GPTOSS_TEST_SMALL=1 timeout 400 compute-sanitizer --tool memcheck --error-exitcode 9 "$tk" --gtest_color=no \
+    >"$out/memcheck.log" 2>&1
+  rc=$?
+  tail -5 "$out/memcheck.log"
+  status "compute-sanitizer memcheck (test_cuda_kernels, small shapes)" "$( [ $rc = 0 ] && echo clean || echo "rc=$rc")"
+fi
+if [ $bench = 1 ]; then
+  if [ $quick = 1 ]; then pp=512,2048; tg=32; runs=2; else pp=512,2048,8192; tg=32,128; runs=5; fi
+  for m in 120b 20b; do
+    timeout 420 "$gptoss" bench --device cuda --random-weights $m --pp $pp --tg $tg --runs $runs \
+      --json "$out/bench_$m.json" >"$out/bench_$m.md" 2>"$out/bench_$m.err"
+    rc=$?
+    cat "$out/bench_$m.md" | grep -v '^{'
+    [ $rc = 0 ] || { tail -5 "$out/bench_$m.err"; status "bench $m" "FAIL rc=$rc"; }
+  done
+fi
+echo
+echo "| check | result |"
+echo "|---|---|"
+printf '%s\n' "${summary[@]}"
