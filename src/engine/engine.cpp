@@ -325,14 +325,24 @@ void Engine::schedule_and_run() {
     it.s->num_computed += it.n;
   }
 
-  // 4. Sample, stream, finish.
-  std::vector<uint64_t> done;
-  for (size_t r = 0; r < row_seq.size(); ++r) {
+  // 4. Sample (rows in parallel: each has its own generator), then stream and finish in order.
+  const int rows = int(row_seq.size());
+  std::vector<int32_t> toks(rows);
+  std::vector<TokenLogprob> lps(rows);
+#pragma omp parallel for schedule(dynamic, 1) if (rows > 1)
+  for (int r = 0; r < rows; ++r) {
+    thread_local std::vector<float> scratch;
+    thread_local std::vector<int32_t> idx;
     Sequence& s = *row_seq[r];
-    const float* row = logits_.data() + r * size_t(vocab_);
-    int32_t tok = sample_token(row, vocab_, s.sp, s.counts, s.rng, scratch_, idx_scratch_);
+    const float* row = logits_.data() + size_t(r) * vocab_;
+    toks[r] = sample_token(row, vocab_, s.sp, s.counts, s.rng, scratch, idx);
+    if (s.sp.logprobs >= 0) lps[r] = compute_logprobs(row, vocab_, toks[r], s.sp.logprobs);
+  }
+  std::vector<uint64_t> done;
+  for (int r = 0; r < rows; ++r) {
+    Sequence& s = *row_seq[r];
     EngineEvent ev;
-    append_token(s, tok, row, ev);
+    append_token(s, toks[r], s.sp.logprobs >= 0 ? &lps[r] : nullptr, ev);
     if (ev.finished) done.push_back(s.id);
   }
   for (uint64_t id : done)
@@ -370,7 +380,7 @@ size_t Engine::safe_text_end(const Sequence& s) const {
   return std::max(end, s.text_sent);
 }
 
-void Engine::append_token(Sequence& s, int32_t tok, const float* row, EngineEvent& ev) {
+void Engine::append_token(Sequence& s, int32_t tok, TokenLogprob* lp, EngineEvent& ev) {
   auto now = Clock::now();
   if (!s.got_first) {
     s.got_first = true;
@@ -383,7 +393,7 @@ void Engine::append_token(Sequence& s, int32_t tok, const float* row, EngineEven
   ++s.counts[tok];
   ++metrics_.generation_tokens;
   ev.tokens.push_back(tok);
-  if (s.sp.logprobs >= 0) ev.logprobs.push_back(compute_logprobs(row, vocab_, tok, s.sp.logprobs));
+  if (lp) ev.logprobs.push_back(std::move(*lp));
 
   bool is_stop_tok = std::find(s.sp.stop_token_ids.begin(), s.sp.stop_token_ids.end(), tok) != s.sp.stop_token_ids.end();
   if (!s.sp.ignore_eos && !is_stop_tok)

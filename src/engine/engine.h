@@ -160,7 +160,7 @@ class Engine {
   void schedule_and_run();
   void preempt(size_t running_index);
   void finish(Sequence& s, EngineEvent& ev, FinishReason r);
-  void append_token(Sequence& s, int32_t tok, const float* row, EngineEvent& ev);
+  void append_token(Sequence& s, int32_t tok, TokenLogprob* lp, EngineEvent& ev);
   size_t safe_text_end(const Sequence& s) const;
   void publish_stats();
 
@@ -178,8 +178,7 @@ class Engine {
   std::atomic<int> active_{0};
   std::atomic<bool> stop_{false};
   std::thread thread_;
-  std::vector<float> logits_, scratch_;
-  std::vector<int32_t> idx_scratch_;
+  std::vector<float> logits_;
   std::mt19937_64 seed_rng_{std::random_device{}()};
   std::mutex seed_mu_;
   mutable std::mutex stats_mu_;
