@@ -204,54 +204,6 @@ class StreamParser {
   std::vector<TokenId> tokens_;
 };
 
-// ---------------------------------------------------------------------------------------------
-// OpenAI Chat Completions -> harmony (the mapping of openai/harmony docs/format.md).
-
-struct ChatOptions {
-  std::optional<std::string> current_date;  // "Current date: ..." (e.g. "2025-06-28"), if set
-  std::string knowledge_cutoff = "2024-06";
-  ReasoningEffort default_effort = ReasoningEffort::Medium;
-};
-
-// Builds the conversation for a Chat Completions request body: `messages`, `tools`,
-// `tool_choice` ("none" hides the tools), `reasoning_effort` (or `reasoning.effort`).
-//  - one system message (identity, dates, reasoning effort, channels);
-//  - one developer message: the text of every "system"/"developer" message as "# Instructions",
-//    and the function tools as the `functions` namespace;
-//  - user messages; assistant messages: `reasoning_content` (or `reasoning`) on analysis, the
-//    content on final (on commentary when the message also calls tools, as a preamble), each
-//    tool call as `to=functions.NAME` on commentary with content type "<|constrain|>json";
-//  - tool messages as the tool's own message ("functions.NAME" to=assistant on commentary),
-//    the name found through `tool_call_id` (or the message's `name`).
-// Text content may be a string or an array of {"type": "text", "text": ...} parts. Throws
-// gptoss::Error with a clear message on anything else.
-Conversation conversation_from_chat(const nlohmann::ordered_json& request,
-                                    const ChatOptions& opts = {});
-
-// What a sampled assistant turn says, in Chat Completions terms.
-enum class ChatPart {
-  Content,        // final channel (and commentary without a recipient: preambles; no channel)
-  Reasoning,      // analysis channel without a recipient
-  ToolCall,       // a message to=functions.NAME: its content is the call's JSON arguments
-  Other,          // a message to a built-in tool (browser, python) or from a tool
-};
-// Where a message with this header belongs (for streaming deltas from StreamParser events).
-ChatPart chat_part(const ParsedHeader& h);
-// "functions.NAME" -> "NAME"; other recipients unchanged.
-std::string tool_call_name(const std::string& recipient);
-
-struct ChatTurn {
-  std::string content;
-  std::string reasoning;
-  struct ToolCall {
-    std::string name;       // without the "functions." prefix
-    std::string arguments;  // JSON text as the model wrote it
-  };
-  std::vector<ToolCall> tool_calls;
-};
-// Gathers parsed assistant messages into one Chat Completions answer.
-ChatTurn chat_turn(const std::vector<Message>& messages);
-
 // Convenience: parse a complete completion (all tokens, then EOS).
 std::vector<Message> parse_completion(const Tokenizer& tok, std::span<const TokenId> tokens,
                                       std::optional<Role> role = Role::Assistant,

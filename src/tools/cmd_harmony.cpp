@@ -1,4 +1,5 @@
-// `gptoss harmony-render`: a Chat Completions request (JSON) -> the harmony prompt (text or ids).
+// `gptoss harmony-render`: a Chat Completions request (JSON) -> the harmony prompt the server
+// would render (text or ids).
 // `gptoss harmony-parse`: sampled ids (a JSON array per line) -> the parsed messages (JSON).
 #include <cstdio>
 #include <fstream>
@@ -8,6 +9,8 @@
 #include <nlohmann/json.hpp>
 
 #include "common/error.h"
+#include "server/chat_format.h"
+#include "server/openai_api.h"
 #include "tokenizer/harmony.h"
 #include "tools/command.h"
 
@@ -44,15 +47,16 @@ gptoss::tools::RegisterCommand reg_render(
        sub->add_option("--date", *date, "Current date for the system message (e.g. 2025-06-28)");
        sub->add_flag("--ids", *ids, "Print token ids (a JSON array) instead of text");
        return [=]() {
-         nlohmann::ordered_json req;
+         // The same mapping the server applies to /v1/chat/completions.
+         gptoss::server::ChatRequest req;
          try {
-           req = nlohmann::ordered_json::parse(slurp(*request));
-         } catch (const nlohmann::json::exception& e) {
-           throw gptoss::Error(std::string("harmony-render: invalid JSON: ") + e.what());
+           req = gptoss::server::parse_chat_request(gptoss::server::parse_body(slurp(*request)));
+         } catch (const gptoss::server::ApiError& e) {
+           throw gptoss::Error("harmony-render: " + e.message);
          }
-         gptoss::harmony::ChatOptions o;
-         if (!date->empty()) o.current_date = *date;
-         auto conv = gptoss::harmony::conversation_from_chat(req, o);
+         auto conv = gptoss::server::build_conversation(req);
+         if (!date->empty())
+           std::get<gptoss::harmony::SystemContent>(conv.messages.at(0).content.at(0)).conversation_start_date = *date;
          if (*ids) {
            gptoss::harmony::Renderer r(load(*path));
            std::printf("%s\n", nlohmann::json(r.render_for_completion(conv)).dump().c_str());

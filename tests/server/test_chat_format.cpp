@@ -162,3 +162,61 @@ TEST(ChatFormat, StopMatcher) {
   StopMatcher none({});
   EXPECT_EQ(none.feed("abc"), "abc");
 }
+
+// The whole function-calling round trip of openai/harmony's format guide, byte for byte: what
+// the server renders from a Chat Completions request.
+TEST(ChatFormat, FunctionCallingRoundTripMatchesFormatGuide) {
+  ChatRequest r = parse_chat_request(parse_body(R"({
+    "reasoning_effort": "high",
+    "messages": [
+      {"role": "system", "content": "Always respond in riddles"},
+      {"role": "user", "content": [{"type": "text", "text": "What is the weather like in SF?"}]},
+      {"role": "assistant", "reasoning_content": "Need to use function get_weather.",
+       "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "get_weather",
+                       "arguments": "{\"location\":\"San Francisco\"}"}}]},
+      {"role": "tool", "tool_call_id": "c1", "content": "{\"sunny\": true, \"temperature\": 20}"}
+    ],
+    "tools": [{"type": "function", "function": {"name": "get_weather",
+      "description": "Gets the current weather in the provided location.",
+      "parameters": {"type": "object", "properties": {
+        "location": {"type": "string", "description": "The city and state, e.g. San Francisco, CA"},
+        "format": {"type": "string", "enum": ["celsius", "fahrenheit"], "default": "celsius"}},
+        "required": ["location"]}}}]})"));
+  harmony::Conversation c = build_conversation(r);
+  const std::string expected =
+      "<|start|>system<|message|>You are ChatGPT, a large language model trained by OpenAI.\n"
+      "Knowledge cutoff: 2024-06\n\nReasoning: high\n\n"
+      "# Valid channels: analysis, commentary, final. Channel must be included for every message.\n"
+      "Calls to these tools must go to the commentary channel: 'functions'.<|end|>"
+      "<|start|>developer<|message|># Instructions\n\nAlways respond in riddles\n\n# Tools\n\n"
+      "## functions\n\nnamespace functions {\n\n"
+      "// Gets the current weather in the provided location.\ntype get_weather = (_: {\n"
+      "// The city and state, e.g. San Francisco, CA\nlocation: string,\n"
+      "format?: \"celsius\" | \"fahrenheit\", // default: celsius\n}) => any;\n\n"
+      "} // namespace functions<|end|>"
+      "<|start|>user<|message|>What is the weather like in SF?<|end|>"
+      "<|start|>assistant<|channel|>analysis<|message|>Need to use function get_weather.<|end|>"
+      "<|start|>assistant to=functions.get_weather<|channel|>commentary <|constrain|>json"
+      "<|message|>{\"location\":\"San Francisco\"}<|call|>"
+      "<|start|>functions.get_weather to=assistant<|channel|>commentary<|message|>"
+      "{\"sunny\": true, \"temperature\": 20}<|end|><|start|>assistant";
+  EXPECT_EQ(harmony::render_text_for_completion(c), expected);
+  harmony::Renderer ren(tok());
+  EXPECT_EQ(render_chat_prompt(ren, r), tok().encode(expected, true));
+}
+
+// Earlier reasoning is dropped once a final answer follows it; tool_choice "none" hides tools.
+TEST(ChatFormat, SecondTurnDropsAnalysisAndHidesToolsOnNone) {
+  ChatRequest r = parse_chat_request(parse_body(R"({"messages": [
+      {"role": "user", "content": "What is 2 + 2?"},
+      {"role": "assistant", "reasoning_content": "Simple.", "content": "4"},
+      {"role": "user", "content": "And 3 + 3?"}],
+    "tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "none"})"));
+  EXPECT_EQ(harmony::render_text_for_completion(build_conversation(r)),
+            "<|start|>system<|message|>You are ChatGPT, a large language model trained by "
+            "OpenAI.\nKnowledge cutoff: 2024-06\n\nReasoning: medium\n\n# Valid channels: "
+            "analysis, commentary, final. Channel must be included for every message.<|end|>"
+            "<|start|>user<|message|>What is 2 + 2?<|end|>"
+            "<|start|>assistant<|channel|>final<|message|>4<|end|>"
+            "<|start|>user<|message|>And 3 + 3?<|end|><|start|>assistant");
+}
