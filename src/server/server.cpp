@@ -202,6 +202,52 @@ struct Server::Handlers {
         });
   }
 
+  // The SSE plumbing shared by chat and text streams. `fill(out)` appends this round's chunks
+  // and, once the request has finished, its finishing chunk, returning the finishing event;
+  // this adds the usage chunk and [DONE], writes, and cancels the request if the client is gone.
+  template <class Stream, class Fill>
+  void stream_sse(httplib::Response& res, std::shared_ptr<Stream> st, const char* object, Fill fill) {
+    ++s.streams_open_;
+    Server* srv = &s;
+    res.set_header("Cache-Control", "no-cache");
+    res.set_chunked_content_provider(
+        "text/event-stream",
+        [st, object, fill](size_t, httplib::DataSink& sink) -> bool {
+          if (st->done) {
+            sink.done();
+            return true;
+          }
+          if (sink.is_writable && !sink.is_writable()) {  // the client is gone
+            st->rs->cancel();
+            return false;
+          }
+          std::string out;
+          if (std::optional<EngineEvent> last = fill(out)) {
+            if (st->include_usage) {
+              json u = {{"id", st->id},       {"object", object}, {"created", st->created},
+                        {"model", st->model}, {"choices", json::array()},
+                        {"usage", usage_json(last->prompt_tokens, last->completion_tokens)}};
+              out += sse(u);
+            }
+            out += "data: [DONE]\n\n";
+            st->done = true;
+          }
+          if (!out.empty() && !sink.write(out.data(), out.size())) {
+            st->rs->cancel();
+            return false;
+          }
+          if (st->done) sink.done();
+          return true;
+        },
+        [st, srv](bool success) {
+          if (!success || !st->done) {
+            st->rs->cancel();
+            ++srv->client_disconnects_;
+          }
+          --srv->streams_open_;
+        });
+  }
+
   // ---------------------------------------------------------------- chat
   struct ChatStream {
     std::shared_ptr<RequestStream> rs;
@@ -306,86 +352,52 @@ struct Server::Handlers {
       return;
     }
 
-    ++s.streams_open_;
-    Server* srv = &s;
-    res.set_header("Cache-Control", "no-cache");
-    res.set_chunked_content_provider(
-        "text/event-stream",
-        [this, st](size_t, httplib::DataSink& sink) -> bool {
-          if (st->done) {
-            sink.done();
-            return true;
+    stream_sse(res, st, "chat.completion.chunk", [this, st](std::string& out) -> std::optional<EngineEvent> {
+      if (!st->started) {
+        st->started = true;
+        out += sse(chat_chunk(*st, json{{"role", "assistant"}, {"content", ""}}, nullptr, nullptr));
+      }
+      auto ev = st->rs->next(out.empty() ? 200ms : 0ms);
+      while (ev) {
+        ChatDelta d;
+        json lps = json::array();
+        for (size_t i = 0; i < ev->tokens.size(); ++i) {
+          d.append(st->mapper->push(ev->tokens[i]));
+          if (st->logprobs && i < ev->logprobs.size()) lps.push_back(chat_logprob_entry(s.tok_, ev->logprobs[i]));
+        }
+        if (ev->finished) d.append(st->mapper->finish());
+        st->completion_tokens = ev->completion_tokens;
+        d.content = st->stops->feed(d.content);
+        if (st->stops->matched()) {
+          // A stop string in the content: end here with "stop".
+          st->rs->cancel();
+          ev->finished = true;
+          ev->finish_reason = FinishReason::kStop;
+          ev->prompt_tokens = st->prompt_tokens;
+        } else if (ev->finished) {
+          d.content += st->stops->flush();
+        }
+        json lp = st->logprobs && !lps.empty() ? json{{"content", lps}} : json(nullptr);
+        if (!d.empty() || !lp.is_null()) {
+          json ch = chat_chunk(*st, delta_json(d), lp, nullptr);
+          if (st->continuous_usage) ch["usage"] = usage_json(ev->prompt_tokens, ev->completion_tokens);
+          out += sse(ch);
+        }
+        if (ev->finished) {
+          if (ev->finish_reason == FinishReason::kError) {
+            out += sse(error_body(ApiError{500, "Generation failed: " + ev->error, "server_error", "", ""}));
+          } else {
+            json ch = chat_chunk(*st, json::object(), nullptr,
+                                 chat_finish_reason(ev->finish_reason, st->mapper->has_tool_calls()));
+            if (st->continuous_usage) ch["usage"] = usage_json(ev->prompt_tokens, ev->completion_tokens);
+            out += sse(ch);
           }
-          if (sink.is_writable && !sink.is_writable()) {  // the client is gone
-            st->rs->cancel();
-            return false;
-          }
-          std::string out;
-          if (!st->started) {
-            st->started = true;
-            out += sse(chat_chunk(*st, json{{"role", "assistant"}, {"content", ""}}, nullptr, nullptr));
-          }
-          auto ev = st->rs->next(out.empty() ? 200ms : 0ms);
-          while (ev) {
-            ChatDelta d;
-            json lps = json::array();
-            for (size_t i = 0; i < ev->tokens.size(); ++i) {
-              d.append(st->mapper->push(ev->tokens[i]));
-              if (st->logprobs && i < ev->logprobs.size()) lps.push_back(chat_logprob_entry(s.tok_, ev->logprobs[i]));
-            }
-            if (ev->finished) d.append(st->mapper->finish());
-            st->completion_tokens = ev->completion_tokens;
-            d.content = st->stops->feed(d.content);
-            if (st->stops->matched()) {
-              // A stop string in the content: end here with "stop".
-              st->rs->cancel();
-              ev->finished = true;
-              ev->finish_reason = FinishReason::kStop;
-              ev->prompt_tokens = st->prompt_tokens;
-            } else if (ev->finished) {
-              d.content += st->stops->flush();
-            }
-            json lp = st->logprobs && !lps.empty() ? json{{"content", lps}} : json(nullptr);
-            if (!d.empty() || !lp.is_null()) {
-              json ch = chat_chunk(*st, delta_json(d), lp, nullptr);
-              if (st->continuous_usage) ch["usage"] = usage_json(ev->prompt_tokens, ev->completion_tokens);
-              out += sse(ch);
-            }
-            if (ev->finished) {
-              if (ev->finish_reason == FinishReason::kError) {
-                out += sse(error_body(ApiError{500, "Generation failed: " + ev->error, "server_error", "", ""}));
-              } else {
-                json ch = chat_chunk(*st, json::object(), nullptr,
-                                     chat_finish_reason(ev->finish_reason, st->mapper->has_tool_calls()));
-                if (st->continuous_usage) ch["usage"] = usage_json(ev->prompt_tokens, ev->completion_tokens);
-                out += sse(ch);
-              }
-              if (st->include_usage) {
-                json u = {{"id", st->id},       {"object", "chat.completion.chunk"}, {"created", st->created},
-                          {"model", st->model}, {"choices", json::array()},
-                          {"usage", usage_json(ev->prompt_tokens, ev->completion_tokens)}};
-                out += sse(u);
-              }
-              out += "data: [DONE]\n\n";
-              st->done = true;
-              break;
-            }
-            ev = st->rs->next(0ms);
-          }
-          if (!out.empty() && !sink.write(out.data(), out.size())) {
-            st->rs->cancel();
-            return false;
-          }
-          if (st->done) sink.done();
-          return true;
-        },
-        [st, srv](bool success) {
-          if (!success || !st->done) {
-            st->rs->cancel();
-            ++srv->client_disconnects_;
-          }
-          --srv->streams_open_;
-        });
+          return ev;
+        }
+        ev = st->rs->next(0ms);
+      }
+      return std::nullopt;
+    });
   }
 
   // ---------------------------------------------------------------- completions
@@ -498,66 +510,32 @@ struct Server::Handlers {
       return;
     }
 
-    ++s.streams_open_;
-    Server* srv = &s;
-    res.set_header("Cache-Control", "no-cache");
-    res.set_chunked_content_provider(
-        "text/event-stream",
-        [this, st](size_t, httplib::DataSink& sink) -> bool {
-          if (st->done) {
-            sink.done();
-            return true;
-          }
-          if (sink.is_writable && !sink.is_writable()) {  // the client is gone
-            st->rs->cancel();
-            return false;
-          }
-          std::string out;
-          if (!st->echo.empty()) {
-            out += sse(text_chunk(*st, st->echo, nullptr, nullptr));
-            st->text_offset = st->echo.size();
-            st->echo.clear();
-          }
-          auto ev = st->rs->next(out.empty() ? 200ms : 0ms);
-          while (ev) {
-            json lp = st->logprobs && !ev->logprobs.empty() ? text_logprobs(ev->logprobs, st->text_offset) : json(nullptr);
-            if (lp.is_null()) st->text_offset += ev->text.size();
-            if (!ev->text.empty() || !lp.is_null()) {
-              json ch = text_chunk(*st, ev->text, lp, nullptr);
-              if (st->continuous_usage) ch["usage"] = usage_json(ev->prompt_tokens, ev->completion_tokens);
-              out += sse(ch);
-            }
-            if (ev->finished) {
-              if (ev->finish_reason == FinishReason::kError)
-                out += sse(error_body(ApiError{500, "Generation failed: " + ev->error, "server_error", "", ""}));
-              else
-                out += sse(text_chunk(*st, "", nullptr, text_finish(ev->finish_reason)));
-              if (st->include_usage) {
-                json u = {{"id", st->id},       {"object", "text_completion"}, {"created", st->created},
-                          {"model", st->model}, {"choices", json::array()},
-                          {"usage", usage_json(ev->prompt_tokens, ev->completion_tokens)}};
-                out += sse(u);
-              }
-              out += "data: [DONE]\n\n";
-              st->done = true;
-              break;
-            }
-            ev = st->rs->next(0ms);
-          }
-          if (!out.empty() && !sink.write(out.data(), out.size())) {
-            st->rs->cancel();
-            return false;
-          }
-          if (st->done) sink.done();
-          return true;
-        },
-        [st, srv](bool success) {
-          if (!success || !st->done) {
-            st->rs->cancel();
-            ++srv->client_disconnects_;
-          }
-          --srv->streams_open_;
-        });
+    stream_sse(res, st, "text_completion", [this, st](std::string& out) -> std::optional<EngineEvent> {
+      if (!st->echo.empty()) {
+        out += sse(text_chunk(*st, st->echo, nullptr, nullptr));
+        st->text_offset = st->echo.size();
+        st->echo.clear();
+      }
+      auto ev = st->rs->next(out.empty() ? 200ms : 0ms);
+      while (ev) {
+        json lp = st->logprobs && !ev->logprobs.empty() ? text_logprobs(ev->logprobs, st->text_offset) : json(nullptr);
+        if (lp.is_null()) st->text_offset += ev->text.size();
+        if (!ev->text.empty() || !lp.is_null()) {
+          json ch = text_chunk(*st, ev->text, lp, nullptr);
+          if (st->continuous_usage) ch["usage"] = usage_json(ev->prompt_tokens, ev->completion_tokens);
+          out += sse(ch);
+        }
+        if (ev->finished) {
+          if (ev->finish_reason == FinishReason::kError)
+            out += sse(error_body(ApiError{500, "Generation failed: " + ev->error, "server_error", "", ""}));
+          else
+            out += sse(text_chunk(*st, "", nullptr, text_finish(ev->finish_reason)));
+          return ev;
+        }
+        ev = st->rs->next(0ms);
+      }
+      return std::nullopt;
+    });
   }
 
   // ---------------------------------------------------------------- small endpoints
