@@ -316,8 +316,20 @@ void Engine::schedule_and_run() {
       row_seq.push_back(it.s);
     }
   }
-  logits_.resize(size_t(batch.logit_rows.size()) * vocab_);
-  backend_.forward(batch, logits_.data());
+  // When every sampled row is plain greedy (no penalties, no logprobs), the backend picks the
+  // tokens itself (on the device for CUDA: ids come back instead of [rows, vocab] logits).
+  const int rows = int(row_seq.size());
+  std::vector<int32_t> toks(rows);
+  const bool backend_greedy = rows > 0 && std::all_of(row_seq.begin(), row_seq.end(), [](const Sequence* s) {
+    return s->sp.temperature < 1e-5f && s->sp.logprobs < 0 && s->sp.presence_penalty == 0.0f &&
+           s->sp.frequency_penalty == 0.0f;
+  });
+  if (backend_greedy) {
+    backend_.forward_greedy(batch, toks.data());
+  } else {
+    logits_.resize(size_t(batch.logit_rows.size()) * vocab_);
+    backend_.forward(batch, logits_.data());
+  }
   ++metrics_.steps;
   for (auto& it : items) {
     if (it.s->num_computed < it.s->prompt_len)
@@ -326,11 +338,12 @@ void Engine::schedule_and_run() {
   }
 
   // 4. Sample (rows in parallel: each has its own generator), then stream and finish in order.
-  const int rows = int(row_seq.size());
-  std::vector<int32_t> toks(rows);
   std::vector<TokenLogprob> lps(rows);
-#pragma omp parallel for schedule(dynamic, 1) if (rows > 1)
+  if (backend_greedy)
+    for (Sequence* s : row_seq) uniform01(s->rng);  // sample_token draws one number per token too
+#pragma omp parallel for schedule(dynamic, 1) if (rows > 1 && !backend_greedy)
   for (int r = 0; r < rows; ++r) {
+    if (backend_greedy) continue;
     thread_local std::vector<float> scratch;
     thread_local std::vector<int32_t> idx;
     Sequence& s = *row_seq[r];

@@ -35,6 +35,12 @@ class FakeBackend : public Backend {
   }
   const KvCacheConfig& kv_config() const override { return kv_; }
 
+  // Counts the passes that asked for greedy ids only (the default picks them from forward()).
+  int greedy_calls = 0;
+  void forward_greedy(const ForwardBatch& b, int32_t* out) override {
+    ++greedy_calls;
+    Backend::forward_greedy(b, out);
+  }
   void forward(const ForwardBatch& b, float* logits) override {
     ++forward_calls;
     if (delay_us > 0) std::this_thread::sleep_for(std::chrono::microseconds(delay_us));

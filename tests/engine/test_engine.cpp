@@ -357,3 +357,31 @@ TEST(Engine, KvCacheBytesBudget) {
   EXPECT_LE(used, c.kv_cache_bytes);
   EXPECT_GT(kc.num_pages[0], 100);
 }
+
+// Plain greedy rows let the backend pick the tokens (forward_greedy); anything that needs the
+// logits on the host (temperature, penalties, logprobs) does not, and the tokens are the same.
+TEST(Engine, GreedyRowsUseBackendArgmax) {
+  SamplingParams greedy;
+  greedy.temperature = 0;
+  greedy.max_tokens = 6;
+  SamplingParams with_lp = greedy;
+  with_lp.logprobs = 0;
+  auto prompt = prompt_of(7, 3);
+  FakeBackend a, b;
+  Result ra, rb;
+  {
+    Engine e(a, small_cfg());
+    auto s = e.submit(prompt, greedy);
+    run_idle(e);
+    ra = collect(*s);
+  }
+  {
+    Engine e(b, small_cfg());
+    auto s = e.submit(prompt, with_lp);
+    run_idle(e);
+    rb = collect(*s);
+  }
+  EXPECT_EQ(a.greedy_calls, 6);
+  EXPECT_EQ(b.greedy_calls, 0);
+  EXPECT_EQ(ra.tokens, rb.tokens);
+}
