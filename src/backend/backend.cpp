@@ -1,5 +1,11 @@
 #include "backend/backend.h"
 
+#include <cmath>
+#include <cstring>
+#include <algorithm>
+#include <functional>
+#include <limits>
+
 #include <vector>
 
 namespace gptoss {
@@ -7,6 +13,70 @@ namespace gptoss {
 size_t kv_page_bytes(const GptOssConfig& c, KvGroup g, int page_size, DType dtype) {
   int layers = g == kKvSliding ? c.num_sliding_layers() : c.num_full_layers();
   return size_t(layers) * 2 * page_size * c.kv_dim() * dtype_size(dtype);
+}
+
+int32_t sample_row(const float* logits, int V, const RowSampling& s, std::vector<float>& p) {
+  auto argmax = [&] {
+    int best = 0;
+    for (int i = 1; i < V; ++i)
+      if (logits[i] > logits[best] || (std::isnan(logits[best]) && !std::isnan(logits[i]))) best = i;
+    return int32_t(best);
+  };
+  if (s.temperature < 1e-5f) return argmax();
+  float mx = -INFINITY;
+  for (int i = 0; i < V; ++i)
+    if (logits[i] > mx) mx = logits[i];
+  if (!std::isfinite(mx)) return argmax();
+  p.resize(V);
+  const float inv_t = 1.0f / s.temperature;
+  for (int i = 0; i < V; ++i) p[i] = std::isnan(logits[i]) ? 0.0f : std::exp((logits[i] - mx) * inv_t);
+  float thr = std::max(s.min_p, std::numeric_limits<float>::denorm_min());  // p = 0 never kept
+  if (s.top_k > 0 || s.top_p < 1.0f) {
+    // The thresholds from the kept values in descending order.
+    thread_local std::vector<float> sorted;
+    sorted.clear();
+    for (int i = 0; i < V; ++i)
+      if (p[i] >= thr) sorted.push_back(p[i]);
+    std::sort(sorted.begin(), sorted.end(), std::greater<float>());
+    if (s.top_k > 0 && int(sorted.size()) > s.top_k) {
+      thr = sorted[s.top_k - 1];
+      sorted.resize(std::upper_bound(sorted.begin(), sorted.end(), thr, std::greater<float>()) - sorted.begin());
+    }
+    if (s.top_p < 1.0f) {
+      double kept = 0;
+      for (float v : sorted) kept += v;
+      const double limit = double(s.top_p) * kept;
+      double cum = 0;
+      for (float v : sorted) {
+        cum += v;
+        if (cum >= limit) {
+          thr = v;
+          break;
+        }
+      }
+    }
+  }
+  // Sums in double: a float sum over 201088 small terms drifts by more than one token's mass.
+  double kept = 0;
+  for (int i = 0; i < V; ++i)
+    if (p[i] >= thr) kept += p[i];
+  const double target = double(s.u) * kept;
+  double acc = 0;
+  int32_t last = -1;
+  for (int i = 0; i < V; ++i)
+    if (p[i] >= thr) {
+      acc += p[i];
+      last = i;
+      if (acc > target) return i;
+    }
+  return last >= 0 ? last : argmax();
+}
+
+void Backend::forward_sample(const ForwardBatch& batch, const RowSampling* rows, int32_t* tokens_out) {
+  const int V = config().vocab;
+  std::vector<float> logits(batch.logit_rows.size() * size_t(V)), scratch;
+  forward(batch, logits.data());
+  for (size_t r = 0; r < batch.logit_rows.size(); ++r) tokens_out[r] = sample_row(logits.data() + r * V, V, rows[r], scratch);
 }
 
 void Backend::forward_greedy(const ForwardBatch& batch, int32_t* tokens_out) {

@@ -43,6 +43,25 @@ struct ForwardBatch {
   std::vector<int32_t> logit_rows;  // token indices (into tokens) whose logits are wanted, in output order
 };
 
+// How to draw one token from a row of logits (forward_sample). The rule, on any backend:
+// temperature < 1e-5 -> argmax (ties to the lower id); else p_i = exp((l_i - max) / T), keep
+// p_i >= min_p (p_max is 1), then the k largest (top_k > 0), then the largest ones whose mass
+// reaches top_p of what is kept (ties at a boundary stay in), and return the first id, in id
+// order, at which the kept mass summed so far exceeds u x the kept mass. `u` in [0, 1) comes
+// from the caller's generator, so a seeded request gives the same token on every backend up to
+// float rounding.
+struct RowSampling {
+  float temperature = 1.0f;
+  float top_p = 1.0f;
+  float min_p = 0.0f;
+  int top_k = 0;  // <= 0: off
+  float u = 0.0f;
+};
+
+// The host implementation of that rule (the reference the CUDA sampler is tested against).
+// `scratch` avoids reallocations.
+int32_t sample_row(const float* logits, int vocab, const RowSampling& s, std::vector<float>& scratch);
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -58,6 +77,9 @@ class Backend {
   // row: the CUDA backend picks them on the device and copies back ids instead of logits. The
   // default runs forward() and takes the argmax on the host.
   virtual void forward_greedy(const ForwardBatch& batch, int32_t* tokens_out);
+  // The same pass, drawing the token of each logit row by rows[i] (see RowSampling). The CUDA
+  // backend samples on the device; the default runs forward() and sample_row() on the host.
+  virtual void forward_sample(const ForwardBatch& batch, const RowSampling* rows, int32_t* tokens_out);
   // Bytes of memory the backend can give the KV cache after its weights (0 = no fixed limit).
   virtual size_t kv_memory_available() const { return 0; }
 };

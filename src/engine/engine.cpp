@@ -316,16 +316,18 @@ void Engine::schedule_and_run() {
       row_seq.push_back(it.s);
     }
   }
-  // When every sampled row is plain greedy (no penalties, no logprobs), the backend picks the
-  // tokens itself (on the device for CUDA: ids come back instead of [rows, vocab] logits).
+  // When no sampled row needs its logits on the host (logprobs, penalties), the backend draws
+  // the tokens itself (on the device for CUDA: ids come back instead of [rows, vocab] logits),
+  // with this step's uniform from each request's generator, as sample_token would use it.
   const int rows = int(row_seq.size());
   std::vector<int32_t> toks(rows);
-  const bool backend_greedy = rows > 0 && std::all_of(row_seq.begin(), row_seq.end(), [](const Sequence* s) {
-    return s->sp.temperature < 1e-5f && s->sp.logprobs < 0 && s->sp.presence_penalty == 0.0f &&
-           s->sp.frequency_penalty == 0.0f;
+  const bool backend_samples = rows > 0 && std::all_of(row_seq.begin(), row_seq.end(), [](const Sequence* s) {
+    return s->sp.logprobs < 0 && s->sp.presence_penalty == 0.0f && s->sp.frequency_penalty == 0.0f;
   });
-  if (backend_greedy) {
-    backend_.forward_greedy(batch, toks.data());
+  if (backend_samples) {
+    std::vector<RowSampling> how(rows);
+    for (int r = 0; r < rows; ++r) how[r] = row_sampling(row_seq[r]->sp, uniform01(row_seq[r]->rng));
+    backend_.forward_sample(batch, how.data(), toks.data());
   } else {
     logits_.resize(size_t(batch.logit_rows.size()) * vocab_);
     backend_.forward(batch, logits_.data());
@@ -339,11 +341,9 @@ void Engine::schedule_and_run() {
 
   // 4. Sample (rows in parallel: each has its own generator), then stream and finish in order.
   std::vector<TokenLogprob> lps(rows);
-  if (backend_greedy)
-    for (Sequence* s : row_seq) uniform01(s->rng);  // sample_token draws one number per token too
-#pragma omp parallel for schedule(dynamic, 1) if (rows > 1 && !backend_greedy)
+#pragma omp parallel for schedule(dynamic, 1) if (rows > 1 && !backend_samples)
   for (int r = 0; r < rows; ++r) {
-    if (backend_greedy) continue;
+    if (backend_samples) continue;
     thread_local std::vector<float> scratch;
     thread_local std::vector<int32_t> idx;
     Sequence& s = *row_seq[r];

@@ -13,6 +13,16 @@ static int32_t argmax(const float* x, int n) {
   return best;
 }
 
+RowSampling row_sampling(const SamplingParams& sp, double u) {
+  RowSampling r;
+  r.temperature = sp.temperature < 1e-5f ? 0.0f : sp.temperature;
+  r.top_p = sp.top_p;
+  r.min_p = sp.min_p;
+  r.top_k = sp.top_k;
+  r.u = float(u);
+  return r;
+}
+
 int32_t sample_token(const float* logits, int vocab, const SamplingParams& sp,
                      const std::unordered_map<int32_t, int>& counts, std::mt19937_64& rng,
                      std::vector<float>& x, std::vector<int32_t>& idx) {
@@ -23,56 +33,9 @@ int32_t sample_token(const float* logits, int vocab, const SamplingParams& sp,
   if (sp.presence_penalty != 0.0f || sp.frequency_penalty != 0.0f)
     for (auto [tok, c] : counts)
       if (tok >= 0 && tok < vocab && c > 0) x[tok] -= sp.frequency_penalty * c + sp.presence_penalty;
-  if (sp.temperature < 1e-5f) return argmax(x.data(), vocab);
-
-  const float inv_t = 1.0f / sp.temperature;
-  float mx = -std::numeric_limits<float>::infinity();
-  for (int i = 0; i < vocab; ++i) mx = std::max(mx, x[i]);
-  if (!std::isfinite(mx)) return argmax(x.data(), vocab);
-  // probabilities (unnormalized) exp((x - max) / T)
-  double total = 0;
-  for (int i = 0; i < vocab; ++i) {
-    float p = std::exp((x[i] - mx) * inv_t);
-    x[i] = p;
-    total += p;
-  }
-  // candidates: min_p keeps p >= min_p * p_max (p_max = 1 here before normalization)
-  const float min_keep = sp.min_p > 0.0f ? sp.min_p : 0.0f;
-  idx.clear();
-  for (int i = 0; i < vocab; ++i)
-    if (x[i] > 0.0f && x[i] >= min_keep) idx.push_back(i);
-  if (idx.empty()) return argmax(logits, vocab);
-  const bool need_sort = (sp.top_k > 0 && sp.top_k < int(idx.size())) || sp.top_p < 1.0f;
-  if (need_sort) {
-    auto cmp = [&](int32_t a, int32_t b) { return x[a] > x[b] || (x[a] == x[b] && a < b); };
-    if (sp.top_k > 0 && sp.top_k < int(idx.size())) {
-      std::partial_sort(idx.begin(), idx.begin() + sp.top_k, idx.end(), cmp);
-      idx.resize(sp.top_k);
-    } else {
-      std::sort(idx.begin(), idx.end(), cmp);
-    }
-  }
-  double kept = 0;
-  for (int32_t i : idx) kept += x[i];
-  if (sp.top_p < 1.0f) {
-    double cum = 0;
-    size_t n = 0;
-    const double limit = double(sp.top_p) * kept;
-    while (n < idx.size()) {
-      cum += x[idx[n]];
-      ++n;
-      if (cum >= limit) break;
-    }
-    idx.resize(std::max<size_t>(n, 1));
-    kept = cum;
-  }
-  (void)total;
-  double target = u * kept, acc = 0;
-  for (int32_t i : idx) {
-    acc += x[i];
-    if (acc > target) return i;
-  }
-  return idx.back();
+  thread_local std::vector<float> scratch;
+  (void)idx;
+  return sample_row(x.data(), vocab, row_sampling(sp, u), scratch);
 }
 
 TokenLogprob compute_logprobs(const float* logits, int vocab, int32_t chosen, int top_n) {

@@ -1,4 +1,5 @@
 #pragma once
+#include "backend/backend.h"
 // Host-side sampling from one row of logits: penalties, temperature, top-k, top-p, min-p, and
 // log-probabilities of the raw distribution.
 #include <cstdint>
@@ -35,7 +36,11 @@ struct TokenLogprob {
 // One uniform double in [0, 1) from the generator (53 bits; the same on every platform).
 inline double uniform01(std::mt19937_64& rng) { return double(rng() >> 11) * 0x1.0p-53; }
 
-// Samples one token id in [0, vocab). `counts`: occurrences of each generated token so far.
+// The backend's sampling rule (RowSampling) for these parameters and uniform draw `u`.
+RowSampling row_sampling(const SamplingParams& sp, double u);
+
+// Samples one token id in [0, vocab): penalties on the host, then the backend's rule
+// (sample_row), so host and device sampling agree. `counts`: occurrences of each generated token so far.
 // Draws exactly one number from rng per call (also when greedy), so a seeded request's output
 // does not depend on its parameters' code paths. `scratch` avoids reallocations.
 int32_t sample_token(const float* logits, int vocab, const SamplingParams& sp,

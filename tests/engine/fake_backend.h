@@ -35,11 +35,11 @@ class FakeBackend : public Backend {
   }
   const KvCacheConfig& kv_config() const override { return kv_; }
 
-  // Counts the passes that asked for greedy ids only (the default picks them from forward()).
-  int greedy_calls = 0;
-  void forward_greedy(const ForwardBatch& b, int32_t* out) override {
-    ++greedy_calls;
-    Backend::forward_greedy(b, out);
+  // Counts the passes that asked for sampled ids only (the default draws them from forward()).
+  int sample_calls = 0;
+  void forward_sample(const ForwardBatch& b, const RowSampling* rows, int32_t* out) override {
+    ++sample_calls;
+    Backend::forward_sample(b, rows, out);
   }
   void forward(const ForwardBatch& b, float* logits) override {
     ++forward_calls;

@@ -358,30 +358,35 @@ TEST(Engine, KvCacheBytesBudget) {
   EXPECT_GT(kc.num_pages[0], 100);
 }
 
-// Plain greedy rows let the backend pick the tokens (forward_greedy); anything that needs the
-// logits on the host (temperature, penalties, logprobs) does not, and the tokens are the same.
-TEST(Engine, GreedyRowsUseBackendArgmax) {
-  SamplingParams greedy;
-  greedy.temperature = 0;
-  greedy.max_tokens = 6;
-  SamplingParams with_lp = greedy;
-  with_lp.logprobs = 0;
-  auto prompt = prompt_of(7, 3);
-  FakeBackend a, b;
-  Result ra, rb;
-  {
-    Engine e(a, small_cfg());
-    auto s = e.submit(prompt, greedy);
-    run_idle(e);
-    ra = collect(*s);
+// Rows that need no logits on the host let the backend draw the tokens (forward_sample);
+// logprobs or penalties keep sampling on the host, and a seeded request gets the same tokens
+// either way.
+TEST(Engine, BackendSamplesUnlessLogitsAreNeeded) {
+  for (float temperature : {0.0f, 0.9f}) {
+    SamplingParams plain;
+    plain.temperature = temperature;
+    plain.top_p = 0.9f;
+    plain.seed = 11;
+    plain.max_tokens = 6;
+    SamplingParams with_lp = plain;
+    with_lp.logprobs = 0;
+    auto prompt = prompt_of(7, 3);
+    FakeBackend a, b;
+    Result ra, rb;
+    {
+      Engine e(a, small_cfg());
+      auto s = e.submit(prompt, plain);
+      run_idle(e);
+      ra = collect(*s);
+    }
+    {
+      Engine e(b, small_cfg());
+      auto s = e.submit(prompt, with_lp);
+      run_idle(e);
+      rb = collect(*s);
+    }
+    EXPECT_EQ(a.sample_calls, 6) << temperature;
+    EXPECT_EQ(b.sample_calls, 0) << temperature;
+    EXPECT_EQ(ra.tokens, rb.tokens) << temperature;
   }
-  {
-    Engine e(b, small_cfg());
-    auto s = e.submit(prompt, with_lp);
-    run_idle(e);
-    rb = collect(*s);
-  }
-  EXPECT_EQ(a.greedy_calls, 6);
-  EXPECT_EQ(b.greedy_calls, 0);
-  EXPECT_EQ(ra.tokens, rb.tokens);
 }

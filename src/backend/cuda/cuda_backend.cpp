@@ -46,6 +46,7 @@ class CudaBackend final : public Backend {
   const KvCacheConfig& kv_config() const override { return kvc_; }
   void forward(const ForwardBatch& batch, float* logits) override;
   void forward_greedy(const ForwardBatch& batch, int32_t* tokens_out) override;
+  void forward_sample(const ForwardBatch& batch, const RowSampling* rows, int32_t* tokens_out) override;
   size_t kv_memory_available() const override;
 
  private:
@@ -81,7 +82,10 @@ class CudaBackend final : public Backend {
   PassMeta upload_meta(const Staged& st, int n, int n_rows);
   void stage_chunk(const ForwardBatch& b, int t0, int t1, Staged* st, std::vector<int>* out_index);
   void run_graph_step(const ForwardBatch& b);
-  void run_batch(const ForwardBatch& b, float* logits, int32_t* greedy);
+  // Exactly one of logits (copy them back), greedy (argmax ids) or `how` with ids (sample).
+  void run_batch(const ForwardBatch& b, float* logits, int32_t* greedy, const RowSampling* how = nullptr);
+  // Draws rows [0, n) of d_logits_ by per[i] on the device; ids land in d_greedy_.
+  void sample_on_device(const std::vector<RowSampling>& per, int n);
 
   GptOssConfig cfg_;
   YarnTables yarn_;
@@ -109,6 +113,7 @@ class CudaBackend final : public Backend {
   MoeRouting routing_;
   float* d_logits_ = nullptr;
   int32_t* d_greedy_ = nullptr;
+  RowSampling* d_how_ = nullptr;
   DeviceBuffer meta_;
   size_t meta_cap_ = 0;  // int32 entries
   int32_t* h_meta_ = nullptr;  // pinned
@@ -309,6 +314,7 @@ void CudaBackend::alloc_workspace() {
   routing_ = moe_routing_carve(dalloc<uint8_t>(moe_routing_bytes(P, E)), P, E);
   d_logits_ = dalloc<float>(size_t(kMaxLogitRows) * cfg_.vocab);
   d_greedy_ = dalloc<int32_t>(kMaxLogitRows);
+  d_how_ = dalloc<RowSampling>(kMaxLogitRows);
 }
 
 size_t CudaBackend::kv_memory_available() const {
@@ -470,7 +476,12 @@ void CudaBackend::stage_chunk(const ForwardBatch& b, int t0, int t1, Staged* st,
   (void)seq_of;
 }
 
-void CudaBackend::run_batch(const ForwardBatch& b, float* logits, int32_t* greedy) {
+void CudaBackend::sample_on_device(const std::vector<RowSampling>& per, int n) {
+  GPTOSS_CUDA_CHECK(cudaMemcpyAsync(d_how_, per.data(), n * sizeof(RowSampling), cudaMemcpyHostToDevice, stream_));
+  sample_rows(d_logits_, n, cfg_.vocab, d_how_, d_greedy_, stream_);
+}
+
+void CudaBackend::run_batch(const ForwardBatch& b, float* logits, int32_t* greedy, const RowSampling* how) {
   const int M = int(b.tokens.size());
   if (kvc_.num_pages[0] + kvc_.num_pages[1] == 0) throw Error("cuda backend: init_kv_cache first");
   if (M == 0) return;
@@ -513,7 +524,15 @@ void CudaBackend::run_batch(const ForwardBatch& b, float* logits, int32_t* greed
       it = graphs_.emplace(B, exec).first;
     }
     GPTOSS_CUDA_CHECK(cudaGraphLaunch(it->second, stream_));
-    if (greedy) {
+    if (how) {
+      std::vector<RowSampling> per(B);  // padding rows draw too, harmlessly
+      for (size_t i = 0; i < b.logit_rows.size(); ++i) per[row_of[b.logit_rows[i]]] = how[i];
+      sample_on_device(per, B);
+      std::vector<int32_t> ids(B);
+      GPTOSS_CUDA_CHECK(cudaMemcpyAsync(ids.data(), d_greedy_, B * 4, cudaMemcpyDeviceToHost, stream_));
+      GPTOSS_CUDA_CHECK(cudaStreamSynchronize(stream_));
+      for (size_t i = 0; i < b.logit_rows.size(); ++i) greedy[i] = ids[row_of[b.logit_rows[i]]];
+    } else if (greedy) {
       std::vector<int32_t> ids(B);
       GPTOSS_CUDA_CHECK(cudaMemcpyAsync(ids.data(), d_greedy_, B * 4, cudaMemcpyDeviceToHost, stream_));
       GPTOSS_CUDA_CHECK(cudaStreamSynchronize(stream_));
@@ -562,7 +581,13 @@ void CudaBackend::run_batch(const ForwardBatch& b, float* logits, int32_t* greed
         lm_head(drows, cnt);
       }
       if (greedy) {
-        argmax_rows(d_logits_, cnt, V, d_greedy_, stream_);
+        if (how) {
+          std::vector<RowSampling> per(cnt);
+          for (int i = 0; i < cnt; ++i) per[i] = how[outs[done + i]];
+          sample_on_device(per, cnt);
+        } else {
+          argmax_rows(d_logits_, cnt, V, d_greedy_, stream_);
+        }
         std::vector<int32_t> ids(cnt);
         GPTOSS_CUDA_CHECK(cudaMemcpyAsync(ids.data(), d_greedy_, cnt * 4, cudaMemcpyDeviceToHost, stream_));
         GPTOSS_CUDA_CHECK(cudaStreamSynchronize(stream_));
@@ -582,6 +607,10 @@ void CudaBackend::forward(const ForwardBatch& batch, float* logits) { run_batch(
 
 void CudaBackend::forward_greedy(const ForwardBatch& batch, int32_t* tokens_out) {
   run_batch(batch, nullptr, tokens_out);
+}
+
+void CudaBackend::forward_sample(const ForwardBatch& batch, const RowSampling* rows, int32_t* tokens_out) {
+  run_batch(batch, nullptr, tokens_out, rows);
 }
 
 }  // namespace

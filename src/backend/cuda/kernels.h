@@ -7,6 +7,10 @@
 
 #include <cstdint>
 
+namespace gptoss {
+struct RowSampling;  // backend/backend.h
+}
+
 namespace gptoss::cuda {
 
 using bf16_t = uint16_t;  // bf16 bits; kernels reinterpret as __nv_bfloat16
@@ -101,6 +105,10 @@ void moe_route(const float* logits, int n, int E, int k, const MoeRouting& r, cu
 
 // out[i] = argmax of row i of logits [n, V].
 void argmax_rows(const float* logits, int n, int V, int32_t* out, cudaStream_t s);
+
+// out[i] = the token drawn from row i by how[i] (backend.h's RowSampling rule; how is device
+// memory). Overwrites the rows with their unnormalized probabilities.
+void sample_rows(float* logits, int n, int V, const RowSampling* how, int32_t* out, cudaStream_t s);
 
 // Deterministic random fill from (seed, stream id): bf16 ~ uniform with the given std and mean;
 // bytes uniform in [lo, hi].

@@ -1,0 +1,160 @@
+// Token sampling on the device: the RowSampling rule of backend.h, one block per logit row.
+// Thresholds (top-k, top-p) are found by bisection on the float bit patterns of the
+// probabilities, so no sort of the 201088-entry row is needed; the draw walks the kept
+// probabilities in id order, as sample_row() does on the host.
+#include "backend/backend.h"
+#include "backend/cuda/device_utils.cuh"
+#include "backend/cuda/kernels.h"
+
+namespace gptoss::cuda {
+
+namespace {
+
+constexpr int kThreads = 1024;
+
+// Sum / max of one value per thread over the block; every thread gets the result.
+__device__ float block_sum(float v, float* red) {
+  v = warp_sum(v);
+  const int w = threadIdx.x / 32, lane = threadIdx.x & 31;
+  __syncthreads();  // red may still be read by the previous reduction
+  if (lane == 0) red[w] = v;
+  __syncthreads();
+  float t = lane < kThreads / 32 ? red[lane] : 0.0f;
+  return warp_sum(t);
+}
+__device__ double block_sum_d(double v, double* red) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  const int w = threadIdx.x / 32, lane = threadIdx.x & 31;
+  __syncthreads();
+  if (lane == 0) red[w] = v;
+  __syncthreads();
+  double t = lane < kThreads / 32 ? red[lane] : 0.0;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) t += __shfl_xor_sync(0xffffffffu, t, o);
+  return t;
+}
+__device__ float block_max(float v, float* red) {
+  v = warp_max(v);
+  const int w = threadIdx.x / 32, lane = threadIdx.x & 31;
+  __syncthreads();
+  if (lane == 0) red[w] = v;
+  __syncthreads();
+  float t = lane < kThreads / 32 ? red[lane] : -INFINITY;
+  return warp_max(t);
+}
+
+__global__ void __launch_bounds__(kThreads) sample_kernel(float* __restrict__ logits, int V,
+                                                          const RowSampling* __restrict__ how,
+                                                          int32_t* __restrict__ out) {
+  __shared__ float red[32];
+  __shared__ double redd[32];
+  __shared__ double prefix[kThreads];
+  __shared__ double total;
+  __shared__ int32_t chosen;
+  float* p = logits + size_t(blockIdx.x) * V;
+  const RowSampling s = how[blockIdx.x];
+  const int tid = threadIdx.x;
+
+  // Greedy, and the maximum for the softmax: (value, lowest id) per thread, then the block.
+  float best = -INFINITY;
+  int bi = 0x7fffffff;
+  for (int i = tid; i < V; i += kThreads) {
+    float v = p[i];
+    if (v > best) { best = v; bi = i; }
+  }
+  const float mx = block_max(best, red);
+  if (s.temperature < 1e-5f || !isfinite(mx)) {
+    if (best != mx) bi = 0x7fffffff;
+    // lowest id holding the maximum
+    float fbi = float(bi);  // ids < 2^24 are exact in float
+    float lowest = -block_max(-fbi, red);
+    if (tid == 0) out[blockIdx.x] = lowest >= float(V) ? 0 : int32_t(lowest);
+    return;
+  }
+  const float inv_t = 1.0f / s.temperature;
+  for (int i = tid; i < V; i += kThreads) {
+    float v = p[i];
+    p[i] = isnan(v) ? 0.0f : expf((v - mx) * inv_t);  // accurate exp: the host rule uses std::exp
+  }
+  __syncthreads();
+
+  auto count = [&](float t) {
+    float c = 0;
+    for (int i = tid; i < V; i += kThreads) c += p[i] >= t ? 1.0f : 0.0f;
+    return block_sum(c, red);
+  };
+  // Masses in double, as on the host: float sums over 201088 terms drift by more than a
+  // token's share.
+  auto mass = [&](float t) {
+    double m = 0;
+    for (int i = tid; i < V; i += kThreads)
+      if (p[i] >= t) m += p[i];
+    return block_sum_d(m, redd);
+  };
+  // Largest t in [lo, 1] with keep(t): bisection on bit patterns (non-negative floats order as
+  // their bits), about 30 block-wide passes.
+  auto largest = [&](float lo, auto keep) {
+    uint32_t a = __float_as_uint(lo), b = __float_as_uint(1.0f) + 1;
+    while (b - a > 1) {
+      uint32_t mid = a + (b - a) / 2;
+      if (keep(__uint_as_float(mid))) a = mid;
+      else b = mid;
+    }
+    return __uint_as_float(a);
+  };
+  float thr = fmaxf(s.min_p, __uint_as_float(1u));  // p = 0 is never kept
+  if (s.top_k > 0 && count(thr) > float(s.top_k))
+    thr = largest(thr, [&](float t) { return count(t) >= float(s.top_k); });
+  if (s.top_p < 1.0f) {
+    const double limit = double(s.top_p) * mass(thr);
+    thr = largest(thr, [&](float t) { return mass(t) >= limit; });
+  }
+
+  // Draw in id order: each thread owns a contiguous range; an exclusive scan of the ranges'
+  // kept mass finds the range holding the target.
+  const int chunk = (V + kThreads - 1) / kThreads;
+  const int lo = min(V, tid * chunk), hi = min(V, lo + chunk);
+  double local = 0;
+  int last_kept = -1;
+  for (int i = lo; i < hi; ++i)
+    if (p[i] >= thr) { local += p[i]; last_kept = i; }
+  prefix[tid] = local;
+  float last = block_max(float(last_kept), red);  // the fallback: the highest kept id
+  __syncthreads();
+  if (tid == 0) {
+    double acc = 0;
+    for (int i = 0; i < kThreads; ++i) {
+      double v = prefix[i];
+      prefix[i] = acc;
+      acc += v;
+    }
+    total = acc;
+    chosen = last < 0 ? 0 : int32_t(last);
+  }
+  __syncthreads();
+  const double target = double(s.u) * total;
+  const double start = prefix[tid];
+  if (local > 0 && start <= target && target < start + local) {
+    double acc = start;
+    int pick = last_kept;
+    for (int i = lo; i < hi; ++i)
+      if (p[i] >= thr) {
+        acc += p[i];
+        if (acc > target) { pick = i; break; }
+      }
+    chosen = pick;  // one range holds the target (ranges are disjoint in [start, start + local))
+  }
+  __syncthreads();
+  if (tid == 0) out[blockIdx.x] = chosen;
+}
+
+}  // namespace
+
+void sample_rows(float* logits, int n, int V, const RowSampling* how, int32_t* out, cudaStream_t s) {
+  if (n <= 0) return;
+  sample_kernel<<<n, kThreads, 0, s>>>(logits, V, how, out);
+  GPTOSS_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace gptoss::cuda
