@@ -57,6 +57,9 @@ ProcResult run_process(const std::vector<std::string>& argv, double timeout_s = 
                        const std::string& stdin_data = "");
 // Finds a CUDA tool: $GPTOSS_CUDA_BIN, $CUDA_HOME/bin, /usr/local/cuda/bin, then PATH. "" if absent.
 std::string find_tool(const std::string& name);
+// Whole-file reads and writes of the audit's outputs; throw gptoss::Error naming the path.
+std::string read_file(const std::string& path);
+void write_file(const std::string& path, const std::string& data);  // creates parent folders
 
 // ---------------------------------------------------------------- toolkit
 struct Toolkit {

@@ -25,12 +25,6 @@ std::string replace_all(std::string s, const std::string& from, const std::strin
   for (size_t p = 0; (p = s.find(from, p)) != std::string::npos; p += to.size()) s.replace(p, from.size(), to);
   return s;
 }
-void write_file(const fs::path& p, const std::string& s) {
-  fs::create_directories(p.parent_path());
-  std::ofstream f(p, std::ios::binary);
-  f << s;
-  if (!f) throw Error("cannot write " + p.string());
-}
 }  // namespace
 
 const CompileResult* Phase1Result::find(const std::string& probe, const std::string& target) const {

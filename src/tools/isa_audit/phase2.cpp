@@ -63,18 +63,6 @@ std::map<std::string, int> subtract_baseline(const std::map<std::string, int>& p
 }
 
 namespace {
-std::string read_file(const fs::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  if (!f) throw Error("cannot read " + p.string());
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-void write_file(const fs::path& p, const std::string& s) {
-  fs::create_directories(p.parent_path());
-  std::ofstream f(p, std::ios::binary);
-  f << s;
-}
 std::vector<std::string> disasm_argv(const std::string& tool, const std::string& cubin) {
   if (fs::path(tool).filename().string().find("nvdisasm") != std::string::npos) return {tool, cubin};
   return {tool, "-sass", cubin};

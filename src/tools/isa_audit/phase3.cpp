@@ -105,18 +105,6 @@ Driver load_driver() {
 constexpr int kThreads = 128, kWords = kThreads * 4;
 constexpr int kErrIllegalInstruction = 715;
 
-std::string read_file(const fs::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  if (!f) throw Error("cannot read " + p.string());
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-void write_file(const fs::path& p, const std::string& s) {
-  if (p.has_parent_path()) fs::create_directories(p.parent_path());
-  std::ofstream f(p, std::ios::binary);
-  f << s;
-}
 double since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }

@@ -8,6 +8,8 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <regex>
 
 #include "common/error.h"
@@ -15,6 +17,22 @@
 
 namespace gptoss::isa {
 namespace fs = std::filesystem;
+
+std::string read_file(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) throw Error("cannot read " + path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+void write_file(const std::string& path, const std::string& data) {
+  fs::path p(path);
+  if (p.has_parent_path()) fs::create_directories(p.parent_path());
+  std::ofstream f(p, std::ios::binary);
+  f << data;
+  if (!f) throw Error("cannot write " + path);
+}
 
 ProcResult run_process(const std::vector<std::string>& argv, double timeout_s, const std::string& stdin_data) {
   int po[2], pe[2], pi[2];
