@@ -2,14 +2,13 @@
 #include <algorithm>
 #include <filesystem>
 #include <optional>
-#include <cmath>
 #include <cstdio>
-#include <numeric>
 #include <random>
 
 #include "backend/backend_factory.h"
 #include "backend/solo_sequence.h"
 #include "common/error.h"
+#include "engine/sampling.h"
 #include "tools/backend_options.h"
 #include "tools/builtin_model.h"
 #include "tools/command.h"
@@ -25,31 +24,6 @@ struct Args {
   float temperature = 0.0f, top_p = 1.0f;
   uint64_t seed = 0;
 };
-
-// Greedy at temperature 0 (ties to the lower id), else softmax(logits / T) truncated to the
-// smallest set whose mass reaches top_p.
-int32_t sample(const float* logits, int V, float temperature, float top_p, std::mt19937_64& rng) {
-  if (temperature <= 0.0f) return int32_t(std::max_element(logits, logits + V) - logits);
-  std::vector<int32_t> order(V);
-  std::iota(order.begin(), order.end(), 0);
-  std::sort(order.begin(), order.end(), [&](int a, int b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); });
-  std::vector<double> p(V);
-  double sum = 0;
-  for (int i = 0; i < V; ++i) sum += p[i] = std::exp(double(logits[order[i]] - logits[order[0]]) / temperature);
-  double mass = 0;
-  int keep = V;
-  for (int i = 0; i < V; ++i) {
-    mass += p[i] / sum;
-    if (mass >= top_p) {
-      keep = i + 1;
-      break;
-    }
-  }
-  double r = std::uniform_real_distribution<double>(0, 1)(rng) * std::accumulate(p.begin(), p.begin() + keep, 0.0);
-  for (int i = 0; i < keep; ++i)
-    if ((r -= p[i]) <= 0) return order[i];
-  return order[keep - 1];
-}
 
 gptoss::tools::RegisterCommand reg({"generate", "Generate tokens after a prompt", [](CLI::App* app) {
   auto a = std::make_shared<Args>();
@@ -76,11 +50,16 @@ gptoss::tools::RegisterCommand reg({"generate", "Generate tokens after a prompt"
     for (int32_t t : prompt)
       if (t >= V) throw gptoss::Error("prompt token " + std::to_string(t) + " is outside the model's vocabulary of " + std::to_string(V));
     gptoss::SoloSequence seq(*backend, int(prompt.size()) + a->max_tokens);
+    // The backends' sampling rule (backend.h), with one uniform a token from the seeded generator.
     std::mt19937_64 rng(a->seed);
-    std::vector<float> logits = seq.append(prompt, false);
+    gptoss::RowSampling how;
+    how.temperature = a->temperature;
+    how.top_p = a->top_p;
+    std::vector<float> logits = seq.append(prompt, false), scratch;
     std::vector<int32_t> out;
     for (int i = 0; i < a->max_tokens; ++i) {
-      int32_t t = sample(logits.data(), V, a->temperature, a->top_p, rng);
+      how.u = float(gptoss::uniform01(rng));
+      int32_t t = gptoss::sample_row(logits.data(), V, how, scratch);
       out.push_back(t);
       if (i + 1 < a->max_tokens) logits = seq.append({t}, false);
     }
