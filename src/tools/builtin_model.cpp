@@ -26,11 +26,12 @@ std::string ensure_builtin_model() {
   // then find the model complete.
   fs::create_directories(dir.parent_path());
   int lock = ::open((dir.parent_path() / ".lock").c_str(), O_CREAT | O_RDWR, 0644);
-  if (lock < 0 || flock(lock, LOCK_EX) != 0) throw Error(dir.parent_path().string() + ": cannot lock");
+  if (lock < 0) throw Error(dir.parent_path().string() + ": cannot create the lock file");
   struct Unlock {
     int fd;
-    ~Unlock() { ::close(fd); }
+    ~Unlock() { ::close(fd); }  // closing releases the lock
   } unlock{lock};
+  if (flock(lock, LOCK_EX) != 0) throw Error(dir.parent_path().string() + ": cannot lock");
   if (complete()) return dir.string();
   // Build in a private folder and rename, so a reader never sees half a model.
   fs::path tmp = dir.string() + ".tmp" + std::to_string(getpid());
