@@ -15,7 +15,7 @@ struct BackendOptions {
   std::string random_weights;        // a preset ("120b", "20b", "tiny") whose random weights the backend builds itself (cuda)
   uint64_t seed = 0;                 // for random weights
   std::string mxfp4_layers = "experts";  // "experts", or "all", or a list of qkv,o,lm_head quantized to MXFP4 at load (cuda)
-  std::string mxfp4_backend = "auto";    // kernel family (cuda)
+  std::string mxfp4_backend = "auto";    // MXFP4 kernel family (cuda): "auto" only so far
   int threads = 0;                   // cpu: 0 = all cores
   int device_index = 0;              // cuda
 };

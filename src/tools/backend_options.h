@@ -12,9 +12,9 @@ inline void add_backend_options(CLI::App* app, BackendOptions& o, bool model_req
   app->add_option("--device", o.device, "cpu or cuda")->capture_default_str();
   app->add_option("--random-weights", o.random_weights, "Random weights of a preset (120b, 20b) built on the GPU");
   app->add_option("--weights-seed", o.seed, "Seed of --random-weights");
-  app->add_option("--mxfp4-layers", o.mxfp4_layers, "Dense layers quantized to MXFP4 at load: experts (none), all, or qkv,o,lm_head")
+  app->add_option("--mxfp4-layers", o.mxfp4_layers, "Layers in MXFP4: experts (as published; quantizing the dense layers is not implemented yet)")
       ->capture_default_str();
-  app->add_option("--mxfp4-backend", o.mxfp4_backend, "MXFP4 kernel family (cuda)")->capture_default_str();
+  app->add_option("--mxfp4-backend", o.mxfp4_backend, "MXFP4 kernel family (cuda): auto (the one implemented so far)")->capture_default_str();
   app->add_option("--threads", o.threads, "CPU threads (0 = all cores)");
   app->add_option("--device-index", o.device_index, "CUDA device ordinal");
 }

@@ -19,7 +19,10 @@ using cuda::WeightMat;
 
 class Kernels : public CudaTest {
  protected:
-  void TearDown() override { cuda::set_linear_path(0); }
+  void TearDown() override {
+    cuda::set_linear_path(0);
+    cuda::set_gemv_variant(0);
+  }
 };
 
 TEST_F(Kernels, RmsNorm) {
@@ -84,10 +87,50 @@ void check_dense(const DenseCase& c, int path) {
 }
 
 TEST_F(Kernels, LinearBF16) {
-  std::vector<DenseCase> cases = {{1, 5120, 2880}, {33, 2880, 4096}, {129, 128, 2880}, {4, 520, 64}, {2049, 200, 96}};
-  if (small_mode()) cases = {{1, 72, 64}, {33, 136, 96}, {5, 8, 64}};
+  // Decode GEMVs at qkv / o_proj / router shapes for 1..4 tokens (the whole-row kernel) and for
+  // more (row pairs), narrow matrices (K split over warps), prefill GEMMs.
+  std::vector<DenseCase> cases = {{1, 5120, 2880}, {3, 5121, 2880}, {1, 2880, 4096}, {4, 2880, 4096},
+                                  {33, 2880, 4096}, {129, 128, 2880}, {4, 520, 64}, {2049, 200, 96}};
+  if (small_mode()) cases = {{1, 72, 64}, {33, 136, 96}, {5, 8, 64}, {2, 3000, 96}};
   for (auto& c : cases)
     for (int path : {0, 1, 2}) check_dense(c, path);
+  // The first decode GEMV (row pairs) for every shape too: benchmarks compare against it.
+  cuda::set_gemv_variant(1);
+  for (auto& c : cases) check_dense(c, 1);
+  cuda::set_gemv_variant(0);
+}
+
+// RMSNorm fused into the GEMV (decode sizes) and its fallback (rmsnorm pass + linear), against
+// the CPU's norm -> bf16 -> linear; the normalized rows it may leave behind are checked too.
+TEST_F(Kernels, LinearRmsNorm) {
+  struct C { int M, N, K; };
+  std::vector<C> cases = {{1, 5120, 2880}, {4, 5120, 2880}, {1, 128, 2880}, {3, 128, 2880}, {8, 2880, 2880},
+                          {33, 136, 2880}, {5, 9, 64}};
+  if (small_mode()) cases = {{1, 72, 64}, {3, 8, 96}, {9, 16, 64}, {2, 2200, 64}};
+  for (const C& c : cases)
+    for (int path : {0, 1, 2})
+      for (bool need_xn : {false, true}) {
+        FastRng r(fresh_seed());
+        auto x = rand_f32(size_t(c.M) * c.K, r, 3.f);
+        auto nw = rand_f32(c.K, r, 0.1f, 1.f);
+        auto wb = to_bf16(rand_f32(size_t(c.N) * c.K, r, 0.02f));
+        auto bias = rand_f32(c.N, r, 0.1f);
+        std::vector<float> xn(x.size()), ref(size_t(c.M) * c.N);
+        cpu::rmsnorm(x.data(), nw.data(), c.M, c.K, 1e-5f, xn.data());
+        xn = round_bf16(xn);
+        cpu::linear_bf16(xn.data(), c.M, c.K, wb.data(), c.N, bias.data(), ref.data());
+        Dev<float> dx(x), dnw(nw), db(bias), dy(ref.size());
+        Dev<uint16_t> dw(wb), dxn(std::vector<uint16_t>(x.size(), 0x7fc0));  // NaN: must be overwritten if asked
+        WeightMat W{WeightMat::kBF16, dw.p(), nullptr, db.p(), c.N, c.K};
+        cuda::set_linear_path(path);
+        cuda::linear_rmsnorm(W, dx.p(), dnw.p(), 1e-5f, c.M, dxn.p(), need_xn,
+                             Epilogue{Epilogue::kStoreF32, dy.p(), c.N}, 0);
+        EXPECT_LE(rel_err(dy.download(), ref), 2e-3)
+            << "M=" << c.M << " N=" << c.N << " K=" << c.K << " path=" << path << " need_xn=" << need_xn;
+        if (need_xn) {
+          EXPECT_LE(rel_err(from_bf16(dxn.download()), xn), 5e-3) << "xn, M=" << c.M << " path=" << path;
+        }
+      }
 }
 
 TEST_F(Kernels, LinearLmHeadVocab) {
@@ -175,16 +218,22 @@ TEST_F(Kernels, MoeMxfp4) {
 }
 
 TEST_F(Kernels, Argmax) {
-  FastRng r(fresh_seed());
-  const int n = 3, V = small_mode() ? 1000 : 201088;
-  auto l = rand_f32(size_t(n) * V, r);
-  Dev<float> dl(l);
-  Dev<int32_t> out(n);
-  cuda::argmax_rows(dl.p(), n, V, out.p(), 0);
-  auto got = out.download();
-  for (int i = 0; i < n; ++i)
-    EXPECT_EQ(got[i], int(std::max_element(l.begin() + size_t(i) * V, l.begin() + size_t(i + 1) * V) -
-                          (l.begin() + size_t(i) * V)));
+  // Unaligned rows and a V that is no multiple of 4 take the kernel's scalar paths; a tie checks
+  // that the lowest index wins.
+  for (int V : {small_mode() ? 1000 : 201088, 1001, 7}) {
+    FastRng r(fresh_seed());
+    const int n = 3;
+    auto l = rand_f32(size_t(n) * V, r);
+    if (V > 100) l[size_t(V) + 90] = l[size_t(V) + 95] = 10.f;
+    Dev<float> dl(l);
+    Dev<int32_t> out(n);
+    cuda::argmax_rows(dl.p(), n, V, out.p(), 0);
+    auto got = out.download();
+    for (int i = 0; i < n; ++i)
+      EXPECT_EQ(got[i], int(std::max_element(l.begin() + size_t(i) * V, l.begin() + size_t(i + 1) * V) -
+                            (l.begin() + size_t(i) * V)))
+          << "V=" << V << " row " << i;
+  }
 }
 
 // Device sampling against the host rule (sample_row) on fresh logits: greedy exactly; sampled

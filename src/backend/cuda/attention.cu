@@ -139,6 +139,9 @@ __global__ void __launch_bounds__(256) attention_kernel(const uint16_t* __restri
   }
 }
 
+// One warp per (token, query head). Lane s reads split s's running max and sum, so the merge
+// weights come from two warp reductions instead of a serial walk; the splits' output rows are
+// then summed with every load independent, skipping splits that saw no keys (weight 0).
 template <int D>
 __global__ void attention_combine_kernel(const float* __restrict__ partial, int Hq, int nsplit,
                                          const float* __restrict__ sinks, uint16_t* __restrict__ out) {
@@ -149,19 +152,27 @@ __global__ void attention_combine_kernel(const float* __restrict__ partial, int 
   const int lane = threadIdx.x & 31;
   if (h >= Hq) return;
   const float* p = partial + (size_t(t) * Hq + h) * nsplit * (D + 2);
-  float M = sinks[h];
-  for (int s = 0; s < nsplit; ++s) M = fmaxf(M, p[s * (D + 2)]);
-  float denom = __expf(sinks[h] - M), acc[DPL];
+  const float sink = sinks[h];
+  float ms = -INFINITY, ls = 0.f;
+  if (lane < nsplit) {
+    ms = p[lane * (D + 2)];
+    ls = p[lane * (D + 2) + 1];
+  }
+  const float M = fmaxf(warp_max(ms), sink);
+  const float w = lane < nsplit ? __expf(ms - M) : 0.f;  // empty split: m = -inf, w = 0
+  const float denom = __expf(sink - M) + warp_sum(ls * w);
+  float acc[DPL];
 #pragma unroll
   for (int i = 0; i < DPL; ++i) acc[i] = 0.f;
+#pragma unroll 4
   for (int s = 0; s < nsplit; ++s) {
-    const float* ps = p + s * (D + 2);
-    float w = __expf(ps[0] - M);  // empty split: m = -inf, w = 0
-    denom += ps[1] * w;
+    const float ws = __shfl_sync(0xffffffffu, w, s);
+    if (ws == 0.f) continue;  // uniform over the warp
+    const float* ps = p + s * (D + 2) + 2 + lane * DPL;
 #pragma unroll
-    for (int i = 0; i < DPL; ++i) acc[i] += ps[2 + lane * DPL + i] * w;
+    for (int i = 0; i < DPL; ++i) acc[i] += ps[i] * ws;
   }
-  float inv = 1.f / denom;
+  const float inv = 1.f / denom;
 #pragma unroll
   for (int i = 0; i < DPL; ++i) out[(size_t(t) * Hq + h) * D + lane * DPL + i] = f32_to_bf16_bits(acc[i] * inv);
 }
@@ -171,16 +182,17 @@ void attention(const bf16_t* qkv, int n, int Hq, int Hkv, int D, int window, con
   if (n <= 0) return;
   if (Hq % Hkv != 0 || Hq / Hkv > kWarps) throw Error("attention: needs 1..8 query heads per kv head");
   if (nsplit < 1) nsplit = 1;
+  if (nsplit > 32) throw Error("attention: at most 32 KV splits");
   dim3 grid(n, Hkv, nsplit);
-  dim3 cgrid(n, (Hq + 7) / 8);
+  dim3 cgrid(n, (Hq + 1) / 2);  // two heads (warps) a block: many small blocks for decode
   if (D == 64) {
     launch_pdl(attention_kernel<64>, dim3(grid), dim3(256), 0, s, qkv, Hq, Hkv, window, tm, kv, nsplit, partial);
     GPTOSS_CUDA_LAUNCH_CHECK();
-    launch_pdl(attention_combine_kernel<64>, dim3(cgrid), dim3(256), 0, s, partial, Hq, nsplit, sinks, out);
+    launch_pdl(attention_combine_kernel<64>, dim3(cgrid), dim3(64), 0, s, partial, Hq, nsplit, sinks, out);
   } else if (D == 32) {
     launch_pdl(attention_kernel<32>, dim3(grid), dim3(256), 0, s, qkv, Hq, Hkv, window, tm, kv, nsplit, partial);
     GPTOSS_CUDA_LAUNCH_CHECK();
-    launch_pdl(attention_combine_kernel<32>, dim3(cgrid), dim3(256), 0, s, partial, Hq, nsplit, sinks, out);
+    launch_pdl(attention_combine_kernel<32>, dim3(cgrid), dim3(64), 0, s, partial, Hq, nsplit, sinks, out);
   } else {
     throw Error("attention: head_dim must be 32 or 64");
   }

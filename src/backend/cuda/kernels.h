@@ -64,12 +64,20 @@ MoeRouting moe_routing_carve(void* mem, int max_pairs, int E);
 // out = A . W^T + bias, with the epilogue. Dense: A [M, K] bf16 (row stride lda), rows 0..M-1.
 // Picks a CUDA-core GEMV for small M and an mma.sync GEMM otherwise.
 void linear(const WeightMat& W, const bf16_t* A, int lda, int M, const Epilogue& epi, cudaStream_t s);
+// out = rmsnorm(x; norm_w) . W^T + bias, with x the f32 residual stream [M, K]. Decode-sized M
+// with bf16 W: the norm runs inside the GEMV (no normalized copy, no extra launch), and xn gets
+// the normalized rows only if need_xn. Otherwise rmsnorm() into xn, then linear(). xn: bf16
+// [M, K] workspace, always required.
+void linear_rmsnorm(const WeightMat& W, const float* x, const float* norm_w, float eps, int M, bf16_t* xn,
+                    bool need_xn, const Epilogue& epi, cudaStream_t s);
 // Grouped (MoE): W holds E experts. Sorted pair p uses expert group_expert[g] for p in its group.
 // gather_a: A row of pair p is pair_token[p] (else p). `pairs` is the host-known upper bound.
 void linear_grouped(const WeightMat& W, const bf16_t* A, int lda, int pairs, int E, bool gather_a,
                     const MoeRouting& r, const Epilogue& epi, cudaStream_t s);
 // Forces a path (tests): 0 = auto, 1 = GEMV, 2 = GEMM.
 void set_linear_path(int path);
+// Picks a dense GEMV kernel (benchmarks and tests): 0 = best known, 1 = the row-pair GEMV for all.
+void set_gemv_variant(int v);
 
 // x (f32 [n, H]) -> y (bf16 [n, H]) = x / rms(x) * w. rows: optional row gather (y row i = x row rows[i]).
 void rmsnorm(const float* x, const float* w, int n, int H, float eps, const int32_t* rows, bf16_t* y,

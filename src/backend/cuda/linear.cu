@@ -17,6 +17,7 @@ namespace gptoss::cuda {
 namespace {
 
 int g_force_path = 0;
+int g_gemv_variant = 0;  // 0 = best known, 1 = the first GEMV (row pairs), for A/B runs
 
 struct LinArgs {
   WeightMat W;
@@ -71,11 +72,42 @@ constexpr int kGemvRowsPerBlock = kGemvWarps * kGemvRowsPerWarp;
 constexpr int kGemvMT = 4;  // tokens per pass over the weights
 constexpr int kGemvMaxM = 8;  // the auto path uses GEMV up to this many rows (per group)
 
-__global__ void __launch_bounds__(256, 3) gemv_bf16_kernel(LinArgs a) {
+// RMSNorm fused into a bf16 GEMV (decode): A is the f32 residual stream, normalized on the fly,
+// so the normalized rows never make a round trip through memory and the norm costs no launch.
+struct FusedNorm {
+  const float* x = nullptr;  // [M, K] f32; null: A is the (already normalized) bf16 input
+  const float* w = nullptr;  // [K]
+  float eps = 1e-5f;
+  uint16_t* xn_out = nullptr;  // optional: block 0 also stores the normalized rows (bf16 [M, K])
+};
+
+// Eight inputs of chunk c (8 columns) of token row `row` as four bf16 pairs: straight from A,
+// or normalized from the f32 rows exactly as rmsnorm_kernel rounds them (x * inv * w -> bf16).
+__device__ __forceinline__ uint4 gemv_x8(const LinArgs& a, const FusedNorm& fn, const uint16_t* xrow, int row,
+                                         float inv, int c) {
+  if (!fn.x) return *reinterpret_cast<const uint4*>(xrow + size_t(c) * 8);
+  const float4* xr = reinterpret_cast<const float4*>(fn.x + size_t(row) * a.W.K + size_t(c) * 8);
+  const float4* wr = reinterpret_cast<const float4*>(fn.w + size_t(c) * 8);
+  float4 x0 = xr[0], x1 = xr[1], w0 = __ldg(wr), w1 = __ldg(wr + 1);
+  uint4 r;
+  r.x = uint32_t(f32_to_bf16_bits(x0.x * inv * w0.x)) | (uint32_t(f32_to_bf16_bits(x0.y * inv * w0.y)) << 16);
+  r.y = uint32_t(f32_to_bf16_bits(x0.z * inv * w0.z)) | (uint32_t(f32_to_bf16_bits(x0.w * inv * w0.w)) << 16);
+  r.z = uint32_t(f32_to_bf16_bits(x1.x * inv * w1.x)) | (uint32_t(f32_to_bf16_bits(x1.y * inv * w1.y)) << 16);
+  r.w = uint32_t(f32_to_bf16_bits(x1.z * inv * w1.z)) | (uint32_t(f32_to_bf16_bits(x1.w * inv * w1.w)) << 16);
+  return r;
+}
+
+// bf16 GEMV: each group of KS warps owns a row pair and splits K among its warps (KS = 1 for
+// wide matrices; KS = 8 for narrow ones such as the router's 128 rows, which would otherwise
+// occupy 8 of 132 SMs).
+template <int KS>
+__global__ void __launch_bounds__(256, 3) gemv_bf16_kernel(LinArgs a, FusedNorm fn) {
+  constexpr int kPairs = kGemvWarps / KS;  // row pairs per block
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
-  const int n0 = (blockIdx.x * kGemvWarps + warp) * kGemvRowsPerWarp;
+  const int ks = warp % KS;
+  const int n0 = (blockIdx.x * kPairs + warp / KS) * kGemvRowsPerWarp;
   const int N = a.W.N, K = a.W.K;
-  if (!a.grouped && n0 < N) {
+  if (!a.grouped && n0 < N && ks == 0) {
     // Weights depend on no earlier kernel: pull this warp's rows toward L2 while the previous
     // kernel drains (programmatic dependent launch), then wait for its outputs.
     const char* base = static_cast<const char*>(a.W.w) + size_t(n0) * K * 2;
@@ -86,55 +118,85 @@ __global__ void __launch_bounds__(256, 3) gemv_bf16_kernel(LinArgs a) {
   int row_begin = 0, row_end = a.M, expert = 0;
   if (a.grouped) {
     int g = blockIdx.y;
-    if (g >= a.r.counts[0]) return;
+    if (g >= a.r.counts[0]) return;  // uniform over the block
     row_begin = a.r.group_start[g];
     row_end = a.r.group_end[g];
     expert = a.r.group_expert[g];
   }
-  if (n0 >= N) return;
+  __shared__ float inv_rms[kGemvMaxM];
+  __shared__ float red[KS > 1 ? kGemvWarps : 1][2 * kGemvMT];
+  if (fn.x) {
+    // Dense only (M <= kGemvMaxM = warps): warp m finds token m's 1 / rms.
+    if (warp < a.M) {
+      const float4* xr = reinterpret_cast<const float4*>(fn.x + size_t(warp) * K);
+      float ss = 0.f;
+      for (int i = lane; i < K / 4; i += 32) {
+        float4 v = xr[i];
+        ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+      }
+      ss = warp_sum(ss);
+      if (lane == 0) inv_rms[warp] = 1.0f / sqrtf(ss / float(K) + fn.eps);
+    }
+    __syncthreads();
+    if (fn.xn_out && blockIdx.x == 0) {
+      for (int i = threadIdx.x; i < a.M * (K / 8); i += blockDim.x) {
+        int m = i / (K / 8), c = i % (K / 8);
+        *reinterpret_cast<uint4*>(fn.xn_out + size_t(m) * K + size_t(c) * 8) =
+            gemv_x8(a, fn, nullptr, m, inv_rms[m], c);
+      }
+    }
+  }
+  const bool live = n0 < N;  // dead warps stay for the block's barriers (KS > 1)
+  if (KS == 1 && !live) return;
   const bool has1 = n0 + 1 < N;
-  const int n1 = has1 ? n0 + 1 : n0;
+  const int n0c = live ? n0 : 0, n1 = has1 ? n0 + 1 : n0c;
   float bias0 = 0.f, bias1 = 0.f;
-  if (a.W.bias) {
-    bias0 = a.W.bias[size_t(expert) * N + n0];
+  if (a.W.bias && live) {
+    bias0 = a.W.bias[size_t(expert) * N + n0c];
     bias1 = a.W.bias[size_t(expert) * N + n1];
   }
+  const int chunks = K / 8;
+  const int per = (chunks + KS - 1) / KS;
+  const int cbeg = ks * per, cend = min(chunks, cbeg + per);
   for (int rb = row_begin; rb < row_end; rb += kGemvMT) {
     const int mt = min(kGemvMT, row_end - rb);
     const uint16_t* xrow[kGemvMT];
+    int xr_row[kGemvMT];
+    float inv[kGemvMT];
 #pragma unroll
     for (int m = 0; m < kGemvMT; ++m) {
       int p = rb + min(m, mt - 1);
       int ar = a.gather_a ? a.r.pair_token[p] : p;
-      xrow[m] = a.A + size_t(ar) * a.lda;
+      xr_row[m] = ar;
+      xrow[m] = fn.x ? nullptr : a.A + size_t(ar) * a.lda;
+      inv[m] = fn.x ? inv_rms[ar] : 0.f;
     }
     float acc0[kGemvMT], acc1[kGemvMT];
 #pragma unroll
     for (int m = 0; m < kGemvMT; ++m) acc0[m] = acc1[m] = 0.f;
 
-    {
+    if (live) {
       const uint16_t* W = static_cast<const uint16_t*>(a.W.w) + size_t(expert) * N * K;
-      const uint4* w0 = reinterpret_cast<const uint4*>(W + size_t(n0) * K);
+      const uint4* w0 = reinterpret_cast<const uint4*>(W + size_t(n0c) * K);
       const uint4* w1 = reinterpret_cast<const uint4*>(W + size_t(n1) * K);
-      const int chunks = K / 8;
       constexpr int U = 4;
-      for (int c0 = lane; c0 < chunks; c0 += 32 * U) {
+      for (int c0 = cbeg + lane; c0 < cend; c0 += 32 * U) {
         uint4 wa[U], wb[U];
 #pragma unroll
         for (int u = 0; u < U; ++u) {
           int c = c0 + u * 32;
-          if (c < chunks) { wa[u] = __ldg(w0 + c); wb[u] = __ldg(w1 + c); }
+          if (c < cend) { wa[u] = __ldg(w0 + c); wb[u] = __ldg(w1 + c); }
         }
 #pragma unroll
         for (int u = 0; u < U; ++u) {
           int c = c0 + u * 32;
-          if (c >= chunks) break;
+          if (c >= cend) break;
           const uint32_t* pa = reinterpret_cast<const uint32_t*>(&wa[u]);
           const uint32_t* pb = reinterpret_cast<const uint32_t*>(&wb[u]);
 #pragma unroll
           for (int m = 0; m < kGemvMT; ++m) {
             if (m >= mt) break;
-            uint4 xv = *reinterpret_cast<const uint4*>(xrow[m] + size_t(c) * 8);
+            uint4 xv = gemv_x8(a, fn, xrow[m], xr_row[m], inv[m], c);
             const uint32_t* px = reinterpret_cast<const uint32_t*>(&xv);
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
@@ -153,7 +215,32 @@ __global__ void __launch_bounds__(256, 3) gemv_bf16_kernel(LinArgs a) {
       acc0[m] = warp_sum(acc0[m]);
       acc1[m] = warp_sum(acc1[m]);
     }
-    if (lane < mt) {
+    if constexpr (KS > 1) {
+      // The K slices of a row pair meet in shared memory; the pair's first warp finishes.
+      if (lane == 0) {
+#pragma unroll
+        for (int m = 0; m < kGemvMT; ++m) {
+          red[warp][m] = acc0[m];
+          red[warp][kGemvMT + m] = acc1[m];
+        }
+      }
+      __syncthreads();
+      if (ks == 0) {
+#pragma unroll
+        for (int m = 0; m < kGemvMT; ++m) {
+          float s0 = 0.f, s1 = 0.f;
+#pragma unroll
+          for (int j = 0; j < KS; ++j) {
+            s0 += red[warp + j][m];
+            s1 += red[warp + j][kGemvMT + m];
+          }
+          acc0[m] = s0;
+          acc1[m] = s1;
+        }
+      }
+      __syncthreads();  // red is reused by the next token chunk
+    }
+    if (live && ks == 0 && lane < mt) {
       // Each of the first mt lanes finishes one token (compile-time indices via the loop).
 #pragma unroll
       for (int m = 0; m < kGemvMT; ++m) {
@@ -171,6 +258,94 @@ __global__ void __launch_bounds__(256, 3) gemv_bf16_kernel(LinArgs a) {
   }
 }
 
+
+// Wide dense GEMV for decode (bf16 weights, M <= kGemvMT tokens): one wave of blocks, each warp
+// owns whole rows (row = global warp id + i * total warps). All of a row's 16-byte chunks are
+// loaded at once (KC a lane) and the next row's loads go out before the current row's math; the
+// first row is loaded before griddepcontrol.wait (weights depend on no earlier kernel), so its
+// latency hides behind the previous kernel's tail, and later rows are prefetched toward L2. The
+// inputs (normalized here if the norm is fused) are staged once per block in shared memory.
+template <int KC, bool DB>
+__global__ void __launch_bounds__(256, 2) gemv_bf16_rows_kernel(LinArgs a, FusedNorm fn) {
+  extern __shared__ uint4 xs[];  // [M][K / 8]
+  __shared__ float inv_rms[kGemvMT];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+  const int N = a.W.N, K = a.W.K, chunks = K / 8, M = a.M;
+  const int gw = blockIdx.x * kGemvWarps + warp, nw = gridDim.x * kGemvWarps;
+  const uint4* W = static_cast<const uint4*>(a.W.w);
+  uint4 wa[KC], wb[KC];
+  auto load_row = [&](int n, uint4(&w)[KC]) {
+    const uint4* r = W + size_t(n) * chunks;
+#pragma unroll
+    for (int u = 0; u < KC; ++u) {
+      int c = lane + 32 * u;
+      if (c < chunks) w[u] = __ldg(r + c);
+    }
+  };
+  if (gw < N) load_row(gw, wa);
+  for (int n = gw + nw; n < N; n += nw) {
+    const char* base = reinterpret_cast<const char*>(W + size_t(n) * chunks);
+    for (int l = lane; l < (K * 2 + 127) / 128; l += 32) asm volatile("prefetch.global.L2 [%0];" ::"l"(base + size_t(l) * 128));
+  }
+  pdl_begin();
+  if (fn.x) {
+    if (warp < M) {
+      const float4* xr = reinterpret_cast<const float4*>(fn.x + size_t(warp) * K);
+      float ss = 0.f;
+      for (int i = lane; i < K / 4; i += 32) {
+        float4 v = xr[i];
+        ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+      }
+      ss = warp_sum(ss);
+      if (lane == 0) inv_rms[warp] = 1.0f / sqrtf(ss / float(K) + fn.eps);
+    }
+    __syncthreads();
+  }
+  for (int i = threadIdx.x; i < M * chunks; i += blockDim.x) {
+    int m = i / chunks, c = i % chunks;
+    uint4 v = gemv_x8(a, fn, a.A + size_t(m) * a.lda, m, fn.x ? inv_rms[m] : 0.f, c);
+    xs[i] = v;
+    if (fn.xn_out && blockIdx.x == 0) reinterpret_cast<uint4*>(fn.xn_out + size_t(m) * K)[c] = v;
+  }
+  __syncthreads();
+  for (int n = gw; n < N; n += nw) {
+    const int nn = n + nw;
+    if (DB && nn < N) load_row(nn, wb);
+    float acc[kGemvMT];
+#pragma unroll
+    for (int m = 0; m < kGemvMT; ++m) acc[m] = 0.f;
+#pragma unroll
+    for (int u = 0; u < KC; ++u) {
+      const int c = lane + 32 * u;
+      if (c >= chunks) break;
+      const uint32_t* pw = reinterpret_cast<const uint32_t*>(&wa[u]);
+#pragma unroll
+      for (int m = 0; m < kGemvMT; ++m) {
+        if (m >= M) break;
+        uint4 xv = xs[m * chunks + c];
+        const uint32_t* px = reinterpret_cast<const uint32_t*>(&xv);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          float2 x = bf16x2_to_f32x2(px[i]);
+          float2 f = bf16x2_to_f32x2(pw[i]);
+          acc[m] = fmaf(f.x, x.x, fmaf(f.y, x.y, acc[m]));
+        }
+      }
+    }
+#pragma unroll
+    for (int m = 0; m < kGemvMT; ++m) acc[m] = warp_sum(acc[m]);
+    const float bias = a.W.bias ? a.W.bias[n] : 0.f;
+#pragma unroll
+    for (int m = 0; m < kGemvMT; ++m)
+      if (m == lane && m < M) epi_store(a, m, n, acc[m] + bias);
+    if (DB) {
+#pragma unroll
+      for (int u = 0; u < KC; ++u) wa[u] = wb[u];
+    } else if (nn < N) {
+      load_row(nn, wa);
+    }
+  }
+}
 
 // MXFP4 GEMV. Decoding is the cost here (3.6 B weights a token), so it runs two elements per
 // instruction: a 32-bit word of nibbles gives four fp16 pairs (element j and j+4) with two shifts
@@ -200,6 +375,115 @@ __device__ __forceinline__ void mx_load_pair(const LinArgs& a, int expert, int n
   }
 }
 
+// Stages tokens rb..rb+mt-1 of A into xh ([kGemvMT][xs] fp16 pairs, pre-scaled by 1/16, element j
+// paired with j + 4 of each 8 to match the nibble order below). One 16-byte load per (token, 8
+// columns), all issued before any is used.
+__device__ __forceinline__ void mx_stage_x(const LinArgs& a, int rb, int mt, __half2* xh, int xs) {
+  const int K = a.W.K;
+  for (int i = threadIdx.x; i < mt * (K / 8); i += blockDim.x) {
+    int m = i / (K / 8), g8 = i % (K / 8);
+    int p = rb + m;
+    const uint16_t* xr = a.A + size_t(a.gather_a ? a.r.pair_token[p] : p) * a.lda;
+    uint4 v = *reinterpret_cast<const uint4*>(xr + g8 * 8);
+    const uint32_t* w = reinterpret_cast<const uint32_t*>(&v);
+    float f[8];
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      float2 t = bf16x2_to_f32x2(w[q]);
+      f[2 * q] = t.x * 0.0625f;
+      f[2 * q + 1] = t.y * 0.0625f;
+    }
+    __half2* dst = xh + m * xs + g8 * 4;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) dst[j] = __floats2half2_rn(f[j], f[j + 4]);
+  }
+}
+
+// Dot products of a row pair (U 32-element chunks a lane: nibbles ca/cb, e8m0 scales csa/csb) with
+// mt staged tokens, accumulated into acc0/acc1 (per lane; warp_sum follows).
+template <int U>
+__device__ __forceinline__ void mx_pair_dot(const uint4* ca, const uint4* cb, const uint32_t* csa, const uint32_t* csb,
+                                            int kb, int lane, int mt, const __half2* xh, int xs, float* acc0,
+                                            float* acc1) {
+  const __half2 k2p14 = __floats2half2_rn(16384.f, 16384.f);
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    const int c = lane + u * 32;
+    if (c >= kb) break;
+    // 2^(s-127) times the 16 the activations were divided by.
+    const float fa = __uint_as_float(max(min(csa[u], 254u), 1u) << 23) * 16.f;
+    const float fb = __uint_as_float(max(min(csb[u], 254u), 1u) << 23) * 16.f;
+    const uint32_t* pa = reinterpret_cast<const uint32_t*>(&ca[u]);
+    const uint32_t* pb = reinterpret_cast<const uint32_t*>(&cb[u]);
+    float ta[kGemvMT], tb[kGemvMT];
+#pragma unroll
+    for (int m = 0; m < kGemvMT; ++m) ta[m] = tb[m] = 0.f;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      __half2 da[4], db[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int sh_m = 9 - 4 * j, sh_s = 12 - 4 * j;
+        uint32_t ua = ((sh_m >= 0 ? pa[i] << sh_m : pa[i] >> -sh_m) & 0x0E000E00u) | ((pa[i] << sh_s) & 0x80008000u);
+        uint32_t ub = ((sh_m >= 0 ? pb[i] << sh_m : pb[i] >> -sh_m) & 0x0E000E00u) | ((pb[i] << sh_s) & 0x80008000u);
+        da[j] = __hmul2(*reinterpret_cast<__half2*>(&ua), k2p14);
+        db[j] = __hmul2(*reinterpret_cast<__half2*>(&ub), k2p14);
+      }
+#pragma unroll
+      for (int m = 0; m < kGemvMT; ++m) {
+        if (m >= mt) break;
+        uint4 xv = *reinterpret_cast<const uint4*>(xh + m * xs + 16 * c + 4 * i);
+        const __half2* x2 = reinterpret_cast<const __half2*>(&xv);
+        __half2 ha = __hmul2(da[0], x2[0]), hb = __hmul2(db[0], x2[0]);
+#pragma unroll
+        for (int j = 1; j < 4; ++j) {
+          ha = __hfma2(da[j], x2[j], ha);
+          hb = __hfma2(db[j], x2[j], hb);
+        }
+        float2 fa2 = __half22float2(ha), fb2 = __half22float2(hb);
+        ta[m] += fa2.x + fa2.y;
+        tb[m] += fb2.x + fb2.y;
+      }
+    }
+#pragma unroll
+    for (int m = 0; m < kGemvMT; ++m) {
+      acc0[m] = fmaf(ta[m], fa, acc0[m]);
+      acc1[m] = fmaf(tb[m], fb, acc1[m]);
+    }
+  }
+}
+
+// Reduces a row pair's per-lane sums and applies bias + epilogue (lane m finishes token rb + m).
+__device__ __forceinline__ void mx_pair_finish(const LinArgs& a, int expert, int n0, int rb, int mt, int lane,
+                                               float* acc0, float* acc1) {
+  const int N = a.W.N;
+#pragma unroll
+  for (int m = 0; m < kGemvMT; ++m) {
+    acc0[m] = warp_sum(acc0[m]);
+    acc1[m] = warp_sum(acc1[m]);
+  }
+  if (lane < mt) {
+    const bool has1 = n0 + 1 < N;
+    float bias0 = 0.f, bias1 = 0.f;
+    if (a.W.bias) {
+      bias0 = a.W.bias[size_t(expert) * N + n0];
+      if (has1) bias1 = a.W.bias[size_t(expert) * N + n0 + 1];
+    }
+#pragma unroll
+    for (int m = 0; m < kGemvMT; ++m) {
+      if (m != lane) continue;
+      int row = rb + m;
+      float v0 = acc0[m] + bias0, v1 = acc1[m] + bias1;
+      if (a.epi.mode == Epilogue::kSwiGLU) {
+        epi_swiglu(a, row, n0, v0, v1);
+      } else {
+        epi_store(a, row, n0, v0);
+        if (has1) epi_store(a, row, n0 + 1, v1);
+      }
+    }
+  }
+}
+
 // Grid: (row blocks, groups); each warp walks row pairs n0 = (blockIdx.x + it * gridDim.x) * 16
 // + 2 * warp, loading the next pair's weights before computing the current one, so the bytes
 // of a small decode GEMV stay in flight without a second wave of blocks; the activations are
@@ -209,7 +493,7 @@ __global__ void __launch_bounds__(256, 2) gemv_mxfp4_kernel(LinArgs a) {
   __shared__ __align__(16) __half2 xh[kGemvMT][kMxMaxK / 2];
   constexpr int U = kMxMaxK / 1024;  // 32-element chunks per lane
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
-  const int N = a.W.N, K = a.W.K, kb = K / 32;
+  const int N = a.W.N, kb = a.W.K / 32;
   int row_begin = 0, row_end = a.M, expert = 0;
   if (a.grouped) {
     int g = blockIdx.y;
@@ -219,29 +503,10 @@ __global__ void __launch_bounds__(256, 2) gemv_mxfp4_kernel(LinArgs a) {
     expert = a.r.group_expert[g];
   }
   const int stride = gridDim.x * kGemvRowsPerBlock;
-  const __half2 k2p14 = __floats2half2_rn(16384.f, 16384.f);
   for (int rb = row_begin; rb < row_end; rb += kGemvMT) {
     const int mt = min(kGemvMT, row_end - rb);
     __syncthreads();  // the previous chunk's readers are done with xh
-    // One 16-byte load per (token, 8 columns), all issued before any is used: a GEMV this
-    // small is a chain of latencies, not of bandwidth.
-    for (int i = threadIdx.x; i < mt * (K / 8); i += blockDim.x) {
-      int m = i / (K / 8), g8 = i % (K / 8);
-      int p = rb + m;
-      const uint16_t* xr = a.A + size_t(a.gather_a ? a.r.pair_token[p] : p) * a.lda;
-      uint4 v = *reinterpret_cast<const uint4*>(xr + g8 * 8);
-      const uint32_t* w = reinterpret_cast<const uint32_t*>(&v);
-      float f[8];
-#pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        float2 t = bf16x2_to_f32x2(w[q]);
-        f[2 * q] = t.x * 0.0625f;
-        f[2 * q + 1] = t.y * 0.0625f;
-      }
-      __half2* dst = &xh[m][g8 * 4];
-#pragma unroll
-      for (int j = 0; j < 4; ++j) dst[j] = __floats2half2_rn(f[j], f[j + 4]);
-    }
+    mx_stage_x(a, rb, mt, &xh[0][0], kMxMaxK / 2);
     __syncthreads();
     uint4 wa[U], wb[U];
     uint32_t sa[U], sb[U];
@@ -256,76 +521,8 @@ __global__ void __launch_bounds__(256, 2) gemv_mxfp4_kernel(LinArgs a) {
       float acc0[kGemvMT], acc1[kGemvMT];
 #pragma unroll
       for (int m = 0; m < kGemvMT; ++m) acc0[m] = acc1[m] = 0.f;
-#pragma unroll
-      for (int u = 0; u < U; ++u) {
-        const int c = lane + u * 32;
-        if (c >= kb) break;
-        // 2^(s-127) times the 16 the activations were divided by.
-        const float fa = __uint_as_float(max(min(csa[u], 254u), 1u) << 23) * 16.f;
-        const float fb = __uint_as_float(max(min(csb[u], 254u), 1u) << 23) * 16.f;
-        const uint32_t* pa = reinterpret_cast<const uint32_t*>(&ca[u]);
-        const uint32_t* pb = reinterpret_cast<const uint32_t*>(&cb[u]);
-        float ta[kGemvMT], tb[kGemvMT];
-#pragma unroll
-        for (int m = 0; m < kGemvMT; ++m) ta[m] = tb[m] = 0.f;
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          __half2 da[4], db[4];
-#pragma unroll
-          for (int j = 0; j < 4; ++j) {
-            const int sh_m = 9 - 4 * j, sh_s = 12 - 4 * j;
-            uint32_t ua = ((sh_m >= 0 ? pa[i] << sh_m : pa[i] >> -sh_m) & 0x0E000E00u) | ((pa[i] << sh_s) & 0x80008000u);
-            uint32_t ub = ((sh_m >= 0 ? pb[i] << sh_m : pb[i] >> -sh_m) & 0x0E000E00u) | ((pb[i] << sh_s) & 0x80008000u);
-            da[j] = __hmul2(*reinterpret_cast<__half2*>(&ua), k2p14);
-            db[j] = __hmul2(*reinterpret_cast<__half2*>(&ub), k2p14);
-          }
-#pragma unroll
-          for (int m = 0; m < kGemvMT; ++m) {
-            if (m >= mt) break;
-            uint4 xv = *reinterpret_cast<const uint4*>(&xh[m][16 * c + 4 * i]);
-            const __half2* x2 = reinterpret_cast<const __half2*>(&xv);
-            __half2 ha = __hmul2(da[0], x2[0]), hb = __hmul2(db[0], x2[0]);
-#pragma unroll
-            for (int j = 1; j < 4; ++j) {
-              ha = __hfma2(da[j], x2[j], ha);
-              hb = __hfma2(db[j], x2[j], hb);
-            }
-            float2 fa2 = __half22float2(ha), fb2 = __half22float2(hb);
-            ta[m] += fa2.x + fa2.y;
-            tb[m] += fb2.x + fb2.y;
-          }
-        }
-#pragma unroll
-        for (int m = 0; m < kGemvMT; ++m) {
-          acc0[m] = fmaf(ta[m], fa, acc0[m]);
-          acc1[m] = fmaf(tb[m], fb, acc1[m]);
-        }
-      }
-#pragma unroll
-      for (int m = 0; m < kGemvMT; ++m) {
-        acc0[m] = warp_sum(acc0[m]);
-        acc1[m] = warp_sum(acc1[m]);
-      }
-      if (lane < mt) {
-        const bool has1 = n0 + 1 < N;
-        float bias0 = 0.f, bias1 = 0.f;
-        if (a.W.bias) {
-          bias0 = a.W.bias[size_t(expert) * N + n0];
-          if (has1) bias1 = a.W.bias[size_t(expert) * N + n0 + 1];
-        }
-#pragma unroll
-        for (int m = 0; m < kGemvMT; ++m) {
-          if (m != lane) continue;
-          int row = rb + m;
-          float v0 = acc0[m] + bias0, v1 = acc1[m] + bias1;
-          if (a.epi.mode == Epilogue::kSwiGLU) {
-            epi_swiglu(a, row, n0, v0, v1);
-          } else {
-            epi_store(a, row, n0, v0);
-            if (has1) epi_store(a, row, n0 + 1, v1);
-          }
-        }
-      }
+      mx_pair_dot<U>(ca, cb, csa, csb, kb, lane, mt, &xh[0][0], kMxMaxK / 2, acc0, acc1);
+      mx_pair_finish(a, expert, n0, rb, mt, lane, acc0, acc1);
     }
   }
 }
@@ -533,25 +730,45 @@ void check_args(const WeightMat& W, const Epilogue& epi) {
   if (epi.mode == Epilogue::kSwiGLU && W.N % 2 != 0) throw Error("linear: SwiGLU needs an even N");
 }
 
-void launch(const LinArgs& a, int path, int grid_y, cudaStream_t s) {
+int sm_count() {
+  static int sms = [] {
+    int d = 0, n = 0;
+    cudaGetDevice(&d);
+    cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, d);
+    return n > 0 ? n : 132;
+  }();
+  return sms;
+}
+
+void launch(const LinArgs& a, int path, int grid_y, cudaStream_t s, const FusedNorm& fn = FusedNorm{}) {
   if (grid_y <= 0) return;
   if (path == 1) {
     dim3 grid((a.W.N + kGemvRowsPerBlock - 1) / kGemvRowsPerBlock, a.grouped ? grid_y : 1);
     if (a.W.fmt == WeightMat::kMXFP4) {
       // One wave: about two blocks per SM over all groups; warps loop over the rows.
-      static int sms = [] {
-        int d = 0, n = 0;
-        cudaGetDevice(&d);
-        cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, d);
-        return n > 0 ? n : 132;
-      }();
-      int per_group = std::max(1, 2 * sms / int(grid.y));
+      int per_group = std::max(1, 2 * sm_count() / int(grid.y));
       grid.x = std::min<int>(grid.x, per_group);
-    }
-    if (a.W.fmt == WeightMat::kBF16)
-      launch_pdl(gemv_bf16_kernel, dim3(grid), dim3(256), 0, s, a);
-    else
       launch_pdl(gemv_mxfp4_kernel, dim3(grid), dim3(256), 0, s, a);
+    } else if (!a.grouped && a.M <= kGemvMT && a.epi.mode != Epilogue::kSwiGLU && a.W.K <= 16 * 256 &&
+               int(grid.x) >= sm_count() && g_gemv_variant != 1) {
+      const int kc = (a.W.K / 8 + 31) / 32;
+      const int blocks = std::min((a.W.N + kGemvWarps - 1) / kGemvWarps, 2 * sm_count());
+      const size_t smem = size_t(a.M) * (a.W.K / 8) * 16;
+      if (kc <= 4)
+        launch_pdl(gemv_bf16_rows_kernel<4, true>, dim3(blocks), dim3(256), smem, s, a, fn);
+      else if (kc <= 8)
+        launch_pdl(gemv_bf16_rows_kernel<8, true>, dim3(blocks), dim3(256), smem, s, a, fn);
+      else if (kc <= 12)
+        launch_pdl(gemv_bf16_rows_kernel<12, true>, dim3(blocks), dim3(256), smem, s, a, fn);
+      else
+        launch_pdl(gemv_bf16_rows_kernel<16, false>, dim3(blocks), dim3(256), smem, s, a, fn);
+    } else if (int(grid.x * grid.y) < sm_count()) {
+      // Narrow matrix: a row pair per block, K split over its warps.
+      grid.x = (a.W.N + kGemvRowsPerWarp - 1) / kGemvRowsPerWarp;
+      launch_pdl(gemv_bf16_kernel<kGemvWarps>, dim3(grid), dim3(256), 0, s, a, fn);
+    } else {
+      launch_pdl(gemv_bf16_kernel<1>, dim3(grid), dim3(256), 0, s, a, fn);
+    }
   } else {
     dim3 grid((a.W.N + BN - 1) / BN, grid_y);
     if (a.W.fmt == WeightMat::kBF16)
@@ -565,6 +782,7 @@ void launch(const LinArgs& a, int path, int grid_y, cudaStream_t s) {
 }  // namespace
 
 void set_linear_path(int path) { g_force_path = path; }
+void set_gemv_variant(int v) { g_gemv_variant = v; }
 
 void linear(const WeightMat& W, const bf16_t* A, int lda, int M, const Epilogue& epi, cudaStream_t s) {
   if (M <= 0) return;
@@ -574,6 +792,22 @@ void linear(const WeightMat& W, const bf16_t* A, int lda, int M, const Epilogue&
   int path = g_force_path ? g_force_path : (M <= kGemvMaxM ? 1 : 2);
   if (W.fmt == WeightMat::kMXFP4 && W.K > kMxMaxK) path = 2;
   launch(a, path, path == 1 ? 1 : (M + BM - 1) / BM, s);
+}
+
+void linear_rmsnorm(const WeightMat& W, const float* x, const float* norm_w, float eps, int M, bf16_t* xn,
+                    bool need_xn, const Epilogue& epi, cudaStream_t s) {
+  if (M <= 0) return;
+  check_args(W, epi);
+  if (epi.mode == Epilogue::kScatterAdd) throw Error("linear: scatter-add needs routing");
+  if (W.K % 8 != 0) throw Error("linear_rmsnorm: K must be a multiple of 8");
+  int path = g_force_path ? g_force_path : (M <= kGemvMaxM ? 1 : 2);
+  if (path == 1 && W.fmt == WeightMat::kBF16 && M <= kGemvMaxM) {
+    LinArgs a{W, nullptr, W.K, M, false, false, MoeRouting{}, epi};
+    launch(a, 1, 1, s, FusedNorm{x, norm_w, eps, need_xn ? xn : nullptr});
+    return;
+  }
+  rmsnorm(x, norm_w, M, W.K, eps, nullptr, xn, s);
+  linear(W, xn, W.K, M, epi, s);
 }
 
 void linear_grouped(const WeightMat& W, const bf16_t* A, int lda, int pairs, int E, bool gather_a,

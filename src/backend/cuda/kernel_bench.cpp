@@ -1,0 +1,170 @@
+// See kernel_bench.h.
+#include "backend/cuda/kernel_bench.h"
+
+#include <cuda_runtime.h>
+
+#include <cstdio>
+#include <functional>
+#include <random>
+#include <vector>
+
+#include "backend/cuda/cuda_common.h"
+#include "backend/cuda/kernels.h"
+#include "model/config.h"
+
+namespace gptoss::cuda {
+
+namespace {
+
+constexpr size_t kRotateBytes = size_t(256) << 20;  // well above the H200's 50 MB L2
+
+struct Timer {
+  cudaStream_t s;
+  cudaEvent_t a, b;
+  explicit Timer(cudaStream_t st) : s(st) {
+    GPTOSS_CUDA_CHECK(cudaEventCreate(&a));
+    GPTOSS_CUDA_CHECK(cudaEventCreate(&b));
+  }
+  ~Timer() {
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+  }
+  // Mean microseconds per call of f(i) over iters calls, after a warm-up of 10.
+  double us(int iters, const std::function<void(int)>& f) {
+    for (int i = 0; i < 10; ++i) f(i);
+    GPTOSS_CUDA_CHECK(cudaEventRecord(a, s));
+    for (int i = 0; i < iters; ++i) f(i);
+    GPTOSS_CUDA_CHECK(cudaEventRecord(b, s));
+    GPTOSS_CUDA_CHECK(cudaEventSynchronize(b));
+    float ms = 0;
+    GPTOSS_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+    return 1000.0 * ms / iters;
+  }
+};
+
+template <typename T>
+T* dev_alloc(size_t n, std::vector<void*>& owned) {
+  void* p = nullptr;
+  GPTOSS_CUDA_CHECK(cudaMalloc(&p, n * sizeof(T) + 16));
+  GPTOSS_CUDA_CHECK(cudaMemset(p, 0, n * sizeof(T) + 16));
+  owned.push_back(p);
+  return static_cast<T*>(p);
+}
+
+}  // namespace
+
+int run_kernel_bench(const KernelBenchOptions& o) {
+  const GptOssConfig c = GptOssConfig::preset(o.model);
+  const int H = c.hidden, E = c.num_experts, I = c.intermediate, k = c.experts_per_token;
+  const int QKV = c.q_dim() + 2 * c.kv_dim(), M = o.tokens;
+  std::vector<void*> owned;
+  cudaStream_t s;
+  GPTOSS_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  Timer timer(s);
+  std::mt19937 rng(1);
+  auto fill = [&](void* p, size_t bytes) {
+    fill_random_u8(static_cast<uint8_t*>(p), bytes, rng(), 0, 255, s);
+  };
+  auto* x = dev_alloc<float>(size_t(M) * 4096, owned);
+  auto* xb = dev_alloc<bf16_t>(size_t(M) * 4096, owned);
+  fill_random_f32(x, size_t(M) * 4096, 7, 0.f, 1.f, s);
+  fill_random_bf16(xb, size_t(M) * 4096, 8, 0.f, 1.f, s);
+  auto* normw = dev_alloc<float>(4096, owned);
+  fill_random_f32(normw, 4096, 9, 1.f, 0.1f, s);
+  auto* out = dev_alloc<float>(size_t(M) * 201088, owned);
+  auto* xn = dev_alloc<bf16_t>(size_t(M) * 4096, owned);
+
+  std::printf("| kernel | shape | variant | us/launch | GB/s (weights) |\n|---|---|---|---|---|\n");
+  auto row = [&](const char* name, const std::string& shape, const char* variant, double us, double bytes) {
+    std::printf("| %s | %s | %s | %.2f | %.0f |\n", name, shape.c_str(), variant, us, bytes / us / 1e3);
+    std::fflush(stdout);
+  };
+
+  // Dense bf16 GEMVs: weights rotated over copies.
+  struct Dense {
+    const char* name;
+    int N, K;
+    bool norm;
+  };
+  for (const Dense& d : {Dense{"qkv (+rmsnorm)", QKV, H, true}, Dense{"o_proj", H, c.q_dim(), false},
+                         Dense{"router (+rmsnorm)", E, H, true}, Dense{"lm_head", c.vocab, H, false}}) {
+    const size_t bytes = size_t(d.N) * d.K * 2;
+    const int copies = int(std::max<size_t>(1, (kRotateBytes + bytes - 1) / bytes));
+    std::vector<WeightMat> ws;
+    for (int i = 0; i < copies; ++i) {
+      auto* w = dev_alloc<bf16_t>(size_t(d.N) * d.K, owned);
+      fill_random_bf16(w, size_t(d.N) * d.K, 100 + i, 0.f, 0.02f, s);
+      auto* b = dev_alloc<float>(d.N, owned);
+      ws.push_back(WeightMat{WeightMat::kBF16, w, nullptr, b, d.N, d.K});
+    }
+    std::string shape = std::to_string(M) + "x" + std::to_string(d.N) + "x" + std::to_string(d.K);
+    for (int v : {1, 0}) {
+      set_gemv_variant(v);
+      double us = timer.us(o.iters, [&](int i) {
+        const WeightMat& W = ws[i % copies];
+        if (d.norm)
+          linear_rmsnorm(W, x, normw, 1e-5f, M, xn, true, Epilogue{Epilogue::kStoreF32, out, d.N}, s);
+        else
+          linear(W, xb, d.K, M, Epilogue{Epilogue::kStoreF32, out, d.N}, s);
+      });
+      row(d.name, shape, v == 1 ? "row pairs" : "default", us, double(bytes));
+    }
+    set_gemv_variant(0);
+  }
+
+  // MoE expert GEMVs (MXFP4): one layer's experts, a different routing every launch.
+  {
+    const size_t gu_bytes = size_t(E) * 2 * I * H / 2, dn_bytes = size_t(E) * H * I / 2;
+    auto* gub = dev_alloc<uint8_t>(gu_bytes, owned);
+    auto* gus = dev_alloc<uint8_t>(gu_bytes / 16, owned);
+    auto* dnb = dev_alloc<uint8_t>(dn_bytes, owned);
+    auto* dns = dev_alloc<uint8_t>(dn_bytes / 16, owned);
+    fill(gub, gu_bytes);
+    fill(dnb, dn_bytes);
+    fill_random_u8(gus, gu_bytes / 16, 11, 118, 121, s);
+    fill_random_u8(dns, dn_bytes / 16, 12, 118, 121, s);
+    auto* gubias = dev_alloc<float>(size_t(E) * 2 * I, owned);
+    auto* dnbias = dev_alloc<float>(size_t(E) * H, owned);
+    WeightMat gu{WeightMat::kMXFP4, gub, gus, gubias, 2 * I, H};
+    WeightMat dn{WeightMat::kMXFP4, dnb, dns, dnbias, H, I};
+    const int R = 32, P = M * k;
+    std::vector<MoeRouting> routes;
+    auto* logits = dev_alloc<float>(size_t(M) * E, owned);
+    for (int r = 0; r < R; ++r) {
+      MoeRouting rt = moe_routing_carve(dev_alloc<uint8_t>(moe_routing_bytes(P, E), owned), P, E);
+      fill_random_f32(logits, size_t(M) * E, 500 + r, 0.f, 1.f, s);
+      moe_route(logits, M, E, k, rt, s);
+      routes.push_back(rt);
+    }
+    auto* act = dev_alloc<bf16_t>(size_t(P) * I, owned);
+    Epilogue g{Epilogue::kSwiGLU, act, I};
+    g.swiglu_limit = c.swiglu_limit;
+    std::string shape = std::to_string(M) + " tok x top-" + std::to_string(k) + " of " + std::to_string(E);
+    double us = timer.us(o.iters, [&](int i) { linear_grouped(gu, xb, H, P, E, true, routes[i % R], g, s); });
+    row("experts gate_up (mxfp4)", shape + ", " + std::to_string(2 * I) + "x" + std::to_string(H), "default", us,
+        double(P) * 2 * I * H * 17 / 32);
+    us = timer.us(o.iters, [&](int i) {
+      linear_grouped(dn, act, I, P, E, false, routes[i % R], Epilogue{Epilogue::kScatterAdd, out, H}, s);
+    });
+    row("experts down (mxfp4)", shape + ", " + std::to_string(H) + "x" + std::to_string(I), "default", us,
+        double(P) * H * I * 17 / 32);
+    auto* router_w = dev_alloc<bf16_t>(size_t(E) * H, owned);
+    fill_random_bf16(router_w, size_t(E) * H, 13, 0.f, 0.02f, s);
+    us = timer.us(o.iters, [&](int i) {
+      linear_rmsnorm(WeightMat{WeightMat::kBF16, router_w, nullptr, nullptr, E, H}, x, normw, 1e-5f, M, xn, true,
+                     Epilogue{Epilogue::kStoreF32, logits, E}, s);
+      moe_route(logits, M, E, k, routes[i % R], s);
+    });
+    row("router + route", std::to_string(M) + "x" + std::to_string(E), "default", us, double(E) * H * 2);
+  }
+  {
+    double us = timer.us(o.iters, [&](int) { argmax_rows(out, M, c.vocab, reinterpret_cast<int32_t*>(xn), s); });
+    row("argmax", std::to_string(M) + "x" + std::to_string(c.vocab), "default", us, 0);
+  }
+  GPTOSS_CUDA_CHECK(cudaStreamSynchronize(s));
+  for (void* p : owned) cudaFree(p);
+  cudaStreamDestroy(s);
+  return 0;
+}
+
+}  // namespace gptoss::cuda

@@ -1,0 +1,37 @@
+// `gptoss bench-kernels`: microseconds per launch of each decode-path CUDA kernel at a preset's
+// shapes (see backend/cuda/kernel_bench.h). For kernel work; `gptoss bench` measures the model.
+#include <cstdio>
+
+#include "tools/command.h"
+#ifdef GPTOSS_HAVE_CUDA
+#include "backend/cuda/kernel_bench.h"
+#endif
+
+namespace {
+
+struct Args {
+  std::string model = "120b";
+  int iters = 200, tokens = 1;
+};
+
+gptoss::tools::RegisterCommand reg({"bench-kernels", "Time each decode kernel at gpt-oss shapes (CUDA)",
+                                    [](CLI::App* app) {
+  auto a = std::make_shared<Args>();
+  app->add_option("--model", a->model, "Shapes of this preset: 120b or 20b")->capture_default_str();
+  app->add_option("--iters", a->iters, "Timed launches per kernel")->capture_default_str()->check(CLI::PositiveNumber);
+  app->add_option("--tokens", a->tokens, "Decode batch (tokens)")->capture_default_str()->check(CLI::Range(1, 64));
+  return [a]() {
+#ifdef GPTOSS_HAVE_CUDA
+    gptoss::cuda::KernelBenchOptions o;
+    o.model = a->model;
+    o.iters = a->iters;
+    o.tokens = a->tokens;
+    return gptoss::cuda::run_kernel_bench(o);
+#else
+    std::fprintf(stderr, "bench-kernels: this build has no CUDA backend\n");
+    return 1;
+#endif
+  };
+}});
+
+}  // namespace
