@@ -347,12 +347,15 @@ __global__ void __launch_bounds__(256, 2) gemv_bf16_rows_kernel(LinArgs a, Fused
   }
 }
 
-// MXFP4 GEMV. Decoding is the cost here (3.6 B weights a token), so it runs two elements per
-// instruction: a 32-bit word of nibbles gives four fp16 pairs (element j and j+4) with two shifts
-// and two logic ops each, one HMUL2 makes them exact e2m1 values, and HFMA2 multiplies them with
-// the activations (staged once per block in shared memory as fp16 pairs in the same order,
-// pre-scaled by 1/16 for headroom). Each half accumulates only 4 products in fp16 before the sum
-// moves to fp32; the e8m0 scale is applied per 32-element block in fp32.
+// MXFP4 GEMV. Decoding is the cost here (3.6 B weights a token) and it runs on the integer pipe
+// (half the rate of the float one on Hopper), so it is done with byte permutes: a 32-bit word of
+// codes becomes eight fp16 high bytes through a 16-entry table (two 8-byte halves, positive and
+// negative, picked per code by its sign bit), then four fp16 pairs with zero low bytes -- fifteen
+// integer instructions for eight weights, against twenty shifts and masks plus four fp16 multiplies
+// for the bit-field decode this replaced. HFMA2 multiplies the pairs with the activations (staged
+// once per block in shared memory as fp16 pairs, pre-scaled by 1/16 for headroom); each half
+// accumulates only 4 products in fp16 before the sum moves to fp32; the e8m0 scale is applied per
+// 32-element block in fp32.
 constexpr int kMxMaxK = 3072;  // 3 chunks of 32 per lane: every gpt-oss K (2880) in one pass
 
 __device__ __forceinline__ void mx_load_pair(const LinArgs& a, int expert, int n0, uint4* wa, uint4* wb, uint32_t* sa,
@@ -375,8 +378,8 @@ __device__ __forceinline__ void mx_load_pair(const LinArgs& a, int expert, int n
   }
 }
 
-// Stages tokens rb..rb+mt-1 of A into xh ([kGemvMT][xs] fp16 pairs, pre-scaled by 1/16, element j
-// paired with j + 4 of each 8 to match the nibble order below). One 16-byte load per (token, 8
+// Stages tokens rb..rb+mt-1 of A into xh ([kGemvMT][xs] fp16 pairs of consecutive elements,
+// pre-scaled by 1/16). One 16-byte load per (token, 8
 // columns), all issued before any is used.
 __device__ __forceinline__ void mx_stage_x(const LinArgs& a, int rb, int mt, __half2* xh, int xs) {
   const int K = a.W.K;
@@ -395,8 +398,25 @@ __device__ __forceinline__ void mx_stage_x(const LinArgs& a, int rb, int mt, __h
     }
     __half2* dst = xh + m * xs + g8 * 4;
 #pragma unroll
-    for (int j = 0; j < 4; ++j) dst[j] = __floats2half2_rn(f[j], f[j + 4]);
+    for (int j = 0; j < 4; ++j) dst[j] = __floats2half2_rn(f[2 * j], f[2 * j + 1]);
   }
+}
+
+// Dot products of a row pair (U 32-element chunks a lane: nibbles ca/cb, e8m0 scales csa/csb) with
+// mt staged tokens, accumulated into acc0/acc1 (per lane; warp_sum follows).
+// Eight e2m1 codes (element k in nibble k of q) -> four fp16 pairs (elements 2j, 2j+1 in h[j]).
+__device__ __forceinline__ void e2m1x8_to_half2(uint32_t q, uint32_t* h) {
+  // fp16 high bytes of 0, .5, 1, 1.5, 2, 3, 4, 6 and of their negatives (low bytes are zero).
+  constexpr uint32_t kPos0 = 0x3E3C3800u, kPos1 = 0x46444240u, kNeg0 = 0xBEBCB880u, kNeg1 = 0xC6C4C2C0u;
+  const uint32_t idx = q & 0x77777777u;                        // table index of each code
+  const uint32_t sel = 0x32103210u | ((q & 0x88888888u) >> 1);  // sign bit: take the negative byte
+  const uint32_t lo = __byte_perm(__byte_perm(kPos0, kPos1, idx), __byte_perm(kNeg0, kNeg1, idx), sel);
+  const uint32_t hi =
+      __byte_perm(__byte_perm(kPos0, kPos1, idx >> 16), __byte_perm(kNeg0, kNeg1, idx >> 16), sel >> 16);
+  h[0] = __byte_perm(lo, 0u, 0x1404u);
+  h[1] = __byte_perm(lo, 0u, 0x3424u);
+  h[2] = __byte_perm(hi, 0u, 0x1404u);
+  h[3] = __byte_perm(hi, 0u, 0x3424u);
 }
 
 // Dot products of a row pair (U 32-element chunks a lane: nibbles ca/cb, e8m0 scales csa/csb) with
@@ -405,7 +425,6 @@ template <int U>
 __device__ __forceinline__ void mx_pair_dot(const uint4* ca, const uint4* cb, const uint32_t* csa, const uint32_t* csb,
                                             int kb, int lane, int mt, const __half2* xh, int xs, float* acc0,
                                             float* acc1) {
-  const __half2 k2p14 = __floats2half2_rn(16384.f, 16384.f);
 #pragma unroll
   for (int u = 0; u < U; ++u) {
     const int c = lane + u * 32;
@@ -420,15 +439,11 @@ __device__ __forceinline__ void mx_pair_dot(const uint4* ca, const uint4* cb, co
     for (int m = 0; m < kGemvMT; ++m) ta[m] = tb[m] = 0.f;
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      __half2 da[4], db[4];
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const int sh_m = 9 - 4 * j, sh_s = 12 - 4 * j;
-        uint32_t ua = ((sh_m >= 0 ? pa[i] << sh_m : pa[i] >> -sh_m) & 0x0E000E00u) | ((pa[i] << sh_s) & 0x80008000u);
-        uint32_t ub = ((sh_m >= 0 ? pb[i] << sh_m : pb[i] >> -sh_m) & 0x0E000E00u) | ((pb[i] << sh_s) & 0x80008000u);
-        da[j] = __hmul2(*reinterpret_cast<__half2*>(&ua), k2p14);
-        db[j] = __hmul2(*reinterpret_cast<__half2*>(&ub), k2p14);
-      }
+      uint32_t ua[4], ub[4];
+      e2m1x8_to_half2(pa[i], ua);
+      e2m1x8_to_half2(pb[i], ub);
+      const __half2* da = reinterpret_cast<const __half2*>(ua);
+      const __half2* db = reinterpret_cast<const __half2*>(ub);
 #pragma unroll
       for (int m = 0; m < kGemvMT; ++m) {
         if (m >= mt) break;
@@ -484,10 +499,12 @@ __device__ __forceinline__ void mx_pair_finish(const LinArgs& a, int expert, int
   }
 }
 
-// Grid: (row blocks, groups); each warp walks row pairs n0 = (blockIdx.x + it * gridDim.x) * 16
-// + 2 * warp, loading the next pair's weights before computing the current one, so the bytes
-// of a small decode GEMV stay in flight without a second wave of blocks; the activations are
-// staged once per block.
+// Grid: (row blocks, groups), two blocks an SM; each warp walks row pairs n0 = (blockIdx.x + it *
+// gridDim.x) * 16 + 2 * warp, loading the next pair's weights before computing the current one
+// (the first pair's as soon as the group's expert is known, before the activations are staged).
+// Variants measured on the H200 (bench-kernels, 120b gate_up at one token, ~25 us each) and in
+// the model: three blocks an SM without the register double buffer, bulk-copy streaming through
+// shared memory and int8 activations with dp4a were no faster (see docs/BENCHMARKS.md).
 __global__ void __launch_bounds__(256, 2) gemv_mxfp4_kernel(LinArgs a) {
   pdl_begin();
   __shared__ __align__(16) __half2 xh[kGemvMT][kMxMaxK / 2];
@@ -503,16 +520,17 @@ __global__ void __launch_bounds__(256, 2) gemv_mxfp4_kernel(LinArgs a) {
     expert = a.r.group_expert[g];
   }
   const int stride = gridDim.x * kGemvRowsPerBlock;
+  const int first = blockIdx.x * kGemvRowsPerBlock + 2 * warp;
+  uint4 wa[U], wb[U];
+  uint32_t sa[U], sb[U];
+  mx_load_pair(a, expert, first, wa, wb, sa, sb, lane);
   for (int rb = row_begin; rb < row_end; rb += kGemvMT) {
     const int mt = min(kGemvMT, row_end - rb);
     __syncthreads();  // the previous chunk's readers are done with xh
     mx_stage_x(a, rb, mt, &xh[0][0], kMxMaxK / 2);
     __syncthreads();
-    uint4 wa[U], wb[U];
-    uint32_t sa[U], sb[U];
-    int n0 = blockIdx.x * kGemvRowsPerBlock + 2 * warp;
-    mx_load_pair(a, expert, n0, wa, wb, sa, sb, lane);
-    for (; n0 < N; n0 += stride) {
+    if (rb != row_begin) mx_load_pair(a, expert, first, wa, wb, sa, sb, lane);
+    for (int n0 = first; n0 < N; n0 += stride) {
       uint4 ca[U], cb[U];
       uint32_t csa[U], csb[U];
 #pragma unroll
@@ -745,7 +763,7 @@ void launch(const LinArgs& a, int path, int grid_y, cudaStream_t s, const FusedN
   if (path == 1) {
     dim3 grid((a.W.N + kGemvRowsPerBlock - 1) / kGemvRowsPerBlock, a.grouped ? grid_y : 1);
     if (a.W.fmt == WeightMat::kMXFP4) {
-      // One wave: about two blocks per SM over all groups; warps loop over the rows.
+      // One wave: two blocks per SM over all groups; warps loop over the rows.
       int per_group = std::max(1, 2 * sm_count() / int(grid.y));
       grid.x = std::min<int>(grid.x, per_group);
       launch_pdl(gemv_mxfp4_kernel, dim3(grid), dim3(256), 0, s, a);
