@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One command for the GPU machine: build (or take prebuilt binaries), run every `cuda` test,
-# a compute-sanitizer memcheck pass on small shapes, and the benchmark; print a summary table.
+# a compute-sanitizer memcheck pass on small shapes, the benchmark and the per-kernel timings;
+# print a summary table.
 #
 #   tools/gpu/check.sh                      # build in build-gpu/ (needs the dev packages), then check
 #   tools/gpu/check.sh --prebuilt DIR       # DIR holds gptoss, test_cuda_kernels, test_cuda_model,
@@ -63,6 +64,9 @@ if [ $bench = 1 ]; then
     cat "$out/bench_$m.md" | grep -v '^{'
     [ $rc = 0 ] || { tail -5 "$out/bench_$m.err"; status "bench $m" "FAIL rc=$rc"; }
   done
+  # Per-kernel decode timings (microseconds per launch), for kernel work.
+  timeout 300 "$gptoss" bench-kernels --model 120b >"$out/kernels_120b.md" 2>&1
+  cat "$out/kernels_120b.md"
 fi
 echo
 echo "| check | result |"

@@ -75,6 +75,8 @@ int run_kernel_bench(const KernelBenchOptions& o) {
   auto* xn = dev_alloc<bf16_t>(size_t(M) * 4096, owned);
 
   std::printf("| kernel | shape | variant | us/launch | GB/s (weights) |\n|---|---|---|---|---|\n");
+  // (Expert rows count each (token, expert) pair's weights, so past one token per expert the GB/s
+  // column overstates the bytes actually read.)
   auto row = [&](const char* name, const std::string& shape, const char* variant, double us, double bytes) {
     std::printf("| %s | %s | %s | %.2f | %.0f |\n", name, shape.c_str(), variant, us, bytes / us / 1e3);
     std::fflush(stdout);
@@ -98,8 +100,12 @@ int run_kernel_bench(const KernelBenchOptions& o) {
       ws.push_back(WeightMat{WeightMat::kBF16, w, nullptr, b, d.N, d.K});
     }
     std::string shape = std::to_string(M) + "x" + std::to_string(d.N) + "x" + std::to_string(d.K);
-    for (int v : {1, 0}) {
-      set_gemv_variant(v);
+    // Variants: the first decode GEMV (row pairs), the default choice, and for batches past the
+    // GEMV range the GEMV forced (path 1) against the default mma GEMM.
+    for (int v : {1, 0, 2}) {
+      if (v == 2 && M <= 8) continue;
+      set_gemv_variant(v == 1 ? 1 : 0);
+      set_linear_path(v == 2 ? 1 : 0);
       double us = timer.us(o.iters, [&](int i) {
         const WeightMat& W = ws[i % copies];
         if (d.norm)
@@ -107,9 +113,10 @@ int run_kernel_bench(const KernelBenchOptions& o) {
         else
           linear(W, xb, d.K, M, Epilogue{Epilogue::kStoreF32, out, d.N}, s);
       });
-      row(d.name, shape, v == 1 ? "row pairs" : "default", us, double(bytes));
+      row(d.name, shape, v == 1 ? "row pairs" : v == 2 ? "GEMV forced" : "default", us, double(bytes));
     }
     set_gemv_variant(0);
+    set_linear_path(0);
   }
 
   // MoE expert GEMVs (MXFP4): one layer's experts, a different routing every launch.
@@ -140,14 +147,21 @@ int run_kernel_bench(const KernelBenchOptions& o) {
     Epilogue g{Epilogue::kSwiGLU, act, I};
     g.swiglu_limit = c.swiglu_limit;
     std::string shape = std::to_string(M) + " tok x top-" + std::to_string(k) + " of " + std::to_string(E);
-    double us = timer.us(o.iters, [&](int i) { linear_grouped(gu, xb, H, P, E, true, routes[i % R], g, s); });
-    row("experts gate_up (mxfp4)", shape + ", " + std::to_string(2 * I) + "x" + std::to_string(H), "default", us,
-        double(P) * 2 * I * H * 17 / 32);
-    us = timer.us(o.iters, [&](int i) {
-      linear_grouped(dn, act, I, P, E, false, routes[i % R], Epilogue{Epilogue::kScatterAdd, out, H}, s);
-    });
-    row("experts down (mxfp4)", shape + ", " + std::to_string(H) + "x" + std::to_string(I), "default", us,
-        double(P) * H * I * 17 / 32);
+    double us = 0;
+    for (int v : {0, 1}) {
+      if (v == 1 && P <= 32) continue;
+      set_linear_path(v == 1 ? 1 : 0);
+      const char* vn = v == 1 ? "GEMV forced" : "default";
+      us = timer.us(o.iters, [&](int i) { linear_grouped(gu, xb, H, P, E, true, routes[i % R], g, s); });
+      row("experts gate_up (mxfp4)", shape + ", " + std::to_string(2 * I) + "x" + std::to_string(H), vn, us,
+          double(P) * 2 * I * H * 17 / 32);
+      us = timer.us(o.iters, [&](int i) {
+        linear_grouped(dn, act, I, P, E, false, routes[i % R], Epilogue{Epilogue::kScatterAdd, out, H}, s);
+      });
+      row("experts down (mxfp4)", shape + ", " + std::to_string(H) + "x" + std::to_string(I), vn, us,
+          double(P) * H * I * 17 / 32);
+    }
+    set_linear_path(0);
     auto* router_w = dev_alloc<bf16_t>(size_t(E) * H, owned);
     fill_random_bf16(router_w, size_t(E) * H, 13, 0.f, 0.02f, s);
     us = timer.us(o.iters, [&](int i) {
