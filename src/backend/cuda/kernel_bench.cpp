@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "backend/cuda/cuda_common.h"
+#include "common/error.h"
 #include "backend/cuda/kernels.h"
 #include "model/config.h"
 
@@ -54,6 +55,7 @@ T* dev_alloc(size_t n, std::vector<void*>& owned) {
 }  // namespace
 
 int run_kernel_bench(const KernelBenchOptions& o) {
+  if (!cuda_device_available()) throw Error("bench-kernels: no CUDA device is available");
   const GptOssConfig c = GptOssConfig::preset(o.model);
   const int H = c.hidden, E = c.num_experts, I = c.intermediate, k = c.experts_per_token;
   const int QKV = c.q_dim() + 2 * c.kv_dim(), M = o.tokens;
