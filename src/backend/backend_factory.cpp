@@ -9,13 +9,39 @@
 
 namespace gptoss {
 
+Mxfp4Layers parse_mxfp4_layers(const std::string& spec) {
+  Mxfp4Layers r;
+  if (spec.empty() || spec == "experts") return r;
+  if (spec == "all") {
+    r.qkv = r.o = r.lm_head = true;
+    return r;
+  }
+  size_t at = 0;
+  while (at <= spec.size()) {
+    size_t end = spec.find(',', at);
+    if (end == std::string::npos) end = spec.size();
+    std::string name = spec.substr(at, end - at);
+    if (name == "qkv")
+      r.qkv = true;
+    else if (name == "o")
+      r.o = true;
+    else if (name == "lm_head")
+      r.lm_head = true;
+    else if (name != "experts")
+      throw Error("--mxfp4-layers: unknown layer \"" + name + "\" (expected experts, all, or a comma list of qkv, o, lm_head)");
+    at = end + 1;
+  }
+  return r;
+}
+
 std::unique_ptr<Backend> create_backend(const BackendOptions& o) {
+  parse_mxfp4_layers(o.mxfp4_layers);  // a bad list is an error on every device
   if (o.device == "cpu") {
     if (!o.random_weights.empty())
       throw Error("--random-weights builds weights on the GPU; on the CPU, write a model with "
                   "`gptoss make-model --preset " + o.random_weights + "` and pass --model");
     if (o.model_dir.empty()) throw Error("no model: pass --model DIR");
-    if (o.mxfp4_layers != "experts" && !o.mxfp4_layers.empty())
+    if (parse_mxfp4_layers(o.mxfp4_layers).any())
       throw Error("--mxfp4-layers is a CUDA option (the CPU backend is the exact reference)");
     return make_cpu_backend(ModelWeights::load(o.model_dir), o.threads);
   }

@@ -14,12 +14,21 @@ struct BackendOptions {
   std::string model_dir;             // a Hugging Face checkpoint directory, or
   std::string random_weights;        // a preset ("120b", "20b", "tiny") whose random weights the backend builds itself (cuda)
   uint64_t seed = 0;                 // for random weights
-  std::string mxfp4_layers = "experts";  // "experts", or "all", or a list of qkv,o,lm_head quantized to MXFP4 at load (cuda)
+  std::string mxfp4_layers = "experts";  // see parse_mxfp4_layers (cuda)
   std::string mxfp4_backend = "auto";    // MXFP4 kernel family (cuda): "auto" only so far
   int threads = 0;                   // cpu: 0 = all cores
   int device_index = 0;              // cuda
 };
 
 std::unique_ptr<Backend> create_backend(const BackendOptions& opts);
+
+// `--mxfp4-layers`: dense layers quantized to MXFP4 at load (the experts are MXFP4 as published).
+// "experts" (or empty): none; "all": qkv, o and lm_head; or a comma list of qkv, o, lm_head.
+// Throws gptoss::Error on an unknown name.
+struct Mxfp4Layers {
+  bool qkv = false, o = false, lm_head = false;
+  bool any() const { return qkv || o || lm_head; }
+};
+Mxfp4Layers parse_mxfp4_layers(const std::string& spec);
 
 }  // namespace gptoss

@@ -1,5 +1,6 @@
 #include "common/dtype.h"
 
+#include <algorithm>
 #include <cmath>
 
 namespace gptoss {
@@ -92,6 +93,39 @@ void mxfp4_dequant_row(const uint8_t* blocks, const uint8_t* scales, int cols, f
     for (int j = 0; j < 16; ++j) {
       out[b * 32 + 2 * j] = kE2M1Values[p[j] & 0xf] * s;
       out[b * 32 + 2 * j + 1] = kE2M1Values[p[j] >> 4] * s;
+    }
+  }
+}
+
+namespace {
+// Nearest e2m1 code of |v| (ties to the even code: the one with mantissa bit 0).
+uint8_t e2m1_code_of(float a) {
+  // Midpoints between neighbours 0, .5, 1, 1.5, 2, 3, 4, 6; at a midpoint the lower code wins if
+  // it is even (0, 1.0, 2.0, 4.0 have even codes 0, 2, 4, 6), else the upper one.
+  static const float kMid[7] = {0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.0f};
+  uint8_t c = 0;
+  while (c < 7 && (a > kMid[c] || (a == kMid[c] && (c & 1)))) ++c;
+  return c;
+}
+}  // namespace
+
+void mxfp4_quantize_row(const float* x, int cols, uint8_t* blocks, uint8_t* scales) {
+  for (int b = 0; b < cols / 32; ++b) {
+    const float* v = x + b * 32;
+    float amax = 0.f;
+    for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(v[i]));
+    int e = 0;
+    if (amax > 0.f && std::isfinite(amax)) e = std::clamp(int(std::floor(std::log2(amax))) - 2, -127, 127);
+    scales[b] = uint8_t(e + 127);
+    const float inv = std::ldexp(1.0f, -e);
+    for (int j = 0; j < 16; ++j) {
+      uint8_t nib[2];
+      for (int h = 0; h < 2; ++h) {
+        float q = v[2 * j + h] * inv;
+        uint8_t c = e2m1_code_of(std::fabs(q));
+        nib[h] = uint8_t(c | (std::signbit(q) && c != 0 ? 8 : 0));
+      }
+      blocks[b * 16 + j] = uint8_t(nib[0] | (nib[1] << 4));
     }
   }
 }

@@ -49,4 +49,10 @@ inline float e8m0_to_f32(uint8_t s) {
 // nibbles (low nibble = even element) and cols/32 scales.
 void mxfp4_dequant_row(const uint8_t* blocks, const uint8_t* scales, int cols, float* out);
 
+// Quantize one row to MXFP4 (OCP MX v1.0): per 32 values the scale is 2^(floor(log2(max|x|)) - 2)
+// (e2m1's largest exponent is 2; all-zero blocks get 2^0), each value x / scale rounds to the
+// nearest e2m1 value (ties to the even code), saturating at +-6. Values already of the form
+// e2m1 * 2^k round-trip exactly. Used for `--mxfp4-layers` (dense layers quantized at load).
+void mxfp4_quantize_row(const float* x, int cols, uint8_t* blocks, uint8_t* scales);
+
 }  // namespace gptoss

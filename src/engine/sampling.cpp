@@ -6,13 +6,6 @@
 
 namespace gptoss {
 
-static int32_t argmax(const float* x, int n) {
-  int32_t best = 0;
-  for (int i = 1; i < n; ++i)
-    if (x[i] > x[best]) best = i;
-  return best;
-}
-
 RowSampling row_sampling(const SamplingParams& sp, double u) {
   RowSampling r;
   r.temperature = sp.temperature < 1e-5f ? 0.0f : sp.temperature;

@@ -38,6 +38,9 @@ check "logits header names the shape" 'head -c 200 "$tmp/l.safetensors" | grep -
 err() { "$@" >/dev/null 2>"$tmp/err"; rc=$?; [ $rc -eq 1 ] && grep -q "^error: " "$tmp/err"; }
 check "missing model dir" 'err "$bin" logits --model /nonexistent --prompt-ids 1 --out "$tmp/x"'
 check "bad prompt ids" 'err "$bin" logits --model "$fx" --prompt-ids 1,x --out "$tmp/x"'
+check "--mxfp4-layers on the CPU" 'err "$bin" generate --model "$fx" --prompt-ids 1 --max-tokens 1 --mxfp4-layers qkv,o && grep -q "CUDA option" "$tmp/err"'
+check "--mxfp4-layers with an unknown name" 'err "$bin" generate --model "$fx" --prompt-ids 1 --max-tokens 1 --mxfp4-layers qkv,mlp && grep -q "unknown layer \"mlp\"" "$tmp/err"'
+check "--mxfp4-layers experts is the default" '"$bin" generate --model "$fx" --prompt-ids 1 --max-tokens 1 --mxfp4-layers experts >/dev/null 2>&1'
 check "token outside vocab" 'err "$bin" generate --model "$fx" --prompt-ids 100000 --max-tokens 1'
 cp -r "$fx" "$tmp/broken"; truncate -s 1000 "$tmp/broken"/model-00000-of-00000.safetensors
 check "truncated shard" 'err "$bin" logits --model "$tmp/broken" --prompt-ids 1 --out "$tmp/x" && grep -q "model-00000-of-00000.safetensors" "$tmp/err"'

@@ -139,6 +139,37 @@ TEST_F(Kernels, LinearLmHeadVocab) {
   check_dense({3, 201088, 2880}, 2);
 }
 
+// Dense MXFP4 weights (--mxfp4-layers: qkv, o_proj, lm_head quantized at load): GEMV (K up to
+// 4096, the o_proj shape takes the 4-chunks-a-lane variant) and GEMM against the CPU.
+TEST_F(Kernels, LinearMxfp4Dense) {
+  std::vector<DenseCase> cases = {{1, 5120, 2880}, {3, 5120, 2880}, {1, 2880, 4096}, {4, 2880, 4096},
+                                  {8, 2880, 4096}, {33, 2880, 4096}, {2, 1000, 64}};
+  if (small_mode()) cases = {{1, 72, 64}, {3, 40, 128}, {9, 16, 64}};
+  for (const DenseCase& c : cases)
+    for (int path : {0, 1, 2}) {
+      FastRng r(fresh_seed());
+      auto x = round_bf16(rand_f32(size_t(c.M) * c.K, r));
+      std::vector<uint8_t> blocks(size_t(c.N) * c.K / 2), scales(size_t(c.N) * c.K / 32);
+      for (auto& b : blocks) b = uint8_t(r.next());
+      for (auto& b : scales) b = uint8_t(118 + r.next() % 4);
+      auto bias = rand_f32(c.N, r, 0.1f);
+      std::vector<float> ref(size_t(c.M) * c.N);
+      cpu::linear_mxfp4(x.data(), c.M, c.K, blocks.data(), scales.data(), c.N, bias.data(), ref.data());
+      Dev<uint16_t> dx(to_bf16(x));
+      Dev<uint8_t> db(blocks), ds(scales);
+      Dev<float> dbias(bias), dy(ref.size());
+      WeightMat W{WeightMat::kMXFP4, db.p(), ds.p(), dbias.p(), c.N, c.K};
+      cuda::set_linear_path(path);
+      cuda::linear(W, dx.p(), c.K, c.M, Epilogue{Epilogue::kStoreF32, dy.p(), c.N}, 0);
+      EXPECT_LE(rel_err(dy.download(), ref), 2e-3) << "M=" << c.M << " N=" << c.N << " K=" << c.K << " path=" << path;
+      auto res = rand_f32(ref.size(), r);
+      dy.upload(res);
+      cuda::linear(W, dx.p(), c.K, c.M, Epilogue{Epilogue::kAddF32, dy.p(), c.N}, 0);
+      for (size_t i = 0; i < ref.size(); ++i) ref[i] += res[i];
+      EXPECT_LE(rel_err(dy.download(), ref), 2e-3) << "add, M=" << c.M << " K=" << c.K << " path=" << path;
+    }
+}
+
 // One MoE block: route -> gate_up (MXFP4, SwiGLU epilogue) -> down (MXFP4, scatter-add).
 struct MoeCase {
   int n, E, k, H, I;

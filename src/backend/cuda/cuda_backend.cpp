@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <thread>
 #include <string>
 #include <vector>
 
@@ -58,6 +59,8 @@ class CudaBackend final : public Backend {
   }
   const float* upload_f32(const TensorView& t);
   const bf16_t* upload_bf16(const TensorView& t);
+  // Rows of the bf16 tensors `parts` stacked ([sum of rows, K]) and quantized to MXFP4 on the host.
+  WeightMat upload_mxfp4(const std::vector<const TensorView*>& parts, const float* bias);
   void load_checkpoint(const std::string& dir);
   void build_random(const std::string& preset, uint64_t seed);
   void alloc_workspace();
@@ -119,6 +122,7 @@ class CudaBackend final : public Backend {
   int32_t* h_meta_ = nullptr;  // pinned
 
   std::map<int, cudaGraphExec_t> graphs_;
+  Mxfp4Layers mx_layers_;  // dense layers stored as MXFP4 (--mxfp4-layers)
 
   // GPTOSS_CUDA_PROFILE=1: decode steps run eagerly with an event after every op; the time per
   // op kind (summed over layers and steps) is printed when the backend goes away.
@@ -163,9 +167,7 @@ CudaBackend::CudaBackend(const BackendOptions& opts) {
   // option is checked so that a name that means nothing here is not silently ignored.
   if (!opts.mxfp4_backend.empty() && opts.mxfp4_backend != "auto")
     throw Error("--mxfp4-backend " + opts.mxfp4_backend + ": only \"auto\" is implemented on the CUDA backend");
-  if (!opts.mxfp4_layers.empty() && opts.mxfp4_layers != "experts")
-    throw Error("--mxfp4-layers " + opts.mxfp4_layers +
-                ": only \"experts\" is implemented (dense layers stay bf16 on the CUDA backend)");
+  mx_layers_ = parse_mxfp4_layers(opts.mxfp4_layers);
   GPTOSS_CUDA_CHECK(cudaSetDevice(device_));
   GPTOSS_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   if (!opts.model_dir.empty())
@@ -221,6 +223,40 @@ const bf16_t* CudaBackend::upload_bf16(const TensorView& t) {
   return d;
 }
 
+WeightMat CudaBackend::upload_mxfp4(const std::vector<const TensorView*>& parts, const float* bias) {
+  int N = 0;
+  const int K = int(parts[0]->shape.back());
+  for (const TensorView* t : parts) {
+    if (t->dtype != DType::BF16 || t->shape.size() != 2 || t->shape[1] != K)
+      throw Error(t->file + ": " + t->name + ": --mxfp4-layers expects bf16 [rows, " + std::to_string(K) + "]");
+    N += int(t->shape[0]);
+  }
+  if (K % 32) throw Error("--mxfp4-layers: K must be a multiple of 32");
+  std::vector<uint8_t> blocks(size_t(N) * K / 2), scales(size_t(N) * K / 32);
+  std::vector<const uint8_t*> rows;  // source row (bf16 bytes) of each output row
+  for (const TensorView* t : parts)
+    for (int64_t r = 0; r < t->shape[0]; ++r) rows.push_back(t->data + size_t(r) * K * 2);
+  // Quantizing lm_head (579 M weights) is seconds of work: spread the rows over the cores.
+  const int nt = std::max(1u, std::min(16u, std::thread::hardware_concurrency()));
+  std::vector<std::thread> pool;
+  for (int w = 0; w < nt; ++w)
+    pool.emplace_back([&, w] {
+      std::vector<float> row(K);
+      std::vector<uint16_t> bits(K);
+      for (int r = w; r < N; r += nt) {
+        std::memcpy(bits.data(), rows[r], size_t(K) * 2);  // the mapping need not be 2-byte aligned
+        for (int k = 0; k < K; ++k) row[k] = bf16_to_f32(bits[k]);
+        mxfp4_quantize_row(row.data(), K, blocks.data() + size_t(r) * K / 2, scales.data() + size_t(r) * K / 32);
+      }
+    });
+  for (auto& t : pool) t.join();
+  uint8_t* db = dalloc<uint8_t>(blocks.size());
+  uint8_t* ds = dalloc<uint8_t>(scales.size());
+  GPTOSS_CUDA_CHECK(cudaMemcpy(db, blocks.data(), blocks.size(), cudaMemcpyHostToDevice));
+  GPTOSS_CUDA_CHECK(cudaMemcpy(ds, scales.data(), scales.size(), cudaMemcpyHostToDevice));
+  return WeightMat{WeightMat::kMXFP4, db, ds, bias, N, K};
+}
+
 void CudaBackend::load_checkpoint(const std::string& dir) {
   auto mw = ModelWeights::load(dir);
   cfg_ = mw->config;
@@ -228,25 +264,31 @@ void CudaBackend::load_checkpoint(const std::string& dir) {
   const int qd = cfg_.q_dim(), kvd = cfg_.kv_dim(), QKV = qd + 2 * kvd;
   embed_ = upload_bf16(*mw->embed);
   final_norm_ = upload_f32(*mw->final_norm);
-  lm_head_ = WeightMat{WeightMat::kBF16, upload_bf16(*mw->lm_head), nullptr, nullptr, cfg_.vocab, H};
+  lm_head_ = mx_layers_.lm_head ? upload_mxfp4({mw->lm_head}, nullptr)
+                                : WeightMat{WeightMat::kBF16, upload_bf16(*mw->lm_head), nullptr, nullptr, cfg_.vocab, H};
   for (const LayerWeights& lw : mw->layers) {
     Layer L{};
     L.attn_norm = upload_f32(*lw.attn_norm);
     L.mlp_norm = upload_f32(*lw.mlp_norm);
     L.sinks = upload_f32(*lw.sinks);
     // q, k and v fused into one [QKV, H] matrix: one GEMV/GEMM instead of three.
-    bf16_t* wqkv = dalloc<bf16_t>(size_t(QKV) * H);
-    GPTOSS_CUDA_CHECK(cudaMemcpy(wqkv, lw.q_w->data, lw.q_w->nbytes, cudaMemcpyHostToDevice));
-    GPTOSS_CUDA_CHECK(cudaMemcpy(wqkv + size_t(qd) * H, lw.k_w->data, lw.k_w->nbytes, cudaMemcpyHostToDevice));
-    GPTOSS_CUDA_CHECK(cudaMemcpy(wqkv + size_t(qd + kvd) * H, lw.v_w->data, lw.v_w->nbytes, cudaMemcpyHostToDevice));
     std::vector<float> b(QKV);
     for (int i = 0; i < qd; ++i) b[i] = tensor_float_at(*lw.q_b, i);
     for (int i = 0; i < kvd; ++i) b[qd + i] = tensor_float_at(*lw.k_b, i);
     for (int i = 0; i < kvd; ++i) b[qd + kvd + i] = tensor_float_at(*lw.v_b, i);
     float* bqkv = dalloc<float>(QKV);
     GPTOSS_CUDA_CHECK(cudaMemcpy(bqkv, b.data(), QKV * 4, cudaMemcpyHostToDevice));
-    L.qkv = WeightMat{WeightMat::kBF16, wqkv, nullptr, bqkv, QKV, H};
-    L.o = WeightMat{WeightMat::kBF16, upload_bf16(*lw.o_w), nullptr, upload_f32(*lw.o_b), H, qd};
+    if (mx_layers_.qkv) {
+      L.qkv = upload_mxfp4({lw.q_w, lw.k_w, lw.v_w}, bqkv);
+    } else {
+      bf16_t* wqkv = dalloc<bf16_t>(size_t(QKV) * H);
+      GPTOSS_CUDA_CHECK(cudaMemcpy(wqkv, lw.q_w->data, lw.q_w->nbytes, cudaMemcpyHostToDevice));
+      GPTOSS_CUDA_CHECK(cudaMemcpy(wqkv + size_t(qd) * H, lw.k_w->data, lw.k_w->nbytes, cudaMemcpyHostToDevice));
+      GPTOSS_CUDA_CHECK(cudaMemcpy(wqkv + size_t(qd + kvd) * H, lw.v_w->data, lw.v_w->nbytes, cudaMemcpyHostToDevice));
+      L.qkv = WeightMat{WeightMat::kBF16, wqkv, nullptr, bqkv, QKV, H};
+    }
+    L.o = mx_layers_.o ? upload_mxfp4({lw.o_w}, upload_f32(*lw.o_b))
+                       : WeightMat{WeightMat::kBF16, upload_bf16(*lw.o_w), nullptr, upload_f32(*lw.o_b), H, qd};
     L.router = WeightMat{WeightMat::kBF16, upload_bf16(*lw.router_w), nullptr, upload_f32(*lw.router_b), E, H};
     auto up_u8 = [&](const TensorView& t) {
       uint8_t* d = dalloc<uint8_t>(t.nbytes);
@@ -288,14 +330,20 @@ void CudaBackend::build_random(const std::string& preset, uint64_t seed) {
   const int slo = r.scale_lo, shi = r.scale_hi;
   embed_ = bf(size_t(V) * H, r.embed_std);
   final_norm_ = f32(H, 1.f, r.norm_std);
-  lm_head_ = WeightMat{WeightMat::kBF16, bf(size_t(V) * H, ds), nullptr, nullptr, V, H};
+  // Dense layers chosen by --mxfp4-layers get random codes and the experts' scale range.
+  auto mx = [&](int N, int K, float* bias) {
+    return WeightMat{WeightMat::kMXFP4, u8(size_t(N) * K / 2, 0, 255), u8(size_t(N) * K / 32, slo, shi), bias, N, K};
+  };
+  lm_head_ = mx_layers_.lm_head ? mx(V, H, nullptr) : WeightMat{WeightMat::kBF16, bf(size_t(V) * H, ds), nullptr, nullptr, V, H};
   for (int l = 0; l < cfg_.num_layers; ++l) {
     Layer L{};
     L.attn_norm = f32(H, 1.f, r.norm_std);
     L.mlp_norm = f32(H, 1.f, r.norm_std);
     L.sinks = f32(cfg_.num_heads, 0.f, 0.5f);
-    L.qkv = WeightMat{WeightMat::kBF16, bf(size_t(QKV) * H, ds), nullptr, f32(QKV, 0.f, bs), QKV, H};
-    L.o = WeightMat{WeightMat::kBF16, bf(size_t(H) * qd, ds), nullptr, f32(H, 0.f, bs), H, qd};
+    L.qkv = mx_layers_.qkv ? mx(QKV, H, f32(QKV, 0.f, bs))
+                           : WeightMat{WeightMat::kBF16, bf(size_t(QKV) * H, ds), nullptr, f32(QKV, 0.f, bs), QKV, H};
+    L.o = mx_layers_.o ? mx(H, qd, f32(H, 0.f, bs))
+                       : WeightMat{WeightMat::kBF16, bf(size_t(H) * qd, ds), nullptr, f32(H, 0.f, bs), H, qd};
     L.router = WeightMat{WeightMat::kBF16, bf(size_t(E) * H, ds), nullptr, f32(E, 0.f, bs), E, H};
     L.gate_up = WeightMat{WeightMat::kMXFP4, u8(size_t(E) * 2 * I * H / 2, 0, 255),
                           u8(size_t(E) * 2 * I * H / 32, slo, shi), f32(size_t(E) * 2 * I, 0.f, bs), 2 * I, H};

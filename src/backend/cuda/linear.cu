@@ -356,8 +356,11 @@ __global__ void __launch_bounds__(256, 2) gemv_bf16_rows_kernel(LinArgs a, Fused
 // once per block in shared memory as fp16 pairs, pre-scaled by 1/16 for headroom); each half
 // accumulates only 4 products in fp16 before the sum moves to fp32; the e8m0 scale is applied per
 // 32-element block in fp32.
-constexpr int kMxMaxK = 3072;  // 3 chunks of 32 per lane: every gpt-oss K (2880) in one pass
+// 32-element chunks a lane holds per row: 3 cover the experts' K (2880); 4 cover o_proj's 4096
+// when the dense layers are MXFP4 too (--mxfp4-layers).
+constexpr int kMxMaxK = 4096;
 
+template <int U>
 __device__ __forceinline__ void mx_load_pair(const LinArgs& a, int expert, int n0, uint4* wa, uint4* wb, uint32_t* sa,
                                              uint32_t* sb, int lane) {
   const int N = a.W.N, kb = a.W.K / 32;
@@ -367,7 +370,7 @@ __device__ __forceinline__ void mx_load_pair(const LinArgs& a, int expert, int n
   const uint4* w0 = reinterpret_cast<const uint4*>(B + size_t(n0c) * kb * 16);
   const uint4* w1 = reinterpret_cast<const uint4*>(B + size_t(n1) * kb * 16);
 #pragma unroll
-  for (int u = 0; u < kMxMaxK / 1024; ++u) {
+  for (int u = 0; u < U; ++u) {
     int c = lane + u * 32;
     if (n0 < N && c < kb) {
       wa[u] = __ldg(w0 + c);
@@ -505,10 +508,11 @@ __device__ __forceinline__ void mx_pair_finish(const LinArgs& a, int expert, int
 // Variants measured on the H200 (bench-kernels, 120b gate_up at one token, ~25 us each) and in
 // the model: three blocks an SM without the register double buffer, bulk-copy streaming through
 // shared memory and int8 activations with dp4a were no faster (see docs/BENCHMARKS.md).
+template <int U, bool DB>
 __global__ void __launch_bounds__(256, 2) gemv_mxfp4_kernel(LinArgs a) {
   pdl_begin();
-  __shared__ __align__(16) __half2 xh[kGemvMT][kMxMaxK / 2];
-  constexpr int U = kMxMaxK / 1024;  // 32-element chunks per lane
+  constexpr int XS = U * 512;  // fp16 pairs per staged token
+  __shared__ __align__(16) __half2 xh[kGemvMT][XS];
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
   const int N = a.W.N, kb = a.W.K / 32;
   int row_begin = 0, row_end = a.M, expert = 0;
@@ -521,25 +525,37 @@ __global__ void __launch_bounds__(256, 2) gemv_mxfp4_kernel(LinArgs a) {
   }
   const int stride = gridDim.x * kGemvRowsPerBlock;
   const int first = blockIdx.x * kGemvRowsPerBlock + 2 * warp;
-  uint4 wa[U], wb[U];
-  uint32_t sa[U], sb[U];
-  mx_load_pair(a, expert, first, wa, wb, sa, sb, lane);
+  // DB: the next pair loads into w* while the current one (c*) is computed. Without it (U = 4,
+  // where two sets would not fit the register budget) each pair loads at its iteration's start.
+  uint4 wa[U], wb[U], ca[U], cb[U];
+  uint32_t sa[U], sb[U], csa[U], csb[U];
+  if (DB)
+    mx_load_pair<U>(a, expert, first, wa, wb, sa, sb, lane);
+  else
+    mx_load_pair<U>(a, expert, first, ca, cb, csa, csb, lane);
   for (int rb = row_begin; rb < row_end; rb += kGemvMT) {
     const int mt = min(kGemvMT, row_end - rb);
     __syncthreads();  // the previous chunk's readers are done with xh
-    mx_stage_x(a, rb, mt, &xh[0][0], kMxMaxK / 2);
+    mx_stage_x(a, rb, mt, &xh[0][0], XS);
     __syncthreads();
-    if (rb != row_begin) mx_load_pair(a, expert, first, wa, wb, sa, sb, lane);
+    if (rb != row_begin) {
+      if (DB)
+        mx_load_pair<U>(a, expert, first, wa, wb, sa, sb, lane);
+      else
+        mx_load_pair<U>(a, expert, first, ca, cb, csa, csb, lane);
+    }
     for (int n0 = first; n0 < N; n0 += stride) {
-      uint4 ca[U], cb[U];
-      uint32_t csa[U], csb[U];
+      if (DB) {
 #pragma unroll
-      for (int u = 0; u < U; ++u) { ca[u] = wa[u]; cb[u] = wb[u]; csa[u] = sa[u]; csb[u] = sb[u]; }
-      if (n0 + stride < N) mx_load_pair(a, expert, n0 + stride, wa, wb, sa, sb, lane);
+        for (int u = 0; u < U; ++u) { ca[u] = wa[u]; cb[u] = wb[u]; csa[u] = sa[u]; csb[u] = sb[u]; }
+        if (n0 + stride < N) mx_load_pair<U>(a, expert, n0 + stride, wa, wb, sa, sb, lane);
+      } else if (n0 != first) {
+        mx_load_pair<U>(a, expert, n0, ca, cb, csa, csb, lane);
+      }
       float acc0[kGemvMT], acc1[kGemvMT];
 #pragma unroll
       for (int m = 0; m < kGemvMT; ++m) acc0[m] = acc1[m] = 0.f;
-      mx_pair_dot<U>(ca, cb, csa, csb, kb, lane, mt, &xh[0][0], kMxMaxK / 2, acc0, acc1);
+      mx_pair_dot<U>(ca, cb, csa, csb, kb, lane, mt, &xh[0][0], XS, acc0, acc1);
       mx_pair_finish(a, expert, n0, rb, mt, lane, acc0, acc1);
     }
   }
@@ -766,7 +782,10 @@ void launch(const LinArgs& a, int path, int grid_y, cudaStream_t s, const FusedN
       // One wave: two blocks per SM over all groups; warps loop over the rows.
       int per_group = std::max(1, 2 * sm_count() / int(grid.y));
       grid.x = std::min<int>(grid.x, per_group);
-      launch_pdl(gemv_mxfp4_kernel, dim3(grid), dim3(256), 0, s, a);
+      if (a.W.K <= 3 * 1024)
+        launch_pdl(gemv_mxfp4_kernel<3, true>, dim3(grid), dim3(256), 0, s, a);
+      else
+        launch_pdl(gemv_mxfp4_kernel<4, false>, dim3(grid), dim3(256), 0, s, a);
     } else if (!a.grouped && a.M <= kGemvMT && a.epi.mode != Epilogue::kSwiGLU && a.W.K <= 16 * 256 &&
                int(grid.x) >= sm_count() && g_gemv_variant != 1) {
       const int kc = (a.W.K / 8 + 31) / 32;
