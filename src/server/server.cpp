@@ -261,13 +261,19 @@ struct Server::Handlers {
     std::unique_ptr<StopMatcher> stops;  // stop strings, on the content only
   };
 
-  json chat_chunk(const ChatStream& st, const json& delta, const json& logprobs, const char* finish) {
-    json choice = {{"index", 0}, {"delta", delta}, {"logprobs", logprobs}};
+  // One streamed chunk of a chat or text stream (both carry id, created, model, include_usage):
+  // a single choice, plus "usage": null while a usage chunk is still to come.
+  template <typename Stream>
+  static json stream_chunk(const Stream& st, const char* object, json choice, const char* finish) {
     choice["finish_reason"] = finish ? json(finish) : json(nullptr);
-    json j = {{"id", st.id}, {"object", "chat.completion.chunk"}, {"created", st.created}, {"model", st.model},
+    json j = {{"id", st.id}, {"object", object}, {"created", st.created}, {"model", st.model},
               {"choices", json::array({choice})}};
     if (st.include_usage) j["usage"] = nullptr;
     return j;
+  }
+
+  json chat_chunk(const ChatStream& st, const json& delta, const json& logprobs, const char* finish) {
+    return stream_chunk(st, "chat.completion.chunk", {{"index", 0}, {"delta", delta}, {"logprobs", logprobs}}, finish);
   }
 
   void chat(const httplib::Request& req, httplib::Response& res) {
@@ -427,12 +433,7 @@ struct Server::Handlers {
   }
 
   json text_chunk(const TextStream& st, const std::string& text, const json& lp, const char* finish) {
-    json choice = {{"index", 0}, {"text", text}, {"logprobs", lp}};
-    choice["finish_reason"] = finish ? json(finish) : json(nullptr);
-    json j = {{"id", st.id}, {"object", "text_completion"}, {"created", st.created}, {"model", st.model},
-              {"choices", json::array({choice})}};
-    if (st.include_usage) j["usage"] = nullptr;
-    return j;
+    return stream_chunk(st, "text_completion", {{"index", 0}, {"text", text}, {"logprobs", lp}}, finish);
   }
 
   static const char* text_finish(FinishReason r) {
