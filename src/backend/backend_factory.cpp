@@ -43,6 +43,8 @@ std::unique_ptr<Backend> create_backend(const BackendOptions& o) {
     if (o.model_dir.empty()) throw Error("no model: pass --model DIR");
     if (parse_mxfp4_layers(o.mxfp4_layers).any())
       throw Error("--mxfp4-layers is a CUDA option (the CPU backend is the exact reference)");
+    if (o.dense_dtype != "bf16")
+      throw Error("--dense-dtype " + o.dense_dtype + " is a CUDA option (the CPU backend is the exact reference)");
     return make_cpu_backend(ModelWeights::load(o.model_dir), o.threads);
   }
   if (o.device == "cuda") {

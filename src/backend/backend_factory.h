@@ -15,7 +15,8 @@ struct BackendOptions {
   std::string random_weights;        // a preset ("120b", "20b", "tiny") whose random weights the backend builds itself (cuda)
   uint64_t seed = 0;                 // for random weights
   std::string mxfp4_layers = "experts";  // see parse_mxfp4_layers (cuda)
-  std::string mxfp4_backend = "auto";    // MXFP4 kernel family (cuda): "auto" only so far
+  std::string mxfp4_backend = "auto";    // MXFP4 kernel family (cuda): auto, mma (tensor-core skinny + GEMM), gemv (CUDA-core GEMV + GEMM)
+  std::string dense_dtype = "bf16";      // cuda decode copies of q/k/v/o and lm_head: bf16 (exact) or fp8 (e4m3, scale per row)
   int threads = 0;                   // cpu: 0 = all cores
   int device_index = 0;              // cuda
 };

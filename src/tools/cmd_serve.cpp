@@ -121,8 +121,9 @@ gptoss::tools::RegisterCommand reg({"serve", "Serve a model through an OpenAI-co
   app->add_option("--kv-cache-memory", a->kv_cache_gb,
                   "GiB for the KV cache when --kv-cache-tokens is not given (default: what the device has left)");
   app->add_option("--kv-cache-dtype", a->kv_cache_dtype, "bf16 or fp8")->capture_default_str();
-  app->add_option("--mxfp4-layers", a->backend.mxfp4_layers, "Layers in MXFP4: experts (as published; quantizing the dense layers is not implemented yet)")->capture_default_str();
-  app->add_option("--mxfp4-backend", a->backend.mxfp4_backend, "MXFP4 kernel family (cuda): auto (the one implemented so far)")->capture_default_str();
+  app->add_option("--mxfp4-layers", a->backend.mxfp4_layers, "Layers in MXFP4 (cuda): experts, all, or qkv,o,lm_head quantized at load (lossy)")->capture_default_str();
+  app->add_option("--mxfp4-backend", a->backend.mxfp4_backend, "MXFP4 kernel family (cuda): auto, mma, gemv")->capture_default_str();
+  app->add_option("--dense-dtype", a->backend.dense_dtype, "Decode weights of q/k/v/o and lm_head (cuda): bf16 or fp8")->capture_default_str();
   app->add_option("--threads", a->backend.threads, "CPU threads (0: all)")->capture_default_str();
   app->add_option("--weights-seed", a->backend.seed, "Seed of --random-weights")->capture_default_str();
   app->add_option("--device-index", a->backend.device_index, "CUDA device ordinal")->capture_default_str();

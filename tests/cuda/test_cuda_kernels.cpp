@@ -170,6 +170,78 @@ TEST_F(Kernels, LinearMxfp4Dense) {
     }
 }
 
+// Tensor-core decode kernels over fragment-layout weights (kernels/linear/skinny_mma.cu), dense:
+// bf16, fp8 (quantized on the device; the reference uses the same e4m3 codes, rebuilt on the host
+// from the device's row scales) and MXFP4, at real shapes and awkward ones, for every token regime
+// (1 n-tile: 1-8 tokens; 2: 9-16; 4 with a second pass: 33-64), with each epilogue.
+void check_skinny_dense(WeightMat::Format fmt, const DenseCase& c) {
+  FastRng r(fresh_seed());
+  auto x = round_bf16(rand_f32(size_t(c.M) * c.K, r));
+  auto bias = rand_f32(c.N, r, 0.1f);
+  std::vector<float> ref(size_t(c.M) * c.N);
+  Dev<float> db(bias), dy(ref.size());
+  Dev<uint8_t> dwf(cuda::frag_weight_bytes(fmt, 1, c.N, c.K));
+  Dev<int> flag(std::vector<int>{0});
+  WeightMat P;
+  if (fmt == WeightMat::kFragMXFP4) {
+    std::vector<uint8_t> blocks(size_t(c.N) * c.K / 2), scales(size_t(c.N) * c.K / 32);
+    for (auto& b : blocks) b = uint8_t(r.next());
+    for (auto& b : scales) b = uint8_t(116 + r.next() % 8);
+    cpu::linear_mxfp4(x.data(), c.M, c.K, blocks.data(), scales.data(), c.N, bias.data(), ref.data());
+    Dev<uint8_t> dbl(blocks), dsc(scales), daux(scales.size());
+    WeightMat W{WeightMat::kMXFP4, dbl.p(), dsc.p(), db.p(), c.N, c.K};
+    P = cuda::pack_frag(W, 1, false, fmt, dwf.p(), daux.p(), flag.p(), 0);
+    GPTOSS_CUDA_CHECK(cudaDeviceSynchronize());
+    Dev<uint16_t> dx(to_bf16(x));
+    cuda::linear(P, dx.p(), c.K, c.M, Epilogue{Epilogue::kStoreF32, dy.p(), c.N}, 0);
+    double e = rel_err(dy.download(), ref);
+    EXPECT_LE(e, 2e-3) << "mxfp4 M=" << c.M << " N=" << c.N << " K=" << c.K;
+    return;
+  }
+  auto wb = to_bf16(rand_f32(size_t(c.N) * c.K, r, 0.02f));
+  Dev<uint16_t> dw(wb), dx(to_bf16(x));
+  Dev<float> dscale(size_t(c.N));
+  WeightMat W{WeightMat::kBF16, dw.p(), nullptr, db.p(), c.N, c.K};
+  P = cuda::pack_frag(W, 1, false, fmt, dwf.p(), dscale.p(), flag.p(), 0);
+  std::vector<uint16_t> weff = wb;
+  if (fmt == WeightMat::kFragFP8) {
+    auto rs = dscale.download();
+    for (int n = 0; n < c.N; ++n)
+      for (int k = 0; k < c.K; ++k) {
+        float w = bf16_to_f32(wb[size_t(n) * c.K + k]);
+        float q = fp8_e4m3_to_f32(f32_to_fp8_e4m3(w * (1.f / rs[n]))) * rs[n];
+        weff[size_t(n) * c.K + k] = f32_to_bf16(q);  // q * rs is not always a bf16; the bound covers it
+      }
+  }
+  cpu::linear_bf16(x.data(), c.M, c.K, weff.data(), c.N, bias.data(), ref.data());
+  const double bound = fmt == WeightMat::kFragFP8 ? 6e-3 : 2e-3;
+  cuda::linear(P, dx.p(), c.K, c.M, Epilogue{Epilogue::kStoreF32, dy.p(), c.N}, 0);
+  double e = rel_err(dy.download(), ref);
+  EXPECT_LE(e, bound) << "fmt=" << fmt << " M=" << c.M << " N=" << c.N << " K=" << c.K;
+  auto res = rand_f32(ref.size(), r);
+  dy.upload(res);
+  cuda::linear(P, dx.p(), c.K, c.M, Epilogue{Epilogue::kAddF32, dy.p(), c.N}, 0);
+  std::vector<float> ref2(ref.size());
+  for (size_t i = 0; i < ref.size(); ++i) ref2[i] = ref[i] + res[i];
+  EXPECT_LE(rel_err(dy.download(), ref2), bound) << "add, fmt=" << fmt << " M=" << c.M;
+  Dev<uint16_t> dyb(ref.size());
+  cuda::linear(P, dx.p(), c.K, c.M, Epilogue{Epilogue::kStoreBF16, dyb.p(), c.N}, 0);
+  EXPECT_LE(rel_err(from_bf16(dyb.download()), ref), bound + 4e-3) << "bf16 out, fmt=" << fmt << " M=" << c.M;
+}
+
+TEST_F(Kernels, SkinnyDense) {
+  std::vector<DenseCase> cases;
+  for (int M : {1, 2, 7, 8, 9, 16, 17, 33, 64}) {
+    cases.push_back({M, 5120, 2880});
+    cases.push_back({M, 2880, 4096});
+  }
+  cases.push_back({3, 48, 128});
+  cases.push_back({64, 16, 64});
+  if (small_mode()) cases = {{1, 32, 128}, {9, 48, 64}, {33, 16, 192}};
+  for (auto fmt : {WeightMat::kFragBF16, WeightMat::kFragFP8, WeightMat::kFragMXFP4})
+    for (const DenseCase& c : cases) check_skinny_dense(fmt, c);
+}
+
 // One MoE block: route -> gate_up (MXFP4, SwiGLU epilogue) -> down (MXFP4, scatter-add).
 struct MoeCase {
   int n, E, k, H, I;
@@ -224,9 +296,30 @@ void check_moe(const MoeCase& c, int path) {
   cuda::moe_route(dlog.p(), n, E, k, rt, 0);
   WeightMat gu{WeightMat::kMXFP4, dgu_b.p(), dgu_s.p(), dgub.p(), 2 * I, H};
   WeightMat dn{WeightMat::kMXFP4, ddn_b.p(), ddn_s.p(), ddnb.p(), H, I};
-  cuda::set_linear_path(path);
-  cuda::linear_grouped(gu, dx.p(), H, P, E, true, rt, Epilogue{Epilogue::kSwiGLU, act.p(), I}, 0);
-  cuda::linear_grouped(dn, act.p(), I, P, E, false, rt, Epilogue{Epilogue::kScatterAdd, out.p(), H}, 0);
+  if (path < 3) {
+    cuda::set_linear_path(path);
+    cuda::linear_grouped(gu, dx.p(), H, P, E, true, rt, Epilogue{Epilogue::kSwiGLU, act.p(), I}, 0);
+    cuda::linear_grouped(dn, act.p(), I, P, E, false, rt, Epilogue{Epilogue::kScatterAdd, out.p(), H}, 0);
+  } else {
+    // The backend's layout and order: experts repacked (gate/up rows paired), skinny kernels at
+    // decode sizes (fp16 SwiGLU output), the GEMM on the fragment layout past them, expert
+    // outputs summed by moe_combine in a fixed order.
+    Dev<uint8_t> fgu(cuda::frag_weight_bytes(WeightMat::kFragMXFP4, E, 2 * I, H)), fgus(gu_s.size());
+    Dev<uint8_t> fdn(cuda::frag_weight_bytes(WeightMat::kFragMXFP4, E, H, I)), fdns(dn_s.size());
+    Dev<int> flag(std::vector<int>{0});
+    WeightMat pgu = cuda::pack_frag(gu, E, true, WeightMat::kFragMXFP4, fgu.p(), fgus.p(), flag.p(), 0);
+    WeightMat pdn = cuda::pack_frag(dn, E, false, WeightMat::kFragMXFP4, fdn.p(), fdns.p(), flag.p(), 0);
+    const bool skinny = cuda::choose_linear_kernel({pgu.fmt, P, n, pgu.N, pgu.K, true, 0}) ==
+                        cuda::LinearKernel::kSkinnyMma;
+    Epilogue ge{Epilogue::kSwiGLU, act.p(), I};
+    ge.out_f16 = skinny;
+    Dev<float> y(size_t(P) * H);
+    cuda::linear_grouped(pgu, dx.p(), H, P, E, true, rt, ge, 0, n);
+    cuda::linear_grouped(pdn, act.p(), I, P, E, false, rt, Epilogue{Epilogue::kStoreF32, y.p(), H}, 0, n, skinny);
+    cuda::moe_combine(y.p(), rt, n, k, H, out.p(), nullptr, 1e-5f, nullptr, 0);
+    GPTOSS_CUDA_CHECK(cudaDeviceSynchronize());
+    EXPECT_EQ(flag.download()[0], 0);
+  }
   GPTOSS_CUDA_CHECK(cudaDeviceSynchronize());
   // Routing itself: same experts (logits are distinct), same weights.
   std::vector<int32_t> gidx(P);
@@ -246,6 +339,18 @@ TEST_F(Kernels, MoeMxfp4) {
   if (small_mode()) cases = {{1, 8, 2, 64, 64}, {33, 8, 4, 96, 64}};
   for (auto& c : cases)
     for (int path : {0, 1, 2}) check_moe(c, path);
+}
+
+// The fragment-layout path the backend runs by default, at every decode regime (1, 2, 7, 8, 33,
+// 64 tokens over 128 experts: groups of 0, 1 and a few tokens; 64 tokens over 8 experts: groups of
+// ~32, two n-tile passes) and past it (prefill sizes through the GEMM).
+TEST_F(Kernels, MoeMxfp4Fragments) {
+  std::vector<MoeCase> cases = {{1, 128, 4, 2880, 2880},  {2, 128, 4, 2880, 2880}, {7, 128, 4, 2880, 2880},
+                                {8, 128, 4, 2880, 2880},  {33, 128, 4, 2880, 2880}, {64, 128, 4, 2880, 2880},
+                                {64, 8, 4, 2880, 2880},   {17, 32, 4, 2880, 2880}, {129, 32, 4, 2880, 2880},
+                                {2049, 32, 4, 256, 256},  {7, 8, 2, 64, 64}};
+  if (small_mode()) cases = {{1, 8, 2, 64, 64}, {33, 8, 4, 64, 128}, {70, 8, 4, 64, 64}};
+  for (auto& c : cases) check_moe(c, 3);
 }
 
 TEST_F(Kernels, Argmax) {

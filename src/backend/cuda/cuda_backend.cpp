@@ -33,6 +33,9 @@ struct Layer {
   const float* mlp_norm;
   const float* sinks;
   WeightMat qkv, o, router, gate_up, down;
+  // Decode copies of qkv and o in the fragment layout (--dense-dtype bf16|fp8); fmt kBF16 when
+  // there is none (the GEMV/GEMM path then serves decode too).
+  WeightMat qkv_dec, o_dec;
   bool sliding;
   int group_index;  // index among the layers of its KV group
 };
@@ -57,6 +60,13 @@ class CudaBackend final : public Backend {
     bufs_.emplace_back(count * sizeof(T));
     return bufs_.back().get<T>();
   }
+  // Frees a dalloc'd buffer (weights replaced by their repacked form).
+  void dfree(const void* p) {
+    for (auto& b : bufs_)
+      if (b.get() == p) { b.reset(); return; }
+  }
+  void repack_weights();
+  WeightMat pack(const WeightMat& W, int E, bool swiglu, WeightMat::Format to);
   const float* upload_f32(const TensorView& t);
   const bf16_t* upload_bf16(const TensorView& t);
   // Rows of the bf16 tensors `parts` stacked ([sum of rows, K]) and quantized to MXFP4 on the host.
@@ -98,7 +108,11 @@ class CudaBackend final : public Backend {
   const bf16_t* embed_ = nullptr;
   const float* final_norm_ = nullptr;
   WeightMat lm_head_;
+  WeightMat lm_head_dec_;  // fragment-layout decode copy (fmt kBF16: none)
   std::vector<Layer> layers_;
+  bool mma_experts_ = false;                     // --mxfp4-backend mma
+  WeightMat::Format dense_dec_ = WeightMat::kFragBF16;  // --dense-dtype
+  int* d_flag_ = nullptr;
   float* inv_freq_ = nullptr;
 
   KvCacheConfig kvc_;
@@ -112,7 +126,8 @@ class CudaBackend final : public Backend {
   bf16_t* attn_ = nullptr;
   float* partial_ = nullptr;
   float* router_logits_ = nullptr;
-  bf16_t* act_ = nullptr;
+  bf16_t* act_ = nullptr;  // bf16, or fp16 when the skinny kernels run the experts
+  float* moe_y_ = nullptr;  // [pairs][H] expert outputs before the weighted sum
   MoeRouting routing_;
   float* d_logits_ = nullptr;
   int32_t* d_greedy_ = nullptr;
@@ -163,10 +178,23 @@ class CudaBackend final : public Backend {
 CudaBackend::CudaBackend(const BackendOptions& opts) {
   if (!cuda_device_available()) throw Error("--device cuda: no CUDA device is available");
   device_ = opts.device_index;
-  // One MXFP4 kernel family so far (fp16 decode in the GEMV, bf16 mma tiles in the GEMM); the
-  // option is checked so that a name that means nothing here is not silently ignored.
-  if (!opts.mxfp4_backend.empty() && opts.mxfp4_backend != "auto")
-    throw Error("--mxfp4-backend " + opts.mxfp4_backend + ": only \"auto\" is implemented on the CUDA backend");
+  // MXFP4 kernel families: "mma" repacks the experts at load into the tensor-core fragment
+  // layout (skinny kernels for decode, the mma GEMM on that layout for prefill); "gemv" keeps
+  // the checkpoint layout (CUDA-core GEMV for decode, the mma GEMM for prefill). auto = gemv for
+  // now: on the H200 (docs/BENCHMARKS.md) mma matches it at 1 token, wins at 8 tokens, and loses
+  // prefill (6.3k vs 8.8k tok/s at pp2048) until its GEMM loader is as fast.
+  if (opts.mxfp4_backend == "mma")
+    mma_experts_ = true;
+  else if (opts.mxfp4_backend == "gemv" || opts.mxfp4_backend == "auto" || opts.mxfp4_backend.empty())
+    mma_experts_ = false;
+  else
+    throw Error("--mxfp4-backend " + opts.mxfp4_backend + ": expected auto, mma or gemv");
+  if (opts.dense_dtype == "bf16")
+    dense_dec_ = WeightMat::kFragBF16;
+  else if (opts.dense_dtype == "fp8")
+    dense_dec_ = WeightMat::kFragFP8;
+  else
+    throw Error("--dense-dtype " + opts.dense_dtype + ": expected bf16 or fp8");
   mx_layers_ = parse_mxfp4_layers(opts.mxfp4_layers);
   GPTOSS_CUDA_CHECK(cudaSetDevice(device_));
   GPTOSS_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
@@ -179,6 +207,7 @@ CudaBackend::CudaBackend(const BackendOptions& opts) {
   if (cfg_.hidden % 32 || cfg_.intermediate % 32 || cfg_.q_dim() % 32)
     throw Error("cuda backend: hidden, intermediate and q_dim must be multiples of 32");
   if (cfg_.head_dim != 64 && cfg_.head_dim != 32) throw Error("cuda backend: head_dim must be 32 or 64");
+  repack_weights();
   yarn_ = compute_yarn(cfg_);
   inv_freq_ = dalloc<float>(yarn_.inv_freq.size());
   GPTOSS_CUDA_CHECK(cudaMemcpy(inv_freq_, yarn_.inv_freq.data(), yarn_.inv_freq.size() * 4, cudaMemcpyHostToDevice));
@@ -353,6 +382,52 @@ void CudaBackend::build_random(const std::string& preset, uint64_t seed) {
   }
 }
 
+WeightMat CudaBackend::pack(const WeightMat& W, int E, bool swiglu, WeightMat::Format to) {
+  void* w = dalloc<uint8_t>(frag_weight_bytes(to, E, W.N, W.K));
+  void* aux = nullptr;
+  if (to == WeightMat::kFragMXFP4) aux = dalloc<uint8_t>(size_t(E) * W.N * W.K / 32);
+  if (to == WeightMat::kFragFP8) aux = dalloc<float>(size_t(E) * W.N);
+  return pack_frag(W, E, swiglu, to, w, aux, d_flag_, stream_);
+}
+
+// Weights the decode kernels read in the fragment layout: the experts (repacked in place: the
+// GEMM reads that layout too, so there is one copy), dense MXFP4 layers likewise, and decode
+// copies of qkv/o/lm_head in bf16 or fp8 beside the row-major bf16 that prefill keeps.
+void CudaBackend::repack_weights() {
+  d_flag_ = dalloc<int>(1);
+  GPTOSS_CUDA_CHECK(cudaMemsetAsync(d_flag_, 0, 4, stream_));
+  const int E = cfg_.num_experts;
+  auto in_place = [&](WeightMat& W, int e, bool swiglu) {
+    if (!frag_packable(W)) return;
+    WeightMat P = pack(W, e, swiglu, WeightMat::kFragMXFP4);
+    GPTOSS_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    dfree(W.w);
+    dfree(W.scales);
+    W = P;
+  };
+  auto dec_copy = [&](const WeightMat& W) {
+    if (W.fmt == WeightMat::kMXFP4) return W;  // packed in place below, or served as it is
+    if (!frag_packable(W)) return WeightMat{};
+    return pack(W, 1, false, dense_dec_);
+  };
+  for (Layer& L : layers_) {
+    if (mma_experts_) {
+      in_place(L.gate_up, E, true);
+      in_place(L.down, E, false);
+      if (L.qkv.fmt == WeightMat::kMXFP4) in_place(L.qkv, 1, false);
+      if (L.o.fmt == WeightMat::kMXFP4) in_place(L.o, 1, false);
+    }
+    L.qkv_dec = L.qkv.fmt == WeightMat::kBF16 ? dec_copy(L.qkv) : WeightMat{};
+    L.o_dec = L.o.fmt == WeightMat::kBF16 ? dec_copy(L.o) : WeightMat{};
+  }
+  if (mma_experts_ && lm_head_.fmt == WeightMat::kMXFP4) in_place(lm_head_, 1, false);
+  lm_head_dec_ = lm_head_.fmt == WeightMat::kBF16 ? dec_copy(lm_head_) : WeightMat{};
+  int flag = 0;
+  GPTOSS_CUDA_CHECK(cudaMemcpyAsync(&flag, d_flag_, 4, cudaMemcpyDeviceToHost, stream_));
+  GPTOSS_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  if (flag) throw Error("MXFP4 scales above 2^113 (e8m0 byte > 240) are not supported by --mxfp4-backend mma; use gemv");
+}
+
 void CudaBackend::alloc_workspace() {
   const int T = kMaxChunk, H = cfg_.hidden, E = cfg_.num_experts, k = cfg_.experts_per_token;
   const int QKV = cfg_.q_dim() + 2 * cfg_.kv_dim();
@@ -366,6 +441,7 @@ void CudaBackend::alloc_workspace() {
   partial_ = dalloc<float>(part);
   router_logits_ = dalloc<float>(size_t(T) * E);
   act_ = dalloc<bf16_t>(size_t(P) * cfg_.intermediate);
+  moe_y_ = dalloc<float>(size_t(P) * H);
   routing_ = moe_routing_carve(dalloc<uint8_t>(moe_routing_bytes(P, E)), P, E);
   d_logits_ = dalloc<float>(size_t(kMaxLogitRows) * cfg_.vocab);
   d_greedy_ = dalloc<int32_t>(kMaxLogitRows);
@@ -440,7 +516,8 @@ CudaBackend::PassMeta CudaBackend::upload_meta(const Staged& st, int n, int n_ro
 void CudaBackend::lm_head(const int32_t* rows, int n_rows) {
   rmsnorm(x_, final_norm_, n_rows, cfg_.hidden, cfg_.rms_eps, rows, xn_, stream_);
   Epilogue e{Epilogue::kStoreF32, d_logits_, cfg_.vocab};
-  linear(lm_head_, xn_, cfg_.hidden, n_rows, e, stream_);
+  const bool dec = lm_head_dec_.fmt != WeightMat::kBF16 && n_rows <= kSkinnyMaxTokens;
+  linear(dec ? lm_head_dec_ : lm_head_, xn_, cfg_.hidden, n_rows, e, stream_);
 }
 
 void CudaBackend::run_pass(int n, const PassMeta& m, int n_rows, int nsplit) {
@@ -448,18 +525,21 @@ void CudaBackend::run_pass(int n, const PassMeta& m, int n_rows, int nsplit) {
   const int H = c.hidden, QKV = c.q_dim() + 2 * c.kv_dim(), E = c.num_experts, k = c.experts_per_token;
   if (profile_) GPTOSS_CUDA_CHECK(cudaEventRecord(prof_start_, stream_));
   embed(embed_, m.tokens, n, H, x_, stream_);
+  // Each layer's input norm comes with the residual update that precedes it: the first here,
+  // the others from the previous layer's MoE combine.
+  if (!layers_.empty()) rmsnorm(x_, layers_[0].attn_norm, n, H, c.rms_eps, nullptr, xn_, stream_);
   mark("embed");
-  for (const Layer& L : layers_) {
+  const bool small = n <= kSkinnyMaxTokens;
+  for (size_t li = 0; li < layers_.size(); ++li) {
+    const Layer& L = layers_[li];
     const int g = L.sliding ? kKvSliding : kKvFull;
     KvLayer kv{static_cast<uint8_t*>(kv_pool_[g].get()) + kv_layer_bytes_[g] * L.group_index,
                kvc_.dtype == DType::F8_E4M3, kvc_.page_size};
     TokenMeta tm{m.pos, m.pt_off[g], m.pt};
-    // The RMSNorms run inside the qkv and router GEMVs at decode sizes (linear_rmsnorm); the
-    // router's also leaves the normalized rows in xn_ for the experts.
-    if (!skip("dense"))
-      linear_rmsnorm(L.qkv, x_, L.attn_norm, c.rms_eps, n, xn_, false, Epilogue{Epilogue::kStoreBF16, qkv_, QKV},
-                     stream_);
-    mark("norm+qkv");
+    const WeightMat& Wqkv = small && L.qkv_dec.fmt != WeightMat::kBF16 ? L.qkv_dec : L.qkv;
+    const WeightMat& Wo = small && L.o_dec.fmt != WeightMat::kBF16 ? L.o_dec : L.o;
+    if (!skip("dense")) linear(Wqkv, xn_, H, n, Epilogue{Epilogue::kStoreBF16, qkv_, QKV}, stream_);
+    mark("qkv");
     if (!skip("attn"))
       rope_kv_store(qkv_, n, c.num_heads, c.num_kv_heads, c.head_dim, inv_freq_, yarn_.attention_scaling, tm, kv,
                     stream_);
@@ -468,22 +548,31 @@ void CudaBackend::run_pass(int n, const PassMeta& m, int n_rows, int nsplit) {
       attention(qkv_, n, c.num_heads, c.num_kv_heads, c.head_dim, L.sliding ? c.sliding_window : 0, L.sinks, tm, kv,
                 nsplit, partial_, attn_, stream_);
     mark("attention");
-    if (!skip("dense")) linear(L.o, attn_, c.q_dim(), n, Epilogue{Epilogue::kAddF32, x_, H}, stream_);
+    if (!skip("dense")) linear(Wo, attn_, c.q_dim(), n, Epilogue{Epilogue::kAddF32, x_, H}, stream_);
     mark("o_proj");
+    // The router's GEMV normalizes in place (decode sizes) and leaves the rows for the experts.
     if (!skip("router"))
       linear_rmsnorm(L.router, x_, L.mlp_norm, c.rms_eps, n, xn_, true,
                      Epilogue{Epilogue::kStoreF32, router_logits_, E}, stream_);
     mark("norm+router");
     if (!skip("router")) moe_route(router_logits_, n, E, k, routing_, stream_);
     mark("route");
+    // The skinny kernels hand the SwiGLU output to down in fp16 (their MMA type for MXFP4).
+    const bool skinny = choose_linear_kernel({L.gate_up.fmt, n * k, n, L.gate_up.N, L.gate_up.K, true, 0}) ==
+                        LinearKernel::kSkinnyMma;
     Epilogue gu{Epilogue::kSwiGLU, act_, c.intermediate};
     gu.swiglu_limit = c.swiglu_limit;
-    if (!skip("experts")) linear_grouped(L.gate_up, xn_, H, n * k, E, true, routing_, gu, stream_);
+    gu.out_f16 = skinny;
+    if (!skip("experts")) linear_grouped(L.gate_up, xn_, H, n * k, E, true, routing_, gu, stream_, n);
     mark("gate_up");
     if (!skip("experts"))
-      linear_grouped(L.down, act_, c.intermediate, n * k, E, false, routing_, Epilogue{Epilogue::kScatterAdd, x_, H},
-                     stream_);
+      linear_grouped(L.down, act_, c.intermediate, n * k, E, false, routing_, Epilogue{Epilogue::kStoreF32, moe_y_, H},
+                     stream_, n, skinny);
     mark("down");
+    const float* next_norm = li + 1 < layers_.size() ? layers_[li + 1].attn_norm : nullptr;
+    if (!skip("experts")) moe_combine(moe_y_, routing_, n, k, H, x_, next_norm, c.rms_eps, xn_, stream_);
+    else if (next_norm) rmsnorm(x_, next_norm, n, H, c.rms_eps, nullptr, xn_, stream_);
+    mark("combine");
   }
   if (n_rows > 0 && !skip("lm_head")) lm_head(m.rows, n_rows);
   mark("lm_head");

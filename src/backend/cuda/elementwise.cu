@@ -186,7 +186,7 @@ void rope_kv_store(bf16_t* qkv, int n, int Hq, int Hkv, int D, const float* inv_
 // lays out the GEMM row tiles, all on the device so a decode step needs no host sync.
 
 size_t moe_routing_bytes(int max_pairs, int E) {
-  size_t ints = 2 + 3 * size_t(E) + 2 * size_t(moe_max_tiles(max_pairs, E)) + 2 * size_t(max_pairs);
+  size_t ints = 2 + 3 * size_t(E) + 2 * size_t(moe_max_tiles(max_pairs, E)) + 3 * size_t(max_pairs);
   size_t floats = 2 * size_t(max_pairs);
   return (ints + floats) * 4 + 64;
 }
@@ -204,7 +204,8 @@ MoeRouting moe_routing_carve(void* mem, int max_pairs, int E) {
   r.pair_token = p; p += max_pairs;
   r.topk_idx = p; p += max_pairs;
   r.pair_weight = reinterpret_cast<float*>(p); p += max_pairs;
-  r.topk_w = reinterpret_cast<float*>(p);
+  r.topk_w = reinterpret_cast<float*>(p); p += max_pairs;
+  r.slot_pair = p;
   return r;
 }
 
@@ -305,6 +306,7 @@ __device__ void moe_sort_block(int P, int E, int k, const MoeRouting& r) {
     int dst = atomicAdd(&cursor[e], 1);
     r.pair_token[dst] = p / k;
     r.pair_weight[dst] = r.topk_w[p];
+    r.slot_pair[p] = dst;
   }
 }
 
@@ -333,6 +335,51 @@ void moe_route(const float* logits, int n, int E, int k, const MoeRouting& r, cu
   launch_pdl(topk_kernel, dim3((n + 7) / 8), dim3(256), 0, s, logits, n, E, k, r);
   GPTOSS_CUDA_LAUNCH_CHECK();
   launch_pdl(moe_sort_kernel, dim3(1), dim3(1024), 5 * E * sizeof(int32_t), s, n * k, E, k, r);
+  GPTOSS_CUDA_LAUNCH_CHECK();
+}
+
+// One block per token: the k expert outputs in order j = 0..k-1 (no atomics, so a token's sum
+// does not depend on which expert finished first), then the next layer's RMSNorm of the new row.
+__global__ void moe_combine_kernel(const float* __restrict__ y, MoeRouting r, int k, int H, float* __restrict__ x,
+                                   const float* __restrict__ norm_w, float eps, uint16_t* __restrict__ xn) {
+  pdl_begin();
+  const int t = blockIdx.x;
+  float* xr = x + size_t(t) * H;
+  int slot[kMaxTopK];
+  float w[kMaxTopK];
+  for (int j = 0; j < k; ++j) {
+    slot[j] = r.slot_pair[t * k + j];
+    w[j] = r.topk_w[t * k + j];
+  }
+  float ss = 0.f;
+  for (int h = threadIdx.x; h < H; h += blockDim.x) {
+    float v = xr[h];
+    float sum = 0.f;
+    for (int j = 0; j < k; ++j) sum = fmaf(w[j], y[size_t(slot[j]) * H + h], sum);
+    v += sum;
+    xr[h] = v;
+    ss += v * v;
+  }
+  if (!norm_w) return;
+  __shared__ float red[32];
+  ss = warp_sum(ss);
+  if ((threadIdx.x & 31) == 0) red[threadIdx.x / 32] = ss;
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    float v = threadIdx.x < blockDim.x / 32 ? red[threadIdx.x] : 0.f;
+    v = warp_sum(v);
+    if (threadIdx.x == 0) red[0] = 1.0f / sqrtf(v / float(H) + eps);
+  }
+  __syncthreads();
+  const float inv = red[0];
+  for (int h = threadIdx.x; h < H; h += blockDim.x) xn[size_t(t) * H + h] = f32_to_bf16_bits(xr[h] * inv * norm_w[h]);
+}
+
+void moe_combine(const float* y, const MoeRouting& r, int n, int k, int H, float* x, const float* norm_w, float eps,
+                 bf16_t* xn, cudaStream_t s) {
+  if (n <= 0) return;
+  if (k > kMaxTopK) throw Error("moe_combine: top-k too large");
+  launch_pdl(moe_combine_kernel, dim3(n), dim3(512), 0, s, y, r, k, H, x, norm_w, eps, xn);
   GPTOSS_CUDA_LAUNCH_CHECK();
 }
 

@@ -119,6 +119,21 @@ int run_kernel_bench(const KernelBenchOptions& o) {
     }
     set_gemv_variant(0);
     set_linear_path(0);
+    // The tensor-core decode kernels over the fragment layout (bf16 and fp8 decode copies).
+    if (M <= kSkinnyMaxTokens && !d.norm && frag_packable(ws[0])) {
+      for (auto fmt : {WeightMat::kFragBF16, WeightMat::kFragFP8}) {
+        std::vector<WeightMat> ps;
+        auto* flag = dev_alloc<int>(1, owned);
+        for (const WeightMat& W : ws)
+          ps.push_back(pack_frag(W, 1, false, fmt, dev_alloc<uint8_t>(frag_weight_bytes(fmt, 1, d.N, d.K), owned),
+                                 dev_alloc<float>(d.N, owned), flag, s));
+        double us = timer.us(o.iters, [&](int i) {
+          linear(ps[i % copies], xb, d.K, M, Epilogue{Epilogue::kStoreF32, out, d.N}, s);
+        });
+        row(d.name, shape, fmt == WeightMat::kFragBF16 ? "skinny_mma bf16" : "skinny_mma fp8", us,
+            double(frag_weight_bytes(fmt, 1, d.N, d.K)));
+      }
+    }
   }
 
   // MoE expert GEMVs (MXFP4): one layer's experts, a different routing every launch.
@@ -164,6 +179,42 @@ int run_kernel_bench(const KernelBenchOptions& o) {
           double(P) * H * I * 17 / 32);
     }
     set_linear_path(0);
+    {
+      // Fragment layout (--mxfp4-backend mma, the default): skinny kernels up to 64 tokens,
+      // the GEMM on the same layout past them; expert outputs summed by moe_combine.
+      auto* flag = dev_alloc<int>(1, owned);
+      WeightMat pgu = pack_frag(gu, E, true, WeightMat::kFragMXFP4, dev_alloc<uint8_t>(gu_bytes, owned),
+                                dev_alloc<uint8_t>(gu_bytes / 16, owned), flag, s);
+      WeightMat pdn = pack_frag(dn, E, false, WeightMat::kFragMXFP4, dev_alloc<uint8_t>(dn_bytes, owned),
+                                dev_alloc<uint8_t>(dn_bytes / 16, owned), flag, s);
+      const LinearKernel kk = choose_linear_kernel({pgu.fmt, P, M, pgu.N, pgu.K, true, 0});
+      const bool sk = kk == LinearKernel::kSkinnyMma;
+      Epilogue gf = g;
+      gf.out_f16 = sk;
+      auto* y = dev_alloc<float>(size_t(P) * H, owned);
+      std::string vn = std::string(linear_kernel_name(kk)) + " (fragments)";
+      // Distinct experts a batch touches (the bytes actually read), averaged over the routings.
+      double touched = 0;
+      for (int r = 0; r < R; ++r) {
+        int ng = 0;
+        GPTOSS_CUDA_CHECK(cudaMemcpyAsync(&ng, routes[r].counts, 4, cudaMemcpyDeviceToHost, s));
+        GPTOSS_CUDA_CHECK(cudaStreamSynchronize(s));
+        touched += ng;
+      }
+      touched /= R;
+      double us_gu = timer.us(o.iters, [&](int i) { linear_grouped(pgu, xb, H, P, E, true, routes[i % R], gf, s, M); });
+      row("experts gate_up (mxfp4)", shape + ", " + std::to_string(2 * I) + "x" + std::to_string(H), vn.c_str(),
+          us_gu, touched * 2 * I * H * 17 / 32);
+      double us_dn = timer.us(o.iters, [&](int i) {
+        linear_grouped(pdn, act, I, P, E, false, routes[i % R], Epilogue{Epilogue::kStoreF32, y, H}, s, M, sk);
+      });
+      row("experts down (mxfp4)", shape + ", " + std::to_string(H) + "x" + std::to_string(I), vn.c_str(), us_dn,
+          touched * H * I * 17 / 32);
+      double us_c = timer.us(o.iters, [&](int i) { moe_combine(y, routes[i % R], M, k, H, x, normw, 1e-5f, xn, s); });
+      row("moe combine (+next rmsnorm)", std::to_string(M) + "x" + std::to_string(H), "default", us_c, 0);
+      std::printf("| experts gate_up + down + combine | %s | %.1f experts touched | %.2f | %.0f |\n", shape.c_str(),
+                  touched, us_gu + us_dn + us_c, touched * 3 * I * H * 17 / 32 / (us_gu + us_dn + us_c) / 1e3);
+    }
     auto* router_w = dev_alloc<bf16_t>(size_t(E) * H, owned);
     fill_random_bf16(router_w, size_t(E) * H, 13, 0.f, 0.02f, s);
     us = timer.us(o.iters, [&](int i) {

@@ -17,12 +17,16 @@ using bf16_t = uint16_t;  // bf16 bits; kernels reinterpret as __nv_bfloat16
 
 // A weight matrix [N, K] (output rows, input columns), optionally one per expert.
 struct WeightMat {
-  enum Format { kBF16 = 0, kMXFP4 = 1 };
+  // kBF16 / kMXFP4: the checkpoint's row-major layouts. kFrag*: repacked at load into the
+  // tensor-core fragment order of the decode kernels (kernels/linear/frag_layout.cuh).
+  enum Format { kBF16 = 0, kMXFP4 = 1, kFragBF16 = 2, kFragFP8 = 3, kFragMXFP4 = 4 };
   Format fmt = kBF16;
-  const void* w = nullptr;          // bf16 [E][N][K], or MXFP4 nibbles [E][N][K/32][16]
-  const uint8_t* scales = nullptr;  // MXFP4 e8m0 [E][N][K/32]
+  const void* w = nullptr;          // bf16 [E][N][K], or MXFP4 nibbles [E][N][K/32][16]; kFrag*: see frag_layout.cuh
+  const uint8_t* scales = nullptr;  // MXFP4 e8m0 [E][N][K/32] (kFragMXFP4: packed per tile chunk)
   const float* bias = nullptr;      // [E][N] f32 or null
   int N = 0, K = 0;
+  const float* row_scale = nullptr;  // kFragFP8: [E][N], weight = e4m3 * row_scale
+  bool swiglu_rows = false;          // kFrag*: gate/up rows paired inside each 16-row tile
 };
 
 // What happens to each output value v = (A . W^T)[row, n] + bias[n].
@@ -38,6 +42,7 @@ struct Epilogue {
   void* out = nullptr;
   int ldo = 0;  // elements between output rows
   float swiglu_limit = 7.0f;
+  bool out_f16 = false;  // kStoreBF16 / kSwiGLU: write fp16 instead of bf16 (skinny kernels only)
 };
 
 // Device-side routing of a MoE layer: (token, expert) pairs sorted by expert. Filled by
@@ -53,6 +58,7 @@ struct MoeRouting {
   float* pair_weight = nullptr;     // [max_pairs]
   int32_t* topk_idx = nullptr;      // [max_pairs] token order: expert of (t, j)
   float* topk_w = nullptr;          // [max_pairs]
+  int32_t* slot_pair = nullptr;     // [max_pairs] token order: sorted pair of (t, j)
 };
 constexpr int kGemmBM = 64;
 inline int moe_max_tiles(int pairs, int E) { return (pairs + kGemmBM - 1) / kGemmBM + (pairs < E ? pairs : E); }
@@ -72,8 +78,45 @@ void linear_rmsnorm(const WeightMat& W, const float* x, const float* norm_w, flo
                     bool need_xn, const Epilogue& epi, cudaStream_t s);
 // Grouped (MoE): W holds E experts. Sorted pair p uses expert group_expert[g] for p in its group.
 // gather_a: A row of pair p is pair_token[p] (else p). `pairs` is the host-known upper bound.
-void linear_grouped(const WeightMat& W, const bf16_t* A, int lda, int pairs, int E, bool gather_a,
-                    const MoeRouting& r, const Epilogue& epi, cudaStream_t s);
+// tokens: the batch's token count (a group has at most that many rows; 0 = pairs); a_f16: A
+// holds fp16 (skinny kernels only).
+void linear_grouped(const WeightMat& W, const void* A, int lda, int pairs, int E, bool gather_a,
+                    const MoeRouting& r, const Epilogue& epi, cudaStream_t s, int tokens = 0, bool a_f16 = false);
+
+// Which kernel a linear layer runs: one pure function of the problem, printed by bench-kernels.
+enum class LinearKernel { kNone, kGemvBf16, kGemvMxfp4, kSkinnyMma, kGemmMma };
+constexpr int kSkinnyMaxTokens = 64;
+struct LinearProblem {
+  WeightMat::Format fmt;
+  int rows;    // dense: M; grouped: sorted pairs
+  int tokens;  // most rows one weight matrix (expert) sees
+  int N, K;
+  bool grouped;
+  int force_path;  // 0 auto, 1 GEMV, 2 GEMM (tests, bench-kernels)
+};
+LinearKernel choose_linear_kernel(const LinearProblem& p);
+const char* linear_kernel_name(LinearKernel k);
+// Tensor-core decode kernels over fragment-layout weights (kFrag*), 1-64 tokens (per group when
+// grouped; more loop). A: bf16 or fp16 (a_f16) rows; fp16 suits kFragFP8/kFragMXFP4 (bf16 is
+// converted in registers), kFragBF16 needs bf16. Grouped: `pairs` sorted pairs of routing r, M =
+// the batch's tokens (bounds the tokens of one group). Epilogues: store f32/bf16/fp16, add f32,
+// SwiGLU (paired rows). ks_override: warps per row tile (0 = auto; 4 or 8).
+void skinny_linear(const WeightMat& W, const void* A, bool a_f16, int lda, int M, int pairs, int E, bool grouped,
+                   bool gather_a, const MoeRouting& r, const Epilogue& epi, int ks_override, cudaStream_t s);
+// Repacking into the fragment layout (once, at load): kBF16 -> kFragBF16 or kFragFP8 (aux_out:
+// f32 row scales [E][N]), kMXFP4 -> kFragMXFP4 (aux_out: scales, E*N*K/32 bytes; d_flag gets
+// bit 0 set if a scale byte exceeds 240, which the kernels do not take). w_out:
+// frag_weight_bytes(to, E, N, K) bytes.
+bool frag_packable(const WeightMat& W);
+size_t frag_weight_bytes(WeightMat::Format fmt, int E, int N, int K);
+WeightMat pack_frag(const WeightMat& W, int E, bool swiglu_rows, WeightMat::Format to, void* w_out, void* aux_out,
+                    int* d_flag, cudaStream_t s);
+// The MoE's weighted sum in a fixed order (deterministic, unlike atomics): x[t] += sum_j
+// topk_w[t, j] * y[slot_pair[t, j]] for n tokens of width H, y f32 [pairs][H]. If norm_w: also
+// xn[t] = rmsnorm(x[t]) * norm_w (bf16), the next layer's input.
+void moe_combine(const float* y, const MoeRouting& r, int n, int k, int H, float* x, const float* norm_w, float eps,
+                 bf16_t* xn, cudaStream_t s);
+
 // Forces a path (tests): 0 = auto, 1 = GEMV, 2 = GEMM.
 void set_linear_path(int path);
 // Picks a dense GEMV kernel (benchmarks and tests): 0 = best known, 1 = the row-pair GEMV for all.

@@ -11,6 +11,7 @@
 
 #include "backend/cuda/device_utils.cuh"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/kernels/linear/frag_layout.cuh"
 
 namespace gptoss::cuda {
 
@@ -653,8 +654,36 @@ __global__ void __launch_bounds__(128) gemm_kernel(LinArgs a) {
   }
   uint4 mx_w = make_uint4(0, 0, 0, 0);
   uint32_t mx_s = 127;
+  // Fragment-layout MXFP4 (kFragMXFP4, the experts' load-time layout): thread tid decodes two
+  // lane units u = 2 tid + q of the tile's 8 row tiles (tile u / 32, lane u % 32): the two words
+  // of k-tile kt (chunk kt / 2, half kt % 2) hold rows g, g + 8 at K offsets 8 tq + [0, 8).
+  uint2 fr_w[2] = {make_uint2(0, 0), make_uint2(0, 0)};
+  uint32_t fr_s[2] = {0x7f7f7f7fu, 0x7f7f7f7fu};
+  size_t fr_tc[2] = {0, 0};
+  int fr_half = 0;  // K half (32 of the chunk's 64) of the k-tile in fr_w
+  bool fr_ok[2] = {false, false};
+  if constexpr (FMT == WeightMat::kFragMXFP4) {
+    const int T = N / 16, C = K / 64;
+#pragma unroll
+    for (int q = 0; q < 2; ++q) {
+      const int u = 2 * tid + q, tt = n0 / 16 + u / 32;
+      fr_ok[q] = tt < T;
+      fr_tc[q] = (size_t(expert) * T + (fr_ok[q] ? tt : 0)) * C;
+    }
+  }
   auto load_b = [&](int kt, int st) {
-    if constexpr (FMT == WeightMat::kBF16) {
+    if constexpr (FMT == WeightMat::kFragMXFP4) {
+      fr_half = kt & 1;
+#pragma unroll
+      for (int q = 0; q < 2; ++q) {
+        const int lane_u = (2 * tid + q) % 32;
+        if (fr_ok[q]) {
+          const size_t tc = fr_tc[q] + kt / 2;
+          fr_w[q] = __ldg(reinterpret_cast<const uint2*>(static_cast<const uint4*>(a.W.w) + tc * 32 + lane_u) + (kt & 1));
+          fr_s[q] = __ldg(reinterpret_cast<const uint32_t*>(a.W.scales) + tc * 8 + lane_u / 4);
+        }
+      }
+    } else if constexpr (FMT == WeightMat::kBF16) {
 #pragma unroll
       for (int i = 0; i < 4; ++i) cp_async16(&Bs[st][tid / 4 + 32 * i][(tid % 4) * 8], b_src[i] + kt * BK, b_ok[i]);
     } else {
@@ -665,7 +694,31 @@ __global__ void __launch_bounds__(128) gemm_kernel(LinArgs a) {
     }
   };
   auto store_b_mx = [&](int st) {
-    if constexpr (FMT == WeightMat::kMXFP4) {
+    if constexpr (FMT == WeightMat::kFragMXFP4) {
+#pragma unroll
+      for (int q = 0; q < 2; ++q) {
+        const int u = 2 * tid + q, tt = u / 32, lane_u = u % 32, g = lane_u / 4, tq = lane_u % 4;
+        const int tile = n0 / 16 + tt;
+        const int half = fr_half;
+        const uint32_t s_g = (fr_s[q] >> (8 * half)) & 255u, s_g8 = (fr_s[q] >> (8 * (2 + half))) & 255u;
+        const float hi_g = mx_scale_hi(s_g), lo_g = mx_scale_lo(s_g);
+        const float hi_g8 = mx_scale_hi(s_g8), lo_g8 = mx_scale_lo(s_g8);
+        const int lr_g = frag::tile_row(tile, g, a.W.swiglu_rows) - n0;
+        const int lr_g8 = frag::tile_row(tile, g + 8, a.W.swiglu_rows) - n0;
+        const uint32_t words[2] = {fr_w[q].x, fr_w[q].y};
+#pragma unroll
+        for (int jj = 0; jj < 2; ++jj)
+#pragma unroll
+          for (int r = 0; r < 4; ++r) {
+            const bool hi_row = r & 1;
+            const float sh = hi_row ? hi_g8 : hi_g, sl = hi_row ? lo_g8 : lo_g;
+            const int col = 8 * tq + 4 * jj + (r >> 1) * 2;
+            const float v0 = fr_ok[q] ? e2m1_bits(words[jj] >> (4 * r)) * sh * sl : 0.f;
+            const float v1 = fr_ok[q] ? e2m1_bits(words[jj] >> (4 * r + 16)) * sh * sl : 0.f;
+            *reinterpret_cast<uint32_t*>(&Bs[st][hi_row ? lr_g8 : lr_g][col]) = pack_bf16x2(v0, v1);
+          }
+      }
+    } else if constexpr (FMT == WeightMat::kMXFP4) {
       const float sc = mx_scale_hi(mx_s), sl = mx_scale_lo(mx_s);
       const uint32_t* pw = reinterpret_cast<const uint32_t*>(&mx_w);
       uint32_t packed[16];
@@ -810,10 +863,55 @@ void launch(const LinArgs& a, int path, int grid_y, cudaStream_t s, const FusedN
     dim3 grid((a.W.N + BN - 1) / BN, grid_y);
     if (a.W.fmt == WeightMat::kBF16)
       launch_pdl(gemm_kernel<WeightMat::kBF16>, dim3(grid), dim3(128), 0, s, a);
+    else if (a.W.fmt == WeightMat::kFragMXFP4)
+      launch_pdl(gemm_kernel<WeightMat::kFragMXFP4>, dim3(grid), dim3(128), 0, s, a);
     else
       launch_pdl(gemm_kernel<WeightMat::kMXFP4>, dim3(grid), dim3(128), 0, s, a);
   }
   GPTOSS_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace
+
+LinearKernel choose_linear_kernel(const LinearProblem& p) {
+  const bool frag = p.fmt == WeightMat::kFragBF16 || p.fmt == WeightMat::kFragFP8 || p.fmt == WeightMat::kFragMXFP4;
+  if (frag) {
+    // Decode batches (tokens per group <= 64) ride the tensor-core "skinny" kernels; prefill
+    // tiles go to the mma GEMM (which reads the MXFP4 fragment layout directly).
+    if (p.force_path != 2 && p.tokens <= kSkinnyMaxTokens) return LinearKernel::kSkinnyMma;
+    if (p.fmt != WeightMat::kFragMXFP4) return LinearKernel::kNone;
+    return LinearKernel::kGemmMma;
+  }
+  if (p.fmt == WeightMat::kMXFP4 && p.K > kMxMaxK) return LinearKernel::kGemmMma;
+  int path = p.force_path;
+  if (!path) {
+    path = (p.grouped ? p.rows <= 4 * kGemvMaxM : p.rows <= kGemvMaxM) ? 1 : 2;
+    // Narrow bf16 matrices (the router) stay on the K-split GEMV for decode batches: the GEMM's
+    // 128-column tiles would run them on one or two SMs (bench-kernels, 32 tokens: 30 vs 47 us).
+    if (!p.grouped && p.fmt == WeightMat::kBF16 && p.N <= 512 && p.rows <= 64) path = 1;
+  }
+  if (path == 2) return LinearKernel::kGemmMma;
+  return p.fmt == WeightMat::kMXFP4 ? LinearKernel::kGemvMxfp4 : LinearKernel::kGemvBf16;
+}
+
+const char* linear_kernel_name(LinearKernel k) {
+  switch (k) {
+    case LinearKernel::kGemvBf16: return "gemv_bf16";
+    case LinearKernel::kGemvMxfp4: return "gemv_mxfp4";
+    case LinearKernel::kSkinnyMma: return "skinny_mma";
+    case LinearKernel::kGemmMma: return "gemm_mma";
+    default: return "none";
+  }
+}
+
+namespace {
+
+LinearKernel pick(const WeightMat& W, int rows, int tokens, bool grouped) {
+  LinearProblem p{W.fmt, rows, tokens, W.N, W.K, grouped, g_force_path};
+  LinearKernel k = choose_linear_kernel(p);
+  if (k == LinearKernel::kNone)
+    throw Error("linear: no kernel for this weight format at " + std::to_string(tokens) + " tokens");
+  return k;
 }
 
 }  // namespace
@@ -826,11 +924,12 @@ void linear(const WeightMat& W, const bf16_t* A, int lda, int M, const Epilogue&
   check_args(W, epi);
   if (epi.mode == Epilogue::kScatterAdd) throw Error("linear: scatter-add needs routing");
   LinArgs a{W, A, lda, M, false, false, MoeRouting{}, epi};
-  int path = g_force_path ? g_force_path : (M <= kGemvMaxM ? 1 : 2);
-  // Narrow bf16 matrices (the router) stay on the K-split GEMV for decode batches: the GEMM's
-  // 128-column tiles would run them on one or two SMs (bench-kernels, 32 tokens: 30 vs 47 us).
-  if (!g_force_path && W.fmt == WeightMat::kBF16 && W.N <= 512 && M <= 64) path = 1;
-  if (W.fmt == WeightMat::kMXFP4 && W.K > kMxMaxK) path = 2;
+  const LinearKernel k = pick(W, M, M, false);
+  if (k == LinearKernel::kSkinnyMma) {
+    skinny_linear(W, A, false, lda, M, 0, 1, false, false, MoeRouting{}, epi, 0, s);
+    return;
+  }
+  const int path = k == LinearKernel::kGemmMma ? 2 : 1;
   launch(a, path, path == 1 ? 1 : (M + BM - 1) / BM, s);
 }
 
@@ -840,8 +939,8 @@ void linear_rmsnorm(const WeightMat& W, const float* x, const float* norm_w, flo
   check_args(W, epi);
   if (epi.mode == Epilogue::kScatterAdd) throw Error("linear: scatter-add needs routing");
   if (W.K % 8 != 0) throw Error("linear_rmsnorm: K must be a multiple of 8");
-  int path = g_force_path ? g_force_path : (M <= kGemvMaxM ? 1 : 2);
-  if (path == 1 && W.fmt == WeightMat::kBF16 && M <= kGemvMaxM) {
+  const LinearKernel k = pick(W, M, M, false);
+  if (k == LinearKernel::kGemvBf16 && M <= kGemvMaxM) {
     LinArgs a{W, nullptr, W.K, M, false, false, MoeRouting{}, epi};
     launch(a, 1, 1, s, FusedNorm{x, norm_w, eps, need_xn ? xn : nullptr});
     return;
@@ -850,14 +949,21 @@ void linear_rmsnorm(const WeightMat& W, const float* x, const float* norm_w, flo
   linear(W, xn, W.K, M, epi, s);
 }
 
-void linear_grouped(const WeightMat& W, const bf16_t* A, int lda, int pairs, int E, bool gather_a,
-                    const MoeRouting& r, const Epilogue& epi, cudaStream_t s) {
+void linear_grouped(const WeightMat& W, const void* A, int lda, int pairs, int E, bool gather_a,
+                    const MoeRouting& r, const Epilogue& epi, cudaStream_t s, int tokens, bool a_f16) {
   if (pairs <= 0) return;
   check_args(W, epi);
-  LinArgs a{W, A, lda, 0, true, gather_a, r, epi};
-  // Decode batches spread over many experts (few rows each): GEMV per group. Prefill: GEMM tiles.
-  int path = g_force_path ? g_force_path : (pairs <= 4 * kGemvMaxM ? 1 : 2);
-  if (W.K > kMxMaxK) path = 2;
+  if (tokens <= 0) tokens = pairs;
+  // Decode batches spread over many experts (few rows each): GEMV or tensor-core skinny kernel
+  // per group. Prefill: GEMM tiles.
+  const LinearKernel k = pick(W, pairs, tokens, true);
+  if (k == LinearKernel::kSkinnyMma) {
+    skinny_linear(W, A, a_f16, lda, tokens, pairs, E, true, gather_a, r, epi, 0, s);
+    return;
+  }
+  if (a_f16) throw Error("linear_grouped: fp16 activations only on the skinny kernels");
+  LinArgs a{W, static_cast<const uint16_t*>(A), lda, 0, true, gather_a, r, epi};
+  const int path = k == LinearKernel::kGemmMma ? 2 : 1;
   launch(a, path, path == 1 ? moe_max_groups(pairs, E) : moe_max_tiles(pairs, E), s);
 }
 

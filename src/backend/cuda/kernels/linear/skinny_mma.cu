@@ -1,0 +1,387 @@
+// Tensor-core linear layers for decode-sized batches (1-64 tokens; per expert for MoE): the
+// weights, repacked at load into the fragment layout (frag_layout.cuh), are the M side of
+// mma.sync m16n8k16 and the tokens the N side, 8 per n-tile. One 16-byte load per lane feeds four
+// MMAs (MXFP4), so the kernel streams weights like a GEMV while the arithmetic rides the tensor
+// cores, and 2-8 tokens cost what one does. Formats:
+//   kFragBF16   bf16 weights x bf16 activations (bf16 MMA)
+//   kFragFP8    e4m3 weights (cvt to f16x2) x fp16 activations, scale per output row in the epilogue
+//   kFragMXFP4  e2m1 codes -> fp16 by bit moves (value x 2^-14, exact), x fp16 activations; each
+//               32-K scale block's two MMAs accumulate apart and are scaled by 2^(s-127+14) in fp32
+// A block is KS warps over one 16-row tile; warp w takes chunks w, w + KS, ... with PF chunks of
+// weights (and activations) in flight, then the warps' partial sums meet in shared memory. Grouped
+// (MoE) launches take blockIdx.y as the expert group and loop over its tokens 8 * NT at a time.
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#include "backend/cuda/device_utils.cuh"
+#include "backend/cuda/kernels.h"
+#include "backend/cuda/kernels/linear/frag_layout.cuh"
+
+namespace gptoss::cuda {
+
+namespace {
+
+struct SkinnyArgs {
+  WeightMat W;
+  const void* A;  // bf16 or fp16 [rows][lda]
+  int lda;
+  int M;  // dense: tokens
+  bool grouped, gather_a;
+  MoeRouting r;
+  Epilogue epi;
+};
+
+__device__ __forceinline__ void mma_f16(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ void mma_bf16x(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Word j of an MXFP4 fragment -> the four f16x2 A registers of k-step j (values x 2^-14). Reg i's
+// codes sit in nibbles i and i + 4; shifted to the top of each half, sign -> bit 15, and the
+// three magnitude bits -> bits 11..9 (exponent's low two bits, mantissa's top bit): the subnormal
+// code (0.5) lands on fp16's subnormal 2^-15 and the rest on 2^(e-15) (1 + m/2).
+__device__ __forceinline__ void mx_word_to_f16x2(uint32_t q, uint32_t* a) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const uint32_t x = q << (12 - 4 * i);
+    a[i] = (x & 0x80008000u) | ((x >> 3) & 0x0E000E00u);
+  }
+}
+
+// e8m0 byte -> 2^(s - 127 + 14) as float bits: s * 2^23 + 14 * 2^23 (one IMAD; s <= 240 checked
+// at packing).
+__device__ __forceinline__ float mx_scale14(uint32_t w, int byte) {
+  return __uint_as_float(__byte_perm(w, 0u, 0x4440u + byte) * 0x800000u + 0x7000000u);
+}
+
+__device__ __forceinline__ uint32_t bf16x2_to_f16x2(uint32_t v) {
+  float2 f = bf16x2_to_f32x2(v);
+  __half2 h = __floats2half2_rn(f.x, f.y);
+  return *reinterpret_cast<uint32_t*>(&h);
+}
+
+template <int FMT>
+struct WChunk;  // one chunk's weights for one lane
+template <>
+struct WChunk<WeightMat::kFragMXFP4> {
+  uint4 q;
+  uint32_t s;
+};
+template <>
+struct WChunk<WeightMat::kFragFP8> {
+  uint4 q[2];
+};
+template <>
+struct WChunk<WeightMat::kFragBF16> {
+  uint4 q[4];
+};
+
+template <int FMT>
+__device__ __forceinline__ void load_w(const SkinnyArgs& a, size_t tc, int lane, WChunk<FMT>& w) {
+  const uint4* base = static_cast<const uint4*>(a.W.w);
+  if constexpr (FMT == WeightMat::kFragMXFP4) {
+    w.q = __ldg(base + tc * 32 + lane);
+    w.s = __ldg(reinterpret_cast<const uint32_t*>(a.W.scales) + tc * 8 + lane / 4);
+  } else if constexpr (FMT == WeightMat::kFragFP8) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) w.q[h] = __ldg(base + (tc * 2 + h) * 32 + lane);
+  } else {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) w.q[j] = __ldg(base + (tc * 4 + j) * 32 + lane);
+  }
+}
+
+// The lane's activations of one chunk for n-tile i: 8 consecutive elements at 8 tq and 32 + 8 tq.
+template <bool F16>
+__device__ __forceinline__ void load_x(const SkinnyArgs& a, const char* row, int c, int tq, uint4* x) {
+  if (!row) {
+    x[0] = x[1] = make_uint4(0, 0, 0, 0);
+    return;
+  }
+  const uint4* p = reinterpret_cast<const uint4*>(row + (size_t(c) * 64 + 8 * tq) * 2);
+  x[0] = __ldg(p);
+  x[1] = __ldg(p + 4);  // + 32 elements
+}
+
+// Applies one chunk: acc[i] (rows g, g+8 x tokens 2tq, 2tq+1 of n-tile i) += W_chunk . x_chunk.
+template <int FMT, int NT, bool XF16>
+__device__ __forceinline__ void chunk_mma(const WChunk<FMT>& w, const uint4 (&x)[NT][2], float (&acc)[NT][4]) {
+  if constexpr (FMT == WeightMat::kFragMXFP4) {
+    const uint32_t* qw = reinterpret_cast<const uint32_t*>(&w.q);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float s_lo = mx_scale14(w.s, h), s_hi = mx_scale14(w.s, 2 + h);
+      float tmp[NT][4];
+#pragma unroll
+      for (int i = 0; i < NT; ++i) tmp[i][0] = tmp[i][1] = tmp[i][2] = tmp[i][3] = 0.f;
+#pragma unroll
+      for (int jj = 0; jj < 2; ++jj) {
+        uint32_t af[4];
+        mx_word_to_f16x2(qw[2 * h + jj], af);
+#pragma unroll
+        for (int i = 0; i < NT; ++i) {
+          const uint32_t* xb = reinterpret_cast<const uint32_t*>(&x[i][h]);
+          uint32_t b0 = xb[2 * jj], b1 = xb[2 * jj + 1];
+          if constexpr (!XF16) { b0 = bf16x2_to_f16x2(b0); b1 = bf16x2_to_f16x2(b1); }
+          mma_f16(tmp[i], af, b0, b1);
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < NT; ++i) {
+        acc[i][0] = fmaf(tmp[i][0], s_lo, acc[i][0]);
+        acc[i][1] = fmaf(tmp[i][1], s_lo, acc[i][1]);
+        acc[i][2] = fmaf(tmp[i][2], s_hi, acc[i][2]);
+        acc[i][3] = fmaf(tmp[i][3], s_hi, acc[i][3]);
+      }
+    }
+  } else if constexpr (FMT == WeightMat::kFragFP8) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const uint32_t* qw = reinterpret_cast<const uint32_t*>(&w.q[h]);
+#pragma unroll
+      for (int jj = 0; jj < 2; ++jj) {
+        uint32_t af[4];
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          const uint32_t word = qw[2 * jj + (r >> 1)];
+          __half2_raw hr = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(word >> (16 * (r & 1))), __NV_E4M3);
+          af[r] = uint32_t(hr.x) | (uint32_t(hr.y) << 16);
+        }
+#pragma unroll
+        for (int i = 0; i < NT; ++i) {
+          const uint32_t* xb = reinterpret_cast<const uint32_t*>(&x[i][h]);
+          uint32_t b0 = xb[2 * jj], b1 = xb[2 * jj + 1];
+          if constexpr (!XF16) { b0 = bf16x2_to_f16x2(b0); b1 = bf16x2_to_f16x2(b1); }
+          mma_f16(acc[i], af, b0, b1);
+        }
+      }
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const uint32_t* af = reinterpret_cast<const uint32_t*>(&w.q[j]);
+#pragma unroll
+      for (int i = 0; i < NT; ++i) {
+        const uint32_t* xb = reinterpret_cast<const uint32_t*>(&x[i][j >> 1]);
+        mma_bf16x(acc[i], af, xb[2 * (j & 1)], xb[2 * (j & 1) + 1]);
+      }
+    }
+  }
+}
+
+__device__ __forceinline__ float swiglu_f(float gate, float up, float limit) {
+  float g = fminf(gate, limit);
+  float u = fmaxf(fminf(up, limit), -limit);
+  return g / (1.f + __expf(-1.702f * g)) * (u + 1.f);
+}
+
+__device__ __forceinline__ void store_val(const Epilogue& e, int row, int n, float v) {
+  switch (e.mode) {
+    case Epilogue::kStoreF32: static_cast<float*>(e.out)[size_t(row) * e.ldo + n] = v; break;
+    case Epilogue::kStoreBF16:
+      if (e.out_f16)
+        static_cast<__half*>(e.out)[size_t(row) * e.ldo + n] = __float2half_rn(v);
+      else
+        static_cast<uint16_t*>(e.out)[size_t(row) * e.ldo + n] = f32_to_bf16_bits(v);
+      break;
+    case Epilogue::kAddF32: static_cast<float*>(e.out)[size_t(row) * e.ldo + n] += v; break;
+    default: break;
+  }
+}
+
+template <int FMT, int NT, int KS, int PF, bool XF16>
+__global__ void __launch_bounds__(KS * 32) skinny_mma_kernel(SkinnyArgs a) {
+  static_assert(PF >= 1, "prefetch depth");
+  const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
+  const int tile = blockIdx.x;
+  const int N = a.W.N, C = a.W.K / 64, T = N / 16;
+  __shared__ float red[KS > 1 ? KS - 1 : 1][NT][4][32];
+
+  int row_begin = 0, row_end = a.M, expert = 0;
+  WChunk<FMT> wbuf[PF];
+  const int my_n = C > warp ? (C - 1 - warp) / KS + 1 : 0;  // chunks of this warp
+  if (!a.grouped) {
+    // Weights depend on no earlier kernel: the first chunks load before the wait.
+#pragma unroll
+    for (int u = 0; u < PF; ++u)
+      if (u < my_n) load_w<FMT>(a, size_t(tile) * C + warp + u * KS, lane, wbuf[u]);
+    pdl_wait();
+  } else {
+    pdl_wait();
+    const int gi = blockIdx.y;
+    if (gi >= a.r.counts[0]) { pdl_trigger(); return; }  // uniform over the block
+    row_begin = a.r.group_start[gi];
+    row_end = a.r.group_end[gi];
+    expert = a.r.group_expert[gi];
+  }
+  pdl_trigger();
+  const size_t tc0 = (size_t(expert) * T + tile) * C;
+  const char* A = static_cast<const char*>(a.A);
+
+  for (int tok0 = row_begin; tok0 < row_end; tok0 += 8 * NT) {
+    const bool first_pass = tok0 == row_begin;
+    if (a.grouped || !first_pass) {
+#pragma unroll
+      for (int u = 0; u < PF; ++u)
+        if (u < my_n) load_w<FMT>(a, tc0 + warp + u * KS, lane, wbuf[u]);
+    }
+    // This lane's B column (token g of each n-tile).
+    const char* xrow[NT];
+#pragma unroll
+    for (int i = 0; i < NT; ++i) {
+      const int p = tok0 + 8 * i + g;
+      xrow[i] = nullptr;
+      if (p < row_end) {
+        const int ar = a.gather_a ? a.r.pair_token[p] : p;
+        xrow[i] = A + size_t(ar) * a.lda * 2;
+      }
+    }
+    uint4 xbuf[PF][NT][2];
+#pragma unroll
+    for (int u = 0; u < PF; ++u)
+      if (u < my_n)
+#pragma unroll
+        for (int i = 0; i < NT; ++i) load_x<XF16>(a, xrow[i], warp + u * KS, tq, xbuf[u][i]);
+
+    float acc[NT][4];
+#pragma unroll
+    for (int i = 0; i < NT; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+    for (int base = 0; base < my_n; base += PF) {
+#pragma unroll
+      for (int u = 0; u < PF; ++u) {
+        if (base + u < my_n) {
+          chunk_mma<FMT, NT, XF16>(wbuf[u], xbuf[u], acc);
+          const int nxt = base + u + PF;
+          if (nxt < my_n) {
+            const int c = warp + nxt * KS;
+            load_w<FMT>(a, tc0 + c, lane, wbuf[u]);
+#pragma unroll
+            for (int i = 0; i < NT; ++i) load_x<XF16>(a, xrow[i], c, tq, xbuf[u][i]);
+          }
+        }
+      }
+    }
+
+    // K slices meet: warps 1..KS-1 leave their sums, warp 0 adds them in a fixed order.
+    if constexpr (KS > 1) {
+      __syncthreads();  // red is free (previous token pass done)
+      if (warp > 0)
+#pragma unroll
+        for (int i = 0; i < NT; ++i)
+#pragma unroll
+          for (int v = 0; v < 4; ++v) red[warp - 1][i][v][lane] = acc[i][v];
+      __syncthreads();
+      if (warp != 0) continue;
+#pragma unroll
+      for (int w = 0; w < KS - 1; ++w)
+#pragma unroll
+        for (int i = 0; i < NT; ++i)
+#pragma unroll
+          for (int v = 0; v < 4; ++v) acc[i][v] += red[w][i][v][lane];
+    }
+    // Epilogue: rows g, g + 8 of the tile; tokens 2 tq, 2 tq + 1 of each n-tile.
+    const bool sw = a.W.swiglu_rows;
+    const int lr0 = frag::tile_row(tile, g, sw), lr1 = frag::tile_row(tile, g + 8, sw);
+    float sc0 = 1.f, sc1 = 1.f, b0 = 0.f, b1 = 0.f;
+    if (FMT == WeightMat::kFragFP8) {
+      sc0 = a.W.row_scale[size_t(expert) * N + lr0];
+      sc1 = a.W.row_scale[size_t(expert) * N + lr1];
+    }
+    if (a.W.bias) {
+      b0 = a.W.bias[size_t(expert) * N + lr0];
+      b1 = a.W.bias[size_t(expert) * N + lr1];
+    }
+#pragma unroll
+    for (int i = 0; i < NT; ++i)
+#pragma unroll
+      for (int cc = 0; cc < 2; ++cc) {
+        const int p = tok0 + 8 * i + 2 * tq + cc;
+        if (p >= row_end) continue;
+        const float v0 = acc[i][cc] * sc0 + b0, v1 = acc[i][2 + cc] * sc1 + b1;
+        if (a.epi.mode == Epilogue::kSwiGLU) {
+          const float y = swiglu_f(v0, v1, a.epi.swiglu_limit);
+          const size_t o = size_t(p) * a.epi.ldo + tile * 8 + g;
+          if (a.epi.out_f16)
+            static_cast<__half*>(a.epi.out)[o] = __float2half_rn(y);
+          else
+            static_cast<uint16_t*>(a.epi.out)[o] = f32_to_bf16_bits(y);
+        } else {
+          store_val(a.epi, p, lr0, v0);
+          store_val(a.epi, p, lr1, v1);
+        }
+      }
+  }
+}
+
+template <int FMT, int NT, bool XF16>
+void launch_fmt(const SkinnyArgs& a, dim3 grid, int ks, cudaStream_t s) {
+  // Few row tiles (down, o_proj, the router-sized matrices): split K over more warps so the grid
+  // still covers the SMs; wide matrices keep more tiles in flight with 4 warps each.
+  if (ks >= 8)
+    launch_pdl(skinny_mma_kernel<FMT, NT, 8, (NT > 2 ? 2 : 3), XF16>, grid, dim3(256), 0, s, a);
+  else
+    launch_pdl(skinny_mma_kernel<FMT, NT, 4, (NT > 2 ? 2 : 4), XF16>, grid, dim3(128), 0, s, a);
+}
+
+template <int FMT, bool XF16>
+void launch_nt(const SkinnyArgs& a, int max_tokens, dim3 grid, int ks, cudaStream_t s) {
+  if (max_tokens <= 8)
+    launch_fmt<FMT, 1, XF16>(a, grid, ks, s);
+  else if (max_tokens <= 16)
+    launch_fmt<FMT, 2, XF16>(a, grid, ks, s);
+  else
+    launch_fmt<FMT, 4, XF16>(a, grid, ks, s);
+}
+
+int sms() {
+  static int n = [] {
+    int d = 0, v = 0;
+    cudaGetDevice(&d);
+    cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, d);
+    return v > 0 ? v : 132;
+  }();
+  return n;
+}
+
+}  // namespace
+
+void skinny_linear(const WeightMat& W, const void* A, bool a_f16, int lda, int M, int pairs, int E, bool grouped,
+                   bool gather_a, const MoeRouting& r, const Epilogue& epi, int ks_override, cudaStream_t s) {
+  if (!frag_packable(W)) throw Error("skinny_linear: weights not in the fragment layout");
+  if (epi.mode == Epilogue::kScatterAdd) throw Error("skinny_linear: scatter-add is done by moe_combine");
+  if (epi.mode == Epilogue::kSwiGLU && !W.swiglu_rows) throw Error("skinny_linear: SwiGLU needs paired rows");
+  const bool want_f16 = W.fmt != WeightMat::kFragBF16;
+  if (a_f16 && !want_f16) throw Error("skinny_linear: bf16 weights need bf16 activations");
+  SkinnyArgs a{W, A, lda, M, grouped, gather_a, r, epi};
+  const int tiles = W.N / 16;
+  const int groups = grouped ? moe_max_groups(pairs, E) : 1;
+  dim3 grid(tiles, groups);
+  // Max tokens one group can have: a token picks an expert at most once.
+  const int max_tokens = grouped ? std::min(pairs, M > 0 ? M : pairs) : M;
+  int ks = ks_override ? ks_override : (size_t(tiles) * groups < size_t(4 * sms()) ? 8 : 4);
+  switch (W.fmt) {
+    case WeightMat::kFragMXFP4:
+      if (a_f16) launch_nt<WeightMat::kFragMXFP4, true>(a, max_tokens, grid, ks, s);
+      else launch_nt<WeightMat::kFragMXFP4, false>(a, max_tokens, grid, ks, s);
+      break;
+    case WeightMat::kFragFP8:
+      if (a_f16) launch_nt<WeightMat::kFragFP8, true>(a, max_tokens, grid, ks, s);
+      else launch_nt<WeightMat::kFragFP8, false>(a, max_tokens, grid, ks, s);
+      break;
+    case WeightMat::kFragBF16: launch_nt<WeightMat::kFragBF16, false>(a, max_tokens, grid, ks, s); break;
+    default: throw Error("skinny_linear: not a fragment format");
+  }
+  GPTOSS_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace gptoss::cuda
