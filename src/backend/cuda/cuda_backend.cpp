@@ -36,6 +36,9 @@ struct Layer {
   // Decode copies of qkv and o in the fragment layout (--dense-dtype bf16|fp8); fmt kBF16 when
   // there is none (the GEMV/GEMM path then serves decode too).
   WeightMat qkv_dec, o_dec;
+  // Decode copies of the experts in the fragment layout (--mxfp4-backend auto when they fit),
+  // beside the checkpoint layout that prefill's GEMM reads fastest.
+  WeightMat gate_up_dec, down_dec;
   bool sliding;
   int group_index;  // index among the layers of its KV group
 };
@@ -110,7 +113,7 @@ class CudaBackend final : public Backend {
   WeightMat lm_head_;
   WeightMat lm_head_dec_;  // fragment-layout decode copy (fmt kBF16: none)
   std::vector<Layer> layers_;
-  bool mma_experts_ = false;                     // --mxfp4-backend mma
+  enum class ExpertKernels { kGemv, kMma, kAuto } expert_kernels_ = ExpertKernels::kAuto;  // --mxfp4-backend
   WeightMat::Format dense_dec_ = WeightMat::kFragBF16;  // --dense-dtype
   int* d_flag_ = nullptr;
   float* inv_freq_ = nullptr;
@@ -180,13 +183,16 @@ CudaBackend::CudaBackend(const BackendOptions& opts) {
   device_ = opts.device_index;
   // MXFP4 kernel families: "mma" repacks the experts at load into the tensor-core fragment
   // layout (skinny kernels for decode, the mma GEMM on that layout for prefill); "gemv" keeps
-  // the checkpoint layout (CUDA-core GEMV for decode, the mma GEMM for prefill). auto = gemv for
-  // now: on the H200 (docs/BENCHMARKS.md) mma matches it at 1 token, wins at 8 tokens, and loses
-  // prefill (6.3k vs 8.8k tok/s at pp2048) until its GEMM loader is as fast.
+  // the checkpoint layout (CUDA-core GEMV for decode, the mma GEMM for prefill); "auto" keeps the
+  // checkpoint layout for prefill and adds a fragment copy for decode when that copy takes at
+  // most a quarter of the GPU's memory (20b: yes; 120b: no, so gemv), since on the H200 mma wins
+  // decode batches of 8-64 tokens and the checkpoint layout wins prefill (docs/BENCHMARKS.md).
   if (opts.mxfp4_backend == "mma")
-    mma_experts_ = true;
-  else if (opts.mxfp4_backend == "gemv" || opts.mxfp4_backend == "auto" || opts.mxfp4_backend.empty())
-    mma_experts_ = false;
+    expert_kernels_ = ExpertKernels::kMma;
+  else if (opts.mxfp4_backend == "gemv")
+    expert_kernels_ = ExpertKernels::kGemv;
+  else if (opts.mxfp4_backend == "auto" || opts.mxfp4_backend.empty())
+    expert_kernels_ = ExpertKernels::kAuto;
   else
     throw Error("--mxfp4-backend " + opts.mxfp4_backend + ": expected auto, mma or gemv");
   if (opts.dense_dtype == "bf16")
@@ -410,17 +416,31 @@ void CudaBackend::repack_weights() {
     if (!frag_packable(W)) return WeightMat{};
     return pack(W, 1, false, dense_dec_);
   };
+  bool mma = expert_kernels_ == ExpertKernels::kMma, copies = false;
+  if (expert_kernels_ == ExpertKernels::kAuto && !layers_.empty()) {
+    size_t free_b = 0, total = 0;
+    GPTOSS_CUDA_CHECK(cudaMemGetInfo(&free_b, &total));
+    const WeightMat& g0 = layers_[0].gate_up;
+    const WeightMat& d0 = layers_[0].down;
+    const size_t per_layer = frag_weight_bytes(WeightMat::kFragMXFP4, E, g0.N, g0.K) * 17 / 16 +
+                             frag_weight_bytes(WeightMat::kFragMXFP4, E, d0.N, d0.K) * 17 / 16;
+    copies = per_layer * layers_.size() <= total / 4 && frag_packable(g0) && frag_packable(d0);
+  }
   for (Layer& L : layers_) {
-    if (mma_experts_) {
+    if (mma) {
       in_place(L.gate_up, E, true);
       in_place(L.down, E, false);
       if (L.qkv.fmt == WeightMat::kMXFP4) in_place(L.qkv, 1, false);
       if (L.o.fmt == WeightMat::kMXFP4) in_place(L.o, 1, false);
     }
+    if (copies) {
+      L.gate_up_dec = pack(L.gate_up, E, true, WeightMat::kFragMXFP4);
+      L.down_dec = pack(L.down, E, false, WeightMat::kFragMXFP4);
+    }
     L.qkv_dec = L.qkv.fmt == WeightMat::kBF16 ? dec_copy(L.qkv) : WeightMat{};
     L.o_dec = L.o.fmt == WeightMat::kBF16 ? dec_copy(L.o) : WeightMat{};
   }
-  if (mma_experts_ && lm_head_.fmt == WeightMat::kMXFP4) in_place(lm_head_, 1, false);
+  if (mma && lm_head_.fmt == WeightMat::kMXFP4) in_place(lm_head_, 1, false);
   lm_head_dec_ = lm_head_.fmt == WeightMat::kBF16 ? dec_copy(lm_head_) : WeightMat{};
   int flag = 0;
   GPTOSS_CUDA_CHECK(cudaMemcpyAsync(&flag, d_flag_, 4, cudaMemcpyDeviceToHost, stream_));
@@ -550,23 +570,27 @@ void CudaBackend::run_pass(int n, const PassMeta& m, int n_rows, int nsplit) {
     mark("attention");
     if (!skip("dense")) linear(Wo, attn_, c.q_dim(), n, Epilogue{Epilogue::kAddF32, x_, H}, stream_);
     mark("o_proj");
+    // The skinny kernels take fp16 activations (their MMA type for MXFP4): the router's fused
+    // norm leaves the rows in fp16 (same buffer, other type), SwiGLU hands fp16 to down.
+    const bool dec_experts = small && L.gate_up_dec.fmt != WeightMat::kBF16;
+    const WeightMat& Wgu = dec_experts ? L.gate_up_dec : L.gate_up;
+    const WeightMat& Wdn = dec_experts ? L.down_dec : L.down;
+    const bool skinny = choose_linear_kernel({Wgu.fmt, n * k, n, Wgu.N, Wgu.K, true, 0}) == LinearKernel::kSkinnyMma;
+    const bool xn_f16 = skinny && linear_rmsnorm_fuses(L.router, n);
     // The router's GEMV normalizes in place (decode sizes) and leaves the rows for the experts.
     if (!skip("router"))
       linear_rmsnorm(L.router, x_, L.mlp_norm, c.rms_eps, n, xn_, true,
-                     Epilogue{Epilogue::kStoreF32, router_logits_, E}, stream_);
+                     Epilogue{Epilogue::kStoreF32, router_logits_, E}, stream_, xn_f16);
     mark("norm+router");
     if (!skip("router")) moe_route(router_logits_, n, E, k, routing_, stream_);
     mark("route");
-    // The skinny kernels hand the SwiGLU output to down in fp16 (their MMA type for MXFP4).
-    const bool skinny = choose_linear_kernel({L.gate_up.fmt, n * k, n, L.gate_up.N, L.gate_up.K, true, 0}) ==
-                        LinearKernel::kSkinnyMma;
     Epilogue gu{Epilogue::kSwiGLU, act_, c.intermediate};
     gu.swiglu_limit = c.swiglu_limit;
     gu.out_f16 = skinny;
-    if (!skip("experts")) linear_grouped(L.gate_up, xn_, H, n * k, E, true, routing_, gu, stream_, n);
+    if (!skip("experts")) linear_grouped(Wgu, xn_, H, n * k, E, true, routing_, gu, stream_, n, xn_f16);
     mark("gate_up");
     if (!skip("experts"))
-      linear_grouped(L.down, act_, c.intermediate, n * k, E, false, routing_, Epilogue{Epilogue::kStoreF32, moe_y_, H},
+      linear_grouped(Wdn, act_, c.intermediate, n * k, E, false, routing_, Epilogue{Epilogue::kStoreF32, moe_y_, H},
                      stream_, n, skinny);
     mark("down");
     const float* next_norm = li + 1 < layers_.size() ? layers_[li + 1].attn_norm : nullptr;

@@ -202,6 +202,27 @@ int run_kernel_bench(const KernelBenchOptions& o) {
         touched += ng;
       }
       touched /= R;
+      double us_st = timer.us(o.iters, [&](int i) {
+        stream_experts(pgu, P, E, routes[i % R], reinterpret_cast<uint32_t*>(y), s);
+      });
+      row("experts gate_up bytes, plain read", shape, "stream (memory floor)", us_st, touched * 2 * I * H * 17 / 32);
+      // Warps per row tile (K split), against the automatic choice.
+      if (sk) {
+        auto* xh = dev_alloc<bf16_t>(size_t(M) * H, owned);  // fp16 activations, as the router leaves them
+        fill_random_bf16(xh, size_t(M) * H, 77, 0.f, 0.5f, s);
+        for (int ks : {2, 4, 8}) {
+          double us = timer.us(o.iters, [&](int i) {
+            skinny_linear(pgu, xh, M <= 8, H, M, P, E, true, true, routes[i % R], gf, ks, s);
+          });
+          std::string v = "skinny ks=" + std::to_string(ks) + (M <= 8 ? " fp16 act" : " bf16 act");
+          row("experts gate_up (mxfp4)", shape, v.c_str(), us, touched * 2 * I * H * 17 / 32);
+          us = timer.us(o.iters, [&](int i) {
+            skinny_linear(pdn, act, true, I, M, P, E, true, false, routes[i % R], Epilogue{Epilogue::kStoreF32, y, H}, ks, s);
+          });
+          v = "skinny ks=" + std::to_string(ks);
+          row("experts down (mxfp4)", shape, v.c_str(), us, touched * H * I * 17 / 32);
+        }
+      }
       double us_gu = timer.us(o.iters, [&](int i) { linear_grouped(pgu, xb, H, P, E, true, routes[i % R], gf, s, M); });
       row("experts gate_up (mxfp4)", shape + ", " + std::to_string(2 * I) + "x" + std::to_string(H), vn.c_str(),
           us_gu, touched * 2 * I * H * 17 / 32);

@@ -74,8 +74,10 @@ void linear(const WeightMat& W, const bf16_t* A, int lda, int M, const Epilogue&
 // with bf16 W: the norm runs inside the GEMV (no normalized copy, no extra launch), and xn gets
 // the normalized rows only if need_xn. Otherwise rmsnorm() into xn, then linear(). xn: bf16
 // [M, K] workspace, always required.
+// xn_f16: xn gets fp16 instead of bf16 (fused decode path only: linear_rmsnorm_fuses()).
 void linear_rmsnorm(const WeightMat& W, const float* x, const float* norm_w, float eps, int M, bf16_t* xn,
-                    bool need_xn, const Epilogue& epi, cudaStream_t s);
+                    bool need_xn, const Epilogue& epi, cudaStream_t s, bool xn_f16 = false);
+inline bool linear_rmsnorm_fuses(const WeightMat& W, int M) { return W.fmt == WeightMat::kBF16 && M <= 8; }
 // Grouped (MoE): W holds E experts. Sorted pair p uses expert group_expert[g] for p in its group.
 // gather_a: A row of pair p is pair_token[p] (else p). `pairs` is the host-known upper bound.
 // tokens: the batch's token count (a group has at most that many rows; 0 = pairs); a_f16: A
@@ -103,6 +105,8 @@ const char* linear_kernel_name(LinearKernel k);
 // SwiGLU (paired rows). ks_override: warps per row tile (0 = auto; 4 or 8).
 void skinny_linear(const WeightMat& W, const void* A, bool a_f16, int lda, int M, int pairs, int E, bool grouped,
                    bool gather_a, const MoeRouting& r, const Epilogue& epi, int ks_override, cudaStream_t s);
+// Diagnostic: reads the routed experts' kFragMXFP4 bytes with the skinny grid, no math.
+void stream_experts(const WeightMat& W, int pairs, int E, const MoeRouting& r, uint32_t* sink, cudaStream_t s);
 // Repacking into the fragment layout (once, at load): kBF16 -> kFragBF16 or kFragFP8 (aux_out:
 // f32 row scales [E][N]), kMXFP4 -> kFragMXFP4 (aux_out: scales, E*N*K/32 bytes; d_flag gets
 // bit 0 set if a scale byte exceeds 240, which the kernels do not take). w_out:

@@ -73,6 +73,18 @@ constexpr int kGemvRowsPerBlock = kGemvWarps * kGemvRowsPerWarp;
 constexpr int kGemvMT = 4;  // tokens per pass over the weights
 constexpr int kGemvMaxM = 8;  // the auto path uses GEMV up to this many rows (per group)
 
+// Eight bf16 -> eight fp16 (exact for normalized activations; tiny values go subnormal).
+__device__ __forceinline__ uint4 bf16x8_to_f16x8(uint4 v) {
+  uint32_t* w = reinterpret_cast<uint32_t*>(&v);
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    float2 f = bf16x2_to_f32x2(w[q]);
+    __half2 h = __floats2half2_rn(f.x, f.y);
+    w[q] = *reinterpret_cast<uint32_t*>(&h);
+  }
+  return v;
+}
+
 // RMSNorm fused into a bf16 GEMV (decode): A is the f32 residual stream, normalized on the fly,
 // so the normalized rows never make a round trip through memory and the norm costs no launch.
 struct FusedNorm {
@@ -80,6 +92,7 @@ struct FusedNorm {
   const float* w = nullptr;  // [K]
   float eps = 1e-5f;
   uint16_t* xn_out = nullptr;  // optional: block 0 also stores the normalized rows (bf16 [M, K])
+  bool xn_f16 = false;         // ... as fp16 instead (the skinny MXFP4 kernels' activation type)
 };
 
 // Eight inputs of chunk c (8 columns) of token row `row` as four bf16 pairs: straight from A,
@@ -142,8 +155,8 @@ __global__ void __launch_bounds__(256, 3) gemv_bf16_kernel(LinArgs a, FusedNorm 
     if (fn.xn_out && blockIdx.x == 0) {
       for (int i = threadIdx.x; i < a.M * (K / 8); i += blockDim.x) {
         int m = i / (K / 8), c = i % (K / 8);
-        *reinterpret_cast<uint4*>(fn.xn_out + size_t(m) * K + size_t(c) * 8) =
-            gemv_x8(a, fn, nullptr, m, inv_rms[m], c);
+        uint4 v = gemv_x8(a, fn, nullptr, m, inv_rms[m], c);
+        *reinterpret_cast<uint4*>(fn.xn_out + size_t(m) * K + size_t(c) * 8) = fn.xn_f16 ? bf16x8_to_f16x8(v) : v;
       }
     }
   }
@@ -306,7 +319,7 @@ __global__ void __launch_bounds__(256, 2) gemv_bf16_rows_kernel(LinArgs a, Fused
     int m = i / chunks, c = i % chunks;
     uint4 v = gemv_x8(a, fn, a.A + size_t(m) * a.lda, m, fn.x ? inv_rms[m] : 0.f, c);
     xs[i] = v;
-    if (fn.xn_out && blockIdx.x == 0) reinterpret_cast<uint4*>(fn.xn_out + size_t(m) * K)[c] = v;
+    if (fn.xn_out && blockIdx.x == 0) reinterpret_cast<uint4*>(fn.xn_out + size_t(m) * K)[c] = fn.xn_f16 ? bf16x8_to_f16x8(v) : v;
   }
   __syncthreads();
   for (int n = gw; n < N; n += nw) {
@@ -701,22 +714,24 @@ __global__ void __launch_bounds__(128) gemm_kernel(LinArgs a) {
         const int tile = n0 / 16 + tt;
         const int half = fr_half;
         const uint32_t s_g = (fr_s[q] >> (8 * half)) & 255u, s_g8 = (fr_s[q] >> (8 * (2 + half))) & 255u;
-        const float hi_g = mx_scale_hi(s_g), lo_g = mx_scale_lo(s_g);
-        const float hi_g8 = mx_scale_hi(s_g8), lo_g8 = mx_scale_lo(s_g8);
+        // Codes decode to fp16 value x 2^-14; the scale 2^(s - 127 + 14) is one float (s <= 240).
+        const float sc_g = __uint_as_float((s_g + 14u) << 23), sc_g8 = __uint_as_float((s_g8 + 14u) << 23);
         const int lr_g = frag::tile_row(tile, g, a.W.swiglu_rows) - n0;
         const int lr_g8 = frag::tile_row(tile, g + 8, a.W.swiglu_rows) - n0;
         const uint32_t words[2] = {fr_w[q].x, fr_w[q].y};
 #pragma unroll
-        for (int jj = 0; jj < 2; ++jj)
+        for (int jj = 0; jj < 2; ++jj) {
+          uint32_t hreg[4];
+          frag::mx_word_to_f16x2(words[jj], hreg);
 #pragma unroll
           for (int r = 0; r < 4; ++r) {
             const bool hi_row = r & 1;
-            const float sh = hi_row ? hi_g8 : hi_g, sl = hi_row ? lo_g8 : lo_g;
+            const float sc = fr_ok[q] ? (hi_row ? sc_g8 : sc_g) : 0.f;
             const int col = 8 * tq + 4 * jj + (r >> 1) * 2;
-            const float v0 = fr_ok[q] ? e2m1_bits(words[jj] >> (4 * r)) * sh * sl : 0.f;
-            const float v1 = fr_ok[q] ? e2m1_bits(words[jj] >> (4 * r + 16)) * sh * sl : 0.f;
-            *reinterpret_cast<uint32_t*>(&Bs[st][hi_row ? lr_g8 : lr_g][col]) = pack_bf16x2(v0, v1);
+            const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&hreg[r]));
+            *reinterpret_cast<uint32_t*>(&Bs[st][hi_row ? lr_g8 : lr_g][col]) = pack_bf16x2(f.x * sc, f.y * sc);
           }
+        }
       }
     } else if constexpr (FMT == WeightMat::kMXFP4) {
       const float sc = mx_scale_hi(mx_s), sl = mx_scale_lo(mx_s);
@@ -934,7 +949,7 @@ void linear(const WeightMat& W, const bf16_t* A, int lda, int M, const Epilogue&
 }
 
 void linear_rmsnorm(const WeightMat& W, const float* x, const float* norm_w, float eps, int M, bf16_t* xn,
-                    bool need_xn, const Epilogue& epi, cudaStream_t s) {
+                    bool need_xn, const Epilogue& epi, cudaStream_t s, bool xn_f16) {
   if (M <= 0) return;
   check_args(W, epi);
   if (epi.mode == Epilogue::kScatterAdd) throw Error("linear: scatter-add needs routing");
@@ -942,9 +957,10 @@ void linear_rmsnorm(const WeightMat& W, const float* x, const float* norm_w, flo
   const LinearKernel k = pick(W, M, M, false);
   if (k == LinearKernel::kGemvBf16 && M <= kGemvMaxM) {
     LinArgs a{W, nullptr, W.K, M, false, false, MoeRouting{}, epi};
-    launch(a, 1, 1, s, FusedNorm{x, norm_w, eps, need_xn ? xn : nullptr});
+    launch(a, 1, 1, s, FusedNorm{x, norm_w, eps, need_xn ? xn : nullptr, xn_f16});
     return;
   }
+  if (xn_f16) throw Error("linear_rmsnorm: fp16 normalized rows only from the fused decode GEMV");
   rmsnorm(x, norm_w, M, W.K, eps, nullptr, xn, s);
   linear(W, xn, W.K, M, epi, s);
 }

@@ -65,11 +65,11 @@ __global__ void pack_mxfp4_kernel(const uint8_t* __restrict__ blocks, const uint
     uint32_t words[4];
     for (int j = 0; j < 4; ++j) {
       uint32_t w = 0;
-      for (int r = 0; r < 4; ++r) {
-        const uint8_t* row = rows[r & 1];
-        w |= nibble_at(row, chunk_k(j, tq, r, 0)) << (4 * r);
-        w |= nibble_at(row, chunk_k(j, tq, r, 1)) << (4 * r + 16);
-      }
+      for (int r = 0; r < 4; ++r)
+        for (int hi = 0; hi < 2; ++hi) {
+          const uint32_t code = nibble_at(rows[r & 1], chunk_k(j, tq, r, hi));
+          for (int bit = 0; bit < 4; ++bit) w |= ((code >> bit) & 1u) << frag::mx_bit_pos(r, hi, bit);
+        }
       words[j] = w;
     }
     const size_t tc = (size_t(e) * p.T + t) * p.C + c;

@@ -46,18 +46,6 @@ __device__ __forceinline__ void mma_bf16x(float* c, const uint32_t* a, uint32_t 
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// Word j of an MXFP4 fragment -> the four f16x2 A registers of k-step j (values x 2^-14). Reg i's
-// codes sit in nibbles i and i + 4; shifted to the top of each half, sign -> bit 15, and the
-// three magnitude bits -> bits 11..9 (exponent's low two bits, mantissa's top bit): the subnormal
-// code (0.5) lands on fp16's subnormal 2^-15 and the rest on 2^(e-15) (1 + m/2).
-__device__ __forceinline__ void mx_word_to_f16x2(uint32_t q, uint32_t* a) {
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const uint32_t x = q << (12 - 4 * i);
-    a[i] = (x & 0x80008000u) | ((x >> 3) & 0x0E000E00u);
-  }
-}
-
 // e8m0 byte -> 2^(s - 127 + 14) as float bits: s * 2^23 + 14 * 2^23 (one IMAD; s <= 240 checked
 // at packing).
 __device__ __forceinline__ float mx_scale14(uint32_t w, int byte) {
@@ -127,7 +115,7 @@ __device__ __forceinline__ void chunk_mma(const WChunk<FMT>& w, const uint4 (&x)
 #pragma unroll
       for (int jj = 0; jj < 2; ++jj) {
         uint32_t af[4];
-        mx_word_to_f16x2(qw[2 * h + jj], af);
+        frag::mx_word_to_f16x2(qw[2 * h + jj], af);
 #pragma unroll
         for (int i = 0; i < NT; ++i) {
           const uint32_t* xb = reinterpret_cast<const uint32_t*>(&x[i][h]);
@@ -199,22 +187,30 @@ __device__ __forceinline__ void store_val(const Epilogue& e, int row, int n, flo
   }
 }
 
-template <int FMT, int NT, int KS, int PF, bool XF16>
-__global__ void __launch_bounds__(KS * 32) skinny_mma_kernel(SkinnyArgs a) {
-  static_assert(PF >= 1, "prefetch depth");
+template <int FMT, int NT, int KS, int RT, int PF, bool XF16>
+__global__ void __launch_bounds__(KS * 32, KS >= 8 ? 2 : 4) skinny_mma_kernel(SkinnyArgs a) {
+  static_assert(PF >= 1 && RT <= KS, "prefetch depth; one finishing warp per row tile");
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
-  const int tile = blockIdx.x;
   const int N = a.W.N, C = a.W.K / 64, T = N / 16;
-  __shared__ float red[KS > 1 ? KS - 1 : 1][NT][4][32];
+  const int tile0 = blockIdx.x * RT;
+  const int nrt = min(RT, T - tile0);  // row tiles of this block (the last block may have fewer)
+  extern __shared__ float red[];       // [KS][RT][NT][4][32] partial sums
 
   int row_begin = 0, row_end = a.M, expert = 0;
-  WChunk<FMT> wbuf[PF];
+  WChunk<FMT> wbuf[PF][RT];
   const int my_n = C > warp ? (C - 1 - warp) / KS + 1 : 0;  // chunks of this warp
+  size_t tc0 = size_t(tile0) * C;
+  auto load_chunk_w = [&](int u, int it) {
+    const int c = warp + it * KS;
+#pragma unroll
+    for (int r = 0; r < RT; ++r)
+      if (r < nrt) load_w<FMT>(a, tc0 + size_t(r) * C + c, lane, wbuf[u][r]);
+  };
   if (!a.grouped) {
     // Weights depend on no earlier kernel: the first chunks load before the wait.
 #pragma unroll
     for (int u = 0; u < PF; ++u)
-      if (u < my_n) load_w<FMT>(a, size_t(tile) * C + warp + u * KS, lane, wbuf[u]);
+      if (u < my_n) load_chunk_w(u, u);
     pdl_wait();
   } else {
     pdl_wait();
@@ -223,19 +219,18 @@ __global__ void __launch_bounds__(KS * 32) skinny_mma_kernel(SkinnyArgs a) {
     row_begin = a.r.group_start[gi];
     row_end = a.r.group_end[gi];
     expert = a.r.group_expert[gi];
+    tc0 = (size_t(expert) * T + tile0) * C;
   }
   pdl_trigger();
-  const size_t tc0 = (size_t(expert) * T + tile) * C;
   const char* A = static_cast<const char*>(a.A);
 
   for (int tok0 = row_begin; tok0 < row_end; tok0 += 8 * NT) {
-    const bool first_pass = tok0 == row_begin;
-    if (a.grouped || !first_pass) {
+    if (a.grouped || tok0 != row_begin) {
 #pragma unroll
       for (int u = 0; u < PF; ++u)
-        if (u < my_n) load_w<FMT>(a, tc0 + warp + u * KS, lane, wbuf[u]);
+        if (u < my_n) load_chunk_w(u, u);
     }
-    // This lane's B column (token g of each n-tile).
+    // This lane's B column (token g of each n-tile); its activations serve all RT row tiles.
     const char* xrow[NT];
 #pragma unroll
     for (int i = 0; i < NT; ++i) {
@@ -253,42 +248,49 @@ __global__ void __launch_bounds__(KS * 32) skinny_mma_kernel(SkinnyArgs a) {
 #pragma unroll
         for (int i = 0; i < NT; ++i) load_x<XF16>(a, xrow[i], warp + u * KS, tq, xbuf[u][i]);
 
-    float acc[NT][4];
+    float acc[RT][NT][4];
 #pragma unroll
-    for (int i = 0; i < NT; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+    for (int r = 0; r < RT; ++r)
+#pragma unroll
+      for (int i = 0; i < NT; ++i) acc[r][i][0] = acc[r][i][1] = acc[r][i][2] = acc[r][i][3] = 0.f;
     for (int base = 0; base < my_n; base += PF) {
 #pragma unroll
       for (int u = 0; u < PF; ++u) {
         if (base + u < my_n) {
-          chunk_mma<FMT, NT, XF16>(wbuf[u], xbuf[u], acc);
+#pragma unroll
+          for (int r = 0; r < RT; ++r)
+            if (r < nrt) chunk_mma<FMT, NT, XF16>(wbuf[u][r], xbuf[u], acc[r]);
           const int nxt = base + u + PF;
           if (nxt < my_n) {
-            const int c = warp + nxt * KS;
-            load_w<FMT>(a, tc0 + c, lane, wbuf[u]);
+            load_chunk_w(u, nxt);
 #pragma unroll
-            for (int i = 0; i < NT; ++i) load_x<XF16>(a, xrow[i], c, tq, xbuf[u][i]);
+            for (int i = 0; i < NT; ++i) load_x<XF16>(a, xrow[i], warp + nxt * KS, tq, xbuf[u][i]);
           }
         }
       }
     }
 
-    // K slices meet: warps 1..KS-1 leave their sums, warp 0 adds them in a fixed order.
-    if constexpr (KS > 1) {
-      __syncthreads();  // red is free (previous token pass done)
-      if (warp > 0)
+    // K slices meet in shared memory; warp r finishes row tile r, adding the slices in warp order.
+    __syncthreads();  // red is free (previous token pass done)
 #pragma unroll
-        for (int i = 0; i < NT; ++i)
+    for (int r = 0; r < RT; ++r)
 #pragma unroll
-          for (int v = 0; v < 4; ++v) red[warp - 1][i][v][lane] = acc[i][v];
-      __syncthreads();
-      if (warp != 0) continue;
+      for (int i = 0; i < NT; ++i)
 #pragma unroll
-      for (int w = 0; w < KS - 1; ++w)
+        for (int v = 0; v < 4; ++v) red[(((warp * RT + r) * NT + i) * 4 + v) * 32 + lane] = acc[r][i][v];
+    __syncthreads();
+    if (warp >= nrt) continue;
+    const int rt = warp, tile = tile0 + rt;
+    float fin[NT][4];
 #pragma unroll
-        for (int i = 0; i < NT; ++i)
+    for (int i = 0; i < NT; ++i)
 #pragma unroll
-          for (int v = 0; v < 4; ++v) acc[i][v] += red[w][i][v][lane];
-    }
+      for (int v = 0; v < 4; ++v) {
+        float sum = 0.f;
+#pragma unroll
+        for (int w = 0; w < KS; ++w) sum += red[(((w * RT + rt) * NT + i) * 4 + v) * 32 + lane];
+        fin[i][v] = sum;
+      }
     // Epilogue: rows g, g + 8 of the tile; tokens 2 tq, 2 tq + 1 of each n-tile.
     const bool sw = a.W.swiglu_rows;
     const int lr0 = frag::tile_row(tile, g, sw), lr1 = frag::tile_row(tile, g + 8, sw);
@@ -307,7 +309,7 @@ __global__ void __launch_bounds__(KS * 32) skinny_mma_kernel(SkinnyArgs a) {
       for (int cc = 0; cc < 2; ++cc) {
         const int p = tok0 + 8 * i + 2 * tq + cc;
         if (p >= row_end) continue;
-        const float v0 = acc[i][cc] * sc0 + b0, v1 = acc[i][2 + cc] * sc1 + b1;
+        const float v0 = fin[i][cc] * sc0 + b0, v1 = fin[i][2 + cc] * sc1 + b1;
         if (a.epi.mode == Epilogue::kSwiGLU) {
           const float y = swiglu_f(v0, v1, a.epi.swiglu_limit);
           const size_t o = size_t(p) * a.epi.ldo + tile * 8 + g;
@@ -323,37 +325,62 @@ __global__ void __launch_bounds__(KS * 32) skinny_mma_kernel(SkinnyArgs a) {
   }
 }
 
+// Kernel shapes (warps splitting K, row tiles whose blocks share the activation loads, chunks
+// in flight), by the tokens an n-tile pass covers; `ks` picks among the measured ones.
+template <int FMT, int NT, int KS, int RT, int PF, bool XF16>
+void launch_shape(const SkinnyArgs& a, int tiles, int groups, cudaStream_t s) {
+  const size_t smem = size_t(KS) * RT * NT * 4 * 32 * sizeof(float);
+  auto k = skinny_mma_kernel<FMT, NT, KS, RT, PF, XF16>;
+  if (smem > 48 * 1024) GPTOSS_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  launch_pdl(k, dim3((tiles + RT - 1) / RT, groups), dim3(KS * 32), smem, s, a);
+}
+
 template <int FMT, int NT, bool XF16>
-void launch_fmt(const SkinnyArgs& a, dim3 grid, int ks, cudaStream_t s) {
-  // Few row tiles (down, o_proj, the router-sized matrices): split K over more warps so the grid
-  // still covers the SMs; wide matrices keep more tiles in flight with 4 warps each.
-  if (ks >= 8)
-    launch_pdl(skinny_mma_kernel<FMT, NT, 8, (NT > 2 ? 2 : 3), XF16>, grid, dim3(256), 0, s, a);
+void launch_fmt(const SkinnyArgs& a, int tiles, int groups, int ks, cudaStream_t s) {
+  if (ks == 2)
+    launch_shape<FMT, NT, 2, 2, (NT > 2 ? 2 : 4), XF16>(a, tiles, groups, s);
+  else if (ks == 4)
+    launch_shape<FMT, NT, 4, 2, (NT > 2 ? 2 : 3), XF16>(a, tiles, groups, s);
   else
-    launch_pdl(skinny_mma_kernel<FMT, NT, 4, (NT > 2 ? 2 : 4), XF16>, grid, dim3(128), 0, s, a);
+    launch_shape<FMT, NT, 8, 2, (NT > 2 ? 1 : 2), XF16>(a, tiles, groups, s);
+}
+
+// Diagnostic (bench-kernels): the same grid reading the same bytes of the routed experts with
+// plain 16-byte loads and no math: the memory floor of a grouped MXFP4 launch.
+__global__ void stream_experts_kernel(const uint4* __restrict__ w, int T, int C, MoeRouting r, uint32_t* sink) {
+  pdl_wait();
+  const int gi = blockIdx.y;
+  if (gi >= r.counts[0]) { pdl_trigger(); return; }
+  pdl_trigger();
+  const uint4* base = w + ((size_t(r.group_expert[gi]) * T + blockIdx.x) * C) * 32;
+  uint32_t acc = 0;
+  const int n = C * 32;
+#pragma unroll 4
+  for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    uint4 v = __ldg(base + i);
+    acc ^= v.x ^ v.y ^ v.z ^ v.w;
+  }
+  if (acc == 0x9e3779b9u) sink[0] = acc;  // keeps the loads
 }
 
 template <int FMT, bool XF16>
-void launch_nt(const SkinnyArgs& a, int max_tokens, dim3 grid, int ks, cudaStream_t s) {
+void launch_nt(const SkinnyArgs& a, int max_tokens, int tiles, int groups, int ks, cudaStream_t s) {
   if (max_tokens <= 8)
-    launch_fmt<FMT, 1, XF16>(a, grid, ks, s);
+    launch_fmt<FMT, 1, XF16>(a, tiles, groups, ks, s);
   else if (max_tokens <= 16)
-    launch_fmt<FMT, 2, XF16>(a, grid, ks, s);
+    launch_fmt<FMT, 2, XF16>(a, tiles, groups, ks, s);
   else
-    launch_fmt<FMT, 4, XF16>(a, grid, ks, s);
+    launch_fmt<FMT, 4, XF16>(a, tiles, groups, ks, s);
 }
 
-int sms() {
-  static int n = [] {
-    int d = 0, v = 0;
-    cudaGetDevice(&d);
-    cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, d);
-    return v > 0 ? v : 132;
-  }();
-  return n;
-}
 
 }  // namespace
+
+void stream_experts(const WeightMat& W, int pairs, int E, const MoeRouting& r, uint32_t* sink, cudaStream_t s) {
+  dim3 grid(W.N / 16, moe_max_groups(pairs, E));
+  launch_pdl(stream_experts_kernel, grid, dim3(128), 0, s, static_cast<const uint4*>(W.w), W.N / 16, W.K / 64, r, sink);
+  GPTOSS_CUDA_LAUNCH_CHECK();
+}
 
 void skinny_linear(const WeightMat& W, const void* A, bool a_f16, int lda, int M, int pairs, int E, bool grouped,
                    bool gather_a, const MoeRouting& r, const Epilogue& epi, int ks_override, cudaStream_t s) {
@@ -365,20 +392,21 @@ void skinny_linear(const WeightMat& W, const void* A, bool a_f16, int lda, int M
   SkinnyArgs a{W, A, lda, M, grouped, gather_a, r, epi};
   const int tiles = W.N / 16;
   const int groups = grouped ? moe_max_groups(pairs, E) : 1;
-  dim3 grid(tiles, groups);
   // Max tokens one group can have: a token picks an expert at most once.
   const int max_tokens = grouped ? std::min(pairs, M > 0 ? M : pairs) : M;
-  int ks = ks_override ? ks_override : (size_t(tiles) * groups < size_t(4 * sms()) ? 8 : 4);
+  // Warps splitting K (bench-kernels, 120b experts, H200): 8 at 1 token and at 32 (gate_up 685
+  // vs 696/869 us at ks 2/4), 4 at 8 tokens (111 vs 127 us at ks 8).
+  const int ks = ks_override ? ks_override : (M <= 1 || M > 16 ? 8 : 4);
   switch (W.fmt) {
     case WeightMat::kFragMXFP4:
-      if (a_f16) launch_nt<WeightMat::kFragMXFP4, true>(a, max_tokens, grid, ks, s);
-      else launch_nt<WeightMat::kFragMXFP4, false>(a, max_tokens, grid, ks, s);
+      if (a_f16) launch_nt<WeightMat::kFragMXFP4, true>(a, max_tokens, tiles, groups, ks, s);
+      else launch_nt<WeightMat::kFragMXFP4, false>(a, max_tokens, tiles, groups, ks, s);
       break;
     case WeightMat::kFragFP8:
-      if (a_f16) launch_nt<WeightMat::kFragFP8, true>(a, max_tokens, grid, ks, s);
-      else launch_nt<WeightMat::kFragFP8, false>(a, max_tokens, grid, ks, s);
+      if (a_f16) launch_nt<WeightMat::kFragFP8, true>(a, max_tokens, tiles, groups, ks, s);
+      else launch_nt<WeightMat::kFragFP8, false>(a, max_tokens, tiles, groups, ks, s);
       break;
-    case WeightMat::kFragBF16: launch_nt<WeightMat::kFragBF16, false>(a, max_tokens, grid, ks, s); break;
+    case WeightMat::kFragBF16: launch_nt<WeightMat::kFragBF16, false>(a, max_tokens, tiles, groups, ks, s); break;
     default: throw Error("skinny_linear: not a fragment format");
   }
   GPTOSS_CUDA_LAUNCH_CHECK();
