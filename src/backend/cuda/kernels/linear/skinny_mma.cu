@@ -188,13 +188,19 @@ __device__ __forceinline__ void store_val(const Epilogue& e, int row, int n, flo
 }
 
 template <int FMT, int NT, int KS, int RT, int PF, bool XF16>
-__global__ void __launch_bounds__(KS * 32, KS >= 8 ? 2 : 4) skinny_mma_kernel(SkinnyArgs a) {
+__global__ void __launch_bounds__(KS * 32, KS >= 8 ? (NT == 1 ? 3 : 2) : (NT == 1 ? 6 : 4)) skinny_mma_kernel(SkinnyArgs a) {
   static_assert(PF >= 1 && RT <= KS, "prefetch depth; one finishing warp per row tile");
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
   const int N = a.W.N, C = a.W.K / 64, T = N / 16;
   const int tile0 = blockIdx.x * RT;
   const int nrt = min(RT, T - tile0);  // row tiles of this block (the last block may have fewer)
-  extern __shared__ float red[];       // [KS][RT][NT][4][32] partial sums
+  // Shared memory: the partial sums [KS][RT][NT][4][32] f32, then (one n-tile: XS) the block's
+  // up to 8 activation rows, K + 8 halves each (the pad spreads the rows over the banks), so the
+  // B fragments are shared-memory reads and the registers hold only weights in flight.
+  constexpr bool XS = NT == 1;
+  extern __shared__ __align__(16) float red[];
+  uint16_t* xs = reinterpret_cast<uint16_t*>(red + KS * RT * NT * 4 * 32);
+  const int xs_ld = a.W.K + 8;
 
   int row_begin = 0, row_end = a.M, expert = 0;
   WChunk<FMT> wbuf[PF][RT];
@@ -241,12 +247,35 @@ __global__ void __launch_bounds__(KS * 32, KS >= 8 ? 2 : 4) skinny_mma_kernel(Sk
         xrow[i] = A + size_t(ar) * a.lda * 2;
       }
     }
-    uint4 xbuf[PF][NT][2];
+    uint4 xbuf[XS ? 1 : PF][NT][2];
+    const int ntok = min(8 * NT, row_end - tok0);
+    if constexpr (XS) {
+      __syncthreads();  // the previous pass's readers are done with xs
+      const int vecs = a.W.K / 8;
+      for (int i = threadIdx.x; i < ntok * vecs; i += blockDim.x) {
+        const int t = i / vecs, v = i % vecs;
+        const int p = tok0 + t;
+        const int ar = a.gather_a ? a.r.pair_token[p] : p;
+        *reinterpret_cast<uint4*>(xs + size_t(t) * xs_ld + v * 8) =
+            __ldg(reinterpret_cast<const uint4*>(A + size_t(ar) * a.lda * 2) + v);
+      }
+      __syncthreads();
+    } else {
 #pragma unroll
-    for (int u = 0; u < PF; ++u)
-      if (u < my_n)
+      for (int u = 0; u < PF; ++u)
+        if (u < my_n)
 #pragma unroll
-        for (int i = 0; i < NT; ++i) load_x<XF16>(a, xrow[i], warp + u * KS, tq, xbuf[u][i]);
+          for (int i = 0; i < NT; ++i) load_x<XF16>(a, xrow[i], warp + u * KS, tq, xbuf[u][i]);
+    }
+    auto x_from_smem = [&](int c, uint4 (&x)[NT][2]) {
+      if (g < ntok) {
+        const uint4* p = reinterpret_cast<const uint4*>(xs + size_t(g) * xs_ld + c * 64 + 8 * tq);
+        x[0][0] = p[0];
+        x[0][1] = p[4];
+      } else {
+        x[0][0] = x[0][1] = make_uint4(0, 0, 0, 0);
+      }
+    };
 
     float acc[RT][NT][4];
 #pragma unroll
@@ -257,14 +286,17 @@ __global__ void __launch_bounds__(KS * 32, KS >= 8 ? 2 : 4) skinny_mma_kernel(Sk
 #pragma unroll
       for (int u = 0; u < PF; ++u) {
         if (base + u < my_n) {
+          const int xu = XS ? 0 : u;
+          if constexpr (XS) x_from_smem(warp + (base + u) * KS, xbuf[0]);
 #pragma unroll
           for (int r = 0; r < RT; ++r)
-            if (r < nrt) chunk_mma<FMT, NT, XF16>(wbuf[u][r], xbuf[u], acc[r]);
+            if (r < nrt) chunk_mma<FMT, NT, XF16>(wbuf[u][r], xbuf[xu], acc[r]);
           const int nxt = base + u + PF;
           if (nxt < my_n) {
             load_chunk_w(u, nxt);
+            if constexpr (!XS)
 #pragma unroll
-            for (int i = 0; i < NT; ++i) load_x<XF16>(a, xrow[i], warp + nxt * KS, tq, xbuf[u][i]);
+              for (int i = 0; i < NT; ++i) load_x<XF16>(a, xrow[i], warp + nxt * KS, tq, xbuf[xu][i]);
           }
         }
       }
@@ -329,7 +361,7 @@ __global__ void __launch_bounds__(KS * 32, KS >= 8 ? 2 : 4) skinny_mma_kernel(Sk
 // in flight), by the tokens an n-tile pass covers; `ks` picks among the measured ones.
 template <int FMT, int NT, int KS, int RT, int PF, bool XF16>
 void launch_shape(const SkinnyArgs& a, int tiles, int groups, cudaStream_t s) {
-  const size_t smem = size_t(KS) * RT * NT * 4 * 32 * sizeof(float);
+  const size_t smem = size_t(KS) * RT * NT * 4 * 32 * sizeof(float) + (NT == 1 ? size_t(8) * (a.W.K + 8) * 2 : 0);
   auto k = skinny_mma_kernel<FMT, NT, KS, RT, PF, XF16>;
   if (smem > 48 * 1024) GPTOSS_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   launch_pdl(k, dim3((tiles + RT - 1) / RT, groups), dim3(KS * 32), smem, s, a);
@@ -337,12 +369,18 @@ void launch_shape(const SkinnyArgs& a, int tiles, int groups, cudaStream_t s) {
 
 template <int FMT, int NT, bool XF16>
 void launch_fmt(const SkinnyArgs& a, int tiles, int groups, int ks, cudaStream_t s) {
+  // Chunks in flight per warp: a bf16 chunk is 64 bytes a lane (16 registers), fp8 32, MXFP4 16;
+  // with one n-tile the activations sit in shared memory, so the registers hold only weights.
+  // (Chosen so that no variant spills: nvcc -Xptxas -v.)
+  constexpr int kPF = FMT == WeightMat::kFragBF16 ? 1
+                      : FMT == WeightMat::kFragFP8 ? (NT == 1 ? 2 : 1)
+                                                    : (NT == 1 ? 3 : NT == 2 ? 2 : 1);
   if (ks == 2)
-    launch_shape<FMT, NT, 2, 2, (NT > 2 ? 2 : 4), XF16>(a, tiles, groups, s);
+    launch_shape<FMT, NT, 2, 2, kPF, XF16>(a, tiles, groups, s);
   else if (ks == 4)
-    launch_shape<FMT, NT, 4, 2, (NT > 2 ? 2 : 3), XF16>(a, tiles, groups, s);
+    launch_shape<FMT, NT, 4, 2, kPF, XF16>(a, tiles, groups, s);
   else
-    launch_shape<FMT, NT, 8, 2, (NT > 2 ? 1 : 2), XF16>(a, tiles, groups, s);
+    launch_shape<FMT, NT, 8, 2, kPF, XF16>(a, tiles, groups, s);
 }
 
 // Diagnostic (bench-kernels): the same grid reading the same bytes of the routed experts with
