@@ -225,6 +225,37 @@ test('completions: harmony specials in a text prompt; echo with prompt logprobs;
   assert.equal(lp.text_offset[r.usage.prompt_tokens], [...prompt].length);
 });
 
+test('streamed logprobs ride with their text; the random model streams at once; /tokenize options', async () => {
+  const req = { model: MODEL, messages: user('Tell me a story.'), max_tokens: 40, temperature: 0, logprobs: true, ignore_eos: true };
+  const stream = await client.chat.completions.create({ ...req, stream: true, stream_options: { continuous_usage_stats: true } });
+  let firstTextAt = null;
+  let n = 0;
+  for await (const chunk of stream) {
+    if (!chunk.choices.length) continue;
+    const ch = chunk.choices[0];
+    const hasText = !!(ch.delta.content || ch.delta.reasoning_content || ch.delta.tool_calls);
+    if (ch.logprobs?.content?.length) {
+      assert.ok(hasText || ch.finish_reason, `logprobs without text: ${JSON.stringify(chunk)}`);
+      n += ch.logprobs.content.length;
+    }
+    if (firstTextAt === null && ch.delta.content && chunk.usage) firstTextAt = chunk.usage.completion_tokens;
+  }
+  assert.equal(n, 40);
+  assert.ok(firstTextAt !== null && firstTextAt <= 4, `first text after ${firstTextAt} tokens (was 48)`);
+  const tokenize = async (body) => {
+    const r = await fetch(`${srv.baseURL}/tokenize`, { method: 'POST', body: JSON.stringify(body) });
+    assert.equal(r.status, 200);
+    return r.json();
+  };
+  const t = await tokenize({ prompt: 'Hello world', return_token_strs: true });
+  assert.deepEqual(t.token_strs, ['Hello', 'Ġworld']);
+  const withGen = await tokenize({ messages: user('hi') });
+  const noGen = await tokenize({ messages: user('hi'), add_generation_prompt: false });
+  assert.equal(withGen.count, noGen.count + 2);
+  const d = await fetch(`${srv.baseURL}/detokenize`, { method: 'POST', body: JSON.stringify({ tokens: t.tokens }) });
+  assert.equal((await d.json()).prompt, 'Hello world');
+});
+
 test('seeded sampling is reproducible', async () => {
   const req = { model: MODEL, prompt: 'The', max_tokens: 10, temperature: 1.0, top_p: 0.9, top_k: 50, seed: 1234 };
   const a = await client.completions.create(req);
