@@ -120,21 +120,32 @@ std::optional<std::string> get_string(const ojson& j, const char* key) {
 
 // ------------------------------------------------------------------ field tables
 // The fields of chat and text completions alike (parse_common reads them).
-#define GPTOSS_COMMON_FIELDS                                                                           \
-  {"model", FieldUse::kHonoured}, {"max_tokens", FieldUse::kHonoured},                                 \
-      {"max_completion_tokens", FieldUse::kHonoured}, {"temperature", FieldUse::kHonoured},            \
-      {"top_p", FieldUse::kHonoured}, {"top_k", FieldUse::kHonoured}, {"min_p", FieldUse::kHonoured},  \
-      {"presence_penalty", FieldUse::kHonoured}, {"frequency_penalty", FieldUse::kHonoured},           \
-      {"seed", FieldUse::kHonoured}, {"n", FieldUse::kHonoured}, {"stop", FieldUse::kHonoured},        \
-      {"stop_token_ids", FieldUse::kHonoured}, {"ignore_eos", FieldUse::kHonoured},                    \
-      {"stream", FieldUse::kHonoured}, {"stream_options", FieldUse::kHonoured},                        \
-      {"logit_bias", FieldUse::kHonoured},                                                             \
-      {"user", FieldUse::kHarmless, "an end-user id for the provider's abuse monitoring; nothing is kept"}, \
-      {"repetition_penalty", FieldUse::kRefused,                                                       \
-       "'repetition_penalty' is not supported; use 'presence_penalty' or 'frequency_penalty'."}
+const RequestField kCommonFields[] = {
+    {"model", FieldUse::kHonoured},
+    {"max_tokens", FieldUse::kHonoured},
+    {"max_completion_tokens", FieldUse::kHonoured},
+    {"temperature", FieldUse::kHonoured},
+    {"top_p", FieldUse::kHonoured},
+    {"top_k", FieldUse::kHonoured},
+    {"min_p", FieldUse::kHonoured},
+    {"presence_penalty", FieldUse::kHonoured},
+    {"frequency_penalty", FieldUse::kHonoured},
+    {"seed", FieldUse::kHonoured},
+    {"n", FieldUse::kHonoured},  // 1 only
+    {"stop", FieldUse::kHonoured},
+    {"stop_token_ids", FieldUse::kHonoured},
+    {"ignore_eos", FieldUse::kHonoured},
+    {"stream", FieldUse::kHonoured},
+    {"stream_options", FieldUse::kHonoured},
+    {"logit_bias", FieldUse::kHonoured},
+    {"skip_special_tokens", FieldUse::kHonoured},         // vLLM's; true only (special tokens never show)
+    {"include_stop_str_in_output", FieldUse::kHonoured},  // vLLM's; false only
+    {"user", FieldUse::kHarmless, "an end-user id for the provider's abuse monitoring; nothing is kept"},
+    {"repetition_penalty", FieldUse::kRefused,
+     "'repetition_penalty' is not supported; use 'presence_penalty' or 'frequency_penalty'."},
+};
 
-const RequestField kChatFields[] = {
-    GPTOSS_COMMON_FIELDS,
+const RequestField kChatOnlyFields[] = {
     {"messages", FieldUse::kHonoured},
     {"logprobs", FieldUse::kHonoured},
     {"top_logprobs", FieldUse::kHonoured},
@@ -147,19 +158,29 @@ const RequestField kChatFields[] = {
     {"response_format", FieldUse::kHonoured},  // {"type": "text"} only, see parse_response_format
     {"store", FieldUse::kHonoured},            // false only: this server stores nothing
     {"metadata", FieldUse::kHarmless, "tags for stored completions; this server stores nothing (store is false)"},
+    {"safety_identifier", FieldUse::kHarmless, "an end-user id for the provider's abuse monitoring; nothing is kept"},
+    {"prompt_cache_key", FieldUse::kHarmless, "a routing hint for the provider's prompt cache; one server, no routing"},
     {"functions", FieldUse::kRefused, "The legacy 'functions' parameter is not supported; use 'tools'."},
     {"function_call", FieldUse::kRefused, "The legacy 'function_call' parameter is not supported; use 'tool_choice'."},
 };
 
-const RequestField kCompletionFields[] = {
-    GPTOSS_COMMON_FIELDS,
+const RequestField kCompletionOnlyFields[] = {
     {"prompt", FieldUse::kHonoured},
     {"logprobs", FieldUse::kHonoured},
     {"echo", FieldUse::kHonoured},
     {"best_of", FieldUse::kHonoured},  // 1 only
+    {"add_special_tokens", FieldUse::kHarmless,
+     "o200k_harmony adds no BOS/EOS tokens, so true and false give the same tokens"},
     {"suffix", FieldUse::kRefused, "'suffix' (text insertion) is not supported."},
 };
-#undef GPTOSS_COMMON_FIELDS
+
+std::vector<RequestField> concat(std::span<const RequestField> a, std::span<const RequestField> b) {
+  std::vector<RequestField> v(a.begin(), a.end());
+  v.insert(v.end(), b.begin(), b.end());
+  return v;
+}
+const std::vector<RequestField> kChatFields = concat(kCommonFields, kChatOnlyFields);
+const std::vector<RequestField> kCompletionFields = concat(kCommonFields, kCompletionOnlyFields);
 
 const RequestField kTokenizeFields[] = {
     {"model", FieldUse::kHonoured},
@@ -338,6 +359,12 @@ void parse_common(const ojson& j, CommonRequest& r) {
   }
   if (const ojson* u = get(j, "user"); u && !u->is_string()) wrong_type("user", "a string", *u);
   parse_logit_bias(j, sp);
+  // vLLM's output switches, accepted at the values this server implements.
+  if (auto b = get_bool(j, "skip_special_tokens"); b && !*b)
+    bad_request("'skip_special_tokens': false is not supported.", "skip_special_tokens", "unsupported_value");
+  if (auto b = get_bool(j, "include_stop_str_in_output"); b && *b)
+    bad_request("'include_stop_str_in_output': true is not supported.", "include_stop_str_in_output",
+                "unsupported_value");
 }
 
 std::string content_text(const ojson& c, const std::string& where) {

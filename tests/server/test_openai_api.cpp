@@ -129,7 +129,8 @@ const ojson& sample_values() {
     "response_format": {"type": "text"}, "store": false, "metadata": {"k": "v"},
     "prompt": "hi", "echo": true, "best_of": 1, "add_generation_prompt": false,
     "continue_final_message": false, "return_token_strs": true, "add_special_tokens": true,
-    "tokens": [1, 2]
+    "tokens": [1, 2], "skip_special_tokens": true, "include_stop_str_in_output": false,
+    "safety_identifier": "s", "prompt_cache_key": "k"
   })");
   return s;
 }
@@ -200,6 +201,8 @@ TEST(FieldTables, UnknownAndUnsupportedFieldsAreRefusedByName) {
       {"chat", "{" + m + R"(,"store":true})", "store"},
       {"chat", "{" + m + R"(,"reasoning":{"effort":"low","summary":"auto"}})", "reasoning.summary"},
       {"chat", "{" + m + R"(,"stream_options":{"include_obfuscation":true}})", "stream_options.include_obfuscation"},
+      {"chat", "{" + m + R"(,"skip_special_tokens":false})", "skip_special_tokens"},
+      {"completions", R"({"prompt":"x","include_stop_str_in_output":true})", "include_stop_str_in_output"},
       {"completions", R"({"prompt":"x","suffix":"y"})", "suffix"},
       {"completions", R"({"prompt":"x","best_of":3})", "best_of"},
       {"completions", R"({"prompt":"x","repetition_penalty":1.2})", "repetition_penalty"},
