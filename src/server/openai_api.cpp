@@ -155,7 +155,7 @@ const RequestField kChatOnlyFields[] = {
     {"parallel_tool_calls", FieldUse::kHonoured},
     {"reasoning_effort", FieldUse::kHonoured},
     {"reasoning", FieldUse::kHonoured},
-    {"response_format", FieldUse::kHonoured},  // {"type": "text"} only, see parse_response_format
+    {"response_format", FieldUse::kHonoured},  // {"type": "text"} only, see refuse_response_format_for_now
     {"store", FieldUse::kHonoured},            // false only: this server stores nothing
     {"metadata", FieldUse::kHarmless, "tags for stored completions; this server stores nothing (store is false)"},
     {"safety_identifier", FieldUse::kHarmless, "an end-user id for the provider's abuse monitoring; nothing is kept"},
@@ -288,9 +288,9 @@ void parse_reasoning(const ojson& j, ChatRequest& r) {
   }
 }
 
-// response_format: plain text is what the server produces; JSON modes need constrained
-// decoding, which is not implemented yet (issue 15 section 2 replaces this function).
-void parse_response_format(const ojson& j, ChatRequest&) {
+// response_format until constrained decoding lands (issue 15 section 2 deletes this function
+// and its one call): plain text is what the server produces; the JSON modes are refused.
+void refuse_response_format_for_now(const ojson& j) {
   const ojson* rf = get(j, "response_format");
   if (!rf) return;
   if (!rf->is_object()) wrong_type("response_format", "an object", *rf);
@@ -500,7 +500,7 @@ ChatRequest parse_chat_body(const ojson& j) {
       bad_request("'tool_choice' is required but no 'tools' were given.", "tool_choice", "invalid_value");
   }
   parse_reasoning(j, r);
-  parse_response_format(j, r);
+  refuse_response_format_for_now(j);
   (void)get_bool(j, "parallel_tool_calls");  // type-checked; see kChatFields
   if (auto st = get_bool(j, "store"); st && *st)
     bad_request("'store' is not supported: this server keeps no completions.", "store", "unsupported_value");
