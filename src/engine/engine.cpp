@@ -389,6 +389,8 @@ void Engine::schedule_and_run() {
     toks[r] = sample_token(row, vocab_, s.sp, s.counts, s.rng, scratch, idx);
     if (s.sp.logprobs >= 0) lps[r] = compute_logprobs(row, vocab_, toks[r], s.sp.logprobs);
   }
+  // Prompt-logprob steps grow the host logits to ~100 MB: give that back rather than keep it.
+  if (!prompt_rows.empty()) std::vector<float>().swap(logits_);
   std::vector<uint64_t> done;
   for (int r = 0; r < rows; ++r) {
     Sequence& s = *row_seq[r];
