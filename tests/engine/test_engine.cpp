@@ -444,6 +444,7 @@ TEST(Engine, LogitBiasOnTheHostPath) {
   run_idle(e);
   Result r = collect(*s);
   EXPECT_EQ(r.tokens, (std::vector<int32_t>{5, 5, 5, 5}));
+  EXPECT_EQ(be.sample_calls, 0);  // the backend's own sampler knows nothing of the bias
   sp.logit_bias = {{64, 1.0f}};
   EXPECT_THROW(e.submit(prompt_of(6, 2), sp), Error);  // outside the vocabulary
 }
