@@ -7,6 +7,11 @@
 
 namespace gptoss {
 
+namespace {
+// At most this many prompt-logprob rows per step (each is a [vocab] float row on the host).
+constexpr int32_t kMaxPromptLogprobRows = 128;
+}  // namespace
+
 const char* finish_reason_name(FinishReason r) {
   switch (r) {
     case FinishReason::kStop: return "stop";
@@ -114,6 +119,8 @@ std::shared_ptr<RequestStream> Engine::submit(std::vector<int32_t> prompt, const
   for (int32_t t : prompt)
     if (t < 0 || t >= vocab_) throw Error("token id " + std::to_string(t) + " is outside the vocabulary");
   if (sp.max_tokens < 1) throw Error("max_tokens must be at least 1");
+  for (auto [t, bias] : sp.logit_bias)
+    if (t < 0 || t >= vocab_) throw Error("logit_bias: token id " + std::to_string(t) + " is outside the vocabulary");
   if (stop_) throw Error("the engine is stopped");
   auto s = std::make_unique<Sequence>();
   s->id = next_id_++;
@@ -277,6 +284,8 @@ void Engine::schedule_and_run() {
     int32_t remaining = int32_t(s->tokens.size()) - s->num_computed;
     if (in_step[i] || remaining <= 1) continue;
     int32_t n = std::min<int32_t>(remaining, budget);
+    // Prompt logprobs take a [rows, vocab] host logits row per prompt position: bound a step's rows.
+    if (s->sp.prompt_logprobs >= 0 && s->prompt_lp_next < s->prompt_len) n = std::min(n, kMaxPromptLogprobRows);
     while (n > 0 && !kv_->can_prepare(s->id, s->num_computed, n)) n /= 2;
     if (n == 0) continue;
     kv_->prepare(s->id, s->num_computed, n);
@@ -302,6 +311,13 @@ void Engine::schedule_and_run() {
   // 3. One forward over the mixed batch.
   ForwardBatch batch;
   std::vector<Sequence*> row_seq;
+  // Rows for prompt logprobs (after the sampled rows): the logits at prompt position `pos` give
+  // the logprob of prompt token pos + 1.
+  struct PromptRow {
+    Sequence* s;
+    int32_t pos, batch_index;
+  };
+  std::vector<PromptRow> prompt_rows;
   for (auto& it : items) {
     SeqBatchInfo info;
     info.first_token = int32_t(batch.tokens.size());
@@ -311,19 +327,28 @@ void Engine::schedule_and_run() {
     batch.tokens.insert(batch.tokens.end(), it.s->tokens.begin() + it.s->num_computed,
                         it.s->tokens.begin() + it.s->num_computed + it.n);
     batch.seqs.push_back(info);
+    if (it.s->sp.prompt_logprobs >= 0) {
+      const int32_t from = std::max(it.s->num_computed, it.s->prompt_lp_next - 1);
+      const int32_t to = std::min(it.s->num_computed + it.n, it.s->prompt_len - 1);
+      for (int32_t p = from; p < to; ++p) prompt_rows.push_back({it.s, p, info.first_token + (p - it.s->num_computed)});
+    }
     if (it.s->num_computed + it.n == int32_t(it.s->tokens.size())) {
       batch.logit_rows.push_back(int32_t(batch.tokens.size()) - 1);
       row_seq.push_back(it.s);
     }
   }
-  // When no sampled row needs its logits on the host (logprobs, penalties), the backend draws
-  // the tokens itself (on the device for CUDA: ids come back instead of [rows, vocab] logits),
-  // with this step's uniform from each request's generator, as sample_token would use it.
+  for (const PromptRow& pr : prompt_rows) batch.logit_rows.push_back(pr.batch_index);
+  // When no row needs its logits on the host (logprobs, prompt logprobs, penalties, logit_bias),
+  // the backend draws the tokens itself (on the device for CUDA: ids come back instead of
+  // [rows, vocab] logits), with this step's uniform from each request's generator, as
+  // sample_token would use it.
   const int rows = int(row_seq.size());
   std::vector<int32_t> toks(rows);
-  const bool backend_samples = rows > 0 && std::all_of(row_seq.begin(), row_seq.end(), [](const Sequence* s) {
-    return s->sp.logprobs < 0 && s->sp.presence_penalty == 0.0f && s->sp.frequency_penalty == 0.0f;
-  });
+  const bool backend_samples =
+      rows > 0 && prompt_rows.empty() && std::all_of(row_seq.begin(), row_seq.end(), [](const Sequence* s) {
+        return s->sp.logprobs < 0 && s->sp.presence_penalty == 0.0f && s->sp.frequency_penalty == 0.0f &&
+               s->sp.logit_bias.empty();
+      });
   if (backend_samples) {
     std::vector<RowSampling> how(rows);
     for (int r = 0; r < rows; ++r) how[r] = row_sampling(row_seq[r]->sp, uniform01(row_seq[r]->rng));
@@ -338,6 +363,19 @@ void Engine::schedule_and_run() {
       metrics_.prompt_tokens += std::min<int32_t>(it.n, it.s->prompt_len - it.s->num_computed);
     it.s->num_computed += it.n;
   }
+  if (!prompt_rows.empty()) {
+    std::vector<TokenLogprob> plps(prompt_rows.size());
+    const float* base = logits_.data() + size_t(rows) * vocab_;
+#pragma omp parallel for schedule(static) if (prompt_rows.size() > 1)
+    for (int i = 0; i < int(prompt_rows.size()); ++i) {
+      const PromptRow& pr = prompt_rows[i];
+      plps[i] = compute_logprobs(base + size_t(i) * vocab_, vocab_, pr.s->tokens[pr.pos + 1], pr.s->sp.prompt_logprobs);
+    }
+    for (size_t i = 0; i < prompt_rows.size(); ++i) {
+      prompt_rows[i].s->prompt_lps.push_back(std::move(plps[i]));
+      prompt_rows[i].s->prompt_lp_next = prompt_rows[i].pos + 2;
+    }
+  }
 
   // 4. Sample (rows in parallel: each has its own generator), then stream and finish in order.
   std::vector<TokenLogprob> lps(rows);
@@ -351,6 +389,8 @@ void Engine::schedule_and_run() {
     toks[r] = sample_token(row, vocab_, s.sp, s.counts, s.rng, scratch, idx);
     if (s.sp.logprobs >= 0) lps[r] = compute_logprobs(row, vocab_, toks[r], s.sp.logprobs);
   }
+  // Prompt-logprob steps grow the host logits to ~100 MB: give that back rather than keep it.
+  if (!prompt_rows.empty()) std::vector<float>().swap(logits_);
   std::vector<uint64_t> done;
   for (int r = 0; r < rows; ++r) {
     Sequence& s = *row_seq[r];
@@ -407,6 +447,10 @@ void Engine::append_token(Sequence& s, int32_t tok, TokenLogprob* lp, EngineEven
   ++metrics_.generation_tokens;
   ev.tokens.push_back(tok);
   if (lp) ev.logprobs.push_back(std::move(*lp));
+  if (!s.prompt_lps.empty()) {
+    ev.prompt_logprobs = std::move(s.prompt_lps);
+    s.prompt_lps.clear();
+  }
 
   bool is_stop_tok = std::find(s.sp.stop_token_ids.begin(), s.sp.stop_token_ids.end(), tok) != s.sp.stop_token_ids.end();
   if (!s.sp.ignore_eos && !is_stop_tok)

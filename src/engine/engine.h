@@ -38,6 +38,9 @@ const char* finish_reason_name(FinishReason r);  // "stop", "length", "abort", "
 struct EngineEvent {
   std::vector<int32_t> tokens;          // newly generated tokens (stop tokens included)
   std::vector<TokenLogprob> logprobs;   // one per token when SamplingParams::logprobs >= 0
+  // SamplingParams::prompt_logprobs >= 0: the logprobs of the prompt's tokens after the first,
+  // all in the event of the first generated token (empty in later events).
+  std::vector<TokenLogprob> prompt_logprobs;
   std::string text;                     // newly decoded text (stop strings cut, prefixes held back)
   bool finished = false;
   FinishReason finish_reason = FinishReason::kNone;
@@ -149,6 +152,8 @@ class Engine {
     SamplingParams sp;
     std::mt19937_64 rng;
     std::unordered_map<int32_t, int> counts;
+    int32_t prompt_lp_next = 1;   // next prompt token whose logprob is still to compute
+    std::vector<TokenLogprob> prompt_lps;  // computed, sent with the first generated token
     std::string text;             // decoded output
     size_t text_sent = 0;
     Clock::time_point arrival, last_token;

@@ -23,6 +23,8 @@ int32_t sample_token(const float* logits, int vocab, const SamplingParams& sp,
   x.assign(logits, logits + vocab);
   for (auto& v : x)
     if (std::isnan(v)) v = -std::numeric_limits<float>::infinity();
+  for (auto [tok, bias] : sp.logit_bias)
+    if (tok >= 0 && tok < vocab) x[tok] += bias;
   if (sp.presence_penalty != 0.0f || sp.frequency_penalty != 0.0f)
     for (auto [tok, c] : counts)
       if (tok >= 0 && tok < vocab && c > 0) x[tok] -= sp.frequency_penalty * c + sp.presence_penalty;

@@ -24,6 +24,8 @@ struct SamplingParams {
   std::vector<int32_t> stop_token_ids;   // in addition to the engine's end tokens
   int max_tokens = 16;                   // >= 1
   int logprobs = -1;                     // -1 none; 0 the chosen token's; n: and the top n
+  int prompt_logprobs = -1;              // as logprobs, for each prompt token after the first
+  std::vector<std::pair<int32_t, float>> logit_bias;  // token id -> added to its logit before sampling
   bool ignore_eos = false;               // do not stop at the engine's end tokens
 };
 
@@ -39,7 +41,7 @@ inline double uniform01(std::mt19937_64& rng) { return double(rng() >> 11) * 0x1
 // The backend's sampling rule (RowSampling) for these parameters and uniform draw `u`.
 RowSampling row_sampling(const SamplingParams& sp, double u);
 
-// Samples one token id in [0, vocab): penalties on the host, then the backend's rule
+// Samples one token id in [0, vocab): logit_bias and penalties on the host, then the backend's rule
 // (sample_row), so host and device sampling agree. `counts`: occurrences of each generated token so far.
 // Draws exactly one number from rng per call (also when greedy), so a seeded request's output
 // does not depend on its parameters' code paths. `scratch` avoids reallocations.

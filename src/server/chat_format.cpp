@@ -1,5 +1,6 @@
 #include "server/chat_format.h"
 
+#include <cctype>
 #include <map>
 
 #include "common/error.h"
@@ -185,6 +186,60 @@ void ChatOutputMapper::raw_text(TokenId t, ChatDelta& d) {
   }
 }
 
+namespace {
+
+bool is_name_char(char c) {
+  return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '.' || c == '-' || c == '/' || c == ':';
+}
+
+// Skips name characters from `i`; returns the new position.
+size_t skip_name(std::string_view h, size_t i) {
+  while (i < h.size() && is_name_char(h[i])) ++i;
+  return i;
+}
+
+}  // namespace
+
+// Whether `h` (a header's text so far, special tokens spelled, after "<|start|>" when
+// `role_known` is false) can still become a header gpt-oss writes:
+//   [ROLE] [" to=" RECIPIENT] ["<|channel|>" CHANNEL [" to=" RECIPIENT] [" "] ["<|constrain|>"] [TYPE]]
+// A random model's text fails this within a token or two, so it is shown as text at once
+// instead of after kMaxHeaderTokens.
+bool ChatOutputMapper::plausible_header(std::string_view h, bool role_known) {
+  static constexpr std::string_view kChannel = "<|channel|>", kConstrain = "<|constrain|>", kTo = " to=";
+  auto prefix_of = [&](std::string_view part, std::string_view whole) {
+    return part.size() < whole.size() && whole.substr(0, part.size()) == part;
+  };
+  size_t i = 0;
+  if (!role_known) {
+    static constexpr std::string_view kRole = "assistant";
+    if (prefix_of(h, kRole)) return true;
+    if (h.substr(0, kRole.size()) != kRole) return false;
+    i = kRole.size();
+  }
+  bool channel = false, recipient = false, type = false;
+  while (i < h.size()) {
+    std::string_view rest = h.substr(i);
+    if (!recipient && rest.substr(0, kTo.size()) == kTo) {
+      recipient = true;
+      i = skip_name(h, i + kTo.size());
+    } else if (!recipient && prefix_of(rest, kTo)) {
+      return true;
+    } else if (!channel && rest.substr(0, kChannel.size()) == kChannel) {
+      channel = true;
+      i = skip_name(h, i + kChannel.size());
+    } else if (channel && !type && (rest[0] == ' ' || rest.substr(0, kConstrain.size()) == kConstrain)) {
+      type = true;
+      if (rest[0] == ' ') ++i;
+      if (h.substr(i, kConstrain.size()) == kConstrain) i += kConstrain.size();
+      i = skip_name(h, i);
+    } else {
+      return false;
+    }
+  }
+  return true;
+}
+
 ChatDelta ChatOutputMapper::push(TokenId t) {
   ChatDelta d;
   tokens_.push_back(t);
@@ -194,7 +249,7 @@ ChatDelta ChatOutputMapper::push(TokenId t) {
       if (!evs.empty() || parser_->in_content()) header_tokens_.clear();
       else header_tokens_.push_back(t);
       on_events(evs, d);
-      if (header_tokens_.size() > kMaxHeaderTokens) {
+      if (header_tokens_.size() > kMaxHeaderTokens || !plausible_header_tokens()) {
         // Not harmony: what looked like a header is text.
         parser_.reset();
         raw_.emplace(tok_);
@@ -212,6 +267,23 @@ ChatDelta ChatOutputMapper::push(TokenId t) {
   }
   raw_text(t, d);
   return d;
+}
+
+bool ChatOutputMapper::plausible_header_tokens() const {
+  if (header_tokens_.empty()) return true;
+  std::string h;
+  bool role_known = true;  // the prompt's "<|start|>assistant"; a later message starts with <|start|>
+  size_t from = 0;
+  if (auto start = tok_.token_id("<|start|>"); start && header_tokens_[0] == *start) {
+    role_known = false;
+    from = 1;
+  }
+  for (size_t i = from; i < header_tokens_.size(); ++i) {
+    TokenId t = header_tokens_[i];
+    if (t < 0 || size_t(t) >= tok_.vocab_size() || !tok_.has_token(t)) return false;
+    h += tok_.token_bytes(t);
+  }
+  return plausible_header(h, role_known);
 }
 
 ChatDelta ChatOutputMapper::finish() {

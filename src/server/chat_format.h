@@ -3,6 +3,7 @@
 // (and its prompt tokens), and sampled tokens back to content, reasoning and tool calls.
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "server/openai_api.h"
@@ -41,9 +42,11 @@ struct ChatDelta {
 // the parser rejects (a random model's) falls back to plain decoded text as content.
 class ChatOutputMapper {
  public:
-  // A header (between <|start|> and <|message|>) longer than this is not harmony: the mapper
-  // falls back to plain text, so a model that never formats its output still streams.
+  // A header (between <|start|> and <|message|>) longer than this, or one that cannot become a
+  // header gpt-oss writes (plausible_header), is not harmony: the mapper falls back to plain
+  // text, so a model that never formats its output still streams, from its first tokens.
   static constexpr size_t kMaxHeaderTokens = 48;
+  static bool plausible_header(std::string_view header_text, bool role_known);
 
   explicit ChatOutputMapper(const Tokenizer& tok);
   ChatDelta push(TokenId t);
@@ -60,6 +63,7 @@ class ChatOutputMapper {
   void start_message(const harmony::ParsedHeader& h, ChatDelta& d);
   void add_text(const std::string& text, ChatDelta& d);
   void raw_text(TokenId t, ChatDelta& d);
+  bool plausible_header_tokens() const;
 
   Tokenizer tok_;
   std::optional<harmony::StreamParser> parser_;

@@ -2,6 +2,7 @@
 
 #include <cctype>
 #include <cmath>
+#include <algorithm>
 #include <cstdio>
 #include <random>
 
@@ -45,8 +46,16 @@ const char* type_name(const ojson& v) {
   }
 }
 
+// The top-level keys a parser read, so parse_fields() can refuse an honoured field nobody read.
+struct ReadKeys {
+  const ojson* obj = nullptr;
+  std::vector<std::string> keys;
+};
+thread_local ReadKeys* t_read_keys = nullptr;
+
 // Returns the value of key when present and not null.
 const ojson* get(const ojson& j, const char* key) {
+  if (t_read_keys && t_read_keys->obj == &j) t_read_keys->keys.emplace_back(key);
   auto it = j.find(key);
   if (it == j.end() || it->is_null()) return nullptr;
   return &*it;
@@ -109,6 +118,191 @@ std::optional<std::string> get_string(const ojson& j, const char* key) {
   return v->get<std::string>();
 }
 
+// ------------------------------------------------------------------ field tables
+// The fields of chat and text completions alike (parse_common reads them).
+const RequestField kCommonFields[] = {
+    {"model", FieldUse::kHonoured},
+    {"max_tokens", FieldUse::kHonoured},
+    {"max_completion_tokens", FieldUse::kHonoured},
+    {"temperature", FieldUse::kHonoured},
+    {"top_p", FieldUse::kHonoured},
+    {"top_k", FieldUse::kHonoured},
+    {"min_p", FieldUse::kHonoured},
+    {"presence_penalty", FieldUse::kHonoured},
+    {"frequency_penalty", FieldUse::kHonoured},
+    {"seed", FieldUse::kHonoured},
+    {"n", FieldUse::kHonoured},  // 1 only
+    {"stop", FieldUse::kHonoured},
+    {"stop_token_ids", FieldUse::kHonoured},
+    {"ignore_eos", FieldUse::kHonoured},
+    {"stream", FieldUse::kHonoured},
+    {"stream_options", FieldUse::kHonoured},
+    {"logit_bias", FieldUse::kHonoured},
+    {"skip_special_tokens", FieldUse::kHonoured},         // vLLM's; true only (special tokens never show)
+    {"include_stop_str_in_output", FieldUse::kHonoured},  // vLLM's; false only
+    {"user", FieldUse::kHarmless, "an end-user id for the provider's abuse monitoring; nothing is kept"},
+    {"repetition_penalty", FieldUse::kRefused,
+     "'repetition_penalty' is not supported; use 'presence_penalty' or 'frequency_penalty'."},
+};
+
+const RequestField kChatOnlyFields[] = {
+    {"messages", FieldUse::kHonoured},
+    {"logprobs", FieldUse::kHonoured},
+    {"top_logprobs", FieldUse::kHonoured},
+    {"tools", FieldUse::kHonoured},
+    {"tool_choice", FieldUse::kHonoured},
+    // gpt-oss makes one call per turn (generation ends at <|call|>), so true and false both hold.
+    {"parallel_tool_calls", FieldUse::kHonoured},
+    {"reasoning_effort", FieldUse::kHonoured},
+    {"reasoning", FieldUse::kHonoured},
+    {"response_format", FieldUse::kHonoured},  // {"type": "text"} only, see refuse_response_format_for_now
+    {"store", FieldUse::kHonoured},            // false only: this server stores nothing
+    {"metadata", FieldUse::kHarmless, "tags for stored completions; this server stores nothing (store is false)"},
+    {"safety_identifier", FieldUse::kHarmless, "an end-user id for the provider's abuse monitoring; nothing is kept"},
+    {"prompt_cache_key", FieldUse::kHarmless, "a routing hint for the provider's prompt cache; one server, no routing"},
+    {"functions", FieldUse::kRefused, "The legacy 'functions' parameter is not supported; use 'tools'."},
+    {"function_call", FieldUse::kRefused, "The legacy 'function_call' parameter is not supported; use 'tool_choice'."},
+};
+
+const RequestField kCompletionOnlyFields[] = {
+    {"prompt", FieldUse::kHonoured},
+    {"logprobs", FieldUse::kHonoured},
+    {"echo", FieldUse::kHonoured},
+    {"best_of", FieldUse::kHonoured},  // 1 only
+    {"add_special_tokens", FieldUse::kHarmless,
+     "o200k_harmony adds no BOS/EOS tokens, so true and false give the same tokens"},
+    {"suffix", FieldUse::kRefused, "'suffix' (text insertion) is not supported."},
+};
+
+std::vector<RequestField> concat(std::span<const RequestField> a, std::span<const RequestField> b) {
+  std::vector<RequestField> v(a.begin(), a.end());
+  v.insert(v.end(), b.begin(), b.end());
+  return v;
+}
+const std::vector<RequestField> kChatFields = concat(kCommonFields, kChatOnlyFields);
+const std::vector<RequestField> kCompletionFields = concat(kCommonFields, kCompletionOnlyFields);
+
+const RequestField kTokenizeFields[] = {
+    {"model", FieldUse::kHonoured},
+    {"prompt", FieldUse::kHonoured},
+    {"messages", FieldUse::kHonoured},
+    {"tools", FieldUse::kHonoured},
+    {"tool_choice", FieldUse::kHonoured},
+    {"reasoning_effort", FieldUse::kHonoured},
+    {"reasoning", FieldUse::kHonoured},
+    {"add_generation_prompt", FieldUse::kHonoured},
+    {"continue_final_message", FieldUse::kHonoured},  // false only
+    {"return_token_strs", FieldUse::kHonoured},
+    {"add_special_tokens", FieldUse::kHarmless,
+     "o200k_harmony adds no BOS/EOS tokens, so true and false give the same tokens"},
+};
+
+const RequestField kDetokenizeFields[] = {
+    {"model", FieldUse::kHonoured},
+    {"tokens", FieldUse::kHonoured},
+};
+
+const RequestField* find_field(std::span<const RequestField> table, const std::string& key) {
+  for (const auto& f : table)
+    if (key == f.name) return &f;
+  return nullptr;
+}
+
+// Runs `parse` after refusing unknown and unsupported fields; then refuses any field the table
+// calls honoured that `parse` never read. A null value counts as absent.
+template <class Parse>
+auto parse_fields(const ojson& j, std::span<const RequestField> table, Parse parse) {
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    if (it->is_null()) continue;
+    const RequestField* f = find_field(table, it.key());
+    if (!f) bad_request("Unrecognized request argument supplied: '" + it.key() + "'.", it.key(), "unsupported_value");
+    if (f->use == FieldUse::kRefused) bad_request(f->note, it.key(), "unsupported_value");
+  }
+  ReadKeys read{&j, {}};
+  ReadKeys* outer = t_read_keys;
+  t_read_keys = &read;
+  struct Restore {
+    ReadKeys* outer;
+    ~Restore() { t_read_keys = outer; }
+  } restore{outer};
+  auto r = parse();
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    const RequestField* f = find_field(table, it.key());
+    if (it->is_null() || f->use != FieldUse::kHonoured) continue;
+    if (std::find(read.keys.begin(), read.keys.end(), it.key()) == read.keys.end())
+      bad_request("'" + it.key() + "' is not supported.", it.key(), "unsupported_value");
+  }
+  return r;
+}
+
+// Sub-fields of an object field: anything but `known` is refused, naming "field.key".
+void only_known_keys(const ojson& obj, const std::string& field, std::initializer_list<const char*> known) {
+  for (auto it = obj.begin(); it != obj.end(); ++it) {
+    if (it->is_null()) continue;
+    bool ok = false;
+    for (const char* k : known) ok |= it.key() == k;
+    if (!ok)
+      bad_request("'" + field + "." + it.key() + "' is not supported.", field + "." + it.key(), "unsupported_value");
+  }
+}
+
+// logit_bias: {"token id": bias in [-100, 100]}, added to the logits before sampling (the ids
+// are checked against the vocabulary when the request is submitted).
+void parse_logit_bias(const ojson& j, SamplingParams& sp) {
+  const ojson* lb = get(j, "logit_bias");
+  if (!lb) return;
+  if (!lb->is_object()) wrong_type("logit_bias", "an object mapping token ids to numbers", *lb);
+  for (auto it = lb->begin(); it != lb->end(); ++it) {
+    const std::string& k = it.key();
+    bool digits = !k.empty() && k.size() <= 10;
+    for (char c : k) digits &= c >= '0' && c <= '9';
+    if (!digits || std::stoll(k) > INT32_MAX)
+      bad_request("'logit_bias' keys must be token ids, got '" + k + "'.", "logit_bias", "invalid_value");
+    if (!it->is_number()) wrong_type("logit_bias", "an object mapping token ids to numbers", *it);
+    double b = it->get<double>();
+    if (!std::isfinite(b) || b < -100.0 || b > 100.0)
+      bad_request("'logit_bias' values must be between -100 and 100.", "logit_bias", "invalid_value");
+    sp.logit_bias.emplace_back(int32_t(std::stoll(k)), float(b));
+  }
+}
+
+std::optional<std::string> parse_effort(const ojson& v, const std::string& key) {
+  if (!v.is_string()) wrong_type(key, "a string", v);
+  std::string e = v.get<std::string>();
+  if (e != "low" && e != "medium" && e != "high") bad_request("'" + key + "' must be low, medium or high.", key, "invalid_value");
+  return e;
+}
+
+// reasoning_effort, or the object form reasoning: {"effort": ...}; both must agree.
+void parse_reasoning(const ojson& j, ChatRequest& r) {
+  if (const ojson* e = get(j, "reasoning_effort")) r.reasoning_effort = parse_effort(*e, "reasoning_effort");
+  if (const ojson* o = get(j, "reasoning")) {
+    if (!o->is_object()) wrong_type("reasoning", "an object", *o);
+    only_known_keys(*o, "reasoning", {"effort"});
+    if (const ojson* e = get(*o, "effort")) {
+      auto effort = parse_effort(*e, "reasoning.effort");
+      if (r.reasoning_effort && *r.reasoning_effort != *effort)
+        bad_request("'reasoning.effort' and 'reasoning_effort' disagree.", "reasoning.effort", "invalid_value");
+      r.reasoning_effort = effort;
+    }
+  }
+}
+
+// response_format until constrained decoding lands (issue 15 section 2 deletes this function
+// and its one call): plain text is what the server produces; the JSON modes are refused.
+void refuse_response_format_for_now(const ojson& j) {
+  const ojson* rf = get(j, "response_format");
+  if (!rf) return;
+  if (!rf->is_object()) wrong_type("response_format", "an object", *rf);
+  auto type = get_string(*rf, "type");
+  if (!type) bad_request("'response_format' needs a 'type'.", "response_format", "invalid_value");
+  if (*type == "text") return;
+  if (*type == "json_object" || *type == "json_schema")
+    bad_request("'response_format' of type '" + *type + "' is not supported yet.", "response_format",
+                "unsupported_value");
+  bad_request("'response_format.type' must be text, json_object or json_schema.", "response_format", "invalid_value");
+}
+
 void parse_common(const ojson& j, CommonRequest& r) {
   const ojson* model = get(j, "model");
   if (model && !model->is_string()) wrong_type("model", "a string", *model);
@@ -159,10 +353,18 @@ void parse_common(const ojson& j, CommonRequest& r) {
   if (auto b = get_bool(j, "stream")) r.stream = *b;
   if (const ojson* so = get(j, "stream_options")) {
     if (!so->is_object()) wrong_type("stream_options", "an object", *so);
+    only_known_keys(*so, "stream_options", {"include_usage", "continuous_usage_stats"});
     if (auto b = get_bool(*so, "include_usage")) r.include_usage = *b;
     if (auto b = get_bool(*so, "continuous_usage_stats")) r.continuous_usage = *b;
   }
   if (const ojson* u = get(j, "user"); u && !u->is_string()) wrong_type("user", "a string", *u);
+  parse_logit_bias(j, sp);
+  // vLLM's output switches, accepted at the values this server implements.
+  if (auto b = get_bool(j, "skip_special_tokens"); b && !*b)
+    bad_request("'skip_special_tokens': false is not supported.", "skip_special_tokens", "unsupported_value");
+  if (auto b = get_bool(j, "include_stop_str_in_output"); b && *b)
+    bad_request("'include_stop_str_in_output': true is not supported.", "include_stop_str_in_output",
+                "unsupported_value");
 }
 
 std::string content_text(const ojson& c, const std::string& where) {
@@ -188,7 +390,14 @@ std::string content_text(const ojson& c, const std::string& where) {
 
 }  // namespace
 
-ChatRequest parse_chat_request(const ojson& j) {
+std::span<const RequestField> chat_fields() { return kChatFields; }
+std::span<const RequestField> completion_fields() { return kCompletionFields; }
+std::span<const RequestField> tokenize_fields() { return kTokenizeFields; }
+std::span<const RequestField> detokenize_fields() { return kDetokenizeFields; }
+
+namespace {
+
+ChatRequest parse_chat_body(const ojson& j) {
   ChatRequest r;
   parse_common(j, r);
   if (auto b = get_bool(j, "logprobs")) r.logprobs = *b;
@@ -290,17 +499,20 @@ ChatRequest parse_chat_request(const ojson& j) {
     if (r.tool_choice == "required" && r.tools.empty())
       bad_request("'tool_choice' is required but no 'tools' were given.", "tool_choice", "invalid_value");
   }
-  if (auto e = get_string(j, "reasoning_effort")) {
-    if (*e != "low" && *e != "medium" && *e != "high")
-      bad_request("'reasoning_effort' must be low, medium or high.", "reasoning_effort", "invalid_value");
-    r.reasoning_effort = *e;
-  }
+  parse_reasoning(j, r);
+  refuse_response_format_for_now(j);
+  (void)get_bool(j, "parallel_tool_calls");  // type-checked; see kChatFields
+  if (auto st = get_bool(j, "store"); st && *st)
+    bad_request("'store' is not supported: this server keeps no completions.", "store", "unsupported_value");
+  if (const ojson* md = get(j, "metadata"); md && !md->is_object()) wrong_type("metadata", "an object", *md);
   return r;
 }
 
-CompletionRequest parse_completion_request(const ojson& j) {
+CompletionRequest parse_completion_body(const ojson& j) {
   CompletionRequest r;
   parse_common(j, r);
+  if (auto b = get_int(j, "best_of", 1, 1 << 30); b && *b != 1)
+    bad_request("Only best_of=1 is supported.", "best_of", "unsupported_value");
   if (auto lp = get_int(j, "logprobs", 0, 20)) {
     r.logprobs = true;
     r.top_logprobs = int(*lp);
@@ -339,6 +551,62 @@ CompletionRequest parse_completion_request(const ojson& j) {
   if (auto* ids = std::get_if<std::vector<int32_t>>(&r.prompt); ids && ids->empty())
     bad_request("'prompt' must not be empty.", "prompt", "invalid_value");
   return r;
+}
+
+}  // namespace
+
+ChatRequest parse_chat_request(const ojson& j) {
+  return parse_fields(j, kChatFields, [&] { return parse_chat_body(j); });
+}
+
+CompletionRequest parse_completion_request(const ojson& j) {
+  return parse_fields(j, kCompletionFields, [&] { return parse_completion_body(j); });
+}
+
+TokenizeRequest parse_tokenize_request(const ojson& j) {
+  return parse_fields(j, kTokenizeFields, [&] {
+    TokenizeRequest r;
+    if (const ojson* m = get(j, "model"); m && !m->is_string()) wrong_type("model", "a string", *m);
+    if (auto b = get_bool(j, "add_generation_prompt")) r.add_generation_prompt = *b;
+    if (auto b = get_bool(j, "return_token_strs")) r.return_token_strs = *b;
+    if (auto b = get_bool(j, "continue_final_message"); b && *b)
+      bad_request("'continue_final_message' is not supported.", "continue_final_message", "unsupported_value");
+    if (auto b = get_bool(j, "add_special_tokens")) (void)b;
+    const ojson* msgs = get(j, "messages");
+    auto prompt = get_string(j, "prompt");
+    if (msgs && prompt) bad_request("Give 'prompt' or 'messages', not both.", "prompt", "invalid_value");
+    if (msgs) {
+      // The chat fields, parsed as a chat request would parse them.
+      ojson chat = ojson::object();
+      for (const char* k : {"model", "messages", "tools", "tool_choice", "reasoning_effort", "reasoning"})
+        if (const ojson* v = get(j, k)) chat[k] = *v;
+      r.chat = parse_chat_request(chat);
+    } else if (prompt) {
+      r.prompt = *prompt;
+    } else {
+      for (const char* k : {"tools", "tool_choice", "reasoning_effort", "reasoning"})
+        if (get(j, k)) bad_request("'" + std::string(k) + "' needs 'messages'.", k, "invalid_value");
+      bad_request("'prompt' (a string) or 'messages' is required.", "prompt", "missing_required_parameter");
+    }
+    return r;
+  });
+}
+
+DetokenizeRequest parse_detokenize_request(const ojson& j) {
+  return parse_fields(j, kDetokenizeFields, [&] {
+    DetokenizeRequest r;
+    if (const ojson* m = get(j, "model"); m && !m->is_string()) wrong_type("model", "a string", *m);
+    const ojson* t = get(j, "tokens");
+    if (!t) bad_request("'tokens' (an array of token ids) is required.", "tokens", "missing_required_parameter");
+    if (!t->is_array()) wrong_type("tokens", "an array of token ids", *t);
+    for (const auto& v : *t) {
+      if (!v.is_number_integer()) wrong_type("tokens", "an array of token ids", v);
+      int64_t x = v.get<int64_t>();
+      if (x < 0 || x > INT32_MAX) bad_request("Token id " + std::to_string(x) + " is out of range.", "tokens", "invalid_value");
+      r.tokens.push_back(int32_t(x));
+    }
+    return r;
+  });
 }
 
 std::string make_id(const std::string& prefix) {

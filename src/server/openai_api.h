@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include <optional>
+#include <span>
 #include <string>
 #include <variant>
 #include <vector>
@@ -24,6 +25,25 @@ struct ApiError {
 };
 nlohmann::json error_body(const ApiError& e);
 [[noreturn]] void bad_request(const std::string& msg, const std::string& param = "", const std::string& code = "");
+
+// Every top-level field a route knows, and what it does with it. A field not in its route's
+// table is refused (400, code unsupported_value, param naming it), so a field is always either
+// honoured or refused, never silently ignored; a parser that forgets to read a field its table
+// marks kHonoured refuses it the same way.
+enum class FieldUse {
+  kHonoured,  // read and acted on by the parser
+  kHarmless,  // known and accepted with no effect on the output (e.g. `user`); `note` says why
+  kRefused,   // known but not supported: 400 with `note` as the message
+};
+struct RequestField {
+  const char* name;
+  FieldUse use;
+  const char* note = "";
+};
+std::span<const RequestField> chat_fields();        // /v1/chat/completions
+std::span<const RequestField> completion_fields();  // /v1/completions
+std::span<const RequestField> tokenize_fields();    // /tokenize
+std::span<const RequestField> detokenize_fields();  // /detokenize
 
 struct ToolCall {
   std::string id;
@@ -62,7 +82,7 @@ struct ChatRequest : CommonRequest {
   std::vector<ChatMessage> messages;
   std::vector<FunctionTool> tools;
   std::string tool_choice = "auto";  // none, auto, required, or a function name when forced
-  std::optional<std::string> reasoning_effort;  // low, medium, high
+  std::optional<std::string> reasoning_effort;  // low, medium, high (reasoning_effort or reasoning.effort)
 };
 
 struct CompletionRequest : CommonRequest {
@@ -70,10 +90,25 @@ struct CompletionRequest : CommonRequest {
   bool echo = false;
 };
 
+// /tokenize: a text prompt, or chat messages rendered as a chat request would be (vLLM's
+// TokenizeCompletionRequest / TokenizeChatRequest).
+struct TokenizeRequest {
+  std::optional<std::string> prompt;
+  std::optional<ChatRequest> chat;   // when "messages" is given
+  bool add_generation_prompt = true;  // chat: end with "<|start|>assistant"
+  bool return_token_strs = false;
+};
+
+struct DetokenizeRequest {
+  std::vector<int32_t> tokens;
+};
+
 // Parse the body text (throws ApiError 400 on malformed JSON or wrong types/values).
 ojson parse_body(const std::string& body);
 ChatRequest parse_chat_request(const ojson& j);
 CompletionRequest parse_completion_request(const ojson& j);
+TokenizeRequest parse_tokenize_request(const ojson& j);
+DetokenizeRequest parse_detokenize_request(const ojson& j);
 
 // A fresh id such as "chatcmpl-1a2b..." (random hex).
 std::string make_id(const std::string& prefix);

@@ -154,6 +154,10 @@ struct Server::Handlers {
       if (id < 0 || id >= s.engine_.vocab())
         throw ApiError{400, "stop_token_ids holds an id outside the vocabulary.", "invalid_request_error",
                        "stop_token_ids", "invalid_value"};
+    for (auto [id, bias] : r.sampling.logit_bias)
+      if (id < 0 || id >= s.engine_.vocab())
+        throw ApiError{400, "logit_bias holds token id " + std::to_string(id) + ", outside the vocabulary.",
+                       "invalid_request_error", "logit_bias", "invalid_value"};
   }
 
   std::shared_ptr<RequestStream> submit(const std::vector<int32_t>& prompt, const SamplingParams& sp) {
@@ -259,6 +263,7 @@ struct Server::Handlers {
     int prompt_tokens = 0;
     int completion_tokens = 0;
     std::unique_ptr<StopMatcher> stops;  // stop strings, on the content only
+    json pending_lps = json::array();    // logprobs of tokens whose text has not been sent yet
   };
 
   // One streamed chunk of a chat or text stream (both carry id, created, model, include_usage):
@@ -366,10 +371,10 @@ struct Server::Handlers {
       auto ev = st->rs->next(out.empty() ? 200ms : 0ms);
       while (ev) {
         ChatDelta d;
-        json lps = json::array();
         for (size_t i = 0; i < ev->tokens.size(); ++i) {
           d.append(st->mapper->push(ev->tokens[i]));
-          if (st->logprobs && i < ev->logprobs.size()) lps.push_back(chat_logprob_entry(s.tok_, ev->logprobs[i]));
+          if (st->logprobs && i < ev->logprobs.size())
+            st->pending_lps.push_back(chat_logprob_entry(s.tok_, ev->logprobs[i]));
         }
         if (ev->finished) d.append(st->mapper->finish());
         st->completion_tokens = ev->completion_tokens;
@@ -383,9 +388,17 @@ struct Server::Handlers {
         } else if (ev->finished) {
           d.content += st->stops->flush();
         }
-        json lp = st->logprobs && !lps.empty() ? json{{"content", lps}} : json(nullptr);
-        if (!d.empty() || !lp.is_null()) {
-          json ch = chat_chunk(*st, delta_json(d), lp, nullptr);
+        // A token's logprobs go out with its text: those of tokens whose text is still held
+        // back (a harmony header, a possible stop string) wait for it; those of tokens that
+        // show no text at all (headers, the end token) go with the next text or the last chunk.
+        auto take_lps = [&]() -> json {
+          if (!st->logprobs || st->pending_lps.empty()) return nullptr;
+          json lp = {{"content", std::move(st->pending_lps)}};
+          st->pending_lps = json::array();
+          return lp;
+        };
+        if (!d.empty()) {
+          json ch = chat_chunk(*st, delta_json(d), take_lps(), nullptr);
           if (st->continuous_usage) ch["usage"] = usage_json(ev->prompt_tokens, ev->completion_tokens);
           out += sse(ch);
         }
@@ -393,7 +406,7 @@ struct Server::Handlers {
           if (ev->finish_reason == FinishReason::kError) {
             out += sse(error_body(ApiError{500, "Generation failed: " + ev->error, "server_error", "", ""}));
           } else {
-            json ch = chat_chunk(*st, json::object(), nullptr,
+            json ch = chat_chunk(*st, json::object(), take_lps(),
                                  chat_finish_reason(ev->finish_reason, st->mapper->has_tool_calls()));
             if (st->continuous_usage) ch["usage"] = usage_json(ev->prompt_tokens, ev->completion_tokens);
             out += sse(ch);
@@ -413,21 +426,38 @@ struct Server::Handlers {
     int64_t created = 0;
     bool include_usage = false, continuous_usage = false, logprobs = false;
     bool done = false;
+    bool echo_pending = false;  // echo: the prompt text is still to be sent
     std::string echo;
-    size_t text_offset = 0;
+    int32_t first_prompt_token = -1;  // echo with logprobs: listed first, with null logprobs
+    size_t text_offset = 0;           // characters before the next token's text
+    std::vector<TokenLogprob> pending_lps;  // logprobs of tokens whose text has not been sent yet
   };
 
-  json text_logprobs(const std::vector<TokenLogprob>& lps, size_t& offset) {
+  // Characters (Unicode code points) in UTF-8 bytes, as OpenAI counts text_offset: bytes that
+  // are not continuation bytes (a character cut between tokens counts where it starts).
+  static size_t count_chars(std::string_view b) {
+    size_t n = 0;
+    for (unsigned char c : b) n += (c & 0xC0) != 0x80;
+    return n;
+  }
+
+  // The completions logprobs object of `lps`, preceded (first_token >= 0) by a prompt's first
+  // token, which has no logprob (null, as OpenAI writes it). Advances `offset`.
+  json text_logprobs(const std::vector<TokenLogprob>& lps, size_t& offset, int32_t first_token = -1) {
     json tokens = json::array(), tlp = json::array(), top = json::array(), offs = json::array();
-    for (const auto& lp : lps) {
-      std::string t = token_str(s.tok_, lp.token);
+    auto add = [&](int32_t id, json logprob, json top_map) {
+      std::string t = token_str(s.tok_, id);
       tokens.push_back(t);
-      tlp.push_back(lp.logprob);
+      tlp.push_back(std::move(logprob));
+      top.push_back(std::move(top_map));
+      offs.push_back(offset);
+      offset += count_chars(t);
+    };
+    if (first_token >= 0) add(first_token, nullptr, nullptr);
+    for (const auto& lp : lps) {
       json m = json::object();
       for (auto& [id, v] : lp.top) m[token_str(s.tok_, id)] = v;
-      top.push_back(m);
-      offs.push_back(offset);
-      offset += t.size();
+      add(lp.token, lp.logprob, std::move(m));
     }
     return {{"tokens", tokens}, {"token_logprobs", tlp}, {"top_logprobs", top}, {"text_offset", offs}};
   }
@@ -453,7 +483,9 @@ struct Server::Handlers {
     std::vector<int32_t> prompt;
     std::string echo;
     if (auto* text = std::get_if<std::string>(&r.prompt)) {
-      prompt = s.tok_.encode(*text, false);
+      // Harmony special tokens written in the text ("<|start|>user<|message|>...") are those
+      // tokens, as vLLM and `gptoss generate --prompt` read them.
+      prompt = s.tok_.encode(*text, true);
       echo = *text;
       if (prompt.empty()) bad_request("'prompt' encodes to no tokens.", "prompt", "invalid_value");
     } else {
@@ -474,6 +506,8 @@ struct Server::Handlers {
       }
     }
     finalize(r, prompt.size(), "prompt");
+    // echo with logprobs lists the prompt's tokens too: the engine computes their logprobs.
+    if (r.echo && r.logprobs) r.sampling.prompt_logprobs = r.top_logprobs;
     auto rs = submit(prompt, r.sampling);
     auto st = std::make_shared<TextStream>();
     st->rs = rs;
@@ -483,7 +517,11 @@ struct Server::Handlers {
     st->include_usage = r.include_usage;
     st->continuous_usage = r.continuous_usage;
     st->logprobs = r.logprobs;
-    if (r.echo) st->echo = echo;
+    if (r.echo) {
+      st->echo = echo;
+      st->echo_pending = true;
+      if (r.logprobs) st->first_prompt_token = prompt[0];
+    }
 
     if (!r.stream) {
       struct Acc {
@@ -495,14 +533,17 @@ struct Server::Handlers {
       const bool want_lp = r.logprobs;
       respond_when_done(res, rs, [this, st, acc, want_lp](EngineEvent& ev) -> std::optional<json> {
         acc->text += ev.text;
+        acc->lps.insert(acc->lps.end(), ev.prompt_logprobs.begin(), ev.prompt_logprobs.end());
         acc->lps.insert(acc->lps.end(), ev.logprobs.begin(), ev.logprobs.end());
         if (!ev.finished) return std::nullopt;
         if (ev.finish_reason == FinishReason::kError)
           return error_body(ApiError{500, "Generation failed: " + ev.error, "server_error", "", ""});
-        size_t off = st->echo.size();
+        // With echo and logprobs the offsets count from the prompt's first token; with echo
+        // alone, from the end of the echoed prompt.
+        size_t off = st->first_prompt_token >= 0 ? 0 : count_chars(st->echo);
         json choice = {{"index", 0},
                        {"text", acc->text},
-                       {"logprobs", want_lp ? text_logprobs(acc->lps, off) : json(nullptr)},
+                       {"logprobs", want_lp ? text_logprobs(acc->lps, off, st->first_prompt_token) : json(nullptr)},
                        {"finish_reason", text_finish(ev.finish_reason)}};
         return json{{"id", st->id},       {"object", "text_completion"}, {"created", st->created},
                     {"model", st->model}, {"choices", json::array({choice})},
@@ -512,17 +553,33 @@ struct Server::Handlers {
     }
 
     stream_sse(res, st, "text_completion", [this, st](std::string& out) -> std::optional<EngineEvent> {
-      if (!st->echo.empty()) {
+      if (st->echo_pending && st->first_prompt_token < 0) {
         out += sse(text_chunk(*st, st->echo, nullptr, nullptr));
-        st->text_offset = st->echo.size();
-        st->echo.clear();
+        st->text_offset = count_chars(st->echo);
+        st->echo_pending = false;
       }
       auto ev = st->rs->next(out.empty() ? 200ms : 0ms);
       while (ev) {
-        json lp = st->logprobs && !ev->logprobs.empty() ? text_logprobs(ev->logprobs, st->text_offset) : json(nullptr);
-        if (lp.is_null()) st->text_offset += ev->text.size();
-        if (!ev->text.empty() || !lp.is_null()) {
-          json ch = text_chunk(*st, ev->text, lp, nullptr);
+        if (st->echo_pending) {
+          // echo with logprobs: the prompt goes out with its tokens' logprobs, which come with
+          // the first generated token.
+          json plp = text_logprobs(ev->prompt_logprobs, st->text_offset, st->first_prompt_token);
+          out += sse(text_chunk(*st, st->echo, plp, nullptr));
+          st->echo_pending = false;
+        }
+        // A token's logprobs go out with its text: those of tokens whose text the engine holds
+        // back (a cut UTF-8 character, a possible stop string) wait for it, and those of tokens
+        // with no text (the end token) go with the last chunk.
+        st->pending_lps.insert(st->pending_lps.end(), ev->logprobs.begin(), ev->logprobs.end());
+        auto take_lps = [&]() -> json {
+          if (!st->logprobs || st->pending_lps.empty()) return nullptr;
+          json lp = text_logprobs(st->pending_lps, st->text_offset);
+          st->pending_lps.clear();
+          return lp;
+        };
+        if (!ev->text.empty()) {
+          json ch = text_chunk(*st, ev->text, take_lps(), nullptr);
+          if (!st->logprobs) st->text_offset += count_chars(ev->text);
           if (st->continuous_usage) ch["usage"] = usage_json(ev->prompt_tokens, ev->completion_tokens);
           out += sse(ch);
         }
@@ -530,7 +587,7 @@ struct Server::Handlers {
           if (ev->finish_reason == FinishReason::kError)
             out += sse(error_body(ApiError{500, "Generation failed: " + ev->error, "server_error", "", ""}));
           else
-            out += sse(text_chunk(*st, "", nullptr, text_finish(ev->finish_reason)));
+            out += sse(text_chunk(*st, "", take_lps(), text_finish(ev->finish_reason)));
           return ev;
         }
         ev = st->rs->next(0ms);
@@ -546,31 +603,40 @@ struct Server::Handlers {
             {"max_model_len", s.engine_.max_model_len()}};
   }
 
+  // vLLM's /tokenize: {"prompt"} or {"messages", ...} -> {"count", "max_model_len", "tokens",
+  // "token_strs"}; token_strs (with return_token_strs) spells tokens as convert_ids_to_tokens does.
   void tokenize(const httplib::Request& req, httplib::Response& res) {
     ojson body = parse_body(req.body);
+    TokenizeRequest r = parse_tokenize_request(body);
+    if (const auto m = body.find("model"); m != body.end() && m->is_string()) check_model(m->get<std::string>());
     std::vector<int32_t> ids;
-    if (body.contains("messages")) {
-      ChatRequest r = parse_chat_request(body);
-      ids = render_chat_prompt(s.renderer_, r);
+    if (r.chat) {
+      harmony::Conversation c = build_conversation(*r.chat);
+      ids = r.add_generation_prompt ? s.renderer_.render_for_completion(c, harmony::Role::Assistant)
+                                    : s.renderer_.render_conversation(c);
     } else {
-      auto it = body.find("prompt");
-      if (it == body.end() || !it->is_string()) bad_request("'prompt' (a string) or 'messages' is required.", "prompt");
-      ids = s.tok_.encode(it->get<std::string>(), false);
+      ids = s.tok_.encode(*r.prompt, true);  // special tokens spelled in the text, as /v1/completions reads them
     }
-    set_json(res, 200, {{"tokens", ids}, {"count", ids.size()}, {"max_model_len", s.engine_.max_model_len()}});
+    json out = {{"count", ids.size()}, {"max_model_len", s.engine_.max_model_len()}, {"tokens", ids}};
+    if (r.return_token_strs) {
+      json strs = json::array();
+      for (int32_t id : ids) strs.push_back(s.tok_.token_piece(id));
+      out["token_strs"] = strs;
+    } else {
+      out["token_strs"] = nullptr;
+    }
+    set_json(res, 200, out);
   }
 
+  // vLLM's /detokenize: {"tokens"} -> {"prompt"}.
   void detokenize(const httplib::Request& req, httplib::Response& res) {
     ojson body = parse_body(req.body);
-    auto it = body.find("tokens");
-    if (it == body.end() || !it->is_array()) bad_request("'tokens' (an array of ids) is required.", "tokens");
-    std::vector<int32_t> ids;
-    for (const auto& v : *it) {
-      if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() >= int64_t(s.tok_.vocab_size()))
-        bad_request("'tokens' holds an invalid id.", "tokens", "invalid_value");
-      ids.push_back(int32_t(v.get<int64_t>()));
-    }
-    set_json(res, 200, {{"prompt", s.tok_.decode(ids)}});
+    DetokenizeRequest r = parse_detokenize_request(body);
+    if (const auto m = body.find("model"); m != body.end() && m->is_string()) check_model(m->get<std::string>());
+    for (int32_t id : r.tokens)
+      if (!s.tok_.has_token(id))
+        bad_request("Token id " + std::to_string(id) + " is not in the vocabulary.", "tokens", "invalid_value");
+    set_json(res, 200, {{"prompt", s.tok_.decode(r.tokens)}});
   }
 };
 

@@ -841,6 +841,11 @@ std::string_view Tokenizer::token_bytes(TokenId id) const {
   return impl_->bytes_of[id];
 }
 
+std::string Tokenizer::token_piece(TokenId id) const {
+  std::string_view b = token_bytes(id);
+  return is_special(id) ? std::string(b) : bytes_to_bl(b);
+}
+
 std::string Tokenizer::decode_bytes(std::span<const TokenId> ids) const {
   std::string s;
   for (TokenId id : ids) s.append(token_bytes(id));

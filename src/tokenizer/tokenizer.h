@@ -41,6 +41,9 @@ class Tokenizer {
   std::string decode(std::span<const TokenId> ids) const;
   // Bytes of one token (a special token's bytes are its name). Throws on an unknown id.
   std::string_view token_bytes(TokenId id) const;
+  // One token as Hugging Face's convert_ids_to_tokens spells it: its bytes in the GPT-2
+  // byte-level alphabet ("Ġhello" for " hello"); a special token's name. Throws on an unknown id.
+  std::string token_piece(TokenId id) const;
 
   // Id of a special token by name (e.g. "<|return|>"), or of an ordinary token whose bytes are
   // exactly `name`; nullopt when none.

@@ -164,6 +164,98 @@ test('completions: text and token-id prompts, logprobs, streaming', async () => 
   assert.equal(await tokenCount({ prompt: 'Hello world' }), 2);
 });
 
+test('every field is honoured or refused by name (logit_bias, reasoning object, response_format, legacy fields)', async () => {
+  const base = { model: MODEL, messages: user('hi'), max_tokens: 4, temperature: 0 };
+  const tk = await fetch(`${srv.baseURL}/tokenize`, { method: 'POST', body: JSON.stringify({ prompt: ' cat' }) });
+  const [cat] = (await tk.json()).tokens;
+  const biased = await client.chat.completions.create({ ...base, logit_bias: { [cat]: 100 } });
+  assert.equal(biased.choices[0].message.content, ' cat cat cat cat');
+  const c = await client.completions.create({ model: MODEL, prompt: 'Once', max_tokens: 3, logit_bias: { [cat]: 100 } });
+  assert.equal(c.choices[0].text, ' cat cat cat');
+  const tokens = async (body) => {
+    const r = await fetch(`${srv.baseURL}/tokenize`, { method: 'POST', body: JSON.stringify(body) });
+    assert.equal(r.status, 200);
+    return (await r.json()).tokens;
+  };
+  assert.deepEqual(await tokens({ messages: base.messages, reasoning: { effort: 'high' } }),
+                   await tokens({ messages: base.messages, reasoning_effort: 'high' }));
+  const r = await client.chat.completions.create({ ...base, reasoning: { effort: 'high' } });
+  assert.equal(r.usage.prompt_tokens, (await tokens({ messages: base.messages, reasoning_effort: 'high' })).length);
+  const refused = async (promise, param) => {
+    await assert.rejects(promise, (e) => {
+      assert.equal(e.status, 400, e.message);
+      assert.equal(e.param, param);
+      assert.equal(e.code, 'unsupported_value');
+      assert.equal(e.type, 'invalid_request_error');
+      return true;
+    });
+  };
+  await refused(client.chat.completions.create({ ...base, response_format: { type: 'json_object' } }), 'response_format');
+  await refused(client.chat.completions.create({
+    ...base, response_format: { type: 'json_schema', json_schema: { name: 'x', schema: { type: 'object' } } },
+  }), 'response_format');
+  await refused(client.chat.completions.create({ ...base, functions: [{ name: 'f', parameters: {} }] }), 'functions');
+  await refused(client.chat.completions.create({ ...base, function_call: 'auto' }), 'function_call');
+  await refused(client.chat.completions.create({ ...base, repetition_penalty: 1.2 }), 'repetition_penalty');
+  await refused(client.chat.completions.create({ ...base, made_up_field: 1 }), 'made_up_field');
+  await refused(client.completions.create({ model: MODEL, prompt: 'x', max_tokens: 2, best_of: 2 }), 'best_of');
+  await refused(client.completions.create({ model: MODEL, prompt: 'x', max_tokens: 2, suffix: 'y' }), 'suffix');
+  // known harmless fields pass
+  const ok = await client.chat.completions.create({ ...base, user: 'u-1', n: 1, metadata: { a: 'b' }, parallel_tool_calls: true });
+  assert.equal(ok.choices.length, 1);
+});
+
+test('completions: harmony specials in a text prompt; echo with prompt logprobs; text_offset in characters', async () => {
+  const h = await client.completions.create({
+    model: MODEL, prompt: '<|start|>user<|message|>Hi<|end|><|start|>assistant', max_tokens: 1,
+  });
+  assert.equal(h.usage.prompt_tokens, 7);
+  const prompt = 'Grüße aus Köln';
+  const r = await client.completions.create({ model: MODEL, prompt, max_tokens: 3, temperature: 0, logprobs: 1, echo: true });
+  const lp = r.choices[0].logprobs;
+  assert.ok(r.choices[0].text.startsWith(prompt));
+  assert.equal(lp.tokens.length, r.usage.prompt_tokens + r.usage.completion_tokens);
+  assert.equal(lp.token_logprobs[0], null);
+  assert.ok(lp.token_logprobs.slice(1).every((v) => typeof v === 'number' && v <= 0));
+  let chars = 0;
+  for (let i = 0; i < r.usage.prompt_tokens; ++i) {
+    assert.equal(lp.text_offset[i], chars);
+    chars += [...lp.tokens[i]].length;
+  }
+  assert.equal(lp.text_offset[r.usage.prompt_tokens], [...prompt].length);
+});
+
+test('streamed logprobs ride with their text; the random model streams at once; /tokenize options', async () => {
+  const req = { model: MODEL, messages: user('Tell me a story.'), max_tokens: 40, temperature: 0, logprobs: true, ignore_eos: true };
+  const stream = await client.chat.completions.create({ ...req, stream: true, stream_options: { continuous_usage_stats: true } });
+  let firstTextAt = null;
+  let n = 0;
+  for await (const chunk of stream) {
+    if (!chunk.choices.length) continue;
+    const ch = chunk.choices[0];
+    const hasText = !!(ch.delta.content || ch.delta.reasoning_content || ch.delta.tool_calls);
+    if (ch.logprobs?.content?.length) {
+      assert.ok(hasText || ch.finish_reason, `logprobs without text: ${JSON.stringify(chunk)}`);
+      n += ch.logprobs.content.length;
+    }
+    if (firstTextAt === null && ch.delta.content && chunk.usage) firstTextAt = chunk.usage.completion_tokens;
+  }
+  assert.equal(n, 40);
+  assert.ok(firstTextAt !== null && firstTextAt <= 4, `first text after ${firstTextAt} tokens (was 48)`);
+  const tokenize = async (body) => {
+    const r = await fetch(`${srv.baseURL}/tokenize`, { method: 'POST', body: JSON.stringify(body) });
+    assert.equal(r.status, 200);
+    return r.json();
+  };
+  const t = await tokenize({ prompt: 'Hello world', return_token_strs: true });
+  assert.deepEqual(t.token_strs, ['Hello', 'Ġworld']);
+  const withGen = await tokenize({ messages: user('hi') });
+  const noGen = await tokenize({ messages: user('hi'), add_generation_prompt: false });
+  assert.equal(withGen.count, noGen.count + 2);
+  const d = await fetch(`${srv.baseURL}/detokenize`, { method: 'POST', body: JSON.stringify({ tokens: t.tokens }) });
+  assert.equal((await d.json()).prompt, 'Hello world');
+});
+
 test('seeded sampling is reproducible', async () => {
   const req = { model: MODEL, prompt: 'The', max_tokens: 10, temperature: 1.0, top_p: 0.9, top_k: 50, seed: 1234 };
   const a = await client.completions.create(req);

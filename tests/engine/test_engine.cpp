@@ -390,3 +390,61 @@ TEST(Engine, BackendSamplesUnlessLogitsAreNeeded) {
     EXPECT_EQ(ra.tokens, rb.tokens) << temperature;
   }
 }
+
+// Prompt logprobs (completions echo): one per prompt token after the first, each the
+// log-softmax at the position before it, all sent once although the prompt is prefilled in
+// chunks over several steps.
+TEST(Engine, PromptLogprobs) {
+  const std::vector<int32_t> prompt = prompt_of(40, 9);  // budget 16: three prefill chunks
+  SamplingParams sp;
+  sp.temperature = 0;
+  sp.max_tokens = 3;
+  sp.prompt_logprobs = 2;
+  FakeBackend be;
+  Engine e(be, small_cfg());
+  auto s = e.submit(prompt, sp);
+  std::vector<TokenLogprob> plps;
+  int events_with_prompt_lps = 0;
+  run_idle(e);
+  for (int i = 0; i < 10; ++i) {
+    auto ev = s->next(std::chrono::milliseconds(1000));
+    ASSERT_TRUE(ev);
+    if (!ev->prompt_logprobs.empty()) ++events_with_prompt_lps;
+    plps.insert(plps.end(), ev->prompt_logprobs.begin(), ev->prompt_logprobs.end());
+    if (ev->finished) break;
+  }
+  EXPECT_EQ(events_with_prompt_lps, 1);
+  ASSERT_EQ(plps.size(), prompt.size() - 1);
+  for (size_t k = 1; k < prompt.size(); k += 5) {
+    EXPECT_EQ(plps[k - 1].token, prompt[k]);
+    // The distribution after prompt[0..k): what a request for that prefix sees first.
+    SamplingParams one;
+    one.temperature = 0;
+    one.max_tokens = 1;
+    one.logprobs = 2;
+    Result r = run_alone(std::vector<int32_t>(prompt.begin(), prompt.begin() + k), one);
+    ASSERT_EQ(r.logprobs.size(), 1u);
+    EXPECT_EQ(plps[k - 1].top, r.logprobs[0].top) << k;
+  }
+  // The sampled tokens do not change.
+  SamplingParams plain = sp;
+  plain.prompt_logprobs = -1;
+  EXPECT_EQ(run_alone(prompt, sp).tokens, run_alone(prompt, plain).tokens);
+}
+
+TEST(Engine, LogitBiasOnTheHostPath) {
+  SamplingParams sp;
+  sp.temperature = 0;
+  sp.max_tokens = 4;
+  sp.logit_bias = {{5, 100.0f}};
+  FakeBackend be;
+  EngineConfig cfg = small_cfg();
+  Engine e(be, cfg);
+  auto s = e.submit(prompt_of(6, 2), sp);
+  run_idle(e);
+  Result r = collect(*s);
+  EXPECT_EQ(r.tokens, (std::vector<int32_t>{5, 5, 5, 5}));
+  EXPECT_EQ(be.sample_calls, 0);  // the backend's own sampler knows nothing of the bias
+  sp.logit_bias = {{64, 1.0f}};
+  EXPECT_THROW(e.submit(prompt_of(6, 2), sp), Error);  // outside the vocabulary
+}

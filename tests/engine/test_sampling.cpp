@@ -113,3 +113,19 @@ TEST(Sampling, Logprobs) {
   TokenLogprob t2 = compute_logprobs(inf.data(), 2, 1, 0);
   EXPECT_TRUE(std::isfinite(t2.logprob));
 }
+
+TEST(Sampling, LogitBias) {
+  std::vector<float> l = {1.0f, 0.9f, 0.0f};
+  SamplingParams sp;
+  sp.temperature = 0;
+  std::vector<float> s;
+  std::vector<int32_t> idx;
+  std::mt19937_64 rng(1);
+  std::unordered_map<int32_t, int> counts;
+  sp.logit_bias = {{2, 1.5f}};  // 0 + 1.5 beats 1.0
+  EXPECT_EQ(sample_token(l.data(), 3, sp, counts, rng, s, idx), 2);
+  sp.logit_bias = {{0, -100.0f}};  // banned
+  EXPECT_EQ(sample_token(l.data(), 3, sp, counts, rng, s, idx), 1);
+  sp.temperature = 1.0f;  // sampled: a -100 token is never drawn
+  for (int i = 0; i < 200; ++i) EXPECT_NE(sample_token(l.data(), 3, sp, counts, rng, s, idx), 0);
+}

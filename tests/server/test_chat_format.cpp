@@ -220,3 +220,44 @@ TEST(ChatFormat, SecondTurnDropsAnalysisAndHidesToolsOnNone) {
             "<|start|>assistant<|channel|>final<|message|>4<|end|>"
             "<|start|>user<|message|>And 3 + 3?<|end|><|start|>assistant");
 }
+
+// Issue 17 item 9: text that cannot be a harmony header (a random model's) streams from its
+// first token instead of after kMaxHeaderTokens tokens.
+TEST(ChatFormat, UnformattedOutputStreamsFromTheFirstTokens) {
+  for (std::string text : {"Hello there, how are you today?", " word0 word1 word2 word3 word4",
+                           "<|channel|>random junk that is no channel name at all", "<|start|>assistant and more words follow here"}) {
+    std::vector<TokenId> ids = tok().encode(text, true);
+    ASSERT_GT(ids.size(), 4u);
+    ChatOutputMapper m(tok());
+    std::string streamed;
+    size_t first_text_at = 0;
+    for (size_t i = 0; i < ids.size(); ++i) {
+      streamed += m.push(ids[i]).content;
+      if (streamed.empty()) first_text_at = i + 1;
+    }
+    EXPECT_LE(first_text_at, 4u) << text;  // within a few tokens (was 48)
+    streamed += m.finish().content;
+    EXPECT_FALSE(streamed.empty()) << text;
+  }
+}
+
+TEST(ChatFormat, PlausibleHeaders) {
+  for (const char* h : {"", "<|channel|>", "<|channel|>analysis", "<|channel|>final",
+                        "<|channel|>commentary to=functions.get_weather <|constrain|>json",
+                        "<|channel|>commentary to=functions.get_weather json", " to", " to=functions.x<|channel|>commentary json",
+                        "<|channel|>commentary to=functions.x", "<|channel|>commentary "})
+    EXPECT_TRUE(ChatOutputMapper::plausible_header(h, true)) << h;
+  for (const char* h : {"Hello", " word0 word1", "<|channel|>analysis<|channel|>final", "<|channel|>final, and",
+                        "\n", "<|channel|>commentary json to=functions.x extra"})
+    EXPECT_FALSE(ChatOutputMapper::plausible_header(h, true)) << h;
+  EXPECT_TRUE(ChatOutputMapper::plausible_header("assistant<|channel|>final", false));
+  EXPECT_TRUE(ChatOutputMapper::plausible_header("assi", false));
+  EXPECT_FALSE(ChatOutputMapper::plausible_header("user", false));
+  // Real headers still parse after the check: a tool call with the recipient before the channel.
+  ChatOutputMapper m(tok());
+  for (TokenId t : tok().encode(" to=functions.get_weather<|channel|>commentary json<|message|>{\"x\":1}<|call|>", true))
+    m.push(t);
+  m.finish();
+  ASSERT_EQ(m.tool_calls().size(), 1u);
+  EXPECT_EQ(m.tool_calls()[0].name, "get_weather");
+}

@@ -113,3 +113,158 @@ TEST(OpenAiApi, ErrorBody) {
   EXPECT_TRUE(k["error"]["param"].is_null());
   EXPECT_TRUE(k["error"]["code"].is_null());
 }
+
+namespace {
+// A valid value for every field a route's table may list: a field added to a table without a
+// sample here fails FieldTables.EveryHonouredFieldIsRead, so its parser gets tested.
+const ojson& sample_values() {
+  static const ojson s = ojson::parse(R"({
+    "model": "m", "max_tokens": 5, "max_completion_tokens": 5, "temperature": 0.5, "top_p": 0.9,
+    "top_k": 3, "min_p": 0.1, "presence_penalty": 0.5, "frequency_penalty": 0.5, "seed": 1, "n": 1,
+    "stop": "x", "stop_token_ids": [7], "ignore_eos": true, "stream": true,
+    "stream_options": {"include_usage": true}, "logit_bias": {"15": 1.5}, "user": "u",
+    "messages": [{"role": "user", "content": "hi"}], "top_logprobs": 0,
+    "tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "auto",
+    "parallel_tool_calls": false, "reasoning_effort": "low", "reasoning": {"effort": "low"},
+    "response_format": {"type": "text"}, "store": false, "metadata": {"k": "v"},
+    "prompt": "hi", "echo": true, "best_of": 1, "add_generation_prompt": false,
+    "continue_final_message": false, "return_token_strs": true, "add_special_tokens": true,
+    "tokens": [1, 2], "skip_special_tokens": true, "include_stop_str_in_output": false,
+    "safety_identifier": "s", "prompt_cache_key": "k"
+  })");
+  return s;
+}
+
+ApiError parse_error(const ojson& j, const std::string& route) {
+  try {
+    if (route == "chat") parse_chat_request(j);
+    else if (route == "completions") parse_completion_request(j);
+    else if (route == "tokenize") parse_tokenize_request(j);
+    else parse_detokenize_request(j);
+  } catch (const ApiError& e) {
+    return e;
+  }
+  return ApiError{200, "", "", "", ""};
+}
+
+ojson base_of(const std::string& route) {
+  if (route == "chat") return {{"messages", ojson::array({{{"role", "user"}, {"content", "hi"}}})}};
+  if (route == "completions") return {{"prompt", "hi"}};
+  if (route == "tokenize") return {{"prompt", "hi"}};
+  return {{"tokens", {1}}};
+}
+}  // namespace
+
+// Item 1 of issue 17: every field in a route's table is either read by its parser or refused;
+// a table entry the parser never reads would be answered 400 too, so the sample must parse.
+TEST(FieldTables, EveryHonouredFieldIsRead) {
+  std::vector<std::pair<std::string, std::span<const RequestField>>> routes = {
+      {"chat", chat_fields()}, {"completions", completion_fields()}, {"tokenize", tokenize_fields()},
+      {"detokenize", detokenize_fields()}};
+  for (auto& [route, table] : routes) {
+    for (const RequestField& f : table) {
+      if (f.use == FieldUse::kRefused) continue;
+      ojson j = base_of(route);
+      if (std::string(f.name) == "logprobs") {  // a boolean for chat, a count for completions
+        j["logprobs"] = route == "chat" ? ojson(true) : ojson(2);
+        EXPECT_EQ(parse_error(j, route).status, 200) << route << " logprobs";
+        continue;
+      }
+      ASSERT_TRUE(sample_values().contains(f.name)) << "no sample value for " << f.name;
+      if (route == "tokenize" && (std::string(f.name) == "messages" || std::string(f.name) == "tools" ||
+                                  std::string(f.name) == "tool_choice" || std::string(f.name).rfind("reasoning", 0) == 0)) {
+        j.erase("prompt");
+        j["messages"] = sample_values()["messages"];
+      }
+      j[f.name] = sample_values()[f.name];
+      if (route == "chat" && std::string(f.name) == "top_logprobs") j["logprobs"] = true;
+      ApiError e = parse_error(j, route);
+      EXPECT_EQ(e.status, 200) << route << " " << f.name << ": " << e.message;
+    }
+  }
+}
+
+TEST(FieldTables, UnknownAndUnsupportedFieldsAreRefusedByName) {
+  struct Case {
+    std::string route, body, param;
+  };
+  const std::string m = R"("messages":[{"role":"user","content":"x"}])";
+  std::vector<Case> cases = {
+      {"chat", "{" + m + R"(,"response_format":{"type":"json_object"}})", "response_format"},
+      {"chat", "{" + m + R"(,"response_format":{"type":"json_schema","json_schema":{"name":"x","schema":{}}}})",
+       "response_format"},
+      {"chat", "{" + m + R"(,"functions":[{"name":"f"}]})", "functions"},
+      {"chat", "{" + m + R"(,"function_call":"auto"})", "function_call"},
+      {"chat", "{" + m + R"(,"repetition_penalty":1.1})", "repetition_penalty"},
+      {"chat", "{" + m + R"(,"best_of":2})", "best_of"},
+      {"chat", "{" + m + R"(,"frobnicate":true})", "frobnicate"},
+      {"chat", "{" + m + R"(,"store":true})", "store"},
+      {"chat", "{" + m + R"(,"reasoning":{"effort":"low","summary":"auto"}})", "reasoning.summary"},
+      {"chat", "{" + m + R"(,"stream_options":{"include_obfuscation":true}})", "stream_options.include_obfuscation"},
+      {"chat", "{" + m + R"(,"skip_special_tokens":false})", "skip_special_tokens"},
+      {"completions", R"({"prompt":"x","include_stop_str_in_output":true})", "include_stop_str_in_output"},
+      {"completions", R"({"prompt":"x","suffix":"y"})", "suffix"},
+      {"completions", R"({"prompt":"x","best_of":3})", "best_of"},
+      {"completions", R"({"prompt":"x","repetition_penalty":1.2})", "repetition_penalty"},
+      {"completions", R"({"prompt":"x","messages":[]})", "messages"},
+      {"tokenize", R"({"prompt":"x","temperature":1})", "temperature"},
+      {"tokenize", R"({"messages":[{"role":"user","content":"x"}],"continue_final_message":true})",
+       "continue_final_message"},
+      {"detokenize", R"({"tokens":[1],"prompt":"x"})", "prompt"},
+  };
+  for (const auto& c : cases) {
+    ApiError e = parse_error(parse_body(c.body), c.route);
+    EXPECT_EQ(e.status, 400) << c.body;
+    EXPECT_EQ(e.code, "unsupported_value") << c.body << ": " << e.message;
+    EXPECT_EQ(e.param, c.param) << c.body;
+    EXPECT_EQ(e.type, "invalid_request_error");
+  }
+  // A bogus response_format type is a bad value, not an unsupported one; null means absent.
+  EXPECT_EQ(parse_error(parse_body("{" + m + R"(,"response_format":{"type":"bogus"}})"), "chat").param,
+            "response_format");
+  EXPECT_EQ(parse_error(parse_body("{" + m + R"(,"suffix":null,"functions":null,"frobnicate":null})"), "chat").status,
+            200);
+  EXPECT_EQ(parse_error(parse_body(R"({"prompt":"x","suffix":null,"best_of":1})"), "completions").status, 200);
+}
+
+TEST(OpenAiApi, LogitBiasAndReasoningObject) {
+  const std::string m = R"("messages":[{"role":"user","content":"x"}])";
+  auto r = parse_chat_request(parse_body("{" + m + R"(,"logit_bias":{"15":-100,"200":2.5}})"));
+  ASSERT_EQ(r.sampling.logit_bias.size(), 2u);
+  EXPECT_EQ(r.sampling.logit_bias[0], (std::pair<int32_t, float>{15, -100.0f}));
+  EXPECT_EQ(r.sampling.logit_bias[1], (std::pair<int32_t, float>{200, 2.5f}));
+  auto c = parse_completion_request(parse_body(R"({"prompt":"x","logit_bias":{"7":100}})"));
+  ASSERT_EQ(c.sampling.logit_bias.size(), 1u);
+  EXPECT_EQ(err_of("{" + m + R"(,"logit_bias":{"abc":1}})").param, "logit_bias");
+  EXPECT_EQ(err_of("{" + m + R"(,"logit_bias":{"-1":1}})").param, "logit_bias");
+  EXPECT_EQ(err_of("{" + m + R"(,"logit_bias":{"5":101}})").param, "logit_bias");
+  EXPECT_EQ(err_of("{" + m + R"(,"logit_bias":{"5":"x"}})").code, "invalid_type");
+  EXPECT_EQ(err_of("{" + m + R"(,"logit_bias":[1]})").code, "invalid_type");
+
+  auto e = parse_chat_request(parse_body("{" + m + R"(,"reasoning":{"effort":"high"}})"));
+  ASSERT_TRUE(e.reasoning_effort);
+  EXPECT_EQ(*e.reasoning_effort, "high");
+  auto both = parse_chat_request(parse_body("{" + m + R"(,"reasoning":{"effort":"low"},"reasoning_effort":"low"})"));
+  EXPECT_EQ(*both.reasoning_effort, "low");
+  EXPECT_EQ(err_of("{" + m + R"(,"reasoning":{"effort":"low"},"reasoning_effort":"high"})").param, "reasoning.effort");
+  EXPECT_EQ(err_of("{" + m + R"(,"reasoning":{"effort":"max"}})").param, "reasoning.effort");
+  EXPECT_EQ(err_of("{" + m + R"(,"reasoning":"high"})").code, "invalid_type");
+}
+
+TEST(OpenAiApi, TokenizeRequests) {
+  auto t = parse_tokenize_request(parse_body(R"({"prompt":"hi","return_token_strs":true})"));
+  EXPECT_EQ(*t.prompt, "hi");
+  EXPECT_TRUE(t.return_token_strs);
+  EXPECT_FALSE(t.chat);
+  auto c = parse_tokenize_request(
+      parse_body(R"({"messages":[{"role":"user","content":"x"}],"add_generation_prompt":false,"reasoning_effort":"high"})"));
+  ASSERT_TRUE(c.chat);
+  EXPECT_FALSE(c.add_generation_prompt);
+  EXPECT_EQ(*c.chat->reasoning_effort, "high");
+  EXPECT_EQ(parse_error(parse_body(R"({})"), "tokenize").param, "prompt");
+  EXPECT_EQ(parse_error(parse_body(R"({"prompt":"x","messages":[]})"), "tokenize").param, "prompt");
+  auto d = parse_detokenize_request(parse_body(R"({"tokens":[1,2,3]})"));
+  EXPECT_EQ(d.tokens, (std::vector<int32_t>{1, 2, 3}));
+  EXPECT_EQ(parse_error(parse_body(R"({"tokens":[-1]})"), "detokenize").param, "tokens");
+  EXPECT_EQ(parse_error(parse_body(R"({"tokens":"1"})"), "detokenize").code, "invalid_type");
+}
