@@ -430,11 +430,14 @@ void skinny_linear(const WeightMat& W, const void* A, bool a_f16, int lda, int M
   SkinnyArgs a{W, A, lda, M, grouped, gather_a, r, epi};
   const int tiles = W.N / 16;
   const int groups = grouped ? moe_max_groups(pairs, E) : 1;
-  // Max tokens one group can have: a token picks an expert at most once.
-  const int max_tokens = grouped ? std::min(pairs, M > 0 ? M : pairs) : M;
-  // Warps splitting K (bench-kernels, 120b experts, H200): 8 at 1 token and at 32 (gate_up 685
-  // vs 696/869 us at ks 2/4), 4 at 8 tokens (111 vs 127 us at ks 8).
-  const int ks = ks_override ? ks_override : (M <= 1 || M > 16 ? 8 : 4);
+  // Tokens an n-tile pass covers: dense, all M; grouped, sized by the mean group (pairs over the
+  // experts they can touch), since a group with more tokens takes another pass (its weights then
+  // come from L2) while padding every group to the largest possible one wastes MMAs and
+  // activation loads on all of them (120b at 32 tokens: ~1.6 tokens per touched expert).
+  const int max_tokens = grouped ? (pairs + groups - 1) / groups : M;
+  // Warps splitting K (bench-kernels, 120b experts, H200, shared-memory activations): 8 was the
+  // fastest or within 5% at 1 and 8 tokens (gate_up 23.7 vs 26.8 us at 4; 133.9 vs 140.2).
+  const int ks = ks_override ? ks_override : 8;
   switch (W.fmt) {
     case WeightMat::kFragMXFP4:
       if (a_f16) launch_nt<WeightMat::kFragMXFP4, true>(a, max_tokens, tiles, groups, ks, s);
