@@ -375,10 +375,13 @@ void launch_fmt(const SkinnyArgs& a, int tiles, int groups, int ks, cudaStream_t
   constexpr int kPF = FMT == WeightMat::kFragBF16 ? 1
                       : FMT == WeightMat::kFragFP8 ? (NT == 1 ? 2 : 1)
                                                     : (NT == 1 ? 3 : NT == 2 ? 2 : 1);
-  if (ks == 2)
-    launch_shape<FMT, NT, 2, 2, kPF, XF16>(a, tiles, groups, s);
-  else if (ks == 4)
+  // Two row tiles a block halve the activation reads; one keeps small grids (o_proj's 180 tiles,
+  // qkv's 320) covering the SMs.
+  const bool one_tile = size_t(tiles) * groups < size_t(8 * 132);
+  if (ks == 4)
     launch_shape<FMT, NT, 4, 2, kPF, XF16>(a, tiles, groups, s);
+  else if (one_tile)
+    launch_shape<FMT, NT, 8, 1, kPF, XF16>(a, tiles, groups, s);
   else
     launch_shape<FMT, NT, 8, 2, kPF, XF16>(a, tiles, groups, s);
 }
