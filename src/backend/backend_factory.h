@@ -19,6 +19,11 @@ struct BackendOptions {
   std::string dense_dtype = "bf16";      // cuda decode copies of q/k/v/o and lm_head: bf16 (exact) or fp8 (e4m3, scale per row)
   int threads = 0;                   // cpu: 0 = all cores
   int device_index = 0;              // cuda
+  // `--batch-invariant`: each row's numerics independent of its batch companions, the batch size
+  // and chunking (fixed reduction order per row, one kernel family whatever the row count), so
+  // greedy outputs do not change under load or preemption. Read by the CUDA backend; the CPU
+  // backend is batch-invariant always.
+  bool batch_invariant = false;
 };
 
 std::unique_ptr<Backend> create_backend(const BackendOptions& opts);

@@ -49,6 +49,11 @@ Engine::Engine(Backend& backend, EngineConfig cfg) : backend_(backend), cfg_(std
   vocab_ = mc.vocab;
   if (cfg_.max_num_seqs < 1) throw Error("max_num_seqs must be at least 1");
   if (cfg_.max_num_batched_tokens < 1) throw Error("max_num_batched_tokens must be at least 1");
+  // Every running sequence decodes in every step (stall-free batching): the budget must hold them.
+  if (cfg_.max_num_batched_tokens < cfg_.max_num_seqs)
+    throw Error("max_num_batched_tokens (" + std::to_string(cfg_.max_num_batched_tokens) +
+                ") must be at least max_num_seqs (" + std::to_string(cfg_.max_num_seqs) +
+                "): every running sequence decodes a token in each step");
   int mml = cfg_.max_model_len > 0 ? cfg_.max_model_len : mc.max_position_embeddings;
   if (mml < 2) throw Error("max_model_len must be at least 2");
   KvCacheConfig kvc = backend_.kv_config();
@@ -91,6 +96,10 @@ Engine::~Engine() { stop(); }
 void Engine::start() {
   if (thread_.joinable()) return;
   stop_ = false;
+  if (cfg_.async_scheduling) {
+    worker_quit_ = false;
+    worker_ = std::thread([this] { worker_main(); });
+  }
   thread_ = std::thread([this] { loop(); });
 }
 
@@ -98,9 +107,18 @@ void Engine::stop() {
   stop_ = true;
   sig_->notify();
   if (thread_.joinable()) thread_.join();
+  if (worker_.joinable()) {
+    {
+      std::lock_guard<std::mutex> l(worker_mu_);
+      worker_quit_.store(true);
+    }
+    worker_cv_.notify_all();
+    worker_.join();
+  }
   // Abort whatever is left.
   drain_incoming();
   auto abort_seq = [&](Sequence& s) {
+    if (s.done) return;
     EngineEvent ev;
     finish(s, ev, FinishReason::kAbort);
   };
@@ -108,6 +126,7 @@ void Engine::stop() {
   for (auto& s : waiting_) abort_seq(*s);
   running_.clear();
   waiting_.clear();
+  flush_outbox();
   publish_stats();
 }
 
@@ -155,12 +174,62 @@ void Engine::drain_incoming() {
   }
 }
 
+// The forward worker: runs one Launched pass at a time off the engine thread, so that the
+// engine plans the next step meanwhile (EngineConfig::async_scheduling). Both sides spin briefly before
+// blocking: the next job and the join come within microseconds of each other, and a condition
+// variable's wake-up alone can cost more than the host work the overlap hides.
+namespace {
+template <class Pred>
+bool spin_until(Pred ready) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(200);
+  while (!ready()) {
+    if (std::chrono::steady_clock::now() > until) return false;
+    std::this_thread::yield();
+  }
+  return true;
+}
+}  // namespace
+
+void Engine::worker_main() {
+  while (true) {
+    if (!spin_until([&] { return worker_job_.load() != nullptr || worker_quit_.load(); })) {
+      std::unique_lock<std::mutex> l(worker_mu_);
+      worker_cv_.wait(l, [&] { return worker_job_.load() != nullptr || worker_quit_.load(); });
+    }
+    Launched* job = worker_job_.load();
+    if (job == nullptr) return;  // quit
+    run_forward(*job);
+    {
+      std::lock_guard<std::mutex> l(worker_mu_);
+      worker_job_.store(nullptr);
+    }
+    worker_cv_.notify_all();
+  }
+}
+
+void Engine::worker_submit(Launched* job) {
+  {
+    std::lock_guard<std::mutex> l(worker_mu_);
+    worker_job_.store(job);
+  }
+  worker_cv_.notify_all();
+}
+
+void Engine::worker_wait() {
+  if (spin_until([&] { return worker_job_.load() == nullptr; })) return;
+  std::unique_lock<std::mutex> l(worker_mu_);
+  worker_cv_.wait(l, [&] { return worker_job_.load() == nullptr; });
+}
+
 void Engine::loop() {
-  while (!stop_) {
+  // Async scheduling: forward N runs on the worker while this thread plans N+1 against the state N
+  // will leave; N's tokens are appended at the join, and N+1 is launched right after.
+  std::unique_ptr<Launched> cur;
+  while (true) {
     {
       std::unique_lock<std::mutex> l(sig_->mu);
-      bool idle = running_.empty() && waiting_.empty();
-      if (idle) {
+      bool idle = !cur && running_.empty() && waiting_.empty();
+      if (idle && !stop_) {
         sig_->cv.wait(l, [&] {
           if (stop_ || sig_->pending) return true;
           std::lock_guard<std::mutex> il(in_mu_);
@@ -169,241 +238,300 @@ void Engine::loop() {
       }
       sig_->pending = false;
     }
-    if (stop_) break;
-    step();
+    if (stop_ && !cur) break;
+    if (!cfg_.async_scheduling) {
+      step();
+      continue;
+    }
+    try {
+      Planned next;
+      if (!stop_ && begin_iteration()) next = plan_next();
+      if (cur) {
+        if (!next.items.empty()) ++metrics_.overlapped_steps;
+        worker_wait();
+        std::unique_ptr<Launched> done = std::move(cur);
+        complete(*done);
+        // Rows of sequences that this join finished (their pages are already freed).
+        std::erase_if(next.items, [](const Planned::Item& it) { return it.s->done; });
+      }
+      if (!next.items.empty()) {
+        cur = launch(std::move(next));
+        worker_submit(cur.get());
+      }
+      flush_outbox();  // N's tokens reach the clients while N+1 runs
+    } catch (const std::exception& e) {
+      if (cur) {
+        worker_wait();
+        for (auto& it : cur->items) it.s->in_flight = false;
+        cur.reset();
+      }
+      fail_running(e.what());
+    }
+    flush_outbox();
+    drop_finished();
+    publish_stats();
   }
 }
 
-bool Engine::step() {
+bool Engine::begin_iteration() {
   drain_incoming();
-  // Cancellations (running and waiting).
-  for (size_t i = 0; i < running_.size();) {
-    if (running_[i]->stream->cancelled()) {
+  // Cancellations (running and waiting): finish them; drop_finished removes them.
+  for (auto& s : running_)
+    if (!s->done && s->stream->cancelled()) {
       EngineEvent ev;
-      finish(*running_[i], ev, FinishReason::kAbort);
-      running_.erase(running_.begin() + i);
-    } else {
-      ++i;
+      finish(*s, ev, FinishReason::kAbort);
     }
-  }
-  for (auto it = waiting_.begin(); it != waiting_.end();) {
-    if ((*it)->stream->cancelled()) {
+  for (auto& s : waiting_)
+    if (!s->done && s->stream->cancelled()) {
       EngineEvent ev;
-      finish(**it, ev, FinishReason::kAbort);
-      it = waiting_.erase(it);
-    } else {
-      ++it;
+      finish(*s, ev, FinishReason::kAbort);
     }
-  }
+  drop_finished();
   if (running_.empty() && waiting_.empty()) {
+    last_forward_end_.reset();
+    return false;
+  }
+  return true;
+}
+
+void Engine::fail_running(const std::string& what) {
+  std::fprintf(stderr, "engine: step failed: %s\n", what.c_str());
+  for (auto& s : running_) {
+    if (s->done) continue;
+    EngineEvent ev;
+    ev.error = what;
+    finish(*s, ev, FinishReason::kError);
+  }
+  running_.clear();
+  last_forward_end_.reset();
+}
+
+bool Engine::step() {
+  if (!begin_iteration()) {
+    flush_outbox();
     publish_stats();
     return false;
   }
   try {
-    schedule_and_run();
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "engine: step failed: %s\n", e.what());
-    for (auto& s : running_) {
-      EngineEvent ev;
-      ev.error = e.what();
-      finish(*s, ev, FinishReason::kError);
+    Planned p = plan_next();
+    if (!p.items.empty()) {
+      auto l = launch(std::move(p));
+      run_forward(*l);
+      complete(*l);
     }
-    running_.clear();
+  } catch (const std::exception& e) {
+    fail_running(e.what());
   }
+  flush_outbox();
+  drop_finished();
   publish_stats();
   return true;
 }
 
-void Engine::preempt(size_t i) {
-  auto s = std::move(running_[i]);
-  running_.erase(running_.begin() + i);
-  kv_->free(s->id);
-  s->num_computed = 0;
-  ++metrics_.preemptions;
-  waiting_.push_front(std::move(s));
+void Engine::drop_finished() {
+  // A finished sequence still in a forward pass stays until that pass is joined.
+  auto gone = [](const std::unique_ptr<Sequence>& s) { return !s || (s->done && !s->in_flight); };
+  std::erase_if(running_, gone);
+  std::erase_if(waiting_, gone);
 }
 
-void Engine::schedule_and_run() {
-  // 1. Capacity: admit FCFS while there are slots and pages for the whole prompt (beyond one
-  // page per running sequence kept in reserve for decodes).
-  while (!waiting_.empty() && int(running_.size()) < cfg_.max_num_seqs) {
-    Sequence& s = *waiting_.front();
-    int need[2];
-    kv_->pages_for_length(int32_t(s.tokens.size()) + 1, need);
-    int reserve = int(running_.size());
-    bool fits = need[kKvFull] + reserve <= kv_->num_free(kKvFull) &&
-                need[kKvSliding] + reserve <= kv_->num_free(kKvSliding) + 0;
-    if (!fits && !running_.empty()) break;
-    running_.push_back(std::move(waiting_.front()));
-    waiting_.pop_front();
-    if (!fits) break;  // admitted alone into an empty engine; it gets what is there
+bool Engine::last_token_pending(const Sequence& s) const {
+  if (!s.pending) return false;
+  int len = int(s.tokens.size()) + 1;
+  return len - s.prompt_len >= s.sp.max_tokens || len >= max_model_len_;
+}
+
+Engine::Planned Engine::plan_next() {
+  // The scheduler's view: a sequence whose token from the pass in flight is not appended yet
+  // counts it (its num_computed was advanced at launch). Finished ones and those the pass in
+  // flight will end (max_tokens, max_model_len) are left out of the plan.
+  auto view_of = [&](const Sequence& s) {
+    SchedSeq v{int64_t(s.id), s.num_computed, int32_t(s.tokens.size()) + (s.pending ? 1 : 0)};
+    // Prompt logprobs take a [vocab] host logits row per prompt position: bound a step's rows.
+    if (s.sp.prompt_logprobs >= 0 && s.prompt_lp_next < s.prompt_len) v.max_chunk = kMaxPromptLogprobRows;
+    return v;
+  };
+  // 1. Capacity: admit from the front of the queue.
+  {
+    std::vector<SchedSeq> view;
+    for (const auto& s : running_)
+      if (!s->done) view.push_back(view_of(*s));
+    std::vector<size_t> cand;
+    std::vector<int32_t> lengths;
+    size_t slots = size_t(std::max(0, cfg_.max_num_seqs - int(view.size())));
+    for (size_t i = 0; i < waiting_.size() && cand.size() < slots; ++i) {
+      if (waiting_[i]->done) continue;
+      if (waiting_[i]->in_flight) break;  // a victim of the pass in flight: after its join
+      cand.push_back(i);
+      lengths.push_back(int32_t(waiting_[i]->tokens.size()));
+    }
+    int admit = plan_admission(view, lengths, *kv_, cfg_.max_num_seqs);
+    for (int k = 0; k < admit; ++k) running_.push_back(std::move(waiting_[cand[k]]));
+    if (admit > 0) std::erase_if(waiting_, [](const std::unique_ptr<Sequence>& s) { return !s; });
   }
 
-  // 2. Micro-batch under the token budget.
-  struct Item {
-    Sequence* s;
-    int32_t n;
-  };
-  std::vector<Item> items;
-  std::vector<uint8_t> in_step(running_.size(), 0);
-  int budget = cfg_.max_num_batched_tokens;
-  // decodes, oldest first
-  for (size_t i = 0; i < running_.size() && budget > 0; ++i) {
-    Sequence* s = running_[i].get();
-    if (s->num_computed != int32_t(s->tokens.size()) - 1) continue;
-    bool ok = true;
-    while (!kv_->prepare(s->id, s->num_computed, 1)) {
-      // preempt the newest running sequence not already in this step (possibly s itself)
-      size_t v = running_.size();
-      while (v > 0 && in_step[v - 1]) --v;
-      if (v == 0) {
-        ok = false;
+  // 2. Micro-batch: plan on a snapshot, then apply (victims' pages freed first).
+  std::vector<Sequence*> seqs;
+  std::vector<SchedSeq> view;
+  for (const auto& s : running_)
+    if (!s->done && !last_token_pending(*s)) {
+      seqs.push_back(s.get());
+      view.push_back(view_of(*s));
+    }
+  Planned out;
+  StepPlan plan = plan_step(view, *kv_, cfg_.max_num_batched_tokens);
+  if (plan.fail >= 0) {
+    EngineEvent ev;
+    ev.error = "the KV cache cannot hold this request";
+    finish(*seqs[plan.fail], ev, FinishReason::kError);
+    return out;
+  }
+  for (int v : plan.preempt) kv_->free(seqs[v]->id);
+  for (const StepRow& r : plan.rows) {
+    Sequence* s = seqs[r.seq];
+    if (!kv_->prepare(s->id, s->num_computed, r.n_tokens))
+      throw Error("scheduler: the pages planned for sequence " + std::to_string(s->id) + " are not free");
+    out.items.push_back({s, r.n_tokens});
+  }
+  // Newest first in the plan, each pushed to the front: the oldest victim is first in line.
+  for (int v : plan.preempt) {
+    Sequence* s = seqs[v];
+    s->num_computed = 0;
+    ++metrics_.preemptions;
+    for (auto& p : running_)
+      if (p.get() == s) {
+        waiting_.push_front(std::move(p));
         break;
       }
-      --v;
-      bool self = running_[v].get() == s;
-      preempt(v);
-      in_step.erase(in_step.begin() + v);
-      if (self) {
-        ok = false;
-        break;
-      }
-    }
-    if (!ok) {
-      // s was preempted (or nothing left to free); the loop index now points past it
-      if (i < running_.size() && running_[i].get() != s) --i;
-      continue;
-    }
-    in_step[i] = 1;
-    items.push_back({s, 1});
-    --budget;
   }
-  // prefill chunks, oldest first
-  for (size_t i = 0; i < running_.size() && budget > 0; ++i) {
-    Sequence* s = running_[i].get();
-    int32_t remaining = int32_t(s->tokens.size()) - s->num_computed;
-    if (in_step[i] || remaining <= 1) continue;
-    int32_t n = std::min<int32_t>(remaining, budget);
-    // Prompt logprobs take a [rows, vocab] host logits row per prompt position: bound a step's rows.
-    if (s->sp.prompt_logprobs >= 0 && s->prompt_lp_next < s->prompt_len) n = std::min(n, kMaxPromptLogprobRows);
-    while (n > 0 && !kv_->can_prepare(s->id, s->num_computed, n)) n /= 2;
-    if (n == 0) continue;
-    kv_->prepare(s->id, s->num_computed, n);
-    in_step[i] = 1;
-    items.push_back({s, n});
-    budget -= n;
-  }
-  if (items.empty()) {
-    // Nothing fits: free the newest running sequence so older ones progress.
-    if (running_.size() > 1) {
-      preempt(running_.size() - 1);
-      return;
-    }
-    if (running_.size() == 1) {
-      EngineEvent ev;
-      ev.error = "the KV cache cannot hold this request";
-      finish(*running_[0], ev, FinishReason::kError);
-      running_.clear();
-    }
-    return;
-  }
+  std::erase_if(running_, [](const std::unique_ptr<Sequence>& s) { return !s; });
+  return out;
+}
 
-  // 3. One forward over the mixed batch.
-  ForwardBatch batch;
-  std::vector<Sequence*> row_seq;
-  // Rows for prompt logprobs (after the sampled rows): the logits at prompt position `pos` give
-  // the logprob of prompt token pos + 1.
-  struct PromptRow {
-    Sequence* s;
-    int32_t pos, batch_index;
-  };
-  std::vector<PromptRow> prompt_rows;
-  for (auto& it : items) {
+std::unique_ptr<Engine::Launched> Engine::launch(Planned planned) {
+  auto l = std::make_unique<Launched>();
+  l->items = std::move(planned.items);
+  ForwardBatch& batch = l->batch;
+  // The batch owns copies of its page tables: the engine may prepare or free pages of these
+  // sequences while the pass runs (KvManager's vectors may move).
+  l->tables.resize(l->items.size() * 2);
+  for (size_t i = 0; i < l->items.size(); ++i) {
+    Sequence* s = l->items[i].s;
+    const int32_t n = l->items[i].n;
     SeqBatchInfo info;
     info.first_token = int32_t(batch.tokens.size());
-    info.n_tokens = it.n;
-    info.start_pos = it.s->num_computed;
-    kv_->fill(it.s->id, info);
-    batch.tokens.insert(batch.tokens.end(), it.s->tokens.begin() + it.s->num_computed,
-                        it.s->tokens.begin() + it.s->num_computed + it.n);
+    info.n_tokens = n;
+    info.start_pos = s->num_computed;
+    for (int g = 0; g < 2; ++g) {
+      auto& t = l->tables[2 * i + g];
+      t = kv_->table(s->id, KvGroup(g));
+      info.pages[g] = t.empty() ? nullptr : t.data();
+      info.n_pages[g] = int32_t(t.size());
+    }
+    batch.tokens.insert(batch.tokens.end(), s->tokens.begin() + s->num_computed,
+                        s->tokens.begin() + s->num_computed + n);
     batch.seqs.push_back(info);
-    if (it.s->sp.prompt_logprobs >= 0) {
-      const int32_t from = std::max(it.s->num_computed, it.s->prompt_lp_next - 1);
-      const int32_t to = std::min(it.s->num_computed + it.n, it.s->prompt_len - 1);
-      for (int32_t p = from; p < to; ++p) prompt_rows.push_back({it.s, p, info.first_token + (p - it.s->num_computed)});
+    if (s->sp.prompt_logprobs >= 0) {
+      // the logits at prompt position p give the logprob of prompt token p + 1
+      const int32_t from = std::max(s->num_computed, s->prompt_lp_next - 1);
+      const int32_t to = std::min(s->num_computed + n, s->prompt_len - 1);
+      for (int32_t p = from; p < to; ++p) l->prompt_rows.push_back({s, p, info.first_token + (p - s->num_computed)});
     }
-    if (it.s->num_computed + it.n == int32_t(it.s->tokens.size())) {
+    if (s->num_computed + n == int32_t(s->tokens.size())) {
       batch.logit_rows.push_back(int32_t(batch.tokens.size()) - 1);
-      row_seq.push_back(it.s);
+      l->row_seq.push_back(s);
+      s->pending = true;
     }
+    if (s->num_computed < s->prompt_len) l->prompt_tokens += std::min<int32_t>(n, s->prompt_len - s->num_computed);
+    s->num_computed += n;
+    s->in_flight = true;
   }
-  for (const PromptRow& pr : prompt_rows) batch.logit_rows.push_back(pr.batch_index);
+  // Prompt-logprob rows come after the sampled rows.
+  for (const auto& pr : l->prompt_rows) batch.logit_rows.push_back(pr.batch_index);
   // When no row needs its logits on the host (logprobs, prompt logprobs, penalties, logit_bias),
   // the backend draws the tokens itself (on the device for CUDA: ids come back instead of
   // [rows, vocab] logits), with this step's uniform from each request's generator, as
-  // sample_token would use it.
-  const int rows = int(row_seq.size());
-  std::vector<int32_t> toks(rows);
-  const bool backend_samples =
-      rows > 0 && prompt_rows.empty() && std::all_of(row_seq.begin(), row_seq.end(), [](const Sequence* s) {
+  // sample_token would use it. Batch-invariant mode: a non-greedy row is always drawn on the host (the device sampler
+  // agrees with the host only up to float rounding), so which path draws a row's token never
+  // depends on its companions; greedy rows are an exact argmax on either path.
+  const int rows = int(l->row_seq.size());
+  l->toks.resize(rows);
+  l->backend_samples =
+      rows > 0 && l->prompt_rows.empty() && std::all_of(l->row_seq.begin(), l->row_seq.end(), [&](const Sequence* s) {
         return s->sp.logprobs < 0 && s->sp.presence_penalty == 0.0f && s->sp.frequency_penalty == 0.0f &&
-               s->sp.logit_bias.empty();
+               s->sp.logit_bias.empty() && (!cfg_.batch_invariant || s->sp.temperature < 1e-5f);
       });
-  if (backend_samples) {
-    std::vector<RowSampling> how(rows);
-    for (int r = 0; r < rows; ++r) how[r] = row_sampling(row_seq[r]->sp, uniform01(row_seq[r]->rng));
-    backend_.forward_sample(batch, how.data(), toks.data());
+  if (l->backend_samples) {
+    l->how.resize(rows);
+    for (int r = 0; r < rows; ++r) l->how[r] = row_sampling(l->row_seq[r]->sp, uniform01(l->row_seq[r]->rng));
   } else {
-    logits_.resize(size_t(batch.logit_rows.size()) * vocab_);
-    backend_.forward(batch, logits_.data());
+    // One pass at a time uses the host logits (N's are consumed before N+1 is launched).
+    logits_.resize(batch.logit_rows.size() * size_t(vocab_));
   }
-  ++metrics_.steps;
-  for (auto& it : items) {
-    if (it.s->num_computed < it.s->prompt_len)
-      metrics_.prompt_tokens += std::min<int32_t>(it.n, it.s->prompt_len - it.s->num_computed);
-    it.s->num_computed += it.n;
-  }
-  if (!prompt_rows.empty()) {
-    std::vector<TokenLogprob> plps(prompt_rows.size());
-    const float* base = logits_.data() + size_t(rows) * vocab_;
-#pragma omp parallel for schedule(static) if (prompt_rows.size() > 1)
-    for (int i = 0; i < int(prompt_rows.size()); ++i) {
-      const PromptRow& pr = prompt_rows[i];
-      plps[i] = compute_logprobs(base + size_t(i) * vocab_, vocab_, pr.s->tokens[pr.pos + 1], pr.s->sp.prompt_logprobs);
-    }
-    for (size_t i = 0; i < prompt_rows.size(); ++i) {
-      prompt_rows[i].s->prompt_lps.push_back(std::move(plps[i]));
-      prompt_rows[i].s->prompt_lp_next = prompt_rows[i].pos + 2;
-    }
-  }
+  l->begin = Clock::now();
+  if (last_forward_end_)
+    metrics_.step_host_s.observe(std::chrono::duration<double>(l->begin - *last_forward_end_).count());
+  return l;
+}
 
-  // 4. Sample (rows in parallel: each has its own generator), then stream and finish in order.
+void Engine::run_forward(Launched& l) {
+  try {
+    if (l.backend_samples)
+      backend_.forward_sample(l.batch, l.how.data(), l.toks.data());
+    else
+      backend_.forward(l.batch, logits_.data());
+  } catch (...) {
+    l.error = std::current_exception();
+  }
+  l.end = Clock::now();
+}
+
+void Engine::complete(Launched& l) {
+  for (auto& it : l.items) it.s->in_flight = false;
+  if (l.error) std::rethrow_exception(l.error);
+  last_forward_end_ = l.end;
+  metrics_.step_forward_s.observe(std::chrono::duration<double>(l.end - l.begin).count());
+  ++metrics_.steps;
+  metrics_.prompt_tokens += l.prompt_tokens;
+
+  // Sample (rows in parallel: each has its own generator), then stream and finish in order.
+  // A sequence cancelled while the pass ran is finished already; one preempted meanwhile still
+  // takes its token (valid: its pages were intact during the pass) and recomputes later.
+  const int rows = int(l.row_seq.size());
   std::vector<TokenLogprob> lps(rows);
-#pragma omp parallel for schedule(dynamic, 1) if (rows > 1 && !backend_samples)
+  const bool host = !l.backend_samples;
+#pragma omp parallel for schedule(dynamic, 1) if (rows > 1 && host)
   for (int r = 0; r < rows; ++r) {
-    if (backend_samples) continue;
+    Sequence& s = *l.row_seq[r];
+    if (!host || s.done) continue;
     thread_local std::vector<float> scratch;
     thread_local std::vector<int32_t> idx;
-    Sequence& s = *row_seq[r];
     const float* row = logits_.data() + size_t(r) * vocab_;
-    toks[r] = sample_token(row, vocab_, s.sp, s.counts, s.rng, scratch, idx);
-    if (s.sp.logprobs >= 0) lps[r] = compute_logprobs(row, vocab_, toks[r], s.sp.logprobs);
+    l.toks[r] = sample_token(row, vocab_, s.sp, s.counts, s.rng, scratch, idx);
+    if (s.sp.logprobs >= 0) lps[r] = compute_logprobs(row, vocab_, l.toks[r], s.sp.logprobs);
   }
-  // Prompt-logprob steps grow the host logits to ~100 MB: give that back rather than keep it.
-  if (!prompt_rows.empty()) std::vector<float>().swap(logits_);
-  std::vector<uint64_t> done;
+  if (!l.prompt_rows.empty()) {
+    std::vector<TokenLogprob> plps(l.prompt_rows.size());
+    const float* base = logits_.data() + size_t(rows) * vocab_;
+#pragma omp parallel for schedule(static) if (l.prompt_rows.size() > 1)
+    for (int i = 0; i < int(l.prompt_rows.size()); ++i) {
+      const auto& pr = l.prompt_rows[i];
+      plps[i] = compute_logprobs(base + size_t(i) * vocab_, vocab_, pr.s->tokens[pr.pos + 1], pr.s->sp.prompt_logprobs);
+    }
+    for (size_t i = 0; i < l.prompt_rows.size(); ++i) {
+      l.prompt_rows[i].s->prompt_lps.push_back(std::move(plps[i]));
+      l.prompt_rows[i].s->prompt_lp_next = l.prompt_rows[i].pos + 2;
+    }
+    // Prompt-logprob steps grow the host logits to ~100 MB: give that back rather than keep it.
+    std::vector<float>().swap(logits_);
+  }
   for (int r = 0; r < rows; ++r) {
-    Sequence& s = *row_seq[r];
+    Sequence& s = *l.row_seq[r];
+    s.pending = false;
+    if (s.done) continue;
     EngineEvent ev;
-    append_token(s, toks[r], s.sp.logprobs >= 0 ? &lps[r] : nullptr, ev);
-    if (ev.finished) done.push_back(s.id);
+    append_token(s, l.toks[r], s.sp.logprobs >= 0 ? &lps[r] : nullptr, ev);
   }
-  for (uint64_t id : done)
-    for (size_t i = 0; i < running_.size(); ++i)
-      if (running_[i]->id == id) {
-        running_.erase(running_.begin() + i);
-        break;
-      }
 }
 
 size_t Engine::safe_text_end(const Sequence& s) const {
@@ -484,10 +612,11 @@ void Engine::append_token(Sequence& s, int32_t tok, TokenLogprob* lp, EngineEven
   s.text_sent = end;
   ev.prompt_tokens = s.prompt_len;
   ev.completion_tokens = s.output_len();
-  s.stream->push(std::move(ev));
+  outbox_.push_back({s.stream, std::move(ev)});
 }
 
 void Engine::finish(Sequence& s, EngineEvent& ev, FinishReason r) {
+  s.done = true;
   kv_->free(s.id);
   if (s.text_sent < s.text.size()) ev.text += s.text.substr(s.text_sent);
   s.text_sent = s.text.size();
@@ -498,8 +627,15 @@ void Engine::finish(Sequence& s, EngineEvent& ev, FinishReason r) {
   if (r == FinishReason::kAbort) ++metrics_.requests_aborted;
   ++metrics_.requests_finished;
   metrics_.e2e_s.observe(std::chrono::duration<double>(Clock::now() - s.arrival).count());
-  --active_;  // before the push: whoever sees the end also sees the count
-  s.stream->push(std::move(ev));
+  outbox_.push_back({s.stream, std::move(ev)});
+}
+
+void Engine::flush_outbox() {
+  for (auto& [stream, ev] : outbox_) {
+    if (ev.finished) --active_;  // before the push: whoever sees the end also sees the count
+    stream->push(std::move(ev));
+  }
+  outbox_.clear();
 }
 
 void Engine::publish_stats() {

@@ -4,17 +4,20 @@
 // chunked prefill under a per-step token budget), with paged KV bookkeeping (kv/), preemption
 // by recompute when KV pages run out, cancellation, and host-side sampling.
 //
-// Scheduling is two small steps per iteration:
-//  1. capacity: admit waiting requests FCFS while max_num_seqs and free KV pages allow;
-//  2. micro-batch: within max_num_batched_tokens, every decoding sequence gets one token
-//     (oldest first; when its page cannot be had, the newest running sequence not yet in this
-//     step is preempted: its pages freed, it is requeued first in line to recompute prompt +
-//     output), then prefilling sequences get chunks of their remaining tokens.
+// Scheduling is two small steps per iteration, each a pure function (engine/scheduler.h) whose
+// result the engine applies afterwards:
+//  1. capacity (plan_admission): admit waiting requests FCFS while max_num_seqs and the KV pages
+//     not yet promised to running sequences allow;
+//  2. micro-batch (plan_step): within max_num_batched_tokens, every decoding sequence gets one
+//     token (oldest first; when its page cannot be had, the newest running sequence not yet in
+//     this step is preempted: its pages freed, it is requeued first in line to recompute prompt
+//     + output), then prefilling sequences get chunks of their remaining tokens, oldest first.
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <exception>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -27,6 +30,7 @@
 #include "backend/backend.h"
 #include "engine/metrics.h"
 #include "engine/sampling.h"
+#include "engine/scheduler.h"
 #include "kv/kv_manager.h"
 
 namespace gptoss {
@@ -93,6 +97,9 @@ class RequestStream {
 
 struct EngineConfig {
   int max_num_seqs = 32;
+  // The token budget of one forward pass: every decoding sequence's token plus prefill chunks
+  // up to this many tokens in all (stall-free batching: bounds the step time, so running
+  // streams keep their pace while prompts are prefilled).
   int max_num_batched_tokens = 2048;
   int max_model_len = 0;          // 0: the model's max_position_embeddings (clamped to the KV pool)
   int64_t kv_cache_tokens = 0;    // full-attention positions in the pool; 0: from the backend's
@@ -103,6 +110,16 @@ struct EngineConfig {
   std::vector<int32_t> stop_token_ids;  // end tokens for every request (harmony <|return|>, <|call|>, eos)
   // Bytes of a token's text ("" for special or unknown ids); null: no text and no stop strings.
   std::function<std::string(int32_t)> token_text;
+  // Deterministic mode (`--batch-invariant`): a row's token must not depend on its batch
+  // companions. The backend is asked for batch-invariant kernels (BackendOptions); the engine
+  // draws every non-greedy row on the host (see Engine::launch).
+  bool batch_invariant = false;
+  // `--async-scheduling`: the loop started by start() plans step N+1 (admission, batch, pages)
+  // while forward N runs on a worker thread, joins N's tokens in before launching N+1 and
+  // streams them while N+1 runs (see docs/ARCHITECTURE.md). Off by default until measured on
+  // the GPU (the hand-off between threads costs about what the overlap hides on a busy CPU).
+  // step() is always synchronous.
+  bool async_scheduling = false;
 };
 
 struct EngineStats {
@@ -158,12 +175,54 @@ class Engine {
     size_t text_sent = 0;
     Clock::time_point arrival, last_token;
     bool got_first = false;
+    bool done = false;            // finished (dropped from the queues by drop_finished)
+    bool in_flight = false;       // in the forward pass that runs now
+    bool pending = false;         // that pass samples its next token (not appended yet)
     int output_len() const { return int(tokens.size()) - prompt_len; }
   };
   void loop();
   void drain_incoming();
-  void schedule_and_run();
-  void preempt(size_t running_index);
+  // One step in four parts: plan_next (admission, micro-batch plan, pages) -> launch (the
+  // batch, owning copies of its page tables) -> run_forward (the backend call; on the worker
+  // when overlapped) -> complete (sampling, tokens, streams).
+  struct Planned {
+    struct Item {
+      Sequence* s;
+      int32_t n;
+    };
+    std::vector<Item> items;
+  };
+  struct Launched {
+    std::vector<Planned::Item> items;
+    std::vector<Sequence*> row_seq;  // the sequence of each logit row
+    ForwardBatch batch;
+    std::vector<std::vector<int32_t>> tables;  // page tables the batch points into
+    std::vector<RowSampling> how;
+    std::vector<int32_t> toks;
+    struct PromptRow {  // a prompt-logprob row: logits at `pos` score prompt token pos + 1
+      Sequence* s;
+      int32_t pos, batch_index;
+    };
+    std::vector<PromptRow> prompt_rows;  // logit rows after the sampled ones
+    bool backend_samples = false;
+    int64_t prompt_tokens = 0;
+    Clock::time_point begin, end;
+    std::exception_ptr error;
+  };
+  bool begin_iteration();
+  Planned plan_next();
+  std::unique_ptr<Launched> launch(Planned planned);
+  void run_forward(Launched& l);
+  void complete(Launched& l);
+  void fail_running(const std::string& what);
+  void drop_finished();
+  // Events are queued while a step is worked out and pushed to their streams by flush_outbox,
+  // after the next forward is launched when overlapped.
+  void flush_outbox();
+  bool last_token_pending(const Sequence& s) const;
+  void worker_main();
+  void worker_submit(Launched* job);
+  void worker_wait();
   void finish(Sequence& s, EngineEvent& ev, FinishReason r);
   void append_token(Sequence& s, int32_t tok, TokenLogprob* lp, EngineEvent& ev);
   size_t safe_text_end(const Sequence& s) const;
@@ -182,8 +241,16 @@ class Engine {
   std::atomic<uint64_t> next_id_{1};
   std::atomic<int> active_{0};
   std::atomic<bool> stop_{false};
+  std::vector<float> logits_;  // host logits of the pass being completed (reused)
+  std::vector<std::pair<std::shared_ptr<RequestStream>, EngineEvent>> outbox_;  // engine thread only
   std::thread thread_;
-  std::vector<float> logits_;
+  std::thread worker_;
+  std::mutex worker_mu_;
+  std::condition_variable worker_cv_;
+  std::atomic<Launched*> worker_job_{nullptr};  // set by the engine, cleared by the worker when done
+  std::atomic<bool> worker_quit_{false};
+  // End of the previous forward pass while the engine stayed busy (host-time metric).
+  std::optional<Clock::time_point> last_forward_end_;
   std::mt19937_64 seed_rng_{std::random_device{}()};
   std::mutex seed_mu_;
   mutable std::mutex stats_mu_;

@@ -31,8 +31,13 @@ struct EngineMetrics {
   std::atomic<int64_t> requests_aborted{0};
   std::atomic<int64_t> preemptions{0};
   std::atomic<int64_t> steps{0};
+  std::atomic<int64_t> overlapped_steps{0};  // steps planned while the previous forward ran
   Histogram ttft_s{{0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0}};
   Histogram itl_s{{0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5}};
+  // Per forward pass: the backend call, and the host time before it since the previous pass
+  // ended (scheduling, sampling, streaming): the gap the device idles without overlap.
+  Histogram step_forward_s{{0.0005, 0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5}};
+  Histogram step_host_s{{0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1}};
   Histogram e2e_s{{0.01, 0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0}};
 };
 

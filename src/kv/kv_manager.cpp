@@ -61,21 +61,32 @@ void KvManager::pages_needed(int64_t seq, int32_t start_pos, int32_t n_tokens, i
   }
 }
 
+int KvManager::pages_released(int64_t seq, int32_t start_pos) const {
+  if (!cfg_.has_sliding) return 0;
+  auto it = tables_.find(seq);
+  if (it == tables_.end()) return 0;
+  const auto& sl = it->second.t[kKvSliding];
+  int32_t first = first_needed_sliding_page(start_pos);
+  int released = 0;
+  for (int32_t k = 0; k < std::min<int32_t>(first, int32_t(sl.size())); ++k)
+    if (sl[k] >= 0) ++released;
+  return released;
+}
+
+int KvManager::pages_held(int64_t seq, KvGroup g) const {
+  auto it = tables_.find(seq);
+  if (it == tables_.end()) return 0;
+  int n = 0;
+  for (int32_t p : it->second.t[g])
+    if (p >= 0) ++n;
+  return n;
+}
+
 bool KvManager::can_prepare(int64_t seq, int32_t start_pos, int32_t n_tokens) const {
   int need[2];
   pages_needed(seq, start_pos, n_tokens, need);
-  int released = 0;
-  if (cfg_.has_sliding) {
-    auto it = tables_.find(seq);
-    if (it != tables_.end()) {
-      const auto& sl = it->second.t[kKvSliding];
-      int32_t first = first_needed_sliding_page(start_pos);
-      for (int32_t k = 0; k < std::min<int32_t>(first, int32_t(sl.size())); ++k)
-        if (sl[k] >= 0) ++released;
-    }
-  }
   return need[kKvFull] <= pools_[kKvFull].num_free() &&
-         need[kKvSliding] <= pools_[kKvSliding].num_free() + released;
+         need[kKvSliding] <= pools_[kKvSliding].num_free() + pages_released(seq, start_pos);
 }
 
 bool KvManager::prepare(int64_t seq, int32_t start_pos, int32_t n_tokens) {

@@ -47,6 +47,11 @@ class KvManager {
   // sliding pages that prepare() releases first as free.
   void pages_needed(int64_t seq, int32_t start_pos, int32_t n_tokens, int out[2]) const;
   bool can_prepare(int64_t seq, int32_t start_pos, int32_t n_tokens) const;
+  // Sliding pages that prepare(seq, start_pos, ...) releases before it allocates (those entirely
+  // below the window of the query at start_pos).
+  int pages_released(int64_t seq, int32_t start_pos) const;
+  // Pages seq holds in group g (what free(seq) returns to that pool).
+  int pages_held(int64_t seq, KvGroup g) const;
   // Makes seq's tables cover positions [0, start_pos + n_tokens) (sliding: only from the first
   // position the query at start_pos can see). Releases sliding pages entirely below
   // start_pos - window + 1. Returns false, taking nothing, when a pool lacks pages.

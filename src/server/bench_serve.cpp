@@ -3,12 +3,15 @@
 #include <httplib.h>
 
 #include <algorithm>
-#include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <fstream>
 #include <mutex>
+#include <numeric>
+#include <random>
 #include <thread>
+#include <variant>
 
 #include "common/error.h"
 
@@ -79,23 +82,36 @@ double quantile(std::vector<double> v, double q) {
   return v[lo] + (v[hi] - v[lo]) * (pos - double(lo));
 }
 
-BenchRequestResult one_request(const BenchOptions& o, const Url& url, const std::string& prompt) {
+// What one request sends: a chat prompt, or token ids for /v1/completions.
+struct RequestSpec {
+  std::variant<std::string, std::vector<int32_t>> prompt;
+  int max_tokens = 0;
+};
+
+BenchRequestResult one_request(const BenchOptions& o, const Url& url, const RequestSpec& spec) {
   BenchRequestResult r;
+  r.max_tokens = spec.max_tokens;
   httplib::Client cli(url.scheme_host_port);
   cli.set_connection_timeout(30, 0);
   cli.set_read_timeout(o.timeout_s, 0);
   cli.set_write_timeout(30, 0);
-  json body = {{"messages", json::array({{{"role", "user"}, {"content", prompt}}})},
-               {"max_tokens", o.max_tokens},
+  const bool chat = std::holds_alternative<std::string>(spec.prompt);
+  // Per-chunk usage counts the tokens each chunk carries, whatever text they decode to.
+  json body = {{"max_tokens", spec.max_tokens},
                {"temperature", o.temperature},
                {"stream", true},
-               {"stream_options", {{"include_usage", true}}}};
+               {"stream_options", {{"include_usage", true}, {"continuous_usage_stats", true}}}};
+  if (chat) {
+    body["messages"] = json::array({{{"role", "user"}, {"content", std::get<std::string>(spec.prompt)}}});
+    if (o.token_timing) body["logprobs"] = true;
+  } else {
+    body["prompt"] = std::get<std::vector<int32_t>>(spec.prompt);
+  }
   if (!o.model.empty()) body["model"] = o.model;
   if (o.ignore_eos) body["ignore_eos"] = true;
-  if (o.token_timing) body["logprobs"] = true;
   httplib::Request req;
   req.method = "POST";
-  req.path = url.prefix + "/chat/completions";
+  req.path = url.prefix + (chat ? "/chat/completions" : "/completions");
   req.body = body.dump();
   req.set_header("Content-Type", "application/json");
   req.set_header("Accept", "text/event-stream");
@@ -103,6 +119,7 @@ BenchRequestResult one_request(const BenchOptions& o, const Url& url, const std:
   std::string buf;
   std::string err_body;
   bool got_first = false, done = false;
+  int tokens_seen = 0;
   Clock::time_point t0 = Clock::now(), first, last;
   req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
     buf.append(data, n);
@@ -127,26 +144,36 @@ BenchRequestResult one_request(const BenchOptions& o, const Url& url, const std:
         err_body = j["error"].value("message", "error");
         continue;
       }
+      bool has_tok = false;
       if (j.contains("usage") && j["usage"].is_object()) {
         r.completion_tokens = j["usage"].value("completion_tokens", 0);
         r.prompt_tokens = j["usage"].value("prompt_tokens", 0);
+        if (r.completion_tokens > tokens_seen) has_tok = true;
+        tokens_seen = std::max(tokens_seen, r.completion_tokens);
       }
       if (j.contains("choices") && j["choices"].is_array() && !j["choices"].empty()) {
-        const json& d = j["choices"][0].value("delta", json::object());
-        bool has_tok = false;
+        const json& c = j["choices"][0];
+        const json& d = c.value("delta", json::object());
         for (const char* k : {"content", "reasoning_content"})
           if (d.contains(k) && d[k].is_string() && !d[k].get<std::string>().empty()) has_tok = true;
+        if (d.contains("content") && d["content"].is_string()) r.text += d["content"].get<std::string>();
         if (d.contains("tool_calls")) has_tok = true;
-        const json& lp = j["choices"][0].value("logprobs", json());
-        if (lp.is_object() && lp.contains("content") && lp["content"].is_array() && !lp["content"].empty()) has_tok = true;
-        if (has_tok) {
-          auto now = Clock::now();
-          if (!got_first) {
-            got_first = true;
-            first = now;
-          }
-          last = now;
+        if (c.contains("text") && c["text"].is_string() && !c["text"].get<std::string>().empty()) {
+          has_tok = true;
+          r.text += c["text"].get<std::string>();
         }
+        const json& lp = c.value("logprobs", json());
+        if (lp.is_object() && lp.contains("content") && lp["content"].is_array() && !lp["content"].empty()) has_tok = true;
+      }
+      if (has_tok) {
+        auto now = Clock::now();
+        if (!got_first) {
+          got_first = true;
+          first = now;
+        } else {
+          r.itl_s.push_back(std::chrono::duration<double>(now - last).count());
+        }
+        last = now;
       }
     }
     return true;
@@ -176,29 +203,117 @@ BenchRequestResult one_request(const BenchOptions& o, const Url& url, const std:
   if (!got_first) first = last = t1;
   r.ttft_s = std::chrono::duration<double>(first - t0).count();
   double span = std::chrono::duration<double>(last - first).count();
-  if (r.completion_tokens >= 2 && span > 0) r.decode_tok_s = (r.completion_tokens - 1) / span;
+  if (r.completion_tokens >= 2 && span > 0) {
+    r.decode_tok_s = (r.completion_tokens - 1) / span;
+    r.tpot_s = span / (r.completion_tokens - 1);
+  }
   return r;
+}
+
+// Random token ids for exact-length prompts: ordinary BPE tokens of any gpt-oss vocabulary.
+constexpr int32_t kRandomTokenLo = 1000, kRandomTokenHi = 50000;
+
+std::vector<RequestSpec> make_specs(const BenchOptions& o) {
+  std::mt19937_64 rng(o.seed * 0x9E3779B97F4A7C15ull + 1);
+  auto draw = [&](const LengthRange& r) { return r.fixed() ? r.lo : std::uniform_int_distribution<int>(r.lo, r.hi)(rng); };
+  LengthRange out = o.output_len.empty() ? LengthRange{o.max_tokens, o.max_tokens} : parse_length_range(o.output_len, "--output-len");
+  std::vector<RequestSpec> specs(o.requests);
+  if (o.input_len.empty()) {
+    std::vector<std::string> prompts = load_prompts(o.prompts_file);
+    for (int i = 0; i < o.requests; ++i) specs[i].prompt = prompts[i % prompts.size()];
+  } else {
+    LengthRange in = parse_length_range(o.input_len, "--input-len");
+    std::uniform_int_distribution<int32_t> id(kRandomTokenLo, kRandomTokenHi - 1);
+    for (int i = 0; i < o.requests; ++i) {
+      std::vector<int32_t> ids(draw(in));
+      for (auto& t : ids) t = id(rng);
+      specs[i].prompt = std::move(ids);
+    }
+  }
+  for (auto& s : specs) s.max_tokens = draw(out);
+  return specs;
 }
 
 }  // namespace
 
-BenchReport run_bench(const BenchOptions& o) {
-  if (o.requests < 1 || o.concurrency < 1 || o.max_tokens < 1)
-    throw Error("--requests, --concurrency and --max-tokens must be at least 1");
-  Url url = parse_url(o.base_url);
-  std::vector<std::string> prompts = load_prompts(o.prompts_file);
-  BenchReport rep;
-  rep.results.resize(o.requests);
-  std::atomic<int> next{0};
-  auto t0 = Clock::now();
-  std::vector<std::thread> th;
-  for (int c = 0; c < std::min(o.concurrency, o.requests); ++c)
-    th.emplace_back([&] {
-      for (int i; (i = next++) < o.requests;) rep.results[i] = one_request(o, url, prompts[i % prompts.size()]);
-    });
-  for (auto& t : th) t.join();
-  rep.total_s = std::chrono::duration<double>(Clock::now() - t0).count();
-  std::vector<double> ttft, dec;
+LengthRange parse_length_range(const std::string& spec, const std::string& what) {
+  auto bad = [&]() -> Error {
+    return Error(what + " must be N or A:B with 1 <= A <= B (got \"" + spec + "\")");
+  };
+  auto num = [&](const std::string& t) {
+    if (t.empty() || t.size() > 9 || t.find_first_not_of("0123456789") != std::string::npos) throw bad();
+    return std::stoi(t);
+  };
+  LengthRange r;
+  size_t colon = spec.find(':');
+  if (colon == std::string::npos) {
+    r.lo = r.hi = num(spec);
+  } else {
+    r.lo = num(spec.substr(0, colon));
+    r.hi = num(spec.substr(colon + 1));
+  }
+  if (r.lo < 1 || r.hi < r.lo) throw bad();
+  return r;
+}
+
+Slo parse_slo(const std::string& spec) {
+  Slo s;
+  if (spec.empty()) return s;
+  size_t at = 0;
+  while (at <= spec.size()) {
+    size_t end = spec.find(',', at);
+    if (end == std::string::npos) end = spec.size();
+    std::string item = spec.substr(at, end - at);
+    size_t colon = item.find(':');
+    std::string key = item.substr(0, colon);
+    double ms = 0;
+    bool ok = colon != std::string::npos;
+    if (ok) {
+      try {
+        size_t used = 0;
+        ms = std::stod(item.substr(colon + 1), &used);
+        ok = used == item.size() - colon - 1 && ms > 0;
+      } catch (const std::exception&) {
+        ok = false;
+      }
+    }
+    double* slot = key == "ttft" ? &s.ttft_s : key == "tpot" ? &s.tpot_s : key == "e2e" ? &s.e2e_s : nullptr;
+    if (!ok || !slot)
+      throw Error("--goodput takes METRIC:MS pairs separated by commas, METRIC one of ttft, tpot, e2e and MS > 0 (got \"" +
+                  item + "\")");
+    *slot = ms / 1e3;
+    at = end + 1;
+  }
+  return s;
+}
+
+std::vector<double> poisson_arrivals(int n, double rate, uint64_t seed) {
+  std::vector<double> t(std::max(0, n), 0.0);
+  if (rate <= 0) return t;
+  std::mt19937_64 rng(seed);
+  std::exponential_distribution<double> gap(rate);
+  for (int i = 1; i < n; ++i) t[i] = t[i - 1] + gap(rng);
+  return t;
+}
+
+Percentiles percentiles(const std::vector<double>& v) {
+  Percentiles p;
+  if (v.empty()) return p;
+  p.mean = std::accumulate(v.begin(), v.end(), 0.0) / double(v.size());
+  p.p50 = quantile(v, 0.5);
+  p.p90 = quantile(v, 0.9);
+  p.p99 = quantile(v, 0.99);
+  return p;
+}
+
+json Percentiles::to_json_ms() const {
+  return {{"mean_ms", mean * 1e3}, {"p50_ms", p50 * 1e3}, {"p90_ms", p90 * 1e3}, {"p99_ms", p99 * 1e3}};
+}
+
+void summarize(BenchReport& rep) {
+  rep.ok = rep.failed = rep.good = 0;
+  rep.completion_tokens = rep.prompt_tokens = 0;
+  std::vector<double> ttft, tpot, itl, e2e, dec;
   for (const auto& r : rep.results) {
     if (!r.ok) {
       ++rep.failed;
@@ -206,45 +321,159 @@ BenchReport run_bench(const BenchOptions& o) {
     }
     ++rep.ok;
     ttft.push_back(r.ttft_s);
+    if (r.tpot_s > 0) tpot.push_back(r.tpot_s);
     if (r.decode_tok_s > 0) dec.push_back(r.decode_tok_s);
+    itl.insert(itl.end(), r.itl_s.begin(), r.itl_s.end());
+    e2e.push_back(r.latency_s);
     rep.completion_tokens += r.completion_tokens;
     rep.prompt_tokens += r.prompt_tokens;
+    const Slo& s = rep.slo;
+    if ((s.ttft_s <= 0 || r.ttft_s <= s.ttft_s) && (s.tpot_s <= 0 || r.tpot_s <= s.tpot_s) &&
+        (s.e2e_s <= 0 || r.latency_s <= s.e2e_s))
+      ++rep.good;
   }
-  rep.ttft_median_s = quantile(ttft, 0.5);
-  rep.ttft_p99_s = quantile(ttft, 0.99);
+  rep.ttft = percentiles(ttft);
+  rep.tpot = percentiles(tpot);
+  rep.itl = percentiles(itl);
+  rep.e2e = percentiles(e2e);
+  rep.ttft_median_s = rep.ttft.p50;
+  rep.ttft_p99_s = rep.ttft.p99;
   rep.decode_tok_s_median = quantile(dec, 0.5);
-  rep.aggregate_tok_s = rep.total_s > 0 ? double(rep.completion_tokens) / rep.total_s : 0;
+  const double t = rep.total_s;
+  rep.aggregate_tok_s = t > 0 ? double(rep.completion_tokens) / t : 0;
+  rep.input_tok_s = t > 0 ? double(rep.prompt_tokens) / t : 0;
+  rep.request_throughput = t > 0 ? rep.ok / t : 0;
+  rep.goodput_req_s = t > 0 ? rep.good / t : 0;
+}
+
+BenchReport run_bench(const BenchOptions& o) {
+  if (o.requests < 1 || o.concurrency < 0 || o.max_tokens < 1)
+    throw Error("--requests and --max-tokens must be at least 1, --concurrency at least 0");
+  if (!(o.request_rate >= 0)) throw Error("--request-rate must be positive (or 0: all at once)");
+  if (!o.input_len.empty() && !o.prompts_file.empty())
+    throw Error("--input-len makes random-token prompts; it cannot be combined with --prompts");
+  Url url = parse_url(o.base_url);
+  BenchReport rep;
+  rep.slo = parse_slo(o.goodput);
+  const std::vector<RequestSpec> specs = make_specs(o);
+  const std::vector<double> arrivals = poisson_arrivals(o.requests, o.request_rate, o.seed);
+  rep.request_rate = o.request_rate;
+  rep.concurrency = o.concurrency > 0 ? o.concurrency : o.request_rate > 0 ? 0 : 8;
+  rep.results.resize(o.requests);
+  // Requests start at their arrival time once fewer than `concurrency` are in flight.
+  std::mutex mu;
+  std::condition_variable cv;
+  int in_flight = 0;
+  auto t0 = Clock::now();
+  std::vector<std::thread> th;
+  th.reserve(o.requests);
+  for (int i = 0; i < o.requests; ++i) {
+    std::this_thread::sleep_until(t0 + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(arrivals[i])));
+    {
+      std::unique_lock<std::mutex> l(mu);
+      cv.wait(l, [&] { return rep.concurrency == 0 || in_flight < rep.concurrency; });
+      ++in_flight;
+    }
+    th.emplace_back([&, i] {
+      double sent = std::chrono::duration<double>(Clock::now() - t0).count();
+      BenchRequestResult r = one_request(o, url, specs[i]);
+      r.sent_s = sent;
+      rep.results[i] = std::move(r);
+      {
+        std::lock_guard<std::mutex> l(mu);
+        --in_flight;
+      }
+      cv.notify_all();
+    });
+  }
+  for (auto& t : th) t.join();
+  rep.total_s = std::chrono::duration<double>(Clock::now() - t0).count();
+  summarize(rep);
   return rep;
+}
+
+std::string outputs_jsonl(const BenchReport& rep) {
+  std::string out;
+  for (size_t i = 0; i < rep.results.size(); ++i) {
+    const auto& r = rep.results[i];
+    out += json{{"request", i}, {"ok", r.ok}, {"completion_tokens", r.completion_tokens}, {"text", r.text}}.dump(
+               -1, ' ', false, json::error_handler_t::replace) +
+           "\n";
+  }
+  return out;
 }
 
 json BenchReport::to_json() const {
   json errs = json::array();
   for (const auto& r : results)
     if (!r.ok && errs.size() < 10) errs.push_back(r.error);
-  return {{"requests", int(results.size())},
-          {"ok", ok},
-          {"failed", failed},
-          {"ttft_median_ms", ttft_median_s * 1e3},
-          {"ttft_p99_ms", ttft_p99_s * 1e3},
-          {"decode_tok_s_per_stream_median", decode_tok_s_median},
-          {"aggregate_tok_s", aggregate_tok_s},
-          {"total_s", total_s},
-          {"completion_tokens", completion_tokens},
-          {"prompt_tokens", prompt_tokens},
-          {"errors", errs}};
+  json j = {{"requests", int(results.size())},
+            {"ok", ok},
+            {"failed", failed},
+            {"request_rate", request_rate},
+            {"concurrency", concurrency},
+            {"ttft_median_ms", ttft_median_s * 1e3},
+            {"ttft_p99_ms", ttft_p99_s * 1e3},
+            {"decode_tok_s_per_stream_median", decode_tok_s_median},
+            {"aggregate_tok_s", aggregate_tok_s},
+            {"input_tok_s", input_tok_s},
+            {"request_throughput", request_throughput},
+            {"total_s", total_s},
+            {"completion_tokens", completion_tokens},
+            {"prompt_tokens", prompt_tokens},
+            {"ttft", ttft.to_json_ms()},
+            {"tpot", tpot.to_json_ms()},
+            {"itl", itl.to_json_ms()},
+            {"e2e_latency", e2e.to_json_ms()},
+            {"errors", errs}};
+  if (slo.any()) {
+    json s = json::object();
+    if (slo.ttft_s > 0) s["ttft_ms"] = slo.ttft_s * 1e3;
+    if (slo.tpot_s > 0) s["tpot_ms"] = slo.tpot_s * 1e3;
+    if (slo.e2e_s > 0) s["e2e_ms"] = slo.e2e_s * 1e3;
+    j["slo"] = s;
+    j["good_requests"] = good;
+    j["goodput_req_s"] = goodput_req_s;
+  }
+  return j;
 }
+
+namespace {
+std::string rate_text(double rate) {
+  char b[64];
+  std::snprintf(b, sizeof b, "Poisson arrivals at %g req/s", rate);
+  return b;
+}
+}  // namespace
 
 std::string BenchReport::to_text() const {
   char buf[1024];
+  std::string s;
+  std::snprintf(buf, sizeof buf, "requests: %d ok, %d failed (%s, %s)\n", ok, failed,
+                request_rate > 0 ? rate_text(request_rate).c_str() : "all at once",
+                concurrency > 0 ? ("at most " + std::to_string(concurrency) + " in flight").c_str() : "no concurrency limit");
+  s += buf;
+  auto line = [&](const char* name, const Percentiles& p) {
+    std::snprintf(buf, sizeof buf, "%-5s ms   mean %8.1f   p50 %8.1f   p90 %8.1f   p99 %8.1f\n", name, p.mean * 1e3,
+                  p.p50 * 1e3, p.p90 * 1e3, p.p99 * 1e3);
+    s += buf;
+  };
+  line("TTFT", ttft);
+  line("TPOT", tpot);
+  line("ITL", itl);
+  line("E2E", e2e);
   std::snprintf(buf, sizeof buf,
-                "requests: %d ok, %d failed\n"
-                "TTFT median: %.1f ms   p99: %.1f ms\n"
                 "decode per stream (median): %.1f tok/s\n"
-                "aggregate: %.1f tok/s (%lld completion tokens, %lld prompt tokens)\n"
+                "aggregate: %.1f tok/s output, %.1f tok/s prompt, %.2f req/s (%lld completion tokens, %lld prompt tokens)\n"
                 "total time: %.2f s\n",
-                ok, failed, ttft_median_s * 1e3, ttft_p99_s * 1e3, decode_tok_s_median, aggregate_tok_s,
-                (long long)completion_tokens, (long long)prompt_tokens, total_s);
-  std::string s = buf;
+                decode_tok_s_median, aggregate_tok_s, input_tok_s, request_throughput, (long long)completion_tokens,
+                (long long)prompt_tokens, total_s);
+  s += buf;
+  if (slo.any()) {
+    std::snprintf(buf, sizeof buf, "goodput: %.2f req/s (%d of %d requests within the SLO)\n", goodput_req_s, good,
+                  int(results.size()));
+    s += buf;
+  }
   for (const auto& r : results)
     if (!r.ok) {
       s += "first error: " + r.error + "\n";

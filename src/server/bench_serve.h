@@ -1,7 +1,10 @@
 #pragma once
-// A load generator over streaming chat completions (`gptoss bench-serve`).
+// A load generator over streaming completions (`gptoss bench-serve`): fixed concurrency or
+// Poisson arrivals at a request rate, chat prompts or random-token prompts of exact lengths,
+// TTFT / TPOT / ITL / latency percentiles, goodput under an SLO, a JSON result.
 #include <nlohmann/json.hpp>
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -12,26 +15,69 @@ struct BenchOptions {
   std::string model;
   std::string api_key;
   int requests = 32;
-  int concurrency = 8;
+  // Requests in flight at most. 0: 8 with fixed concurrency; unlimited with request_rate.
+  int concurrency = 0;
+  // Requests a second, arriving as a Poisson process (exponential gaps, seeded by `seed`);
+  // 0: every request is ready at once and `concurrency` paces them.
+  double request_rate = 0;
+  uint64_t seed = 0;
   int max_tokens = 64;
+  // Output lengths, "N" or "A:B" (uniform in [A, B]): each request's max_tokens ("" = max_tokens).
+  std::string output_len;
+  // Prompt lengths, "N" or "A:B": random-token prompts of exactly that many tokens, sent as token
+  // ids to /v1/completions, so the prefill size is exact. "": chat prompts (prompts_file or
+  // built-in questions) to /v1/chat/completions.
+  std::string input_len;
   std::string prompts_file;  // one prompt a line (plain text, or JSON objects with "prompt")
   double temperature = 0.0;
   bool ignore_eos = false;
   int timeout_s = 600;       // per request
-  // Ask for logprobs so every sampled token arrives as a chunk of its own: TTFT and decode
-  // times then count tokens, also before a model writes visible text (harmony headers,
-  // reasoning-less random models).
+  // Chat only: ask for logprobs so every sampled token arrives as a chunk of its own: TTFT
+  // counts tokens also before a model writes visible text (harmony headers, reasoning-less
+  // random models). Logprobs make the server sample on the host. Random-token prompts count
+  // tokens from per-chunk usage (continuous_usage_stats) and never ask for logprobs.
   bool token_timing = true;
+  // Service-level objective for goodput, "ttft:300,tpot:50,e2e:5000" (milliseconds; any subset).
+  std::string goodput;
 };
+
+// "N" or "A:B" with 1 <= A <= B; throws gptoss::Error naming `what` otherwise.
+struct LengthRange {
+  int lo = 0, hi = 0;
+  bool fixed() const { return lo == hi; }
+};
+LengthRange parse_length_range(const std::string& spec, const std::string& what);
+
+// Limits in seconds; 0 = no limit on that metric.
+struct Slo {
+  double ttft_s = 0, tpot_s = 0, e2e_s = 0;
+  bool any() const { return ttft_s > 0 || tpot_s > 0 || e2e_s > 0; }
+};
+Slo parse_slo(const std::string& spec);  // "ttft:300,tpot:50" (ms); throws gptoss::Error
+
+// Send times (seconds from the start) of n requests arriving as a Poisson process at `rate`
+// requests a second (the first at 0); all zeros when rate <= 0.
+std::vector<double> poisson_arrivals(int n, double rate, uint64_t seed);
+
+struct Percentiles {
+  double mean = 0, p50 = 0, p90 = 0, p99 = 0;
+  nlohmann::json to_json_ms() const;  // {"mean_ms", "p50_ms", "p90_ms", "p99_ms"}
+};
+Percentiles percentiles(const std::vector<double>& v);  // linear interpolation; zeros when empty
 
 struct BenchRequestResult {
   bool ok = false;
   std::string error;
   double ttft_s = 0;        // request sent -> first streamed token
   double decode_tok_s = 0;  // (tokens - 1) / (last token - first token); 0 when < 2 tokens
+  double tpot_s = 0;        // (last token - first token) / (tokens - 1); 0 when < 2 tokens
+  std::vector<double> itl_s;  // gaps between successive chunks that carried tokens
   int completion_tokens = 0;
   int prompt_tokens = 0;
+  int max_tokens = 0;       // asked for
+  std::string text;         // the streamed text (content, or the completion's text)
   double latency_s = 0;
+  double sent_s = 0;        // send time, seconds from the start of the run
 };
 
 struct BenchReport {
@@ -42,9 +88,24 @@ struct BenchReport {
   double aggregate_tok_s = 0;   // all completion tokens / total time
   double total_s = 0;           // first request sent -> last one done
   int64_t completion_tokens = 0, prompt_tokens = 0;
+  double request_rate = 0;      // asked for (0: all at once)
+  int concurrency = 0;          // in flight at most (0: unlimited)
+  double request_throughput = 0;  // ok requests / total time
+  double input_tok_s = 0;       // prompt tokens / total time
+  Percentiles ttft, tpot, itl, e2e;
+  Slo slo;
+  int good = 0;                 // ok requests within every SLO limit
+  double goodput_req_s = 0;     // good / total time
   nlohmann::json to_json() const;
   std::string to_text() const;
 };
+
+// One JSON line per request, in request order: {"request", "ok", "completion_tokens", "text"}
+// (`--outputs FILE`: two runs with the same --seed and options can be compared with cmp).
+std::string outputs_jsonl(const BenchReport& rep);
+
+// Fills the aggregate fields of `rep` from rep.results and rep.total_s.
+void summarize(BenchReport& rep);
 
 BenchReport run_bench(const BenchOptions& o);
 

@@ -766,6 +766,9 @@ std::string Server::metrics_text() const {
   m.ttft_s.render("gptoss:time_to_first_token_seconds", "Time to first token.", out);
   m.itl_s.render("gptoss:time_per_output_token_seconds", "Time between output tokens.", out);
   m.e2e_s.render("gptoss:e2e_request_latency_seconds", "Request latency in the engine.", out);
+  m.step_forward_s.render("gptoss:step_forward_seconds", "Time in the backend's forward pass, per engine step.", out);
+  m.step_host_s.render("gptoss:step_host_seconds",
+                       "Host time between consecutive forward passes (scheduling, sampling, streaming).", out);
   return out;
 }
 

@@ -26,6 +26,8 @@ inline void add_backend_options(CLI::App* app, BackendOptions& o, bool model_req
       ->capture_default_str();
   app->add_option("--threads", o.threads, "CPU threads (0 = all cores)");
   app->add_option("--device-index", o.device_index, "CUDA device ordinal");
+  app->add_flag("--batch-invariant", o.batch_invariant,
+                "Deterministic kernels: a row's result independent of batch size and companions (cuda; cpu always is)");
 }
 
 }  // namespace gptoss::tools

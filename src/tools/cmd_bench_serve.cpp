@@ -10,6 +10,7 @@ namespace {
 struct Args {
   gptoss::server::BenchOptions o;
   std::string json_out;
+  std::string outputs_out;
 };
 
 gptoss::tools::RegisterCommand reg({"bench-serve", "Load-test an OpenAI-compatible server with streaming chat completions",
@@ -19,8 +20,16 @@ gptoss::tools::RegisterCommand reg({"bench-serve", "Load-test an OpenAI-compatib
   app->add_option("--model", a->o.model, "Model name to request");
   app->add_option("--api-key", a->o.api_key, "Bearer token");
   app->add_option("--requests", a->o.requests, "Number of requests")->capture_default_str();
-  app->add_option("--concurrency", a->o.concurrency, "Requests in flight at once")->capture_default_str();
+  app->add_option("--concurrency", a->o.concurrency,
+                  "Requests in flight at most (default: 8; no limit with --request-rate)");
+  app->add_option("--request-rate", a->o.request_rate, "Requests a second, Poisson arrivals (default: all at once)");
+  app->add_option("--seed", a->o.seed, "Seed of arrivals, lengths and random prompts")->capture_default_str();
   app->add_option("--max-tokens", a->o.max_tokens, "max_tokens of each request")->capture_default_str();
+  app->add_option("--output-len", a->o.output_len, "max_tokens per request: N or A:B (uniform; overrides --max-tokens)");
+  app->add_option("--input-len", a->o.input_len,
+                  "Random-token prompts of N or A:B (uniform) tokens, sent as ids to /v1/completions");
+  app->add_option("--goodput", a->o.goodput, "SLO for goodput in ms, e.g. ttft:300,tpot:50,e2e:5000");
+  app->add_option("--outputs", a->outputs_out, "Write each request's text to this file (JSON lines, request order)");
   app->add_option("--prompts", a->o.prompts_file, "File with one prompt a line (text or {\"prompt\": ...})");
   app->add_option("--temperature", a->o.temperature, "Sampling temperature")->capture_default_str();
   app->add_flag("--ignore-eos", a->o.ignore_eos, "Ask the server to generate max_tokens tokens");
@@ -30,6 +39,11 @@ gptoss::tools::RegisterCommand reg({"bench-serve", "Load-test an OpenAI-compatib
   app->add_option("--json", a->json_out, "Also write the report as JSON to this file ('-' for stdout)");
   return [a]() {
     auto rep = gptoss::server::run_bench(a->o);
+    if (!a->outputs_out.empty()) {
+      std::ofstream f(a->outputs_out);
+      if (!f) throw gptoss::Error("cannot write " + a->outputs_out);
+      f << gptoss::server::outputs_jsonl(rep);
+    }
     std::fputs(rep.to_text().c_str(), stdout);
     if (!a->json_out.empty()) {
       std::string j = rep.to_json().dump(2) + "\n";

@@ -70,6 +70,7 @@ int run_serve(Args& a) {
   if (a.kv_cache_gb > 0) a.engine.kv_cache_bytes = size_t(a.kv_cache_gb * double(size_t(1) << 30));
   a.engine.stop_token_ids = gptoss::server::default_stop_tokens(tok, backend->config());
   a.engine.token_text = gptoss::server::token_text_fn(tok);
+  a.engine.batch_invariant = a.backend.batch_invariant;
   gptoss::Engine engine(*backend, a.engine);
   engine.start();
   a.server.max_body_bytes = size_t(a.max_body_mb * 1024 * 1024);
@@ -127,6 +128,10 @@ gptoss::tools::RegisterCommand reg({"serve", "Serve a model through an OpenAI-co
   app->add_option("--threads", a->backend.threads, "CPU threads (0: all)")->capture_default_str();
   app->add_option("--weights-seed", a->backend.seed, "Seed of --random-weights")->capture_default_str();
   app->add_option("--device-index", a->backend.device_index, "CUDA device ordinal")->capture_default_str();
+  app->add_flag("--async-scheduling", a->engine.async_scheduling,
+                "Plan each engine step while the previous forward pass runs (host/device overlap)");
+  app->add_flag("--batch-invariant", a->backend.batch_invariant,
+                "Deterministic mode: a request's output independent of batch companions, batch size and preemption");
   app->add_option("--tokenizer", a->tokenizer, "tokenizer.json or .tiktoken (default: the model's, else o200k_harmony)");
   app->add_option("--max-body-mb", a->max_body_mb, "Largest request body (413 beyond)")->capture_default_str();
   app->add_option("--http-threads", a->server.http_threads, "HTTP worker threads (0: 4 x max-num-seqs + 64)");

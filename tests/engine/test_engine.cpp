@@ -111,6 +111,15 @@ TEST(Engine, RejectsBadRequests) {
   EXPECT_THROW(e.submit({1, 2}, sp), Error);
 }
 
+TEST(Engine, BudgetHoldsEveryDecode) {
+  FakeBackend be;
+  EngineConfig c = small_cfg();
+  c.max_num_seqs = 17;  // budget 16
+  EXPECT_THROW(Engine(be, c), Error);
+  c.max_num_seqs = 16;
+  EXPECT_NO_THROW(Engine(be, c));
+}
+
 TEST(Engine, StopsAtMaxModelLen) {
   FakeBackend be;
   EngineConfig c = small_cfg();
@@ -447,4 +456,224 @@ TEST(Engine, LogitBiasOnTheHostPath) {
   EXPECT_EQ(be.sample_calls, 0);  // the backend's own sampler knows nothing of the bias
   sp.logit_bias = {{64, 1.0f}};
   EXPECT_THROW(e.submit(prompt_of(6, 2), sp), Error);  // outside the vocabulary
+}
+
+namespace {
+// Events a stream has ready now (the engine ran synchronously through step()).
+std::vector<EngineEvent> ready_events(RequestStream& s) {
+  std::vector<EngineEvent> out;
+  while (auto ev = s.next(std::chrono::milliseconds(0))) out.push_back(std::move(*ev));
+  return out;
+}
+}  // namespace
+
+// Stall-free batching: while a long prompt is prefilled in budget-sized chunks, every decoding
+// stream still gets exactly one token per step.
+TEST(Engine, LongPromptDoesNotStallDecodes) {
+  FakeBackend be;
+  Engine e(be, small_cfg());  // budget 16
+  SamplingParams sp;
+  sp.temperature = 0;
+  sp.max_tokens = 200;
+  sp.ignore_eos = true;
+  std::vector<std::shared_ptr<RequestStream>> dec;
+  for (int i = 0; i < 3; ++i) dec.push_back(e.submit(prompt_of(3, i), sp));
+  for (int i = 0; i < 2; ++i) e.step();
+  for (auto& s : dec) ASSERT_FALSE(ready_events(*s).empty());
+  SamplingParams one = sp;
+  one.max_tokens = 1;
+  auto longp = e.submit(prompt_of(200, 9), one);
+  int steps = 0;
+  while (!longp->finished() && steps < 100) {
+    ASSERT_TRUE(e.step());
+    ++steps;
+    for (auto& s : dec) {
+      auto evs = ready_events(*s);
+      ASSERT_EQ(evs.size(), 1u) << "step " << steps;
+      EXPECT_EQ(evs[0].tokens.size(), 1u);
+    }
+  }
+  // 200 prompt tokens at 16 - 3 a step
+  EXPECT_EQ(steps, (200 + 12) / 13);
+  EXPECT_LE(be.max_batch_tokens, 16);
+  for (auto& s : dec) s->cancel();
+  run_idle(e);
+}
+
+// 8 prompts of 40 tokens arrive at once under a 64-token budget: prefills are packed FCFS, so
+// first tokens come one or two requests a step (median at step 4), where sharing the budget
+// among all eight would give none before step 5.
+TEST(Engine, SimultaneousPromptsGetFirstTokensInTurn) {
+  FakeBackend be;
+  EngineConfig c = small_cfg();
+  c.max_num_seqs = 8;
+  c.max_num_batched_tokens = 64;
+  Engine e(be, c);
+  SamplingParams sp;
+  sp.temperature = 0;
+  sp.max_tokens = 4;
+  sp.ignore_eos = true;
+  std::vector<std::shared_ptr<RequestStream>> ss;
+  for (int i = 0; i < 8; ++i) ss.push_back(e.submit(prompt_of(40, i), sp));
+  std::vector<int> first(8, 0);
+  for (int step = 1; step <= 20 && e.step(); ++step)
+    for (int i = 0; i < 8; ++i)
+      if (!ready_events(*ss[i]).empty() && first[i] == 0) first[i] = step;
+  // step 1: #0 whole + 24 of #1; step 2: 1 decode, rest of #1, #2, 7 of #3; step 3: 3 decodes,
+  // rest of #3, 28 of #4; step 4: 4 decodes, rest of #4, #5, 8 of #6; step 5: 5 decodes, rest
+  // of #6, 27 of #7; step 6: rest of #7.
+  EXPECT_EQ(first, (std::vector<int>{1, 2, 2, 3, 4, 4, 5, 6}));
+  run_idle(e);
+}
+
+// The host/device split of each step is measured: one forward time per pass, one host gap per
+// pass that followed another without the engine going idle.
+TEST(Engine, StepTimingHistograms) {
+  FakeBackend be;
+  be.delay_us = 200;
+  Engine e(be, small_cfg());
+  SamplingParams sp;
+  sp.temperature = 0;
+  sp.max_tokens = 5;
+  auto s = e.submit(prompt_of(5, 1), sp);
+  run_idle(e);
+  EXPECT_EQ(collect(*s).tokens.size(), 5u);
+  EXPECT_EQ(e.metrics().step_forward_s.count(), 5u);
+  EXPECT_EQ(e.metrics().step_host_s.count(), 4u);
+  auto s2 = e.submit(prompt_of(5, 2), sp);  // after idling: the gap is not a step's host time
+  run_idle(e);
+  EXPECT_EQ(e.metrics().step_forward_s.count(), 10u);
+  EXPECT_EQ(e.metrics().step_host_s.count(), 8u);
+  std::string text;
+  e.metrics().step_host_s.render("h", "help", text);
+  EXPECT_NE(text.find("h_count 8"), std::string::npos) << text;
+}
+
+// Batch-invariant mode: which path draws a row's token depends on that row alone. Greedy rows
+// without logprobs still let the backend draw; a sampled (temperature > 0) row is drawn on the
+// host, also when it is alone in the batch; and a seeded request's tokens are the same.
+TEST(Engine, BatchInvariantDrawsSampledRowsOnTheHost) {
+  SamplingParams greedy;
+  greedy.temperature = 0;
+  greedy.max_tokens = 6;
+  SamplingParams sampled = greedy;
+  sampled.temperature = 0.8f;
+  sampled.seed = 5;
+  auto prompt = prompt_of(7, 3);
+  for (bool inv : {false, true}) {
+    EngineConfig c = small_cfg();
+    c.batch_invariant = inv;
+    FakeBackend a, b;
+    Result ra, rb;
+    {
+      Engine e(a, c);
+      auto s = e.submit(prompt, greedy);
+      run_idle(e);
+      ra = collect(*s);
+    }
+    {
+      Engine e(b, c);
+      auto s = e.submit(prompt, sampled);
+      run_idle(e);
+      rb = collect(*s);
+    }
+    EXPECT_EQ(a.sample_calls, 6) << inv;
+    EXPECT_EQ(b.sample_calls, inv ? 0 : 6) << inv;
+    EXPECT_EQ(ra.tokens, run_alone(prompt, greedy).tokens);
+    EXPECT_EQ(rb.tokens, run_alone(prompt, sampled).tokens);
+  }
+}
+
+// The async-scheduling loop (start(), EngineConfig::async_scheduling): each step is planned
+// while the previous forward runs on the worker. Mixed greedy, seeded and logprob requests with stop tokens, a KV
+// cache that forces preemption (of sequences in flight, too): each request gets what it gets
+// alone, and the pools end empty.
+TEST(Engine, OverlappedLoopEqualsAlone) {
+  EngineConfig c = small_cfg();
+  c.kv_cache_tokens = 96;
+  c.max_model_len = 90;
+  c.async_scheduling = true;
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<SamplingParams> sps;
+  for (int i = 0; i < 16; ++i) {
+    prompts.push_back(prompt_of(1 + (i * 11) % 30, i));
+    SamplingParams sp;
+    sp.max_tokens = 5 + (i * 7) % 40;
+    sp.ignore_eos = true;
+    if (i % 3 == 0) {
+      sp.temperature = 0;
+    } else {
+      sp.temperature = 0.9f;
+      sp.seed = 100 + i;
+    }
+    if (i % 4 == 1) sp.logprobs = 2;
+    if (i % 5 == 3) sp.prompt_logprobs = 1;
+    sps.push_back(sp);
+  }
+  // a few end at a stop token the pass in flight cannot foresee
+  for (int i : {2, 7, 11}) {
+    Result base = run_alone(prompts[i], sps[i], c);
+    ASSERT_GE(base.tokens.size(), 4u);
+    sps[i].stop_token_ids = {base.tokens[3]};
+  }
+  FakeBackend be;
+  be.delay_us = 300;
+  Engine e(be, c);
+  e.start();
+  std::vector<std::shared_ptr<RequestStream>> ss;
+  for (int i = 0; i < 16; ++i) ss.push_back(e.submit(prompts[i], sps[i]));
+  std::vector<Result> got;
+  for (auto& s : ss) got.push_back(collect(*s));
+  e.stop();
+  EXPECT_GT(e.metrics().overlapped_steps.load(), 10);
+  EXPECT_GT(e.metrics().preemptions.load(), 0);
+  for (int i = 0; i < 16; ++i) {
+    Result alone = run_alone(prompts[i], sps[i], c);
+    EXPECT_EQ(got[i].tokens, alone.tokens) << i;
+    EXPECT_EQ(got[i].reason, alone.reason) << i;
+    EXPECT_EQ(got[i].logprobs.size(), sps[i].logprobs >= 0 ? got[i].tokens.size() : 0u) << i;
+  }
+  EXPECT_EQ(got[2].reason, FinishReason::kStop);
+  EXPECT_EQ(e.stats().kv_pages_used[0], 0);
+  EXPECT_EQ(e.stats().kv_pages_used[1], 0);
+  EXPECT_EQ(e.num_active(), 0);
+}
+
+// Cancelling requests while their pass is in flight: they end with kAbort, the others are
+// unaffected, every page comes back.
+TEST(Engine, OverlappedCancelInFlight) {
+  EngineConfig c = small_cfg();
+  c.async_scheduling = true;
+  FakeBackend be;
+  be.delay_us = 500;
+  Engine e(be, c);
+  e.start();
+  SamplingParams sp;
+  sp.temperature = 0;
+  sp.max_tokens = 60;
+  sp.ignore_eos = true;
+  std::vector<std::shared_ptr<RequestStream>> ss;
+  for (int i = 0; i < 6; ++i) ss.push_back(e.submit(prompt_of(4 + i, i), sp));
+  // wait until the first ones stream, then cancel every other request
+  for (int i = 0; i < 2; ++i) ASSERT_TRUE(ss[i]->next(std::chrono::milliseconds(5000)));
+  for (int i = 0; i < 6; i += 2) ss[i]->cancel();
+  for (int i = 1; i < 6; i += 2) {
+    Result r = collect(*ss[i]);
+    Result alone = run_alone(prompt_of(4 + i, i), sp);
+    // the first event of #1 was consumed above
+    ASSERT_GE(alone.tokens.size(), r.tokens.size());
+    EXPECT_TRUE(std::equal(r.tokens.rbegin(), r.tokens.rend(), alone.tokens.rbegin())) << i;
+    EXPECT_EQ(r.reason, FinishReason::kLength);
+  }
+  for (int i = 0; i < 6; i += 2) {
+    auto ev = ss[i]->next(std::chrono::milliseconds(5000));
+    while (ev && !ev->finished) ev = ss[i]->next(std::chrono::milliseconds(5000));
+    ASSERT_TRUE(ev) << i;
+    EXPECT_TRUE(ev->finish_reason == FinishReason::kAbort || ev->finish_reason == FinishReason::kLength) << i;
+  }
+  for (int i = 0; i < 200 && e.num_active() > 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  e.stop();
+  EXPECT_EQ(e.num_active(), 0);
+  EXPECT_EQ(e.stats().kv_pages_used[0], 0);
+  EXPECT_EQ(e.stats().kv_pages_used[1], 0);
 }

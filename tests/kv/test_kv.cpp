@@ -187,3 +187,26 @@ TEST(KvPlan, SizesPools) {
   EXPECT_LE(total, size_t(64) << 20);
   EXPECT_GT(k2.num_pages[0], 0);
 }
+
+// The scheduler plans a step on counts alone (engine/scheduler.h): what prepare() releases and
+// what free() returns must match what the pools then show.
+TEST(KvManager, ReleasedAndHeldCountsMatchThePools) {
+  KvManager m(cfg(100, 100, 8, 4));
+  EXPECT_EQ(m.pages_held(1, kKvFull), 0);
+  EXPECT_EQ(m.pages_released(1, 50), 0);  // unknown sequence
+  ASSERT_TRUE(m.prepare(1, 0, 20));       // 5 full pages, 5 sliding
+  EXPECT_EQ(m.pages_held(1, kKvFull), 5);
+  EXPECT_EQ(m.pages_held(1, kKvSliding), 5);
+  // the query at 20 needs keys 13..20: pages 3.. -> pages 0, 1, 2 go
+  EXPECT_EQ(m.pages_released(1, 20), 3);
+  int need[2];
+  m.pages_needed(1, 20, 1, need);
+  int free_sl = m.num_free(kKvSliding);
+  ASSERT_TRUE(m.prepare(1, 20, 1));
+  EXPECT_EQ(m.num_free(kKvSliding), free_sl + 3 - need[kKvSliding]);
+  EXPECT_EQ(m.pages_held(1, kKvSliding), 5 - 3 + need[kKvSliding]);
+  EXPECT_EQ(m.pages_released(1, 20), 0);  // already gone
+  int held_full = m.pages_held(1, kKvFull), free_full = m.num_free(kKvFull);
+  m.free(1);
+  EXPECT_EQ(m.num_free(kKvFull), free_full + held_full);
+}
