@@ -25,11 +25,12 @@ const std::string kFixture =
     "/tiny-gptoss";
 
 std::unique_ptr<Backend> make(const std::string& device, const std::string& dir,
-                              const std::string& mxfp4_layers = "experts") {
+                              const std::string& mxfp4_layers = "experts", bool batch_invariant = false) {
   BackendOptions o;
   o.device = device;
   o.model_dir = dir;
   o.mxfp4_layers = mxfp4_layers;
+  o.batch_invariant = batch_invariant;
   return create_backend(o);
 }
 
@@ -174,9 +175,10 @@ TEST_F(CudaModel, TinyFixtureMatchesCpu) {
 }
 
 // Several sequences decoding in one batch (a graph bucket with padding) give each sequence's
-// logits alone.
-TEST_F(CudaModel, BatchedDecodeEqualsAlone) {
-  auto gpu = make("cuda", kFixture);
+// logits alone: within rounding by default (a prompt prefilled in a mixed batch takes other
+// kernels than alone), bit for bit with --batch-invariant.
+void check_batched_decode(bool invariant) {
+  auto gpu = make("cuda", kFixture, "experts", invariant);
   const int V = gpu->config().vocab, ps = 16, S = 3, maxlen = 64;
   KvCacheConfig kv;
   kv.page_size = ps;
@@ -223,7 +225,7 @@ TEST_F(CudaModel, BatchedDecodeEqualsAlone) {
   // rewrites the same positions with the same values).
   gpu->forward_greedy(db, greedy.data());
   for (int s = 0; s < S; ++s) {
-    auto gpu2 = make("cuda", kFixture);
+    auto gpu2 = make("cuda", kFixture, "experts", invariant);
     SoloSequence solo(*gpu2, maxlen);
     // Same kernels as the batched step: prefill all but the last token, decode the last alone.
     solo.append(std::vector<int32_t>(toks[s].begin(), toks[s].end() - 1), false);
@@ -233,10 +235,14 @@ TEST_F(CudaModel, BatchedDecodeEqualsAlone) {
     // Seq 0's prompt went through the GEMM path in the mixed batch and the GEMV path alone,
     // so its cached K/V differ by rounding.
     EXPECT_LE(e, 5e-3) << "seq " << s;
-    std::printf("batched decode vs alone, seq %d: rel err %.3g\n", s, e);
+    if (invariant) EXPECT_EQ(got, l) << "batch-invariant: seq " << s << " differs from its run alone";
+    std::printf("batched decode vs alone%s, seq %d: rel err %.3g\n", invariant ? " (batch-invariant)" : "", s, e);
     EXPECT_EQ(greedy[S - 1 - s], argmax(got)) << "seq " << s;
   }
 }
+
+TEST_F(CudaModel, BatchedDecodeEqualsAlone) { check_batched_decode(false); }
+TEST_F(CudaModel, BatchInvariantDecodeIsExact) { check_batched_decode(true); }
 
 // --mxfp4-layers all (q/k/v, o and lm_head quantized to MXFP4 at load) on a copy of the fixture
 // whose dense weights were first quantized and dequantized back into bf16: they are MXFP4 values

@@ -114,6 +114,10 @@ class CudaBackend final : public Backend {
   WeightMat lm_head_dec_;  // fragment-layout decode copy (fmt kBF16: none)
   std::vector<Layer> layers_;
   enum class ExpertKernels { kGemv, kMma, kAuto } expert_kernels_ = ExpertKernels::kAuto;  // --mxfp4-backend
+  // --batch-invariant: one kernel family per layer at every batch size (the skinny kernels over
+  // fragment weights, the K-split GEMV for the router, one attention split), so a row's logits
+  // do not depend on its batch companions, the batch size or preemption.
+  bool invariant_ = false;
   WeightMat::Format dense_dec_ = WeightMat::kFragBF16;  // --dense-dtype
   int* d_flag_ = nullptr;
   float* inv_freq_ = nullptr;
@@ -195,6 +199,7 @@ CudaBackend::CudaBackend(const BackendOptions& opts) {
     expert_kernels_ = ExpertKernels::kAuto;
   else
     throw Error("--mxfp4-backend " + opts.mxfp4_backend + ": expected auto, mma or gemv");
+  invariant_ = opts.batch_invariant;
   if (opts.dense_dtype == "bf16")
     dense_dec_ = WeightMat::kFragBF16;
   else if (opts.dense_dtype == "fp8")
@@ -416,8 +421,10 @@ void CudaBackend::repack_weights() {
     if (!frag_packable(W)) return WeightMat{};
     return pack(W, 1, false, dense_dec_);
   };
-  bool mma = expert_kernels_ == ExpertKernels::kMma, copies = false;
-  if (expert_kernels_ == ExpertKernels::kAuto && !layers_.empty()) {
+  // Batch-invariant mode runs the experts through the skinny kernels at every size: one copy,
+  // in the fragment layout.
+  bool mma = expert_kernels_ == ExpertKernels::kMma || invariant_, copies = false;
+  if (expert_kernels_ == ExpertKernels::kAuto && !invariant_ && !layers_.empty()) {
     size_t free_b = 0, total = 0;
     GPTOSS_CUDA_CHECK(cudaMemGetInfo(&free_b, &total));
     const WeightMat& g0 = layers_[0].gate_up;
@@ -498,6 +505,7 @@ void CudaBackend::init_kv_cache(const KvCacheConfig& kv) {
 }
 
 int CudaBackend::splits_for(int n) const {
+  if (invariant_) return 1;  // a token's attention sums must not depend on how many share its pass
   int blocks = n * cfg_.num_kv_heads;
   int s = (264 + blocks - 1) / blocks;
   return std::clamp(s, 1, kMaxSplits);
@@ -536,8 +544,8 @@ CudaBackend::PassMeta CudaBackend::upload_meta(const Staged& st, int n, int n_ro
 void CudaBackend::lm_head(const int32_t* rows, int n_rows) {
   rmsnorm(x_, final_norm_, n_rows, cfg_.hidden, cfg_.rms_eps, rows, xn_, stream_);
   Epilogue e{Epilogue::kStoreF32, d_logits_, cfg_.vocab};
-  const bool dec = lm_head_dec_.fmt != WeightMat::kBF16 && n_rows <= kSkinnyMaxTokens;
-  linear(dec ? lm_head_dec_ : lm_head_, xn_, cfg_.hidden, n_rows, e, stream_);
+  const bool dec = lm_head_dec_.fmt != WeightMat::kBF16 && (n_rows <= kSkinnyMaxTokens || invariant_);
+  linear(dec ? lm_head_dec_ : lm_head_, xn_, cfg_.hidden, n_rows, e, stream_, invariant_);
 }
 
 void CudaBackend::run_pass(int n, const PassMeta& m, int n_rows, int nsplit) {
@@ -549,7 +557,8 @@ void CudaBackend::run_pass(int n, const PassMeta& m, int n_rows, int nsplit) {
   // the others from the previous layer's MoE combine.
   if (!layers_.empty()) rmsnorm(x_, layers_[0].attn_norm, n, H, c.rms_eps, nullptr, xn_, stream_);
   mark("embed");
-  const bool small = n <= kSkinnyMaxTokens;
+  const bool small = n <= kSkinnyMaxTokens || invariant_;
+  const bool inv = invariant_;
   for (size_t li = 0; li < layers_.size(); ++li) {
     const Layer& L = layers_[li];
     const int g = L.sliding ? kKvSliding : kKvFull;
@@ -558,7 +567,7 @@ void CudaBackend::run_pass(int n, const PassMeta& m, int n_rows, int nsplit) {
     TokenMeta tm{m.pos, m.pt_off[g], m.pt};
     const WeightMat& Wqkv = small && L.qkv_dec.fmt != WeightMat::kBF16 ? L.qkv_dec : L.qkv;
     const WeightMat& Wo = small && L.o_dec.fmt != WeightMat::kBF16 ? L.o_dec : L.o;
-    if (!skip("dense")) linear(Wqkv, xn_, H, n, Epilogue{Epilogue::kStoreBF16, qkv_, QKV}, stream_);
+    if (!skip("dense")) linear(Wqkv, xn_, H, n, Epilogue{Epilogue::kStoreBF16, qkv_, QKV}, stream_, inv);
     mark("qkv");
     if (!skip("attn"))
       rope_kv_store(qkv_, n, c.num_heads, c.num_kv_heads, c.head_dim, inv_freq_, yarn_.attention_scaling, tm, kv,
@@ -568,30 +577,38 @@ void CudaBackend::run_pass(int n, const PassMeta& m, int n_rows, int nsplit) {
       attention(qkv_, n, c.num_heads, c.num_kv_heads, c.head_dim, L.sliding ? c.sliding_window : 0, L.sinks, tm, kv,
                 nsplit, partial_, attn_, stream_);
     mark("attention");
-    if (!skip("dense")) linear(Wo, attn_, c.q_dim(), n, Epilogue{Epilogue::kAddF32, x_, H}, stream_);
+    if (!skip("dense")) linear(Wo, attn_, c.q_dim(), n, Epilogue{Epilogue::kAddF32, x_, H}, stream_, inv);
     mark("o_proj");
     // The skinny kernels take fp16 activations (their MMA type for MXFP4): the router's fused
     // norm leaves the rows in fp16 (same buffer, other type), SwiGLU hands fp16 to down.
     const bool dec_experts = small && L.gate_up_dec.fmt != WeightMat::kBF16;
     const WeightMat& Wgu = dec_experts ? L.gate_up_dec : L.gate_up;
     const WeightMat& Wdn = dec_experts ? L.down_dec : L.down;
-    const bool skinny = choose_linear_kernel({Wgu.fmt, n * k, n, Wgu.N, Wgu.K, true, 0}) == LinearKernel::kSkinnyMma;
-    const bool xn_f16 = skinny && linear_rmsnorm_fuses(L.router, n);
-    // The router's GEMV normalizes in place (decode sizes) and leaves the rows for the experts.
-    if (!skip("router"))
-      linear_rmsnorm(L.router, x_, L.mlp_norm, c.rms_eps, n, xn_, true,
-                     Epilogue{Epilogue::kStoreF32, router_logits_, E}, stream_, xn_f16);
+    const bool skinny =
+        choose_linear_kernel({Wgu.fmt, n * k, n, Wgu.N, Wgu.K, true, 0, inv}) == LinearKernel::kSkinnyMma;
+    const bool xn_f16 = skinny && !inv && linear_rmsnorm_fuses(L.router, n);
+    // The router's GEMV normalizes in place (decode sizes) and leaves the rows for the experts;
+    // batch-invariant mode normalizes apart at every size (the fused norm sums in another order).
+    if (!skip("router")) {
+      const Epilogue re{Epilogue::kStoreF32, router_logits_, E};
+      if (inv) {
+        rmsnorm(x_, L.mlp_norm, n, H, c.rms_eps, nullptr, xn_, stream_);
+        linear(L.router, xn_, H, n, re, stream_, true);
+      } else {
+        linear_rmsnorm(L.router, x_, L.mlp_norm, c.rms_eps, n, xn_, true, re, stream_, xn_f16);
+      }
+    }
     mark("norm+router");
     if (!skip("router")) moe_route(router_logits_, n, E, k, routing_, stream_);
     mark("route");
     Epilogue gu{Epilogue::kSwiGLU, act_, c.intermediate};
     gu.swiglu_limit = c.swiglu_limit;
     gu.out_f16 = skinny;
-    if (!skip("experts")) linear_grouped(Wgu, xn_, H, n * k, E, true, routing_, gu, stream_, n, xn_f16);
+    if (!skip("experts")) linear_grouped(Wgu, xn_, H, n * k, E, true, routing_, gu, stream_, n, xn_f16, inv);
     mark("gate_up");
     if (!skip("experts"))
       linear_grouped(Wdn, act_, c.intermediate, n * k, E, false, routing_, Epilogue{Epilogue::kStoreF32, moe_y_, H},
-                     stream_, n, skinny);
+                     stream_, n, skinny, inv);
     mark("down");
     const float* next_norm = li + 1 < layers_.size() ? layers_[li + 1].attn_norm : nullptr;
     if (!skip("experts")) moe_combine(moe_y_, routing_, n, k, H, x_, next_norm, c.rms_eps, xn_, stream_);

@@ -69,7 +69,10 @@ MoeRouting moe_routing_carve(void* mem, int max_pairs, int E);
 
 // out = A . W^T + bias, with the epilogue. Dense: A [M, K] bf16 (row stride lda), rows 0..M-1.
 // Picks a CUDA-core GEMV for small M and an mma.sync GEMM otherwise.
-void linear(const WeightMat& W, const bf16_t* A, int lda, int M, const Epilogue& epi, cudaStream_t s);
+// invariant: the batch-invariant choice (--batch-invariant): one kernel family at every M, so
+// a row's numerics do not depend on its batch companions (see choose_linear_kernel).
+void linear(const WeightMat& W, const bf16_t* A, int lda, int M, const Epilogue& epi, cudaStream_t s,
+            bool invariant = false);
 // out = rmsnorm(x; norm_w) . W^T + bias, with x the f32 residual stream [M, K]. Decode-sized M
 // with bf16 W: the norm runs inside the GEMV (no normalized copy, no extra launch), and xn gets
 // the normalized rows only if need_xn. Otherwise rmsnorm() into xn, then linear(). xn: bf16
@@ -83,7 +86,8 @@ inline bool linear_rmsnorm_fuses(const WeightMat& W, int M) { return W.fmt == We
 // tokens: the batch's token count (a group has at most that many rows; 0 = pairs); a_f16: A
 // holds fp16 (skinny kernels only).
 void linear_grouped(const WeightMat& W, const void* A, int lda, int pairs, int E, bool gather_a,
-                    const MoeRouting& r, const Epilogue& epi, cudaStream_t s, int tokens = 0, bool a_f16 = false);
+                    const MoeRouting& r, const Epilogue& epi, cudaStream_t s, int tokens = 0, bool a_f16 = false,
+                    bool invariant = false);
 
 // Which kernel a linear layer runs: one pure function of the problem, printed by bench-kernels.
 enum class LinearKernel { kNone, kGemvBf16, kGemvMxfp4, kSkinnyMma, kGemmMma };
@@ -95,6 +99,9 @@ struct LinearProblem {
   int N, K;
   bool grouped;
   int force_path;  // 0 auto, 1 GEMV, 2 GEMM (tests, bench-kernels)
+  // Batch-invariant: fragment weights take the skinny kernels at every size, narrow bf16 ones
+  // (the router) the K-split GEMV; other weights have no batch-invariant kernel (kNone).
+  bool invariant = false;
 };
 LinearKernel choose_linear_kernel(const LinearProblem& p);
 const char* linear_kernel_name(LinearKernel k);

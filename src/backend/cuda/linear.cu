@@ -890,6 +890,11 @@ void launch(const LinArgs& a, int path, int grid_y, cudaStream_t s, const FusedN
 
 LinearKernel choose_linear_kernel(const LinearProblem& p) {
   const bool frag = p.fmt == WeightMat::kFragBF16 || p.fmt == WeightMat::kFragFP8 || p.fmt == WeightMat::kFragMXFP4;
+  if (p.invariant) {
+    if (frag) return LinearKernel::kSkinnyMma;
+    if (p.fmt == WeightMat::kBF16 && !p.grouped && p.N <= 512) return LinearKernel::kGemvBf16;
+    return LinearKernel::kNone;
+  }
   if (frag) {
     // Decode batches (tokens per group <= 64) ride the tensor-core "skinny" kernels; prefill
     // tiles go to the mma GEMM (which reads the MXFP4 fragment layout directly).
@@ -921,8 +926,8 @@ const char* linear_kernel_name(LinearKernel k) {
 
 namespace {
 
-LinearKernel pick(const WeightMat& W, int rows, int tokens, bool grouped) {
-  LinearProblem p{W.fmt, rows, tokens, W.N, W.K, grouped, g_force_path};
+LinearKernel pick(const WeightMat& W, int rows, int tokens, bool grouped, bool invariant = false) {
+  LinearProblem p{W.fmt, rows, tokens, W.N, W.K, grouped, g_force_path, invariant};
   LinearKernel k = choose_linear_kernel(p);
   if (k == LinearKernel::kNone)
     throw Error("linear: no kernel for this weight format at " + std::to_string(tokens) + " tokens");
@@ -934,12 +939,13 @@ LinearKernel pick(const WeightMat& W, int rows, int tokens, bool grouped) {
 void set_linear_path(int path) { g_force_path = path; }
 void set_gemv_variant(int v) { g_gemv_variant = v; }
 
-void linear(const WeightMat& W, const bf16_t* A, int lda, int M, const Epilogue& epi, cudaStream_t s) {
+void linear(const WeightMat& W, const bf16_t* A, int lda, int M, const Epilogue& epi, cudaStream_t s,
+            bool invariant) {
   if (M <= 0) return;
   check_args(W, epi);
   if (epi.mode == Epilogue::kScatterAdd) throw Error("linear: scatter-add needs routing");
   LinArgs a{W, A, lda, M, false, false, MoeRouting{}, epi};
-  const LinearKernel k = pick(W, M, M, false);
+  const LinearKernel k = pick(W, M, M, false, invariant);
   if (k == LinearKernel::kSkinnyMma) {
     skinny_linear(W, A, false, lda, M, 0, 1, false, false, MoeRouting{}, epi, 0, s);
     return;
@@ -966,13 +972,14 @@ void linear_rmsnorm(const WeightMat& W, const float* x, const float* norm_w, flo
 }
 
 void linear_grouped(const WeightMat& W, const void* A, int lda, int pairs, int E, bool gather_a,
-                    const MoeRouting& r, const Epilogue& epi, cudaStream_t s, int tokens, bool a_f16) {
+                    const MoeRouting& r, const Epilogue& epi, cudaStream_t s, int tokens, bool a_f16,
+                    bool invariant) {
   if (pairs <= 0) return;
   check_args(W, epi);
   if (tokens <= 0) tokens = pairs;
   // Decode batches spread over many experts (few rows each): GEMV or tensor-core skinny kernel
   // per group. Prefill: GEMM tiles.
-  const LinearKernel k = pick(W, pairs, tokens, true);
+  const LinearKernel k = pick(W, pairs, tokens, true, invariant);
   if (k == LinearKernel::kSkinnyMma) {
     skinny_linear(W, A, a_f16, lda, tokens, pairs, E, true, gather_a, r, epi, 0, s);
     return;
