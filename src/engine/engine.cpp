@@ -35,13 +35,28 @@ void RequestStream::cancel() {
   sig_->notify();
 }
 
+void RequestStream::set_listener(std::function<void()> fn) {
+  std::shared_ptr<const std::function<void()>> l;
+  if (fn) l = std::make_shared<const std::function<void()>>(std::move(fn));
+  bool ready;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    listener_ = l;
+    ready = !q_.empty();
+  }
+  if (l && ready) (*l)();
+}
+
 void RequestStream::push(EngineEvent ev) {
   if (ev.finished) finished_ = true;
+  std::shared_ptr<const std::function<void()>> l;
   {
-    std::lock_guard<std::mutex> l(mu_);
+    std::lock_guard<std::mutex> g(mu_);
     q_.push_back(std::move(ev));
+    l = listener_;
   }
   cv_.notify_all();
+  if (l) (*l)();  // outside the lock: the listener may call next() on another thread at once
 }
 
 Engine::Engine(Backend& backend, EngineConfig cfg) : backend_(backend), cfg_(std::move(cfg)) {

@@ -80,6 +80,10 @@ class RequestStream {
   void cancel();
   bool cancelled() const { return cancelled_.load(); }
   bool finished() const { return finished_.load(); }
+  // Calls `fn` after each event is queued (on the engine thread: it must return at once, e.g.
+  // post to an event loop), so a consumer that does not block in next() learns when to look;
+  // calls it at once if events are already queued. nullptr removes it.
+  void set_listener(std::function<void()> fn);
 
   // engine side
   RequestStream(uint64_t id, std::shared_ptr<EngineSignal> sig) : id_(id), sig_(std::move(sig)) {}
@@ -91,6 +95,7 @@ class RequestStream {
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<EngineEvent> q_;
+  std::shared_ptr<const std::function<void()>> listener_;  // under mu_
   std::atomic<bool> cancelled_{false};
   std::atomic<bool> finished_{false};
 };

@@ -20,6 +20,7 @@ void bad_request(const std::string& msg, const std::string& param, const std::st
 }
 
 ojson parse_body(const std::string& body) {
+  if (body.empty()) bad_request("The request has no body: send a JSON object.", "", "missing_body");
   ojson j;
   try {
     j = ojson::parse(body);

@@ -1,7 +1,6 @@
 #include "server/server.h"
 
-#include <httplib.h>
-#include <sys/socket.h>
+#include <sys/time.h>
 
 #include <chrono>
 #include <cstdio>
@@ -10,6 +9,7 @@
 
 #include "common/error.h"
 #include "server/chat_format.h"
+#include "server/http/http_server.h"
 #include "server/openai_api.h"
 
 namespace gptoss::server {
@@ -43,12 +43,12 @@ namespace {
 
 std::string dumps(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
 
-void set_json(httplib::Response& res, int status, const json& j) {
+void set_json(http::Response& res, int status, const json& j) {
   res.status = status;
   res.set_content(dumps(j), "application/json");
 }
 
-void set_error(httplib::Response& res, const ApiError& e) { set_json(res, e.status, error_body(e)); }
+void set_error(http::Response& res, const ApiError& e) { set_json(res, e.status, error_body(e)); }
 
 int64_t now_s() { return int64_t(std::time(nullptr)); }
 
@@ -168,88 +168,83 @@ struct Server::Handlers {
     }
   }
 
-  // Answers a non-streamed request once `step` returns the body. The body goes out as one
-  // chunk of a chunked response, so while the request runs httplib checks the connection
-  // before each wait and a client that went away cancels it.
-  void respond_when_done(httplib::Response& res, std::shared_ptr<RequestStream> rs,
+  // A response body that follows one engine request. The connection pulls it on its I/O
+  // thread whenever the engine has queued events (the engine only posts a wake-up, it never
+  // waits on a socket); `fill` turns the queued events into bytes without waiting. A client
+  // that goes away, is too slow for too long, or a server that stops, cancels the request.
+  struct EngineBody : http::BodySource {
+    Server& srv;
+    std::shared_ptr<RequestStream> rs;
+    std::function<bool(std::string&, EngineBody&)> fill;  // true once the body is complete
+    bool done = false, finished = false;
+    int status_code = 200;
+    std::pair<int, int> token_counts{-1, -1};
+
+    EngineBody(Server& s, std::shared_ptr<RequestStream> r, std::function<bool(std::string&, EngineBody&)> f)
+        : srv(s), rs(std::move(r)), fill(std::move(f)) {
+      ++srv.streams_open_;
+    }
+    ~EngineBody() override {
+      if (!finished) finish(false);
+    }
+    void start(std::function<void()> wake) override { rs->set_listener(std::move(wake)); }
+    bool pull(std::string& out) override {
+      if (!done) done = fill(out, *this);
+      return done;
+    }
+    void finish(bool delivered) override {
+      if (finished) return;
+      finished = true;
+      rs->set_listener(nullptr);
+      if (!delivered || !done) {
+        rs->cancel();
+        ++srv.client_disconnects_;
+      }
+      --srv.streams_open_;
+    }
+    std::pair<int, int> tokens() const override { return token_counts; }
+    int status() const override { return status_code; }
+  };
+
+  // Answers a non-streamed request once `step` returns the body. Meanwhile the connection
+  // watches its client, and one that goes away cancels the request.
+  void respond_when_done(http::Response& res, std::shared_ptr<RequestStream> rs,
                          std::function<std::optional<json>(EngineEvent&)> step) {
-    auto done = std::make_shared<bool>(false);
-    Server* srv = &s;
-    ++s.streams_open_;
-    res.set_chunked_content_provider(
-        "application/json",
-        [rs, step, done](size_t, httplib::DataSink& sink) -> bool {
-          if (*done) {
-            sink.done();
-            return true;
-          }
-          if (sink.is_writable && !sink.is_writable()) return false;  // the client is gone
-          auto ev = rs->next(200ms);
-          while (ev) {
-            if (auto out = step(*ev)) {
-              std::string body = dumps(*out);
-              *done = true;
-              if (!sink.write(body.data(), body.size())) return false;
-              sink.done();
-              return true;
-            }
-            ev = rs->next(0ms);
-          }
-          return true;
-        },
-        [rs, done, srv](bool success) {
-          if (!success || !*done) {
-            rs->cancel();
-            ++srv->client_disconnects_;
-          }
-          --srv->streams_open_;
-        });
+    res.defer("application/json",
+              std::make_shared<EngineBody>(s, rs, [rs, step](std::string& out, EngineBody& body) {
+                while (auto ev = rs->next(0ms)) {
+                  body.token_counts = {ev->prompt_tokens, ev->completion_tokens};
+                  if (auto j = step(*ev)) {
+                    if (j->contains("error")) body.status_code = 500;  // generation failed
+                    out = dumps(*j);
+                    return true;
+                  }
+                }
+                return false;
+              }));
   }
 
   // The SSE plumbing shared by chat and text streams. `fill(out)` appends this round's chunks
-  // and, once the request has finished, its finishing chunk, returning the finishing event;
-  // this adds the usage chunk and [DONE], writes, and cancels the request if the client is gone.
+  // (from the events queued so far, without waiting) and, once the request has finished, its
+  // finishing chunk, returning the finishing event; this adds the usage chunk and [DONE].
   template <class Stream, class Fill>
-  void stream_sse(httplib::Response& res, std::shared_ptr<Stream> st, const char* object, Fill fill) {
-    ++s.streams_open_;
-    Server* srv = &s;
+  void stream_sse(http::Response& res, std::shared_ptr<Stream> st, const char* object, Fill fill) {
     res.set_header("Cache-Control", "no-cache");
-    res.set_chunked_content_provider(
-        "text/event-stream",
-        [st, object, fill](size_t, httplib::DataSink& sink) -> bool {
-          if (st->done) {
-            sink.done();
-            return true;
-          }
-          if (sink.is_writable && !sink.is_writable()) {  // the client is gone
-            st->rs->cancel();
-            return false;
-          }
-          std::string out;
-          if (std::optional<EngineEvent> last = fill(out)) {
-            if (st->include_usage) {
-              json u = {{"id", st->id},       {"object", object}, {"created", st->created},
-                        {"model", st->model}, {"choices", json::array()},
-                        {"usage", usage_json(last->prompt_tokens, last->completion_tokens)}};
-              out += sse(u);
-            }
-            out += "data: [DONE]\n\n";
-            st->done = true;
-          }
-          if (!out.empty() && !sink.write(out.data(), out.size())) {
-            st->rs->cancel();
-            return false;
-          }
-          if (st->done) sink.done();
-          return true;
-        },
-        [st, srv](bool success) {
-          if (!success || !st->done) {
-            st->rs->cancel();
-            ++srv->client_disconnects_;
-          }
-          --srv->streams_open_;
-        });
+    res.stream("text/event-stream",
+               std::make_shared<EngineBody>(s, st->rs, [st, object, fill](std::string& out, EngineBody& body) {
+                 if (std::optional<EngineEvent> last = fill(out)) {
+                   body.token_counts = {last->prompt_tokens, last->completion_tokens};
+                   if (st->include_usage) {
+                     json u = {{"id", st->id},       {"object", object}, {"created", st->created},
+                               {"model", st->model}, {"choices", json::array()},
+                               {"usage", usage_json(last->prompt_tokens, last->completion_tokens)}};
+                     out += sse(u);
+                   }
+                   out += "data: [DONE]\n\n";
+                   st->done = true;
+                 }
+                 return st->done;
+               }));
   }
 
   // ---------------------------------------------------------------- chat
@@ -281,7 +276,7 @@ struct Server::Handlers {
     return stream_chunk(st, "chat.completion.chunk", {{"index", 0}, {"delta", delta}, {"logprobs", logprobs}}, finish);
   }
 
-  void chat(const httplib::Request& req, httplib::Response& res) {
+  void chat(const http::Request& req, http::Response& res) {
     check_draining();
     ojson body = parse_body(req.body);
     ChatRequest r = parse_chat_request(body);
@@ -368,7 +363,7 @@ struct Server::Handlers {
         st->started = true;
         out += sse(chat_chunk(*st, json{{"role", "assistant"}, {"content", ""}}, nullptr, nullptr));
       }
-      auto ev = st->rs->next(out.empty() ? 200ms : 0ms);
+      auto ev = st->rs->next(0ms);
       while (ev) {
         ChatDelta d;
         for (size_t i = 0; i < ev->tokens.size(); ++i) {
@@ -475,7 +470,7 @@ struct Server::Handlers {
     }
   }
 
-  void completions(const httplib::Request& req, httplib::Response& res) {
+  void completions(const http::Request& req, http::Response& res) {
     check_draining();
     ojson body = parse_body(req.body);
     CompletionRequest r = parse_completion_request(body);
@@ -558,7 +553,7 @@ struct Server::Handlers {
         st->text_offset = count_chars(st->echo);
         st->echo_pending = false;
       }
-      auto ev = st->rs->next(out.empty() ? 200ms : 0ms);
+      auto ev = st->rs->next(0ms);
       while (ev) {
         if (st->echo_pending) {
           // echo with logprobs: the prompt goes out with its tokens' logprobs, which come with
@@ -605,7 +600,7 @@ struct Server::Handlers {
 
   // vLLM's /tokenize: {"prompt"} or {"messages", ...} -> {"count", "max_model_len", "tokens",
   // "token_strs"}; token_strs (with return_token_strs) spells tokens as convert_ids_to_tokens does.
-  void tokenize(const httplib::Request& req, httplib::Response& res) {
+  void tokenize(const http::Request& req, http::Response& res) {
     ojson body = parse_body(req.body);
     TokenizeRequest r = parse_tokenize_request(body);
     if (const auto m = body.find("model"); m != body.end() && m->is_string()) check_model(m->get<std::string>());
@@ -629,7 +624,7 @@ struct Server::Handlers {
   }
 
   // vLLM's /detokenize: {"tokens"} -> {"prompt"}.
-  void detokenize(const httplib::Request& req, httplib::Response& res) {
+  void detokenize(const http::Request& req, http::Response& res) {
     ojson body = parse_body(req.body);
     DetokenizeRequest r = parse_detokenize_request(body);
     if (const auto m = body.find("model"); m != body.end() && m->is_string()) check_model(m->get<std::string>());
@@ -641,99 +636,157 @@ struct Server::Handlers {
 };
 
 Server::Server(Engine& engine, const Tokenizer& tok, ServerOptions opts)
-    : engine_(engine), tok_(tok), renderer_(tok), opts_(std::move(opts)), svr_(std::make_unique<httplib::Server>()) {
+    : engine_(engine), tok_(tok), renderer_(tok), opts_(std::move(opts)) {
   created_ = now_s();
   setup_routes();
 }
 
 Server::~Server() = default;
 
+namespace {
+
+// "2026-11-30T15:03:30.123Z"
+std::string utc_timestamp() {
+  timeval tv{};
+  gettimeofday(&tv, nullptr);
+  tm t{};
+  gmtime_r(&tv.tv_sec, &t);
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", t.tm_year + 1900, t.tm_mon + 1, t.tm_mday,
+                t.tm_hour, t.tm_min, t.tm_sec, int(tv.tv_usec / 1000));
+  return buf;
+}
+
+// An error the transport answers itself (404, 405, 413, 503 past the connection cap, ...).
+http::Response transport_error(int status, const std::string& message) {
+  ApiError e;
+  e.status = status;
+  e.message = message;
+  switch (status) {
+    case 404: e.code = "not_found"; break;
+    case 405: e.code = "method_not_allowed"; break;
+    case 408: e.code = "request_timeout"; break;
+    case 413: e.code = "request_too_large"; break;
+    case 431: e.code = "request_header_fields_too_large"; break;
+    case 503: e.type = "service_unavailable"; e.code = "too_many_connections"; break;
+    default: break;
+  }
+  if (status >= 500 && e.type == "invalid_request_error") e.type = "server_error";
+  http::Response res;
+  set_error(res, e);
+  return res;
+}
+
+}  // namespace
+
 void Server::setup_routes() {
   auto h = std::make_shared<Handlers>(Handlers{*this});
-  int threads = opts_.http_threads > 0 ? opts_.http_threads : 4 * engine_.config().max_num_seqs + 64;
-  svr_->new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
-  svr_->set_payload_max_length(opts_.max_body_bytes);
-  svr_->set_read_timeout(opts_.read_timeout_s, 0);
-  svr_->set_write_timeout(opts_.write_timeout_s, 0);
-  svr_->set_keep_alive_max_count(1000);
-  svr_->set_keep_alive_timeout(5);
+  http::HttpOptions ho;
+  ho.host = opts_.host;
+  ho.port = opts_.port;
+  ho.io_threads = opts_.http_threads > 0 ? opts_.http_threads : 2;
+  ho.worker_threads = ho.io_threads;
+  ho.max_body_bytes = opts_.max_body_bytes;
+  ho.max_connections = opts_.max_connections;
+  ho.idle_timeout_s = opts_.idle_timeout_s;
+  ho.read_timeout_s = opts_.read_timeout_s;
+  ho.write_timeout_s = opts_.write_timeout_s;
+  ho.allowed_origins = opts_.allowed_origins;
+  ho.error_response = transport_error;
+
+  // /v1/* needs the API key when one is set (CORS preflights excepted: browsers send none).
+  ho.filter = [this](const http::Request& req, http::Response& res) {
+    if (opts_.api_key.empty() || req.path.rfind("/v1", 0) != 0) return false;
+    std::string auth = req.get_header_value("Authorization");
+    if (auth == "Bearer " + opts_.api_key) return false;
+    if (auth.empty())
+      set_error(res, ApiError{401,
+                              "You didn't provide an API key. You need to provide your API key in an Authorization "
+                              "header using Bearer auth (i.e. Authorization: Bearer YOUR_KEY).",
+                              "invalid_request_error", "", "missing_api_key"});
+    else
+      set_error(res, ApiError{401, "Incorrect API key provided.", "invalid_request_error", "", "invalid_api_key"});
+    return true;
+  };
+
+  // Counts every answer, and with --log-requests logs it: time, client, request, status,
+  // latency (request received -> last byte written), tokens in/out.
+  ho.on_complete = [this](const http::Completion& c) {
+    ++http_requests_;
+    if (c.status >= 400) ++http_errors_;
+    if (!opts_.log_requests) return;
+    std::string tokens;
+    if (c.tokens.first >= 0)
+      tokens = " in=" + std::to_string(c.tokens.first) + " out=" + std::to_string(std::max(0, c.tokens.second));
+    std::fprintf(stderr, "%s %s \"%s %s\" %d %.3fs%s%s\n", utc_timestamp().c_str(), c.request->remote.c_str(),
+                 c.request->method.c_str(), c.request->target.c_str(), c.status, c.seconds, tokens.c_str(),
+                 c.delivered ? "" : " (client gone: request cancelled)");
+  };
+  http_ = std::make_unique<http::HttpServer>(ho);
 
   // Wraps a handler: OpenAI error objects for ApiError and anything else.
-  auto wrap = [this](std::function<void(const httplib::Request&, httplib::Response&)> f) {
-    return [this, f](const httplib::Request& req, httplib::Response& res) {
-      ++http_requests_;
+  auto wrap = [](std::function<void(const http::Request&, http::Response&)> f) {
+    return [f](const http::Request& req, http::Response& res) {
       try {
         f(req, res);
       } catch (const ApiError& e) {
-        ++http_errors_;
         set_error(res, e);
       } catch (const Error& e) {
-        ++http_errors_;
         set_error(res, ApiError{400, e.what(), "invalid_request_error", "", ""});
       } catch (const std::exception& e) {
-        ++http_errors_;
         set_error(res, ApiError{500, std::string("Internal error: ") + e.what(), "server_error", "", ""});
       }
-      if (opts_.log_requests)
-        std::fprintf(stderr, "%s %s -> %d\n", req.method.c_str(), req.path.c_str(), res.status);
     };
   };
+  // Handlers that parse bodies and tokenize run on worker threads, the rest on the event loop.
+  const bool offload = true;
 
-  svr_->set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
-    if (opts_.api_key.empty() || req.path.rfind("/v1", 0) != 0) return httplib::Server::HandlerResponse::Unhandled;
-    std::string auth = req.get_header_value("Authorization");
-    if (auth == "Bearer " + opts_.api_key) return httplib::Server::HandlerResponse::Unhandled;
-    ++http_requests_;
-    ++http_errors_;
-    set_error(res, ApiError{401, "Incorrect API key provided.", "invalid_request_error", "", "invalid_api_key"});
-    return httplib::Server::HandlerResponse::Handled;
-  });
-  svr_->set_error_handler(httplib::Server::HandlerWithResponse([](const httplib::Request& req, httplib::Response& res) {
-    if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
-    ApiError e;
-    e.status = res.status;
-    switch (res.status) {
-      case 404: e.message = "Not found: " + req.method + " " + req.path; e.code = "not_found"; break;
-      case 405: e.message = "Method not allowed."; break;
-      case 413: e.message = "The request body is too large."; e.code = "request_too_large"; break;
-      case 414: e.message = "The request URI is too long."; break;
-      default: e.message = "Bad request."; break;
-    }
-    if (res.status >= 500) e.type = "server_error";
-    set_error(res, e);
-    return httplib::Server::HandlerResponse::Handled;
-  }));
-  svr_->set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
-    std::string msg = "Internal error.";
-    try {
-      if (ep) std::rethrow_exception(ep);
-    } catch (const std::exception& e) {
-      msg = std::string("Internal error: ") + e.what();
-    } catch (...) {
-    }
-    set_error(res, ApiError{500, msg, "server_error", "", ""});
-  });
-
-  svr_->Get("/health", wrap([this](const httplib::Request&, httplib::Response& res) {
+  http_->route("GET", "/health", wrap([this](const http::Request&, http::Response& res) {
     if (draining_) set_json(res, 503, {{"status", "draining"}});
     else set_json(res, 200, {{"status", "ok"}});
   }));
-  svr_->Get("/v1/models", wrap([h](const httplib::Request&, httplib::Response& res) {
+  http_->route("GET", "/v1/models", wrap([h](const http::Request&, http::Response& res) {
     set_json(res, 200, {{"object", "list"}, {"data", json::array({h->model_card()})}});
   }));
-  svr_->Get(R"(/v1/models/(.+))", wrap([h, this](const httplib::Request& req, httplib::Response& res) {
-    if (req.matches[1] != opts_.served_model_name)
-      throw ApiError{404, "The model `" + std::string(req.matches[1]) + "` does not exist.", "invalid_request_error",
-                     "model", "model_not_found"};
+  http_->route("GET", "/v1/models/*", wrap([h, this](const http::Request& req, http::Response& res) {
+    if (req.path_param != opts_.served_model_name)
+      throw ApiError{404, "The model `" + req.path_param + "` does not exist.", "invalid_request_error", "model",
+                     "model_not_found"};
     set_json(res, 200, h->model_card());
   }));
-  svr_->Post("/v1/chat/completions", wrap([h](const httplib::Request& q, httplib::Response& r) { h->chat(q, r); }));
-  svr_->Post("/v1/completions", wrap([h](const httplib::Request& q, httplib::Response& r) { h->completions(q, r); }));
-  svr_->Post("/tokenize", wrap([h](const httplib::Request& q, httplib::Response& r) { h->tokenize(q, r); }));
-  svr_->Post("/detokenize", wrap([h](const httplib::Request& q, httplib::Response& r) { h->detokenize(q, r); }));
-  svr_->Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+  http_->route("POST", "/v1/chat/completions", wrap([h](const http::Request& q, http::Response& r) { h->chat(q, r); }), offload);
+  http_->route("POST", "/v1/completions", wrap([h](const http::Request& q, http::Response& r) { h->completions(q, r); }), offload);
+  http_->route("POST", "/tokenize", wrap([h](const http::Request& q, http::Response& r) { h->tokenize(q, r); }), offload);
+  http_->route("POST", "/detokenize", wrap([h](const http::Request& q, http::Response& r) { h->detokenize(q, r); }), offload);
+  http_->route("GET", "/metrics", [this](const http::Request&, http::Response& res) {
     res.set_content(metrics_text(), "text/plain; version=0.0.4");
   });
+
+  // A throughput line every log_stats_interval_s while there is something to report (vLLM's).
+  if (opts_.log_stats_interval_s > 0) {
+    struct Last {
+      int64_t prompt = 0, gen = 0;
+      std::chrono::steady_clock::time_point t = std::chrono::steady_clock::now();
+    };
+    auto last = std::make_shared<Last>();
+    http_->every(std::chrono::seconds(opts_.log_stats_interval_s), [this, last] {
+      EngineMetrics& m = engine_.metrics();
+      EngineStats st = engine_.stats();
+      int64_t prompt = m.prompt_tokens, gen = m.generation_tokens;
+      auto now = std::chrono::steady_clock::now();
+      double dt = std::chrono::duration<double>(now - last->t).count();
+      bool idle = prompt == last->prompt && gen == last->gen && st.running == 0 && st.waiting == 0;
+      if (!idle && dt > 0)
+        std::fprintf(stderr,
+                     "%s Avg prompt throughput: %.1f tokens/s, Avg generation throughput: %.1f tokens/s, Running: %d "
+                     "reqs, Waiting: %d reqs, KV cache usage: %.1f%%, Open streams: %lld\n",
+                     utc_timestamp().c_str(), double(prompt - last->prompt) / dt, double(gen - last->gen) / dt,
+                     st.running, st.waiting, 100.0 * st.kv_usage, (long long)streams_open_.load());
+      last->prompt = prompt;
+      last->gen = gen;
+      last->t = now;
+    });
+  }
 }
 
 std::string Server::metrics_text() const {
@@ -772,39 +825,23 @@ std::string Server::metrics_text() const {
   return out;
 }
 
-void Server::bind() {
-  int fd_seen = -1;
-  svr_->set_socket_options([&fd_seen](int sock) {
-    int yes = 1;
-    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
-    fd_seen = sock;
-  });
-  if (opts_.port == 0) {
-    port_ = svr_->bind_to_any_port(opts_.host);
-    if (port_ <= 0) throw Error("cannot bind " + opts_.host);
-  } else {
-    if (!svr_->bind_to_port(opts_.host, opts_.port))
-      throw Error("cannot bind " + opts_.host + ":" + std::to_string(opts_.port));
-    port_ = opts_.port;
-  }
-  // cpp-httplib listens with a backlog of 5; many clients connecting at once need more.
-  if (fd_seen >= 0) ::listen(fd_seen, 1024);
-}
+void Server::bind() { port_ = http_->bind(); }
 
 void Server::run() {
   run_called_ = true;
-  if (!shutdown_started_) svr_->listen_after_bind();
+  if (!shutdown_started_) http_->run();
 }
 
 void Server::shutdown() {
   if (shutdown_started_.exchange(true)) return;
   draining_ = true;
+  http_->set_closing();
   auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(opts_.drain_timeout_s);
   while (std::chrono::steady_clock::now() < deadline && (engine_.num_active() > 0 || streams_open_ > 0))
     std::this_thread::sleep_for(20ms);
-  // A signal right at start-up: let listen() begin so that stop() ends it.
-  for (int i = 0; i < 250 && run_called_ && !svr_->is_running(); ++i) std::this_thread::sleep_for(20ms);
-  svr_->stop();
+  http_->stop();
 }
+
+int Server::open_connections() const { return http_->open_connections(); }
 
 }  // namespace gptoss::server

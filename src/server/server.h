@@ -6,16 +6,17 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "engine/engine.h"
 #include "tokenizer/harmony.h"
 #include "tokenizer/tokenizer.h"
 
-namespace httplib {
-class Server;
-}
-
 namespace gptoss::server {
+
+namespace http {
+class HttpServer;
+}
 
 struct ServerOptions {
   std::string host = "127.0.0.1";
@@ -23,11 +24,15 @@ struct ServerOptions {
   std::string api_key;                  // non-empty: /v1/* needs "Authorization: Bearer KEY"
   std::string served_model_name = "gpt-oss";
   size_t max_body_bytes = size_t(8) << 20;
-  int http_threads = 0;                 // 0: 4 * max_num_seqs + 64
-  int read_timeout_s = 30;
-  int write_timeout_s = 30;
+  int http_threads = 0;                 // event-loop threads (and as many handler workers); 0: 2
+  int max_connections = 10000;          // open connections; past it 503 + close (kept under the fd limit)
+  int idle_timeout_s = 5;               // keep-alive: a silent connection is closed after this
+  int read_timeout_s = 30;              // a request's headers, then its body, must arrive within this
+  int write_timeout_s = 30;             // a client that does not take a write within this is dropped
   int drain_timeout_s = 120;            // SIGTERM: how long to let running requests finish
-  bool log_requests = false;
+  std::vector<std::string> allowed_origins;  // CORS: origins browsers may call from; "*": any
+  bool log_requests = false;            // a line per request (time, client, request, status, latency, tokens)
+  int log_stats_interval_s = 10;        // a throughput line this often while busy; 0: never
 };
 
 class Server {
@@ -44,6 +49,7 @@ class Server {
   // the listener so run() returns. Thread-safe; returns at once when called again.
   void shutdown();
   bool draining() const { return draining_.load(); }
+  int open_connections() const;
 
   // Prometheus text of the metrics.
   std::string metrics_text() const;
@@ -54,7 +60,7 @@ class Server {
   Tokenizer tok_;
   harmony::Renderer renderer_;
   ServerOptions opts_;
-  std::unique_ptr<httplib::Server> svr_;
+  std::unique_ptr<http::HttpServer> http_;
   int port_ = 0;
   std::atomic<bool> draining_{false};
   std::atomic<bool> shutdown_started_{false};

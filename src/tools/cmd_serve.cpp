@@ -32,6 +32,15 @@ struct Args {
 
 int run_serve(Args& a) {
   namespace fs = std::filesystem;
+  // SIGTERM/SIGINT are taken by a thread of ours (blocked everywhere else: first
+  // thing, before any thread exists, e.g. OpenMP's while the built-in model is made or loaded).
+  sigset_t sigs;
+  sigemptyset(&sigs);
+  sigaddset(&sigs, SIGTERM);
+  sigaddset(&sigs, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
+  signal(SIGINT, SIG_DFL);  // a shell script's background job starts with SIGINT ignored
+  signal(SIGPIPE, SIG_IGN);
   bool builtin = a.backend.model_dir.empty() && a.backend.random_weights.empty();
   if (builtin) {
     a.backend.model_dir = gptoss::tools::ensure_builtin_model();
@@ -51,13 +60,6 @@ int run_serve(Args& a) {
     return gptoss::Tokenizer::o200k_harmony();
   }();
 
-  // SIGTERM/SIGINT are taken by a thread of ours (blocked everywhere else).
-  sigset_t sigs;
-  sigemptyset(&sigs);
-  sigaddset(&sigs, SIGTERM);
-  sigaddset(&sigs, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
-  signal(SIGPIPE, SIG_IGN);
 
   auto backend = gptoss::create_backend(a.backend);
   if (a.kv_cache_dtype == "fp8") {
@@ -81,22 +83,32 @@ int run_serve(Args& a) {
                a.server.host.c_str(), server.port(), a.server.served_model_name.c_str(), backend->name().c_str(),
                builtin ? "built-in tiny" : a.backend.model_dir.c_str(), engine.max_model_len(), a.engine.max_num_seqs,
                engine.kv_config().num_pages[0], engine.kv_config().num_pages[1], engine.kv_config().page_size);
+  // The first SIGTERM/SIGINT drains (new requests 503, running ones finish, up to
+  // --drain-timeout); a second one exits at once.
   std::atomic<bool> done{false};
+  std::thread drainer;
   std::thread sig_thread([&] {
     timespec ts{0, 200 * 1000 * 1000};
+    bool draining = false;
     while (!done) {
       int s = sigtimedwait(&sigs, nullptr, &ts);
-      if (s == SIGTERM || s == SIGINT) {
-        std::fprintf(stderr, "gptoss serve: %s, draining %d request(s)\n", s == SIGTERM ? "SIGTERM" : "SIGINT",
-                     engine.num_active());
-        server.shutdown();
-        break;
+      if (s != SIGTERM && s != SIGINT) continue;
+      const char* name = s == SIGTERM ? "SIGTERM" : "SIGINT";
+      if (draining) {
+        std::fprintf(stderr, "gptoss serve: second %s, exiting now (%d request(s) dropped)\n", name, engine.num_active());
+        std::fflush(stderr);
+        std::_Exit(128 + s);
       }
+      draining = true;
+      std::fprintf(stderr, "gptoss serve: %s, draining %d request(s) (up to %d s; again to exit at once)\n", name,
+                   engine.num_active(), a.server.drain_timeout_s);
+      drainer = std::thread([&] { server.shutdown(); });
     }
   });
   server.run();
   done = true;
   sig_thread.join();
+  if (drainer.joinable()) drainer.join();
   engine.stop();
   std::fprintf(stderr, "gptoss serve: stopped\n");
   return 0;
@@ -134,10 +146,27 @@ gptoss::tools::RegisterCommand reg({"serve", "Serve a model through an OpenAI-co
                 "Deterministic mode: a request's output independent of batch companions, batch size and preemption");
   app->add_option("--tokenizer", a->tokenizer, "tokenizer.json or .tiktoken (default: the model's, else o200k_harmony)");
   app->add_option("--max-body-mb", a->max_body_mb, "Largest request body (413 beyond)")->capture_default_str();
-  app->add_option("--http-threads", a->server.http_threads, "HTTP worker threads (0: 4 x max-num-seqs + 64)");
+  app->add_option("--http-threads", a->server.http_threads,
+                  "HTTP event-loop threads, and as many threads parsing requests (0: 2); connections do not take threads");
+  app->add_option("--max-connections", a->server.max_connections,
+                  "Open connections at most; past it a 503 and close (kept below the file-descriptor limit)")
+      ->capture_default_str();
+  app->add_option("--keep-alive-timeout", a->server.idle_timeout_s, "Seconds an idle connection stays open")
+      ->capture_default_str();
+  app->add_option("--read-timeout", a->server.read_timeout_s,
+                  "Seconds a request's headers, then its body, may take to arrive")->capture_default_str();
+  app->add_option("--write-timeout", a->server.write_timeout_s,
+                  "Seconds a client may take to accept a write before it is dropped (its request cancelled)")
+      ->capture_default_str();
+  app->add_option("--allowed-origins", a->server.allowed_origins,
+                  "CORS: origins browsers may call from (e.g. http://localhost:3000), '*' for any (default: none)")
+      ->delimiter(',');
   app->add_option("--drain-timeout", a->server.drain_timeout_s, "Seconds SIGTERM waits for running requests")
       ->capture_default_str();
-  app->add_flag("--log-requests", a->server.log_requests, "Log each request to stderr");
+  app->add_flag("--log-requests", a->server.log_requests,
+                "Log each request to stderr: time, client, request, status, latency, tokens in/out");
+  app->add_option("--log-stats-interval", a->server.log_stats_interval_s,
+                  "Seconds between throughput lines while busy (0: none)")->capture_default_str();
   return [a]() { return run_serve(*a); };
 }});
 }  // namespace

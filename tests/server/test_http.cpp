@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <httplib.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -353,4 +354,266 @@ TEST(Http, MetricsAndDrain) {
   sse_events(sbody, &done);
   EXPECT_TRUE(done);
   f.reset();
+}
+
+// ---------------------------------------------------------------------------- the transport
+
+namespace {
+
+// A raw client connection, for what an HTTP client library will not do: send slowly, stall,
+// never read, pipeline.
+struct RawConn {
+  int fd = -1;
+  explicit RawConn(int port, int rcvbuf = 0) {
+    fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (rcvbuf > 0) setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &rcvbuf, sizeof rcvbuf);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(port);
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (connect(fd, (sockaddr*)&a, sizeof a) != 0) {
+      close(fd);
+      fd = -1;
+    }
+  }
+  ~RawConn() {
+    if (fd >= 0) close(fd);
+  }
+  bool send(const std::string& s) { return fd >= 0 && ::send(fd, s.data(), s.size(), MSG_NOSIGNAL) == ssize_t(s.size()); }
+  // Reads until `until` appears, the peer closes (*closed), or `timeout_ms` passes.
+  std::string read(int timeout_ms, bool* closed = nullptr, const std::string& until = "") {
+    std::string out;
+    if (closed) *closed = false;
+    auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+    while (std::chrono::steady_clock::now() < end && (until.empty() || out.find(until) == std::string::npos)) {
+      pollfd p{fd, POLLIN, 0};
+      if (poll(&p, 1, 50) <= 0) continue;
+      char buf[4096];
+      ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+      if (n <= 0) {
+        if (closed) *closed = true;
+        break;
+      }
+      out.append(buf, size_t(n));
+    }
+    return out;
+  }
+};
+
+int count(const std::string& s, const std::string& what) {
+  int n = 0;
+  for (size_t p = s.find(what); p != std::string::npos; p = s.find(what, p + 1)) ++n;
+  return n;
+}
+
+template <class F>
+bool eventually(F f, int timeout_ms = 10000) {
+  for (int i = 0; i < timeout_ms / 5; ++i) {
+    if (f()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return f();
+}
+
+}  // namespace
+
+TEST(HttpTransport, PostWithoutBodyAnsweredAtOnce) {
+  Fixture f;
+  // curl -X POST URL: no Content-Length, no body. The answer must not wait for a read timeout.
+  RawConn c(f.port);
+  ASSERT_TRUE(c.send("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n\r\n"));
+  std::string r = c.read(10000, nullptr, "}}");
+  EXPECT_EQ(r.rfind("HTTP/1.1 400", 0), 0u) << r;
+  EXPECT_NE(r.find("\"missing_body\""), std::string::npos) << r;
+  expect_error(f.post("/v1/completions", ""), 400);
+}
+
+TEST(HttpTransport, WrongMethodIs405WithAllow) {
+  Fixture f;
+  auto c = f.client();
+  auto r = c.Get("/v1/chat/completions");
+  expect_error(r, 405);
+  EXPECT_EQ(r->get_header_value("Allow"), "POST, OPTIONS");
+  auto h = c.Post("/health", "", "application/json");
+  expect_error(h, 405);
+  EXPECT_EQ(h->get_header_value("Allow"), "GET, OPTIONS");
+  expect_error(c.Delete("/v1/models/test-model"), 405);
+  expect_error(c.Get("/nothing/here"), 404);
+}
+
+TEST(HttpTransport, MissingAndWrongApiKey) {
+  ServerOptions so;
+  so.api_key = "sekret";
+  Fixture f(so);
+  auto none = f.post("/v1/completions", "{}");
+  expect_error(none, 401);
+  EXPECT_NE(json::parse(none->body)["error"]["message"].get<std::string>().find("You didn't provide an API key"),
+            std::string::npos);
+  auto wrong = f.post("/v1/completions", "{}", {{"Authorization", "Bearer nope"}});
+  expect_error(wrong, 401);
+  EXPECT_EQ(json::parse(wrong->body)["error"]["message"], "Incorrect API key provided.");
+  EXPECT_EQ(json::parse(wrong->body)["error"]["code"], "invalid_api_key");
+}
+
+TEST(HttpTransport, CorsOnlyForAllowedOrigins) {
+  {
+    Fixture f;  // default: no CORS headers at all
+    auto r = f.client().Get("/v1/models", {{"Origin", "http://ui.example"}});
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 200);
+    EXPECT_FALSE(r->has_header("Access-Control-Allow-Origin"));
+  }
+  {
+    ServerOptions so;
+    so.allowed_origins = {"http://ui.example"};
+    so.api_key = "k";
+    Fixture f(so);
+    auto c = f.client();
+    auto r = c.Get("/v1/models", {{"Origin", "http://ui.example"}, {"Authorization", "Bearer k"}});
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->get_header_value("Access-Control-Allow-Origin"), "http://ui.example");
+    EXPECT_EQ(r->get_header_value("Vary"), "Origin");
+    auto other = c.Get("/v1/models", {{"Origin", "http://evil.example"}, {"Authorization", "Bearer k"}});
+    EXPECT_FALSE(other->has_header("Access-Control-Allow-Origin"));
+    // The preflight carries no API key and is answered anyway.
+    auto pre = c.Options("/v1/chat/completions", {{"Origin", "http://ui.example"},
+                                                  {"Access-Control-Request-Method", "POST"},
+                                                  {"Access-Control-Request-Headers", "authorization, content-type"}});
+    ASSERT_TRUE(pre);
+    EXPECT_EQ(pre->status, 204);
+    EXPECT_EQ(pre->get_header_value("Access-Control-Allow-Origin"), "http://ui.example");
+    EXPECT_NE(pre->get_header_value("Access-Control-Allow-Methods").find("POST"), std::string::npos);
+    EXPECT_EQ(pre->get_header_value("Access-Control-Allow-Headers"), "authorization, content-type");
+    // Errors carry the header too, so the browser lets the page read them.
+    auto err = c.Get("/v1/models", {{"Origin", "http://ui.example"}});
+    EXPECT_EQ(err->status, 401);
+    EXPECT_EQ(err->get_header_value("Access-Control-Allow-Origin"), "http://ui.example");
+  }
+  {
+    ServerOptions so;
+    so.allowed_origins = {"*"};
+    Fixture f(so);
+    auto r = f.client().Get("/health", {{"Origin", "http://anything.example"}});
+    EXPECT_EQ(r->get_header_value("Access-Control-Allow-Origin"), "*");
+  }
+}
+
+TEST(HttpTransport, KeepAliveAndPipelining) {
+  Fixture f;
+  RawConn c(f.port);
+  // Two requests in one write: two answers, in order, on the same connection.
+  ASSERT_TRUE(c.send("GET /health HTTP/1.1\r\nHost: x\r\n\r\nGET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n"));
+  std::string r = c.read(10000, nullptr, "test-model");
+  EXPECT_EQ(count(r, "HTTP/1.1 200"), 2) << r;
+  EXPECT_LT(r.find("\"ok\""), r.find("test-model"));
+  // A completion on the same connection, then another request.
+  std::string body = json{{"prompt", "Hi"}, {"max_tokens", 3}}.dump();
+  ASSERT_TRUE(c.send("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: " + std::to_string(body.size()) +
+                     "\r\n\r\n" + body + "GET /health HTTP/1.1\r\nHost: x\r\n\r\n"));
+  r = c.read(10000, nullptr, "{\"status\":\"ok\"}");
+  EXPECT_EQ(count(r, "HTTP/1.1 200"), 2) << r;
+  EXPECT_NE(r.find("text_completion"), std::string::npos) << r;
+  EXPECT_EQ(f.server->open_connections(), 1);
+}
+
+TEST(HttpTransport, IdleAndSlowClientsAreClosed) {
+  ServerOptions so;
+  so.idle_timeout_s = 1;
+  so.read_timeout_s = 1;
+  Fixture f(so);
+  RawConn idle(f.port), slow(f.port);
+  // slowloris: a header byte every 100 ms never completes a request within the read timeout
+  ASSERT_TRUE(slow.send("GET /health HTTP/1.1\r\n"));
+  bool slow_closed = false;
+  std::string got;
+  for (int i = 0; i < 300 && !slow_closed; ++i) {
+    if (!slow.send("X")) slow_closed = true;
+    got += slow.read(100, &slow_closed);
+  }
+  EXPECT_TRUE(slow_closed);
+  EXPECT_EQ(got, "");  // closed, not answered
+  bool idle_closed = false;
+  idle.read(10000, &idle_closed);
+  EXPECT_TRUE(idle_closed);
+  EXPECT_TRUE(eventually([&] { return f.server->open_connections() == 0; }));
+  auto h = f.client().Get("/health");
+  ASSERT_TRUE(h);
+  EXPECT_EQ(h->status, 200);
+}
+
+TEST(HttpTransport, ConnectionCapRefusesCleanly) {
+  ServerOptions so;
+  so.max_connections = 4;
+  Fixture f(so);
+  std::vector<std::unique_ptr<RawConn>> held;
+  for (int i = 0; i < 4; ++i) held.push_back(std::make_unique<RawConn>(f.port));
+  ASSERT_TRUE(eventually([&] { return f.server->open_connections() == 4; }));
+  RawConn extra(f.port);
+  extra.send("GET /health HTTP/1.1\r\nHost: x\r\n\r\n");
+  bool closed = false;
+  std::string r = extra.read(10000, &closed);
+  EXPECT_EQ(r.rfind("HTTP/1.1 503", 0), 0u) << r;
+  EXPECT_NE(r.find("too_many_connections"), std::string::npos) << r;
+  EXPECT_TRUE(closed);
+  held.clear();
+  ASSERT_TRUE(eventually([&] { return f.server->open_connections() == 0; }));
+  auto h = f.client().Get("/health");
+  ASSERT_TRUE(h);
+  EXPECT_EQ(h->status, 200);
+}
+
+TEST(HttpTransport, BodyOverLimitIs413) {
+  Fixture f;  // 1 MiB limit
+  RawConn c(f.port);
+  // Refused from its Content-Length alone, before the body is sent.
+  ASSERT_TRUE(c.send("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 5000000\r\nExpect: 100-continue\r\n\r\n"));
+  bool closed = false;
+  std::string r = c.read(10000, &closed);
+  EXPECT_EQ(r.rfind("HTTP/1.1 413", 0), 0u) << r;
+  EXPECT_NE(r.find("request_too_large"), std::string::npos);
+  EXPECT_TRUE(closed);
+}
+
+TEST(HttpTransport, SlowReaderIsDroppedWithoutStallingOthers) {
+  ServerOptions so;
+  so.write_timeout_s = 1;
+  Fixture f(so, 4096, 4);
+  // A stream whose client never reads (a tiny receive window): once the kernel's buffers are
+  // full the server's write stalls; after write_timeout_s the client is dropped and its
+  // request cancelled, while other clients are served meanwhile.
+  RawConn stuck(f.port, 2048);
+  // (About 2 KB a token with 20 top logprobs: more than the kernel's buffers hold.)
+  json b = chat_body(4000, true);
+  b["ignore_eos"] = true;
+  b["logprobs"] = true;
+  b["top_logprobs"] = 20;
+  std::string body = b.dump();
+  ASSERT_TRUE(stuck.send("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: " + std::to_string(body.size()) +
+                         "\r\n\r\n" + body));
+  ASSERT_TRUE(eventually([&] { return f.engine->num_active() == 1; }));
+  auto ok = f.post("/v1/chat/completions", chat_body(3).dump());
+  ASSERT_TRUE(ok);
+  EXPECT_EQ(ok->status, 200);
+  EXPECT_TRUE(eventually([&] { return f.engine->metrics().requests_aborted.load() == 1; }, 60000))
+      << "generated " << f.engine->metrics().generation_tokens.load();
+  EXPECT_TRUE(eventually([&] { return f.engine->num_active() == 0; }));
+  EXPECT_LT(f.engine->metrics().generation_tokens.load(), 4000 + 3);
+}
+
+TEST(HttpTransport, RequestLog) {
+  ServerOptions so;
+  so.log_requests = true;
+  Fixture f(so);
+  ::testing::internal::CaptureStderr();
+  auto r = f.post("/v1/completions", json{{"prompt", "Hello world"}, {"max_tokens", 3}, {"temperature", 0}}.dump());
+  ASSERT_TRUE(r);
+  int out = json::parse(r->body)["usage"]["completion_tokens"];
+  // the line is written when the response has gone out, which the client may see first
+  eventually([] { return false; }, 100);
+  std::string log = ::testing::internal::GetCapturedStderr();
+  // 2026-11-30T15:03:30.123Z 127.0.0.1:51234 "POST /v1/completions" 200 0.012s in=2 out=3
+  EXPECT_NE(log.find("Z 127.0.0.1:"), std::string::npos) << log;
+  EXPECT_NE(log.find("\"POST /v1/completions\" 200 "), std::string::npos) << log;
+  EXPECT_NE(log.find("s in=2 out=" + std::to_string(out)), std::string::npos) << log;
+  EXPECT_EQ(log.find("-> -1"), std::string::npos);
 }
