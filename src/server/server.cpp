@@ -703,7 +703,7 @@ void Server::setup_routes() {
       set_error(res, ApiError{401,
                               "You didn't provide an API key. You need to provide your API key in an Authorization "
                               "header using Bearer auth (i.e. Authorization: Bearer YOUR_KEY).",
-                              "invalid_request_error", "", "missing_api_key"});
+                              "invalid_request_error", "", "invalid_api_key"});
     else
       set_error(res, ApiError{401, "Incorrect API key provided.", "invalid_request_error", "", "invalid_api_key"});
     return true;

@@ -449,6 +449,7 @@ TEST(HttpTransport, MissingAndWrongApiKey) {
   expect_error(none, 401);
   EXPECT_NE(json::parse(none->body)["error"]["message"].get<std::string>().find("You didn't provide an API key"),
             std::string::npos);
+  EXPECT_EQ(json::parse(none->body)["error"]["code"], "invalid_api_key");  // as before; clients test it
   auto wrong = f.post("/v1/completions", "{}", {{"Authorization", "Bearer nope"}});
   expect_error(wrong, 401);
   EXPECT_EQ(json::parse(wrong->body)["error"]["message"], "Incorrect API key provided.");
