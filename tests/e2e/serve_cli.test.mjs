@@ -47,3 +47,22 @@ test('SIGTERM lets running streams finish, then exits 0', async () => {
   const e = await srv.wait();
   assert.equal(e.code, 0);
 });
+
+test('a second SIGINT exits at once, without waiting for the drain', async () => {
+  const srv = await startServer(['--max-num-seqs', '2', '--drain-timeout', '600']);
+  const client = new OpenAI({ apiKey: 'x', baseURL: srv.apiURL, maxRetries: 0 });
+  const s = await client.completions.create({
+    model: 'gpt-oss-tiny', prompt: 'Once upon a time', max_tokens: 3000, stream: true, ignore_eos: true,
+  });
+  const it = s[Symbol.asyncIterator]();
+  await it.next();
+  srv.proc.kill('SIGINT');
+  for (let i = 0; i < 300 && !srv.log().includes('draining'); i++) await new Promise((r) => setTimeout(r, 100));
+  assert.match(srv.log(), /SIGINT, draining 1 request/);
+  srv.proc.kill('SIGINT');
+  // The drain would take minutes (3000 tokens, --drain-timeout 600): the exit must not wait for it.
+  const e = await Promise.race([srv.wait(), new Promise((r) => setTimeout(() => r('still running'), 60000))]);
+  assert.deepEqual(e, { code: 130, signal: null });
+  assert.match(srv.log(), /second SIGINT, exiting now/);
+  await it.return?.().catch(() => {});
+});

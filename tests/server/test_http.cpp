@@ -618,3 +618,19 @@ TEST(HttpTransport, RequestLog) {
   EXPECT_NE(log.find("s in=2 out=" + std::to_string(out)), std::string::npos) << log;
   EXPECT_EQ(log.find("-> -1"), std::string::npos);
 }
+
+TEST(HttpTransport, ThroughputLine) {
+  ServerOptions so;
+  so.log_stats_interval_s = 1;
+  Fixture f(so);
+  ::testing::internal::CaptureStderr();
+  auto r = f.post("/v1/completions", json{{"prompt", "Hello world"}, {"max_tokens", 8}}.dump());
+  ASSERT_TRUE(r);
+  std::this_thread::sleep_for(std::chrono::milliseconds(2500));  // two or three periods
+  std::string log = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(log.find("Avg prompt throughput: "), std::string::npos) << log;
+  EXPECT_NE(log.find("Avg generation throughput: "), std::string::npos) << log;
+  EXPECT_NE(log.find("Running: 0 reqs, Waiting: 0 reqs"), std::string::npos) << log;
+  // idle periods print nothing: one line for the one busy period
+  EXPECT_EQ(count(log, "Avg prompt throughput"), 1) << log;
+}
