@@ -221,22 +221,18 @@ class Connection : public std::enable_shared_from_this<Connection> {
   }
 
   // A request the transport answers itself, then closes (the rest of it is not read).
-  bool read_failed(beast::error_code ec) {
+  void read_failed(beast::error_code ec) {
     if (ec == bhttp::error::body_limit) reply_and_close(413, "The request body is too large.");
     else if (ec == bhttp::error::header_limit) reply_and_close(431, "The request headers are too large.");
     else if (ec == beast::error::timeout || ec == bhttp::error::end_of_stream || ec == net::error::eof ||
              ec == net::error::operation_aborted || ec == net::error::connection_reset || closed_)
       close();
     else reply_and_close(400, "Malformed HTTP request: " + ec.message() + ".");
-    return true;
   }
 
   void on_header(beast::error_code ec) {
     if (closed_) return;
-    if (ec) {
-      read_failed(ec);
-      return;
-    }
+    if (ec) return read_failed(ec);
     if (auto cl = parser_->content_length(); cl && *cl > opts().max_body_bytes) {
       reply_and_close(413, "The request body is too large.");
       return;
@@ -246,10 +242,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
       self->stream_.expires_after(std::chrono::seconds(self->opts().read_timeout_s));
       bhttp::async_read(self->stream_, self->buf_, *self->parser_, [self](beast::error_code ec, size_t) {
         if (self->closed_) return;
-        if (ec) {
-          self->read_failed(ec);
-          return;
-        }
+        if (ec) return self->read_failed(ec);
         self->dispatch();
       });
     };
