@@ -575,6 +575,50 @@ TEST(HttpTransport, BodyOverLimitIs413) {
   EXPECT_TRUE(closed);
 }
 
+TEST(HttpTransport, OversizedHeadersAndChunkedBodies) {
+  Fixture f;  // 1 MiB body limit, 64 KiB of headers
+  {
+    RawConn c(f.port);
+    c.send("GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + std::string(70000, 'a') + "\r\n\r\n");
+    std::string r = c.read(10000, nullptr, "}}");
+    EXPECT_EQ(r.rfind("HTTP/1.1 431", 0), 0u) << r.substr(0, 200);
+  }
+  {
+    // A chunked body with no length up front: refused once it passes the limit.
+    RawConn c(f.port);
+    c.send("POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n");
+    std::string chunk(64 << 10, 'a');
+    char len[16];
+    std::snprintf(len, sizeof len, "%zx\r\n", chunk.size());
+    for (int i = 0; i < 20 && c.send(len + chunk + "\r\n"); ++i) {
+    }
+    std::string r = c.read(10000, nullptr, "}}");
+    EXPECT_EQ(r.rfind("HTTP/1.1 413", 0), 0u) << r.substr(0, 200);
+  }
+  {
+    // A small chunked body is read whole.
+    RawConn c(f.port);
+    std::string body = json{{"prompt", "Hi"}, {"max_tokens", 2}}.dump();
+    char len[16];
+    std::snprintf(len, sizeof len, "%zx\r\n", body.size());
+    c.send("POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n" + std::string(len) + body +
+           "\r\n0\r\n\r\n");
+    std::string r = c.read(10000, nullptr, "total_tokens");
+    EXPECT_EQ(r.rfind("HTTP/1.1 200", 0), 0u) << r;
+  }
+  {
+    // HTTP/1.0 has no chunked encoding: the stream ends with the connection.
+    RawConn c(f.port);
+    std::string body = json{{"prompt", "Hi"}, {"max_tokens", 3}, {"stream", true}}.dump();
+    c.send("POST /v1/completions HTTP/1.0\r\nContent-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body);
+    bool closed = false;
+    std::string r = c.read(10000, &closed);
+    EXPECT_TRUE(closed);
+    EXPECT_EQ(r.find("Transfer-Encoding"), std::string::npos) << r;
+    EXPECT_NE(r.find("data: [DONE]\n\n"), std::string::npos) << r;
+  }
+}
+
 TEST(HttpTransport, SlowReaderIsDroppedWithoutStallingOthers) {
   ServerOptions so;
   so.write_timeout_s = 1;
