@@ -1,4 +1,5 @@
 #include "backend/cpu/cpu_backend.h"
+#include "backend/kv_layout.h"
 
 #include <omp.h>
 
@@ -107,9 +108,9 @@ class CpuBackend final : public Backend {
     const int pi = pos / kv_.page_size;
     if (pi >= s.n_pages[g] || s.pages[g][pi] < 0 || s.pages[g][pi] >= kv_.num_pages[g])
       throw Error("forward: no KV page for position " + std::to_string(pos));
-    size_t page = size_t(s.pages[g][pi]);
-    size_t off = ((((size_t(L.group_index) * kv_.num_pages[g] + page) * 2 + which) * kv_.page_size) +
-                  pos % kv_.page_size) * c_.kv_dim();
+    const PagedKvLayout lay{kv_.page_size, c_.num_kv_heads, c_.head_dim};
+    const size_t off = lay.layer_offset(L.group_index, kv_.num_pages[g]) +
+                       lay.offset(s.pages[g][pi], which, pos % kv_.page_size, 0, 0);
     return &cache_[g][off];
   }
 

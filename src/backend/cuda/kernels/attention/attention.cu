@@ -6,6 +6,7 @@
 #include "backend/cuda/cuda_common.h"
 #include "backend/cuda/device_utils.cuh"
 #include "backend/cuda/kernels.h"
+#include "backend/kv_layout.h"
 
 namespace gptoss::cuda {
 
@@ -89,7 +90,7 @@ __global__ void __launch_bounds__(256) attention_kernel(const uint16_t* __restri
       float vals[8];
       if (p <= pos) {
         int page = pt[p / ps];
-        size_t off = ((size_t(page) * 2 + which) * ps + (p % ps)) * size_t(Hkv * D) + size_t(kvh) * D + d0;
+        size_t off = PagedKvLayout{ps, Hkv, D}.offset(page, which, p % ps, kvh, d0);
         load8(kv.base, off, kv.fp8, vals);
       } else {
 #pragma unroll

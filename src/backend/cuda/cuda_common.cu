@@ -1,0 +1,46 @@
+// Host helpers of cuda_common.h: error reporting, device buffers, device presence.
+#include <cooperative_groups.h>
+
+#include <cstdio>
+#include <string>
+
+#include "backend/cuda/cuda_common.h"
+#include "backend/cuda/device_utils.cuh"
+#include "backend/cuda/kernels.h"
+#include "backend/kv_layout.h"
+
+namespace gptoss::cuda {
+
+void throw_cuda_error(cudaError_t e, const char* what, const char* file, int line) {
+  throw Error(std::string("CUDA error ") + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ") in " + what +
+              " at " + file + ":" + std::to_string(line));
+}
+
+void DeviceBuffer::alloc(size_t bytes) {
+  reset();
+  if (bytes == 0) return;
+  cudaError_t e = cudaMalloc(&p_, bytes);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    p_ = nullptr;
+    throw Error("cudaMalloc of " + std::to_string(bytes) + " bytes failed: " + cudaGetErrorString(e));
+  }
+  n_ = bytes;
+}
+
+void DeviceBuffer::reset() {
+  if (p_) cudaFree(p_);
+  p_ = nullptr;
+  n_ = 0;
+}
+
+bool cuda_device_available() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return n > 0;
+}
+
+}  // namespace gptoss::cuda

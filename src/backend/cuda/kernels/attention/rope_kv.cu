@@ -1,0 +1,81 @@
+// RoPE (YaRN) on q and k, and the K/V store into the paged cache (backend/kv_layout.h).
+#include <cooperative_groups.h>
+
+#include <cstdio>
+#include <string>
+
+#include "backend/cuda/cuda_common.h"
+#include "backend/cuda/device_utils.cuh"
+#include "backend/cuda/kernels.h"
+#include "backend/kv_layout.h"
+
+namespace gptoss::cuda {
+
+__device__ __forceinline__ size_t kv_offset(int page, int kv, int slot, int h, int d, int ps, int Hkv, int D) {
+  return PagedKvLayout{ps, Hkv, D}.offset(page, kv, slot, h, d);
+}
+
+__global__ void rope_kv_kernel(uint16_t* __restrict__ qkv, int Hq, int Hkv, int D,
+                               const float* __restrict__ inv_freq, float scaling, TokenMeta tm, KvLayer kv) {
+  pdl_begin();
+  int t = blockIdx.x;
+  int pos = tm.pos[t];
+  int half = D / 2;
+  int row_len = (Hq + 2 * Hkv) * D;
+  uint16_t* row = qkv + size_t(t) * row_len;
+  int page = tm.pt[tm.pt_off[t] + pos / kv.page_size];
+  int slot = pos % kv.page_size;
+  // cos/sin once per frequency (not per head): precise sincosf is the costly part.
+  __shared__ float cs[64], sn_s[64];
+  for (int j = threadIdx.x; j < half; j += blockDim.x) {
+    float ang = float(pos) * inv_freq[j];
+    float sv, cv;
+    sincosf(ang, &sv, &cv);
+    cs[j] = cv * scaling;
+    sn_s[j] = sv * scaling;
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < (Hq + Hkv) * half; i += blockDim.x) {
+    int h = i / half, j = i % half;
+    float c = cs[j], sn = sn_s[j];
+    uint16_t* hp = row + size_t(h) * D;
+    float x1 = bf16_bits_to_f32(hp[j]), x2 = bf16_bits_to_f32(hp[j + half]);
+    float o1 = x1 * c - x2 * sn, o2 = x2 * c + x1 * sn;
+    if (h < Hq) {
+      hp[j] = f32_to_bf16_bits(o1);
+      hp[j + half] = f32_to_bf16_bits(o2);
+    } else {
+      int kh = h - Hq;
+      // Round through bf16 first so the cache holds what a bf16 k would be.
+      float r1 = bf16_bits_to_f32(f32_to_bf16_bits(o1)), r2 = bf16_bits_to_f32(f32_to_bf16_bits(o2));
+      size_t o = kv_offset(page, 0, slot, kh, j, kv.page_size, Hkv, D);
+      if (kv.fp8) {
+        uint8_t* b = static_cast<uint8_t*>(kv.base);
+        b[o] = f32_to_fp8_bits(r1);
+        b[o + half] = f32_to_fp8_bits(r2);
+      } else {
+        uint16_t* b = static_cast<uint16_t*>(kv.base);
+        b[o] = f32_to_bf16_bits(r1);
+        b[o + half] = f32_to_bf16_bits(r2);
+      }
+    }
+  }
+  const uint16_t* v = row + size_t(Hq + Hkv) * D;
+  for (int i = threadIdx.x; i < Hkv * D; i += blockDim.x) {
+    size_t o = kv_offset(page, 1, slot, i / D, i % D, kv.page_size, Hkv, D);
+    if (kv.fp8)
+      static_cast<uint8_t*>(kv.base)[o] = f32_to_fp8_bits(bf16_bits_to_f32(v[i]));
+    else
+      static_cast<uint16_t*>(kv.base)[o] = v[i];
+  }
+}
+
+void rope_kv_store(bf16_t* qkv, int n, int Hq, int Hkv, int D, const float* inv_freq, float attn_scaling,
+                   const TokenMeta& tm, const KvLayer& kv, cudaStream_t s) {
+  if (n <= 0) return;
+  if (D > 128) throw Error("rope: head_dim must be <= 128");
+  launch_pdl(rope_kv_kernel, dim3(n), dim3(512), 0, s, qkv, Hq, Hkv, D, inv_freq, attn_scaling, tm, kv);
+  GPTOSS_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace gptoss::cuda
