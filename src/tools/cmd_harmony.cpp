@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
@@ -42,26 +43,48 @@ gptoss::tools::RegisterCommand reg_render(
        auto request = std::make_shared<std::string>("-");
        auto ids = std::make_shared<bool>(false);
        auto date = std::make_shared<std::string>();
+       auto jsonl = std::make_shared<bool>(false);
        sub->add_option("--tokenizer", *path, "tokenizer.json, .tiktoken file or model directory");
        sub->add_option("--request", *request, "Request JSON file ('-': stdin)");
        sub->add_option("--date", *date, "Current date for the system message (e.g. 2025-06-28)");
        sub->add_flag("--ids", *ids, "Print token ids (a JSON array) instead of text");
+       sub->add_flag("--jsonl", *jsonl,
+                     "Many requests, one JSON object a line; print one JSON value a line "
+                     "(the text as a JSON string, or the ids)");
        return [=]() {
+         std::optional<gptoss::harmony::Renderer> renderer;
+         if (*ids) renderer.emplace(load(*path));
          // The same mapping the server applies to /v1/chat/completions.
-         gptoss::server::ChatRequest req;
-         try {
-           req = gptoss::server::parse_chat_request(gptoss::server::parse_body(slurp(*request)));
-         } catch (const gptoss::server::ApiError& e) {
-           throw gptoss::Error("harmony-render: " + e.message);
+         auto render = [&](const std::string& body) {
+           gptoss::server::ChatRequest req;
+           try {
+             req = gptoss::server::parse_chat_request(gptoss::server::parse_body(body));
+           } catch (const gptoss::server::ApiError& e) {
+             throw gptoss::Error("harmony-render: " + e.message);
+           }
+           auto conv = gptoss::server::build_conversation(req);
+           if (!date->empty())
+             std::get<gptoss::harmony::SystemContent>(conv.messages.at(0).content.at(0)).conversation_start_date = *date;
+           if (*ids) return nlohmann::json(renderer->render_for_completion(conv)).dump();
+           std::string text = gptoss::harmony::render_text_for_completion(conv);
+           return *jsonl ? nlohmann::json(text).dump() : text;
+         };
+         if (!*jsonl) {
+           std::printf("%s\n", render(slurp(*request)).c_str());
+           return 0;
          }
-         auto conv = gptoss::server::build_conversation(req);
-         if (!date->empty())
-           std::get<gptoss::harmony::SystemContent>(conv.messages.at(0).content.at(0)).conversation_start_date = *date;
-         if (*ids) {
-           gptoss::harmony::Renderer r(load(*path));
-           std::printf("%s\n", nlohmann::json(r.render_for_completion(conv)).dump().c_str());
-         } else {
-           std::printf("%s\n", gptoss::harmony::render_text_for_completion(conv).c_str());
+         // Batch mode (the built-in model's training data renders thousands of requests).
+         std::istringstream in(slurp(*request));
+         std::string line;
+         size_t line_no = 0;
+         while (std::getline(in, line)) {
+           ++line_no;
+           if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+           try {
+             std::printf("%s\n", render(line).c_str());
+           } catch (const gptoss::Error& e) {
+             throw gptoss::Error("line " + std::to_string(line_no) + ": " + e.what());
+           }
          }
          return 0;
        };
