@@ -21,7 +21,7 @@ def expand(artifact, out):
     t, meta = stfile.load(artifact)
     if meta.get("format") != "gptoss-builtin-v1":
         raise SystemExit(f"{artifact}: not a gptoss-builtin-v1 artifact")
-    cfg = json.loads(meta["config"])
+    cfg = json.loads(bytes(t.pop("builtin.config").tolist()).decode())
     V = cfg["vocab_size"]
     ids = t.pop("builtin.token_ids").long()
     full = {}

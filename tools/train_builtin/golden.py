@@ -31,7 +31,7 @@ import train  # noqa: E402
 
 def own_model(artifact):
     t, meta = stfile.load(artifact)
-    cfg = json.loads(meta["config"])
+    cfg = json.loads(bytes(t["builtin.config"].tolist()).decode())
     ids = t["builtin.token_ids"].long()
     m = train.Model(cfg, len(ids) + 1)
     f = lambda x: x.float()  # noqa: E731

@@ -376,7 +376,8 @@ def main():
 
 def export(model, cfg, token_ids, args, path, info):
     bf = torch.bfloat16
-    t = {"builtin.token_ids": torch.tensor(token_ids, dtype=torch.int32),
+    t = {"builtin.config": torch.frombuffer(bytearray(json.dumps(cfg, indent=2).encode()), dtype=torch.uint8),
+         "builtin.token_ids": torch.tensor(token_ids, dtype=torch.int32),
          "model.embed_tokens.rows": model.embed.detach().to(bf).cpu(),
          "lm_head.rows": model.lm_head.detach().to(bf).cpu(),
          "model.norm.weight": model.norm.detach().to(bf).cpu()}
