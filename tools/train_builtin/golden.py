@@ -12,8 +12,8 @@ tests/data/tiny-gptoss was made), and writes to OUTDIR:
 `columns` are the union of each position's top-16 tokens plus 4 tokens never seen in training
 (the full 201,088-wide rows would be ~1 MB a position). It also prints how far train.py's model
 (float32, weights read back from the artifact) is from transformers: they must agree, else the
-architecture written in train.py is not gpt-oss. --own-only skips transformers and writes the
-own model's logits instead (a local check against the C++ engine: check_engine.sh).
+architecture written in train.py is not gpt-oss. --own-only skips transformers and uses
+train.py's model as the oracle (to try the C++ golden test locally without transformers).
 """
 import argparse
 import json
@@ -87,14 +87,26 @@ def main():
     V = cfg["vocab_size"]
     own = [own_logits(m, seen, V, p) for p in prompts]
     if args.own_only:
-        stfile.save(os.path.join(args.out, "own_logits.safetensors"), {f"logits_{i}": l for i, l in enumerate(own)})
-        print("wrote own logits")
-        return
+        # The same files with train.py's model as the oracle: only to test the C++ golden test
+        # itself without transformers (say so in "oracle").
+        logits, greedy = own, []
+        for p in prompts:
+            ids = list(p)
+            for _ in range(16):
+                ids.append(int(own_logits(m, seen, V, ids)[-1].argmax()))
+            greedy.append(ids[len(p):])
+        oracle = "train.py's own model (NOT transformers: a local stand-in)"
+    else:
+        logits, greedy, oracle = transformers_oracle(args.artifact, prompts, cfg)
+    write(args.out, prompts, logits, greedy, seen, oracle, own)
+
+
+def transformers_oracle(artifact, prompts, cfg):
     import transformers
     from transformers import GptOssForCausalLM
     print(f"transformers {transformers.__version__}", flush=True)
     with tempfile.TemporaryDirectory() as d:
-        expand.expand(args.artifact, d)
+        expand.expand(artifact, d)
         hf = GptOssForCausalLM.from_pretrained(d, torch_dtype=torch.float32, attn_implementation="eager").float()
         hf.eval()
         logits, greedy = [], []
@@ -105,6 +117,10 @@ def main():
                 gen = hf.generate(ids, max_new_tokens=16, do_sample=False, eos_token_id=None,
                                   pad_token_id=cfg["pad_token_id"])
                 greedy.append(gen[0, len(p):].tolist())
+    return logits, greedy, f"transformers {transformers.__version__} GptOssForCausalLM float32 eager (experts upcast to float32)"
+
+
+def write(out, prompts, logits, greedy, seen, oracle, own):
     worst = 0.0
     for i, (a, b) in enumerate(zip(logits, own)):
         diff = (a - b).abs().max().item()
@@ -113,20 +129,21 @@ def main():
         worst = max(worst, rel)
         print(f"prompt {i} ({len(prompts[i])} tokens): train.py vs transformers max |diff| {diff:.3e} "
               f"(relative {rel:.2e}), same argmax {same * 100:.1f}%", flush=True)
-    unseen = [t for t in range(200000) if t not in set(seen.tolist())][:4]
+    seen_set = set(seen.tolist())
+    unseen = [t for t in range(200000) if t not in seen_set][:4]
     cols = set(unseen)
     for l in logits:
         cols.update(torch.topk(l, 16, dim=-1).indices.flatten().tolist())
     cols = sorted(cols)
     ct = torch.tensor(cols)
-    stfile.save(os.path.join(args.out, "golden_logits.safetensors"),
+    stfile.save(os.path.join(out, "golden_logits.safetensors"),
                 {f"logits_{i}": l[:, ct].contiguous() for i, l in enumerate(logits)})
-    json.dump({"oracle": f"transformers {transformers.__version__} GptOssForCausalLM float32 eager (experts upcast to float32)",
+    json.dump({"oracle": oracle,
                "prompts": prompts, "greedy_continuations": greedy, "columns": cols,
                "logits_file": "golden_logits.safetensors",
                "logits_tensors": [f"logits_{i}" for i in range(len(logits))],
                "train_py_vs_transformers_max_relative_diff": worst},
-              open(os.path.join(args.out, "golden.json"), "w"))
+              open(os.path.join(out, "golden.json"), "w"))
     print("greedy", greedy, flush=True)
     if worst > 1e-3:
         print(f"ERROR: train.py's forward pass differs from transformers (relative {worst:.2e})", flush=True)

@@ -30,8 +30,11 @@ import os
 import sys
 import time
 
-import numpy as np
-import torch
+# Deterministic cuBLAS (must be set before CUDA starts).
+os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -285,6 +288,7 @@ def main():
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     log(f"torch {torch.__version__} device {dev}" + (f" ({torch.cuda.get_device_name()})" if dev == "cuda" else ""))
     torch.manual_seed(args.seed)
+    torch.use_deterministic_algorithms(True, warn_only=True)
     np_rng = np.random.RandomState(args.seed)
     torch.backends.cuda.matmul.allow_tf32 = False
 
@@ -330,8 +334,10 @@ def main():
     while True:
         if steps and step >= steps:
             break
-        total = steps or args.max_steps
-        lr = args.lr * min(1.0, (step + 1) / warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, step / total))))
+        # Linear warm-up, then cosine to 10%. The cosine starts after the warm-up, which outlasts
+        # the calibration steps, so --steps N reproduces a calibrated run exactly.
+        progress = max(0, step - warmup) / max(1, (steps or args.max_steps) - warmup)
+        lr = args.lr * min(1.0, (step + 1) / warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
         for g in opt.param_groups:
             g["lr"] = lr
         qat = steps and step >= steps * (1 - args.qat_frac)
@@ -344,11 +350,16 @@ def main():
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         step += 1
-        if not steps and step == calib_steps:
+        if not steps and step in (5, calib_steps):
+            # Time steps 5..calib_steps (the first ones pay for CUDA's start-up).
             if dev == "cuda":
                 torch.cuda.synchronize()
-            per = (time.time() - t0) / calib_steps
-            steps = max(calib_steps + 50, min(args.max_steps, int(args.budget_s / per)))
+            if step == 5:
+                t_cal = time.time()
+                continue
+            per = (time.time() - t_cal) / (calib_steps - 5)
+            left = args.budget_s - (time.time() - t0)
+            steps = max(calib_steps + 50, min(args.max_steps, calib_steps + int(left / per)))
             log(f"{per * 1000:.1f} ms/step -> {steps} steps (reproduce with --steps {steps})")
         if step % 50 == 0 or step == 1:
             el = time.time() - t0
@@ -367,11 +378,32 @@ def main():
         ev = [loss_of(*batch()).item() for _ in range(8)]
     log(f"loss with MXFP4 experts: {sum(ev) / len(ev):.4f}")
 
-    export(model, cfg, token_ids, args, os.path.join(args.out, "builtin-model.safetensors"),
+    samples(model, token_ids, os.path.join(args.data, "golden_prompts.json"), os.path.join(args.out, "samples.json"))
+    export(model, cfg, token_ids, args, os.path.join(args.out, "gptoss-builtin.safetensors"),
            {"steps": step, "seed": args.seed, "final_loss": sum(ev) / len(ev)})
     os.makedirs(args.work, exist_ok=True)
     torch.save({"state": model.state_dict(), "cfg": cfg, "K": K}, os.path.join(args.work, "trained.pt"))
     log(f"total {time.time() - t_start:.0f}s")
+
+
+def samples(model, token_ids, prompts_path, out_path, n_new=96):
+    """Greedy continuations of a few held-out prompts (original ids), to read the model's replies
+    (decode with `gptoss tokenize --decode`)."""
+    K = len(token_ids)
+    to_compact = {t: j for j, t in enumerate(token_ids)}
+    dev = next(model.parameters()).device
+    res = []
+    with torch.no_grad():
+        for p in json.load(open(prompts_path)):
+            ids = [to_compact.get(t, K) for t in p]
+            for _ in range(n_new):
+                nxt = int(model(torch.tensor([ids], device=dev))[0, -1, :K].argmax())
+                ids.append(nxt)
+                if token_ids[nxt] in (200002, 200012):  # <|return|>, <|call|>
+                    break
+            res.append({"prompt": p, "completion": [token_ids[j] for j in ids[len(p):]]})
+    json.dump(res, open(out_path, "w"))
+    log(f"wrote {out_path}")
 
 
 def export(model, cfg, token_ids, args, path, info):
