@@ -9,7 +9,7 @@ GptOssForCausalLM (float32, eager attention, MXFP4 dequantized by transformers: 
 tests/data/tiny-gptoss was made), and writes to OUTDIR:
   golden.json                 prompts, greedy continuations (16 tokens, no EOS stop), columns
   golden_logits.safetensors   logits_i [len(prompt_i), len(columns)] float32 at every position
-`columns` are the union of each position's top-16 tokens plus 4 tokens never seen in training
+`columns` are the union of each position's top-5 tokens plus 4 tokens never seen in training
 (the full 201,088-wide rows would be ~1 MB a position). It also prints how far train.py's model
 (float32, weights read back from the artifact) is from transformers: they must agree, else the
 architecture written in train.py is not gpt-oss. --own-only skips transformers and uses
@@ -127,13 +127,13 @@ def write(out, prompts, logits, greedy, seen, oracle, own):
         rel = diff / a.abs().max().item()
         same = (a.argmax(-1) == b.argmax(-1)).float().mean().item()
         worst = max(worst, rel)
-        print(f"prompt {i} ({len(prompts[i])} tokens): train.py vs transformers max |diff| {diff:.3e} "
+        print(f"prompt {i} ({len(prompts[i])} tokens): train.py vs the oracle: max |diff| {diff:.3e} "
               f"(relative {rel:.2e}), same argmax {same * 100:.1f}%", flush=True)
     seen_set = set(seen.tolist())
     unseen = [t for t in range(200000) if t not in seen_set][:4]
     cols = set(unseen)
     for l in logits:
-        cols.update(torch.topk(l, 16, dim=-1).indices.flatten().tolist())
+        cols.update(torch.topk(l, 5, dim=-1).indices.flatten().tolist())
     cols = sorted(cols)
     ct = torch.tensor(cols)
     stfile.save(os.path.join(out, "golden_logits.safetensors"),

@@ -272,6 +272,7 @@ def main():
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--seq", type=int, default=512)
     ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--unk-rate", type=float, default=0.02, help="inputs replaced by the shared token")
     ap.add_argument("--qat-frac", type=float, default=0.2)
     ap.add_argument("--hidden", type=int, default=192)
     ap.add_argument("--layers", type=int, default=4)
@@ -319,8 +320,14 @@ def main():
         idx = s[:, None] + off[None, :]
         return tokens_t[idx], weights_t[idx]
 
-    def loss_of(ids, w):
-        logits = model(ids[:, :-1])
+    def loss_of(ids, w, unk_rate=0.0):
+        inputs = ids[:, :-1]
+        if unk_rate > 0:
+            # Users type words the data never had: they arrive as the shared row. Show the model
+            # that row as input now and then (targets stay the real tokens).
+            drop = torch.rand(inputs.shape, device=inputs.device) < unk_rate
+            inputs = torch.where(drop, torch.full_like(inputs, K), inputs)
+        logits = model(inputs)
         logits = torch.cat([logits[..., :K], logits[..., K:] + log_mult], -1)
         nll = F.cross_entropy(logits.reshape(-1, K + 1), ids[:, 1:].reshape(-1), reduction="none")
         w = w[:, 1:].reshape(-1)
@@ -344,7 +351,7 @@ def main():
         for layer in model.layers:
             layer.fake_quant = bool(qat)
         ids, w = batch()
-        loss = loss_of(ids, w)
+        loss = loss_of(ids, w, args.unk_rate)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
