@@ -314,6 +314,8 @@ def main():
                             lr=args.lr, betas=(0.9, 0.95), eps=1e-8)
     log_mult = math.log(VOCAB - K)
     off = torch.arange(args.seq + 1, device=dev)
+    # Text tokens (not harmony's special tokens, ids from 199998 on) may be hidden as unknown.
+    ordinary = torch.tensor([t < 199998 for t in token_ids], device=dev)
 
     def batch():
         s = torch.from_numpy(starts[np_rng.randint(0, len(starts), args.batch)]).to(dev)
@@ -325,7 +327,7 @@ def main():
         if unk_rate > 0:
             # Users type words the data never had: they arrive as the shared row. Show the model
             # that row as input now and then (targets stay the real tokens).
-            drop = torch.rand(inputs.shape, device=inputs.device) < unk_rate
+            drop = (torch.rand(inputs.shape, device=inputs.device) < unk_rate) & ordinary[inputs]
             inputs = torch.where(drop, torch.full_like(inputs, K), inputs)
         logits = model(inputs)
         logits = torch.cat([logits[..., :K], logits[..., K:] + log_mult], -1)
