@@ -31,6 +31,20 @@ grep -q "/nonexistent" "$tmp/err" || fail "bad path error: $(cat "$tmp/err")"
 echo '{"messages": [{"role": "user", "content": "What is 2 + 2?"}]}' | "$g" harmony-render > "$tmp/r"
 printf '%s' "$(cat "$data/harmony/test_simple_convo.txt")" | cmp - <(printf '%s' "$(cat "$tmp/r")") ||
   fail "harmony-render differs from test_simple_convo.txt"
+# harmony-render --jsonl: one request a line, one JSON string a line, each as rendered alone
+# (the built-in model's training data is rendered this way); a bad line is named.
+{ echo '{"messages": [{"role": "user", "content": "What is 2 + 2?"}]}'; echo;
+  echo '{"messages": [{"role": "user", "content": "Hi"}], "reasoning_effort": "low"}'; } > "$tmp/reqs"
+"$g" harmony-render --jsonl --request "$tmp/reqs" > "$tmp/rj"
+[[ $(wc -l < "$tmp/rj") == 2 ]] || fail "harmony-render --jsonl: $(cat "$tmp/rj")"
+[[ $(sed -n 1p "$tmp/rj") == "$(python3 -c 'import json,sys; print(json.dumps(open(sys.argv[1]).read().rstrip("\n")))' "$tmp/r")" ]] ||
+  fail "harmony-render --jsonl line 1 differs from the single render"
+echo '{"messages": [{"role": "user", "content": "Hi"}], "reasoning_effort": "low"}' | "$g" harmony-render > "$tmp/r2"
+[[ $(sed -n 2p "$tmp/rj") == "$(python3 -c 'import json,sys; print(json.dumps(open(sys.argv[1]).read().rstrip("\n")))' "$tmp/r2")" ]] ||
+  fail "harmony-render --jsonl line 2 differs from the single render"
+printf '%s\n' '{"messages": []}' '{"messages": 5}' > "$tmp/bad"
+if "$g" harmony-render --jsonl --request "$tmp/bad" > /dev/null 2> "$tmp/err"; then fail "bad --jsonl line accepted"; fi
+grep -q "line [12]" "$tmp/err" || fail "harmony-render --jsonl error: $(cat "$tmp/err")"
 # harmony-parse: the reference's sampled reasoning response.
 tr -s ' \n' ',' < "$data/harmony/test_simple_reasoning_response.txt" | sed 's/^/[/; s/,$/]/' |
   "$g" harmony-parse > "$tmp/p"
