@@ -80,6 +80,10 @@ int run_cli(int argc, const char* const* argv) {
       std::fprintf(stderr, "error: 'gptoss help' takes one command name\n");
       return 2;
     }
+    if (std::strcmp(argv[2], "help") == 0) {
+      std::fputs(app.help().c_str(), stdout);
+      return 0;
+    }
     if (!is_command(argv[2])) return unknown_command(argv[2]);
     std::fputs(app.get_subcommand(argv[2])->help().c_str(), stdout);
     return 0;

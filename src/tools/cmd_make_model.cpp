@@ -24,7 +24,9 @@ gptoss::tools::RegisterCommand reg({"make-model", "Write a random-weight gpt-oss
       ->capture_default_str()
       ->check(gptoss::tools::one_of({"tiny", "20b", "120b"}));
   app->add_option("--out", a->out, "Output directory")->required();
-  app->add_option("--seed", a->seed, "Random seed (same seed, same files)")->capture_default_str();
+  app->add_option("--seed", a->seed, "Random seed (same seed, same files)")
+      ->capture_default_str()
+      ->check(gptoss::tools::seed_value());
   app->add_option("--layers", a->layers, "Number of layers instead of the preset's (e.g. 2 layers of 120b shape)")
       ->check(gptoss::tools::int_range(1, 1000));
   app->add_option("--shard-gb", a->shard_gb, "Approximate shard size in GB")

@@ -45,6 +45,19 @@ CLI::Validator int_range(long long lo, long long hi) {
                                             : "INT in [" + std::to_string(lo) + "," + std::to_string(hi) + "]");
 }
 
+CLI::Validator seed_value() {
+  return CLI::Validator(
+      [](std::string& s) -> std::string {
+        errno = 0;
+        char* end = nullptr;
+        bool ok = !s.empty() && s.find_first_not_of("0123456789") == std::string::npos;
+        if (ok) std::strtoull(s.c_str(), &end, 10);
+        if (!ok || errno != 0) return "must be an integer from 0 to 18446744073709551615 (got \"" + s + "\")";
+        return {};
+      },
+      "UINT64");
+}
+
 CLI::Validator positive_number(bool strictly) {
   return CLI::Validator(
       [=](std::string& s) -> std::string {
@@ -111,7 +124,9 @@ void add_backend_options(CLI::App* app, BackendOptions& o) {
                   "Instead of --model, random weights of a preset (tiny, 20b, 120b) generated on the GPU at start "
                   "(needs --device cuda; for the CPU, write such a model with `gptoss make-model`)")
       ->check(one_of({"tiny", "20b", "120b"}));
-  app->add_option("--weights-seed", o.seed, "Seed of --random-weights (same seed, same weights)")->capture_default_str();
+  app->add_option("--weights-seed", o.seed, "Seed of --random-weights (same seed, same weights)")
+      ->capture_default_str()
+      ->check(seed_value());
   app->add_option("--mxfp4-layers", o.mxfp4_layers,
                   "Layers held in MXFP4 (CUDA): experts (the default: only the experts, MXFP4 as published), all, "
                   "or a comma list of qkv, o, lm_head, which are quantized to MXFP4 when the model loads "
@@ -162,7 +177,7 @@ void add_sampling_options(CLI::App* app, SamplingArgs& s) {
   app->add_option("--min-p", s.min_p, "Drop tokens less likely than min-p x the most likely one (0: off)")
       ->capture_default_str()
       ->check(real_range(0.0, 1.0));
-  app->add_option("--seed", s.seed, "Sampling seed (same seed, same tokens)")->capture_default_str();
+  app->add_option("--seed", s.seed, "Sampling seed (same seed, same tokens)")->capture_default_str()->check(seed_value());
 }
 
 CLI::Option* add_ignore_eos_option(CLI::App* app, bool& v) {

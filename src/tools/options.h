@@ -15,6 +15,8 @@ namespace gptoss::tools {
 // ---- range checks with messages a user can act on (CLI11's own print the limits of double) ----
 // An integer in [lo, hi]: "must be an integer from 1 to 65535 (got 99999)".
 CLI::Validator int_range(long long lo, long long hi = std::numeric_limits<int>::max());
+// A seed: an integer from 0 to 2^64-1.
+CLI::Validator seed_value();
 // A number > 0 (`strictly`) or >= 0.
 CLI::Validator positive_number(bool strictly = true);
 // A real in [lo, hi].

@@ -17,6 +17,16 @@ check "generate reports its speed on stderr" 'grep -q "tokens generated in .* to
 check "loading prints what was read on stderr" 'grep -q "^read weights: .* in " "$tmp/log"'
 "$bin" generate --model "$tmp/a" --prompt "Hello world" --max-tokens 4 --ignore-eos >"$tmp/text" 2>"$tmp/log"
 check "generate prints the text (not ids) on stdout" '[ -s "$tmp/text" ] && ! grep -qE "^[0-9]+(,[0-9]+)+$" "$tmp/text" && ! grep -q "tok/s" "$tmp/text"'
+# Streamed: the first text arrives while generation goes on (300 tokens, ~1 KB: less than a stdio
+# buffer, so a block-buffered stdout would deliver it only at exit).
+mkfifo "$tmp/fifo"
+"$bin" generate --model "$tmp/a" --prompt "Hello" --max-tokens 300 --ignore-eos >"$tmp/fifo" 2>/dev/null & gpid=$!
+exec 3<"$tmp/fifo"
+head -c 1 <&3 >/dev/null
+state=$(cut -d' ' -f3 /proc/$gpid/stat 2>/dev/null)  # running, not a zombie that has exited
+alive=$([ -n "$state" ] && [ "$state" != Z ] && echo yes)
+kill $gpid 2>/dev/null; exec 3<&-; wait $gpid 2>/dev/null
+check "generate streams its text" '[ "$alive" = yes ]'
 out=$("$bin" generate --model "$tmp/a" --prompt "Hello world" --max-tokens 2 --ignore-eos --print-ids 2>/dev/null)
 check "generate --prompt tokenizes text ($out)" '[[ "$out" =~ ^[0-9]+,[0-9]+$ ]]'
 check "make-model writes tokenizer.json" '[ -s "$tmp/a/tokenizer.json" ]'

@@ -122,6 +122,9 @@ TEST(Cli, OutOfRangeValuesAreUsageErrors) {
   EXPECT_EQ(bad({"serve", "--kv-cache-dtype", "fp4"}), 2);
   EXPECT_EQ(bad({"serve", "--device", "gpu"}), 2);
   EXPECT_EQ(bad({"serve", "--random-weights", "7b"}), 2);
+  EXPECT_EQ(bad({"serve", "--weights-seed", "-1"}), 2);
+  EXPECT_EQ(bad({"generate", "--prompt-ids", "1", "--seed", "-1"}), 2);
+  EXPECT_EQ(bad({"make-model", "--seed", "18446744073709551616"}), 2);
   EXPECT_EQ(bad({"make-model"}), 1);
   EXPECT_EQ(bad({"make-model", "--layers", "0"}), 2);
   EXPECT_EQ(bad({"make-model", "--shard-gb", "0"}), 2);
@@ -162,6 +165,9 @@ TEST(Cli, RangeCheckMessages) {
   EXPECT_NE(positive_number(false)(v), "");
   for (std::string ok : {"512", "1,2,3", ""}) EXPECT_EQ(positive_int_list()(ok), "") << ok;
   for (std::string bad : {"abc", "0", "1,,2", "1,-2", "99999999999"}) EXPECT_NE(positive_int_list()(bad), "") << bad;
+  v = "18446744073709551615";
+  EXPECT_EQ(seed_value()(v), "");
+  for (std::string bad : {"-1", "18446744073709551616", "1e3", ""}) EXPECT_NE(seed_value()(bad), "") << bad;
   v = "gpu";
   EXPECT_EQ(one_of({"cpu", "cuda"})(v), "must be one of cpu, cuda (got \"gpu\")");
 }
