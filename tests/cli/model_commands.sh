@@ -88,6 +88,10 @@ check "help COMMAND" '"$bin" help serve | grep -q -- "--max-model-len"'
 "$bin" make-model --preset tiny --layers 3 --out "$tmp/l3" --seed 1 >/dev/null
 check "make-model --layers 3 writes 3 layers" 'grep -q "\"num_hidden_layers\": 3" "$tmp/l3/config.json" && "$bin" generate --model "$tmp/l3" --prompt-ids 1 --max-tokens 1 >/dev/null 2>&1'
 
+# --random-weights with --prompt tokenizes with o200k_harmony (as serve does); on the CPU the
+# error is then the backend's, not a missing tokenizer.
+check "--random-weights --prompt gets to the backend" 'err "$bin" generate --random-weights tiny --prompt hi && grep -q "GPU" "$tmp/err" && ! grep -qi "tokenizer" "$tmp/err"'
+
 # --model: a missing directory is named as such; a Hugging Face id is found in the local cache.
 check "missing model dir named" 'err "$bin" generate --model /nonexistent --prompt hi && grep -q "model directory /nonexistent does not exist" "$tmp/err"'
 hub="$tmp/hub/models--test-org--tiny-gptoss"
