@@ -45,7 +45,7 @@ std::unique_ptr<Backend> create_backend(const BackendOptions& o) {
       throw Error("--mxfp4-layers is a CUDA option (the CPU backend is the exact reference)");
     if (o.dense_dtype != "bf16")
       throw Error("--dense-dtype " + o.dense_dtype + " is a CUDA option (the CPU backend is the exact reference)");
-    return make_cpu_backend(ModelWeights::load(o.model_dir), o.threads);
+    return make_cpu_backend(ModelWeights::load(o.model_dir, o.load_progress), o.threads);
   }
   if (o.device == "cuda") {
 #ifdef GPTOSS_HAVE_CUDA

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "backend/backend.h"
+#include "model/load_progress.h"
 
 namespace gptoss {
 
@@ -24,6 +25,9 @@ struct BackendOptions {
   // greedy outputs do not change under load or preemption. Read by the CUDA backend; the CPU
   // backend is batch-invariant always.
   bool batch_invariant = false;
+  // Called while weights load and convert (see model/load_progress.h); may be empty. The CPU
+  // backend reports reading the checkpoint; the CUDA backend is to report its stages too.
+  LoadProgressFn load_progress;
 };
 
 std::unique_ptr<Backend> create_backend(const BackendOptions& opts);

@@ -69,8 +69,14 @@ Engine::Engine(Backend& backend, EngineConfig cfg) : backend_(backend), cfg_(std
     throw Error("max_num_batched_tokens (" + std::to_string(cfg_.max_num_batched_tokens) +
                 ") must be at least max_num_seqs (" + std::to_string(cfg_.max_num_seqs) +
                 "): every running sequence decodes a token in each step");
-  int mml = cfg_.max_model_len > 0 ? cfg_.max_model_len : mc.max_position_embeddings;
+  // An explicit max_model_len (or KV size) is a promise to the user: refused at start when it
+  // cannot be kept, never quietly reduced. Only the defaults adapt to the memory there is.
+  const bool explicit_len = cfg_.max_model_len > 0;
+  int mml = explicit_len ? cfg_.max_model_len : mc.max_position_embeddings;
   if (mml < 2) throw Error("max_model_len must be at least 2");
+  if (mml > mc.max_position_embeddings)
+    throw Error("--max-model-len " + std::to_string(mml) + " is larger than the model's max_position_embeddings (" +
+                std::to_string(mc.max_position_embeddings) + ")");
   KvCacheConfig kvc = backend_.kv_config();
   kvc.page_size = cfg_.page_size;
   int64_t tokens = cfg_.kv_cache_tokens;
@@ -82,14 +88,20 @@ Engine::Engine(Backend& backend, EngineConfig cfg) : backend_(backend), cfg_(std
     size_t page_f32 = kv_page_bytes(mc, kKvFull, cfg_.page_size, DType::F32);
     if (page_f32 > 0)
       tokens = std::min<int64_t>(tokens, std::max<int64_t>(1, int64_t((size_t(1) << 30) / page_f32)) * cfg_.page_size);
+    if (explicit_len) tokens = std::max<int64_t>(tokens, mml);  // the context asked for fits at least once
   }
   KvManagerConfig kc = plan_kv_pages(mc, kvc.dtype, cfg_.page_size, tokens, bytes, cfg_.max_num_seqs,
                                      cfg_.max_num_batched_tokens);
   // A sequence must fit the pool alone.
   int64_t pool_tokens = int64_t(kc.num_pages[kKvFull]) * cfg_.page_size;
   if (mml > pool_tokens) {
-    std::fprintf(stderr, "engine: max_model_len %d exceeds the KV cache (%lld positions); using %lld\n", mml,
-                 (long long)pool_tokens, (long long)pool_tokens);
+    if (explicit_len || cfg_.kv_cache_tokens > 0)
+      throw Error("max_model_len " + std::to_string(mml) + " does not fit the KV cache, which holds " +
+                  std::to_string(pool_tokens) + " tokens (one sequence of max_model_len must fit): raise " +
+                  "--kv-cache-tokens or --kv-cache-memory, or pass --max-model-len " + std::to_string(pool_tokens) +
+                  " or less");
+    std::fprintf(stderr, "engine: the model's max_position_embeddings (%d) exceeds the KV cache (%lld tokens); "
+                 "max_model_len set to %lld\n", mml, (long long)pool_tokens, (long long)pool_tokens);
     mml = int(pool_tokens);
   }
   if (kc.has_sliding) {

@@ -106,10 +106,12 @@ struct EngineConfig {
   // up to this many tokens in all (stall-free batching: bounds the step time, so running
   // streams keep their pace while prompts are prefilled).
   int max_num_batched_tokens = 2048;
-  int max_model_len = 0;          // 0: the model's max_position_embeddings (clamped to the KV pool)
+  int max_model_len = 0;          // 0: the model's max_position_embeddings, lowered to what the KV
+                                  // pool holds; an explicit one above either is refused (Error)
   int64_t kv_cache_tokens = 0;    // full-attention positions in the pool; 0: from the backend's
                                   // memory, or max_num_seqs * max_model_len (at most 256K positions
-                                  // and ~1 GiB) when it has no limit
+                                  // and ~1 GiB, at least one explicit max_model_len) when it has no
+                                  // limit. An explicit one too small for max_model_len is refused.
   size_t kv_cache_bytes = 0;      // memory for the KV cache when kv_cache_tokens is 0 (0: the backend's kv_memory_available())
   int page_size = 16;
   std::vector<int32_t> stop_token_ids;  // end tokens for every request (harmony <|return|>, <|call|>, eos)

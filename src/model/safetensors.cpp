@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -143,6 +144,34 @@ const TensorView& Checkpoint::get(const std::string& name) const {
   auto* t = find(name);
   if (!t) throw Error(dir_ + ": tensor " + name + " is missing from the checkpoint");
   return *t;
+}
+
+void SafetensorsFile::read_all(uint64_t& done, uint64_t total, const LoadProgressFn& progress) const {
+  const auto* p = static_cast<const volatile uint8_t*>(map_);
+  madvise(map_, size_, MADV_SEQUENTIAL | MADV_WILLNEED);
+  const size_t kPage = 4096, kReport = size_t(64) << 20;
+  uint8_t sink = 0;
+  for (size_t at = 0; at < size_;) {
+    size_t end = std::min(size_, at + kReport);
+    for (size_t i = at; i < end; i += kPage) sink ^= p[i];  // one load a page faults it in
+    done += end - at;
+    at = end;
+    if (progress) progress("reading", done, total);
+  }
+  static volatile uint8_t keep;
+  keep = sink;
+}
+
+uint64_t Checkpoint::total_bytes() const {
+  uint64_t n = 0;
+  for (auto& f : files_) n += f->size();
+  return n;
+}
+
+void Checkpoint::read_all(const LoadProgressFn& progress) const {
+  uint64_t total = total_bytes(), done = 0;
+  if (progress) progress("reading", 0, total);
+  for (auto& f : files_) f->read_all(done, total, progress);
 }
 
 std::vector<std::string> Checkpoint::names() const {

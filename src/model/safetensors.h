@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "common/dtype.h"
+#include "model/load_progress.h"
 
 namespace gptoss {
 
@@ -34,6 +35,10 @@ class SafetensorsFile {
   const std::string& path() const { return path_; }
   const std::map<std::string, TensorView>& tensors() const { return tensors_; }
   const TensorView* find(const std::string& name) const;
+  size_t size() const { return size_; }
+  // Reads every page of the mapping once (so the first forward pass does not fault the
+  // weights in from disk), adding the bytes read to `done` and calling `progress` as it goes.
+  void read_all(uint64_t& done, uint64_t total, const LoadProgressFn& progress) const;
 
  private:
   std::string path_;
@@ -51,6 +56,9 @@ class Checkpoint {
   const TensorView& get(const std::string& name) const;
   const TensorView* find(const std::string& name) const;
   std::vector<std::string> names() const;
+  uint64_t total_bytes() const;  // of every safetensors file
+  // Reads every file once (see SafetensorsFile::read_all), reporting stage "reading".
+  void read_all(const LoadProgressFn& progress) const;
 
  private:
   std::string dir_;

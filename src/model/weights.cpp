@@ -40,7 +40,7 @@ struct Checker {
 
 }  // namespace
 
-std::shared_ptr<const ModelWeights> ModelWeights::load(const std::string& dir) {
+std::shared_ptr<const ModelWeights> ModelWeights::load(const std::string& dir, const LoadProgressFn& progress) {
   namespace fs = std::filesystem;
   auto w = std::make_shared<ModelWeights>();
   w->config = GptOssConfig::from_file((fs::path(dir) / "config.json").string());
@@ -78,6 +78,7 @@ std::shared_ptr<const ModelWeights> ModelWeights::load(const std::string& dir) {
     L.down_bias = chk(p + "mlp.experts.down_proj_bias", {E, H}, FLT);
     w->layers.push_back(L);
   }
+  if (progress) w->checkpoint->read_all(progress);
   return w;
 }
 

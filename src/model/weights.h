@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "model/config.h"
+#include "model/load_progress.h"
 #include "model/safetensors.h"
 
 namespace gptoss {
@@ -30,8 +31,10 @@ struct ModelWeights {
   std::vector<LayerWeights> layers;
 
   // Reads config.json and the safetensors of `dir`; throws gptoss::Error naming the file and
-  // tensor on anything missing, truncated or mis-shaped.
-  static std::shared_ptr<const ModelWeights> load(const std::string& dir);
+  // tensor on anything missing, truncated or mis-shaped. With a `progress` hook it also reads
+  // every byte of the files once, reporting as it goes (stage "reading"); without one the
+  // weights are faulted in from the mapping when first used.
+  static std::shared_ptr<const ModelWeights> load(const std::string& dir, const LoadProgressFn& progress = {});
 };
 
 // Reads one element of a small float vector stored as bf16, f16 or f32.

@@ -1,11 +1,16 @@
 #include "server/bench_serve.h"
 
 #include <httplib.h>
+#include <netdb.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <mutex>
 #include <numeric>
@@ -25,7 +30,48 @@ namespace {
 struct Url {
   std::string scheme_host_port;
   std::string prefix;  // e.g. "/v1"
+  std::string host;    // for messages and the connection probe
+  int port = 80;
+  std::string host_port() const { return host + ":" + std::to_string(port); }
 };
+
+// Empty when a TCP connection to host:port opens, else why not ("connection refused", ...).
+std::string tcp_connect_error(const std::string& host, int port) {
+  addrinfo hints{}, *res = nullptr;
+  hints.ai_socktype = SOCK_STREAM;
+  if (int rc = getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res); rc != 0)
+    return std::string("cannot resolve ") + host + ": " + gai_strerror(rc);
+  std::string err = "cannot connect";
+  for (addrinfo* ai = res; ai; ai = ai->ai_next) {
+    int fd = ::socket(ai->ai_family, ai->ai_socktype, ai->ai_protocol);
+    if (fd < 0) continue;
+    int rc = ::connect(fd, ai->ai_addr, ai->ai_addrlen);
+    int e = errno;
+    ::close(fd);
+    if (rc == 0) {
+      err.clear();
+      break;
+    }
+    err = e == ECONNREFUSED ? "connection refused" : std::strerror(e);
+  }
+  freeaddrinfo(res);
+  return err;
+}
+
+// The server's message from an OpenAI-style error body ({"error": {"message": ...}}), else the
+// start of the body.
+std::string error_body_message(const std::string& body) {
+  try {
+    json j = json::parse(body);
+    if (j.is_object() && j.contains("error")) {
+      const json& e = j["error"];
+      if (e.is_object() && e.contains("message") && e["message"].is_string()) return e["message"].get<std::string>();
+      if (e.is_string()) return e.get<std::string>();
+    }
+  } catch (const std::exception&) {
+  }
+  return body.substr(0, 300);
+}
 
 Url parse_url(const std::string& u) {
   auto p = u.find("://");
@@ -34,6 +80,19 @@ Url parse_url(const std::string& u) {
   Url r;
   r.scheme_host_port = u.substr(0, slash);
   r.prefix = slash == std::string::npos ? "" : u.substr(slash);
+  std::string scheme = u.substr(0, p), hp = r.scheme_host_port.substr(p + 3);
+  r.port = scheme == "https" ? 443 : 80;
+  size_t colon = hp.rfind(':');
+  if (colon != std::string::npos && hp.find(']', colon) == std::string::npos) {
+    try {
+      r.port = std::stoi(hp.substr(colon + 1));
+    } catch (const std::exception&) {
+      throw Error("--base-url: bad port in " + u);
+    }
+    hp = hp.substr(0, colon);
+  }
+  if (hp.size() > 2 && hp.front() == '[' && hp.back() == ']') hp = hp.substr(1, hp.size() - 2);
+  r.host = hp;
   while (!r.prefix.empty() && r.prefix.back() == '/') r.prefix.pop_back();
   if (r.prefix.size() < 3 || r.prefix.compare(r.prefix.size() - 3, 3, "/v1") != 0) r.prefix += "/v1";
   return r;
@@ -184,11 +243,18 @@ BenchRequestResult one_request(const BenchOptions& o, const Url& url, const Requ
   auto t1 = Clock::now();
   r.latency_s = std::chrono::duration<double>(t1 - t0).count();
   if (!ok) {
-    r.error = "HTTP error: " + httplib::to_string(e);
+    if (e == httplib::Error::Connection) {
+      std::string why = tcp_connect_error(url.host, url.port);
+      r.error = (why.empty() ? std::string("connection failed") : why) + " to " + url.host_port();
+    } else {
+      r.error = "HTTP error: " + httplib::to_string(e) + " (" + url.host_port() + ")";
+    }
     return r;
   }
   if (res.status != 200) {
-    r.error = "HTTP " + std::to_string(res.status) + " " + res.body.substr(0, 300);
+    // The streamed body went to content_receiver: an error body is there, in `buf`.
+    std::string body = res.body.empty() ? buf : res.body;
+    r.error = "HTTP " + std::to_string(res.status) + ": " + error_body_message(body);
     return r;
   }
   if (!err_body.empty()) {
@@ -353,6 +419,9 @@ BenchReport run_bench(const BenchOptions& o) {
   if (!o.input_len.empty() && !o.prompts_file.empty())
     throw Error("--input-len makes random-token prompts; it cannot be combined with --prompts");
   Url url = parse_url(o.base_url);
+  // A server that is not there is one clear error, not N failed requests.
+  if (std::string why = tcp_connect_error(url.host, url.port); !why.empty())
+    throw Error(why + " to " + url.host_port() + " (is the server running?)");
   BenchReport rep;
   rep.slo = parse_slo(o.goodput);
   const std::vector<RequestSpec> specs = make_specs(o);

@@ -1,7 +1,8 @@
 // `gptoss bench`: llama-bench-style throughput of one sequence. ppN: one forward pass over an
 // N-token prompt (logits of the last token only). tgN: N greedy decode steps after a prompt of
 // --tg-prompt tokens (as a real request would run), each step one forward (graph-captured on
-// CUDA, greedy token picked on the device). Prints a markdown table and JSON.
+// CUDA, greedy token picked on the device). Prints a markdown table; --json adds the results as
+// JSON (to a file, or alone on stdout with '-').
 #include <nlohmann/json.hpp>
 
 #include <chrono>
@@ -13,8 +14,10 @@
 
 #include "backend/backend_factory.h"
 #include "common/error.h"
-#include "tools/backend_options.h"
 #include "tools/command.h"
+#include "tools/load_progress.h"
+#include "tools/model_source.h"
+#include "tools/options.h"
 #ifdef GPTOSS_HAVE_CUDA
 #include <cuda_runtime.h>
 #endif
@@ -24,9 +27,11 @@ namespace {
 struct Args {
   gptoss::BackendOptions backend;
   std::string pp = "512,2048,8192", tg = "32,128", json_path, kv_dtype = "bf16";
+  bool json = false;  // --json given (an empty path means stdout)
   int runs = 5, tg_prompt = 512, page_size = 16;
 };
 
+// "512,2048" -> {512, 2048}; the option's check (positive_int_list) has refused anything else.
 std::vector<int> parse_list(const std::string& s) {
   std::vector<int> v;
   std::stringstream ss(s);
@@ -65,9 +70,13 @@ struct Seq {
 
 int run(Args& a) {
   using namespace gptoss;
+  const bool json_stdout = a.json && (a.json_path.empty() || a.json_path == "-");
+  auto pps = parse_list(a.pp), tgs = parse_list(a.tg);
+  if (pps.empty() && tgs.empty()) throw Error("nothing to run: --pp and --tg are both empty");
+  tools::ModelChoice mc = tools::choose_model(a.backend);
+  a.backend.load_progress = tools::stderr_load_progress();
   auto be = create_backend(a.backend);
   const GptOssConfig& c = be->config();
-  auto pps = parse_list(a.pp), tgs = parse_list(a.tg);
   // What the KV cache could get after the weights, and how many tokens of context that is
   // (full-attention layers; sliding layers need only a window per sequence).
   const double kv_avail = double(be->kv_memory_available());
@@ -96,7 +105,7 @@ int run(Args& a) {
     }
     return t;
   };
-  std::string model = a.backend.model_dir.empty() ? "random " + a.backend.random_weights : a.backend.model_dir;
+  std::string model = a.backend.random_weights.empty() ? mc.name : "random " + a.backend.random_weights;
   struct Result {
     std::string test;
     double mean, sd;
@@ -143,14 +152,17 @@ int run(Args& a) {
     if (cudaMemGetInfo(&free_b, &total) == cudaSuccess) peak_gib = double(total - free_b) / (1 << 30);
   }
 #endif
-  std::printf("| model | device | kv | test | t/s |\n|---|---|---|---|---|\n");
+  // The table on stdout, unless stdout is for the JSON.
+  FILE* text = json_stdout ? stderr : stdout;
+  std::fprintf(text, "| model | device | kv | test | t/s |\n|---|---|---|---|---|\n");
   for (auto& r : results)
-    std::printf("| %s | %s | %s | %s | %.2f ± %.2f |\n", model.c_str(), a.backend.device.c_str(), a.kv_dtype.c_str(),
-                r.test.c_str(), r.mean, r.sd);
-  if (peak_gib >= 0) std::printf("\nGPU memory in use after the runs (weights + KV + workspace): %.2f GiB\n", peak_gib);
+    std::fprintf(text, "| %s | %s | %s | %s | %.2f ± %.2f |\n", model.c_str(), a.backend.device.c_str(),
+                 a.kv_dtype.c_str(), r.test.c_str(), r.mean, r.sd);
+  if (peak_gib >= 0) std::fprintf(text, "\nGPU memory in use after the runs (weights + KV + workspace): %.2f GiB\n", peak_gib);
   if (kv_avail > 0)
-    std::printf("KV memory available after weights: %.2f GiB = %.2fM tokens fp8 / %.2fM tokens bf16 (full-attention layers)\n",
-                kv_avail / (1 << 30), kv_avail / per_tok_fp8 / 1e6, kv_avail / per_tok_bf16 / 1e6);
+    std::fprintf(text, "KV memory available after weights: %.2f GiB = %.2fM tokens fp8 / %.2fM tokens bf16 (full-attention layers)\n",
+                 kv_avail / (1 << 30), kv_avail / per_tok_fp8 / 1e6, kv_avail / per_tok_bf16 / 1e6);
+  if (!a.json) return 0;
   nlohmann::json j;
   j["model"] = model;
   j["device"] = a.backend.device;
@@ -163,23 +175,36 @@ int run(Args& a) {
     j["kv_capacity_tokens_fp8"] = kv_avail / per_tok_fp8;
   }
   for (auto& r : results) j["results"].push_back({{"test", r.test}, {"tps_mean", r.mean}, {"tps_sd", r.sd}, {"tps", r.tps}});
-  std::printf("\n%s\n", j.dump().c_str());
-  if (!a.json_path.empty()) std::ofstream(a.json_path) << j.dump(2) << "\n";
+  if (json_stdout) {
+    std::printf("%s\n", j.dump(2).c_str());
+  } else {
+    std::ofstream f(a.json_path);
+    f << j.dump(2) << "\n";
+    if (!f) throw Error("cannot write " + a.json_path);
+  }
   return 0;
 }
 
 gptoss::tools::RegisterCommand reg({"bench", "Prompt-processing and generation throughput (llama-bench style)",
                                     [](CLI::App* app) {
   auto a = std::make_shared<Args>();
-  gptoss::tools::add_backend_options(app, a->backend);
-  app->add_option("--pp", a->pp, "Prompt lengths, comma-separated")->capture_default_str();
-  app->add_option("--tg", a->tg, "Generated lengths, comma-separated")->capture_default_str();
-  app->add_option("--tg-prompt", a->tg_prompt, "Prompt tokens before each tg run")->capture_default_str();
-  app->add_option("--runs", a->runs, "Timed runs per test (after one warm-up)")->capture_default_str()->check(CLI::PositiveNumber);
-  app->add_option("--kv-cache-dtype", a->kv_dtype, "bf16 or fp8")->capture_default_str();
-  app->add_option("--page-size", a->page_size, "KV page size")->capture_default_str();
-  app->add_option("--json", a->json_path, "Also write the JSON here");
-  return [a]() { return run(*a); };
+  using namespace gptoss::tools;
+  add_backend_options(app, a->backend);
+  app->add_option("--pp", a->pp, "Prompt lengths, comma-separated ('' for none)")
+      ->capture_default_str()
+      ->check(positive_int_list());
+  app->add_option("--tg", a->tg, "Generated lengths, comma-separated ('' for none)")
+      ->capture_default_str()
+      ->check(positive_int_list());
+  app->add_option("--tg-prompt", a->tg_prompt, "Prompt tokens before each tg run")->capture_default_str()->check(int_range(1));
+  app->add_option("--runs", a->runs, "Timed runs per test (after one warm-up)")->capture_default_str()->check(int_range(1));
+  add_kv_cache_dtype_option(app, a->kv_dtype);
+  app->add_option("--page-size", a->page_size, "KV page size (positions)")->capture_default_str()->check(int_range(1, 4096));
+  auto* json = add_json_option(app, a->json_path);
+  return [a, json]() {
+    a->json = json->count() > 0;
+    return run(*a);
+  };
 }});
 
 }  // namespace

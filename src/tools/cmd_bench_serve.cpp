@@ -5,6 +5,7 @@
 #include "common/error.h"
 #include "server/bench_serve.h"
 #include "tools/command.h"
+#include "tools/options.h"
 
 namespace {
 struct Args {
@@ -15,45 +16,49 @@ struct Args {
 
 gptoss::tools::RegisterCommand reg({"bench-serve", "Load-test an OpenAI-compatible server with streaming chat completions",
                                     [](CLI::App* app) {
+  using namespace gptoss::tools;
   auto a = std::make_shared<Args>();
   app->add_option("--base-url", a->o.base_url, "Server URL, e.g. http://127.0.0.1:8000 (or .../v1)")->capture_default_str();
-  app->add_option("--model", a->o.model, "Model name to request");
-  app->add_option("--api-key", a->o.api_key, "Bearer token");
-  app->add_option("--requests", a->o.requests, "Number of requests")->capture_default_str();
+  app->add_option("--model", a->o.model, "Model name to request (default: none sent; the server's model)");
+  app->add_option("--api-key", a->o.api_key, "Bearer token to send");
+  app->add_option("--requests", a->o.requests, "Number of requests")->capture_default_str()->check(int_range(1));
   app->add_option("--concurrency", a->o.concurrency,
-                  "Requests in flight at most (default: 8; no limit with --request-rate)");
-  app->add_option("--request-rate", a->o.request_rate, "Requests a second, Poisson arrivals (default: all at once)");
-  app->add_option("--seed", a->o.seed, "Seed of arrivals, lengths and random prompts")->capture_default_str();
-  app->add_option("--max-tokens", a->o.max_tokens, "max_tokens of each request")->capture_default_str();
+                  "Requests in flight at most (default: 8; no limit with --request-rate)")
+      ->check(int_range(0));
+  app->add_option("--request-rate", a->o.request_rate, "Requests a second, Poisson arrivals (default: all at once)")
+      ->check(positive_number(false));
+  app->add_option("--seed", a->o.seed, "Seed of arrivals, lengths and random prompts")->capture_default_str()->check(seed_value());
+  add_max_tokens_option(app, a->o.max_tokens);
   app->add_option("--output-len", a->o.output_len, "max_tokens per request: N or A:B (uniform; overrides --max-tokens)");
   app->add_option("--input-len", a->o.input_len,
                   "Random-token prompts of N or A:B (uniform) tokens, sent as ids to /v1/completions");
   app->add_option("--goodput", a->o.goodput, "SLO for goodput in ms, e.g. ttft:300,tpot:50,e2e:5000");
   app->add_option("--outputs", a->outputs_out, "Write each request's text to this file (JSON lines, request order)");
   app->add_option("--prompts", a->o.prompts_file, "File with one prompt a line (text or {\"prompt\": ...})");
-  app->add_option("--temperature", a->o.temperature, "Sampling temperature")->capture_default_str();
-  app->add_flag("--ignore-eos", a->o.ignore_eos, "Ask the server to generate max_tokens tokens");
+  add_temperature_option(app, a->o.temperature);
+  add_ignore_eos_option(app, a->o.ignore_eos);
   app->add_flag("!--no-token-timing", a->o.token_timing,
                 "Do not request logprobs (then TTFT and decode rate count visible text chunks only)");
-  app->add_option("--timeout", a->o.timeout_s, "Per-request timeout in seconds")->capture_default_str();
-  app->add_option("--json", a->json_out, "Also write the report as JSON to this file ('-' for stdout)");
-  return [a]() {
+  app->add_option("--timeout", a->o.timeout_s, "Per-request timeout in seconds")->capture_default_str()->check(int_range(1));
+  auto* json = add_json_option(app, a->json_out);
+  return [a, json]() {
+    const bool to_file = json->count() > 0 && !a->json_out.empty() && a->json_out != "-";
+    const bool to_stdout = json->count() > 0 && !to_file;
     auto rep = gptoss::server::run_bench(a->o);
     if (!a->outputs_out.empty()) {
       std::ofstream f(a->outputs_out);
       if (!f) throw gptoss::Error("cannot write " + a->outputs_out);
       f << gptoss::server::outputs_jsonl(rep);
     }
-    std::fputs(rep.to_text().c_str(), stdout);
-    if (!a->json_out.empty()) {
-      std::string j = rep.to_json().dump(2) + "\n";
-      if (a->json_out == "-") {
-        std::fputs(j.c_str(), stdout);
-      } else {
-        std::ofstream f(a->json_out);
-        if (!f) throw gptoss::Error("cannot write " + a->json_out);
-        f << j;
-      }
+    // With the JSON on stdout, the text report goes to stderr so stdout parses as JSON.
+    std::fputs(rep.to_text().c_str(), to_stdout ? stderr : stdout);
+    std::string j = rep.to_json().dump(2) + "\n";
+    if (to_stdout) {
+      std::fputs(j.c_str(), stdout);
+    } else if (to_file) {
+      std::ofstream f(a->json_out);
+      f << j;
+      if (!f) throw gptoss::Error("cannot write " + a->json_out);
     }
     return rep.ok > 0 ? 0 : 1;
   };

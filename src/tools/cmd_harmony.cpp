@@ -14,6 +14,7 @@
 #include "server/openai_api.h"
 #include "tokenizer/harmony.h"
 #include "tools/command.h"
+#include "tools/options.h"
 
 namespace {
 
@@ -44,7 +45,7 @@ gptoss::tools::RegisterCommand reg_render(
        auto ids = std::make_shared<bool>(false);
        auto date = std::make_shared<std::string>();
        auto jsonl = std::make_shared<bool>(false);
-       sub->add_option("--tokenizer", *path, "tokenizer.json, .tiktoken file or model directory");
+       gptoss::tools::add_tokenizer_option(sub, *path);
        sub->add_option("--request", *request, "Request JSON file ('-': stdin)");
        sub->add_option("--date", *date, "Current date for the system message (e.g. 2025-06-28)");
        sub->add_flag("--ids", *ids, "Print token ids (a JSON array) instead of text");
@@ -96,7 +97,7 @@ gptoss::tools::RegisterCommand reg_parse(
        auto path = std::make_shared<std::string>();
        auto no_role = std::make_shared<bool>(false);
        auto lenient = std::make_shared<bool>(false);
-       sub->add_option("--tokenizer", *path, "tokenizer.json, .tiktoken file or model directory");
+       gptoss::tools::add_tokenizer_option(sub, *path);
        sub->add_flag("--with-start", *no_role,
                      "The ids begin with <|start|> (default: they follow '<|start|>assistant')");
        sub->add_flag("--lenient", *lenient, "Non-strict parsing of malformed headers");

@@ -6,6 +6,7 @@
 #include "model/make_model.h"
 #include "tokenizer/tokenizer.h"
 #include "tools/command.h"
+#include "tools/options.h"
 
 namespace {
 
@@ -19,11 +20,18 @@ struct Args {
 
 gptoss::tools::RegisterCommand reg({"make-model", "Write a random-weight gpt-oss checkpoint (HF layout)", [](CLI::App* app) {
   auto a = std::make_shared<Args>();
-  app->add_option("--preset", a->preset, "tiny, 20b or 120b")->capture_default_str();
+  app->add_option("--preset", a->preset, "Shape of the model: tiny, 20b or 120b")
+      ->capture_default_str()
+      ->check(gptoss::tools::one_of({"tiny", "20b", "120b"}));
   app->add_option("--out", a->out, "Output directory")->required();
-  app->add_option("--seed", a->seed, "Random seed (same seed, same files)")->capture_default_str();
-  app->add_option("--layers", a->layers, "Override the number of layers (e.g. 2 layers of 120b shape)");
-  app->add_option("--shard-gb", a->shard_gb, "Approximate shard size in GB")->capture_default_str();
+  app->add_option("--seed", a->seed, "Random seed (same seed, same files)")
+      ->capture_default_str()
+      ->check(gptoss::tools::seed_value());
+  app->add_option("--layers", a->layers, "Number of layers instead of the preset's (e.g. 2 layers of 120b shape)")
+      ->check(gptoss::tools::int_range(1, 1000));
+  app->add_option("--shard-gb", a->shard_gb, "Approximate shard size in GB")
+      ->capture_default_str()
+      ->check(gptoss::tools::positive_number());
   app->add_flag("--no-tokenizer", a->no_tokenizer, "Do not write tokenizer.json (o200k_harmony)");
   return [a]() {
     auto c = gptoss::GptOssConfig::preset(a->preset);

@@ -5,6 +5,8 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
+#include <limits>
 #include <cstdlib>
 #include <cstdio>
 #include <filesystem>
@@ -15,8 +17,10 @@
 #include "engine/engine.h"
 #include "server/server.h"
 #include "tokenizer/tokenizer.h"
-#include "tools/builtin_model.h"
 #include "tools/command.h"
+#include "tools/load_progress.h"
+#include "tools/model_source.h"
+#include "tools/options.h"
 
 namespace {
 
@@ -30,8 +34,46 @@ struct Args {
   double kv_cache_gb = 0;
 };
 
-int run_serve(Args& a) {
+// KV cache and concurrency at start-up, as vLLM prints them: what the cache holds in tokens and
+// how many sequences of max_model_len it can hold at once.
+void print_kv_summary(const gptoss::Backend& backend, const gptoss::Engine& engine, int max_num_seqs) {
+  using namespace gptoss;
+  const GptOssConfig& c = backend.config();
+  const KvManagerConfig& kc = engine.kv_config();
+  const int P = kc.page_size, mml = engine.max_model_len();
+  const DType dtype = backend.kv_config().dtype;
+  // The CPU backend keeps every KV element as f32 (bf16 and fp8 values rounded to their type).
+  const bool cpu = backend.name() == "cpu";
+  const DType stored = cpu ? DType::F32 : dtype;
+  const int64_t full_tokens = int64_t(kc.num_pages[kKvFull]) * P;
+  const double bytes = double(kc.num_pages[kKvFull]) * double(kv_page_bytes(c, kKvFull, P, stored)) +
+                       double(kc.num_pages[kKvSliding]) * double(kv_page_bytes(c, kKvSliding, P, stored));
+  std::string sliding;
+  if (kc.has_sliding)
+    sliding = " + " + std::to_string(kc.num_pages[kKvSliding]) + " pages for the " +
+              std::to_string(kc.sliding_window) + "-token sliding window";
+  std::fprintf(stderr, "  KV cache: %s%s, %lld tokens (%d pages of %d)%s, %s\n", dtype == DType::F8_E4M3 ? "fp8" : "bf16",
+               cpu ? " (held as f32 on the CPU)" : "", (long long)full_tokens, kc.num_pages[kKvFull], P, sliding.c_str(),
+               tools::format_bytes(bytes).c_str());
+  // Full-attention pages bound how many whole contexts fit; the sliding pool is sized for
+  // max_num_seqs windows.
+  const int pages_per_seq = (mml + P - 1) / P;
+  double room = pages_per_seq > 0 ? double(kc.num_pages[kKvFull]) / pages_per_seq : 0;
+  std::fprintf(stderr, "  max_model_len %d: room for %.2f sequences of %d tokens at once; max_num_seqs %d\n", mml, room,
+               mml, max_num_seqs);
+}
+
+// The bytes of a checkpoint directory's safetensors files.
+uint64_t checkpoint_bytes(const std::string& dir) {
   namespace fs = std::filesystem;
+  uint64_t n = 0;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec))
+    if (e.path().extension() == ".safetensors") n += e.file_size(ec);
+  return n;
+}
+
+int run_serve(Args& a) {
   // SIGTERM/SIGINT are taken by a thread of ours (blocked everywhere else: first
   // thing, before any thread exists, e.g. OpenMP's while the built-in model is made or loaded).
   sigset_t sigs;
@@ -41,27 +83,16 @@ int run_serve(Args& a) {
   pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
   signal(SIGINT, SIG_DFL);  // a shell script's background job starts with SIGINT ignored
   signal(SIGPIPE, SIG_IGN);
-  bool builtin = a.backend.model_dir.empty() && a.backend.random_weights.empty();
-  if (builtin) {
-    a.backend.model_dir = gptoss::tools::ensure_builtin_model();
-    // A random toy model rarely ends its turn: keep requests without max_tokens short.
-    if (a.engine.max_model_len == 0) a.engine.max_model_len = 4096;
-  }
-  if (a.server.served_model_name.empty())
-    a.server.served_model_name = builtin ? std::string("gpt-oss-tiny")
-                                 : !a.backend.random_weights.empty() ? "gpt-oss-" + a.backend.random_weights
-                                                                     : fs::path(a.backend.model_dir).filename().string();
-  if (a.server.served_model_name.empty()) a.server.served_model_name = a.backend.model_dir;
+  gptoss::tools::ModelChoice model = gptoss::tools::choose_model(a.backend);
+  // A random toy model rarely ends its turn: keep requests without max_tokens short.
+  if (model.builtin && a.engine.max_model_len == 0) a.engine.max_model_len = 4096;
+  if (a.server.served_model_name.empty()) a.server.served_model_name = model.name;
+  gptoss::Tokenizer tok = gptoss::tools::choose_tokenizer(a.tokenizer, a.backend.model_dir);
 
-  gptoss::Tokenizer tok = [&] {
-    if (!a.tokenizer.empty()) return gptoss::Tokenizer::from_file(a.tokenizer);
-    if (!a.backend.model_dir.empty() && fs::exists(fs::path(a.backend.model_dir) / "tokenizer.json"))
-      return gptoss::Tokenizer::from_file(a.backend.model_dir);
-    return gptoss::Tokenizer::o200k_harmony();
-  }();
-
-
+  a.backend.load_progress = gptoss::tools::stderr_load_progress();
+  auto t_load = std::chrono::steady_clock::now();
   auto backend = gptoss::create_backend(a.backend);
+  const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_load).count();
   if (a.kv_cache_dtype == "fp8") {
     gptoss::KvCacheConfig kv = backend->kv_config();
     kv.dtype = gptoss::DType::F8_E4M3;
@@ -78,11 +109,18 @@ int run_serve(Args& a) {
   a.server.max_body_bytes = size_t(a.max_body_mb * 1024 * 1024);
   gptoss::server::Server server(engine, tok, a.server);
   server.bind();
-  std::fprintf(stderr,
-               "gptoss serve: http://%s:%d  model %s (%s, %s), max_model_len %d, max_num_seqs %d, KV pages %d+%d of %d\n",
-               a.server.host.c_str(), server.port(), a.server.served_model_name.c_str(), backend->name().c_str(),
-               builtin ? "built-in tiny" : a.backend.model_dir.c_str(), engine.max_model_len(), a.engine.max_num_seqs,
-               engine.kv_config().num_pages[0], engine.kv_config().num_pages[1], engine.kv_config().page_size);
+  std::fprintf(stderr, "gptoss serve: http://%s:%d  model %s (%s, %s)\n", a.server.host.c_str(), server.port(),
+               a.server.served_model_name.c_str(), backend->name().c_str(),
+               model.builtin ? "built-in tiny" : !a.backend.random_weights.empty() ? "random weights"
+                                                                                  : a.backend.model_dir.c_str());
+  if (a.backend.random_weights.empty())
+    std::fprintf(stderr, "  weights: %s, %d layers, loaded in %.1f s\n",
+                 gptoss::tools::format_bytes(double(checkpoint_bytes(a.backend.model_dir))).c_str(),
+                 backend->config().num_layers, load_s);
+  else
+    std::fprintf(stderr, "  weights: random %s (seed %llu), %d layers, built in %.1f s\n", a.backend.random_weights.c_str(),
+                 (unsigned long long)a.backend.seed, backend->config().num_layers, load_s);
+  print_kv_summary(*backend, engine, a.engine.max_num_seqs);
   // The first SIGTERM/SIGINT drains (new requests 503, running ones finish, up to
   // --drain-timeout); a second one exits at once.
   std::atomic<bool> done{false};
@@ -117,56 +155,64 @@ int run_serve(Args& a) {
 gptoss::tools::RegisterCommand reg({"serve", "Serve a model through an OpenAI-compatible HTTP API", [](CLI::App* app) {
   auto a = std::make_shared<Args>();
   a->server.served_model_name.clear();
-  app->add_option("--model", a->backend.model_dir, "Checkpoint directory (default: the built-in tiny model)");
-  app->add_option("--random-weights", a->backend.random_weights, "Serve random weights of a preset: tiny, 20b, 120b");
-  app->add_option("--device", a->backend.device, "cpu or cuda")->capture_default_str();
+  using namespace gptoss::tools;
+  add_backend_options(app, a->backend);
   app->add_option("--host", a->server.host, "Address to listen on")->capture_default_str();
-  app->add_option("--port", a->server.port, "Port (0: any free one)")->capture_default_str();
-  app->add_option("--served-model-name", a->server.served_model_name, "Model name in the API");
+  app->add_option("--port", a->server.port, "Port to listen on (0: any free one)")->capture_default_str()->check(int_range(0, 65535));
+  app->add_option("--served-model-name", a->server.served_model_name,
+                  "Model name in the API (default: the --model directory's name or Hugging Face id)");
   app->add_option("--api-key", a->server.api_key, "Require 'Authorization: Bearer KEY' on /v1/*")
       ->envname("GPTOSS_API_KEY");
-  app->add_option("--max-model-len", a->engine.max_model_len, "Context length (default: the model's, bounded by KV memory; 4096 for the built-in tiny model)");
-  app->add_option("--max-num-seqs", a->engine.max_num_seqs, "Sequences running at once")->capture_default_str();
+  app->add_option("--max-model-len", a->engine.max_model_len,
+                  "Context length (default: the model's max_position_embeddings, lowered to what the KV cache holds; "
+                  "4096 for the built-in tiny model). Above either limit it is refused")
+      ->check(int_range(2));
+  app->add_option("--max-num-seqs", a->engine.max_num_seqs, "Sequences running at once")->capture_default_str()->check(int_range(1));
   app->add_option("--max-num-batched-tokens", a->engine.max_num_batched_tokens, "Tokens per forward pass")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(int_range(1));
   app->add_option("--kv-cache-tokens", a->engine.kv_cache_tokens,
-                  "Positions in the KV cache (default: from device memory; on cpu max-num-seqs x max-model-len, at most 256K and ~1 GiB)");
+                  "Positions in the KV cache (default: from device memory; on cpu max-num-seqs x max-model-len, at "
+                  "most 256K and ~1 GiB); must hold one sequence of max-model-len")
+      ->check(int_range(1, std::numeric_limits<long long>::max()));
   app->add_option("--kv-cache-memory", a->kv_cache_gb,
-                  "GiB for the KV cache when --kv-cache-tokens is not given (default: what the device has left)");
-  app->add_option("--kv-cache-dtype", a->kv_cache_dtype, "bf16 or fp8")->capture_default_str();
-  app->add_option("--mxfp4-layers", a->backend.mxfp4_layers, "Layers in MXFP4 (cuda): experts, all, or qkv,o,lm_head quantized at load (lossy)")->capture_default_str();
-  app->add_option("--mxfp4-backend", a->backend.mxfp4_backend, "MXFP4 kernel family (cuda): auto, mma, gemv")->capture_default_str();
-  app->add_option("--dense-dtype", a->backend.dense_dtype, "Decode weights of q/k/v/o and lm_head (cuda): bf16 or fp8")->capture_default_str();
-  app->add_option("--threads", a->backend.threads, "CPU threads (0: all)")->capture_default_str();
-  app->add_option("--weights-seed", a->backend.seed, "Seed of --random-weights")->capture_default_str();
-  app->add_option("--device-index", a->backend.device_index, "CUDA device ordinal")->capture_default_str();
+                  "GiB for the KV cache when --kv-cache-tokens is not given (default: what the device has left)")
+      ->check(positive_number());
+  add_kv_cache_dtype_option(app, a->kv_cache_dtype);
   app->add_flag("--async-scheduling", a->engine.async_scheduling,
                 "Plan each engine step while the previous forward pass runs (host/device overlap)");
-  app->add_flag("--batch-invariant", a->backend.batch_invariant,
-                "Deterministic mode: a request's output independent of batch companions, batch size and preemption");
-  app->add_option("--tokenizer", a->tokenizer, "tokenizer.json or .tiktoken (default: the model's, else o200k_harmony)");
-  app->add_option("--max-body-mb", a->max_body_mb, "Largest request body (413 beyond)")->capture_default_str();
+  add_tokenizer_option(app, a->tokenizer);
+  app->add_option("--max-body-mb", a->max_body_mb, "Largest request body (413 beyond)")->capture_default_str()->check(positive_number());
   app->add_option("--http-threads", a->server.http_threads,
-                  "HTTP event-loop threads, and as many threads parsing requests (0: 2); connections do not take threads");
+                  "HTTP event-loop threads, and as many threads parsing requests (0: 2); connections do not take threads")
+      ->check(int_range(0));
   app->add_option("--max-connections", a->server.max_connections,
                   "Open connections at most; past it a 503 and close (kept below the file-descriptor limit)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(int_range(1));
   app->add_option("--keep-alive-timeout", a->server.idle_timeout_s, "Seconds an idle connection stays open")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(int_range(1));
   app->add_option("--read-timeout", a->server.read_timeout_s,
-                  "Seconds a request's headers, then its body, may take to arrive")->capture_default_str();
+                  "Seconds a request's headers, then its body, may take to arrive")
+      ->capture_default_str()
+      ->check(int_range(1));
   app->add_option("--write-timeout", a->server.write_timeout_s,
                   "Seconds a client may take to accept a write before it is dropped (its request cancelled)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(int_range(1));
   app->add_option("--allowed-origins", a->server.allowed_origins,
                   "CORS: origins browsers may call from (e.g. http://localhost:3000), '*' for any (default: none)")
       ->delimiter(',');
   app->add_option("--drain-timeout", a->server.drain_timeout_s, "Seconds SIGTERM waits for running requests")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(int_range(0));
   app->add_flag("--log-requests", a->server.log_requests,
                 "Log each request to stderr: time, client, request, status, latency, tokens in/out");
   app->add_option("--log-stats-interval", a->server.log_stats_interval_s,
-                  "Seconds between throughput lines while busy (0: none)")->capture_default_str();
+                  "Seconds between throughput lines while busy (0: none)")
+      ->capture_default_str()
+      ->check(int_range(0));
   return [a]() { return run_serve(*a); };
 }});
 }  // namespace

@@ -14,6 +14,7 @@
 #include "common/error.h"
 #include "tokenizer/tokenizer.h"
 #include "tools/command.h"
+#include "tools/options.h"
 
 namespace {
 
@@ -27,9 +28,7 @@ gptoss::tools::RegisterCommand reg_tokenize(
        auto path = std::make_shared<std::string>();
        auto decode = std::make_shared<bool>(false);
        auto no_special = std::make_shared<bool>(false);
-       sub->add_option("--tokenizer", *path,
-                       "tokenizer.json, .tiktoken file or model directory "
-                       "(default: the cached o200k_base.tiktoken)");
+       gptoss::tools::add_tokenizer_option(sub, *path);
        sub->add_flag("--decode", *decode, "Read JSON arrays of ids, write JSON strings");
        sub->add_flag("--no-special", *no_special, "Encode special-token text as ordinary text");
        return [=]() {
@@ -85,9 +84,9 @@ gptoss::tools::RegisterCommand reg_bench(
        auto path = std::make_shared<std::string>();
        auto file = std::make_shared<std::string>();
        auto seconds = std::make_shared<double>(3.0);
-       sub->add_option("--tokenizer", *path, "tokenizer.json, .tiktoken file or model directory");
+       gptoss::tools::add_tokenizer_option(sub, *path);
        sub->add_option("--file", *file, "UTF-8 text to encode")->required();
-       sub->add_option("--seconds", *seconds, "Time to spend (default 3)");
+       sub->add_option("--seconds", *seconds, "Time to spend (default 3)")->check(gptoss::tools::positive_number());
        return [=]() {
          auto tok = load(*path);
          std::ifstream f(*file, std::ios::binary);

@@ -1,18 +1,13 @@
-// `gptoss version`: what this binary was built with.
+// `gptoss version` (also `gptoss --version`): what this binary was built with.
 #include <cstdio>
 
+#include "tools/cli_app.h"
 #include "tools/command.h"
 
 namespace {
 gptoss::tools::RegisterCommand reg({"version", "Print the version and build options", [](CLI::App*) {
   return []() {
-    std::printf("gptoss 0.1.0 (cuda: %s)\n",
-#ifdef GPTOSS_HAVE_CUDA
-                "yes"
-#else
-                "no"
-#endif
-    );
+    std::printf("%s\n", gptoss::tools::version_string().c_str());
     return 0;
   };
 }});

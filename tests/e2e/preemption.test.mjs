@@ -1,6 +1,6 @@
 // KV-cache exhaustion under load on the CPU tiny model: 64 concurrent requests on a cache of
 // 24 pages force preemption (and recompute); in --batch-invariant mode every request still gets
-// all its tokens, and exactly the text it gets when it runs alone (checked for every 4th).
+// all its tokens (--max-model-len 384: the server refuses one the cache cannot hold), and exactly the text it gets when it runs alone (checked for every 4th).
 // The server schedules asynchronously (--async-scheduling): sequences in flight are preempted too.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
@@ -10,7 +10,7 @@ import { startServer, metrics } from './harness.mjs';
 let srv;
 
 before(async () => {
-  srv = await startServer(['--max-num-seqs', '64', '--kv-cache-tokens', '384', '--max-model-len', '512',
+  srv = await startServer(['--max-num-seqs', '64', '--kv-cache-tokens', '384', '--max-model-len', '384',
     '--max-num-batched-tokens', '512', '--batch-invariant', '--async-scheduling']);
 });
 

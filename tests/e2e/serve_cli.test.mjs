@@ -16,12 +16,30 @@ test('bench-serve smoke test', async () => {
       p.on('exit', (code) => (code === 0 ? resolve(s) : reject(new Error(`bench-serve exited ${code}:\n${s}`))));
     });
     process.stdout.write(out);
-    const j = JSON.parse(out.slice(out.indexOf('{')));
+    const j = JSON.parse(out);  // with --json -, stdout is the JSON alone (the text goes to stderr)
     assert.equal(j.ok, 16);
     assert.equal(j.failed, 0);
     assert.ok(j.completion_tokens > 0);
     for (const k of ['ttft_median_ms', 'ttft_p99_ms', 'decode_tok_s_per_stream_median', 'aggregate_tok_s', 'total_s'])
       assert.equal(typeof j[k], 'number', k);
+  } finally {
+    await srv.stop();
+  }
+});
+
+test('bench-serve reports the server\'s error message', async () => {
+  const srv = await startServer(['--max-num-seqs', '2']);
+  try {
+    const r = await new Promise((resolve) => {
+      const p = spawn(BIN, ['bench-serve', '--base-url', srv.apiURL, '--model', 'no-such-model', '--requests', '2',
+                            '--concurrency', '1', '--max-tokens', '4'], { stdio: ['ignore', 'pipe', 'pipe'] });
+      let out = '';
+      p.stdout.on('data', (d) => { out += d; });
+      p.stderr.on('data', (d) => { out += d; });
+      p.on('exit', (code) => resolve({ code, out }));
+    });
+    assert.equal(r.code, 1, r.out);
+    assert.match(r.out, /first error: HTTP 404: The model `no-such-model` does not exist\./, r.out);
   } finally {
     await srv.stop();
   }

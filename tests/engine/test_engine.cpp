@@ -677,3 +677,54 @@ TEST(Engine, OverlappedCancelInFlight) {
   EXPECT_EQ(e.stats().kv_pages_used[0], 0);
   EXPECT_EQ(e.stats().kv_pages_used[1], 0);
 }
+
+// Start-up refusals (as vLLM): an explicit max_model_len above the model's positions or above
+// what the KV cache holds, or a KV cache too small for one sequence of max_model_len, is an
+// error naming the limit; it is never quietly lowered.
+TEST(Engine, RefusesAContextItCannotHold) {
+  FakeBackend be;
+  auto error_of = [&](EngineConfig c) -> std::string {
+    try {
+      Engine e(be, c);
+    } catch (const Error& err) {
+      return err.what();
+    }
+    return "";
+  };
+  EngineConfig c = small_cfg();
+  c.max_model_len = be.config().max_position_embeddings + 1;
+  c.kv_cache_tokens = int64_t(c.max_model_len) * 2;
+  std::string e = error_of(c);
+  EXPECT_NE(e.find("max_position_embeddings (" + std::to_string(be.config().max_position_embeddings) + ")"),
+            std::string::npos) << e;
+
+  c = small_cfg();
+  c.kv_cache_tokens = 10;  // 3 pages of 4 = 12 positions
+  c.max_model_len = 90;
+  e = error_of(c);
+  EXPECT_NE(e.find("holds 12 tokens"), std::string::npos) << e;
+  EXPECT_NE(e.find("--max-model-len 12 or less"), std::string::npos) << e;
+
+  c.max_model_len = 0;  // the model's default, but the KV size was given: still refused
+  EXPECT_NE(error_of(c), "");
+
+  c = small_cfg();
+  c.kv_cache_tokens = 0;
+  c.kv_cache_bytes = kv_page_bytes(be.config(), kKvFull, c.page_size, DType::BF16) * 8 +
+                     kv_page_bytes(be.config(), kKvSliding, c.page_size, DType::BF16) * 64;
+  c.max_model_len = 400;  // explicit, above what that memory holds
+  EXPECT_NE(error_of(c).find("does not fit the KV cache"), std::string::npos);
+
+  // The defaults adapt: no max_model_len and no KV size given -> lowered to what fits.
+  c.max_model_len = 0;
+  Engine ok(be, c);
+  EXPECT_LE(ok.max_model_len(), ok.kv_config().num_pages[kKvFull] * c.page_size);
+  EXPECT_GE(ok.max_model_len(), 2);
+
+  // An explicit length that fits is kept as asked.
+  c = small_cfg();
+  c.kv_cache_tokens = 100;
+  c.max_model_len = 100;
+  Engine exact(be, c);
+  EXPECT_EQ(exact.max_model_len(), 100);
+}
