@@ -47,6 +47,8 @@ int run_serve(Args& a) {
     // A random toy model rarely ends its turn: keep requests without max_tokens short.
     if (a.engine.max_model_len == 0) a.engine.max_model_len = 4096;
   }
+  // Random weights do not write harmony: a response_format then constrains the whole output.
+  if (builtin || !a.backend.random_weights.empty()) a.server.harmony_output = false;
   if (a.server.served_model_name.empty())
     a.server.served_model_name = builtin ? std::string("gpt-oss-tiny")
                                  : !a.backend.random_weights.empty() ? "gpt-oss-" + a.backend.random_weights
