@@ -60,6 +60,7 @@ TokenVocabulary::TokenVocabulary(std::vector<std::string> token_bytes, const std
     trie_[path.back()].subtree_end = uint32_t(trie_.size());
     path.pop_back();
   }
+  plain_string_tokens(0);  // the state of nearly every string token: ready before the first request
 }
 
 std::shared_ptr<const TokenBitset> TokenVocabulary::plain_string_tokens(uint32_t utf8) const {
