@@ -784,3 +784,57 @@ TEST(Http, StructuredOutputRefusesBadSchemas) {
                              "properties":{"a":{"type":"nope"}}}}}])");
   expect_error(f.post("/v1/chat/completions", b.dump()), 400, "tools");
 }
+
+// A scripted model that writes harmony: its first output tokens are forced (a big logit) to
+// `script`, after which it is the fake's random model. With a response format, its analysis
+// stays free (non-JSON reasoning comes back as is) while the final channel, where the script
+// says "Sure", is constrained: the answer is valid JSON and ends the turn. A tool call's
+// arguments follow the tool's parameters the same way.
+TEST(Http, StructuredOutputOnlyInTheFinalChannelAndToolArguments) {
+  const json schema = json::parse(R"({"type":"object","properties":{"kind":{"enum":["cat","dog"]},
+      "n":{"type":"integer"},"ok":{"type":"boolean"}},"required":["kind","n","ok"],"additionalProperties":false})");
+  const json params = json::parse(R"({"type":"object","properties":{"unit":{"enum":["c","f"]},
+      "days":{"type":"integer"}},"required":["unit","days"],"additionalProperties":false})");
+  Fixture f;  // harmony_output: true
+  for (int tool = 0; tool < 2; ++tool) {
+    json body = structured_body(schema_format(schema), 1, 300);
+    body["temperature"] = 1.0;
+    body["tools"] = json::array({{{"type", "function"},
+                                  {"function", {{"name", "get_weather"}, {"parameters", params}}}}});
+    harmony::Renderer ren(tok());
+    const size_t prompt_len = render_chat_prompt(ren, parse_chat_request(parse_body(body.dump()))).size();
+    const std::string script_text =
+        tool ? "<|channel|>analysis<|message|>Need {weather} first.<|end|><|start|>assistant to=functions.get_weather"
+               "<|channel|>commentary <|constrain|>json<|message|>Sure"
+             : "<|channel|>analysis<|message|>I think {not json} here.<|end|><|start|>assistant<|channel|>final"
+               "<|message|>Sure";
+    const std::vector<int32_t> script = tok().encode(script_text, true);
+    f.backend.shape_logits = [script, prompt_len](const std::vector<int32_t>& ctx, float* logits) {
+      size_t g = ctx.size() - prompt_len;  // tokens generated so far
+      if (ctx.size() >= prompt_len && g < script.size()) logits[script[g]] += 100.0f;
+    };
+    for (uint64_t seed = 1; seed <= 4; ++seed) {
+      body["seed"] = seed;
+      auto r = f.post("/v1/chat/completions", body.dump());
+      ASSERT_TRUE(r);
+      ASSERT_EQ(r->status, 200) << r->body;
+      json msg = json::parse(r->body)["choices"][0]["message"];
+      std::string finish = json::parse(r->body)["choices"][0]["finish_reason"];
+      if (tool) {
+        EXPECT_EQ(msg["reasoning_content"], "Need {weather} first.") << r->body;
+        ASSERT_EQ(finish, "tool_calls") << r->body;
+        ASSERT_EQ(msg["tool_calls"].size(), 1u) << r->body;
+        EXPECT_EQ(msg["tool_calls"][0]["function"]["name"], "get_weather");
+        json args;
+        ASSERT_NO_THROW(args = json::parse(msg["tool_calls"][0]["function"]["arguments"].get<std::string>())) << r->body;
+        EXPECT_TRUE(gptoss::testing::schema_valid(params, args)) << r->body;
+      } else {
+        EXPECT_EQ(msg["reasoning_content"], "I think {not json} here.") << r->body;
+        ASSERT_EQ(finish, "stop") << r->body;
+        json v;
+        ASSERT_NO_THROW(v = json::parse(msg["content"].get<std::string>())) << r->body;
+        EXPECT_TRUE(gptoss::testing::schema_valid(schema, v)) << r->body;
+      }
+    }
+  }
+}
