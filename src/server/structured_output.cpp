@@ -3,7 +3,7 @@
 namespace gptoss::server {
 
 namespace {
-constexpr size_t kMaxCachedSchemas = 64;
+constexpr size_t kMaxCachedSchemas = 16;  // x up to 256 cached masks of 25 KB each
 int32_t id_or(const Tokenizer& tok, const char* name) { return tok.token_id(name).value_or(-1); }
 }  // namespace
 

@@ -68,7 +68,7 @@ class TokenVocabulary {
 class JsonTokenMasker {
  public:
   JsonTokenMasker(std::shared_ptr<const Grammar> grammar, std::shared_ptr<const TokenVocabulary> vocab,
-                  size_t max_cached = 512);
+                  size_t max_cached = 256);
   const JsonMatcher& matcher() const { return matcher_; }
   const TokenVocabulary& vocab() const { return *vocab_; }
   // Ordinary tokens allowed after `state` (special tokens are the caller's business). Thread-safe.
