@@ -64,11 +64,15 @@ std::shared_ptr<structured::JsonConstraint> StructuredOutput::for_chat(const Cha
   } else if (rf.type == "json_schema") {
     spec.final_format = masker(rf.schema ? &*rf.schema : nullptr, rf.strict, "response_format");
   }
-  if (harmony_ && r.tool_choice != "none")
-    for (const auto& t : r.tools)
-      if (t.parameters) spec.tools[t.name] = masker(&*t.parameters, t.strict, "tools");
+  // Tool schemas are checked whatever the model; they constrain calls only in harmony output.
+  for (const auto& t : r.tools)
+    if (t.parameters) {
+      auto m = masker(&*t.parameters, t.strict, "tools");
+      if (harmony_ && r.tool_choice != "none") spec.tools[t.name] = std::move(m);
+    }
   if (!spec.final_format && spec.tools.empty()) return nullptr;
   if (spec.whole_output && !spec.final_format) return nullptr;
+  spec.vocab = vocabulary();  // built on the first constrained request only
   return std::make_shared<structured::JsonConstraint>(std::move(spec));
 }
 

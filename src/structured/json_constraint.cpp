@@ -124,9 +124,9 @@ bool JsonConstraint::accept(int32_t t) {
         header_ += "<|constrain|>";
       } else if (t == id.start || t == id.end) {
         header_.clear();
-      } else if (spec_.final_format || !spec_.tools.empty()) {
-        const TokenVocabulary& v = spec_.final_format ? spec_.final_format->vocab() : spec_.tools.begin()->second->vocab();
-        if (t >= 0 && size_t(t) < v.size() && !v.special(t) && header_.size() < 4096) header_ += v.bytes(t);
+      } else if (spec_.vocab && t >= 0 && size_t(t) < spec_.vocab->size() && !spec_.vocab->special(t) &&
+                 header_.size() < 4096) {
+        header_ += spec_.vocab->bytes(t);
       }
       return true;
     case Phase::kFree:

@@ -20,6 +20,7 @@ struct HarmonyTokenIds {
 };
 
 struct JsonConstraintSpec {
+  std::shared_ptr<const TokenVocabulary> vocab;          // token bytes (for the message headers)
   std::shared_ptr<const JsonTokenMasker> final_format;  // null: the final channel is free
   std::map<std::string, std::shared_ptr<const JsonTokenMasker>> tools;  // by function name
   bool whole_output = false;  // not harmony: the whole output is final_format's JSON

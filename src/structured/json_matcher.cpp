@@ -445,15 +445,11 @@ JsonMatcher::Step JsonMatcher::step_array(MatchState& s, Frame& f, const Grammar
       if (b != '[') return kReject;
       f.mode = kArrFirst;
       return kConsumed;
-    case kArrFirst:
-      if (b == ']' && n.min_items == 0) return kConsumedPop;
-      if (b == ']') return kReject;
+    case kArrFirst:  // after '[': whitespace, ']' when empty may do, or the first item
+      if (b == ']') return n.min_items == 0 ? kConsumedPop : kReject;
+      if (is_ws(b)) return ws();
       f.mode = kArrNeedItem;
-      {
-        Step r = item();
-        if (r == kConsumed) f.mode = kArrFirst;  // whitespace: still before the first item
-        return r;
-      }
+      return item();
     case kArrNeedItem: return item();
     case kArrAfter:
       if (b == ',' && f.count < n.max_items) {

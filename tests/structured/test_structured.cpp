@@ -269,6 +269,7 @@ TEST(StructuredConstraint, OnlyTheFinalChannelAndToolArgumentsAreConstrained) {
   ids.constrain = tok.require_token_id("<|constrain|>");
   JsonConstraintSpec spec;
   spec.ids = ids;
+  spec.vocab = o200k_vocab();
   spec.final_format = std::make_shared<JsonTokenMasker>(compile_json_schema(test_schemas()[0], true), o200k_vocab());
   spec.tools["get_weather"] = std::make_shared<JsonTokenMasker>(
       compile_json_schema(json::parse(R"({"type":"object","properties":{"city":{"type":"string"}},"required":["city"],
