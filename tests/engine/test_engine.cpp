@@ -703,9 +703,12 @@ class EvenIdsConstraint : public structured::TokenConstraint {
 }  // namespace
 
 TEST(Engine, ConstraintMasksSamplingWhileActive) {
+  for (int async = 0; async < 2; ++async)
   for (float temperature : {0.0f, 1.0f}) {
     FakeBackend be;
-    Engine e(be, small_cfg());
+    EngineConfig cfg = small_cfg();
+    cfg.async_scheduling = async;  // overlapped passes: a pass launches after the previous completed
+    Engine e(be, cfg);
     auto c = std::make_shared<EvenIdsConstraint>();
     c->free = 3;
     SamplingParams sp;
@@ -714,8 +717,10 @@ TEST(Engine, ConstraintMasksSamplingWhileActive) {
     sp.max_tokens = 12;
     sp.constraint = c;
     auto s = e.submit(prompt_of(6, 2), sp);
-    run_idle(e);
+    if (async) e.start();
+    else run_idle(e);
     Result r = collect(*s);
+    e.stop();
     ASSERT_EQ(r.reason, FinishReason::kLength);
     ASSERT_EQ(r.tokens.size(), 12u);
     EXPECT_EQ(c->seen, r.tokens) << "every token is fed to the constraint";
