@@ -475,8 +475,9 @@ std::unique_ptr<Engine::Launched> Engine::launch(Planned planned) {
   }
   // Prompt-logprob rows come after the sampled rows.
   for (const auto& pr : l->prompt_rows) batch.logit_rows.push_back(pr.batch_index);
-  // When no row needs its logits on the host (logprobs, prompt logprobs, penalties, logit_bias),
-  // the backend draws the tokens itself (on the device for CUDA: ids come back instead of
+  // When no row needs its logits on the host (logprobs, prompt logprobs, penalties, logit_bias,
+  // an active structured-output constraint: its state already took every earlier token, since
+  // a pass launches after the previous one completed), the backend draws the tokens itself (on the device for CUDA: ids come back instead of
   // [rows, vocab] logits), with this step's uniform from each request's generator, as
   // sample_token would use it. Batch-invariant mode: a non-greedy row is always drawn on the host (the device sampler
   // agrees with the host only up to float rounding), so which path draws a row's token never
@@ -486,7 +487,8 @@ std::unique_ptr<Engine::Launched> Engine::launch(Planned planned) {
   l->backend_samples =
       rows > 0 && l->prompt_rows.empty() && std::all_of(l->row_seq.begin(), l->row_seq.end(), [&](const Sequence* s) {
         return s->sp.logprobs < 0 && s->sp.presence_penalty == 0.0f && s->sp.frequency_penalty == 0.0f &&
-               s->sp.logit_bias.empty() && (!cfg_.batch_invariant || s->sp.temperature < 1e-5f);
+               s->sp.logit_bias.empty() && (!cfg_.batch_invariant || s->sp.temperature < 1e-5f) &&
+               !(s->sp.constraint && s->sp.constraint->active());
       });
   if (l->backend_samples) {
     l->how.resize(rows);
@@ -524,8 +526,11 @@ void Engine::complete(Launched& l) {
   // Sample (rows in parallel: each has its own generator), then stream and finish in order.
   // A sequence cancelled while the pass ran is finished already; one preempted meanwhile still
   // takes its token (valid: its pages were intact during the pass) and recomputes later.
+  // A constrained row's logits are masked first (so its logprobs are those of the allowed
+  // tokens); a constraint that allows nothing ends its request with an error.
   const int rows = int(l.row_seq.size());
   std::vector<TokenLogprob> lps(rows);
+  std::vector<uint8_t> no_token(size_t(rows), 0);
   const bool host = !l.backend_samples;
 #pragma omp parallel for schedule(dynamic, 1) if (rows > 1 && host)
   for (int r = 0; r < rows; ++r) {
@@ -533,7 +538,11 @@ void Engine::complete(Launched& l) {
     if (!host || s.done) continue;
     thread_local std::vector<float> scratch;
     thread_local std::vector<int32_t> idx;
-    const float* row = logits_.data() + size_t(r) * vocab_;
+    float* row = logits_.data() + size_t(r) * vocab_;
+    if (s.sp.constraint && s.sp.constraint->active() && !s.sp.constraint->mask_logits(row, vocab_)) {
+      no_token[size_t(r)] = 1;
+      continue;
+    }
     l.toks[r] = sample_token(row, vocab_, s.sp, s.counts, s.rng, scratch, idx);
     if (s.sp.logprobs >= 0) lps[r] = compute_logprobs(row, vocab_, l.toks[r], s.sp.logprobs);
   }
@@ -557,6 +566,11 @@ void Engine::complete(Launched& l) {
     s.pending = false;
     if (s.done) continue;
     EngineEvent ev;
+    if (no_token[size_t(r)]) {
+      ev.error = "the structured output constraint allows no token";
+      finish(s, ev, FinishReason::kError);
+      continue;
+    }
     append_token(s, l.toks[r], s.sp.logprobs >= 0 ? &lps[r] : nullptr, ev);
   }
 }
@@ -605,6 +619,12 @@ void Engine::append_token(Sequence& s, int32_t tok, TokenLogprob* lp, EngineEven
   if (!s.prompt_lps.empty()) {
     ev.prompt_logprobs = std::move(s.prompt_lps);
     s.prompt_lps.clear();
+  }
+  if (s.sp.constraint && !s.sp.constraint->accept(tok)) {
+    // Only possible when a token was drawn without the mask (a bug): do not stream broken output.
+    ev.error = "token " + std::to_string(tok) + " breaks the structured output constraint";
+    finish(s, ev, FinishReason::kError);
+    return;
   }
 
   bool is_stop_tok = std::find(s.sp.stop_token_ids.begin(), s.sp.stop_token_ids.end(), tok) != s.sp.stop_token_ids.end();

@@ -3,12 +3,15 @@
 // Host-side sampling from one row of logits: penalties, temperature, top-k, top-p, min-p, and
 // log-probabilities of the raw distribution.
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <random>
 #include <string>
 #include <unordered_map>
 #include <utility>
 #include <vector>
+
+#include "structured/token_constraint.h"
 
 namespace gptoss {
 
@@ -27,6 +30,9 @@ struct SamplingParams {
   int prompt_logprobs = -1;              // as logprobs, for each prompt token after the first
   std::vector<std::pair<int32_t, float>> logit_bias;  // token id -> added to its logit before sampling
   bool ignore_eos = false;               // do not stop at the engine's end tokens
+  // Structured output: while active, the tokens it does not allow are masked before sampling
+  // (the row is then sampled on the host); every generated token advances it. One per request.
+  std::shared_ptr<structured::TokenConstraint> constraint;
 };
 
 struct TokenLogprob {

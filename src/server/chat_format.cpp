@@ -33,6 +33,13 @@ harmony::Conversation build_conversation(const ChatRequest& r) {
     instructions += "You must call the function " + r.tool_choice + ".";
   }
   if (!instructions.empty()) dev.instructions = instructions;
+  if (r.response_format.type == "json_schema") {
+    // harmony's place for structured output: "# Response Formats\n\n## NAME\n\n// DESC\nSCHEMA"
+    std::string rf = "## " + r.response_format.name + "\n\n";
+    if (!r.response_format.description.empty()) rf += "// " + r.response_format.description + "\n";
+    rf += r.response_format.schema ? r.response_format.schema->dump() : std::string("{\"type\":\"object\"}");
+    dev.response_formats = rf;
+  }
   if (with_tools) {
     std::vector<harmony::ToolDescription> tools;
     for (const auto& t : r.tools) {
@@ -46,7 +53,7 @@ harmony::Conversation build_conversation(const ChatRequest& r) {
   }
   harmony::Conversation c;
   c.messages.push_back(Message::system(sys));
-  if (dev.instructions || !dev.tools.empty()) c.messages.push_back(Message::developer(dev));
+  if (dev.instructions || dev.response_formats || !dev.tools.empty()) c.messages.push_back(Message::developer(dev));
 
   std::map<std::string, std::string> call_names;  // tool_call_id -> function name
   for (const auto& m : r.messages) {
@@ -102,7 +109,12 @@ void ChatDelta::append(const ChatDelta& d) {
   }
 }
 
-ChatOutputMapper::ChatOutputMapper(const Tokenizer& tok) : tok_(tok) {
+ChatOutputMapper::ChatOutputMapper(const Tokenizer& tok, bool plain_text) : tok_(tok) {
+  if (plain_text) {
+    raw_.emplace(tok_);
+    kind_ = Kind::Content;
+    return;
+  }
   harmony::ParseOptions o;
   o.strict = false;
   parser_.emplace(tok_, Role::Assistant, o);

@@ -48,7 +48,9 @@ class ChatOutputMapper {
   static constexpr size_t kMaxHeaderTokens = 48;
   static bool plausible_header(std::string_view header_text, bool role_known);
 
-  explicit ChatOutputMapper(const Tokenizer& tok);
+  // plain_text: the output is known not to be harmony (structured output of a model that does
+  // not write harmony): every ordinary token is content from the first one.
+  explicit ChatOutputMapper(const Tokenizer& tok, bool plain_text = false);
   ChatDelta push(TokenId t);
   ChatDelta finish();
 

@@ -156,7 +156,7 @@ const RequestField kChatOnlyFields[] = {
     {"parallel_tool_calls", FieldUse::kHonoured},
     {"reasoning_effort", FieldUse::kHonoured},
     {"reasoning", FieldUse::kHonoured},
-    {"response_format", FieldUse::kHonoured},  // {"type": "text"} only, see refuse_response_format_for_now
+    {"response_format", FieldUse::kHonoured},  // text, json_object, json_schema (structured output)
     {"store", FieldUse::kHonoured},            // false only: this server stores nothing
     {"metadata", FieldUse::kHarmless, "tags for stored completions; this server stores nothing (store is false)"},
     {"safety_identifier", FieldUse::kHarmless, "an end-user id for the provider's abuse monitoring; nothing is kept"},
@@ -289,21 +289,6 @@ void parse_reasoning(const ojson& j, ChatRequest& r) {
   }
 }
 
-// response_format until constrained decoding lands (issue 15 section 2 deletes this function
-// and its one call): plain text is what the server produces; the JSON modes are refused.
-void refuse_response_format_for_now(const ojson& j) {
-  const ojson* rf = get(j, "response_format");
-  if (!rf) return;
-  if (!rf->is_object()) wrong_type("response_format", "an object", *rf);
-  auto type = get_string(*rf, "type");
-  if (!type) bad_request("'response_format' needs a 'type'.", "response_format", "invalid_value");
-  if (*type == "text") return;
-  if (*type == "json_object" || *type == "json_schema")
-    bad_request("'response_format' of type '" + *type + "' is not supported yet.", "response_format",
-                "unsupported_value");
-  bad_request("'response_format.type' must be text, json_object or json_schema.", "response_format", "invalid_value");
-}
-
 void parse_common(const ojson& j, CommonRequest& r) {
   const ojson* model = get(j, "model");
   if (model && !model->is_string()) wrong_type("model", "a string", *model);
@@ -387,6 +372,37 @@ std::string content_text(const ojson& c, const std::string& where) {
     return out;
   }
   wrong_type(where, "a string or an array of content parts", c);
+}
+
+ResponseFormat parse_response_format(const ojson& rf) {
+  const char* P = "response_format";
+  if (!rf.is_object()) wrong_type(P, "an object", rf);
+  only_known_keys(rf, P, {"type", "json_schema"});
+  ResponseFormat f;
+  auto type = get_string(rf, "type");
+  if (!type) bad_request("'response_format' needs a 'type' (text, json_object or json_schema).", P, "missing_required_parameter");
+  f.type = *type;
+  if (f.type == "text" || f.type == "json_object") return f;
+  if (f.type != "json_schema")
+    bad_request("'response_format.type' must be text, json_object or json_schema, not '" + f.type + "'.", P, "invalid_value");
+  const ojson* js = get(rf, "json_schema");
+  if (!js) bad_request("'response_format' of type json_schema needs a 'json_schema' object.", P, "missing_required_parameter");
+  if (!js->is_object()) wrong_type("response_format.json_schema", "an object", *js);
+  only_known_keys(*js, "response_format.json_schema", {"name", "description", "schema", "strict"});
+  auto name = get_string(*js, "name");
+  if (!name || name->empty()) bad_request("'response_format.json_schema.name' is required.", P, "missing_required_parameter");
+  if (name->size() > 64) bad_request("'response_format.json_schema.name' may have at most 64 characters.", P, "invalid_value");
+  for (char ch : *name)
+    if (!(std::isalnum(static_cast<unsigned char>(ch)) || ch == '_' || ch == '-'))
+      bad_request("'response_format.json_schema.name' may hold only letters, digits, '_' and '-'.", P, "invalid_value");
+  f.name = *name;
+  if (auto d = get_string(*js, "description")) f.description = *d;
+  if (auto st = get_bool(*js, "strict")) f.strict = *st;
+  if (const ojson* sc = get(*js, "schema")) {
+    if (!sc->is_object() && !sc->is_boolean()) wrong_type("response_format.json_schema.schema", "an object", *sc);
+    f.schema = *sc;
+  }
+  return f;
 }
 
 }  // namespace
@@ -478,6 +494,7 @@ ChatRequest parse_chat_body(const ojson& j) {
         if (!p->is_object()) wrong_type("tools.function.parameters", "an object", *p);
         ft.parameters = *p;
       }
+      if (auto st = get_bool(*fn, "strict")) ft.strict = *st;
       r.tools.push_back(std::move(ft));
     }
   }
@@ -501,7 +518,7 @@ ChatRequest parse_chat_body(const ojson& j) {
       bad_request("'tool_choice' is required but no 'tools' were given.", "tool_choice", "invalid_value");
   }
   parse_reasoning(j, r);
-  refuse_response_format_for_now(j);
+  if (const ojson* rf = get(j, "response_format")) r.response_format = parse_response_format(*rf);
   (void)get_bool(j, "parallel_tool_calls");  // type-checked; see kChatFields
   if (auto st = get_bool(j, "store"); st && *st)
     bad_request("'store' is not supported: this server keeps no completions.", "store", "unsupported_value");

@@ -64,6 +64,17 @@ struct FunctionTool {
   std::string name;
   std::string description;
   std::optional<ojson> parameters;  // JSON schema (property order kept)
+  bool strict = false;              // function.strict: unsupported schema keywords are refused
+};
+
+// response_format of a chat request: "text", "json_object" or "json_schema" (name, schema,
+// strict, description).
+struct ResponseFormat {
+  std::string type = "text";
+  std::string name;
+  std::string description;
+  std::optional<ojson> schema;  // json_schema: absent means any JSON object
+  bool strict = false;
 };
 
 // Parameters shared by chat and text completions.
@@ -83,6 +94,7 @@ struct ChatRequest : CommonRequest {
   std::vector<FunctionTool> tools;
   std::string tool_choice = "auto";  // none, auto, required, or a function name when forced
   std::optional<std::string> reasoning_effort;  // low, medium, high (reasoning_effort or reasoning.effort)
+  ResponseFormat response_format;
 };
 
 struct CompletionRequest : CommonRequest {

@@ -11,6 +11,7 @@
 #include "server/chat_format.h"
 #include "server/http/http_server.h"
 #include "server/openai_api.h"
+#include "server/structured_output.h"
 
 namespace gptoss::server {
 
@@ -291,6 +292,8 @@ struct Server::Handlers {
                      "messages", "invalid_value"};
     }
     finalize(r, prompt.size(), "messages");
+    r.sampling.constraint = s.structured_->for_chat(r);
+    const bool plain_output = r.sampling.constraint && s.structured_->whole_output();
     // Chat stop strings apply to the visible content, not to harmony headers or reasoning: the
     // server matches them and cancels the request.
     std::vector<std::string> stop_strings = std::move(r.sampling.stop);
@@ -299,7 +302,7 @@ struct Server::Handlers {
     auto st = std::make_shared<ChatStream>();
     st->stops = std::make_unique<StopMatcher>(std::move(stop_strings));
     st->rs = rs;
-    st->mapper = std::make_unique<ChatOutputMapper>(s.tok_);
+    st->mapper = std::make_unique<ChatOutputMapper>(s.tok_, plain_output);
     st->id = make_id("chatcmpl-");
     st->model = s.opts_.served_model_name;
     st->created = now_s();
@@ -637,6 +640,7 @@ struct Server::Handlers {
 
 Server::Server(Engine& engine, const Tokenizer& tok, ServerOptions opts)
     : engine_(engine), tok_(tok), renderer_(tok), opts_(std::move(opts)) {
+  structured_ = std::make_unique<StructuredOutput>(tok_, opts_.harmony_output);
   created_ = now_s();
   setup_routes();
 }

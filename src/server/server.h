@@ -18,6 +18,8 @@ namespace http {
 class HttpServer;
 }
 
+class StructuredOutput;
+
 struct ServerOptions {
   std::string host = "127.0.0.1";
   int port = 8000;                      // 0: any free port (see Server::port())
@@ -33,6 +35,9 @@ struct ServerOptions {
   std::vector<std::string> allowed_origins;  // CORS: origins browsers may call from; "*": any
   bool log_requests = false;            // a line per request (time, client, request, status, latency, tokens)
   int log_stats_interval_s = 10;        // a throughput line this often while busy; 0: never
+  // The model writes harmony: structured output constrains its final channel and tool calls.
+  // false (random weights): a response_format constrains the whole output.
+  bool harmony_output = true;
 };
 
 class Server {
@@ -61,6 +66,7 @@ class Server {
   harmony::Renderer renderer_;
   ServerOptions opts_;
   std::unique_ptr<http::HttpServer> http_;
+  std::unique_ptr<StructuredOutput> structured_;
   int port_ = 0;
   std::atomic<bool> draining_{false};
   std::atomic<bool> shutdown_started_{false};

@@ -250,6 +250,10 @@ std::string developer_text(const DeveloperContent& dev) {
     sections.push_back("# Instructions");
     sections.push_back(*dev.instructions);
   }
+  if (dev.response_formats) {
+    sections.push_back("# Response Formats");
+    sections.push_back(*dev.response_formats);
+  }
   if (!dev.tools.empty()) sections.push_back(tools_section(dev.tools));
   return join(sections, "\n\n");
 }

@@ -66,6 +66,8 @@ struct SystemContent {
 // Developer message content: "# Instructions" and function tools (namespace "functions").
 struct DeveloperContent {
   std::optional<std::string> instructions;
+  // Body of the "# Response Formats" section (structured output): "## NAME\n\n// DESCRIPTION\nSCHEMA".
+  std::optional<std::string> response_formats;
   std::map<std::string, ToolNamespace> tools;
 
   DeveloperContent& with_tools(ToolNamespace ns);

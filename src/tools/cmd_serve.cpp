@@ -19,6 +19,7 @@
 #include "tokenizer/tokenizer.h"
 #include "tools/command.h"
 #include "tools/load_progress.h"
+#include "tools/builtin_model.h"
 #include "tools/model_source.h"
 #include "tools/options.h"
 
@@ -88,6 +89,10 @@ int run_serve(Args& a) {
   if (model.builtin && a.engine.max_model_len == 0) a.engine.max_model_len = 4096;
   if (a.server.served_model_name.empty()) a.server.served_model_name = model.name;
   gptoss::Tokenizer tok = gptoss::tools::choose_tokenizer(a.tokenizer, a.backend.model_dir);
+  // Random weights do not write harmony (the built-in model when its trained artifact is absent,
+  // --random-weights): a response_format then constrains the whole output.
+  const bool random_builtin = model.builtin && gptoss::tools::builtin_artifact_path().empty();
+  if (random_builtin || !a.backend.random_weights.empty()) a.server.harmony_output = false;
 
   a.backend.load_progress = gptoss::tools::stderr_load_progress();
   auto t_load = std::chrono::steady_clock::now();

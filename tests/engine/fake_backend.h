@@ -8,6 +8,7 @@
 #include <cmath>
 #include <thread>
 #include <cstdint>
+#include <functional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -47,6 +48,7 @@ class FakeBackend : public Backend {
     max_batch_tokens = std::max<int>(max_batch_tokens, int(b.tokens.size()));
     max_batch_seqs = std::max<int>(max_batch_seqs, int(b.seqs.size()));
     std::vector<uint64_t> row_hash(b.tokens.size(), 0);
+    std::vector<std::pair<const SeqBatchInfo*, int32_t>> row_at(b.tokens.size(), {nullptr, 0});
     const int P = kv_.page_size;
     for (const auto& s : b.seqs) {
       for (int i = 0; i < s.n_tokens; ++i) {
@@ -65,6 +67,7 @@ class FakeBackend : public Backend {
         uint64_t h2 = 7;
         for (int32_t q = std::max(0, pos - cfg_.sliding_window + 1); q <= pos; ++q) h2 = mix(h2, read(s, kKvSliding, q));
         row_hash[s.first_token + i] = mix(h, h2);
+        row_at[s.first_token + i] = {&s, pos};
       }
       (void)P;
     }
@@ -75,9 +78,17 @@ class FakeBackend : public Backend {
         uint64_t x = mix(h, uint64_t(v) + 0x9e37);
         out[v] = float(double(x >> 11) * 0x1.0p-53 * 8.0 - 4.0);
       }
+      if (shape_logits) {
+        auto [seq, pos] = row_at[b.logit_rows[r]];
+        std::vector<int32_t> context;
+        for (int32_t q = 0; q <= pos; ++q) context.push_back(slot(*seq, kKvFull, q).token);
+        shape_logits(context, out);
+      }
     }
   }
 
+  // Optional: changes a row's logits given every token of its sequence so far (a scripted model).
+  std::function<void(const std::vector<int32_t>& context, float* logits)> shape_logits;
   int forward_calls = 0;
   int delay_us = 0;  // per forward: makes streams slow enough to interrupt
   int max_batch_tokens = 0;

@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cmath>
 #include <map>
 #include <thread>
 
@@ -727,4 +728,75 @@ TEST(Engine, RefusesAContextItCannotHold) {
   c.max_model_len = 100;
   Engine exact(be, c);
   EXPECT_EQ(exact.max_model_len(), 100);
+}
+
+namespace {
+// A toy constraint: inactive for the first `free` tokens, then only even ids below 10 may
+// follow (or nothing at all when `allow_none`); records what it was fed.
+class EvenIdsConstraint : public structured::TokenConstraint {
+ public:
+  int free = 0;
+  bool allow_none = false;
+  std::vector<int32_t> seen;
+  bool active() const override { return int(seen.size()) >= free; }
+  bool mask_logits(float* logits, int vocab) override {
+    if (allow_none) return false;
+    for (int i = 0; i < vocab; ++i)
+      if (i >= 10 || i % 2) logits[i] = -INFINITY;
+    return true;
+  }
+  bool accept(int32_t t) override {
+    bool ok = !active() || (t < 10 && t % 2 == 0);
+    seen.push_back(t);
+    return ok;
+  }
+};
+}  // namespace
+
+TEST(Engine, ConstraintMasksSamplingWhileActive) {
+  for (int async = 0; async < 2; ++async)
+  for (float temperature : {0.0f, 1.0f}) {
+    FakeBackend be;
+    EngineConfig cfg = small_cfg();
+    cfg.async_scheduling = async;  // overlapped passes: a pass launches after the previous completed
+    Engine e(be, cfg);
+    auto c = std::make_shared<EvenIdsConstraint>();
+    c->free = 3;
+    SamplingParams sp;
+    sp.temperature = temperature;
+    sp.seed = 5;
+    sp.max_tokens = 12;
+    sp.constraint = c;
+    auto s = e.submit(prompt_of(6, 2), sp);
+    if (async) e.start();
+    else run_idle(e);
+    Result r = collect(*s);
+    e.stop();
+    ASSERT_EQ(r.reason, FinishReason::kLength);
+    ASSERT_EQ(r.tokens.size(), 12u);
+    EXPECT_EQ(c->seen, r.tokens) << "every token is fed to the constraint";
+    bool any_odd_free = false;
+    for (size_t i = 0; i < r.tokens.size(); ++i) {
+      if (i < 3) any_odd_free |= r.tokens[i] >= 10 || r.tokens[i] % 2;
+      else EXPECT_TRUE(r.tokens[i] < 10 && r.tokens[i] % 2 == 0) << i << ": " << r.tokens[i];
+    }
+    EXPECT_TRUE(any_odd_free) << "the unconstrained tokens are not masked";
+    EXPECT_EQ(be.sample_calls, 3) << "inactive steps sample on the backend, active ones on the host";
+  }
+}
+
+TEST(Engine, ConstraintAllowingNothingEndsWithAnError) {
+  FakeBackend be;
+  Engine e(be, small_cfg());
+  auto c = std::make_shared<EvenIdsConstraint>();
+  c->allow_none = true;
+  SamplingParams sp;
+  sp.max_tokens = 5;
+  sp.constraint = c;
+  auto s = e.submit(prompt_of(4, 1), sp);
+  run_idle(e);
+  Result r = collect(*s);
+  EXPECT_EQ(r.reason, FinishReason::kError);
+  EXPECT_TRUE(r.tokens.empty());
+  EXPECT_EQ(e.num_active(), 0);
 }

@@ -261,3 +261,33 @@ TEST(ChatFormat, PlausibleHeaders) {
   ASSERT_EQ(m.tool_calls().size(), 1u);
   EXPECT_EQ(m.tool_calls()[0].name, "get_weather");
 }
+
+TEST(ChatFormat, ResponseFormatInTheDeveloperMessage) {
+  ChatRequest r = parse_chat_request(parse_body(R"({
+    "messages": [{"role": "user", "content": "List groceries."}],
+    "response_format": {"type": "json_schema", "json_schema": {"name": "shopping_list", "description": "entries",
+      "strict": true, "schema": {"type": "object", "properties": {"items": {"type": "array"}}}}}})"));
+  EXPECT_EQ(r.response_format.type, "json_schema");
+  EXPECT_TRUE(r.response_format.strict);
+  std::string text = harmony::render_text_for_completion(build_conversation(r));
+  EXPECT_NE(text.find("<|start|>developer<|message|># Response Formats\n\n## shopping_list\n\n// entries\n"
+                      "{\"type\":\"object\",\"properties\":{\"items\":{\"type\":\"array\"}}}<|end|>"),
+            std::string::npos)
+      << text;
+  // json_object and text add nothing to the prompt.
+  ChatRequest o = parse_chat_request(parse_body(
+      R"({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}})"));
+  EXPECT_EQ(harmony::render_text_for_completion(build_conversation(o)).find("developer"), std::string::npos);
+}
+
+TEST(ChatFormat, PlainTextMapperTakesEveryTokenAsContent) {
+  std::string text = "{\"a\": [1, 2]}";
+  ChatOutputMapper m(tok(), true);
+  ChatDelta d;
+  for (TokenId t : tok().encode(text, false)) d.append(m.push(t));
+  d.append(m.push(tok().require_token_id("<|return|>")));
+  d.append(m.finish());
+  EXPECT_EQ(d.content, text);
+  EXPECT_EQ(m.content(), text);
+  EXPECT_TRUE(m.reasoning().empty());
+}

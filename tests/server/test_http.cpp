@@ -10,6 +10,8 @@
 #include <thread>
 
 #include "fake_backend.h"
+#include "json_schema_oracle.h"
+#include "server/chat_format.h"
 #include "server/server.h"
 
 using namespace gptoss;
@@ -677,4 +679,162 @@ TEST(HttpTransport, ThroughputLine) {
   EXPECT_NE(log.find("Running: 0 reqs, Waiting: 0 reqs"), std::string::npos) << log;
   // idle periods print nothing: one line for the one busy period
   EXPECT_EQ(count(log, "Avg prompt throughput"), 1) << log;
+}
+
+// ---------------------------------------------------------------------------- structured output
+
+namespace {
+
+json structured_body(const json& response_format, uint64_t seed, int max_tokens, bool stream = false) {
+  return {{"model", "test-model"},
+          {"messages", json::array({{{"role", "user"}, {"content", "Answer in JSON."}}})},
+          {"max_tokens", max_tokens},
+          {"seed", seed},
+          {"stream", stream},
+          {"response_format", response_format}};
+}
+
+json schema_format(const json& schema, bool strict = true) {
+  return {{"type", "json_schema"}, {"json_schema", {{"name", "answer"}, {"strict", strict}, {"schema", schema}}}};
+}
+
+// The content of a chat answer, streamed or not, and its finish reason.
+std::pair<std::string, std::string> chat_content(Fixture& f, const json& body) {
+  auto r = f.post("/v1/chat/completions", body.dump());
+  if (!r || r->status != 200) {
+    ADD_FAILURE() << (r ? r->body : "no response");
+    return {};
+  }
+  if (!body.value("stream", false)) {
+    json j = json::parse(r->body);
+    return {j["choices"][0]["message"]["content"].get<std::string>(), j["choices"][0]["finish_reason"]};
+  }
+  bool done;
+  std::string content, finish;
+  for (auto& e : sse_events(r->body, &done)) {
+    if (e["choices"].empty()) continue;
+    auto& d = e["choices"][0]["delta"];
+    if (d.contains("content")) content += d["content"].get<std::string>();
+    if (!e["choices"][0]["finish_reason"].is_null()) finish = e["choices"][0]["finish_reason"];
+  }
+  EXPECT_TRUE(done);
+  return {content, finish};
+}
+
+}  // namespace
+
+// A model that does not write harmony (the fake's random tokens, like random weights): the
+// whole answer is constrained, and must be JSON valid under the schema for every seed.
+TEST(Http, StructuredOutputIsValidJsonForEverySeed) {
+  ServerOptions so;
+  so.harmony_output = false;
+  Fixture f(so, 2048);
+  const std::vector<json> schemas = {
+      json::parse(R"({"type":"object","properties":{"kind":{"enum":["cat","dog"]},"legs":{"type":"integer"},
+                     "ok":{"type":"boolean"},"born":{"type":"string","format":"date"}},
+                     "required":["kind","legs","ok","born"],"additionalProperties":false})"),
+      json::parse(R"({"type":"array","items":{"type":"object","properties":{"x":{"type":"number"},
+                     "y":{"type":["integer","null"]}},"required":["x","y"],"additionalProperties":false},
+                     "minItems":1,"maxItems":3})"),
+      json::parse(R"({"type":"object","properties":{"id":{"type":"string","format":"uuid"},
+                     "at":{"type":"string","format":"date-time"},"n":{"const":42}},"required":["id","at","n"],
+                     "additionalProperties":false})"),
+  };
+  // (Free strings are left out: a random model closes one with odds of about 1 in 4000 a token.)
+  for (size_t i = 0; i < schemas.size(); ++i) {
+    for (uint64_t seed = 1; seed <= 8; ++seed) {
+      bool stream = seed % 2 == 0;
+      auto [content, finish] = chat_content(f, structured_body(schema_format(schemas[i]), seed, 400, stream));
+      ASSERT_EQ(finish, "stop") << "schema " << i << " seed " << seed << ": " << content;
+      json v;
+      ASSERT_NO_THROW(v = json::parse(content)) << "schema " << i << " seed " << seed << ": " << content;
+      EXPECT_TRUE(gptoss::testing::schema_valid(schemas[i], v)) << "schema " << i << " seed " << seed << ": " << content;
+    }
+  }
+  for (uint64_t seed = 1; seed <= 2; ++seed) {
+    // Any object: its keys are free strings, so a random model rarely finishes one; it starts one.
+    auto [content, finish] = chat_content(f, structured_body({{"type", "json_object"}}, seed, 24));
+    ASSERT_FALSE(content.empty());
+    EXPECT_EQ(content[0], '{') << content;
+    if (finish == "stop") EXPECT_TRUE(json::parse(content).is_object()) << content;
+  }
+  // "text" leaves the output alone.
+  auto [text, finish] = chat_content(f, structured_body({{"type", "text"}}, 1, 8));
+  EXPECT_EQ(finish, "length");
+  EXPECT_FALSE(json::accept(text)) << text;
+}
+
+TEST(Http, StructuredOutputRefusesBadSchemas) {
+  Fixture f;
+  auto post = [&](const json& rf) { return f.post("/v1/chat/completions", structured_body(rf, 1, 4).dump()); };
+  expect_error(post(schema_format(json::parse(R"({"type":"strin"})"))), 400, "response_format");
+  expect_error(post(schema_format(json::parse(R"({"type":"string","pattern":"^a"})"))), 400, "response_format");
+  auto r = post(schema_format(json::parse(R"({"type":"object","properties":{"a":{"type":"integer","minimum":1}}})")));
+  expect_error(r, 400, "response_format");
+  EXPECT_NE(r->body.find("minimum at /properties/a"), std::string::npos) << r->body;
+  // Not strict: unsupported keywords are ignored (the output is looser), malformed ones are not.
+  auto ok = post(schema_format(json::parse(R"({"type":"string","pattern":"^a"})"), false));
+  ASSERT_TRUE(ok);
+  EXPECT_EQ(ok->status, 200) << ok->body;
+  expect_error(post(schema_format(json::parse(R"({"type":"array","minItems":-1})"), false)), 400, "response_format");
+  expect_error(post({{"type", "yaml"}}), 400, "response_format");
+  // A tool's parameters are compiled too.
+  json b = chat_body(4);
+  b["tools"] = json::parse(R"([{"type":"function","function":{"name":"f","parameters":{"type":"object",
+                             "properties":{"a":{"type":"nope"}}}}}])");
+  expect_error(f.post("/v1/chat/completions", b.dump()), 400, "tools");
+}
+
+// A scripted model that writes harmony: its first output tokens are forced (a big logit) to
+// `script`, after which it is the fake's random model. With a response format, its analysis
+// stays free (non-JSON reasoning comes back as is) while the final channel, where the script
+// says "Sure", is constrained: the answer is valid JSON and ends the turn. A tool call's
+// arguments follow the tool's parameters the same way.
+TEST(Http, StructuredOutputOnlyInTheFinalChannelAndToolArguments) {
+  const json schema = json::parse(R"({"type":"object","properties":{"kind":{"enum":["cat","dog"]},
+      "n":{"type":"integer"},"ok":{"type":"boolean"}},"required":["kind","n","ok"],"additionalProperties":false})");
+  const json params = json::parse(R"({"type":"object","properties":{"unit":{"enum":["c","f"]},
+      "days":{"type":"integer"}},"required":["unit","days"],"additionalProperties":false})");
+  Fixture f;  // harmony_output: true
+  for (int tool = 0; tool < 2; ++tool) {
+    json body = structured_body(schema_format(schema), 1, 300);
+    body["temperature"] = 1.0;
+    body["tools"] = json::array({{{"type", "function"},
+                                  {"function", {{"name", "get_weather"}, {"parameters", params}}}}});
+    harmony::Renderer ren(tok());
+    const size_t prompt_len = render_chat_prompt(ren, parse_chat_request(parse_body(body.dump()))).size();
+    const std::string script_text =
+        tool ? "<|channel|>analysis<|message|>Need {weather} first.<|end|><|start|>assistant to=functions.get_weather"
+               "<|channel|>commentary <|constrain|>json<|message|>Sure"
+             : "<|channel|>analysis<|message|>I think {not json} here.<|end|><|start|>assistant<|channel|>final"
+               "<|message|>Sure";
+    const std::vector<int32_t> script = tok().encode(script_text, true);
+    f.backend.shape_logits = [script, prompt_len](const std::vector<int32_t>& ctx, float* logits) {
+      size_t g = ctx.size() - prompt_len;  // tokens generated so far
+      if (ctx.size() >= prompt_len && g < script.size()) logits[script[g]] += 100.0f;
+    };
+    for (uint64_t seed = 1; seed <= 4; ++seed) {
+      body["seed"] = seed;
+      auto r = f.post("/v1/chat/completions", body.dump());
+      ASSERT_TRUE(r);
+      ASSERT_EQ(r->status, 200) << r->body;
+      json msg = json::parse(r->body)["choices"][0]["message"];
+      std::string finish = json::parse(r->body)["choices"][0]["finish_reason"];
+      if (tool) {
+        EXPECT_EQ(msg["reasoning_content"], "Need {weather} first.") << r->body;
+        ASSERT_EQ(finish, "tool_calls") << r->body;
+        ASSERT_EQ(msg["tool_calls"].size(), 1u) << r->body;
+        EXPECT_EQ(msg["tool_calls"][0]["function"]["name"], "get_weather");
+        json args;
+        ASSERT_NO_THROW(args = json::parse(msg["tool_calls"][0]["function"]["arguments"].get<std::string>())) << r->body;
+        EXPECT_TRUE(gptoss::testing::schema_valid(params, args)) << r->body;
+      } else {
+        EXPECT_EQ(msg["reasoning_content"], "I think {not json} here.") << r->body;
+        ASSERT_EQ(finish, "stop") << r->body;
+        json v;
+        ASSERT_NO_THROW(v = json::parse(msg["content"].get<std::string>())) << r->body;
+        EXPECT_TRUE(gptoss::testing::schema_valid(schema, v)) << r->body;
+      }
+    }
+  }
 }

@@ -190,9 +190,9 @@ TEST(FieldTables, UnknownAndUnsupportedFieldsAreRefusedByName) {
   };
   const std::string m = R"("messages":[{"role":"user","content":"x"}])";
   std::vector<Case> cases = {
-      {"chat", "{" + m + R"(,"response_format":{"type":"json_object"}})", "response_format"},
-      {"chat", "{" + m + R"(,"response_format":{"type":"json_schema","json_schema":{"name":"x","schema":{}}}})",
-       "response_format"},
+      {"chat", "{" + m + R"(,"response_format":{"type":"json_object","schema":{}}})", "response_format.schema"},
+      {"chat", "{" + m + R"(,"response_format":{"type":"json_schema","json_schema":{"name":"x","schemas":{}}}})",
+       "response_format.json_schema.schemas"},
       {"chat", "{" + m + R"(,"functions":[{"name":"f"}]})", "functions"},
       {"chat", "{" + m + R"(,"function_call":"auto"})", "function_call"},
       {"chat", "{" + m + R"(,"repetition_penalty":1.1})", "repetition_penalty"},
@@ -267,4 +267,29 @@ TEST(OpenAiApi, TokenizeRequests) {
   EXPECT_EQ(d.tokens, (std::vector<int32_t>{1, 2, 3}));
   EXPECT_EQ(parse_error(parse_body(R"({"tokens":[-1]})"), "detokenize").param, "tokens");
   EXPECT_EQ(parse_error(parse_body(R"({"tokens":"1"})"), "detokenize").code, "invalid_type");
+}
+
+TEST(OpenAiApi, ResponseFormatShapes) {
+  auto parse = [](const std::string& rf) {
+    return parse_chat_request(parse_body(R"({"messages":[{"role":"user","content":"x"}],"response_format":)" + rf + "}"));
+  };
+  EXPECT_EQ(parse(R"({"type":"text"})").response_format.type, "text");
+  EXPECT_EQ(parse(R"({"type":"json_object"})").response_format.type, "json_object");
+  auto js = parse(R"({"type":"json_schema","json_schema":{"name":"a_b-1","schema":{"type":"string"}}})").response_format;
+  EXPECT_EQ(js.name, "a_b-1");
+  EXPECT_FALSE(js.strict);
+  ASSERT_TRUE(js.schema);
+  for (const char* bad : {R"("json")", R"({})", R"({"type":"xml"})", R"({"type":"json_schema"})",
+                          R"({"type":"json_schema","json_schema":{"schema":{}}})",
+                          R"({"type":"json_schema","json_schema":{"name":"a b","schema":{}}})",
+                          R"({"type":"json_schema","json_schema":{"name":"a","schema":[1]}})",
+                          R"({"type":"json_schema","json_schema":{"name":"a","strict":"yes"}})"}) {
+    try {
+      parse(bad);
+      ADD_FAILURE() << "accepted " << bad;
+    } catch (const ApiError& e) {
+      EXPECT_EQ(e.status, 400) << bad;
+      EXPECT_FALSE(e.message.empty());
+    }
+  }
 }
