@@ -23,7 +23,8 @@ ARG CPU_BUILD_IMAGE=debian:bookworm
 ARG CPU_RUNTIME_IMAGE=debian:bookworm-slim
 
 # One alias per (stage, variant); "FROM x-${VARIANT}" below picks one, and builders that skip
-# unused stages (BuildKit, buildah >= 1.24) never pull the other variant's images.
+# unused stages (BuildKit; buildah, whose --skip-unused-stages is on by default) never pull the
+# other variant's images.
 FROM ${CUDA_BUILD_IMAGE} AS build-base-cuda
 FROM ${CPU_BUILD_IMAGE} AS build-base-cpu
 FROM ${CUDA_RUNTIME_IMAGE} AS runtime-base-cuda
