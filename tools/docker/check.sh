@@ -103,7 +103,7 @@ if ((BUILD)); then
   say "buildah bud VARIANT=cpu (-j$JOBS; log: $WORK/build.log)"
   # The host's CA bundle goes to npm (egress here passes a TLS-inspecting proxy; elsewhere it is
   # just the usual CAs); it is mounted for the build only.
-  if ! "${B[@]}" bud --isolation chroot --format docker --pull=never --layers="$LAYERS" --force-rm \
+  if ! "${B[@]}" bud --isolation chroot --format docker --pull=never --layers="$LAYERS" \
         --volume /etc/ssl/certs/ca-certificates.crt:/run/build-ca.pem:ro \
         --build-arg BUILD_CA_FILE=/run/build-ca.pem \
         --build-arg VARIANT=cpu --build-arg CPU_BUILD_IMAGE="$BASE_IMAGE" \
