@@ -1,10 +1,12 @@
 // `gptoss bench`: llama-bench-style throughput of one sequence. ppN: one forward pass over an
 // N-token prompt (logits of the last token only). tgN: N greedy decode steps after a prompt of
 // --tg-prompt tokens (as a real request would run), each step one forward (graph-captured on
-// CUDA, greedy token picked on the device). Prints a markdown table; --json adds the results as
-// JSON (to a file, or alone on stdout with '-').
+// CUDA, greedy token picked on the device). tgN xB (--batch B): B sequences decoding together
+// after their prompts, one forward a step, t/s over all of them. Prints a markdown table; --json
+// adds the results as JSON (to a file, or alone on stdout with '-').
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -26,7 +28,7 @@ namespace {
 
 struct Args {
   gptoss::BackendOptions backend;
-  std::string pp = "512,2048,8192", tg = "32,128", json_path, kv_dtype = "bf16";
+  std::string pp = "512,2048,8192", tg = "32,128", batch = "1", json_path, kv_dtype = "bf16";
   bool json = false;  // --json given (an empty path means stdout)
   int runs = 5, tg_prompt = 512, page_size = 16;
 };
@@ -44,6 +46,45 @@ std::vector<int> parse_list(const std::string& s) {
 double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
+
+// B sequences decoding together, each on its own pages: the prompts prefill one sequence at a
+// time, then every step is one forward with a token of each (a decode batch, as serving runs it).
+struct Batch {
+  gptoss::Backend& b;
+  std::vector<std::vector<int32_t>> pages;
+  std::vector<int> len;
+  std::vector<int32_t> next;
+  void prefill(int s, const std::vector<int32_t>& toks) { step({s}, {toks}); }
+  void decode() {
+    std::vector<int> all(pages.size());
+    std::vector<std::vector<int32_t>> toks(pages.size());
+    for (size_t i = 0; i < pages.size(); ++i) { all[i] = int(i); toks[i] = {next[i]}; }
+    step(all, toks);
+  }
+  void step(const std::vector<int>& which, const std::vector<std::vector<int32_t>>& toks) {
+    gptoss::ForwardBatch fb;
+    for (size_t i = 0; i < which.size(); ++i) {
+      const int q = which[i];
+      gptoss::SeqBatchInfo si;
+      si.first_token = int(fb.tokens.size());
+      si.n_tokens = int(toks[i].size());
+      si.start_pos = len[q];
+      for (int g = 0; g < 2; ++g) {
+        si.pages[g] = pages[q].data();
+        si.n_pages[g] = int(pages[q].size());
+      }
+      fb.tokens.insert(fb.tokens.end(), toks[i].begin(), toks[i].end());
+      fb.seqs.push_back(si);
+      fb.logit_rows.push_back(int(fb.tokens.size()) - 1);
+    }
+    std::vector<int32_t> out(which.size());
+    b.forward_greedy(fb, out.data());
+    for (size_t i = 0; i < which.size(); ++i) {
+      len[which[i]] += int(toks[i].size());
+      next[which[i]] = out[i];
+    }
+  }
+};
 
 // One sequence on pages 0..n-1 of both groups.
 struct Seq {
@@ -85,10 +126,16 @@ int run(Args& a) {
   int max_len = 1;
   for (int p : pps) max_len = std::max(max_len, p);
   for (int t : tgs) max_len = std::max(max_len, a.tg_prompt + t);
+  const auto batches = parse_list(a.batch);
+  int max_batch = 1;
+  for (int b : batches) max_batch = std::max(max_batch, b);
   KvCacheConfig kv;
   kv.page_size = a.page_size;
   int pages = (max_len + a.page_size - 1) / a.page_size + 1;
-  kv.num_pages[0] = kv.num_pages[1] = pages;
+  // Batched tg runs give each of their sequences its own pages.
+  int tg_pages = 0;
+  for (int t : tgs) tg_pages = std::max(tg_pages, (a.tg_prompt + t + a.page_size - 1) / a.page_size + 1);
+  kv.num_pages[0] = kv.num_pages[1] = std::max(pages, tg_pages * max_batch);
   if (a.kv_dtype == "fp8")
     kv.dtype = DType::F8_E4M3;
   else if (a.kv_dtype != "bf16")
@@ -131,7 +178,28 @@ int run(Args& a) {
     results.push_back(stats("pp" + std::to_string(p), tps));
     std::fprintf(stderr, "pp%d: %.1f t/s\n", p, results.back().mean);
   }
+  for (int t : tgs)
+    for (int B : batches) {
+      if (B == 1) continue;  // the plain tgN below
+      std::vector<double> tps;
+      const int per = (a.tg_prompt + t + a.page_size - 1) / a.page_size + 1;
+      for (int r = -1; r < a.runs; ++r) {
+        Batch bt{*be, {}, std::vector<int>(B, 0), std::vector<int32_t>(B, 0)};
+        for (int q = 0; q < B; ++q) {
+          bt.pages.emplace_back(per);
+          std::iota(bt.pages.back().begin(), bt.pages.back().end(), q * per);
+          bt.prefill(q, rand_tokens(a.tg_prompt));
+        }
+        double t0 = now_s();
+        for (int i = 0; i < t; ++i) bt.decode();
+        double dt = now_s() - t0;
+        if (r >= 0) tps.push_back(double(B) * t / dt);
+      }
+      results.push_back(stats("tg" + std::to_string(t) + " x" + std::to_string(B), tps));
+      std::fprintf(stderr, "tg%d x%d: %.1f t/s (all sequences)\n", t, B, results.back().mean);
+    }
   for (int t : tgs) {
+    if (std::find(batches.begin(), batches.end(), 1) == batches.end()) break;
     std::vector<double> tps;
     for (int r = -1; r < a.runs; ++r) {
       Seq s{*be, page_ids};
@@ -197,6 +265,11 @@ gptoss::tools::RegisterCommand reg({"bench", "Prompt-processing and generation t
       ->capture_default_str()
       ->check(positive_int_list());
   app->add_option("--tg-prompt", a->tg_prompt, "Prompt tokens before each tg run")->capture_default_str()->check(int_range(1));
+  app->add_option("--batch", a->batch,
+                  "Sequences decoding together in tg runs, comma-separated (tgN xB: B sequences after their "
+                  "prompts, one forward a step; t/s counts all of them)")
+      ->capture_default_str()
+      ->check(positive_int_list());
   app->add_option("--runs", a->runs, "Timed runs per test (after one warm-up)")->capture_default_str()->check(int_range(1));
   add_kv_cache_dtype_option(app, a->kv_dtype);
   app->add_option("--page-size", a->page_size, "KV page size (positions)")->capture_default_str()->check(int_range(1, 4096));

@@ -74,7 +74,7 @@ class CudaBackend final : public Backend {
   const bf16_t* upload_bf16(const TensorView& t);
   // Rows of the bf16 tensors `parts` stacked ([sum of rows, K]) and quantized to MXFP4 on the host.
   WeightMat upload_mxfp4(const std::vector<const TensorView*>& parts, const float* bias);
-  void load_checkpoint(const std::string& dir);
+  void load_checkpoint(const std::string& dir, const LoadProgressFn& progress);
   void build_random(const std::string& preset, uint64_t seed);
   void alloc_workspace();
 
@@ -210,7 +210,7 @@ CudaBackend::CudaBackend(const BackendOptions& opts) {
   GPTOSS_CUDA_CHECK(cudaSetDevice(device_));
   GPTOSS_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   if (!opts.model_dir.empty())
-    load_checkpoint(opts.model_dir);
+    load_checkpoint(opts.model_dir, opts.load_progress);
   else if (!opts.random_weights.empty())
     build_random(opts.random_weights, opts.seed);
   else
@@ -297,8 +297,8 @@ WeightMat CudaBackend::upload_mxfp4(const std::vector<const TensorView*>& parts,
   return WeightMat{WeightMat::kMXFP4, db, ds, bias, N, K};
 }
 
-void CudaBackend::load_checkpoint(const std::string& dir) {
-  auto mw = ModelWeights::load(dir);
+void CudaBackend::load_checkpoint(const std::string& dir, const LoadProgressFn& progress) {
+  auto mw = ModelWeights::load(dir, progress);
   cfg_ = mw->config;
   const int H = cfg_.hidden, E = cfg_.num_experts, I = cfg_.intermediate;
   const int qd = cfg_.q_dim(), kvd = cfg_.kv_dim(), QKV = qd + 2 * kvd;
@@ -306,7 +306,20 @@ void CudaBackend::load_checkpoint(const std::string& dir) {
   final_norm_ = upload_f32(*mw->final_norm);
   lm_head_ = mx_layers_.lm_head ? upload_mxfp4({mw->lm_head}, nullptr)
                                 : WeightMat{WeightMat::kBF16, upload_bf16(*mw->lm_head), nullptr, nullptr, cfg_.vocab, H};
+  // Progress in bytes of the big tensors, reported as each layer starts (the last call, after
+  // the loop, says the stage is done).
+  auto layer_bytes = [](const LayerWeights& lw) {
+    uint64_t b = 0;
+    for (const TensorView* t : {lw.q_w, lw.k_w, lw.v_w, lw.o_w, lw.router_w, lw.gate_up_blocks, lw.gate_up_scales,
+                                lw.down_blocks, lw.down_scales})
+      if (t) b += t->nbytes;
+    return b;
+  };
+  uint64_t up_total = 0, up_done = 0;
+  for (const LayerWeights& lw : mw->layers) up_total += layer_bytes(lw);
   for (const LayerWeights& lw : mw->layers) {
+    if (progress) progress("uploading", up_done, up_total);
+    up_done += layer_bytes(lw);
     Layer L{};
     L.attn_norm = upload_f32(*lw.attn_norm);
     L.mlp_norm = upload_f32(*lw.mlp_norm);
@@ -341,6 +354,7 @@ void CudaBackend::load_checkpoint(const std::string& dir) {
                        H, I};
     layers_.push_back(L);
   }
+  if (progress) progress("uploading", up_total, up_total);
 }
 
 void CudaBackend::build_random(const std::string& preset, uint64_t seed) {
