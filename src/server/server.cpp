@@ -1,6 +1,9 @@
 #include "server/server.h"
 
 #include <httplib.h>
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <poll.h>
 #include <sys/socket.h>
 
 #include <chrono>
@@ -51,6 +54,58 @@ void set_json(httplib::Response& res, int status, const json& j) {
 void set_error(httplib::Response& res, const ApiError& e) { set_json(res, e.status, error_body(e)); }
 
 int64_t now_s() { return int64_t(std::time(nullptr)); }
+
+// The socket of a request's connection: cpp-httplib 0.11 tells a handler nothing about it, so
+// it is found among the process's descriptors by the connection's two ports and peer address
+// (the worker thread owns that socket until the handler returns, so it cannot be reused
+// meanwhile). -1 when not found.
+int client_socket(const httplib::Request& req) {
+  DIR* dir = ::opendir("/proc/self/fd");
+  if (!dir) return -1;
+  auto port_and_addr = [](const sockaddr_storage& a, std::string* addr) {
+    char buf[INET6_ADDRSTRLEN] = "";
+    int port = -1;
+    if (a.ss_family == AF_INET) {
+      auto* v4 = reinterpret_cast<const sockaddr_in*>(&a);
+      ::inet_ntop(AF_INET, &v4->sin_addr, buf, sizeof buf);
+      port = ntohs(v4->sin_port);
+    } else if (a.ss_family == AF_INET6) {
+      auto* v6 = reinterpret_cast<const sockaddr_in6*>(&a);
+      ::inet_ntop(AF_INET6, &v6->sin6_addr, buf, sizeof buf);
+      port = ntohs(v6->sin6_port);
+    }
+    if (addr) *addr = buf;
+    return port;
+  };
+  int found = -1;
+  while (dirent* e = ::readdir(dir)) {
+    if (e->d_name[0] < '0' || e->d_name[0] > '9') continue;
+    const int fd = std::atoi(e->d_name);
+    sockaddr_storage peer{}, local{};
+    socklen_t pl = sizeof peer, ll = sizeof local;
+    if (::getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &pl) != 0 ||
+        ::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &ll) != 0)
+      continue;
+    std::string peer_addr;
+    if (port_and_addr(peer, &peer_addr) == req.remote_port && port_and_addr(local, nullptr) == req.local_port &&
+        peer_addr == req.remote_addr) {
+      found = fd;
+      break;
+    }
+  }
+  ::closedir(dir);
+  return found;
+}
+
+// True when the peer closed the connection (EOF pending) or it failed.
+bool client_gone(int fd) {
+  if (fd < 0) return false;
+  pollfd p{fd, POLLIN, 0};
+  if (::poll(&p, 1, 0) <= 0) return false;
+  if (p.revents & (POLLERR | POLLHUP | POLLNVAL)) return true;
+  char c;
+  return ::recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT) == 0;
+}
 
 std::string token_str(const Tokenizer& tok, int32_t id) {
   if (id < 0 || size_t(id) >= tok.vocab_size()) return "<|unk_" + std::to_string(id) + "|>";
@@ -168,42 +223,37 @@ struct Server::Handlers {
     }
   }
 
-  // Answers a non-streamed request once `step` returns the body. The body goes out as one
-  // chunk of a chunked response, so while the request runs httplib checks the connection
-  // before each wait and a client that went away cancels it.
-  void respond_when_done(httplib::Response& res, std::shared_ptr<RequestStream> rs,
+  // Answers a non-streamed request once `step` returns the body: 200, or the error's status when
+  // the body is an error object (a generation that failed midway gets its 500). The handler
+  // waits for it, watching its connection, so a client that went away cancels the request.
+  void respond_when_done(const httplib::Request& req, httplib::Response& res, std::shared_ptr<RequestStream> rs,
                          std::function<std::optional<json>(EngineEvent&)> step) {
-    auto done = std::make_shared<bool>(false);
-    Server* srv = &s;
+    const int fd = client_socket(req);
     ++s.streams_open_;
-    res.set_chunked_content_provider(
-        "application/json",
-        [rs, step, done](size_t, httplib::DataSink& sink) -> bool {
-          if (*done) {
-            sink.done();
-            return true;
+    struct Open {
+      std::atomic<int64_t>& n;
+      ~Open() { --n; }
+    } open{s.streams_open_};
+    for (;;) {
+      if (client_gone(fd)) {
+        rs->cancel();
+        ++s.client_disconnects_;
+        return;
+      }
+      auto ev = rs->next(200ms);
+      while (ev) {
+        if (auto out = step(*ev)) {
+          int status = 200;
+          if (out->contains("error")) {
+            status = 500;
+            ++s.http_errors_;
           }
-          if (sink.is_writable && !sink.is_writable()) return false;  // the client is gone
-          auto ev = rs->next(200ms);
-          while (ev) {
-            if (auto out = step(*ev)) {
-              std::string body = dumps(*out);
-              *done = true;
-              if (!sink.write(body.data(), body.size())) return false;
-              sink.done();
-              return true;
-            }
-            ev = rs->next(0ms);
-          }
-          return true;
-        },
-        [rs, done, srv](bool success) {
-          if (!success || !*done) {
-            rs->cancel();
-            ++srv->client_disconnects_;
-          }
-          --srv->streams_open_;
-        });
+          set_json(res, status, *out);
+          return;
+        }
+        ev = rs->next(0ms);
+      }
+    }
   }
 
   // The SSE plumbing shared by chat and text streams. `fill(out)` appends this round's chunks
@@ -320,7 +370,7 @@ struct Server::Handlers {
       };
       auto acc = std::make_shared<Acc>();
       const bool want_lp = r.logprobs;
-      respond_when_done(res, rs, [this, st, acc, want_lp](EngineEvent& ev) -> std::optional<json> {
+      respond_when_done(req, res, rs, [this, st, acc, want_lp](EngineEvent& ev) -> std::optional<json> {
         ChatDelta d;
         for (size_t i = 0; i < ev.tokens.size(); ++i) {
           d.append(st->mapper->push(ev.tokens[i]));
@@ -531,7 +581,7 @@ struct Server::Handlers {
       auto acc = std::make_shared<Acc>();
       acc->text = st->echo;
       const bool want_lp = r.logprobs;
-      respond_when_done(res, rs, [this, st, acc, want_lp](EngineEvent& ev) -> std::optional<json> {
+      respond_when_done(req, res, rs, [this, st, acc, want_lp](EngineEvent& ev) -> std::optional<json> {
         acc->text += ev.text;
         acc->lps.insert(acc->lps.end(), ev.prompt_logprobs.begin(), ev.prompt_logprobs.end());
         acc->lps.insert(acc->lps.end(), ev.logprobs.begin(), ev.logprobs.end());
@@ -586,8 +636,11 @@ struct Server::Handlers {
         if (ev->finished) {
           if (ev->finish_reason == FinishReason::kError)
             out += sse(error_body(ApiError{500, "Generation failed: " + ev->error, "server_error", "", ""}));
-          else
-            out += sse(text_chunk(*st, "", take_lps(), text_finish(ev->finish_reason)));
+          else {
+            json ch = text_chunk(*st, "", take_lps(), text_finish(ev->finish_reason));
+            if (st->continuous_usage) ch["usage"] = usage_json(ev->prompt_tokens, ev->completion_tokens);
+            out += sse(ch);
+          }
           return ev;
         }
         ev = st->rs->next(0ms);
@@ -714,24 +767,33 @@ void Server::setup_routes() {
     set_error(res, ApiError{500, msg, "server_error", "", ""});
   });
 
-  svr_->Get("/health", wrap([this](const httplib::Request&, httplib::Response& res) {
+  // Every route goes through these, so routes() lists exactly what is served.
+  auto get = [this](const char* path, httplib::Server::Handler f) {
+    routes_.push_back({"GET", path});
+    svr_->Get(path, std::move(f));
+  };
+  auto post = [this](const char* path, httplib::Server::Handler f) {
+    routes_.push_back({"POST", path});
+    svr_->Post(path, std::move(f));
+  };
+  get("/health", wrap([this](const httplib::Request&, httplib::Response& res) {
     if (draining_) set_json(res, 503, {{"status", "draining"}});
     else set_json(res, 200, {{"status", "ok"}});
   }));
-  svr_->Get("/v1/models", wrap([h](const httplib::Request&, httplib::Response& res) {
+  get("/v1/models", wrap([h](const httplib::Request&, httplib::Response& res) {
     set_json(res, 200, {{"object", "list"}, {"data", json::array({h->model_card()})}});
   }));
-  svr_->Get(R"(/v1/models/(.+))", wrap([h, this](const httplib::Request& req, httplib::Response& res) {
+  get(R"(/v1/models/(.+))", wrap([h, this](const httplib::Request& req, httplib::Response& res) {
     if (req.matches[1] != opts_.served_model_name)
       throw ApiError{404, "The model `" + std::string(req.matches[1]) + "` does not exist.", "invalid_request_error",
                      "model", "model_not_found"};
     set_json(res, 200, h->model_card());
   }));
-  svr_->Post("/v1/chat/completions", wrap([h](const httplib::Request& q, httplib::Response& r) { h->chat(q, r); }));
-  svr_->Post("/v1/completions", wrap([h](const httplib::Request& q, httplib::Response& r) { h->completions(q, r); }));
-  svr_->Post("/tokenize", wrap([h](const httplib::Request& q, httplib::Response& r) { h->tokenize(q, r); }));
-  svr_->Post("/detokenize", wrap([h](const httplib::Request& q, httplib::Response& r) { h->detokenize(q, r); }));
-  svr_->Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+  post("/v1/chat/completions", wrap([h](const httplib::Request& q, httplib::Response& r) { h->chat(q, r); }));
+  post("/v1/completions", wrap([h](const httplib::Request& q, httplib::Response& r) { h->completions(q, r); }));
+  post("/tokenize", wrap([h](const httplib::Request& q, httplib::Response& r) { h->tokenize(q, r); }));
+  post("/detokenize", wrap([h](const httplib::Request& q, httplib::Response& r) { h->detokenize(q, r); }));
+  get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
     res.set_content(metrics_text(), "text/plain; version=0.0.4");
   });
 }
@@ -740,7 +802,12 @@ std::string Server::metrics_text() const {
   EngineStats st = engine_.stats();
   EngineMetrics& m = engine_.metrics();
   std::string out;
-  const std::string lbl = "{model_name=\"" + opts_.served_model_name + "\"}";
+  // Label values escape \\, " and newlines (Prometheus text format).
+  std::string model_label = "model_name=\"";
+  for (char c : opts_.served_model_name)
+    model_label += c == '\\' ? std::string("\\\\") : c == '"' ? std::string("\\\"") : c == '\n' ? std::string("\\n") : std::string(1, c);
+  model_label += "\"";
+  const std::string lbl = "{" + model_label + "}";
   auto gauge = [&](const std::string& name, const std::string& help, double v, const char* type = "gauge") {
     char buf[64];
     std::snprintf(buf, sizeof buf, "%.10g", v);
@@ -753,7 +820,7 @@ std::string Server::metrics_text() const {
   gauge("gptoss:kv_cache_pages_total_full", "KV pages, full-attention pool.", st.kv_pages_total[0]);
   gauge("gptoss:kv_cache_pages_used_sliding", "KV pages in use, sliding-window pool.", st.kv_pages_used[1]);
   gauge("gptoss:kv_cache_pages_total_sliding", "KV pages, sliding-window pool.", st.kv_pages_total[1]);
-  gauge("gptoss:prompt_tokens_total", "Prompt tokens computed (prefill, recompute included).", double(m.prompt_tokens), "counter");
+  gauge("gptoss:prompt_tokens_total", "Prompt tokens of requests (each counted once; recomputes after preemption not again).", double(m.prompt_tokens), "counter");
   gauge("gptoss:generation_tokens_total", "Tokens generated.", double(m.generation_tokens), "counter");
   gauge("gptoss:request_finished_total", "Requests finished (any reason).", double(m.requests_finished), "counter");
   gauge("gptoss:request_aborted_total", "Requests cancelled (client gone or shutdown).", double(m.requests_aborted), "counter");
@@ -763,12 +830,14 @@ std::string Server::metrics_text() const {
   gauge("gptoss:http_errors_total", "HTTP API requests answered with an error.", double(http_errors_), "counter");
   gauge("gptoss:client_disconnects_total", "Streams whose client went away.", double(client_disconnects_), "counter");
   gauge("gptoss:streams_open", "Open SSE streams.", double(streams_open_));
-  m.ttft_s.render("gptoss:time_to_first_token_seconds", "Time to first token.", out);
-  m.itl_s.render("gptoss:time_per_output_token_seconds", "Time between output tokens.", out);
-  m.e2e_s.render("gptoss:e2e_request_latency_seconds", "Request latency in the engine.", out);
-  m.step_forward_s.render("gptoss:step_forward_seconds", "Time in the backend's forward pass, per engine step.", out);
+  m.ttft_s.render("gptoss:time_to_first_token_seconds", "Time to first token.", out, model_label);
+  m.itl_s.render("gptoss:time_per_output_token_seconds", "Time between output tokens.", out, model_label);
+  m.e2e_s.render("gptoss:e2e_request_latency_seconds", "Request latency in the engine.", out, model_label);
+  m.step_forward_s.render("gptoss:step_forward_seconds", "Time in the backend's forward pass, per engine step.", out,
+                          model_label);
   m.step_host_s.render("gptoss:step_host_seconds",
-                       "Host time between consecutive forward passes (scheduling, sampling, streaming).", out);
+                       "Host time between consecutive forward passes (scheduling, sampling, streaming).", out,
+                       model_label);
   return out;
 }
 

@@ -6,6 +6,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "engine/engine.h"
 #include "tokenizer/harmony.h"
@@ -48,6 +49,14 @@ class Server {
   // Prometheus text of the metrics.
   std::string metrics_text() const;
 
+  // A route the server answers: method and path (a regex where the path has a parameter).
+  struct Route {
+    std::string method, path;
+  };
+  // Every route, as registered: tests walk it (API key on every /v1/* route) so a new route
+  // cannot be forgotten.
+  const std::vector<Route>& routes() const { return routes_; }
+
  private:
   void setup_routes();
   Engine& engine_;
@@ -56,6 +65,7 @@ class Server {
   ServerOptions opts_;
   std::unique_ptr<httplib::Server> svr_;
   int port_ = 0;
+  std::vector<Route> routes_;
   std::atomic<bool> draining_{false};
   std::atomic<bool> shutdown_started_{false};
   std::atomic<bool> run_called_{false};

@@ -150,6 +150,31 @@ TEST(CpuOps, RouterTopkSoftmax) {
   EXPECT_NEAR(w[0] + w[1], 1.0, 1e-6);
 }
 
+// Exact ties resolve toward the lower expert index, as torch.topk does in transformers (the
+// rule the tie fixture records; tests/tools/topk_ties.py prints it for CPU and CUDA). Each row
+// puts a tie on the top-k boundary, where the rule decides which expert runs at all.
+TEST(CpuOps, RouterTopkTiesGoToTheLowerIndex) {
+  const int E = 8, k = 2;
+  std::vector<float> logits = {
+      0.5f, 1.0f, 0.2f, 1.0f, 1.0f, -1.f, 0.f, 0.3f,   // three-way tie for first: 1, 3
+      3.0f, 0.1f, 0.7f, -2.f, 0.7f, 0.7f, 0.f, 0.7f,   // clear first, four-way tie for second: 2
+      0.f,  0.f,  0.f,  0.f,  0.f,  0.f,  0.f, 0.f,    // all equal: 0, 1
+      -1.f, -1.f, -1.f, -1.f, -1.f, -1.f, 2.f, 2.f};   // the last two tie for first: 6, 7
+  const int n = int(logits.size()) / E;
+  std::vector<int32_t> idx(n * k);
+  std::vector<float> w(n * k);
+  cpu::router_topk(logits.data(), n, E, k, idx.data(), w.data());
+  EXPECT_EQ(idx, (std::vector<int32_t>{1, 3, 0, 2, 0, 1, 6, 7}));
+  EXPECT_FLOAT_EQ(w[0], 0.5f);  // equal logits, equal weights
+  EXPECT_FLOAT_EQ(w[4], 0.5f);
+  EXPECT_FLOAT_EQ(w[6], 0.5f);
+  // top-4 through a tie block: 0 first, then three of the four 0.7s in index order
+  std::vector<int32_t> idx4(4);
+  std::vector<float> w4(4);
+  cpu::router_topk(&logits[E], 1, E, 4, idx4.data(), w4.data());
+  EXPECT_EQ(idx4, (std::vector<int32_t>{0, 2, 4, 5}));
+}
+
 TEST(CpuOps, SwigluClampsAndInterleaves) {
   // gate, up pairs: limits apply to gate (max only) and up (both sides).
   std::vector<float> gu = {1.0f, 2.0f, 10.0f, -10.0f, -3.0f, 9.0f};
