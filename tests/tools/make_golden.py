@@ -118,13 +118,14 @@ class Recorder:
             p = f"model.layers.{i}.mlp.experts."
             w = dequant_mxfp4(tensors[p + "gate_up_proj_blocks"], tensors[p + "gate_up_proj_scales"])
             self.gate_up.append((w, tensors[p + "gate_up_proj_bias"].float()))
-            layer.mlp.register_forward_pre_hook(self.hook(i, layer.mlp.router))
+            layer.mlp.register_forward_pre_hook(self.hook(i, layer.mlp.router), with_kwargs=True)
 
     def hook(self, li, router):
-        def pre(module, args):
+        def pre(module, args, kwargs):
             if not self.enabled:
                 return
-            x = args[0].reshape(-1, args[0].shape[-1]).float()
+            h = args[0] if args else kwargs["hidden_states"]
+            x = h.reshape(-1, h.shape[-1]).float()
             logits = torch.nn.functional.linear(x, router.weight, router.bias)
             vals, idx = torch.topk(logits, self.k, dim=-1)
             srt = torch.sort(logits, dim=-1, descending=True).values

@@ -3,31 +3,35 @@
 # time, to a scratch copy of this checkout, builds it CPU-only (ccache) and runs the CPU test
 # suite; an edit the suite still passes SURVIVED (a gap in the tests), one it fails is KILLED.
 #
-#   tools/mutation/run.sh [-R CTEST_REGEX] [-k] [MUTATION_NAME...]
+#   tools/mutation/run.sh [-R CTEST_REGEX] [-E CTEST_REGEX] [-k] [MUTATION_NAME...]
 #     -R REGEX   run only the ctest tests matching REGEX (default: every test labelled cpu)
+#     -E REGEX   leave out the tests matching REGEX (e.g. e2e_concurrency, the slowest)
 #     -k         keep the scratch copy (printed at the end)
 #   Exit status: 0 when every mutation is killed, 1 when one survived or went stale.
 #
 # The scratch copy (tracked + untracked, not ignored, files of the working tree) lives in
-# ${TMPDIR:-/tmp}; one build directory is reused, so each mutation recompiles only what its
+# build-mutation.*/ of this checkout; one build directory is reused, so each mutation recompiles only what its
 # edit touches. Needs what scripts/setup.sh installs (node and tests/e2e/node_modules for the
 # e2e tests: linked from this checkout).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
 list="$here/mutations.txt"
-regex="" keep=0
-while getopts "R:k" o; do
+regex="" exclude="" keep=0
+while getopts "R:E:k" o; do
   case $o in
     R) regex=$OPTARG ;;
+    E) exclude=$OPTARG ;;
     k) keep=1 ;;
-    *) sed -n '2,13p' "$0"; exit 2 ;;
+    *) sed -n '2,14p' "$0"; exit 2 ;;
   esac
 done
 shift $((OPTIND - 1))
 only=("$@")
 
-scratch=$(mktemp -d "${TMPDIR:-/tmp}/gptoss-mutation.XXXXXX")
+# Inside the checkout (build*/ is git-ignored) so that ccache, with CCACHE_BASEDIR above it,
+# sees the same relative paths as in a normal build and reuses its objects.
+scratch=$(mktemp -d "$repo/build-mutation.XXXXXX")
 [ "$keep" = 1 ] || trap 'rm -rf "$scratch"' EXIT
 src="$scratch/src" build="$scratch/build" logs="$scratch/logs"
 mkdir -p "$src" "$logs"
@@ -40,6 +44,7 @@ command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -
 cmake -S "$src" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGPTOSS_CUDA=OFF "${launcher[@]}" >"$logs/configure.log"
 ctest_args=(--test-dir "$build" -j2 --timeout 900)
 if [ -n "$regex" ]; then ctest_args+=(-R "$regex"); else ctest_args+=(-L cpu); fi
+[ -n "$exclude" ] && ctest_args+=(-E "$exclude")
 
 echo "baseline: building and testing the unmutated copy"
 cmake --build "$build" -j2 >"$logs/baseline-build.log" 2>&1 || { echo "baseline build failed: $logs/baseline-build.log"; exit 1; }
