@@ -392,9 +392,13 @@ TEST(HttpContract, ContinuousUsageStats) {
     ASSERT_TRUE(evs.back()["choices"].empty()) << path << ": the last chunk is the usage chunk";
     const json final_usage = evs.back()["usage"];
     EXPECT_EQ(final_usage["completion_tokens"], 12) << path;
-    int last = -1, with_usage = 0;
+    int last = -1, with_usage = 0, finishing = 0;
     for (size_t i = 0; i + 1 < evs.size(); ++i) {
       const json& e = evs[i];
+      if (!e["choices"].empty() && !e["choices"][0]["finish_reason"].is_null()) {
+        ++finishing;  // the finishing chunk carries the final usage too
+        EXPECT_TRUE(e.contains("usage") && e["usage"] == final_usage) << path << ": " << e.dump();
+      }
       if (!e.contains("usage") || e["usage"].is_null()) continue;
       ++with_usage;
       int c = e["usage"]["completion_tokens"];
@@ -405,6 +409,7 @@ TEST(HttpContract, ContinuousUsageStats) {
     }
     EXPECT_GE(with_usage, 2) << path << ": chunks carry usage";
     EXPECT_EQ(last, 12) << path << ": the finishing chunk's usage is the final one";
+    EXPECT_EQ(finishing, 1) << path;
   }
 }
 

@@ -6,7 +6,7 @@
 #   tools/mutation/run.sh [-R CTEST_REGEX] [-E CTEST_REGEX] [-k] [MUTATION_NAME...]
 #     -R REGEX   run only the ctest tests matching REGEX (default: every test labelled cpu)
 #     -E REGEX   leave out the tests matching REGEX (e.g. e2e_concurrency, the slowest)
-#     -k         keep the scratch copy (printed at the end)
+#     -k         keep the scratch copy (printed at the end; MUTATION_DIR=it reuses it)
 #   Exit status: 0 when every mutation is killed, 1 when one survived or went stale.
 #
 # The scratch copy (tracked + untracked, not ignored, files of the working tree) lives in
@@ -31,12 +31,20 @@ only=("$@")
 
 # Inside the checkout (build*/ is git-ignored) so that ccache, with CCACHE_BASEDIR above it,
 # sees the same relative paths as in a normal build and reuses its objects.
-scratch=$(mktemp -d "$repo/build-mutation.XXXXXX")
+# MUTATION_DIR=DIR reuses a copy kept by an earlier -k run: only files changed since are copied
+# again, so its build stays warm.
+if [ -n "${MUTATION_DIR:-}" ]; then
+  scratch=$(cd "$MUTATION_DIR" && pwd)
+  keep=1
+else
+  scratch=$(mktemp -d "$repo/build-mutation.XXXXXX")
+fi
 [ "$keep" = 1 ] || trap 'rm -rf "$scratch"' EXIT
 src="$scratch/src" build="$scratch/build" logs="$scratch/logs"
 mkdir -p "$src" "$logs"
-(cd "$repo" && git ls-files -z --cached --others --exclude-standard | xargs -0 cp --parents -t "$src")
-[ -d "$repo/tests/e2e/node_modules" ] && ln -s "$repo/tests/e2e/node_modules" "$src/tests/e2e/node_modules"
+(cd "$repo" && git ls-files -z --cached --others --exclude-standard | xargs -0 cp -u --parents -t "$src")
+[ -d "$repo/tests/e2e/node_modules" ] && [ ! -e "$src/tests/e2e/node_modules" ] &&
+  ln -s "$repo/tests/e2e/node_modules" "$src/tests/e2e/node_modules"
 
 export CCACHE_BASEDIR=${CCACHE_BASEDIR:-/work} CCACHE_DIR=${CCACHE_DIR:-/work/.ccache}
 launcher=()
@@ -74,7 +82,7 @@ while IFS= read -r line; do
     report+=("SURVIVED  $name")
     status=1
   else
-    failed=$(sed -n 's/^[[:space:]]*[0-9]* - \([^ ]*\) .*/\1/p' "$logs/$name-test.log" | head -5 | paste -sd, -)
+    failed=$(sed -n '/tests FAILED:/,$ s/^[[:space:]]*[0-9]* - \([^ ]*\) .*/\1/p' "$logs/$name-test.log" | head -5 | paste -sd, -)
     report+=("KILLED    $name (by: $failed)")
   fi
   cp "$scratch/pristine" "$src/$file"
