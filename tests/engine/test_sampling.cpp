@@ -129,6 +129,7 @@ TEST(Sampling, LogitBias) {
   EXPECT_EQ(sample_token(l.data(), 3, sp, counts, rng, s, idx), 1);
   sp.temperature = 1.0f;  // sampled: a -100 token is never drawn
   for (int i = 0; i < 200; ++i) EXPECT_NE(sample_token(l.data(), 3, sp, counts, rng, s, idx), 0);
+}
 
 // Pearson's chi-square of observed counts against the analytic softmax(logits / T).
 static double chi_square(const std::vector<int>& obs, const std::vector<float>& logits, double T) {
