@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Encode throughput, one thread: gptoss's tokenizer beside the reference (npm `tiktoken`, as used
-# by ../shared/tools/o200k-oracle) on the same English text (Debian's license texts, ~210 KB).
+# by tests/tools/o200k-oracle/o200k-oracle) on the same English text (Debian's license texts, ~210 KB).
 #   scripts/bench/tokenizer.sh [build-dir]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -17,5 +17,5 @@ if [[ -d $oracle_modules/tiktoken ]]; then
   echo "reference (npm tiktoken, node $(node --version)):"
   NODE_PATH="$oracle_modules" node scripts/bench/tiktoken_encode_bench.js "$text" 5
 else
-  echo "reference: run ../shared/tools/o200k-oracle once to install npm tiktoken"
+  echo "reference: run tests/tools/o200k-oracle/o200k-oracle once to install npm tiktoken"
 fi

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 
 #include "common/error.h"
 
@@ -62,6 +63,8 @@ void RequestStream::push(EngineEvent ev) {
 Engine::Engine(Backend& backend, EngineConfig cfg) : backend_(backend), cfg_(std::move(cfg)) {
   const GptOssConfig& mc = backend_.config();
   vocab_ = mc.vocab;
+  if (const char* f = std::getenv("GPTOSS_TEST_FAIL_AT_OUTPUT_TOKEN"); f && cfg_.test_fail_at_output_token == 0)
+    cfg_.test_fail_at_output_token = std::atoi(f);
   if (cfg_.max_num_seqs < 1) throw Error("max_num_seqs must be at least 1");
   if (cfg_.max_num_batched_tokens < 1) throw Error("max_num_batched_tokens must be at least 1");
   // Every running sequence decodes in every step (stall-free batching): the budget must hold them.
@@ -469,7 +472,12 @@ std::unique_ptr<Engine::Launched> Engine::launch(Planned planned) {
       l->row_seq.push_back(s);
       s->pending = true;
     }
-    if (s->num_computed < s->prompt_len) l->prompt_tokens += std::min<int32_t>(n, s->prompt_len - s->num_computed);
+    // Each prompt token counts once, as vLLM counts it: a recompute after preemption is not a
+    // new prompt (it shows in num_preemptions_total instead).
+    if (const int32_t prompt_done = std::min<int32_t>(s->num_computed + n, s->prompt_len); prompt_done > s->prompt_counted) {
+      l->prompt_tokens += prompt_done - s->prompt_counted;
+      s->prompt_counted = prompt_done;
+    }
     s->num_computed += n;
     s->in_flight = true;
   }
@@ -483,6 +491,11 @@ std::unique_ptr<Engine::Launched> Engine::launch(Planned planned) {
   // agrees with the host only up to float rounding), so which path draws a row's token never
   // depends on its companions; greedy rows are an exact argmax on either path.
   const int rows = int(l->row_seq.size());
+  if (cfg_.test_fail_at_output_token > 0)  // fails as the backend would, in complete()
+    for (const Sequence* q : l->row_seq)
+      if (q->output_len() + 1 == cfg_.test_fail_at_output_token)
+        l->error = std::make_exception_ptr(
+            Error("injected fault: GPTOSS_TEST_FAIL_AT_OUTPUT_TOKEN=" + std::to_string(cfg_.test_fail_at_output_token)));
   l->toks.resize(rows);
   l->backend_samples =
       rows > 0 && l->prompt_rows.empty() && std::all_of(l->row_seq.begin(), l->row_seq.end(), [&](const Sequence* s) {
@@ -504,6 +517,10 @@ std::unique_ptr<Engine::Launched> Engine::launch(Planned planned) {
 }
 
 void Engine::run_forward(Launched& l) {
+  if (l.error) {  // an injected fault (see EngineConfig::test_fail_at_output_token)
+    l.end = Clock::now();
+    return;
+  }
   try {
     if (l.backend_samples)
       backend_.forward_sample(l.batch, l.how.data(), l.toks.data());

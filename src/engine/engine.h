@@ -127,6 +127,10 @@ struct EngineConfig {
   // the GPU (the hand-off between threads costs about what the overlap hides on a busy CPU).
   // step() is always synchronous.
   bool async_scheduling = false;
+  // Test-only fault injection: a step that would sample a request's Nth output token throws
+  // instead (as a failing backend would), so tests reach the error paths. 0: off. The engine
+  // also takes it from the environment variable GPTOSS_TEST_FAIL_AT_OUTPUT_TOKEN.
+  int test_fail_at_output_token = 0;
 };
 
 struct EngineStats {
@@ -173,6 +177,7 @@ class Engine {
     std::vector<int32_t> tokens;  // prompt then output
     int prompt_len = 0;
     int32_t num_computed = 0;     // positions whose KV is cached
+    int32_t prompt_counted = 0;   // prompt positions counted in metrics (not again on recompute)
     SamplingParams sp;
     std::mt19937_64 rng;
     std::unordered_map<int32_t, int> counts;

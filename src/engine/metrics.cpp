@@ -20,21 +20,25 @@ uint64_t Histogram::count() const {
   return n_;
 }
 
-void Histogram::render(const std::string& name, const std::string& help, std::string& out) const {
+void Histogram::render(const std::string& name, const std::string& help, std::string& out,
+                       const std::string& labels) const {
   std::lock_guard<std::mutex> l(mu_);
   out += "# HELP " + name + " " + help + "\n# TYPE " + name + " histogram\n";
+  const std::string pre = labels.empty() ? "" : labels + ",";               // before le=
+  const std::string own = labels.empty() ? "" : "{" + labels + "}";          // _sum, _count
+  // Prometheus buckets are cumulative: le="x" counts every observation <= x, +Inf all of them.
   uint64_t cum = 0;
   char buf[64];
   for (size_t i = 0; i < bounds_.size(); ++i) {
     cum += counts_[i];
     std::snprintf(buf, sizeof buf, "%g", bounds_[i]);
-    out += name + "_bucket{le=\"" + buf + "\"} " + std::to_string(cum) + "\n";
+    out += name + "_bucket{" + pre + "le=\"" + buf + "\"} " + std::to_string(cum) + "\n";
   }
   cum += counts_.back();
-  out += name + "_bucket{le=\"+Inf\"} " + std::to_string(cum) + "\n";
+  out += name + "_bucket{" + pre + "le=\"+Inf\"} " + std::to_string(cum) + "\n";
   std::snprintf(buf, sizeof buf, "%.9g", sum_);
-  out += name + "_sum " + buf + "\n";
-  out += name + "_count " + std::to_string(n_) + "\n";
+  out += name + "_sum" + own + " " + buf + "\n";
+  out += name + "_count" + own + " " + std::to_string(n_) + "\n";
 }
 
 }  // namespace gptoss

@@ -12,8 +12,9 @@ class Histogram {
  public:
   explicit Histogram(std::vector<double> upper_bounds);
   void observe(double v);
-  // Appends the Prometheus text of this histogram (name_bucket/_sum/_count) to `out`.
-  void render(const std::string& name, const std::string& help, std::string& out) const;
+  // Appends the Prometheus text of this histogram (name_bucket/_sum/_count) to `out`. `labels`
+  // (e.g. `model_name="m"`, no braces) go on every series, before `le`.
+  void render(const std::string& name, const std::string& help, std::string& out, const std::string& labels = "") const;
   uint64_t count() const;
 
  private:

@@ -318,7 +318,7 @@ struct Server::Handlers {
       };
       auto acc = std::make_shared<Acc>();
       const bool want_lp = r.logprobs;
-      respond_when_done(res, rs, [this, st, acc, want_lp](EngineEvent& ev) -> std::optional<json> {
+      respond_when_done(req, res, rs, [this, st, acc, want_lp](EngineEvent& ev) -> std::optional<json> {
         ChatDelta d;
         for (size_t i = 0; i < ev.tokens.size(); ++i) {
           d.append(st->mapper->push(ev.tokens[i]));
@@ -529,7 +529,7 @@ struct Server::Handlers {
       auto acc = std::make_shared<Acc>();
       acc->text = st->echo;
       const bool want_lp = r.logprobs;
-      respond_when_done(res, rs, [this, st, acc, want_lp](EngineEvent& ev) -> std::optional<json> {
+      respond_when_done(req, res, rs, [this, st, acc, want_lp](EngineEvent& ev) -> std::optional<json> {
         acc->text += ev.text;
         acc->lps.insert(acc->lps.end(), ev.prompt_logprobs.begin(), ev.prompt_logprobs.end());
         acc->lps.insert(acc->lps.end(), ev.logprobs.begin(), ev.logprobs.end());
@@ -584,8 +584,11 @@ struct Server::Handlers {
         if (ev->finished) {
           if (ev->finish_reason == FinishReason::kError)
             out += sse(error_body(ApiError{500, "Generation failed: " + ev->error, "server_error", "", ""}));
-          else
-            out += sse(text_chunk(*st, "", take_lps(), text_finish(ev->finish_reason)));
+          else {
+            json ch = text_chunk(*st, "", take_lps(), text_finish(ev->finish_reason));
+            if (st->continuous_usage) ch["usage"] = usage_json(ev->prompt_tokens, ev->completion_tokens);
+            out += sse(ch);
+          }
           return ev;
         }
         ev = st->rs->next(0ms);
@@ -744,25 +747,31 @@ void Server::setup_routes() {
   };
   // Handlers that parse bodies and tokenize run on worker threads, the rest on the event loop.
   const bool offload = true;
+  // Every route is registered through here, so routes() lists them all (tests walk it).
+  auto add_route = [this](const std::string& method, const std::string& path, http::Handler handler,
+                          bool off = false) {
+    routes_.push_back({method, path});
+    http_->route(method, path, std::move(handler), off);
+  };
 
-  http_->route("GET", "/health", wrap([this](const http::Request&, http::Response& res) {
+  add_route("GET", "/health", wrap([this](const http::Request&, http::Response& res) {
     if (draining_) set_json(res, 503, {{"status", "draining"}});
     else set_json(res, 200, {{"status", "ok"}});
   }));
-  http_->route("GET", "/v1/models", wrap([h](const http::Request&, http::Response& res) {
+  add_route("GET", "/v1/models", wrap([h](const http::Request&, http::Response& res) {
     set_json(res, 200, {{"object", "list"}, {"data", json::array({h->model_card()})}});
   }));
-  http_->route("GET", "/v1/models/*", wrap([h, this](const http::Request& req, http::Response& res) {
+  add_route("GET", "/v1/models/*", wrap([h, this](const http::Request& req, http::Response& res) {
     if (req.path_param != opts_.served_model_name)
       throw ApiError{404, "The model `" + req.path_param + "` does not exist.", "invalid_request_error", "model",
                      "model_not_found"};
     set_json(res, 200, h->model_card());
   }));
-  http_->route("POST", "/v1/chat/completions", wrap([h](const http::Request& q, http::Response& r) { h->chat(q, r); }), offload);
-  http_->route("POST", "/v1/completions", wrap([h](const http::Request& q, http::Response& r) { h->completions(q, r); }), offload);
-  http_->route("POST", "/tokenize", wrap([h](const http::Request& q, http::Response& r) { h->tokenize(q, r); }), offload);
-  http_->route("POST", "/detokenize", wrap([h](const http::Request& q, http::Response& r) { h->detokenize(q, r); }), offload);
-  http_->route("GET", "/metrics", [this](const http::Request&, http::Response& res) {
+  add_route("POST", "/v1/chat/completions", wrap([h](const http::Request& q, http::Response& r) { h->chat(q, r); }), offload);
+  add_route("POST", "/v1/completions", wrap([h](const http::Request& q, http::Response& r) { h->completions(q, r); }), offload);
+  add_route("POST", "/tokenize", wrap([h](const http::Request& q, http::Response& r) { h->tokenize(q, r); }), offload);
+  add_route("POST", "/detokenize", wrap([h](const http::Request& q, http::Response& r) { h->detokenize(q, r); }), offload);
+  add_route("GET", "/metrics", [this](const http::Request&, http::Response& res) {
     res.set_content(metrics_text(), "text/plain; version=0.0.4");
   });
 
@@ -797,7 +806,12 @@ std::string Server::metrics_text() const {
   EngineStats st = engine_.stats();
   EngineMetrics& m = engine_.metrics();
   std::string out;
-  const std::string lbl = "{model_name=\"" + opts_.served_model_name + "\"}";
+  // Label values escape \\, " and newlines (Prometheus text format).
+  std::string model_label = "model_name=\"";
+  for (char c : opts_.served_model_name)
+    model_label += c == '\\' ? std::string("\\\\") : c == '"' ? std::string("\\\"") : c == '\n' ? std::string("\\n") : std::string(1, c);
+  model_label += "\"";
+  const std::string lbl = "{" + model_label + "}";
   auto gauge = [&](const std::string& name, const std::string& help, double v, const char* type = "gauge") {
     char buf[64];
     std::snprintf(buf, sizeof buf, "%.10g", v);
@@ -810,7 +824,7 @@ std::string Server::metrics_text() const {
   gauge("gptoss:kv_cache_pages_total_full", "KV pages, full-attention pool.", st.kv_pages_total[0]);
   gauge("gptoss:kv_cache_pages_used_sliding", "KV pages in use, sliding-window pool.", st.kv_pages_used[1]);
   gauge("gptoss:kv_cache_pages_total_sliding", "KV pages, sliding-window pool.", st.kv_pages_total[1]);
-  gauge("gptoss:prompt_tokens_total", "Prompt tokens computed (prefill, recompute included).", double(m.prompt_tokens), "counter");
+  gauge("gptoss:prompt_tokens_total", "Prompt tokens of requests (each counted once; recomputes after preemption not again).", double(m.prompt_tokens), "counter");
   gauge("gptoss:generation_tokens_total", "Tokens generated.", double(m.generation_tokens), "counter");
   gauge("gptoss:request_finished_total", "Requests finished (any reason).", double(m.requests_finished), "counter");
   gauge("gptoss:request_aborted_total", "Requests cancelled (client gone or shutdown).", double(m.requests_aborted), "counter");
@@ -820,12 +834,14 @@ std::string Server::metrics_text() const {
   gauge("gptoss:http_errors_total", "HTTP API requests answered with an error.", double(http_errors_), "counter");
   gauge("gptoss:client_disconnects_total", "Streams whose client went away.", double(client_disconnects_), "counter");
   gauge("gptoss:streams_open", "Open SSE streams.", double(streams_open_));
-  m.ttft_s.render("gptoss:time_to_first_token_seconds", "Time to first token.", out);
-  m.itl_s.render("gptoss:time_per_output_token_seconds", "Time between output tokens.", out);
-  m.e2e_s.render("gptoss:e2e_request_latency_seconds", "Request latency in the engine.", out);
-  m.step_forward_s.render("gptoss:step_forward_seconds", "Time in the backend's forward pass, per engine step.", out);
+  m.ttft_s.render("gptoss:time_to_first_token_seconds", "Time to first token.", out, model_label);
+  m.itl_s.render("gptoss:time_per_output_token_seconds", "Time between output tokens.", out, model_label);
+  m.e2e_s.render("gptoss:e2e_request_latency_seconds", "Request latency in the engine.", out, model_label);
+  m.step_forward_s.render("gptoss:step_forward_seconds", "Time in the backend's forward pass, per engine step.", out,
+                          model_label);
   m.step_host_s.render("gptoss:step_host_seconds",
-                       "Host time between consecutive forward passes (scheduling, sampling, streaming).", out);
+                       "Host time between consecutive forward passes (scheduling, sampling, streaming).", out,
+                       model_label);
   return out;
 }
 

@@ -59,6 +59,14 @@ class Server {
   // Prometheus text of the metrics.
   std::string metrics_text() const;
 
+  // A route the server answers: method and path (a regex where the path has a parameter).
+  struct Route {
+    std::string method, path;
+  };
+  // Every route, as registered: tests walk it (API key on every /v1/* route) so a new route
+  // cannot be forgotten.
+  const std::vector<Route>& routes() const { return routes_; }
+
  private:
   void setup_routes();
   Engine& engine_;
@@ -68,6 +76,7 @@ class Server {
   std::unique_ptr<http::HttpServer> http_;
   std::unique_ptr<StructuredOutput> structured_;
   int port_ = 0;
+  std::vector<Route> routes_;
   std::atomic<bool> draining_{false};
   std::atomic<bool> shutdown_started_{false};
   std::atomic<bool> run_called_{false};

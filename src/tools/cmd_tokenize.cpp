@@ -1,4 +1,4 @@
-// `gptoss tokenize`: JSON lines in, JSON lines out (the interface of ../shared/tools/o200k-oracle).
+// `gptoss tokenize`: JSON lines in, JSON lines out (the interface of tests/tools/o200k-oracle).
 //   echo '"hello world"' | gptoss tokenize --tokenizer PATH            -> [24912,2375]
 //   echo '[24912,2375]'  | gptoss tokenize --tokenizer PATH --decode   -> "hello world"
 // Encoding recognises special tokens in the text. `gptoss tokenize-bench` times encoding.

@@ -353,6 +353,32 @@ TEST_F(Kernels, MoeMxfp4Fragments) {
   for (auto& c : cases) check_moe(c, 3);
 }
 
+// Exact router ties go to the lower expert index on the device too (as cpu::router_topk and
+// torch.topk in transformers): tie blocks on and across the top-k boundary, for the small-batch
+// kernel (n <= 64) and the large one, at the tiny, 20b and 120b expert counts.
+TEST_F(Kernels, MoeRouteTiesGoToTheLowerIndex) {
+  for (int E : {8, 32, 128})
+    for (int k : {2, 4})
+      for (int n : {5, 100}) {
+        FastRng r(fresh_seed());
+        std::vector<float> logits(size_t(n) * E);
+        for (int t = 0; t < n; ++t)
+          for (int e = 0; e < E; ++e)  // few distinct values: ties everywhere
+            logits[size_t(t) * E + e] = float(int(r.next() % 4)) * 0.5f;
+        std::vector<int32_t> idx(size_t(n) * k);
+        std::vector<float> wts(size_t(n) * k);
+        cpu::router_topk(logits.data(), n, E, k, idx.data(), wts.data());
+        Dev<float> dlog(logits);
+        Dev<uint8_t> rmem(cuda::moe_routing_bytes(n * k, E));
+        auto rt = cuda::moe_routing_carve(rmem.p(), n * k, E);
+        cuda::moe_route(dlog.p(), n, E, k, rt, 0);
+        GPTOSS_CUDA_CHECK(cudaDeviceSynchronize());
+        std::vector<int32_t> gidx(size_t(n) * k);
+        GPTOSS_CUDA_CHECK(cudaMemcpy(gidx.data(), rt.topk_idx, gidx.size() * 4, cudaMemcpyDeviceToHost));
+        EXPECT_EQ(gidx, idx) << "E=" << E << " k=" << k << " n=" << n;
+      }
+}
+
 TEST_F(Kernels, Argmax) {
   // Unaligned rows and a V that is no multiple of 4 take the kernel's scalar paths; a tie checks
   // that the lowest index wins.

@@ -44,7 +44,10 @@ TEST(Golden, PrefillLogitsMatchTransformers) {
     ASSERT_NE(ref, nullptr);
     ASSERT_EQ(ref->shape, (std::vector<int64_t>{int64_t(g.prompts[i].size()), V}));
     double err = test::rel_error(logits.data(), reinterpret_cast<const float*>(ref->data), logits.size());
-    EXPECT_LE(err, 1e-4) << "prompt " << i;
+    // Both sides are float32; they differ only in summation order and libm: measured 1.3e-7 to
+    // 2.1e-7 (2026-11-30). 1e-6 leaves 5x for other compilers' vectorization; any difference in
+    // the math (RoPE, sinks, window, routing, clamp) moves logits by >1e-3.
+    EXPECT_LE(err, 1e-6) << "prompt " << i;
     RecordProperty("rel_error_" + std::to_string(i), std::to_string(err));
     std::printf("prompt %zu (%zu tokens): relative error %.3g\n", i, g.prompts[i].size(), err);
   }
@@ -94,7 +97,9 @@ TEST(KvCache, IncrementalDecodeEqualsFullPrefill) {
     }
     ASSERT_EQ(inc.size(), full.size());
     double err = test::rel_error(inc.data(), full.data(), full.size());
-    EXPECT_LE(err, 1e-5) << "chunk " << chunk;
+    // Exact: every token row is computed on its own with a fixed summation order (see
+    // docs/ARCHITECTURE.md), so chunking a prefill cannot change a bit (measured: 0).
+    EXPECT_EQ(err, 0.0) << "chunk " << chunk;
     for (size_t r = 0; r < prompt.size(); ++r)
       EXPECT_EQ(argmax(&inc[r * V], V), argmax(&full[r * V], V)) << "chunk " << chunk << " row " << r;
   }
@@ -156,8 +161,11 @@ TEST(KvCache, Fp8CacheStaysClose) {
   SoloSequence b(*be, int(prompt.size()), 16, DType::F8_E4M3);
   auto got = b.append(prompt, true);
   double err = test::rel_error(got.data(), ref.data(), ref.size());
+  std::printf("fp8 cache: relative error %.3g\n", err);
   EXPECT_GT(err, 0.0);  // the rounding is really applied
-  EXPECT_LE(err, 5e-2);
+  // e4m3 keeps 3 mantissa bits (rounding up to 1/16 of each K/V element): measured 1.3e-2 on
+  // this prompt; 2.5e-2 (2x) still fails a cache stored or read in the wrong format.
+  EXPECT_LE(err, 2.5e-2);
 }
 
 }  // namespace

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Differential check, by hand (not a test): N random strings over many Unicode blocks and the
 # special tokens, encoded by `gptoss tokenize` and by the reference o200k-oracle.
-#   tests/data/tokenizer/fuzz_vs_oracle.sh build/gptoss ../shared/tools/o200k-oracle/o200k-oracle [N] [SEED]
+#   tests/data/tokenizer/fuzz_vs_oracle.sh build/gptoss tests/tools/o200k-oracle/o200k-oracle [N] [SEED]
 set -euo pipefail
 gptoss=$1 oracle=$2 n=${3:-6000} seed=${4:-99}
 tmp=$(mktemp -d)

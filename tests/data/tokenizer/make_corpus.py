@@ -2,7 +2,7 @@
 """Writes corpus.jsonl (one {"text": ...} per line) for the tokenizer tests.
 
 Expected ids come from the reference tokenizer, run once by hand:
-  ../shared/tools/o200k-oracle/o200k-oracle < corpus.jsonl > corpus.ids.jsonl
+  ../../tools/o200k-oracle/o200k-oracle < corpus.jsonl > corpus.ids.jsonl   (from tests/data/tokenizer)
 (the tests never run the oracle). Standard library only; deterministic (fixed seed)."""
 import json, random, os
 
