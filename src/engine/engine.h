@@ -52,6 +52,7 @@ struct EngineEvent {
   int32_t stop_token = -1;              // the stop token that ended it, if any
   int prompt_tokens = 0;
   int completion_tokens = 0;
+  int cached_tokens = 0;                // prompt tokens whose KV came from the prefix cache
   std::string error;                    // kError
 };
 
@@ -125,6 +126,11 @@ struct EngineConfig {
   // the GPU (the hand-off between threads costs about what the overlap hides on a busy CPU).
   // step() is always synchronous.
   bool async_scheduling = false;
+  // `--enable-prefix-caching` (default) / `--no-enable-prefix-caching`: completed KV pages are
+  // kept, keyed by their token prefix, and a request whose prompt starts with a cached prefix
+  // starts its prefill after it (kv/prefix_cache.h). Requests asking for prompt logprobs always
+  // compute their whole prompt.
+  bool enable_prefix_caching = true;
 };
 
 struct EngineStats {
@@ -171,6 +177,7 @@ class Engine {
     std::vector<int32_t> tokens;  // prompt then output
     int prompt_len = 0;
     int32_t num_computed = 0;     // positions whose KV is cached
+    int32_t cached_tokens = -1;   // prompt tokens found in the prefix cache at first admission
     SamplingParams sp;
     std::mt19937_64 rng;
     std::unordered_map<int32_t, int> counts;

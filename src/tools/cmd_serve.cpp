@@ -142,6 +142,8 @@ gptoss::tools::RegisterCommand reg({"serve", "Serve a model through an OpenAI-co
   app->add_option("--device-index", a->backend.device_index, "CUDA device ordinal")->capture_default_str();
   app->add_flag("--async-scheduling", a->engine.async_scheduling,
                 "Plan each engine step while the previous forward pass runs (host/device overlap)");
+  app->add_flag("--enable-prefix-caching,!--no-enable-prefix-caching", a->engine.enable_prefix_caching,
+                "Reuse the KV pages of a cached token prefix across requests (default on)");
   app->add_flag("--batch-invariant", a->backend.batch_invariant,
                 "Deterministic mode: a request's output independent of batch companions, batch size and preemption");
   app->add_option("--tokenizer", a->tokenizer, "tokenizer.json or .tiktoken (default: the model's, else o200k_harmony)");
