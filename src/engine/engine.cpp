@@ -117,6 +117,7 @@ Engine::Engine(Backend& backend, EngineConfig cfg) : backend_(backend), cfg_(std
   kvc.num_pages[kKvFull] = kc.num_pages[kKvFull];
   kvc.num_pages[kKvSliding] = kc.num_pages[kKvSliding];
   backend_.init_kv_cache(kvc);
+  kc.enable_prefix_caching = cfg_.enable_prefix_caching;
   kv_ = std::make_unique<KvManager>(kc);
   publish_stats();
 }
@@ -396,7 +397,19 @@ Engine::Planned Engine::plan_next() {
       lengths.push_back(int32_t(waiting_[i]->tokens.size()));
     }
     int admit = plan_admission(view, lengths, *kv_, cfg_.max_num_seqs);
-    for (int k = 0; k < admit; ++k) running_.push_back(std::move(waiting_[cand[k]]));
+    for (int k = 0; k < admit; ++k) {
+      Sequence& s = *waiting_[cand[k]];
+      // Start after the longest cached prefix (the last token is always computed). Prompt
+      // logprobs need every prompt position's logits, so those requests compute it all.
+      if (cfg_.enable_prefix_caching && s.sp.prompt_logprobs < 0) {
+        const int32_t hit = kv_->match_prefix(int64_t(s.id), s.tokens.data(), int32_t(s.tokens.size()));
+        s.num_computed = hit;
+        metrics_.prefix_cache_queries += int64_t(s.tokens.size());
+        metrics_.prefix_cache_hits += hit;
+        if (s.cached_tokens < 0) s.cached_tokens = std::min<int32_t>(hit, s.prompt_len);
+      }
+      running_.push_back(std::move(waiting_[cand[k]]));
+    }
     if (admit > 0) std::erase_if(waiting_, [](const std::unique_ptr<Sequence>& s) { return !s; });
   }
 
@@ -539,6 +552,11 @@ void Engine::complete(Launched& l) {
   metrics_.step_forward_s.observe(std::chrono::duration<double>(l.end - l.begin).count());
   ++metrics_.steps;
   metrics_.prompt_tokens += l.prompt_tokens;
+  // The pages this pass wrote are complete: offer them to the prefix cache. (A sequence
+  // cancelled or preempted meanwhile has no pages left and is skipped.)
+  if (cfg_.enable_prefix_caching)
+    for (auto& it : l.items)
+      if (!it.s->done) kv_->commit(int64_t(it.s->id), it.s->tokens.data(), it.s->num_computed);
 
   // Sample (rows in parallel: each has its own generator), then stream and finish in order.
   // A sequence cancelled while the pass ran is finished already; one preempted meanwhile still
@@ -676,6 +694,7 @@ void Engine::append_token(Sequence& s, int32_t tok, TokenLogprob* lp, EngineEven
   s.text_sent = end;
   ev.prompt_tokens = s.prompt_len;
   ev.completion_tokens = s.output_len();
+  ev.cached_tokens = std::max(0, s.cached_tokens);
   outbox_.push_back({s.stream, std::move(ev)});
 }
 
@@ -688,6 +707,7 @@ void Engine::finish(Sequence& s, EngineEvent& ev, FinishReason r) {
   ev.finish_reason = r;
   ev.prompt_tokens = s.prompt_len;
   ev.completion_tokens = s.output_len();
+  ev.cached_tokens = std::max(0, s.cached_tokens);
   if (r == FinishReason::kAbort) ++metrics_.requests_aborted;
   ++metrics_.requests_finished;
   metrics_.e2e_s.observe(std::chrono::duration<double>(Clock::now() - s.arrival).count());
@@ -711,7 +731,7 @@ void Engine::publish_stats() {
   }
   st.kv_usage = kv_->usage();
   for (int g = 0; g < 2; ++g) {
-    st.kv_pages_used[g] = kv_->pool(KvGroup(g)).num_used();
+    st.kv_pages_used[g] = kv_->num_used(KvGroup(g));
     st.kv_pages_total[g] = kv_->pool(KvGroup(g)).num_pages();
   }
   std::lock_guard<std::mutex> l(stats_mu_);

@@ -52,6 +52,7 @@ struct EngineEvent {
   int32_t stop_token = -1;              // the stop token that ended it, if any
   int prompt_tokens = 0;
   int completion_tokens = 0;
+  int cached_tokens = 0;                // prompt tokens whose KV came from the prefix cache
   std::string error;                    // kError
 };
 
@@ -131,6 +132,11 @@ struct EngineConfig {
   // instead (as a failing backend would), so tests reach the error paths. 0: off. The engine
   // also takes it from the environment variable GPTOSS_TEST_FAIL_AT_OUTPUT_TOKEN.
   int test_fail_at_output_token = 0;
+  // `--enable-prefix-caching` (default) / `--no-enable-prefix-caching`: completed KV pages are
+  // kept, keyed by their token prefix, and a request whose prompt starts with a cached prefix
+  // starts its prefill after it (kv/prefix_cache.h). Requests asking for prompt logprobs always
+  // compute their whole prompt.
+  bool enable_prefix_caching = true;
 };
 
 struct EngineStats {
@@ -178,6 +184,7 @@ class Engine {
     int prompt_len = 0;
     int32_t num_computed = 0;     // positions whose KV is cached
     int32_t prompt_counted = 0;   // prompt positions counted in metrics (not again on recompute)
+    int32_t cached_tokens = -1;   // prompt tokens found in the prefix cache at first admission
     SamplingParams sp;
     std::mt19937_64 rng;
     std::unordered_map<int32_t, int> counts;

@@ -31,6 +31,9 @@ struct EngineMetrics {
   std::atomic<int64_t> requests_finished{0};
   std::atomic<int64_t> requests_aborted{0};
   std::atomic<int64_t> preemptions{0};
+  // Prefix cache, in tokens: looked up at each admission, and found cached (vLLM's names).
+  std::atomic<int64_t> prefix_cache_queries{0};
+  std::atomic<int64_t> prefix_cache_hits{0};
   std::atomic<int64_t> steps{0};
   std::atomic<int64_t> overlapped_steps{0};  // steps planned while the previous forward ran
   Histogram ttft_s{{0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0}};

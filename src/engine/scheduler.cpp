@@ -29,8 +29,8 @@ struct PageLedger {
     free[kKvSliding] += kv.pages_released(s.id, s.num_computed) - need[kKvSliding];
   }
   void give_back(const SchedSeq& s) {
-    free[kKvFull] += kv.pages_held(s.id, kKvFull);
-    free[kKvSliding] += kv.pages_held(s.id, kKvSliding);
+    free[kKvFull] += kv.pages_freed(s.id, kKvFull);
+    free[kKvSliding] += kv.pages_freed(s.id, kKvSliding);
   }
 };
 

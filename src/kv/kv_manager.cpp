@@ -36,6 +36,23 @@ KvManager::KvManager(const KvManagerConfig& cfg) : cfg_(cfg) {
   }
   pools_[kKvFull] = KvBlockPool(cfg_.num_pages[kKvFull]);
   pools_[kKvSliding] = KvBlockPool(cfg_.num_pages[kKvSliding]);
+  for (int g = 0; g < 2; ++g) caches_[g] = PrefixCache(cfg_.num_pages[g]);
+}
+
+bool KvManager::frees_on_drop(KvGroup g, int32_t page) const {
+  return page >= 0 && (!caches_[g].cached(page) || caches_[g].refs(page) == 1);
+}
+
+int32_t KvManager::take_page(KvGroup g) {
+  int32_t p = pools_[g].allocate();
+  return p >= 0 ? p : caches_[g].evict();
+}
+
+void KvManager::drop_page(KvGroup g, int32_t page) {
+  if (caches_[g].cached(page))
+    caches_[g].unref(page);
+  else
+    pools_[g].release(page);
 }
 
 int32_t KvManager::first_needed_sliding_page(int32_t start_pos) const {
@@ -69,7 +86,7 @@ int KvManager::pages_released(int64_t seq, int32_t start_pos) const {
   int32_t first = first_needed_sliding_page(start_pos);
   int released = 0;
   for (int32_t k = 0; k < std::min<int32_t>(first, int32_t(sl.size())); ++k)
-    if (sl[k] >= 0) ++released;
+    if (frees_on_drop(kKvSliding, sl[k])) ++released;
   return released;
 }
 
@@ -82,11 +99,20 @@ int KvManager::pages_held(int64_t seq, KvGroup g) const {
   return n;
 }
 
+int KvManager::pages_freed(int64_t seq, KvGroup g) const {
+  auto it = tables_.find(seq);
+  if (it == tables_.end()) return 0;
+  int n = 0;
+  for (int32_t p : it->second.t[g])
+    if (frees_on_drop(g, p)) ++n;
+  return n;
+}
+
 bool KvManager::can_prepare(int64_t seq, int32_t start_pos, int32_t n_tokens) const {
   int need[2];
   pages_needed(seq, start_pos, n_tokens, need);
-  return need[kKvFull] <= pools_[kKvFull].num_free() &&
-         need[kKvSliding] <= pools_[kKvSliding].num_free() + pages_released(seq, start_pos);
+  return need[kKvFull] <= num_free(kKvFull) &&
+         need[kKvSliding] <= num_free(kKvSliding) + pages_released(seq, start_pos);
 }
 
 bool KvManager::prepare(int64_t seq, int32_t start_pos, int32_t n_tokens) {
@@ -96,18 +122,18 @@ bool KvManager::prepare(int64_t seq, int32_t start_pos, int32_t n_tokens) {
   const int P = cfg_.page_size;
   const int32_t n_total = (start_pos + n_tokens + P - 1) / P;
   auto& full = tb.t[kKvFull];
-  while (int32_t(full.size()) < n_total) full.push_back(pools_[kKvFull].allocate());
+  while (int32_t(full.size()) < n_total) full.push_back(take_page(kKvFull));
   if (cfg_.has_sliding) {
     auto& sl = tb.t[kKvSliding];
     int32_t first = first_needed_sliding_page(start_pos);
     for (int32_t k = 0; k < std::min<int32_t>(first, int32_t(sl.size())); ++k)
       if (sl[k] >= 0) {
-        pools_[kKvSliding].release(sl[k]);
+        drop_page(kKvSliding, sl[k]);
         sl[k] = -1;
       }
     if (int32_t(sl.size()) < n_total) sl.resize(n_total, -1);
     for (int32_t k = first; k < n_total; ++k)
-      if (sl[k] < 0) sl[k] = pools_[kKvSliding].allocate();
+      if (sl[k] < 0) sl[k] = take_page(kKvSliding);
   }
   return true;
 }
@@ -115,10 +141,74 @@ bool KvManager::prepare(int64_t seq, int32_t start_pos, int32_t n_tokens) {
 void KvManager::free(int64_t seq) {
   auto it = tables_.find(seq);
   if (it == tables_.end()) return;
+  // Last block first: its cached page becomes evictable before the ones it extends, so eviction
+  // eats prefixes from their tails and keeps the shared heads longest (vLLM does the same).
   for (int g = 0; g < 2; ++g)
-    for (int32_t p : it->second.t[g])
-      if (p >= 0) pools_[g].release(p);
+    for (auto p = it->second.t[g].rbegin(); p != it->second.t[g].rend(); ++p)
+      if (*p >= 0) drop_page(KvGroup(g), *p);
   tables_.erase(it);
+}
+
+int32_t KvManager::match_prefix(int64_t seq, const int32_t* tokens, int32_t n) {
+  if (!cfg_.enable_prefix_caching || has(seq) || n < 2) return 0;
+  const int P = cfg_.page_size;
+  const int32_t max_blocks = (n - 1) / P;
+  // Full pages: the chain of blocks from the start while each is cached.
+  std::vector<uint64_t> keys;
+  std::vector<int32_t> full;
+  uint64_t parent = kNoParent;
+  for (int32_t j = 0; j < max_blocks; ++j) {
+    uint64_t key = block_key(parent, tokens + size_t(j) * P, P);
+    int32_t page = caches_[kKvFull].find(key, parent, tokens + size_t(j) * P, P);
+    if (page < 0) break;
+    keys.push_back(key);
+    full.push_back(page);
+    parent = key;
+  }
+  // Sliding pages: the longest of those prefixes whose last window is cached too.
+  int32_t k = int32_t(full.size());
+  std::vector<int32_t> sliding;
+  for (; k > 0 && cfg_.has_sliding; --k) {
+    const int32_t first = first_needed_sliding_page(k * P);
+    sliding.assign(k, -1);
+    bool all = true;
+    for (int32_t j = first; j < k && all; ++j) {
+      sliding[j] = caches_[kKvSliding].find(keys[j], j ? keys[j - 1] : kNoParent, tokens + size_t(j) * P, P);
+      all = sliding[j] >= 0;
+    }
+    if (all) break;
+  }
+  if (k == 0) return 0;
+  Tables& tb = tables_[seq];
+  tb.keys.assign(keys.begin(), keys.begin() + k);
+  tb.t[kKvFull].assign(full.begin(), full.begin() + k);
+  for (int32_t p : tb.t[kKvFull]) caches_[kKvFull].ref(p);
+  if (cfg_.has_sliding) {
+    tb.t[kKvSliding] = sliding;
+    for (int32_t p : sliding)
+      if (p >= 0) caches_[kKvSliding].ref(p);
+  }
+  return k * P;
+}
+
+void KvManager::commit(int64_t seq, const int32_t* tokens, int32_t n_computed) {
+  if (!cfg_.enable_prefix_caching) return;
+  auto it = tables_.find(seq);
+  if (it == tables_.end()) return;
+  Tables& tb = it->second;
+  const int P = cfg_.page_size;
+  const int32_t n_blocks = std::min<int32_t>(n_computed / P, int32_t(tb.t[kKvFull].size()));
+  for (int32_t j = int32_t(tb.keys.size()); j < n_blocks; ++j) {
+    const int32_t* blk = tokens + size_t(j) * P;
+    const uint64_t parent = j ? tb.keys[j - 1] : kNoParent;
+    const uint64_t key = block_key(parent, blk, P);
+    tb.keys.push_back(key);
+    int32_t fp = tb.t[kKvFull][j];
+    if (!caches_[kKvFull].cached(fp)) caches_[kKvFull].insert(fp, key, parent, blk, P);
+    const auto& sl = tb.t[kKvSliding];
+    if (j < int32_t(sl.size()) && sl[j] >= 0 && !caches_[kKvSliding].cached(sl[j]))
+      caches_[kKvSliding].insert(sl[j], key, parent, blk, P);
+  }
 }
 
 const std::vector<int32_t>& KvManager::table(int64_t seq, KvGroup g) const {
@@ -138,7 +228,7 @@ void KvManager::fill(int64_t seq, SeqBatchInfo& info) const {
 double KvManager::usage() const {
   double u = 0;
   for (int g = 0; g < 2; ++g)
-    if (pools_[g].num_pages() > 0) u = std::max(u, double(pools_[g].num_used()) / pools_[g].num_pages());
+    if (pools_[g].num_pages() > 0) u = std::max(u, double(num_used(KvGroup(g))) / pools_[g].num_pages());
   return u;
 }
 

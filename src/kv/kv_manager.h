@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "kv/prefix_cache.h"
 
 namespace gptoss {
 
@@ -35,9 +36,21 @@ struct KvManagerConfig {
   int num_pages[2] = {0, 0};  // full, sliding
   int sliding_window = 128;   // 0 = the model has no sliding layers
   bool has_sliding = true;    // false when the model has no sliding-window layers
+  // Keep completed pages for later requests with the same token prefix (kv/prefix_cache.h).
+  bool enable_prefix_caching = false;
 };
 
 // Per-sequence page tables over the two pools.
+//
+// With prefix caching, a sequence's completed pages are committed to a PrefixCache per group and
+// may then be held by several sequences (read-only); a page goes back to its pool's free list
+// only when evicted. "Free" below counts evictable cached pages too: allocation takes a free
+// page first, then evicts the least recently released cached one.
+//
+// Sliding-window layers: a prefix of L tokens is usable only when the sliding pages of its last
+// window (those the query at position L sees) are cached as well, so match_prefix() stops at the
+// longest block boundary for which both the full pages of the whole prefix and the sliding pages
+// of its last window are cached.
 class KvManager {
  public:
   explicit KvManager(const KvManagerConfig& cfg);
@@ -50,8 +63,10 @@ class KvManager {
   // Sliding pages that prepare(seq, start_pos, ...) releases before it allocates (those entirely
   // below the window of the query at start_pos).
   int pages_released(int64_t seq, int32_t start_pos) const;
-  // Pages seq holds in group g (what free(seq) returns to that pool).
+  // Pages seq holds in group g.
   int pages_held(int64_t seq, KvGroup g) const;
+  // Pages of group g that free(seq) makes available (shared cached pages stay held by others).
+  int pages_freed(int64_t seq, KvGroup g) const;
   // Makes seq's tables cover positions [0, start_pos + n_tokens) (sliding: only from the first
   // position the query at start_pos can see). Releases sliding pages entirely below
   // start_pos - window + 1. Returns false, taking nothing, when a pool lacks pages.
@@ -60,6 +75,17 @@ class KvManager {
   void free(int64_t seq);
   bool has(int64_t seq) const { return tables_.count(seq) != 0; }
 
+  // Prefix caching (no-ops returning 0 when disabled). For a sequence without pages: finds the
+  // longest cached prefix of tokens[0, n) that is a whole number of pages, shorter than n (the
+  // last token is always computed, for its logits), with its last window's sliding pages cached;
+  // gives seq references to those pages and returns the prefix length (seq then starts there).
+  int32_t match_prefix(int64_t seq, const int32_t* tokens, int32_t n);
+  // Commits seq's pages of the complete blocks among positions [0, n_computed) (computed and
+  // written: call after the forward pass) to the cache, keyed by tokens. A block already cached
+  // under another page keeps seq's page private.
+  void commit(int64_t seq, const int32_t* tokens, int32_t n_computed);
+  const PrefixCache& cache(KvGroup g) const { return caches_[g]; }
+
   // seq's table for group g (sliding entries below the window are -1). Valid until the next
   // prepare/free of that sequence.
   const std::vector<int32_t>& table(int64_t seq, KvGroup g) const;
@@ -67,7 +93,9 @@ class KvManager {
   void fill(int64_t seq, SeqBatchInfo& info) const;
 
   const KvBlockPool& pool(KvGroup g) const { return pools_[g]; }
-  int num_free(KvGroup g) const { return pools_[g].num_free(); }
+  // Free pages, evictable cached ones included.
+  int num_free(KvGroup g) const { return pools_[g].num_free() + caches_[g].num_evictable(); }
+  int num_used(KvGroup g) const { return pools_[g].num_pages() - num_free(g); }
   // Used fraction of the pools' pages (the larger of the two groups).
   double usage() const;
   // Pages a sequence of `len` positions needs at most in each group.
@@ -76,10 +104,16 @@ class KvManager {
  private:
   struct Tables {
     std::vector<int32_t> t[2];
+    std::vector<uint64_t> keys;  // block keys of the blocks commit() has seen, in order
   };
   int32_t first_needed_sliding_page(int32_t start_pos) const;
+  // Would dropping seq's reference to page make it available?
+  bool frees_on_drop(KvGroup g, int32_t page) const;
+  int32_t take_page(KvGroup g);              // a free page, else an evicted cached one
+  void drop_page(KvGroup g, int32_t page);   // seq lets go of page
   KvManagerConfig cfg_;
   KvBlockPool pools_[2];
+  PrefixCache caches_[2];
   std::unordered_map<int64_t, Tables> tables_;
 };
 

@@ -76,8 +76,12 @@ json chat_logprob_entry(const Tokenizer& tok, const TokenLogprob& lp) {
   return e;
 }
 
-json usage_json(int prompt, int completion) {
-  return {{"prompt_tokens", prompt}, {"completion_tokens", completion}, {"total_tokens", prompt + completion}};
+// `cached`: prompt tokens whose KV came from the prefix cache (as OpenAI reports them).
+json usage_json(int prompt, int completion, int cached) {
+  return {{"prompt_tokens", prompt},
+          {"completion_tokens", completion},
+          {"total_tokens", prompt + completion},
+          {"prompt_tokens_details", {{"cached_tokens", cached}}}};
 }
 
 json delta_json(const ChatDelta& d) {
@@ -238,7 +242,7 @@ struct Server::Handlers {
                    if (st->include_usage) {
                      json u = {{"id", st->id},       {"object", object}, {"created", st->created},
                                {"model", st->model}, {"choices", json::array()},
-                               {"usage", usage_json(last->prompt_tokens, last->completion_tokens)}};
+                               {"usage", usage_json(last->prompt_tokens, last->completion_tokens, last->cached_tokens)}};
                      out += sse(u);
                    }
                    out += "data: [DONE]\n\n";
@@ -356,7 +360,7 @@ struct Server::Handlers {
                        {"finish_reason", chat_finish_reason(reason, st->mapper->has_tool_calls())}};
         return json{{"id", st->id},       {"object", "chat.completion"}, {"created", st->created},
                     {"model", st->model}, {"choices", json::array({choice})},
-                    {"usage", usage_json(st->prompt_tokens, ev.completion_tokens)}};
+                    {"usage", usage_json(st->prompt_tokens, ev.completion_tokens, ev.cached_tokens)}};
       });
       return;
     }
@@ -397,7 +401,7 @@ struct Server::Handlers {
         };
         if (!d.empty()) {
           json ch = chat_chunk(*st, delta_json(d), take_lps(), nullptr);
-          if (st->continuous_usage) ch["usage"] = usage_json(ev->prompt_tokens, ev->completion_tokens);
+          if (st->continuous_usage) ch["usage"] = usage_json(ev->prompt_tokens, ev->completion_tokens, ev->cached_tokens);
           out += sse(ch);
         }
         if (ev->finished) {
@@ -406,7 +410,7 @@ struct Server::Handlers {
           } else {
             json ch = chat_chunk(*st, json::object(), take_lps(),
                                  chat_finish_reason(ev->finish_reason, st->mapper->has_tool_calls()));
-            if (st->continuous_usage) ch["usage"] = usage_json(ev->prompt_tokens, ev->completion_tokens);
+            if (st->continuous_usage) ch["usage"] = usage_json(ev->prompt_tokens, ev->completion_tokens, ev->cached_tokens);
             out += sse(ch);
           }
           return ev;
@@ -545,7 +549,7 @@ struct Server::Handlers {
                        {"finish_reason", text_finish(ev.finish_reason)}};
         return json{{"id", st->id},       {"object", "text_completion"}, {"created", st->created},
                     {"model", st->model}, {"choices", json::array({choice})},
-                    {"usage", usage_json(ev.prompt_tokens, ev.completion_tokens)}};
+                    {"usage", usage_json(ev.prompt_tokens, ev.completion_tokens, ev.cached_tokens)}};
       });
       return;
     }
@@ -578,7 +582,7 @@ struct Server::Handlers {
         if (!ev->text.empty()) {
           json ch = text_chunk(*st, ev->text, take_lps(), nullptr);
           if (!st->logprobs) st->text_offset += count_chars(ev->text);
-          if (st->continuous_usage) ch["usage"] = usage_json(ev->prompt_tokens, ev->completion_tokens);
+          if (st->continuous_usage) ch["usage"] = usage_json(ev->prompt_tokens, ev->completion_tokens, ev->cached_tokens);
           out += sse(ch);
         }
         if (ev->finished) {
@@ -829,6 +833,10 @@ std::string Server::metrics_text() const {
   gauge("gptoss:request_finished_total", "Requests finished (any reason).", double(m.requests_finished), "counter");
   gauge("gptoss:request_aborted_total", "Requests cancelled (client gone or shutdown).", double(m.requests_aborted), "counter");
   gauge("gptoss:num_preemptions_total", "Sequences preempted for KV memory.", double(m.preemptions), "counter");
+  gauge("gptoss:prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache at admission.",
+        double(m.prefix_cache_queries), "counter");
+  gauge("gptoss:prefix_cache_hits_total", "Prompt tokens found in the prefix cache (their prefill skipped).",
+        double(m.prefix_cache_hits), "counter");
   gauge("gptoss:engine_steps_total", "Forward passes run.", double(m.steps), "counter");
   gauge("gptoss:http_requests_total", "HTTP API requests.", double(http_requests_), "counter");
   gauge("gptoss:http_errors_total", "HTTP API requests answered with an error.", double(http_errors_), "counter");

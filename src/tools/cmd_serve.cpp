@@ -186,6 +186,8 @@ gptoss::tools::RegisterCommand reg({"serve", "Serve a model through an OpenAI-co
   add_kv_cache_dtype_option(app, a->kv_cache_dtype);
   app->add_flag("--async-scheduling", a->engine.async_scheduling,
                 "Plan each engine step while the previous forward pass runs (host/device overlap)");
+  app->add_flag("--enable-prefix-caching,!--no-enable-prefix-caching", a->engine.enable_prefix_caching,
+                "Reuse the KV pages of a cached token prefix across requests (default on)");
   add_tokenizer_option(app, a->tokenizer);
   app->add_option("--max-body-mb", a->max_body_mb, "Largest request body (413 beyond)")->capture_default_str()->check(positive_number());
   app->add_option("--http-threads", a->server.http_threads,

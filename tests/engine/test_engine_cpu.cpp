@@ -107,3 +107,64 @@ TEST(EngineCpu, BatchInvariantUnderPreemption) {
   // the model is not a constant: requests differ
   EXPECT_NE(alone[0], alone[1]);
 }
+
+// Prefix caching on the real CPU model: a multi-turn chat (turn 2 = turn 1's prompt and answer
+// plus a new message) and concurrent requests sharing a prefix give the same greedy tokens with
+// and without the cache, and the second turn reuses turn 1's pages.
+TEST(EngineCpu, PrefixCachingKeepsGreedyOutputs) {
+  auto be = make_cpu_backend(ModelWeights::load(kFixture), 2);
+  auto run = [&](bool caching, int* cached_second) {
+    EngineConfig c;
+    c.max_num_seqs = 4;
+    c.max_num_batched_tokens = 64;  // several prefill chunks per prompt
+    c.max_model_len = 512;
+    c.kv_cache_tokens = 4 * 512;
+    c.enable_prefix_caching = caching;
+    Engine e(*be, c);
+    SamplingParams sp;
+    sp.temperature = 0;
+    sp.max_tokens = 24;
+    sp.ignore_eos = true;
+    auto collect = [&](RequestStream& s, int* cached = nullptr) {
+      std::vector<int32_t> t;
+      while (auto ev = s.next(std::chrono::milliseconds(0))) {
+        t.insert(t.end(), ev->tokens.begin(), ev->tokens.end());
+        if (ev->finished && cached) *cached = ev->cached_tokens;
+      }
+      return t;
+    };
+    std::vector<int32_t> p1;
+    for (int k = 0; k < 150; ++k) p1.push_back((k * 37 + 11) % 500);
+    auto s1 = e.submit(p1, sp);
+    while (e.step()) {
+    }
+    std::vector<std::vector<int32_t>> out{collect(*s1)};
+    auto p2 = p1;
+    p2.insert(p2.end(), out[0].begin(), out[0].end());
+    for (int k = 0; k < 9; ++k) p2.push_back((k * 5 + 7) % 500);
+    // turn 2 and three others sharing 40..140 tokens of turn 1, all at once
+    std::vector<std::shared_ptr<RequestStream>> ss{e.submit(p2, sp)};
+    for (int i = 0; i < 3; ++i) {
+      std::vector<int32_t> p(p1.begin(), p1.begin() + 40 + 50 * i);
+      p.push_back(499 - i);
+      ss.push_back(e.submit(p, sp));
+    }
+    while (e.step()) {
+    }
+    out.push_back(collect(*ss[0], cached_second));
+    for (int i = 1; i < 4; ++i) out.push_back(collect(*ss[i]));
+    EXPECT_EQ(e.stats().kv_pages_used[0], 0);
+    EXPECT_EQ(e.stats().kv_pages_used[1], 0);
+    return out;
+  };
+  int cached_on = -1, cached_off = -1;
+  auto on = run(true, &cached_on), off = run(false, &cached_off);
+  ASSERT_EQ(on.size(), off.size());
+  for (size_t i = 0; i < on.size(); ++i) {
+    EXPECT_EQ(on[i].size(), 24u) << i;
+    EXPECT_EQ(on[i], off[i]) << i;
+  }
+  EXPECT_EQ(cached_off, 0);
+  EXPECT_EQ(cached_on, 160);  // turn 1 computed 150 + 23 positions: 10 complete pages of 16
+  EXPECT_NE(on[2], on[3]);
+}
