@@ -322,7 +322,7 @@ struct Server::Handlers {
       };
       auto acc = std::make_shared<Acc>();
       const bool want_lp = r.logprobs;
-      respond_when_done(req, res, rs, [this, st, acc, want_lp](EngineEvent& ev) -> std::optional<json> {
+      respond_when_done(res, rs, [this, st, acc, want_lp](EngineEvent& ev) -> std::optional<json> {
         ChatDelta d;
         for (size_t i = 0; i < ev.tokens.size(); ++i) {
           d.append(st->mapper->push(ev.tokens[i]));
@@ -533,7 +533,7 @@ struct Server::Handlers {
       auto acc = std::make_shared<Acc>();
       acc->text = st->echo;
       const bool want_lp = r.logprobs;
-      respond_when_done(req, res, rs, [this, st, acc, want_lp](EngineEvent& ev) -> std::optional<json> {
+      respond_when_done(res, rs, [this, st, acc, want_lp](EngineEvent& ev) -> std::optional<json> {
         acc->text += ev.text;
         acc->lps.insert(acc->lps.end(), ev.prompt_logprobs.begin(), ev.prompt_logprobs.end());
         acc->lps.insert(acc->lps.end(), ev.logprobs.begin(), ev.logprobs.end());
@@ -590,7 +590,7 @@ struct Server::Handlers {
             out += sse(error_body(ApiError{500, "Generation failed: " + ev->error, "server_error", "", ""}));
           else {
             json ch = text_chunk(*st, "", take_lps(), text_finish(ev->finish_reason));
-            if (st->continuous_usage) ch["usage"] = usage_json(ev->prompt_tokens, ev->completion_tokens);
+            if (st->continuous_usage) ch["usage"] = usage_json(ev->prompt_tokens, ev->completion_tokens, ev->cached_tokens);
             out += sse(ch);
           }
           return ev;

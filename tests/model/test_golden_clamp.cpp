@@ -5,6 +5,7 @@
 // torch.topk chose; this test first checks the fixture really exercises both.
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 
@@ -46,6 +47,24 @@ ClampGolden load_clamp_golden() {
                   "transformers (python3 tests/tools/make_golden.py OUT --only tiny-gptoss-clamp) and copy " \
                   "OUT/tiny-gptoss-clamp to tests/data (see tests/data/README.md)"
 
+// torch.topk on the CPU has no consistent tie rule (the fixture's run: 10 of 16 boundary ties to
+// the lower expert index, 6 to the higher; tests/tools/topk_ties.py shows it varies with the
+// pattern), while the engine always takes the lower index (as a stable sort does, and as torch
+// did on CUDA for every boundary tie topk_ties.py measured). So rows from the first tie that
+// transformers resolved toward the higher expert on are left out: that tie routes the token
+// elsewhere, and through attention every later row. Rows before it must match.
+int rows_comparable(const ClampGolden& g, size_t prompt) {
+  int rows = int(g.meta["prompts"][prompt].size());
+  for (const auto& t : g.meta["router_ties"]) {
+    if (t["prompt"].get<size_t>() != prompt) continue;
+    const auto tied = t["tied_experts"].get<std::vector<int>>();
+    const auto topk = t["topk"].get<std::vector<int>>();
+    const bool lower = std::find(topk.begin(), topk.end(), std::min(tied[0], tied[1])) != topk.end();
+    if (!lower) rows = std::min(rows, t["row"].get<int>());
+  }
+  return rows;
+}
+
 double prefill_error(const ModelWeights& w, const ClampGolden& g, size_t i, std::vector<float>* out = nullptr) {
   auto be = make_cpu_backend(std::make_shared<const ModelWeights>(w));
   const auto prompt = g.meta["prompts"][i].get<std::vector<int32_t>>();
@@ -56,7 +75,9 @@ double prefill_error(const ModelWeights& w, const ClampGolden& g, size_t i, std:
   if (!ref) return INFINITY;
   EXPECT_EQ(ref->shape, (std::vector<int64_t>{int64_t(prompt.size()), w.config.vocab}));
   if (out) *out = logits;
-  return test::rel_error(logits.data(), reinterpret_cast<const float*>(ref->data), logits.size());
+  const size_t n = size_t(rows_comparable(g, i)) * w.config.vocab;
+  if (n == 0) return 0.0;
+  return test::rel_error(logits.data(), reinterpret_cast<const float*>(ref->data), n);
 }
 
 TEST(GoldenClamp, FixtureExercisesTheClampAndRouterTies) {
@@ -67,8 +88,18 @@ TEST(GoldenClamp, FixtureExercisesTheClampAndRouterTies) {
   EXPECT_GT(c.at("gate_above_limit").get<int>(), 0);
   EXPECT_GT(c.at("up_outside_limit").get<int>(), 0);
   EXPECT_GT(g.meta.at("router_ties").size(), 0u);
-  // torch.topk's rule as transformers used it; the engine resolves ties the same way.
-  EXPECT_EQ(g.meta.at("router_tie_rule"), "lower");
+  // At least one prompt keeps rows past a tie torch resolved to the lower index, so the engine's
+  // rule is exercised against transformers (see rows_comparable).
+  int lower_ties_compared = 0;
+  for (const auto& t : g.meta["router_ties"]) {
+    const auto tied = t["tied_experts"].get<std::vector<int>>();
+    const auto topk = t["topk"].get<std::vector<int>>();
+    const bool lower = std::find(topk.begin(), topk.end(), std::min(tied[0], tied[1])) != topk.end();
+    if (lower && t["row"].get<int>() < rows_comparable(g, t["prompt"].get<size_t>())) ++lower_ties_compared;
+  }
+  EXPECT_GT(lower_ties_compared, 0);
+  std::printf("torch's tie rule in this run: %s; ties compared: %d\n",
+              g.meta.at("router_tie_rule").get<std::string>().c_str(), lower_ties_compared);
   std::printf("fixture: %d gate and %d up values past the clamp in %d routed pairs; %zu router ties\n",
               c["gate_above_limit"].get<int>(), c["up_outside_limit"].get<int>(), c["routed_pairs"].get<int>(),
               g.meta["router_ties"].size());
@@ -89,6 +120,7 @@ TEST(GoldenClamp, PrefillLogitsAndGreedyMatchTransformers) {
   const int V = w->config.vocab;
   for (size_t i = 0; i < g.meta["prompts"].size(); ++i) {
     const auto prompt = g.meta["prompts"][i].get<std::vector<int32_t>>();
+    if (rows_comparable(g, i) < int(prompt.size())) continue;  // a tie went the other way (above)
     const auto want = g.meta["greedy_continuations"][i].get<std::vector<int32_t>>();
     SoloSequence seq(*be, int(prompt.size() + want.size()));
     auto logits = seq.append(prompt, false);
