@@ -3,8 +3,9 @@
 
 namespace gptoss::tools {
 
-// The trained built-in model's compact artifact: $GPTOSS_BUILTIN_ARTIFACT when set, else the
-// repository's models/builtin/gptoss-builtin.safetensors when present, else "".
+// The trained built-in model's compact artifact: $GPTOSS_BUILTIN_ARTIFACT when set ("random":
+// none, so the random tiny model), else the repository's models/builtin/gptoss-builtin.safetensors
+// when present, else "".
 std::string builtin_artifact_path();
 
 // The directory of the built-in default model, written to ${XDG_CACHE_HOME:-~/.cache}/gptoss/models

@@ -107,7 +107,8 @@ json valid_body(const std::string& path) {
 }
 
 // A concrete path for a route: path parameters become the served model's name.
-std::string concrete(const std::string& route) { return std::regex_replace(route, std::regex(R"(\(\.\+\))"), kModel); }
+// A route's pattern ("(.+)" or the HTTP layer's trailing "*") made concrete with the model's name.
+std::string concrete(const std::string& route) { return std::regex_replace(route, std::regex(R"(\(\.\+\)|\*)"), kModel); }
 
 }  // namespace
 
@@ -154,7 +155,10 @@ TEST(HttpContract, ApiKeyOnEveryV1Route) {
       ASSERT_TRUE(ok) << what;
       EXPECT_NE(ok->status, 401) << what << ": " << ok->body;
       EXPECT_LT(ok->status, 500) << what << ": " << ok->body;
-      if (r.method == "GET" || r.method == "POST") EXPECT_EQ(ok->status, 200) << what << ": " << ok->body;
+      // A wildcard other than the model's name (a stored response's id) answers 404 for the name.
+      const bool wildcard_id = r.path.find('*') != std::string::npos && r.path.rfind("/v1/models/", 0) != 0;
+      if ((r.method == "GET" || r.method == "POST") && !wildcard_id)
+        EXPECT_EQ(ok->status, 200) << what << ": " << ok->body;
     } else {
       auto res = send({});
       ASSERT_TRUE(res) << what;
