@@ -1,6 +1,6 @@
 #pragma once
 // The OpenAI-compatible HTTP server over an Engine: /health, /v1/models, /v1/chat/completions,
-// /v1/completions (SSE streams), /metrics (Prometheus text), /tokenize, /detokenize.
+// /v1/completions, /v1/responses (SSE streams; stored responses in SQLite), /metrics (Prometheus text), /tokenize, /detokenize.
 #include <atomic>
 #include <cstdint>
 #include <memory>
@@ -17,6 +17,7 @@ namespace gptoss::server {
 namespace http {
 class HttpServer;
 }
+class ResponseStore;
 
 struct ServerOptions {
   std::string host = "127.0.0.1";
@@ -33,6 +34,7 @@ struct ServerOptions {
   std::vector<std::string> allowed_origins;  // CORS: origins browsers may call from; "*": any
   bool log_requests = false;            // a line per request (time, client, request, status, latency, tokens)
   int log_stats_interval_s = 10;        // a throughput line this often while busy; 0: never
+  std::string response_store;           // SQLite file of stored /v1/responses; "" or ":memory:": in memory
 };
 
 class Server {
@@ -60,6 +62,7 @@ class Server {
   Tokenizer tok_;
   harmony::Renderer renderer_;
   ServerOptions opts_;
+  std::unique_ptr<ResponseStore> store_;
   std::unique_ptr<http::HttpServer> http_;
   int port_ = 0;
   std::atomic<bool> draining_{false};

@@ -30,6 +30,13 @@ struct Args {
   double kv_cache_gb = 0;
 };
 
+// Where stored /v1/responses live unless --response-store says: the user's cache directory.
+std::string default_response_store() {
+  if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x) return std::string(x) + "/gptoss/responses.sqlite";
+  if (const char* h = std::getenv("HOME"); h && *h) return std::string(h) + "/.cache/gptoss/responses.sqlite";
+  return ":memory:";
+}
+
 int run_serve(Args& a) {
   namespace fs = std::filesystem;
   // SIGTERM/SIGINT are taken by a thread of ours (blocked everywhere else: first
@@ -52,6 +59,7 @@ int run_serve(Args& a) {
                                  : !a.backend.random_weights.empty() ? "gpt-oss-" + a.backend.random_weights
                                                                      : fs::path(a.backend.model_dir).filename().string();
   if (a.server.served_model_name.empty()) a.server.served_model_name = a.backend.model_dir;
+  if (a.server.response_store.empty()) a.server.response_store = default_response_store();
 
   gptoss::Tokenizer tok = [&] {
     if (!a.tokenizer.empty()) return gptoss::Tokenizer::from_file(a.tokenizer);
@@ -165,6 +173,9 @@ gptoss::tools::RegisterCommand reg({"serve", "Serve a model through an OpenAI-co
       ->capture_default_str();
   app->add_flag("--log-requests", a->server.log_requests,
                 "Log each request to stderr: time, client, request, status, latency, tokens in/out");
+  app->add_option("--response-store", a->server.response_store,
+                  "SQLite file of stored /v1/responses (store, previous_response_id); ':memory:' keeps them until exit "
+                  "(default: ${XDG_CACHE_HOME:-~/.cache}/gptoss/responses.sqlite)");
   app->add_option("--log-stats-interval", a->server.log_stats_interval_s,
                   "Seconds between throughput lines while busy (0: none)")->capture_default_str();
   return [a]() { return run_serve(*a); };
