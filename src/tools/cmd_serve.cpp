@@ -59,7 +59,18 @@ int run_serve(Args& a) {
                                  : !a.backend.random_weights.empty() ? "gpt-oss-" + a.backend.random_weights
                                                                      : fs::path(a.backend.model_dir).filename().string();
   if (a.server.served_model_name.empty()) a.server.served_model_name = a.backend.model_dir;
-  if (a.server.response_store.empty()) a.server.response_store = default_response_store();
+  if (a.server.response_store.empty()) {
+    // The default place may not be writable (a container's home): then in memory, said aloud.
+    a.server.response_store = default_response_store();
+    std::error_code ec;
+    auto dir = fs::path(a.server.response_store).parent_path();
+    if (a.server.response_store != ":memory:") fs::create_directories(dir, ec);
+    if (a.server.response_store != ":memory:" && (ec || access(dir.c_str(), W_OK) != 0)) {
+      std::fprintf(stderr, "gptoss serve: %s is not writable; stored responses are kept in memory until exit "
+                           "(--response-store PATH to keep them)\n", dir.c_str());
+      a.server.response_store = ":memory:";
+    }
+  }
 
   gptoss::Tokenizer tok = [&] {
     if (!a.tokenizer.empty()) return gptoss::Tokenizer::from_file(a.tokenizer);
