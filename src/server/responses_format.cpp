@@ -77,7 +77,7 @@ void ResponseBuilder::add_text(Open kind, const std::string& text) {
   emit(kind == Open::Reasoning ? "response.reasoning_text.delta" : "response.output_text.delta", std::move(ev));
 }
 
-void ResponseBuilder::close_item() {
+void ResponseBuilder::close_item(const char* status) {
   if (open_ == Open::None) return;
   oj& item = output_.back();
   const int index = int(output_.size()) - 1;
@@ -93,7 +93,7 @@ void ResponseBuilder::close_item() {
     emit("response.content_part.done",
          {{"item_id", id}, {"output_index", index}, {"content_index", 0}, {"part", item["content"][0]}});
   }
-  item["status"] = "completed";
+  item["status"] = status;
   emit("response.output_item.done", {{"output_index", index}, {"item", item}});
   open_ = Open::None;
   text_.clear();
@@ -111,7 +111,7 @@ void ResponseBuilder::push(const ChatDelta& d) {
 }
 
 void ResponseBuilder::finish(FinishReason reason, int input_tokens, int output_tokens, const std::string& error) {
-  close_item();
+  close_item(reason == FinishReason::kStop ? "completed" : "incomplete");  // an item cut short says so
   usage_ = {{"input_tokens", input_tokens},
             {"input_tokens_details", {{"cached_tokens", 0}}},
             {"output_tokens", output_tokens},

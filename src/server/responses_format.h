@@ -41,7 +41,7 @@ class ResponseBuilder {
   enum class Open { None, Reasoning, Message, FunctionCall };
   void emit(const char* type, nlohmann::ordered_json ev);
   void open_item(Open kind, const ChatDelta::ToolCallDelta* call = nullptr);
-  void close_item();
+  void close_item(const char* status = "completed");
   void add_text(Open kind, const std::string& text);
 
   nlohmann::ordered_json base_;

@@ -27,6 +27,9 @@ after(async () => {
   fs.rmSync(dir, { recursive: true, force: true });
 });
 
+// The text of a response's items of one kind (message: output_text parts; reasoning: reasoning_text).
+const textOf = (r, type) => r.output.filter((i) => i.type === type).flatMap((i) => i.content).map((p) => p.text).join('');
+
 async function expectStatus(promise, status, param) {
   await assert.rejects(promise, (e) => {
     assert.ok(e instanceof OpenAI.APIError, `expected an APIError, got ${e}`);
@@ -46,9 +49,8 @@ test('responses.create, retrieve, delete', async () => {
   assert.equal(r.instructions, 'Be brief.');
   assert.deepEqual(r.metadata, { run: 'e2e' });
   assert.ok(r.output.length >= 1);
-  const msg = r.output.at(-1);
-  assert.equal(msg.type, 'message');
-  assert.equal(r.output_text, msg.content[0].text, 'the SDK joins output_text from the message items');
+  for (const item of r.output) assert.ok(['reasoning', 'message', 'function_call'].includes(item.type), item.type);
+  assert.equal(r.output_text, textOf(r, 'message'), 'the SDK joins output_text from the message items');
   assert.ok(r.usage.output_tokens <= 12 && r.usage.output_tokens > 0);
   assert.equal(r.usage.total_tokens, r.usage.input_tokens + r.usage.output_tokens);
   assert.equal(typeof r.usage.output_tokens_details.reasoning_tokens, 'number');
@@ -64,9 +66,11 @@ test('responses.stream: the SDK accumulates the events into the final response',
   const stream = client.responses.stream({ model: MODEL, input: 'Tell me a story.', max_output_tokens: 10 });
   const seen = [];
   let text = '';
+  let reasoning = '';
   for await (const ev of stream) {
     seen.push(ev);
     if (ev.type === 'response.output_text.delta') text += ev.delta;
+    if (ev.type === 'response.reasoning_text.delta') reasoning += ev.delta;
   }
   const final = await stream.finalResponse();
   assert.equal(seen[0].type, 'response.created');
@@ -75,10 +79,15 @@ test('responses.stream: the SDK accumulates the events into the final response',
   assert.ok(['response.completed', 'response.incomplete'].includes(seen.at(-1).type));
   assert.ok(seen.some((e) => e.type === 'response.output_item.added'));
   assert.ok(seen.some((e) => e.type === 'response.output_item.done'));
-  assert.equal(final.output.at(-1).content[0].text, text);
+  assert.equal(textOf(final, 'message'), text);
+  assert.equal(textOf(final, 'reasoning'), reasoning);
+  assert.ok(text.length + reasoning.length > 0);
   // a streamed response is stored as well
+  // (the SDK keeps its own snapshot unless the stream ends in response.completed: compare texts)
   const got = await client.responses.retrieve(final.id);
-  assert.equal(got.output.at(-1).content[0].text, text);
+  assert.deepEqual(got.output.map((i) => i.id), final.output.map((i) => i.id));
+  assert.equal(textOf(got, 'message'), text);
+  assert.equal(textOf(got, 'reasoning'), reasoning);
 });
 
 test('previous_response_id continues the stored conversation; function_call items round-trip', async () => {

@@ -188,6 +188,7 @@ TEST(ResponsesApi, ItemsAndEventsFromHarmony) {
   EXPECT_EQ(cut["status"], "incomplete");
   EXPECT_EQ(cut["incomplete_details"]["reason"], "max_output_tokens");
   EXPECT_EQ(kevs.back()["type"], "response.incomplete");
+  EXPECT_EQ(cut["output"].back()["status"], "incomplete");
 }
 
 TEST(ResponsesApi, StoreKeepsResponsesInSqlite) {
