@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PKGS=(build-essential cmake ninja-build pkg-config git
-      nlohmann-json3-dev libcli11-dev libgtest-dev libpcre2-dev libcpp-httplib-dev libboost1.81-dev
+      nlohmann-json3-dev libcli11-dev libgtest-dev libpcre2-dev libcpp-httplib-dev libboost1.81-dev libsqlite3-dev
       nodejs npm ca-certificates)
 missing=()
 for p in "${PKGS[@]}"; do

@@ -44,6 +44,7 @@ std::span<const RequestField> chat_fields();        // /v1/chat/completions
 std::span<const RequestField> completion_fields();  // /v1/completions
 std::span<const RequestField> tokenize_fields();    // /tokenize
 std::span<const RequestField> detokenize_fields();  // /detokenize
+std::span<const RequestField> responses_fields();   // /v1/responses
 
 struct ToolCall {
   std::string id;
@@ -114,6 +115,21 @@ struct TokenizeRequest {
 struct DetokenizeRequest {
   std::vector<int32_t> tokens;
 };
+
+// /v1/responses (the OpenAI Responses API). The conversation maps onto a chat request, so the
+// chat path's harmony rendering and output mapping serve both routes.
+struct ResponsesRequest {
+  ChatRequest chat;                   // sampling, tools, tool_choice, reasoning effort; messages: this input only
+  ojson input_items = ojson::array();  // this request's input as Responses items (a string: one user message)
+  std::optional<std::string> instructions;           // a developer message ahead of everything, not carried over
+  std::optional<std::string> previous_response_id;  // continue a stored response's conversation
+  bool store = true;
+  ojson echo = ojson::object();  // the request's settings as the response object repeats them
+};
+ResponsesRequest parse_responses_request(const ojson& j);
+// Responses items (message, reasoning, function_call, function_call_output) as chat messages;
+// `where` names the field in errors ("input").
+std::vector<ChatMessage> responses_items_to_messages(const ojson& items, const std::string& where);
 
 // Parse the body text (throws ApiError 400 on malformed JSON or wrong types/values).
 ojson parse_body(const std::string& body);

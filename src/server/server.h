@@ -1,6 +1,6 @@
 #pragma once
 // The OpenAI-compatible HTTP server over an Engine: /health, /v1/models, /v1/chat/completions,
-// /v1/completions (SSE streams), /metrics (Prometheus text), /tokenize, /detokenize.
+// /v1/completions, /v1/responses (SSE streams; stored responses in SQLite), /metrics (Prometheus text), /tokenize, /detokenize.
 #include <atomic>
 #include <cstdint>
 #include <memory>
@@ -17,6 +17,7 @@ namespace gptoss::server {
 namespace http {
 class HttpServer;
 }
+class ResponseStore;
 
 class StructuredOutput;
 
@@ -38,6 +39,7 @@ struct ServerOptions {
   // The model writes harmony: structured output constrains its final channel and tool calls.
   // false (random weights): a response_format constrains the whole output.
   bool harmony_output = true;
+  std::string response_store;           // SQLite file of stored /v1/responses; "" or ":memory:": in memory
 };
 
 class Server {
@@ -73,6 +75,7 @@ class Server {
   Tokenizer tok_;
   harmony::Renderer renderer_;
   ServerOptions opts_;
+  std::unique_ptr<ResponseStore> store_;
   std::unique_ptr<http::HttpServer> http_;
   std::unique_ptr<StructuredOutput> structured_;
   int port_ = 0;

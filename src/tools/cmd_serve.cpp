@@ -35,6 +35,14 @@ struct Args {
   double kv_cache_gb = 0;
 };
 
+// Where stored /v1/responses live unless --response-store says: the user's cache directory.
+std::string default_response_store() {
+  if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x) return std::string(x) + "/gptoss/responses.sqlite";
+  if (const char* h = std::getenv("HOME"); h && *h) return std::string(h) + "/.cache/gptoss/responses.sqlite";
+  return ":memory:";
+}
+
+int run_serve(Args& a) {
 // KV cache and concurrency at start-up, as vLLM prints them: what the cache holds in tokens and
 // how many sequences of max_model_len it can hold at once.
 void print_kv_summary(const gptoss::Backend& backend, const gptoss::Engine& engine, int max_num_seqs) {
@@ -84,6 +92,37 @@ int run_serve(Args& a) {
   pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
   signal(SIGINT, SIG_DFL);  // a shell script's background job starts with SIGINT ignored
   signal(SIGPIPE, SIG_IGN);
+  bool builtin = a.backend.model_dir.empty() && a.backend.random_weights.empty();
+  if (builtin) {
+    a.backend.model_dir = gptoss::tools::ensure_builtin_model();
+    // A random toy model rarely ends its turn: keep requests without max_tokens short.
+    if (a.engine.max_model_len == 0) a.engine.max_model_len = 4096;
+  }
+  if (a.server.served_model_name.empty())
+    a.server.served_model_name = builtin ? std::string("gpt-oss-tiny")
+                                 : !a.backend.random_weights.empty() ? "gpt-oss-" + a.backend.random_weights
+                                                                     : fs::path(a.backend.model_dir).filename().string();
+  if (a.server.served_model_name.empty()) a.server.served_model_name = a.backend.model_dir;
+  if (a.server.response_store.empty()) {
+    // The default place may not be writable (a container's home): then in memory, said aloud.
+    a.server.response_store = default_response_store();
+    std::error_code ec;
+    auto dir = fs::path(a.server.response_store).parent_path();
+    if (a.server.response_store != ":memory:") fs::create_directories(dir, ec);
+    if (a.server.response_store != ":memory:" && (ec || access(dir.c_str(), W_OK) != 0)) {
+      std::fprintf(stderr, "gptoss serve: %s is not writable; stored responses are kept in memory until exit "
+                           "(--response-store PATH to keep them)\n", dir.c_str());
+      a.server.response_store = ":memory:";
+    }
+  }
+
+  gptoss::Tokenizer tok = [&] {
+    if (!a.tokenizer.empty()) return gptoss::Tokenizer::from_file(a.tokenizer);
+    if (!a.backend.model_dir.empty() && fs::exists(fs::path(a.backend.model_dir) / "tokenizer.json"))
+      return gptoss::Tokenizer::from_file(a.backend.model_dir);
+    return gptoss::Tokenizer::o200k_harmony();
+  }();
+
   gptoss::tools::ModelChoice model = gptoss::tools::choose_model(a.backend);
   // A random toy model rarely ends its turn: keep requests without max_tokens short.
   if (model.builtin && a.engine.max_model_len == 0) a.engine.max_model_len = 4096;
@@ -216,6 +255,9 @@ gptoss::tools::RegisterCommand reg({"serve", "Serve a model through an OpenAI-co
       ->check(int_range(0));
   app->add_flag("--log-requests", a->server.log_requests,
                 "Log each request to stderr: time, client, request, status, latency, tokens in/out");
+  app->add_option("--response-store", a->server.response_store,
+                  "SQLite file of stored /v1/responses (store, previous_response_id); ':memory:' keeps them until exit "
+                  "(default: ${XDG_CACHE_HOME:-~/.cache}/gptoss/responses.sqlite)");
   app->add_option("--log-stats-interval", a->server.log_stats_interval_s,
                   "Seconds between throughput lines while busy (0: none)")
       ->capture_default_str()

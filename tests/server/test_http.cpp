@@ -463,6 +463,35 @@ TEST(HttpTransport, MissingAndWrongApiKey) {
   EXPECT_EQ(json::parse(wrong->body)["error"]["code"], "invalid_api_key");
 }
 
+// Every /v1 route needs the key: no key and a wrong key are 401, the right key passes the check.
+TEST(HttpTransport, ApiKeyCoversEveryV1Route) {
+  ServerOptions so;
+  so.api_key = "sekret";
+  Fixture f(so);
+  struct Route {
+    const char* method;
+    const char* path;
+  };
+  const Route routes[] = {{"GET", "/v1/models"},          {"GET", "/v1/models/test-model"},
+                          {"POST", "/v1/chat/completions"}, {"POST", "/v1/completions"},
+                          {"POST", "/v1/responses"},      {"GET", "/v1/responses/resp_x"},
+                          {"DELETE", "/v1/responses/resp_x"}};
+  auto c = f.client();
+  for (const Route& r : routes) {
+    for (const char* auth : {"", "Bearer nope", "Bearer sekret"}) {
+      httplib::Headers h;
+      if (*auth) h.emplace("Authorization", auth);
+      const std::string m = r.method;
+      httplib::Result res = m == "GET"      ? c.Get(r.path, h)
+                            : m == "DELETE" ? c.Delete(r.path, h)
+                                            : c.Post(r.path, h, "{}", "application/json");
+      ASSERT_TRUE(res) << r.method << " " << r.path;
+      if (std::string(auth) == "Bearer sekret") EXPECT_NE(res->status, 401) << r.method << " " << r.path;
+      else EXPECT_EQ(res->status, 401) << r.method << " " << r.path << " auth '" << auth << "'";
+    }
+  }
+}
+
 TEST(HttpTransport, CorsOnlyForAllowedOrigins) {
   {
     Fixture f;  // default: no CORS headers at all

@@ -130,7 +130,10 @@ const ojson& sample_values() {
     "prompt": "hi", "echo": true, "best_of": 1, "add_generation_prompt": false,
     "continue_final_message": false, "return_token_strs": true, "add_special_tokens": true,
     "tokens": [1, 2], "skip_special_tokens": true, "include_stop_str_in_output": false,
-    "safety_identifier": "s", "prompt_cache_key": "k"
+    "safety_identifier": "s", "prompt_cache_key": "k",
+    "input": "hi", "instructions": "be brief", "previous_response_id": "resp_1", "max_output_tokens": 5,
+    "text": {"format": {"type": "text"}}, "truncation": "disabled", "include": [], "background": false,
+    "service_tier": "auto"
   })");
   return s;
 }
@@ -140,6 +143,7 @@ ApiError parse_error(const ojson& j, const std::string& route) {
     if (route == "chat") parse_chat_request(j);
     else if (route == "completions") parse_completion_request(j);
     else if (route == "tokenize") parse_tokenize_request(j);
+    else if (route == "responses") parse_responses_request(j);
     else parse_detokenize_request(j);
   } catch (const ApiError& e) {
     return e;
@@ -151,6 +155,7 @@ ojson base_of(const std::string& route) {
   if (route == "chat") return {{"messages", ojson::array({{{"role", "user"}, {"content", "hi"}}})}};
   if (route == "completions") return {{"prompt", "hi"}};
   if (route == "tokenize") return {{"prompt", "hi"}};
+  if (route == "responses") return {{"input", "hi"}};
   return {{"tokens", {1}}};
 }
 }  // namespace
@@ -160,7 +165,7 @@ ojson base_of(const std::string& route) {
 TEST(FieldTables, EveryHonouredFieldIsRead) {
   std::vector<std::pair<std::string, std::span<const RequestField>>> routes = {
       {"chat", chat_fields()}, {"completions", completion_fields()}, {"tokenize", tokenize_fields()},
-      {"detokenize", detokenize_fields()}};
+      {"detokenize", detokenize_fields()}, {"responses", responses_fields()}};
   for (auto& [route, table] : routes) {
     for (const RequestField& f : table) {
       if (f.use == FieldUse::kRefused) continue;
@@ -177,6 +182,8 @@ TEST(FieldTables, EveryHonouredFieldIsRead) {
         j["messages"] = sample_values()["messages"];
       }
       j[f.name] = sample_values()[f.name];
+      if (route == "responses" && std::string(f.name) == "tools")  // the Responses API's flat form
+        j["tools"] = ojson::parse(R"([{"type": "function", "name": "f"}])");
       if (route == "chat" && std::string(f.name) == "top_logprobs") j["logprobs"] = true;
       ApiError e = parse_error(j, route);
       EXPECT_EQ(e.status, 200) << route << " " << f.name << ": " << e.message;

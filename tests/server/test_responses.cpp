@@ -1,0 +1,295 @@
+// /v1/responses: request parsing and refusals, the output items and the official event
+// sequence built from harmony tokens, the SQLite store, and the route over a live server
+// (create, stream, retrieve, delete, previous_response_id, store: false).
+#include <unistd.h>
+
+#include <filesystem>
+
+#include "common/error.h"
+#include "http_fixture.h"
+#include "server/response_store.h"
+#include "server/responses_format.h"
+
+using namespace httptest;
+using namespace gptoss::server;
+using gptoss::FinishReason;
+
+namespace {
+
+ApiError responses_error(const std::string& body) {
+  try {
+    parse_responses_request(parse_body(body));
+  } catch (const ApiError& e) {
+    return e;
+  }
+  ADD_FAILURE() << "no error for " << body;
+  return {};
+}
+
+// The events of a stream: ("event: T\ndata: {...}") pairs; checks the event name equals data.type.
+std::vector<json> sse_events(const std::string& raw) {
+  std::vector<json> out;
+  size_t pos = 0;
+  while (pos < raw.size()) {
+    size_t e = raw.find("\n\n", pos);
+    if (e == std::string::npos) break;
+    std::string ev = raw.substr(pos, e - pos);
+    pos = e + 2;
+    size_t nl = ev.find('\n');
+    EXPECT_EQ(ev.rfind("event: ", 0), 0u) << ev;
+    EXPECT_NE(nl, std::string::npos) << ev;
+    if (nl == std::string::npos) continue;
+    json d = json::parse(ev.substr(nl + 7));
+    EXPECT_EQ(ev.substr(7, nl - 7), d["type"].get<std::string>());
+    out.push_back(d);
+  }
+  return out;
+}
+
+std::vector<std::string> types_of(const std::vector<json>& evs) {
+  std::vector<std::string> t;
+  for (const auto& e : evs) t.push_back(e["type"]);
+  return t;
+}
+
+}  // namespace
+
+TEST(ResponsesApi, ParsesItems) {
+  auto r = parse_responses_request(parse_body(R"({
+    "model": "m", "instructions": "be brief", "max_output_tokens": 9, "temperature": 0.3, "top_p": 0.8,
+    "reasoning": {"effort": "high"}, "store": false, "metadata": {"k": "v"}, "tool_choice": {"type": "function", "name": "f"},
+    "tools": [{"type": "function", "name": "f", "description": "d", "parameters": {"type": "object"}}],
+    "input": [
+      {"role": "user", "content": "hi"},
+      {"type": "reasoning", "id": "rs_1", "summary": [], "content": [{"type": "reasoning_text", "text": "think"}]},
+      {"type": "function_call", "call_id": "call_1", "name": "f", "arguments": "{\"x\":1}"},
+      {"type": "function_call_output", "call_id": "call_1", "output": "42"},
+      {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "it is 42"}]}
+    ]
+  })"));
+  EXPECT_EQ(*r.chat.max_tokens, 9);
+  EXPECT_FLOAT_EQ(r.chat.sampling.temperature, 0.3f);
+  EXPECT_FLOAT_EQ(r.chat.sampling.top_p, 0.8f);
+  EXPECT_EQ(*r.chat.reasoning_effort, "high");
+  EXPECT_FALSE(r.store);
+  EXPECT_EQ(*r.instructions, "be brief");
+  EXPECT_EQ(r.chat.tool_choice, "f");
+  ASSERT_EQ(r.chat.tools.size(), 1u);
+  ASSERT_EQ(r.chat.messages.size(), 5u);
+  EXPECT_EQ(r.chat.messages[0].role, "user");
+  EXPECT_EQ(*r.chat.messages[1].reasoning, "think");
+  EXPECT_EQ(r.chat.messages[2].tool_calls[0].id, "call_1");
+  EXPECT_EQ(r.chat.messages[2].tool_calls[0].arguments, "{\"x\":1}");
+  EXPECT_EQ(r.chat.messages[3].role, "tool");
+  EXPECT_EQ(*r.chat.messages[3].content, "42");
+  EXPECT_EQ(*r.chat.messages[4].content, "it is 42");
+  EXPECT_EQ(r.echo["metadata"]["k"], "v");
+  auto s = parse_responses_request(parse_body(R"({"input": "hello"})"));
+  ASSERT_EQ(s.chat.messages.size(), 1u);
+  EXPECT_EQ(*s.chat.messages[0].content, "hello");
+  EXPECT_TRUE(s.store);  // the API's default
+}
+
+TEST(ResponsesApi, RefusesWhatItCannotHonour) {
+  // text.format json_schema: refused in one place until constrained decoding lands.
+  auto e = responses_error(
+      R"({"input":"x","text":{"format":{"type":"json_schema","name":"n","schema":{"type":"object"}}}})");
+  EXPECT_EQ(e.code, "unsupported_value");
+  EXPECT_EQ(e.param, "text.format");
+  EXPECT_EQ(responses_error(R"({"input":"x","reasoning":{"summary":"auto"}})").param, "reasoning.summary");
+  EXPECT_EQ(responses_error(R"({"input":"x","tools":[{"type":"web_search"}]})").param, "tools[0].type");
+  EXPECT_EQ(responses_error(R"({"input":"x","include":["reasoning.encrypted_content"]})").param, "include");
+  EXPECT_EQ(responses_error(R"({"input":"x","background":true})").param, "background");
+  EXPECT_EQ(responses_error(R"({"input":"x","truncation":"auto"})").param, "truncation");
+  EXPECT_EQ(responses_error(R"({"input":"x","top_logprobs":2})").param, "top_logprobs");
+  EXPECT_EQ(responses_error(R"({"input":"x","max_tokens":5})").param, "max_tokens");  // a chat field
+  EXPECT_EQ(responses_error(R"({"input":"x","max_output_tokens":0})").param, "max_output_tokens");
+  EXPECT_EQ(responses_error(R"({})").param, "input");
+  EXPECT_EQ(responses_error(R"({"input":[]})").param, "input");
+  EXPECT_EQ(responses_error(R"({"input":[{"type":"item_reference","id":"x"}]})").param, "input[0].type");
+  EXPECT_EQ(responses_error(R"({"input":[{"type":"message","role":"user","content":[{"type":"input_image"}]}]})").param,
+            "input[0].content");
+  EXPECT_EQ(responses_error(R"({"input":[{"type":"function_call_output","output":"x"}]})").param, "input[0].call_id");
+  EXPECT_EQ(responses_error(R"({"input":"x","tool_choice":{"type":"function","name":"g"}})").param, "tool_choice");
+  EXPECT_EQ(responses_error(R"({"input":"x","tools":[{"type":"function","name":"f","strict":true}]})").param,
+            "tools[0].strict");
+}
+
+// Harmony tokens through the chat path's mapper into the builder: analysis -> reasoning item,
+// final -> message item, a call -> function_call item; the events in the official order with
+// consecutive sequence numbers.
+TEST(ResponsesApi, ItemsAndEventsFromHarmony) {
+  auto run = [](const std::string& text, FinishReason reason) {
+    ChatOutputMapper mapper(tok());
+    ResponseBuilder b({{"id", "resp_x"}, {"object", "response"}}, true);
+    b.start();
+    auto ids = tok().encode(text, true);
+    for (auto t : ids) {
+      ChatDelta d = mapper.push(t);
+      if (!d.reasoning.empty()) b.count_reasoning_token();
+      b.push(d);
+    }
+    b.push(mapper.finish());
+    b.finish(reason, 10, int(ids.size()));
+    return std::make_pair(b.response(), sse_events(b.take_events()));
+  };
+  auto [resp, evs] = run(
+      "<|channel|>analysis<|message|>Let me think.<|end|><|start|>assistant<|channel|>final<|message|>Hi there<|return|>",
+      FinishReason::kStop);
+  EXPECT_EQ(resp["status"], "completed");
+  ASSERT_EQ(resp["output"].size(), 2u);
+  EXPECT_EQ(resp["output"][0]["type"], "reasoning");
+  EXPECT_EQ(resp["output"][0]["content"][0]["text"], "Let me think.");
+  EXPECT_EQ(resp["output"][1]["type"], "message");
+  EXPECT_EQ(resp["output"][1]["content"][0]["text"], "Hi there");
+  EXPECT_EQ(resp["output"][1]["status"], "completed");
+  EXPECT_GT(resp["usage"]["output_tokens_details"]["reasoning_tokens"].get<int>(), 0);
+  EXPECT_EQ(resp["usage"]["total_tokens"], resp["usage"]["input_tokens"].get<int>() + resp["usage"]["output_tokens"].get<int>());
+  for (size_t i = 0; i < evs.size(); ++i) EXPECT_EQ(evs[i]["sequence_number"], int(i));
+  // The order, with the deltas collapsed.
+  std::vector<std::string> order;
+  for (auto& t : types_of(evs))
+    if (order.empty() || order.back() != t) order.push_back(t);
+  std::vector<std::string> want = {"response.created",           "response.in_progress",
+                                   "response.output_item.added", "response.content_part.added",
+                                   "response.reasoning_text.delta", "response.reasoning_text.done",
+                                   "response.content_part.done", "response.output_item.done",
+                                   "response.output_item.added", "response.content_part.added",
+                                   "response.output_text.delta", "response.output_text.done",
+                                   "response.content_part.done", "response.output_item.done",
+                                   "response.completed"};
+  EXPECT_EQ(order, want);
+  std::string deltas;
+  for (auto& e : evs)
+    if (e["type"] == "response.output_text.delta") deltas += e["delta"].get<std::string>();
+  EXPECT_EQ(deltas, "Hi there");
+  EXPECT_EQ(json::parse(evs.back()["response"]["output"].dump()), json::parse(resp["output"].dump()));
+
+  auto [call, cevs] = run(
+      "<|channel|>analysis<|message|>Need weather.<|end|><|start|>assistant<|channel|>commentary to=functions.get_weather "
+      "<|constrain|>json<|message|>{\"city\":\"Paris\"}<|call|>",
+      FinishReason::kStop);
+  ASSERT_EQ(call["output"].size(), 2u);
+  const auto& fc = call["output"][1];
+  EXPECT_EQ(fc["type"], "function_call");
+  EXPECT_EQ(fc["name"], "get_weather");
+  EXPECT_EQ(fc["arguments"], "{\"city\":\"Paris\"}");
+  EXPECT_EQ(fc["call_id"].get<std::string>().rfind("call_", 0), 0u);
+  bool args_done = false;
+  for (auto& e : cevs)
+    if (e["type"] == "response.function_call_arguments.done") {
+      args_done = true;
+      EXPECT_EQ(e["arguments"], "{\"city\":\"Paris\"}");
+      EXPECT_EQ(e["item_id"].get<std::string>(), fc["id"].get<std::string>());
+    }
+  EXPECT_TRUE(args_done);
+
+  auto [cut, kevs] = run("<|channel|>final<|message|>Hello wor", FinishReason::kLength);
+  EXPECT_EQ(cut["status"], "incomplete");
+  EXPECT_EQ(cut["incomplete_details"]["reason"], "max_output_tokens");
+  EXPECT_EQ(kevs.back()["type"], "response.incomplete");
+  EXPECT_EQ(cut["output"].back()["status"], "incomplete");
+}
+
+TEST(ResponsesApi, StoreKeepsResponsesInSqlite) {
+  std::string path = (std::filesystem::temp_directory_path() /
+                      ("gptoss-store-" + std::to_string(getpid())) / "sub" / "responses.sqlite")
+                         .string();
+  {
+    ResponseStore st(path);
+    st.put("resp_1", {json{{"id", "resp_1"}, {"x", 1}}, ojson::array({{{"type", "message"}}})});
+    EXPECT_FALSE(st.get("resp_2"));
+  }
+  ResponseStore again(path);  // a restarted server finds it
+  auto r = again.get("resp_1");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->response["x"], 1);
+  EXPECT_EQ(r->items.size(), 1u);
+  EXPECT_TRUE(again.remove("resp_1"));
+  EXPECT_FALSE(again.remove("resp_1"));
+  EXPECT_FALSE(again.get("resp_1"));
+  std::filesystem::remove_all(std::filesystem::path(path).parent_path().parent_path());
+  EXPECT_THROW(ResponseStore("/proc/nonexistent/dir/x.sqlite"), gptoss::Error);
+}
+
+// The route over a live server (fake backend: its text is not harmony, so it maps to a message).
+TEST(ResponsesRoute, CreateStreamRetrieveDeleteContinue) {
+  Fixture f;
+  json first = f.ok("/v1/responses", {{"model", "test-model"}, {"input", "Hello!"}, {"max_output_tokens", 8},
+                                      {"instructions", "Be brief."}, {"metadata", {{"k", "v"}}}});
+  EXPECT_EQ(first["object"], "response");
+  EXPECT_EQ(first["model"], "test-model");
+  EXPECT_EQ(first["instructions"], "Be brief.");
+  EXPECT_EQ(first["metadata"]["k"], "v");
+  EXPECT_EQ(first["max_output_tokens"], 8);
+  EXPECT_TRUE(first["status"] == "completed" || first["status"] == "incomplete") << first;
+  ASSERT_FALSE(first["output"].empty());
+  EXPECT_EQ(first["output"].back()["type"], "message");
+  const json& u = first["usage"];
+  EXPECT_LE(u["output_tokens"].get<int>(), 8);
+  EXPECT_GT(u["input_tokens"].get<int>(), 0);
+  EXPECT_TRUE(u["output_tokens_details"].contains("reasoning_tokens"));
+  const std::string id = first["id"];
+  EXPECT_EQ(id.rfind("resp_", 0), 0u);
+
+  // GET returns the stored response, DELETE removes it.
+  auto c = httplib::Client("127.0.0.1", f.port);
+  auto got = c.Get(("/v1/responses/" + id).c_str());
+  ASSERT_TRUE(got);
+  EXPECT_EQ(got->status, 200);
+  EXPECT_EQ(json::parse(got->body)["output"], first["output"]);
+
+  // previous_response_id: the earlier turn is part of the prompt (more input tokens than the
+  // first turn's whole conversation), and the instructions are not carried over.
+  json second = f.ok("/v1/responses", {{"input", "And again?"}, {"previous_response_id", id}, {"max_output_tokens", 4}});
+  EXPECT_EQ(second["previous_response_id"], id);
+  EXPECT_TRUE(second["instructions"].is_null());
+  json alone = f.ok("/v1/responses", {{"input", "And again?"}, {"max_output_tokens", 4}, {"store", false}});
+  EXPECT_GT(second["usage"]["input_tokens"].get<int>(),
+            alone["usage"]["input_tokens"].get<int>() + first["usage"]["output_tokens"].get<int>() - 1);
+  // store: false keeps nothing
+  auto none = c.Get(("/v1/responses/" + alone["id"].get<std::string>()).c_str());
+  EXPECT_EQ(none->status, 404);
+
+  auto del = c.Delete(("/v1/responses/" + id).c_str());
+  ASSERT_TRUE(del);
+  EXPECT_EQ(del->status, 200);
+  EXPECT_EQ(json::parse(del->body)["deleted"], true);
+  EXPECT_EQ(c.Get(("/v1/responses/" + id).c_str())->status, 404);
+  EXPECT_EQ(c.Delete(("/v1/responses/" + id).c_str())->status, 404);
+  expect_error(f, "/v1/responses", {{"input", "x"}, {"previous_response_id", id}}, 404, "previous_response_id",
+               "previous_response_not_found");
+
+  // Streaming: the official sequence, numbered from 0, ending in the finished response.
+  json body = {{"input", "Tell me a story"}, {"max_output_tokens", 6}, {"stream", true}};
+  std::string raw;
+  int status = 0;
+  f.post("/v1/responses", body, &status, &raw);
+  EXPECT_EQ(status, 200);
+  auto evs = sse_events(raw);
+  ASSERT_GE(evs.size(), 4u) << raw;
+  for (size_t i = 0; i < evs.size(); ++i) EXPECT_EQ(evs[i]["sequence_number"], int(i));
+  EXPECT_EQ(evs[0]["type"], "response.created");
+  EXPECT_EQ(evs[0]["response"]["status"], "in_progress");
+  EXPECT_EQ(evs[1]["type"], "response.in_progress");
+  const json& last = evs.back();
+  EXPECT_TRUE(last["type"] == "response.completed" || last["type"] == "response.incomplete") << last;
+  std::string text;
+  for (auto& e : evs)
+    if (e["type"] == "response.output_text.delta") text += e["delta"].get<std::string>();
+  ASSERT_FALSE(last["response"]["output"].empty());
+  EXPECT_EQ(text, last["response"]["output"].back()["content"][0]["text"]);
+  auto streamed = c.Get(("/v1/responses/" + last["response"]["id"].get<std::string>()).c_str());
+  EXPECT_EQ(streamed->status, 200);
+
+  // Errors name their field.
+  expect_error(f, "/v1/responses", {{"input", "x"}, {"text", {{"format", {{"type", "json_schema"}}}}}}, 400,
+               "text.format", "unsupported_value");
+  expect_error(f, "/v1/responses", {{"input", "x"}, {"max_output_tokens", 100000}}, 400, "max_output_tokens",
+               "context_length_exceeded");
+  expect_error(f, "/v1/responses", {{"input", "x"}, {"frequency_penalty", 1}}, 400, "frequency_penalty",
+               "unsupported_value");
+  int st404 = 0;
+  f.post("/v1/responses", {{"input", "x"}, {"model", "other"}}, &st404);
+  EXPECT_EQ(st404, 404);
+}
