@@ -444,10 +444,17 @@ BenchReport run_bench(const BenchOptions& o) {
     if (!o.api_key.empty()) h.emplace("Authorization", "Bearer " + o.api_key);
     auto res = cli.Get("/metrics", h);
     if (!res || res->status != 200) return;
-    const char* names[2] = {"gptoss:spec_decode_num_draft_tokens_total ", "gptoss:spec_decode_num_accepted_tokens_total "};
+    // "NAME{labels} VALUE" or "NAME VALUE" on a line of its own
+    const char* names[2] = {"gptoss:spec_decode_num_draft_tokens_total", "gptoss:spec_decode_num_accepted_tokens_total"};
     for (int k = 0; k < 2; ++k) {
-      size_t at = res->body.find(std::string("\n") + names[k]);
-      if (at != std::string::npos) out[k] = std::atoll(res->body.c_str() + at + 1 + std::strlen(names[k]));
+      const std::string key = std::string("\n") + names[k];
+      for (size_t at = res->body.find(key); at != std::string::npos; at = res->body.find(key, at + 1)) {
+        const char c = res->body[at + key.size()];
+        if (c != ' ' && c != '{') continue;
+        const size_t sp = res->body.find(' ', at + key.size());
+        if (sp != std::string::npos) out[k] = std::atoll(res->body.c_str() + sp + 1);
+        break;
+      }
     }
   };
   int64_t spec_before[2];
