@@ -254,3 +254,26 @@ TEST(KvManager, TruncateRollsBackRejectedPositionsInBothGroups) {
   EXPECT_EQ(m.num_free(kKvFull), 100);
   EXPECT_EQ(m.num_free(kKvSliding), 100);
 }
+
+// Rollback with prefix caching on: a sequence sharing a cached prefix rolls back its verify
+// pages; the shared (cached) pages stay with both holders and every page returns at the end.
+TEST(KvManager, TruncateKeepsSharedPrefixPages) {
+  KvManagerConfig c = cfg(100, 100, 8, 4);
+  c.enable_prefix_caching = true;
+  KvManager m(c);
+  std::vector<int32_t> toks;
+  for (int i = 0; i < 40; ++i) toks.push_back(i % 7);
+  ASSERT_TRUE(m.prepare(1, 0, 13));
+  m.commit(1, toks.data(), 13);  // blocks 0..2 cached
+  EXPECT_EQ(m.match_prefix(2, toks.data(), 13), 12);
+  ASSERT_TRUE(m.prepare(2, 12, 5));  // verify 12..16 on top of the shared prefix
+  m.truncate(2, 13);
+  EXPECT_EQ(m.table(2, kKvFull).size(), 4u);
+  for (int j = 0; j < 3; ++j) EXPECT_EQ(m.table(2, kKvFull)[j], m.table(1, kKvFull)[j]);
+  m.truncate(2, 12);  // down to the shared blocks: nothing shared is released
+  EXPECT_EQ(m.table(2, kKvFull).size(), 3u);
+  m.free(2);
+  m.free(1);
+  EXPECT_EQ(m.num_free(kKvFull), 100);
+  EXPECT_EQ(m.num_free(kKvSliding), 100);
+}
