@@ -74,6 +74,8 @@ Engine::Engine(Backend& backend, EngineConfig cfg) : backend_(backend), cfg_(std
                 "): every running sequence decodes a token in each step");
   // An explicit max_model_len (or KV size) is a promise to the user: refused at start when it
   // cannot be kept, never quietly reduced. Only the defaults adapt to the memory there is.
+  if (cfg_.speculative.enabled() && cfg_.async_scheduling)
+    throw Error("speculative decoding cannot be combined with --async-scheduling yet");
   const bool explicit_len = cfg_.max_model_len > 0;
   int mml = explicit_len ? cfg_.max_model_len : mc.max_position_embeddings;
   if (mml < 2) throw Error("max_model_len must be at least 2");
@@ -186,6 +188,7 @@ std::shared_ptr<RequestStream> Engine::submit(std::vector<int32_t> prompt, const
     seed = seed_rng_();
   }
   s->rng.seed(seed);
+  if (cfg_.speculative.enabled()) s->draft_len = AdaptiveDraftLength(cfg_.speculative.num_speculative_tokens);
   s->arrival = Clock::now();
   auto stream = s->stream;
   ++active_;
@@ -420,6 +423,17 @@ Engine::Planned Engine::plan_next() {
     if (!s->done && !last_token_pending(*s)) {
       seqs.push_back(s.get());
       view.push_back(view_of(*s));
+      s->draft.clear();
+      if (cfg_.speculative.enabled() && view.back().decoding() && !s->pending && !s->sp.constraint) {
+        // Drafts past max_tokens or max_model_len would be wasted: the verified token after
+        // them could not be emitted.
+        const int room = std::min(s->sp.max_tokens - s->output_len(), max_model_len_ - int(s->tokens.size())) - 1;
+        const int k = std::min(room, cfg_.speculative.adaptive ? s->draft_len.next()
+                                                                : cfg_.speculative.num_speculative_tokens);
+        if (k > 0)
+          s->draft = ngram_propose(s->tokens, k, cfg_.speculative.prompt_lookup_min, cfg_.speculative.prompt_lookup_max);
+        view.back().num_draft = int32_t(s->draft.size());
+      }
     }
   Planned out;
   StepPlan plan = plan_step(view, *kv_, cfg_.max_num_batched_tokens);
@@ -435,6 +449,8 @@ Engine::Planned Engine::plan_next() {
     if (!kv_->prepare(s->id, s->num_computed, r.n_tokens))
       throw Error("scheduler: the pages planned for sequence " + std::to_string(s->id) + " are not free");
     out.items.push_back({s, r.n_tokens});
+    // The scheduler may grant fewer drafts than asked (budget, pages); prefill rows have none.
+    s->draft.resize(std::min<size_t>(s->draft.size(), size_t(r.n_tokens - 1)));
   }
   // Newest first in the plan, each pushed to the front: the oldest victim is first in line.
   for (int v : plan.preempt) {
@@ -471,8 +487,11 @@ std::unique_ptr<Engine::Launched> Engine::launch(Planned planned) {
       info.pages[g] = t.empty() ? nullptr : t.data();
       info.n_pages[g] = int32_t(t.size());
     }
+    // A verify row (speculative decoding): the last sampled token, then the drafts.
+    const int32_t real = n - int32_t(s->draft.size());
     batch.tokens.insert(batch.tokens.end(), s->tokens.begin() + s->num_computed,
-                        s->tokens.begin() + s->num_computed + n);
+                        s->tokens.begin() + s->num_computed + real);
+    batch.tokens.insert(batch.tokens.end(), s->draft.begin(), s->draft.end());
     batch.seqs.push_back(info);
     if (s->sp.prompt_logprobs >= 0) {
       // the logits at prompt position p give the logprob of prompt token p + 1
@@ -480,9 +499,13 @@ std::unique_ptr<Engine::Launched> Engine::launch(Planned planned) {
       const int32_t to = std::min(s->num_computed + n, s->prompt_len - 1);
       for (int32_t p = from; p < to; ++p) l->prompt_rows.push_back({s, p, info.first_token + (p - s->num_computed)});
     }
-    if (s->num_computed + n == int32_t(s->tokens.size())) {
-      batch.logit_rows.push_back(int32_t(batch.tokens.size()) - 1);
-      l->row_seq.push_back(s);
+    if (s->num_computed + real == int32_t(s->tokens.size())) {
+      // One logit row per draft plus the one after the last: row j scores the token that
+      // follows the drafts up to d_j.
+      for (int32_t j = int32_t(s->draft.size()); j >= 0; --j) {
+        batch.logit_rows.push_back(int32_t(batch.tokens.size()) - 1 - j);
+        l->row_seq.push_back(s);
+      }
       s->pending = true;
     }
     // Each prompt token counts once, as vLLM counts it: a recompute after preemption is not a
@@ -517,8 +540,15 @@ std::unique_ptr<Engine::Launched> Engine::launch(Planned planned) {
                !(s->sp.constraint && s->sp.constraint->active());
       });
   if (l->backend_samples) {
+    // Each row's uniform is the one the host sampler would take for that position. They are
+    // drawn from a copy of the generator: complete() advances the request's own generator by
+    // the tokens actually emitted (a rejected draft's later rows take no draw).
     l->how.resize(rows);
-    for (int r = 0; r < rows; ++r) l->how[r] = row_sampling(l->row_seq[r]->sp, uniform01(l->row_seq[r]->rng));
+    for (int r = 0; r < rows;) {
+      Sequence* s = l->row_seq[r];
+      std::mt19937_64 peek = s->rng;
+      for (; r < rows && l->row_seq[r] == s; ++r) l->how[r] = row_sampling(s->sp, uniform01(peek));
+    }
   } else {
     // One pass at a time uses the host logits (N's are consumed before N+1 is launched).
     logits_.resize(batch.logit_rows.size() * size_t(vocab_));
@@ -556,30 +586,60 @@ void Engine::complete(Launched& l) {
   // cancelled or preempted meanwhile has no pages left and is skipped.)
   if (cfg_.enable_prefix_caching)
     for (auto& it : l.items)
-      if (!it.s->done) kv_->commit(int64_t(it.s->id), it.s->tokens.data(), it.s->num_computed);
+      // Only positions of known tokens: a verify row's drafts are not tokens yet (num_computed
+      // runs past them until the rollback).
+      if (!it.s->done)
+        kv_->commit(int64_t(it.s->id), it.s->tokens.data(),
+                    std::min<int32_t>(it.s->num_computed, int32_t(it.s->tokens.size())));
 
-  // Sample (rows in parallel: each has its own generator), then stream and finish in order.
-  // A sequence cancelled while the pass ran is finished already; one preempted meanwhile still
-  // takes its token (valid: its pages were intact during the pass) and recomputes later.
+  // Sample and verify (sequences in parallel: each has its own generator), then stream and
+  // finish in order. A sequence cancelled while the pass ran is finished already; one preempted
+  // meanwhile still takes its tokens (valid: its pages were intact during the pass) and
+  // recomputes later. A sequence's rows are consecutive: 1 + its drafts (speculative decoding).
+  // Row j's token is drawn as plain decoding would draw it at that position; drafts are accepted
+  // while they equal the drawn token, and the first token that differs (or the one after the
+  // last draft) ends the sequence's tokens for this step (engine/speculative.h: why this is the
+  // speculative-sampling rule and leaves the output unchanged).
   // A constrained row's logits are masked first (so its logprobs are those of the allowed
-  // tokens); a constraint that allows nothing ends its request with an error.
+  // tokens); a constraint that allows nothing ends its request with an error. Constrained
+  // sequences get no drafts (the constraint would have to advance through each draft).
   const int rows = int(l.row_seq.size());
+  std::vector<int> group_first;
+  for (int r = 0; r < rows; ++r)
+    if (r == 0 || l.row_seq[r] != l.row_seq[r - 1]) group_first.push_back(r);
+  const int groups = int(group_first.size());
+  group_first.push_back(rows);
   std::vector<TokenLogprob> lps(rows);
   std::vector<uint8_t> no_token(size_t(rows), 0);
+  std::vector<int> emitted(groups, 0);  // tokens this step gives each sequence
   const bool host = !l.backend_samples;
-#pragma omp parallel for schedule(dynamic, 1) if (rows > 1 && host)
-  for (int r = 0; r < rows; ++r) {
-    Sequence& s = *l.row_seq[r];
-    if (!host || s.done) continue;
+#pragma omp parallel for schedule(dynamic, 1) if (groups > 1 && host)
+  for (int g = 0; g < groups; ++g) {
+    Sequence& s = *l.row_seq[group_first[g]];
+    if (s.done) continue;
+    const int n_rows = group_first[g + 1] - group_first[g];
     thread_local std::vector<float> scratch;
     thread_local std::vector<int32_t> idx;
-    float* row = logits_.data() + size_t(r) * vocab_;
-    if (s.sp.constraint && s.sp.constraint->active() && !s.sp.constraint->mask_logits(row, vocab_)) {
-      no_token[size_t(r)] = 1;
-      continue;
+    int j = 0;
+    for (; j < n_rows; ++j) {
+      const int r = group_first[g] + j;
+      float* row = logits_.data() + size_t(r) * vocab_;
+      if (host) {
+        if (s.sp.constraint && s.sp.constraint->active() && !s.sp.constraint->mask_logits(row, vocab_)) {
+          no_token[size_t(r)] = 1;
+          break;
+        }
+        // Penalties see the drafts accepted before this position, as they would in plain decoding.
+        if (j > 0) ++s.counts[s.draft[j - 1]];
+        l.toks[r] = sample_token(row, vocab_, s.sp, s.counts, s.rng, scratch, idx);
+      }
+      if (host && s.sp.logprobs >= 0) lps[r] = compute_logprobs(row, vocab_, l.toks[r], s.sp.logprobs);
+      if (j == n_rows - 1 || l.toks[r] != s.draft[j]) break;
     }
-    l.toks[r] = sample_token(row, vocab_, s.sp, s.counts, s.rng, scratch, idx);
-    if (s.sp.logprobs >= 0) lps[r] = compute_logprobs(row, vocab_, l.toks[r], s.sp.logprobs);
+    emitted[g] = j + 1;
+    if (host)
+      for (int i = 0; i < std::min(j, n_rows - 1); ++i)
+        if (--s.counts[s.draft[i]] == 0) s.counts.erase(s.draft[i]);
   }
   if (!l.prompt_rows.empty()) {
     std::vector<TokenLogprob> plps(l.prompt_rows.size());
@@ -596,17 +656,35 @@ void Engine::complete(Launched& l) {
     // Prompt-logprob steps grow the host logits to ~100 MB: give that back rather than keep it.
     std::vector<float>().swap(logits_);
   }
-  for (int r = 0; r < rows; ++r) {
-    Sequence& s = *l.row_seq[r];
+  for (int g = 0; g < groups; ++g) {
+    Sequence& s = *l.row_seq[group_first[g]];
     s.pending = false;
     if (s.done) continue;
-    EngineEvent ev;
-    if (no_token[size_t(r)]) {
-      ev.error = "the structured output constraint allows no token";
-      finish(s, ev, FinishReason::kError);
-      continue;
+    if (!host) s.rng.discard(emitted[g]);  // the draws launch() took from a copy
+    const int drafts = group_first[g + 1] - group_first[g] - 1;
+    for (int j = 0; j < emitted[g] && !s.done; ++j) {
+      const int r = group_first[g] + j;
+      EngineEvent ev;
+      if (no_token[size_t(r)]) {
+        ev.error = "the structured output constraint allows no token";
+        finish(s, ev, FinishReason::kError);
+        break;
+      }
+      append_token(s, l.toks[r], s.sp.logprobs >= 0 ? &lps[r] : nullptr, ev);
     }
-    append_token(s, l.toks[r], s.sp.logprobs >= 0 ? &lps[r] : nullptr, ev);
+    if (drafts > 0) {
+      metrics_.spec_draft_tokens += drafts;
+      metrics_.spec_accepted_tokens += emitted[g] - 1;
+      s.draft_len.update(drafts, emitted[g] - 1);
+      // Roll back the KV of rejected drafts: positions from the last emitted token on are
+      // recomputed by the next step (that token is its input), so K/V written there for
+      // rejected drafts is never read.
+      if (!s.done && s.num_computed > int32_t(s.tokens.size()) - 1) {
+        s.num_computed = int32_t(s.tokens.size()) - 1;
+        kv_->truncate(int64_t(s.id), s.num_computed);
+      }
+    }
+    s.draft.clear();
   }
 }
 

@@ -31,6 +31,7 @@
 #include "engine/metrics.h"
 #include "engine/sampling.h"
 #include "engine/scheduler.h"
+#include "engine/speculative.h"
 #include "kv/kv_manager.h"
 
 namespace gptoss {
@@ -137,6 +138,10 @@ struct EngineConfig {
   // starts its prefill after it (kv/prefix_cache.h). Requests asking for prompt logprobs always
   // compute their whole prompt.
   bool enable_prefix_caching = true;
+  // `--speculative-config`: n-gram (prompt lookup) drafts verified K + 1 rows at a time per
+  // decoding sequence (engine/speculative.h explains why the output is unchanged). Not combined
+  // with async_scheduling yet (the planner of step N+1 would need N's accepted length).
+  SpeculativeConfig speculative;
 };
 
 struct EngineStats {
@@ -197,6 +202,8 @@ class Engine {
     bool done = false;            // finished (dropped from the queues by drop_finished)
     bool in_flight = false;       // in the forward pass that runs now
     bool pending = false;         // that pass samples its next token (not appended yet)
+    std::vector<int32_t> draft;   // speculative drafts verified by the pass planned/in flight
+    AdaptiveDraftLength draft_len;
     int output_len() const { return int(tokens.size()) - prompt_len; }
   };
   void loop();
@@ -213,7 +220,7 @@ class Engine {
   };
   struct Launched {
     std::vector<Planned::Item> items;
-    std::vector<Sequence*> row_seq;  // the sequence of each logit row
+    std::vector<Sequence*> row_seq;  // the sequence of each sampled logit row (1 + drafts rows in a row)
     ForwardBatch batch;
     std::vector<std::vector<int32_t>> tables;  // page tables the batch points into
     std::vector<RowSampling> how;

@@ -28,6 +28,16 @@ struct PageLedger {
     free[kKvFull] -= need[kKvFull];
     free[kKvSliding] += kv.pages_released(s.id, s.num_computed) - need[kKvSliding];
   }
+  // Grows a row planned with `from` tokens to `to` tokens, if the extra pages are free.
+  bool extend(const SchedSeq& s, int32_t from, int32_t to) {
+    int a[2], b[2];
+    kv.pages_needed(s.id, s.num_computed, from, a);
+    kv.pages_needed(s.id, s.num_computed, to, b);
+    if (b[kKvFull] - a[kKvFull] > free[kKvFull] || b[kKvSliding] - a[kKvSliding] > free[kKvSliding]) return false;
+    free[kKvFull] -= b[kKvFull] - a[kKvFull];
+    free[kKvSliding] -= b[kKvSliding] - a[kKvSliding];
+    return true;
+  }
   void give_back(const SchedSeq& s) {
     free[kKvFull] += kv.pages_freed(s.id, kKvFull);
     free[kKvSliding] += kv.pages_freed(s.id, kKvSliding);
@@ -99,6 +109,15 @@ StepPlan plan_step(const std::vector<SchedSeq>& running, const KvManager& kv, in
     state[i] = kInStep;
     plan.rows.push_back({i, 1});
     --budget;
+  }
+
+  // Draft tokens of decoding rows (speculative decoding), oldest first, from what is left.
+  for (auto& r : plan.rows) {
+    const SchedSeq& s = running[r.seq];
+    int32_t n = std::min<int32_t>(1 + s.num_draft, 1 + budget);
+    while (n > 1 && !pages.extend(s, 1, n)) --n;
+    budget -= n - 1;
+    r.n_tokens = n;
   }
 
   // Prefill chunks, oldest first: the largest that fits (pages needed grow with the chunk).

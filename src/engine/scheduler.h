@@ -30,6 +30,10 @@ struct SchedSeq {
   int32_t num_computed = 0;  // positions whose K/V are cached
   int32_t num_tokens = 0;    // prompt + output so far
   int32_t max_chunk = 0;     // > 0: at most this many tokens in one step (prompt logprobs)
+  // Speculative decoding: draft tokens a decoding sequence would like verified in this step
+  // (its row then has 1 + num_draft tokens). Drafts are optional: they get only the budget and
+  // pages left after every decoding sequence has its token, and never cause a preemption.
+  int32_t num_draft = 0;
   // One token left to compute: the last sampled one (a decode step).
   bool decoding() const { return num_computed == num_tokens - 1; }
 };
@@ -62,7 +66,9 @@ struct StepPlan {
 
 // The micro-batch step. Every decoding sequence, oldest first, gets one token while the budget
 // lasts; when its page cannot be had, the newest running sequence not already in this step is
-// preempted (possibly itself). Then prefilling sequences, oldest first, get the largest chunk of
+// preempted (possibly itself). Then decoding sequences with drafts (SchedSeq::num_draft), oldest
+// first, extend their row by as many drafts as the rest of the budget and the free pages allow
+// (latency first: before prefill chunks). Then prefilling sequences, oldest first, get the largest chunk of
 // their remaining tokens that fits the rest of the budget and the free pages (no preemption for
 // prefill). When nothing fits at all, the newest sequence is preempted (or, alone, failed).
 // Page accounting is simulated on counts; applying the plan (free the victims, then prepare each

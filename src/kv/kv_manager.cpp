@@ -211,6 +211,22 @@ void KvManager::commit(int64_t seq, const int32_t* tokens, int32_t n_computed) {
   }
 }
 
+// Speculative decoding's rollback.
+void KvManager::truncate(int64_t seq, int32_t n_positions) {
+  if (n_positions < 0) throw Error("KvManager::truncate: negative position count");
+  auto it = tables_.find(seq);
+  if (it == tables_.end()) return;
+  const int32_t keep = (n_positions + cfg_.page_size - 1) / cfg_.page_size;
+  if (int32_t(it->second.keys.size()) > keep) it->second.keys.resize(keep);
+  for (int g = 0; g < 2; ++g) {
+    auto& t = it->second.t[g];
+    while (int32_t(t.size()) > keep) {
+      if (t.back() >= 0) drop_page(KvGroup(g), t.back());  // never a cached block: see commit()
+      t.pop_back();
+    }
+  }
+}
+
 const std::vector<int32_t>& KvManager::table(int64_t seq, KvGroup g) const {
   static const std::vector<int32_t> kEmpty;
   auto it = tables_.find(seq);

@@ -73,6 +73,11 @@ class KvManager {
   bool prepare(int64_t seq, int32_t start_pos, int32_t n_tokens);
   // Returns every page of seq to its pool and forgets it.
   void free(int64_t seq);
+  // Speculative decoding's rollback: seq keeps only the pages covering positions [0, n_positions)
+  // in both groups; pages wholly at or past n_positions go back to their pools. The K/V still in
+  // the kept last page past n_positions is stale but never read: the next step writes positions
+  // from n_positions on before any query attends to them. No-op for an unknown sequence.
+  void truncate(int64_t seq, int32_t n_positions);
   bool has(int64_t seq) const { return tables_.count(seq) != 0; }
 
   // Prefix caching (no-ops returning 0 when disabled). For a sequence without pages: finds the

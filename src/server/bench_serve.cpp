@@ -10,6 +10,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <mutex>
@@ -433,6 +434,31 @@ BenchReport run_bench(const BenchOptions& o) {
   std::mutex mu;
   std::condition_variable cv;
   int in_flight = 0;
+  // The server's speculative-decoding counters around the run: the acceptance rate.
+  auto spec_counters = [&](int64_t out[2]) {
+    out[0] = out[1] = -1;
+    httplib::Client cli(url.scheme_host_port);
+    cli.set_connection_timeout(5, 0);
+    cli.set_read_timeout(10, 0);
+    httplib::Headers h;
+    if (!o.api_key.empty()) h.emplace("Authorization", "Bearer " + o.api_key);
+    auto res = cli.Get("/metrics", h);
+    if (!res || res->status != 200) return;
+    // "NAME{labels} VALUE" or "NAME VALUE" on a line of its own
+    const char* names[2] = {"gptoss:spec_decode_num_draft_tokens_total", "gptoss:spec_decode_num_accepted_tokens_total"};
+    for (int k = 0; k < 2; ++k) {
+      const std::string key = std::string("\n") + names[k];
+      for (size_t at = res->body.find(key); at != std::string::npos; at = res->body.find(key, at + 1)) {
+        const char c = res->body[at + key.size()];
+        if (c != ' ' && c != '{') continue;
+        const size_t sp = res->body.find(' ', at + key.size());
+        if (sp != std::string::npos) out[k] = std::atoll(res->body.c_str() + sp + 1);
+        break;
+      }
+    }
+  };
+  int64_t spec_before[2];
+  spec_counters(spec_before);
   auto t0 = Clock::now();
   std::vector<std::thread> th;
   th.reserve(o.requests);
@@ -457,6 +483,12 @@ BenchReport run_bench(const BenchOptions& o) {
   }
   for (auto& t : th) t.join();
   rep.total_s = std::chrono::duration<double>(Clock::now() - t0).count();
+  int64_t spec_after[2];
+  spec_counters(spec_after);
+  if (spec_before[0] >= 0 && spec_after[0] >= 0 && spec_before[1] >= 0 && spec_after[1] >= 0) {
+    rep.spec_draft_tokens = spec_after[0] - spec_before[0];
+    rep.spec_accepted_tokens = spec_after[1] - spec_before[1];
+  }
   summarize(rep);
   return rep;
 }
@@ -495,6 +527,10 @@ json BenchReport::to_json() const {
             {"itl", itl.to_json_ms()},
             {"e2e_latency", e2e.to_json_ms()},
             {"errors", errs}};
+  if (spec_draft_tokens > 0)
+    j["spec_decode"] = {{"draft_tokens", spec_draft_tokens},
+                        {"accepted_tokens", spec_accepted_tokens},
+                        {"acceptance_rate", double(spec_accepted_tokens) / double(spec_draft_tokens)}};
   if (slo.any()) {
     json s = json::object();
     if (slo.ttft_s > 0) s["ttft_ms"] = slo.ttft_s * 1e3;
@@ -538,6 +574,12 @@ std::string BenchReport::to_text() const {
                 decode_tok_s_median, aggregate_tok_s, input_tok_s, request_throughput, (long long)completion_tokens,
                 (long long)prompt_tokens, total_s);
   s += buf;
+  if (spec_draft_tokens > 0) {
+    std::snprintf(buf, sizeof buf, "speculative decoding: %lld draft tokens, %lld accepted (acceptance rate %.1f%%)\n",
+                  (long long)spec_draft_tokens, (long long)spec_accepted_tokens,
+                  100.0 * double(spec_accepted_tokens) / double(spec_draft_tokens));
+    s += buf;
+  }
   if (slo.any()) {
     std::snprintf(buf, sizeof buf, "goodput: %.2f req/s (%d of %d requests within the SLO)\n", goodput_req_s, good,
                   int(results.size()));

@@ -96,6 +96,9 @@ struct BenchReport {
   Slo slo;
   int good = 0;                 // ok requests within every SLO limit
   double goodput_req_s = 0;     // good / total time
+  // Speculative decoding, from the server's /metrics before and after the run (-1: the server
+  // does not report them or could not be asked).
+  int64_t spec_draft_tokens = -1, spec_accepted_tokens = -1;
   nlohmann::json to_json() const;
   std::string to_text() const;
 };

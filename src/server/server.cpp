@@ -993,6 +993,10 @@ std::string Server::metrics_text() const {
   gauge("gptoss:prefix_cache_hits_total", "Prompt tokens found in the prefix cache (their prefill skipped).",
         double(m.prefix_cache_hits), "counter");
   gauge("gptoss:engine_steps_total", "Forward passes run.", double(m.steps), "counter");
+  gauge("gptoss:spec_decode_num_draft_tokens_total", "Speculative draft tokens verified.", double(m.spec_draft_tokens),
+        "counter");
+  gauge("gptoss:spec_decode_num_accepted_tokens_total", "Speculative draft tokens accepted.",
+        double(m.spec_accepted_tokens), "counter");
   gauge("gptoss:http_requests_total", "HTTP API requests.", double(http_requests_), "counter");
   gauge("gptoss:http_errors_total", "HTTP API requests answered with an error.", double(http_errors_), "counter");
   gauge("gptoss:client_disconnects_total", "Streams whose client went away.", double(client_disconnects_), "counter");

@@ -33,7 +33,29 @@ struct Args {
   std::string kv_cache_dtype = "bf16";
   double max_body_mb = 8;
   double kv_cache_gb = 0;
+  std::string speculative_config;  // vLLM's --speculative-config JSON
+  std::string profile;             // "", plain or spec
 };
+
+// --profile presets, under explicit flags: `spec` is latency first (n-gram drafts, K=3, 4
+// slots); `plain` many slots and no speculation. `max_num_seqs_given`: --max-num-seqs was passed.
+void apply_profile(Args& a, bool max_num_seqs_given) {
+  if (!a.speculative_config.empty()) a.engine.speculative = gptoss::parse_speculative_config(a.speculative_config);
+  if (a.profile.empty()) return;
+  if (a.profile == "spec") {
+    if (!max_num_seqs_given) a.engine.max_num_seqs = 4;
+    if (a.speculative_config.empty())
+      a.engine.speculative = gptoss::parse_speculative_config(
+          R"({"method":"ngram","num_speculative_tokens":3,"prompt_lookup_max":4,"prompt_lookup_min":1})");
+  } else if (a.profile == "plain") {
+    if (!a.speculative_config.empty())
+      throw gptoss::Error("--profile plain runs without speculation; drop --speculative-config or use --profile spec");
+    if (!max_num_seqs_given) a.engine.max_num_seqs = 64;
+  } else {
+    throw gptoss::Error("--profile must be plain or spec, got '" + a.profile + "'");
+  }
+}
+
 
 // Where stored /v1/responses live unless --response-store says: the user's cache directory.
 std::string default_response_store() {
@@ -165,6 +187,10 @@ int run_serve(Args& a) {
     std::fprintf(stderr, "  weights: random %s (seed %llu), %d layers, built in %.1f s\n", a.backend.random_weights.c_str(),
                  (unsigned long long)a.backend.seed, backend->config().num_layers, load_s);
   print_kv_summary(*backend, engine, a.engine.max_num_seqs);
+  if (a.engine.speculative.enabled())
+    std::fprintf(stderr, "  speculative decoding: %s, up to %d draft tokens (n-gram %d..%d)\n",
+                 a.engine.speculative.method.c_str(), a.engine.speculative.num_speculative_tokens,
+                 a.engine.speculative.prompt_lookup_min, a.engine.speculative.prompt_lookup_max);
   // The first SIGTERM/SIGINT drains (new requests 503, running ones finish, up to
   // --drain-timeout); a second one exits at once.
   std::atomic<bool> done{false};
@@ -227,6 +253,12 @@ gptoss::tools::RegisterCommand reg({"serve", "Serve a model through an OpenAI-co
                 "Plan each engine step while the previous forward pass runs (host/device overlap)");
   app->add_flag("--enable-prefix-caching,!--no-enable-prefix-caching", a->engine.enable_prefix_caching,
                 "Reuse the KV pages of a cached token prefix across requests (default on)");
+  app->add_option("--speculative-config", a->speculative_config,
+                  "Speculative decoding as JSON, e.g. '{\"method\":\"ngram\",\"num_speculative_tokens\":4,"
+                  "\"prompt_lookup_max\":4,\"prompt_lookup_min\":1}' (prompt lookup; eagle3 not implemented yet)");
+  app->add_option("--profile", a->profile,
+                  "Presets under explicit flags: spec (ngram drafts K=3, 4 slots: latency first) or plain (64 slots, "
+                  "no speculation)");
   add_tokenizer_option(app, a->tokenizer);
   app->add_option("--max-body-mb", a->max_body_mb, "Largest request body (413 beyond)")->capture_default_str()->check(positive_number());
   app->add_option("--http-threads", a->server.http_threads,
@@ -262,6 +294,9 @@ gptoss::tools::RegisterCommand reg({"serve", "Serve a model through an OpenAI-co
                   "Seconds between throughput lines while busy (0: none)")
       ->capture_default_str()
       ->check(int_range(0));
-  return [a]() { return run_serve(*a); };
+  return [a, app]() {
+    apply_profile(*a, app->count("--max-num-seqs") > 0);
+    return run_serve(*a);
+  };
 }});
 }  // namespace

@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 
+#include <random>
 #include <set>
 
 #include "kv/kv_manager.h"
@@ -209,4 +210,70 @@ TEST(KvManager, ReleasedAndHeldCountsMatchThePools) {
   int held_full = m.pages_held(1, kKvFull), free_full = m.num_free(kKvFull);
   m.free(1);
   EXPECT_EQ(m.num_free(kKvFull), free_full + held_full);
+}
+
+// Speculative decoding's rollback: a verify step prepares K+1 positions, the rejected ones are
+// truncated away, and the pools balance whatever the accept pattern (no page leaks).
+TEST(KvManager, TruncateRollsBackRejectedPositionsInBothGroups) {
+  KvManager m(cfg(100, 100, 8, 4));
+  ASSERT_TRUE(m.prepare(1, 0, 12));  // prefill 0..11: 3 pages in each group
+  ASSERT_TRUE(m.prepare(1, 12, 5));  // verify 12..16 -> 5 pages
+  EXPECT_EQ(m.table(1, kKvFull).size(), 5u);
+  EXPECT_EQ(m.pages_held(1, kKvSliding), 4);  // page 0 (0..3) fell out of the window of 12
+  m.truncate(1, 13);                          // accepted up to position 12: pages 0..3 kept
+  EXPECT_EQ(m.table(1, kKvFull).size(), 4u);
+  EXPECT_EQ(m.table(1, kKvSliding).size(), 4u);
+  EXPECT_EQ(m.table(1, kKvSliding)[0], -1);
+  EXPECT_EQ(m.num_free(kKvFull), 96);
+  EXPECT_EQ(m.num_free(kKvSliding), 97);
+  m.truncate(1, 13);  // idempotent
+  EXPECT_EQ(m.num_free(kKvFull), 96);
+  m.truncate(99, 3);  // unknown: no-op
+  // Random verify/rollback cycles on several sequences: pool counts always match the tables.
+  std::mt19937 rng(7);
+  int32_t len[4] = {13, 0, 0, 0};
+  for (int it = 0; it < 2000; ++it) {
+    int64_t s = 1 + int64_t(rng() % 4);
+    int32_t k = int32_t(rng() % 5), n = 1 + k;
+    if (!m.prepare(s, len[s - 1], n)) continue;
+    int32_t acc = int32_t(rng() % (k + 1));
+    len[s - 1] += 1 + acc;
+    m.truncate(s, len[s - 1]);
+    int held[2] = {0, 0};
+    for (int64_t q = 1; q <= 4; ++q)
+      for (int g = 0; g < 2; ++g) held[g] += m.pages_held(q, KvGroup(g));
+    ASSERT_EQ(held[kKvFull] + m.num_free(kKvFull), 100);
+    ASSERT_EQ(held[kKvSliding] + m.num_free(kKvSliding), 100);
+    ASSERT_EQ(int32_t(m.table(s, kKvFull).size()), (len[s - 1] + 3) / 4);
+    if (len[s - 1] > 40) {
+      m.free(s);
+      len[s - 1] = 0;
+    }
+  }
+  for (int64_t q = 1; q <= 4; ++q) m.free(q);
+  EXPECT_EQ(m.num_free(kKvFull), 100);
+  EXPECT_EQ(m.num_free(kKvSliding), 100);
+}
+
+// Rollback with prefix caching on: a sequence sharing a cached prefix rolls back its verify
+// pages; the shared (cached) pages stay with both holders and every page returns at the end.
+TEST(KvManager, TruncateKeepsSharedPrefixPages) {
+  KvManagerConfig c = cfg(100, 100, 8, 4);
+  c.enable_prefix_caching = true;
+  KvManager m(c);
+  std::vector<int32_t> toks;
+  for (int i = 0; i < 40; ++i) toks.push_back(i % 7);
+  ASSERT_TRUE(m.prepare(1, 0, 13));
+  m.commit(1, toks.data(), 13);  // blocks 0..2 cached
+  EXPECT_EQ(m.match_prefix(2, toks.data(), 13), 12);
+  ASSERT_TRUE(m.prepare(2, 12, 5));  // verify 12..16 on top of the shared prefix
+  m.truncate(2, 13);
+  EXPECT_EQ(m.table(2, kKvFull).size(), 4u);
+  for (int j = 0; j < 3; ++j) EXPECT_EQ(m.table(2, kKvFull)[j], m.table(1, kKvFull)[j]);
+  m.truncate(2, 12);  // down to the shared blocks: nothing shared is released
+  EXPECT_EQ(m.table(2, kKvFull).size(), 3u);
+  m.free(2);
+  m.free(1);
+  EXPECT_EQ(m.num_free(kKvFull), 100);
+  EXPECT_EQ(m.num_free(kKvSliding), 100);
 }

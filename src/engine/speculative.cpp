@@ -1,0 +1,91 @@
+#include "engine/speculative.h"
+
+#include <algorithm>
+#include <nlohmann/json.hpp>
+
+#include "common/error.h"
+
+namespace gptoss {
+
+SpeculativeConfig parse_speculative_config(const std::string& json_text) {
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(json_text);
+  } catch (const std::exception& e) {
+    throw Error(std::string("--speculative-config: not valid JSON: ") + e.what());
+  }
+  if (!j.is_object()) throw Error("--speculative-config: expected a JSON object");
+  SpeculativeConfig c;
+  if (!j.contains("method") || !j["method"].is_string())
+    throw Error("--speculative-config: \"method\" (a string, \"ngram\") is required");
+  c.method = j["method"].get<std::string>();
+  if (c.method == "eagle3" || c.method == "eagle" || c.method == "medusa" || c.method == "mtp")
+    throw Error("--speculative-config: method \"" + c.method +
+                "\" is not implemented yet; only \"ngram\" (prompt lookup) is available");
+  if (c.method != "ngram") throw Error("--speculative-config: unknown method \"" + c.method + "\" (expected \"ngram\")");
+  auto get_int = [&](const char* key, int& out, int lo, int hi) {
+    if (!j.contains(key)) return;
+    if (!j[key].is_number_integer()) throw Error(std::string("--speculative-config: \"") + key + "\" must be an integer");
+    long long v = j[key].get<long long>();
+    if (v < lo || v > hi)
+      throw Error(std::string("--speculative-config: \"") + key + "\" must be in [" + std::to_string(lo) + ", " +
+                  std::to_string(hi) + "], got " + std::to_string(v));
+    out = int(v);
+  };
+  if (!j.contains("num_speculative_tokens")) throw Error("--speculative-config: \"num_speculative_tokens\" is required");
+  get_int("num_speculative_tokens", c.num_speculative_tokens, 1, 16);
+  get_int("prompt_lookup_max", c.prompt_lookup_max, 1, 64);
+  get_int("prompt_lookup_min", c.prompt_lookup_min, 1, 64);
+  if (c.prompt_lookup_min > c.prompt_lookup_max)
+    throw Error("--speculative-config: prompt_lookup_min (" + std::to_string(c.prompt_lookup_min) +
+                ") is larger than prompt_lookup_max (" + std::to_string(c.prompt_lookup_max) + ")");
+  for (auto it = j.begin(); it != j.end(); ++it)
+    if (it.key() != "method" && it.key() != "num_speculative_tokens" && it.key() != "prompt_lookup_max" &&
+        it.key() != "prompt_lookup_min")
+      throw Error("--speculative-config: unknown key \"" + it.key() +
+                  "\" (known: method, num_speculative_tokens, prompt_lookup_max, prompt_lookup_min)");
+  return c;
+}
+
+std::vector<int32_t> ngram_propose(const std::vector<int32_t>& ctx, int k, int lookup_min, int lookup_max) {
+  const int L = int(ctx.size());
+  if (k <= 0) return {};
+  for (int n = std::min(lookup_max, L - 1); n >= lookup_min; --n) {
+    const int32_t* suffix = ctx.data() + (L - n);
+    // Latest occurrence starting at i < L - n (the suffix itself excluded), scanning backwards.
+    for (int i = L - n - 1; i >= 0; --i) {
+      if (!std::equal(suffix, suffix + n, ctx.data() + i)) continue;
+      const int from = i + n, to = std::min(L, from + k);
+      return std::vector<int32_t>(ctx.begin() + from, ctx.begin() + to);
+    }
+  }
+  return {};
+}
+
+int AdaptiveDraftLength::next() {
+  if (k_ > 0) return k_;
+  if (pause_left_ > 0) {
+    --pause_left_;
+    return 0;
+  }
+  return 1;  // the pause is over: try one draft token
+}
+
+void AdaptiveDraftLength::update(int proposed, int accepted) {
+  if (proposed <= 0) return;
+  if (accepted == 0) {
+    k_ /= 2;
+    if (k_ == 0) {
+      pause_len_ = pause_len_ == 0 ? 8 : std::min(256, pause_len_ * 2);
+      pause_left_ = pause_len_;
+    }
+    return;
+  }
+  pause_len_ = 0;
+  if (accepted == proposed)
+    k_ = std::min(k_max_, std::max(k_, proposed) + 1);
+  else
+    k_ = std::max(k_, std::min(k_max_, accepted + 1));
+}
+
+}  // namespace gptoss

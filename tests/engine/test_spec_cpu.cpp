@@ -1,0 +1,348 @@
+// Speculative decoding (n-gram drafts) in the engine over the exact CPU backend on the tiny
+// fixture model: greedy outputs equal plain decoding alone and batched, seeded sampled outputs
+// are reproduced, sampled token frequencies match plain decoding, and the KV rollback of
+// rejected drafts never leaks pages.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <map>
+
+#include "backend/cpu/cpu_backend.h"
+#include "engine/engine.h"
+#include "engine/speculative.h"
+#include "model/weights.h"
+
+using namespace gptoss;
+
+namespace {
+
+const std::string kFixture = std::string(GPTOSS_TEST_DATA) + "/tiny-gptoss";
+
+Backend& backend() {
+  static auto be = make_cpu_backend(ModelWeights::load(kFixture), 2);
+  return *be;
+}
+
+// Prompts with repeats (so that prompt lookup finds matches) and some without.
+std::vector<int32_t> prompt_of(int i) {
+  std::vector<int32_t> p;
+  const int len = 6 + (i * 7) % 19;
+  const int period = 2 + i % 5;
+  for (int k = 0; k < len; ++k)
+    p.push_back(i % 4 == 3 ? (k * 31 + i * 17 + 3) % 500 : ((k % period) * 37 + i * 11) % 500);
+  return p;
+}
+
+EngineConfig config(int k) {
+  EngineConfig c;
+  c.max_num_seqs = 16;
+  c.max_num_batched_tokens = 512;
+  c.max_model_len = 256;
+  if (k > 0) c.speculative = parse_speculative_config(
+      R"({"method":"ngram","num_speculative_tokens":)" + std::to_string(k) + R"(,"prompt_lookup_max":3})");
+  return c;
+}
+
+struct SpecRun {
+  std::vector<std::vector<int32_t>> tokens;
+  int64_t drafted = 0, accepted = 0;
+};
+
+// Submits every request at once and steps the engine until idle. After each step, every
+// running sequence has computed all its tokens but the last, and the full-attention pool holds
+// exactly the pages those positions need: rejected drafts' pages were given back.
+SpecRun serve(EngineConfig c, const std::vector<std::vector<int32_t>>& prompts, const std::vector<SamplingParams>& sps,
+              bool check_pages = true) {
+  Engine e(backend(), c);
+  SpecRun out;
+  out.tokens.resize(prompts.size());
+  std::vector<std::shared_ptr<RequestStream>> ss;
+  std::vector<bool> done(prompts.size(), false);
+  for (size_t i = 0; i < prompts.size(); ++i) ss.push_back(e.submit(prompts[i], sps[i]));
+  int steps = 0;
+  while (e.step()) {
+    int expect_pages = 0;
+    for (size_t i = 0; i < ss.size(); ++i) {
+      while (auto ev = ss[i]->next(std::chrono::milliseconds(0))) {
+        out.tokens[i].insert(out.tokens[i].end(), ev->tokens.begin(), ev->tokens.end());
+        if (ev->finished) done[i] = true;
+      }
+      const int computed = int(prompts[i].size() + out.tokens[i].size()) - 1;
+      if (!done[i] && !out.tokens[i].empty()) expect_pages += (computed + c.page_size - 1) / c.page_size;
+    }
+    // the budget holds every prompt: from the first step on all running sequences decode
+    if (check_pages) EXPECT_EQ(e.stats().kv_pages_used[kKvFull], expect_pages) << "step " << steps;
+    ++steps;
+  }
+  EXPECT_EQ(e.stats().kv_pages_used[kKvFull], 0);
+  EXPECT_EQ(e.stats().kv_pages_used[kKvSliding], 0);
+  EXPECT_EQ(e.num_active(), 0);
+  out.drafted = e.metrics().spec_draft_tokens.load();
+  out.accepted = e.metrics().spec_accepted_tokens.load();
+  return out;
+}
+
+SamplingParams greedy(int max_tokens) {
+  SamplingParams sp;
+  sp.temperature = 0;
+  sp.max_tokens = max_tokens;
+  sp.ignore_eos = true;
+  return sp;
+}
+
+}  // namespace
+
+TEST(SpeculativeConfig, ParsesAndRefuses) {
+  auto c = parse_speculative_config(
+      R"({"method":"ngram","num_speculative_tokens":4,"prompt_lookup_max":4,"prompt_lookup_min":2})");
+  EXPECT_EQ(c.method, "ngram");
+  EXPECT_EQ(c.num_speculative_tokens, 4);
+  EXPECT_EQ(c.prompt_lookup_max, 4);
+  EXPECT_EQ(c.prompt_lookup_min, 2);
+  EXPECT_TRUE(c.enabled());
+  auto msg = [](const std::string& j) {
+    try {
+      parse_speculative_config(j);
+    } catch (const std::exception& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(msg(R"({"method":"eagle3","model":"/x","num_speculative_tokens":1})").find("not implemented yet"),
+            std::string::npos);
+  EXPECT_NE(msg("{not json").find("not valid JSON"), std::string::npos);
+  EXPECT_NE(msg(R"({"method":"ngram"})").find("num_speculative_tokens"), std::string::npos);
+  EXPECT_NE(msg(R"({"method":"ngram","num_speculative_tokens":0})").find("[1, 16]"), std::string::npos);
+  EXPECT_NE(msg(R"({"method":"ngram","num_speculative_tokens":2,"prompt_lookup_mx":3})").find("unknown key"),
+            std::string::npos);
+  EXPECT_NE(msg(R"({"method":"ngram","num_speculative_tokens":2,"prompt_lookup_min":5,"prompt_lookup_max":3})")
+                .find("larger than"),
+            std::string::npos);
+  EXPECT_NE(msg(R"({"method":"draft_model","num_speculative_tokens":2})").find("unknown method"), std::string::npos);
+  // with async scheduling: refused, not ignored
+  EngineConfig ec = config(2);
+  ec.async_scheduling = true;
+  EXPECT_THROW(Engine(backend(), ec), std::exception);
+}
+
+TEST(NgramDrafter, ProposesTheContinuationOfTheLatestLongestMatch) {
+  // suffix [7 8]: latest earlier occurrence at 5 -> continuation 9 1 ...
+  std::vector<int32_t> ctx{7, 8, 1, 2, 3, 7, 8, 9, 1, 7, 8};
+  EXPECT_EQ(ngram_propose(ctx, 3, 1, 3), (std::vector<int32_t>{9, 1, 7}));
+  EXPECT_EQ(ngram_propose(ctx, 1, 1, 3), (std::vector<int32_t>{9}));
+  // a longer n-gram wins over a later shorter one: [3 4] occurs at 0 (then 5), 4 alone later (then 6)
+  std::vector<int32_t> c2{3, 4, 5, 4, 6, 3, 4};
+  EXPECT_EQ(ngram_propose(c2, 2, 1, 2), (std::vector<int32_t>{5, 4}));
+  EXPECT_EQ(ngram_propose(c2, 2, 1, 1), (std::vector<int32_t>{6, 3}));
+  // continuation cut at the end of the context
+  std::vector<int32_t> c3{1, 2, 1};
+  EXPECT_EQ(ngram_propose(c3, 4, 1, 3), (std::vector<int32_t>{2, 1}));
+  // nothing recurs
+  EXPECT_TRUE(ngram_propose({1, 2, 3, 4}, 4, 1, 3).empty());
+  EXPECT_TRUE(ngram_propose({5, 5}, 4, 2, 3).empty());
+  EXPECT_TRUE(ngram_propose({}, 4, 1, 3).empty());
+}
+
+TEST(AdaptiveDraftLength, BacksOffOnMissesAndRecovers) {
+  AdaptiveDraftLength a(4);
+  EXPECT_EQ(a.next(), 4);
+  a.update(4, 0);
+  EXPECT_EQ(a.next(), 2);
+  a.update(2, 0);
+  EXPECT_EQ(a.next(), 1);
+  a.update(1, 0);
+  for (int i = 0; i < 8; ++i) EXPECT_EQ(a.next(), 0) << i;  // paused 8 steps
+  EXPECT_EQ(a.next(), 1);                                  // one probe
+  a.update(1, 0);
+  for (int i = 0; i < 16; ++i) EXPECT_EQ(a.next(), 0) << i;  // the pause doubles
+  EXPECT_EQ(a.next(), 1);
+  a.update(1, 1);  // a hit: grows again
+  EXPECT_EQ(a.next(), 2);
+  a.update(2, 2);
+  a.update(3, 3);
+  a.update(4, 4);
+  EXPECT_EQ(a.next(), 4);  // capped at the configured K
+  a.update(4, 1);          // a partial hit keeps K
+  EXPECT_EQ(a.next(), 4);
+}
+
+// Greedy: K = 1..4 give plain decoding's tokens, each request alone and all 16 in one batch,
+// and the drafts were really verified (some accepted, some rejected).
+TEST(SpeculativeEngineCpu, GreedyEqualsPlainAloneAndBatched) {
+  const int n = 16, max_tokens = 40;
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < n; ++i) prompts.push_back(prompt_of(i));
+  std::vector<SamplingParams> sps(n, greedy(max_tokens));
+  const SpecRun plain = serve(config(0), prompts, sps);
+  EXPECT_EQ(plain.drafted, 0);
+  for (int k = 1; k <= 4; ++k) {
+    const SpecRun batched = serve(config(k), prompts, sps);
+    std::printf("K=%d: %lld drafts, %lld accepted\n", k, (long long)batched.drafted, (long long)batched.accepted);
+    EXPECT_GT(batched.accepted, 0) << k;
+    EXPECT_LT(batched.accepted, batched.drafted) << k;
+    for (int i = 0; i < n; ++i) {
+      ASSERT_EQ(int(batched.tokens[i].size()), max_tokens) << "K=" << k << " request " << i;
+      EXPECT_EQ(batched.tokens[i], plain.tokens[i]) << "K=" << k << " request " << i;
+    }
+    for (int i = k - 1; i < n; i += 4) {  // alone (a quarter of them per K: keeps the test fast)
+      const SpecRun alone = serve(config(k), {prompts[i]}, {sps[i]});
+      EXPECT_EQ(alone.tokens[0], plain.tokens[i]) << "K=" << k << " request " << i << " alone";
+    }
+  }
+}
+
+// Batched with plain rows: sequences whose drafts found nothing, prompts still prefilling in
+// chunks (a small token budget), stop tokens and max_tokens reached inside an accepted draft.
+TEST(SpeculativeEngineCpu, GreedyEqualsPlainWithPrefillChunksAndStops) {
+  const int n = 16;
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<SamplingParams> sps;
+  for (int i = 0; i < n; ++i) {
+    prompts.push_back(prompt_of(i + 3));
+    for (int r = 0; r < i * 3; ++r) prompts.back().push_back((r * 7 + i) % 300);  // longer prompts
+    SamplingParams sp = greedy(5 + i * 3);
+    sps.push_back(sp);
+  }
+  EngineConfig pc = config(0), sc = config(4);
+  pc.max_num_batched_tokens = sc.max_num_batched_tokens = 32;  // prefill spread over steps
+  // Engine-wide stop ids taken from plain outputs, so that some requests stop mid-draft.
+  const SpecRun plain0 = serve(config(0), prompts, sps, false);
+  pc.stop_token_ids = sc.stop_token_ids = {plain0.tokens[2][3], plain0.tokens[9][11]};
+  for (auto& sp : sps) sp.ignore_eos = false;
+  // serve() checks page counts assuming whole prompts in the first step: use the engine directly.
+  auto run = [&](EngineConfig c, int64_t* accepted) {
+    Engine e(backend(), c);
+    std::vector<std::shared_ptr<RequestStream>> ss;
+    for (int i = 0; i < n; ++i) ss.push_back(e.submit(prompts[i], sps[i]));
+    while (e.step()) {
+    }
+    std::vector<std::pair<std::vector<int32_t>, FinishReason>> out(n);
+    for (int i = 0; i < n; ++i)
+      while (auto ev = ss[i]->next(std::chrono::milliseconds(0))) {
+        out[i].first.insert(out[i].first.end(), ev->tokens.begin(), ev->tokens.end());
+        if (ev->finished) out[i].second = ev->finish_reason;
+      }
+    EXPECT_EQ(e.stats().kv_pages_used[kKvFull], 0);
+    EXPECT_EQ(e.stats().kv_pages_used[kKvSliding], 0);
+    if (accepted) *accepted = e.metrics().spec_accepted_tokens.load();
+    return out;
+  };
+  int64_t accepted = 0;
+  auto plain = run(pc, nullptr);
+  auto spec = run(sc, &accepted);
+  EXPECT_GT(accepted, 0);
+  int stopped = 0;
+  for (int i = 0; i < n; ++i) {
+    EXPECT_EQ(spec[i].first, plain[i].first) << i;
+    EXPECT_EQ(spec[i].second, plain[i].second) << i;
+    stopped += plain[i].second == FinishReason::kStop;
+  }
+  EXPECT_GT(stopped, 0);
+}
+
+// Sampled and seeded: speculation draws one uniform per emitted token in position order, so a
+// seeded request gives the same tokens as plain decoding (with host sampling: logprobs asked,
+// and with the backend's sampler), and penalties see accepted drafts.
+TEST(SpeculativeEngineCpu, SeededSamplingReproducesPlain) {
+  const int n = 16;
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<SamplingParams> sps;
+  for (int i = 0; i < n; ++i) {
+    prompts.push_back(prompt_of(i));
+    SamplingParams sp;
+    sp.temperature = 0.4f;
+    sp.top_k = 3;
+    sp.seed = 1000 + i;
+    sp.max_tokens = 32;
+    sp.ignore_eos = true;
+    if (i % 3 == 1) sp.logprobs = 1;             // host sampling
+    if (i % 3 == 2) sp.frequency_penalty = 0.3f; // host sampling with penalties
+    sps.push_back(sp);
+  }
+  const SpecRun plain = serve(config(0), prompts, sps);
+  EngineConfig sc = config(3);
+  sc.speculative.adaptive = false;
+  const SpecRun spec = serve(sc, prompts, sps);
+  std::printf("sampled K=3: %lld drafts, %lld accepted\n", (long long)spec.drafted, (long long)spec.accepted);
+  EXPECT_GT(spec.accepted, 0);
+  for (int i = 0; i < n; ++i) EXPECT_EQ(spec.tokens[i], plain.tokens[i]) << i;
+  // the backend-sampler path alone (no row in the batch needs host logits)
+  std::vector<SamplingParams> dev(sps.begin(), sps.end());
+  for (auto& sp : dev) sp.logprobs = -1, sp.frequency_penalty = 0;
+  const SpecRun plain_dev = serve(config(0), prompts, dev);
+  const SpecRun spec_dev = serve(sc, prompts, dev);
+  for (int i = 0; i < n; ++i) EXPECT_EQ(spec_dev.tokens[i], plain_dev.tokens[i]) << i;
+}
+
+// Sampled, different seeds for the two runs: the distribution of each output position's token
+// over many requests is the same with and without speculation (chi-square test of homogeneity,
+// p = 0.001 per position, pooled sparse tokens).
+TEST(SpeculativeEngineCpu, SampledTokenFrequenciesMatchPlain) {
+  const int n = 256, max_tokens = 8;
+  // The prompt ends inside the loop the model falls into greedily, so drafts are found (and
+  // often, not always, accepted) at every position.
+  std::vector<int32_t> prompt = prompt_of(1);
+  const SpecRun loop = serve(config(0), {prompt}, {greedy(40)});
+  prompt.insert(prompt.end(), loop.tokens[0].begin(), loop.tokens[0].end());
+  std::vector<std::vector<int32_t>> prompts(n, prompt);
+  std::vector<SamplingParams> sps_plain(n), sps_spec(n);
+  for (int i = 0; i < n; ++i) {
+    SamplingParams sp;
+    sp.temperature = 0.3f;
+    sp.top_k = 3;
+    sp.max_tokens = max_tokens;
+    sp.ignore_eos = true;
+    sp.seed = 1 + i;
+    sps_plain[i] = sp;
+    sp.seed = 100001 + i;
+    sps_spec[i] = sp;
+  }
+  EngineConfig pc = config(0), sc = config(4);
+  sc.speculative.adaptive = false;  // verify drafts at every step, hits and misses
+  pc.max_num_seqs = sc.max_num_seqs = 64;
+  // identical prompts share prefix-cache pages: off here, so that serve() can count each
+  // sequence's pages exactly (the other tests run with it on)
+  pc.enable_prefix_caching = sc.enable_prefix_caching = false;
+  pc.max_num_batched_tokens = sc.max_num_batched_tokens = 4096;  // every admitted prompt prefills in one step
+  const SpecRun plain = serve(pc, prompts, sps_plain);
+  const SpecRun spec = serve(sc, prompts, sps_spec);
+  std::printf("sampled K=4: %lld drafts, %lld accepted\n", (long long)spec.drafted, (long long)spec.accepted);
+  EXPECT_GT(spec.accepted, 50);
+  EXPECT_LT(spec.accepted, spec.drafted);
+  int distinct_positions = 0;
+  for (int t = 0; t < max_tokens; ++t) {
+    std::map<int32_t, std::pair<int, int>> counts;
+    for (int i = 0; i < n; ++i) {
+      ++counts[plain.tokens[i][t]].first;
+      ++counts[spec.tokens[i][t]].second;
+    }
+    // pool tokens seen fewer than 10 times in both runs together into one category
+    std::vector<std::pair<int, int>> cats;
+    std::pair<int, int> rare{0, 0};
+    for (auto& [tok, c] : counts) {
+      if (c.first + c.second < 10) {
+        rare.first += c.first;
+        rare.second += c.second;
+      } else {
+        cats.push_back(c);
+      }
+    }
+    if (rare.first + rare.second > 0) cats.push_back(rare);
+    if (cats.size() < 2) continue;
+    ++distinct_positions;
+    double chi2 = 0;
+    for (auto [a, b] : cats) {
+      const double e = (a + b) / 2.0;  // equal sample sizes
+      chi2 += (a - e) * (a - e) / e + (b - e) * (b - e) / e;
+    }
+    // the chi-square critical value at p = 0.001 (Wilson-Hilferty; z = 3.09)
+    const double df = double(cats.size()) - 1, h = 2.0 / (9.0 * df);
+    const double crit = df * std::pow(1.0 - h + 3.09 * std::sqrt(h), 3.0);
+    std::printf("position %d: chi2 %.2f, df %.0f, critical %.2f\n", t, chi2, df, crit);
+    EXPECT_LT(chi2, crit) << "position " << t << " df " << df;
+  }
+  EXPECT_GE(distinct_positions, 4);  // the test is not vacuous: positions really vary
+  // and with the same seeds, the very same tokens (many drafts accepted and rejected here)
+  const SpecRun plain_same_seeds = serve(pc, prompts, sps_spec);
+  for (int i = 0; i < n; ++i) EXPECT_EQ(spec.tokens[i], plain_same_seeds.tokens[i]) << i;
+}
