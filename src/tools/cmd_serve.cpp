@@ -64,7 +64,6 @@ std::string default_response_store() {
   return ":memory:";
 }
 
-int run_serve(Args& a) {
 // KV cache and concurrency at start-up, as vLLM prints them: what the cache holds in tokens and
 // how many sequences of max_model_len it can hold at once.
 void print_kv_summary(const gptoss::Backend& backend, const gptoss::Engine& engine, int max_num_seqs) {
@@ -114,36 +113,19 @@ int run_serve(Args& a) {
   pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
   signal(SIGINT, SIG_DFL);  // a shell script's background job starts with SIGINT ignored
   signal(SIGPIPE, SIG_IGN);
-  bool builtin = a.backend.model_dir.empty() && a.backend.random_weights.empty();
-  if (builtin) {
-    a.backend.model_dir = gptoss::tools::ensure_builtin_model();
-    // A random toy model rarely ends its turn: keep requests without max_tokens short.
-    if (a.engine.max_model_len == 0) a.engine.max_model_len = 4096;
-  }
-  if (a.server.served_model_name.empty())
-    a.server.served_model_name = builtin ? std::string("gpt-oss-tiny")
-                                 : !a.backend.random_weights.empty() ? "gpt-oss-" + a.backend.random_weights
-                                                                     : fs::path(a.backend.model_dir).filename().string();
-  if (a.server.served_model_name.empty()) a.server.served_model_name = a.backend.model_dir;
   if (a.server.response_store.empty()) {
     // The default place may not be writable (a container's home): then in memory, said aloud.
+    namespace stdfs = std::filesystem;
     a.server.response_store = default_response_store();
     std::error_code ec;
-    auto dir = fs::path(a.server.response_store).parent_path();
-    if (a.server.response_store != ":memory:") fs::create_directories(dir, ec);
+    auto dir = stdfs::path(a.server.response_store).parent_path();
+    if (a.server.response_store != ":memory:") stdfs::create_directories(dir, ec);
     if (a.server.response_store != ":memory:" && (ec || access(dir.c_str(), W_OK) != 0)) {
       std::fprintf(stderr, "gptoss serve: %s is not writable; stored responses are kept in memory until exit "
                            "(--response-store PATH to keep them)\n", dir.c_str());
       a.server.response_store = ":memory:";
     }
   }
-
-  gptoss::Tokenizer tok = [&] {
-    if (!a.tokenizer.empty()) return gptoss::Tokenizer::from_file(a.tokenizer);
-    if (!a.backend.model_dir.empty() && fs::exists(fs::path(a.backend.model_dir) / "tokenizer.json"))
-      return gptoss::Tokenizer::from_file(a.backend.model_dir);
-    return gptoss::Tokenizer::o200k_harmony();
-  }();
 
   gptoss::tools::ModelChoice model = gptoss::tools::choose_model(a.backend);
   // A random toy model rarely ends its turn: keep requests without max_tokens short.
