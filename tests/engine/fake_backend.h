@@ -44,6 +44,7 @@ class FakeBackend : public Backend {
   }
   void forward(const ForwardBatch& b, float* logits) override {
     ++forward_calls;
+    forwarded_tokens += int64_t(b.tokens.size());
     if (delay_us > 0) std::this_thread::sleep_for(std::chrono::microseconds(delay_us));
     max_batch_tokens = std::max<int>(max_batch_tokens, int(b.tokens.size()));
     max_batch_seqs = std::max<int>(max_batch_seqs, int(b.seqs.size()));
@@ -90,6 +91,7 @@ class FakeBackend : public Backend {
   // Optional: changes a row's logits given every token of its sequence so far (a scripted model).
   std::function<void(const std::vector<int32_t>& context, float* logits)> shape_logits;
   int forward_calls = 0;
+  int64_t forwarded_tokens = 0;  // tokens of every forward pass (prefill rows computed, decodes)
   int delay_us = 0;  // per forward: makes streams slow enough to interrupt
   int max_batch_tokens = 0;
   int max_batch_seqs = 0;

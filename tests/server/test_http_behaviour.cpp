@@ -103,6 +103,7 @@ json valid_body(const std::string& path) {
   if (path == "/v1/completions") return {{"model", kModel}, {"prompt", "Hi"}, {"max_tokens", 1}};
   if (path == "/tokenize") return {{"prompt", "Hi"}};
   if (path == "/detokenize") return {{"tokens", {12194}}};
+  if (path == "/v1/responses") return {{"model", kModel}, {"input", "Hi"}, {"max_output_tokens", 1}};
   return json::object();
 }
 
