@@ -6,23 +6,14 @@
 #include <sstream>
 
 #include "engine/metrics.h"
+#include "prometheus_text.h"
 
 using namespace gptoss;
 
 namespace {
 
 // "series{labels} value" lines of one rendering, keyed by everything before the value.
-std::map<std::string, double> series(const std::string& text) {
-  std::map<std::string, double> out;
-  std::istringstream in(text);
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.empty() || line[0] == '#') continue;
-    size_t sp = line.rfind(' ');
-    out[line.substr(0, sp)] = std::stod(line.substr(sp + 1));
-  }
-  return out;
-}
+std::map<std::string, double> series(const std::string& text) { return promtest::parse_samples(text); }
 
 }  // namespace
 

@@ -9,6 +9,7 @@
 #include <thread>
 #include <vector>
 
+#include "sse_events.h"
 #include "fake_backend.h"
 #include "server/server.h"
 
@@ -79,19 +80,7 @@ struct Fixture {
     int status = 0;
     post(path, body, &status, &raw);
     EXPECT_EQ(status, 200) << raw;
-    std::vector<json> out;
-    *done = false;
-    size_t pos = 0;
-    while (pos < raw.size()) {
-      size_t e = raw.find("\n\n", pos);
-      if (e == std::string::npos) break;
-      std::string ev = raw.substr(pos, e - pos);
-      pos = e + 2;
-      if (ev.rfind("data: ", 0) != 0) continue;
-      if (ev == "data: [DONE]") *done = true;
-      else out.push_back(json::parse(ev.substr(6)));
-    }
-    return out;
+    return ssetest::sse_events(raw, done);
   }
 };
 

@@ -9,6 +9,7 @@
 
 #include <thread>
 
+#include "sse_events.h"
 #include "fake_backend.h"
 #include "json_schema_oracle.h"
 #include "server/chat_format.h"
@@ -87,24 +88,7 @@ void expect_error(const httplib::Result& r, int status, const std::string& param
   }
 }
 
-std::vector<json> sse_events(const std::string& body, bool* done) {
-  std::vector<json> out;
-  *done = false;
-  size_t pos = 0;
-  while (pos < body.size()) {
-    size_t e = body.find("\n\n", pos);
-    if (e == std::string::npos) break;
-    std::string ev = body.substr(pos, e - pos);
-    pos = e + 2;
-    if (ev.rfind("data: ", 0) != 0) continue;
-    if (ev == "data: [DONE]") {
-      *done = true;
-      continue;
-    }
-    out.push_back(json::parse(ev.substr(6)));
-  }
-  return out;
-}
+using ssetest::sse_events;
 
 }  // namespace
 

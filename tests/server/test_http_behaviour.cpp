@@ -13,6 +13,8 @@
 #include <sstream>
 #include <thread>
 
+#include "prometheus_text.h"
+#include "sse_events.h"
 #include "fake_backend.h"
 #include "server/server.h"
 
@@ -69,24 +71,7 @@ struct Served {
   httplib::Result get(const std::string& path, httplib::Headers h = {}) { return client().Get(path.c_str(), h); }
 };
 
-std::vector<json> sse_events(const std::string& body, bool* done) {
-  std::vector<json> out;
-  *done = false;
-  size_t pos = 0;
-  while (pos < body.size()) {
-    size_t e = body.find("\n\n", pos);
-    if (e == std::string::npos) break;
-    std::string ev = body.substr(pos, e - pos);
-    pos = e + 2;
-    if (ev.rfind("data: ", 0) != 0) continue;
-    if (ev == "data: [DONE]") {
-      *done = true;
-      continue;
-    }
-    out.push_back(json::parse(ev.substr(6)));
-  }
-  return out;
-}
+using ssetest::sse_events;
 
 json user_chat(int max_tokens, bool stream = false) {
   return {{"model", kModel},
@@ -214,17 +199,7 @@ TEST(HttpContract, CompletionStopStrings) {
 namespace {
 
 // The samples of one /metrics text: "name{labels}" -> value.
-std::map<std::string, double> parse_metrics(const std::string& text) {
-  std::map<std::string, double> out;
-  std::istringstream in(text);
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.empty() || line[0] == '#') continue;
-    size_t sp = line.rfind(' ');
-    out[line.substr(0, sp)] = std::stod(line.substr(sp + 1));
-  }
-  return out;
-}
+std::map<std::string, double> parse_metrics(const std::string& text) { return promtest::parse_samples(text); }
 
 // Checks one histogram's Prometheus semantics and returns its _count.
 double check_histogram(const std::map<std::string, double>& m, const std::string& name) {
