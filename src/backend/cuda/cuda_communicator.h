@@ -1,0 +1,19 @@
+#pragma once
+// Tensor-parallel collectives between CUDA ranks (implemented in cuda_communicator.cpp, owned by
+// the CUDA backend): NCCL underneath, loaded at run time, plus a one-shot all-reduce over peer
+// memory for the small messages of decode. Declared here so the backend factory can create the
+// communicator of each rank without knowing how it works.
+#include <memory>
+
+#include "backend/parallel/communicator.h"
+
+namespace gptoss {
+
+// Rank 0 makes the group's id (ncclGetUniqueId) and hands it to every rank.
+CommId cuda_new_comm_id();
+
+// Joins rank `rank` of a `world`-rank group on CUDA device `device`. Blocks until every rank has
+// joined, so the ranks of one process call it from their own threads at the same time.
+std::unique_ptr<Communicator> make_cuda_communicator(const CommId& id, int rank, int world, int device);
+
+}  // namespace gptoss
