@@ -15,6 +15,7 @@
 
 #include "backend/cuda/cuda_common.h"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/step_timeline.h"
 #include "model/make_model.h"
 #include "model/weights.h"
 
@@ -100,6 +101,7 @@ class CudaBackend final : public Backend {
   void run_graph_step(const ForwardBatch& b);
   // Exactly one of logits (copy them back), greedy (argmax ids) or `how` with ids (sample).
   void run_batch(const ForwardBatch& b, float* logits, int32_t* greedy, const RowSampling* how = nullptr);
+  void run_batch_impl(const ForwardBatch& b, float* logits, int32_t* greedy, const RowSampling* how);
   // Draws rows [0, n) of d_logits_ by per[i] on the device; ids land in d_greedy_.
   void sample_on_device(const std::vector<RowSampling>& per, int n);
 
@@ -144,6 +146,7 @@ class CudaBackend final : public Backend {
   int32_t* h_meta_ = nullptr;  // pinned
 
   std::map<int, cudaGraphExec_t> graphs_;
+  StepTimeline timeline_;  // GPTOSS_CUDA_TIMELINE=1: GPU idle time between passes
   Mxfp4Layers mx_layers_;  // dense layers stored as MXFP4 (--mxfp4-layers)
 
   // GPTOSS_CUDA_PROFILE=1: decode steps run eagerly with an event after every op; the time per
@@ -526,6 +529,7 @@ int CudaBackend::splits_for(int n) const {
 }
 
 CudaBackend::PassMeta CudaBackend::upload_meta(const Staged& st, int n, int n_rows) {
+  timeline_.work(stream_);
   size_t need = 4 * size_t(n) + n_rows + st.pt.size() + kMaxLogitRows + 16;
   if (need > meta_cap_) {
     // Growing moves the block: graphs captured against the old one must go.
@@ -683,6 +687,12 @@ void CudaBackend::sample_on_device(const std::vector<RowSampling>& per, int n) {
 }
 
 void CudaBackend::run_batch(const ForwardBatch& b, float* logits, int32_t* greedy, const RowSampling* how) {
+  timeline_.begin(stream_);
+  run_batch_impl(b, logits, greedy, how);
+  timeline_.end(stream_);
+}
+
+void CudaBackend::run_batch_impl(const ForwardBatch& b, float* logits, int32_t* greedy, const RowSampling* how) {
   const int M = int(b.tokens.size());
   if (kvc_.num_pages[0] + kvc_.num_pages[1] == 0) throw Error("cuda backend: init_kv_cache first");
   if (M == 0) return;

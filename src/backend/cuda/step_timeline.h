@@ -1,0 +1,96 @@
+#pragma once
+// GPTOSS_CUDA_TIMELINE=1: how long the GPU sits idle between forward passes (issue 14's "no GPU
+// idle gap between steps"). Each backend call records three events: when the call arrives, just
+// before its first GPU work (the metadata upload), and after its last. An event recorded on an
+// idle stream completes at once, so work(i + 1) - end(i) is the time the GPU waited for the host
+// between two passes, split into the engine's part (end(i) -> arrival(i + 1): sampling
+// bookkeeping, detokenization, planning, the hand-off between threads) and the backend's own
+// staging (arrival -> work). The summary prints when the backend goes away.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+namespace gptoss::cuda {
+
+class StepTimeline {
+ public:
+  StepTimeline() : on_(std::getenv("GPTOSS_CUDA_TIMELINE") != nullptr) {}
+  StepTimeline(const StepTimeline&) = delete;
+  StepTimeline& operator=(const StepTimeline&) = delete;
+  ~StepTimeline() {
+    report();
+    for (auto& s : steps_) {
+      cudaEventDestroy(s.arrive);
+      cudaEventDestroy(s.work);
+      cudaEventDestroy(s.end);
+    }
+  }
+  bool on() const { return on_; }
+  void begin(cudaStream_t s) {
+    if (!on_) return;
+    Step st{};
+    cudaEventCreate(&st.arrive);
+    cudaEventCreate(&st.work);
+    cudaEventCreate(&st.end);
+    cudaEventRecord(st.arrive, s);
+    steps_.push_back(st);
+    work_marked_ = false;
+  }
+  // Just before the pass's first GPU work (called once or more per pass; the first counts).
+  void work(cudaStream_t s) {
+    if (!on_ || steps_.empty() || work_marked_) return;
+    cudaEventRecord(steps_.back().work, s);
+    work_marked_ = true;
+  }
+  void end(cudaStream_t s) {
+    if (!on_ || steps_.empty()) return;
+    if (!work_marked_) work(s);
+    cudaEventRecord(steps_.back().end, s);
+  }
+
+ private:
+  struct Step {
+    cudaEvent_t arrive, work, end;
+  };
+  void report() {
+    if (!on_ || steps_.size() < 2) return;
+    cudaEventSynchronize(steps_.back().end);
+    auto ms = [](cudaEvent_t a, cudaEvent_t b) {
+      float v = -1;
+      return cudaEventElapsedTime(&v, a, b) == cudaSuccess ? v : -1.f;
+    };
+    std::vector<float> gaps, engine_part, staging_part;
+    double busy = 0;
+    size_t long_gaps = 0;
+    for (size_t i = 0; i < steps_.size(); ++i) {
+      busy += std::max(0.f, ms(steps_[i].work, steps_[i].end));
+      if (i == 0) continue;
+      const float gap = ms(steps_[i - 1].end, steps_[i].work);
+      if (gap < 0) continue;
+      // Gaps longer than 50 ms are the server waiting for requests, not host overhead.
+      if (gap >= 50.f) { ++long_gaps; continue; }
+      gaps.push_back(gap);
+      engine_part.push_back(std::max(0.f, ms(steps_[i - 1].end, steps_[i].arrive)));
+      staging_part.push_back(std::max(0.f, ms(steps_[i].arrive, steps_[i].work)));
+    }
+    if (gaps.empty()) return;
+    auto sum = [](const std::vector<float>& v) { double t = 0; for (float x : v) t += x; return t; };
+    auto median_us = [](std::vector<float> v) { std::sort(v.begin(), v.end()); return 1000.0 * v[v.size() / 2]; };
+    auto p90_us = [](std::vector<float> v) { std::sort(v.begin(), v.end()); return 1000.0 * v[v.size() * 9 / 10]; };
+    const double idle = sum(gaps);
+    std::fprintf(stderr,
+                 "cuda timeline: %zu passes; GPU busy %.1f ms, idle between passes %.1f ms = %.2f%% "
+                 "(per gap: median %.1f us, p90 %.1f us; of which engine median %.1f us, backend staging "
+                 "median %.1f us; %zu gaps over 50 ms left out as waiting for requests)\n",
+                 steps_.size(), busy, idle, 100.0 * idle / std::max(1e-9, busy + idle), median_us(gaps), p90_us(gaps),
+                 median_us(engine_part), median_us(staging_part), long_gaps);
+  }
+  bool on_;
+  bool work_marked_ = false;
+  std::vector<Step> steps_;
+};
+
+}  // namespace gptoss::cuda
