@@ -223,6 +223,20 @@ int run_kernel_bench(const KernelBenchOptions& o) {
           row("experts down (mxfp4)", shape, v.c_str(), us, touched * H * I * 17 / 32);
         }
       }
+      // Other shapes of the one-n-tile MXFP4 kernel (warps splitting K, row tiles, chunks in flight).
+      if (sk && (P + std::min(P, E) - 1) / std::min(P, E) <= 8) {
+        for (int v = 1; v < kSkinnyVariants; ++v) {
+          set_skinny_variant(v);
+          double ug = timer.us(o.iters, [&](int i) { linear_grouped(pgu, xb, H, P, E, true, routes[i % R], gf, s, M); });
+          double ud = timer.us(o.iters, [&](int i) {
+            linear_grouped(pdn, act, I, P, E, false, routes[i % R], Epilogue{Epilogue::kStoreF32, y, H}, s, M, sk);
+          });
+          std::string v_name = std::string("skinny ") + skinny_variant_name(v);
+          row("experts gate_up (mxfp4)", shape, v_name.c_str(), ug, touched * 2 * I * H * 17 / 32);
+          row("experts down (mxfp4)", shape, v_name.c_str(), ud, touched * H * I * 17 / 32);
+        }
+        set_skinny_variant(0);
+      }
       double us_gu = timer.us(o.iters, [&](int i) { linear_grouped(pgu, xb, H, P, E, true, routes[i % R], gf, s, M); });
       row("experts gate_up (mxfp4)", shape + ", " + std::to_string(2 * I) + "x" + std::to_string(H), vn.c_str(),
           us_gu, touched * 2 * I * H * 17 / 32);

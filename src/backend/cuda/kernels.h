@@ -132,6 +132,10 @@ void moe_combine(const float* y, const MoeRouting& r, int n, int k, int H, float
 void set_linear_path(int path);
 // Picks a dense GEMV kernel (benchmarks and tests): 0 = best known, 1 = the row-pair GEMV for all.
 void set_gemv_variant(int v);
+// bench-kernels: the MXFP4 skinny kernel's shape for one n-tile (0 = the default; 1..kSkinnyVariants-1 others).
+constexpr int kSkinnyVariants = 7;
+void set_skinny_variant(int v);
+const char* skinny_variant_name(int v);
 
 // x (f32 [n, H]) -> y (bf16 [n, H]) = x / rms(x) * w. rows: optional row gather (y row i = x row rows[i]).
 void rmsnorm(const float* x, const float* w, int n, int H, float eps, const int32_t* rows, bf16_t* y,

@@ -187,8 +187,15 @@ __device__ __forceinline__ void store_val(const Epilogue& e, int row, int n, flo
   }
 }
 
+// Occupancy target: 24 warps an SM with one n-tile (activations in shared memory), 16 with more
+// (their activations sit in registers). Four row tiles at 24 warps spill 12 bytes and were still
+// faster than at 16 warps (bench-kernels, H200).
+constexpr int skinny_min_blocks(int NT, int KS) {
+  const int warps = NT == 1 ? 24 : 16;
+  return warps / KS > 0 ? warps / KS : 1;
+}
 template <int FMT, int NT, int KS, int RT, int PF, bool XF16>
-__global__ void __launch_bounds__(KS * 32, KS >= 8 ? (NT == 1 ? 3 : 2) : (NT == 1 ? 6 : 4)) skinny_mma_kernel(SkinnyArgs a) {
+__global__ void __launch_bounds__(KS * 32, skinny_min_blocks(NT, KS)) skinny_mma_kernel(SkinnyArgs a) {
   static_assert(PF >= 1 && RT <= KS, "prefetch depth; one finishing warp per row tile");
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
   const int N = a.W.N, C = a.W.K / 64, T = N / 16;
@@ -198,6 +205,9 @@ __global__ void __launch_bounds__(KS * 32, KS >= 8 ? (NT == 1 ? 3 : 2) : (NT == 
   // up to 8 activation rows, K + 8 halves each (the pad spreads the rows over the banks), so the
   // B fragments are shared-memory reads and the registers hold only weights in flight.
   constexpr bool XS = NT == 1;
+  // MXFP4 and fp8 weights multiply fp16 activations: bf16 ones are converted while staged.
+  constexpr bool kStageF16 = XS && !XF16 && FMT != WeightMat::kFragBF16;
+  constexpr bool kChunkF16 = XF16 || kStageF16;
   extern __shared__ __align__(16) float red[];
   uint16_t* xs = reinterpret_cast<uint16_t*>(red + KS * RT * NT * 4 * 32);
   const int xs_ld = a.W.K + 8;
@@ -221,10 +231,13 @@ __global__ void __launch_bounds__(KS * 32, KS >= 8 ? (NT == 1 ? 3 : 2) : (NT == 
   } else {
     pdl_wait();
     const int gi = blockIdx.y;
-    if (gi >= a.r.counts[0]) { pdl_trigger(); return; }  // uniform over the block
+    // All four loads in flight at once (the group arrays have an entry for every grid row, so
+    // reading past counts is in bounds): one L2 round trip before the first weight load, not two.
+    const int ngroups = a.r.counts[0];
     row_begin = a.r.group_start[gi];
     row_end = a.r.group_end[gi];
     expert = a.r.group_expert[gi];
+    if (gi >= ngroups) { pdl_trigger(); return; }  // uniform over the block
     tc0 = (size_t(expert) * T + tile0) * C;
   }
   pdl_trigger();
@@ -256,8 +269,16 @@ __global__ void __launch_bounds__(KS * 32, KS >= 8 ? (NT == 1 ? 3 : 2) : (NT == 
         const int t = i / vecs, v = i % vecs;
         const int p = tok0 + t;
         const int ar = a.gather_a ? a.r.pair_token[p] : p;
-        *reinterpret_cast<uint4*>(xs + size_t(t) * xs_ld + v * 8) =
-            __ldg(reinterpret_cast<const uint4*>(A + size_t(ar) * a.lda * 2) + v);
+        uint4 x = __ldg(reinterpret_cast<const uint4*>(A + size_t(ar) * a.lda * 2) + v);
+        if constexpr (kStageF16) {
+          // bf16 -> fp16 once per block here rather than per chunk and row tile in chunk_mma
+          // (the same rounding, so the same numbers).
+          x.x = bf16x2_to_f16x2(x.x);
+          x.y = bf16x2_to_f16x2(x.y);
+          x.z = bf16x2_to_f16x2(x.z);
+          x.w = bf16x2_to_f16x2(x.w);
+        }
+        *reinterpret_cast<uint4*>(xs + size_t(t) * xs_ld + v * 8) = x;
       }
       __syncthreads();
     } else {
@@ -287,10 +308,11 @@ __global__ void __launch_bounds__(KS * 32, KS >= 8 ? (NT == 1 ? 3 : 2) : (NT == 
       for (int u = 0; u < PF; ++u) {
         if (base + u < my_n) {
           const int xu = XS ? 0 : u;
+          // (Reading the next chunk's activations a chunk ahead was measured: no faster.)
           if constexpr (XS) x_from_smem(warp + (base + u) * KS, xbuf[0]);
 #pragma unroll
           for (int r = 0; r < RT; ++r)
-            if (r < nrt) chunk_mma<FMT, NT, XF16>(wbuf[u][r], xbuf[xu], acc[r]);
+            if (r < nrt) chunk_mma<FMT, NT, kChunkF16>(wbuf[u][r], xbuf[xu], acc[r]);
           const int nxt = base + u + PF;
           if (nxt < my_n) {
             load_chunk_w(u, nxt);
@@ -367,8 +389,21 @@ void launch_shape(const SkinnyArgs& a, int tiles, int groups, cudaStream_t s) {
   launch_pdl(k, dim3((tiles + RT - 1) / RT, groups), dim3(KS * 32), smem, s, a);
 }
 
+int g_skinny_variant = 0;  // bench-kernels: other MXFP4 one-n-tile shapes (set_skinny_variant)
+
 template <int FMT, int NT, bool XF16>
 void launch_fmt(const SkinnyArgs& a, int tiles, int groups, int ks, cudaStream_t s) {
+  if constexpr (FMT == WeightMat::kFragMXFP4 && NT == 1) {
+    switch (g_skinny_variant) {  // KS warps x RT row tiles x PF chunks in flight
+      case 1: return launch_shape<FMT, NT, 8, 4, 2, XF16>(a, tiles, groups, s);
+      case 2: return launch_shape<FMT, NT, 16, 2, 3, XF16>(a, tiles, groups, s);
+      case 3: return launch_shape<FMT, NT, 8, 1, 4, XF16>(a, tiles, groups, s);
+      case 4: return launch_shape<FMT, NT, 16, 1, 4, XF16>(a, tiles, groups, s);
+      case 5: return launch_shape<FMT, NT, 8, 2, 4, XF16>(a, tiles, groups, s);
+      case 6: return launch_shape<FMT, NT, 4, 2, 4, XF16>(a, tiles, groups, s);
+      default: break;
+    }
+  }
   // Chunks in flight per warp: a bf16 chunk is 64 bytes a lane (16 registers), fp8 32, MXFP4 16;
   // with one n-tile the activations sit in shared memory, so the registers hold only weights.
   // (Chosen so that no variant spills: nvcc -Xptxas -v.)
@@ -378,6 +413,11 @@ void launch_fmt(const SkinnyArgs& a, int tiles, int groups, int ks, cudaStream_t
   // Two row tiles a block halve the activation reads; one keeps small grids (o_proj's 180 tiles,
   // qkv's 320) covering the SMs.
   const bool one_tile = size_t(tiles) * groups < size_t(8 * 132);
+  // MXFP4 with one n-tile over large grids: four row tiles a block, two chunks in flight
+  // (bench-kernels, H200: 120b gate_up 23.6 -> 21.2 us at 1 token, 382 -> 307 us at 32 tokens;
+  // down at 1 token, 720 tiles, is faster with one).
+  if constexpr (FMT == WeightMat::kFragMXFP4 && NT == 1)
+    if (ks == 8 && size_t(tiles) * groups >= 1400) return launch_shape<FMT, NT, 8, 4, 2, XF16>(a, tiles, groups, s);
   if (ks == 4)
     launch_shape<FMT, NT, 4, 2, kPF, XF16>(a, tiles, groups, s);
   else if (one_tile)
@@ -416,6 +456,13 @@ void launch_nt(const SkinnyArgs& a, int max_tokens, int tiles, int groups, int k
 
 
 }  // namespace
+
+void set_skinny_variant(int v) { g_skinny_variant = v; }
+const char* skinny_variant_name(int v) {
+  static const char* names[] = {"ks8 rt1-2 pf3 (default)", "ks8 rt4 pf2", "ks16 rt2 pf3", "ks8 rt1 pf4",
+                                "ks16 rt1 pf4", "ks8 rt2 pf4", "ks4 rt2 pf4"};
+  return v >= 0 && v < kSkinnyVariants ? names[v] : "?";
+}
 
 void stream_experts(const WeightMat& W, int pairs, int E, const MoeRouting& r, uint32_t* sink, cudaStream_t s) {
   dim3 grid(W.N / 16, moe_max_groups(pairs, E));
