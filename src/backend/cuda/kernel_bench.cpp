@@ -132,6 +132,19 @@ int run_kernel_bench(const KernelBenchOptions& o) {
         });
         row(d.name, shape, fmt == WeightMat::kFragBF16 ? "skinny_mma bf16" : "skinny_mma fp8", us,
             double(frag_weight_bytes(fmt, 1, d.N, d.K)));
+        if (fmt == WeightMat::kFragBF16 && M <= 8) {
+          // Other shapes of the one-n-tile bf16 kernel (warps splitting K, row tiles, chunks in flight).
+          static const char* names[] = {"", "ks16 rt1 pf1", "ks16 rt1 pf2", "ks8 rt1 pf2", "ks16 rt2 pf1"};
+          for (int v = 1; v <= 4; ++v) {
+            set_skinny_variant(v);
+            double uv = timer.us(o.iters, [&](int i) {
+              linear(ps[i % copies], xb, d.K, M, Epilogue{Epilogue::kStoreF32, out, d.N}, s);
+            });
+            row(d.name, shape, (std::string("skinny_mma bf16 ") + names[v]).c_str(), uv,
+                double(frag_weight_bytes(fmt, 1, d.N, d.K)));
+          }
+          set_skinny_variant(0);
+        }
       }
     }
   }

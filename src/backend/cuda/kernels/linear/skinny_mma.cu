@@ -190,12 +190,12 @@ __device__ __forceinline__ void store_val(const Epilogue& e, int row, int n, flo
 // Occupancy target: 24 warps an SM with one n-tile (activations in shared memory), 16 with more
 // (their activations sit in registers). Four row tiles at 24 warps spill 12 bytes and were still
 // faster than at 16 warps (bench-kernels, H200).
-constexpr int skinny_min_blocks(int NT, int KS) {
-  const int warps = NT == 1 ? 24 : 16;
+constexpr int skinny_min_blocks(int NT, int KS, int RT) {
+  const int warps = NT == 1 && RT <= 4 ? 24 : 16;
   return warps / KS > 0 ? warps / KS : 1;
 }
 template <int FMT, int NT, int KS, int RT, int PF, bool XF16>
-__global__ void __launch_bounds__(KS * 32, skinny_min_blocks(NT, KS)) skinny_mma_kernel(SkinnyArgs a) {
+__global__ void __launch_bounds__(KS * 32, skinny_min_blocks(NT, KS, RT)) skinny_mma_kernel(SkinnyArgs a) {
   static_assert(PF >= 1 && RT <= KS, "prefetch depth; one finishing warp per row tile");
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
   const int N = a.W.N, C = a.W.K / 64, T = N / 16;
@@ -401,6 +401,19 @@ void launch_fmt(const SkinnyArgs& a, int tiles, int groups, int ks, cudaStream_t
       case 4: return launch_shape<FMT, NT, 16, 1, 4, XF16>(a, tiles, groups, s);
       case 5: return launch_shape<FMT, NT, 8, 2, 4, XF16>(a, tiles, groups, s);
       case 6: return launch_shape<FMT, NT, 4, 2, 4, XF16>(a, tiles, groups, s);
+      case 7: return launch_shape<FMT, NT, 16, 4, 2, XF16>(a, tiles, groups, s);
+      case 8: return launch_shape<FMT, NT, 8, 8, 1, XF16>(a, tiles, groups, s);
+      case 9: return launch_shape<FMT, NT, 4, 4, 2, XF16>(a, tiles, groups, s);
+      case 10: return launch_shape<FMT, NT, 16, 8, 1, XF16>(a, tiles, groups, s);
+      default: break;
+    }
+  }
+  if constexpr (FMT == WeightMat::kFragBF16 && NT == 1) {
+    switch (g_skinny_variant) {  // dense bf16 decode copies (q/k/v/o, lm_head)
+      case 1: return launch_shape<FMT, NT, 16, 1, 1, XF16>(a, tiles, groups, s);
+      case 2: return launch_shape<FMT, NT, 16, 1, 2, XF16>(a, tiles, groups, s);
+      case 3: return launch_shape<FMT, NT, 8, 1, 2, XF16>(a, tiles, groups, s);
+      case 4: return launch_shape<FMT, NT, 16, 2, 1, XF16>(a, tiles, groups, s);
       default: break;
     }
   }
@@ -460,7 +473,8 @@ void launch_nt(const SkinnyArgs& a, int max_tokens, int tiles, int groups, int k
 void set_skinny_variant(int v) { g_skinny_variant = v; }
 const char* skinny_variant_name(int v) {
   static const char* names[] = {"ks8 rt1-2 pf3 (default)", "ks8 rt4 pf2", "ks16 rt2 pf3", "ks8 rt1 pf4",
-                                "ks16 rt1 pf4", "ks8 rt2 pf4", "ks4 rt2 pf4"};
+                                "ks16 rt1 pf4", "ks8 rt2 pf4", "ks4 rt2 pf4", "ks16 rt4 pf2",
+                                "ks8 rt8 pf1", "ks4 rt4 pf2", "ks16 rt8 pf1"};
   return v >= 0 && v < kSkinnyVariants ? names[v] : "?";
 }
 
