@@ -22,6 +22,7 @@ class Kernels : public CudaTest {
   void TearDown() override {
     cuda::set_linear_path(0);
     cuda::set_gemv_variant(0);
+    cuda::set_expert_gemm_version(0);
   }
 };
 
@@ -339,6 +340,148 @@ TEST_F(Kernels, MoeMxfp4) {
   if (small_mode()) cases = {{1, 8, 2, 64, 64}, {33, 8, 4, 96, 64}};
   for (auto& c : cases)
     for (int path : {0, 1, 2}) check_moe(c, path);
+}
+
+// The MoE block through expert GEMM version 2 (GEMM path, checkpoint MXFP4 layout).
+TEST_F(Kernels, MoeMxfp4ExpertGemmV2) {
+  std::vector<MoeCase> cases = {{1, 128, 4, 2880, 2880}, {33, 128, 4, 2880, 2880}, {129, 32, 4, 2880, 2880},
+                                {2049, 32, 4, 256, 256}, {7, 8, 2, 64, 64}};
+  if (small_mode()) cases = {{1, 8, 2, 64, 64}, {33, 8, 4, 128, 64}};
+  cuda::set_expert_gemm_version(2);
+  for (auto& c : cases) check_moe(c, 2);
+}
+
+// Routing built on the host with prescribed pairs per expert (0, 1, 63, 64, 65, 2048, ...): the
+// groups, GEMM row tiles (kGemmBM) and pair tokens moe_route would produce for such a batch.
+struct HostRouting {
+  Dev<uint8_t> mem;
+  cuda::MoeRouting r;
+  std::vector<int> start, pair_token;
+  std::vector<float> pair_weight;
+};
+
+HostRouting make_routing(const std::vector<int>& counts, int n_tokens, FastRng& rng) {
+  const int E = int(counts.size());
+  const int P = std::accumulate(counts.begin(), counts.end(), 0);
+  std::vector<uint8_t> host(cuda::moe_routing_bytes(P, E), 0);
+  HostRouting h;
+  h.mem = Dev<uint8_t>(host.size());
+  h.r = cuda::moe_routing_carve(h.mem.p(), P, E);
+  cuda::MoeRouting hr = cuda::moe_routing_carve(host.data(), P, E);
+  int g = 0, t = 0, off = 0;
+  for (int e = 0; e < E; ++e) {
+    h.start.push_back(off);
+    const int c = counts[e];
+    if (c == 0) continue;
+    hr.group_expert[g] = e;
+    hr.group_start[g] = off;
+    hr.group_end[g] = off + c;
+    for (int i = 0; i * cuda::kGemmBM < c; ++i, ++t) {
+      hr.tile_group[t] = g;
+      hr.tile_row[t] = off + i * cuda::kGemmBM;
+    }
+    ++g;
+    off += c;
+  }
+  h.start.push_back(off);
+  hr.counts[0] = g;
+  hr.counts[1] = t;
+  h.pair_token.resize(P);
+  h.pair_weight.resize(P);
+  for (int p = 0; p < P; ++p) {
+    h.pair_token[p] = hr.pair_token[p] = int(rng.next() % uint64_t(n_tokens));
+    h.pair_weight[p] = hr.pair_weight[p] = rng.uniform();
+  }
+  h.mem.upload(host);
+  return h;
+}
+
+// gate_up (SwiGLU epilogue, gathered token rows) and down (f32 store; scatter-add) of both expert
+// GEMM versions against the CPU's exact MXFP4 decode, checked expert by expert so that one wrong
+// group cannot hide in the total. down's reference takes the GPU's own SwiGLU output as input.
+void check_expert_gemm(const std::vector<int>& counts, int n_tokens, int H, int I) {
+  FastRng r(fresh_seed());
+  const int E = int(counts.size());
+  HostRouting rt = make_routing(counts, n_tokens, r);
+  const int P = rt.start.back();
+  auto rand_bytes = [&](size_t cnt, int lo, int hi) {
+    std::vector<uint8_t> v(cnt);
+    for (auto& b : v) b = uint8_t(lo + int(r.next() % uint64_t(hi - lo + 1)));
+    return v;
+  };
+  // Scales on both sides of 2^1 (e8m0 128): version 1 splits them there.
+  auto gu_b = rand_bytes(size_t(E) * 2 * I * H / 2, 0, 255), gu_s = rand_bytes(size_t(E) * 2 * I * H / 32, 116, 130);
+  auto dn_b = rand_bytes(size_t(E) * H * I / 2, 0, 255), dn_s = rand_bytes(size_t(E) * H * I / 32, 116, 130);
+  auto gu_bias = rand_f32(size_t(E) * 2 * I, r, 0.1f), dn_bias = rand_f32(size_t(E) * H, r, 0.1f);
+  auto x = round_bf16(rand_f32(size_t(n_tokens) * H, r, 0.05f));
+  Dev<uint16_t> dx(to_bf16(x));
+  Dev<float> dgub(gu_bias), ddnb(dn_bias);
+  Dev<uint8_t> dgu_b(gu_b), dgu_s(gu_s), ddn_b(dn_b), ddn_s(dn_s);
+  WeightMat gu{WeightMat::kMXFP4, dgu_b.p(), dgu_s.p(), dgub.p(), 2 * I, H};
+  WeightMat dn{WeightMat::kMXFP4, ddn_b.p(), ddn_s.p(), ddnb.p(), H, I};
+  ASSERT_TRUE(cuda::expert_gemm_v2_supports(gu, dx.p(), H, n_tokens, Epilogue{Epilogue::kSwiGLU, nullptr, I}));
+
+  // gate_up reference (the GPU result is checked per version below).
+  std::vector<float> act_ref(size_t(P) * I);
+  for (int e = 0; e < E; ++e) {
+    const int p0 = rt.start[e], m = rt.start[e + 1] - p0;
+    if (m == 0) continue;
+    std::vector<float> xs(size_t(m) * H), g(size_t(m) * 2 * I);
+    for (int i = 0; i < m; ++i) std::copy_n(&x[size_t(rt.pair_token[p0 + i]) * H], H, &xs[size_t(i) * H]);
+    cpu::linear_mxfp4(xs.data(), m, H, &gu_b[size_t(e) * 2 * I * H / 2], &gu_s[size_t(e) * 2 * I * H / 32], 2 * I,
+                      &gu_bias[size_t(e) * 2 * I], g.data());
+    cpu::swiglu(g.data(), m, I, 7.f, &act_ref[size_t(p0) * I]);
+  }
+  auto rows = [](const std::vector<float>& v, int p0, int m, int w) {
+    return std::vector<float>(v.begin() + size_t(p0) * w, v.begin() + size_t(p0 + m) * w);
+  };
+  cuda::set_linear_path(2);
+  for (int version : {1, 2}) {
+    cuda::set_expert_gemm_version(version);
+    Dev<uint16_t> act(size_t(P) * I);
+    Dev<float> y(size_t(P) * H), out(std::vector<float>(size_t(n_tokens) * H, 0.f));
+    cuda::linear_grouped(gu, dx.p(), H, P, E, true, rt.r, Epilogue{Epilogue::kSwiGLU, act.p(), I}, 0, n_tokens);
+    cuda::linear_grouped(dn, act.p(), I, P, E, false, rt.r, Epilogue{Epilogue::kStoreF32, y.p(), H}, 0, n_tokens);
+    cuda::linear_grouped(dn, act.p(), I, P, E, false, rt.r, Epilogue{Epilogue::kScatterAdd, out.p(), H}, 0,
+                         n_tokens);
+    const auto gact = from_bf16(act.download());
+    const auto gy = y.download(), gout = out.download();
+    std::vector<float> y_ref(size_t(P) * H), out_ref(size_t(n_tokens) * H, 0.f);
+    double worst_act = 0, worst_y = 0;
+    for (int e = 0; e < E; ++e) {
+      const int p0 = rt.start[e], m = rt.start[e + 1] - p0;
+      if (m == 0) continue;
+      const double ea = rel_err(rows(gact, p0, m, I), rows(act_ref, p0, m, I));
+      EXPECT_LE(ea, 8e-3) << "gate_up expert " << e << " (" << m << " pairs) v" << version;
+      cpu::linear_mxfp4(&gact[size_t(p0) * I], m, I, &dn_b[size_t(e) * H * I / 2], &dn_s[size_t(e) * H * I / 32], H,
+                        &dn_bias[size_t(e) * H], &y_ref[size_t(p0) * H]);
+      const double ey = rel_err(rows(gy, p0, m, H), rows(y_ref, p0, m, H));
+      EXPECT_LE(ey, 1e-3) << "down expert " << e << " (" << m << " pairs) v" << version;
+      worst_act = std::max(worst_act, ea);
+      worst_y = std::max(worst_y, ey);
+    }
+    for (int p = 0; p < P; ++p)
+      for (int h = 0; h < H; ++h)
+        out_ref[size_t(rt.pair_token[p]) * H + h] += rt.pair_weight[p] * y_ref[size_t(p) * H + h];
+    EXPECT_LE(rel_err(gout, out_ref), 1e-3) << "scatter-add v" << version;
+    std::printf("expert gemm v%d: %d pairs over %d experts, H=%d I=%d: worst rel err gate_up %.3g down %.3g\n",
+                version, P, E, H, I, worst_act, worst_y);
+  }
+}
+
+// Pairs per expert 0, 1, 63, 64, 65, 127-129, 255-257 and 2048 (8192 pairs in all) at small
+// widths (tail column tiles in both GEMMs); 120b/20b widths (2880) with 1..130 pairs per expert
+// at expert indices up to 31; a single pair.
+TEST_F(Kernels, ExpertGemmAwkwardGroups) {
+  if (small_mode()) {
+    check_expert_gemm({0, 1, 63, 64, 65, 0, 130, 2}, 200, 128, 64);
+    return;
+  }
+  check_expert_gemm({0, 1, 63, 64, 65, 2048, 0, 128, 129, 255, 256, 257, 2048, 2048, 830, 0}, 2048, 320, 192);
+  std::vector<int> real(32, 0);
+  real[0] = 1, real[3] = 63, real[17] = 65, real[30] = 64, real[31] = 130;
+  check_expert_gemm(real, 300, 2880, 2880);
+  check_expert_gemm({0, 0, 1, 0}, 1, 2880, 2880);
 }
 
 // The fragment-layout path the backend runs by default, at every decode regime (1, 2, 7, 8, 33,

@@ -89,6 +89,20 @@ void linear_grouped(const WeightMat& W, const void* A, int lda, int pairs, int E
                     const MoeRouting& r, const Epilogue& epi, cudaStream_t s, int tokens = 0, bool a_f16 = false,
                     bool invariant = false);
 
+// Prefill expert GEMM versions (kernels/moe/expert_gemm_mxfp4_bf16.cu): linear_grouped's GEMM
+// path over checkpoint-layout MXFP4 experts runs version 1 (gemm_kernel, gemv_gemm.cu) or version
+// 2 (tall tiles, 4-stage cp.async, weights decoded into the MMA's registers). Chosen by
+// GPTOSS_EXPERT_GEMM=v1|v2 (read once; default v1) or set_expert_gemm_version (tests, bench;
+// 0 = back to the environment's choice).
+int expert_gemm_version();
+void set_expert_gemm_version(int v);
+// Whether version 2 takes this problem (MXFP4, K % 64 == 0, K <= 4096, N * K / 32 % 16 == 0,
+// 16-byte aligned rows; a_rows: rows A holds).
+bool expert_gemm_v2_supports(const WeightMat& W, const void* A, int lda, int a_rows, const Epilogue& epi);
+// Version 2 itself (grouped, every epilogue; `pairs`: host bound as in linear_grouped).
+void expert_gemm_v2(const WeightMat& W, const bf16_t* A, int lda, int pairs, int E, bool gather_a, const MoeRouting& r,
+                    const Epilogue& epi, cudaStream_t s);
+
 // Which kernel a linear layer runs: one pure function of the problem, printed by bench-kernels.
 enum class LinearKernel { kNone, kGemvBf16, kGemvMxfp4, kSkinnyMma, kGemmMma };
 constexpr int kSkinnyMaxTokens = 64;

@@ -1,0 +1,388 @@
+// Grouped MoE expert GEMM for prefill, version 2: MXFP4 weights (the checkpoint layout, as
+// loaded) x bf16 activations -> fp32 accumulators on mma.sync m16n8k16, one CTA per
+// (expert row tile of up to 128 sorted pairs, 128 weight rows). Version 1 is gemm_kernel in
+// kernels/linear/gemv_gemm.cu; linear_grouped picks between them (GPTOSS_EXPERT_GEMM=v1|v2).
+//
+// Why it is shaped this way (v1 ran at ~150 TFLOP/s on an H200):
+// - Weights are decoded once per CTA, straight from shared memory into the MMA's B registers
+//   (no bf16 copy of the tile in shared memory, no second barrier): the four warps split the
+//   128 weight rows (32 each) and every warp covers all of the tile's token rows, so no element
+//   is decoded twice in a CTA. Decoding costs ~2.6 integer ops a weight, amortized over every
+//   token row of the tile, hence the tall tile (128 rows; 16-row slices past the expert's last
+//   pair are skipped, so an expert with 70 pairs costs 80 rows of MMA and one decode).
+// - K is permuted inside each 32-element scale block, the same way on both operands (a dot
+//   product does not care about the order of its terms): lane quad tq takes natural elements
+//   8 tq .. 8 tq + 7 of the block, i.e. one 32-bit word of codes (bytes 4 tq .. 4 tq + 3) and one
+//   16-byte activation load per row. MMA k-step j of the block maps k positions 2 tq + {0,1} to
+//   natural 8 tq + 4 j + {0,1} and 8 + 2 tq + {0,1} to 8 tq + 4 j + 2 + {0,1}, so the B registers
+//   are code bytes 2 j and 2 j + 1 (each byte = two consecutive elements = one bf16 pair) and
+//   the A registers are words 2 j and 2 j + 1 of the 16-byte load.
+// - e2m1 -> bf16 by byte permutes (a table of the eight magnitudes' bf16 bytes), then one bf16x2
+//   multiply by the e8m0 scale as a bf16 power of two: exact (the product is a power-of-two
+//   multiple of a 2-bit mantissa; bf16 has fp32's exponent range, and subnormals are kept).
+// - A 4-stage cp.async pipeline (one barrier a 64-wide k-step) with the token gather in the
+//   activation loads, the tile's e8m0 scales copied once (K / 32 bytes a row, contiguous for the
+//   tile's rows), XOR-swizzled tiles so neither the copies nor the reads conflict on banks.
+// - The (expert, row tile) of a CTA is found on the device by a warp scan over the routing's
+//   groups: the grid is sized by a host-known bound, tiles past the real count exit at once, and
+//   experts without pairs cost nothing. The launch captures in CUDA graphs.
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <string>
+
+#include "backend/cuda/cuda_common.h"
+#include "backend/cuda/device_utils.cuh"
+#include "backend/cuda/kernels.h"
+
+namespace gptoss::cuda {
+
+namespace {
+
+constexpr int kBM = 128;  // sorted pairs (token rows) a CTA tile
+constexpr int kBN = 128;  // weight rows a CTA tile (32 a warp)
+constexpr int kBK = 64;   // K a pipeline stage (two scale blocks)
+constexpr int kStages = 4;
+constexpr int kThreads = 128;
+constexpr int kAStageBytes = kBM * kBK * 2;  // bf16 [128 rows][64]: 128 B a row, 8 chunks
+constexpr int kBStageBytes = kBN * kBK / 2;  // e2m1 [128 rows][64]: 32 B a row, 2 chunks
+constexpr int kMaxK = 4096;                  // scales of the tile: kBN * K / 32 bytes <= 16 KB
+
+size_t smem_bytes(int K) { return size_t(kStages) * (kAStageBytes + kBStageBytes) + size_t(kBN) * (K / 32); }
+
+struct V2Args {
+  const uint8_t* w;       // [E][N][K / 2] codes (checkpoint layout)
+  const uint8_t* scales;  // [E][N][K / 32] e8m0
+  const float* bias;      // [E][N] or null
+  int N, K;
+  const uint16_t* A;  // bf16 rows (token rows if gather_a, else sorted-pair rows)
+  int lda;
+  bool gather_a;
+  MoeRouting r;
+  Epilogue epi;
+};
+
+__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) { return __byte_perm(a, b, sel); }
+
+// One word of codes (byte b: element 2b in the low nibble, 2b + 1 in the high one) -> four bf16
+// pairs out[b] = (element 2b, element 2b + 1) x the block scale (scale2: the scale as a bf16 pair).
+__device__ __forceinline__ void mx_word_to_bf16x2(uint32_t q, uint32_t scale2, uint32_t* out) {
+  // bf16 of the magnitudes 0, .5, 1, 1.5, 2, 3, 4, 6: 0000 3F00 3F80 3FC0 4000 4040 4080 40C0.
+  constexpr uint32_t kLo0 = 0xC0800000u, kLo1 = 0xC0804000u;  // low bytes, codes 0-3 / 4-7
+  constexpr uint32_t kHi0 = 0x3F3F3F00u, kHi1 = 0x40404040u;  // high bytes, positive
+  constexpr uint32_t kNg0 = 0xBFBFBF80u, kNg1 = 0xC0C0C0C0u;  // high bytes, negative
+  const uint32_t idx = q & 0x77777777u;                        // nibble k: magnitude of element k
+  const uint32_t sel = 0x32103210u | ((q >> 1) & 0x44444444u);  // sign: take the negative byte
+  const uint32_t idx_b = idx >> 16, sel_b = sel >> 16;
+  const uint32_t lo_a = prmt(kLo0, kLo1, idx), lo_b = prmt(kLo0, kLo1, idx_b);
+  const uint32_t hi_a = prmt(prmt(kHi0, kHi1, idx), prmt(kNg0, kNg1, idx), sel);
+  const uint32_t hi_b = prmt(prmt(kHi0, kHi1, idx_b), prmt(kNg0, kNg1, idx_b), sel_b);
+  uint32_t v[4];
+  v[0] = prmt(lo_a, hi_a, 0x5140u);  // (low, high byte) of elements 0 and 1
+  v[1] = prmt(lo_a, hi_a, 0x7362u);  // elements 2, 3
+  v[2] = prmt(lo_b, hi_b, 0x5140u);
+  v[3] = prmt(lo_b, hi_b, 0x7362u);
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+    asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(out[i]) : "r"(v[i]), "r"(scale2), "r"(0x80008000u));
+}
+
+// e8m0 byte -> 2^(s - 127) as a bf16 pair: 0 is the subnormal 2^-127, 255 NaN (as the CPU decode).
+__device__ __forceinline__ uint32_t e8m0_bf16x2(uint32_t s) {
+  uint32_t h = s << 7;
+  h = s == 0 ? 0x0040u : h;
+  h = s == 255 ? 0x7FC0u : h;
+  return h * 0x00010001u;
+}
+
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+__device__ __forceinline__ void mma_bf16(float* c, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                         uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ float swiglu_dev(float gate, float up, float limit) {
+  float g = fminf(gate, limit);
+  float u = fmaxf(fminf(up, limit), -limit);
+  return g / (1.f + __expf(-1.702f * g)) * (u + 1.f);
+}
+__device__ __forceinline__ uint16_t to_half_bits(float v, bool f16) {
+  return f16 ? __half_as_ushort(__float2half_rn(v)) : f32_to_bf16_bits(v);
+}
+
+// Output columns n, n + 1 (has1) of sorted pair `row`, bias added.
+__device__ __forceinline__ void store_pair(const V2Args& a, int row, int n, float v0, float v1, bool has1) {
+  const Epilogue& e = a.epi;
+  const size_t o = size_t(row) * e.ldo + n;
+  switch (e.mode) {
+    case Epilogue::kSwiGLU:
+      static_cast<uint16_t*>(e.out)[size_t(row) * e.ldo + n / 2] = to_half_bits(swiglu_dev(v0, v1, e.swiglu_limit), e.out_f16);
+      break;
+    case Epilogue::kStoreF32: {
+      float* p = static_cast<float*>(e.out) + o;
+      if (has1 && (o & 1) == 0) {
+        *reinterpret_cast<float2*>(p) = make_float2(v0, v1);
+      } else {
+        p[0] = v0;
+        if (has1) p[1] = v1;
+      }
+      break;
+    }
+    case Epilogue::kStoreBF16: {
+      uint16_t* p = static_cast<uint16_t*>(e.out) + o;
+      p[0] = to_half_bits(v0, e.out_f16);
+      if (has1) p[1] = to_half_bits(v1, e.out_f16);
+      break;
+    }
+    case Epilogue::kAddF32: {
+      float* p = static_cast<float*>(e.out) + o;
+      p[0] += v0;
+      if (has1) p[1] += v1;
+      break;
+    }
+    case Epilogue::kScatterAdd: {
+      float* p = static_cast<float*>(e.out) + size_t(a.r.pair_token[row]) * e.ldo + n;
+      const float w = a.r.pair_weight[row];
+      atomicAdd(p, w * v0);
+      if (has1) atomicAdd(p + 1, w * v1);
+      break;
+    }
+    default: break;
+  }
+}
+
+// Grid: (weight row tiles, bound on pair row tiles). 128 threads; warp w owns weight rows
+// n0 + 32 w .. + 31 (four n8 tiles) for all of the tile's pair rows (eight m16 slices).
+__global__ void __launch_bounds__(kThreads, 2) expert_gemm_mxfp4_bf16_kernel(V2Args a) {
+  extern __shared__ __align__(128) uint8_t smem[];
+  pdl_begin();
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+
+  // This CTA's row tile: the blockIdx.y-th of the groups' ceil(pairs / kBM) tiles, in group order.
+  int grp = -1, within = 0;
+  {
+    const int ng = a.r.counts[0];
+    int base = 0;
+    for (int g0 = 0; g0 < ng; g0 += 32) {
+      const int gi = g0 + lane;
+      const int nt = gi < ng ? (a.r.group_end[gi] - a.r.group_start[gi] + kBM - 1) / kBM : 0;
+      int incl = nt;
+#pragma unroll
+      for (int o = 1; o < 32; o <<= 1) {
+        const int v = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= o) incl += v;
+      }
+      const int total = __shfl_sync(0xffffffffu, incl, 31);
+      const int t = int(blockIdx.y) - base;
+      if (t < total) {  // uniform over the warp (and the CTA: every warp computes the same)
+        const int L = __ffs(__ballot_sync(0xffffffffu, t < incl)) - 1;
+        const int before = __shfl_sync(0xffffffffu, incl - nt, L);
+        grp = g0 + L;
+        within = t - before;
+        break;
+      }
+      base += total;
+    }
+  }
+  if (grp < 0) return;
+  const int expert = a.r.group_expert[grp];
+  const int row0 = a.r.group_start[grp] + within * kBM;
+  const int row_end = min(a.r.group_end[grp], row0 + kBM);
+  const int m_slices = (row_end - row0 + 15) >> 4;  // live m16 slices (1..8)
+  const int N = a.N, K = a.K, kb = K / 32, KT = K / kBK;
+  const int n0 = blockIdx.x * kBN;
+
+  const uint32_t s_base = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  const uint32_t a_base = s_base;                                    // [stage][128 rows][128 B]
+  const uint32_t b_base = s_base + kStages * kAStageBytes;           // [stage][128 rows][32 B]
+  const uint32_t sc_base = b_base + kStages * kBStageBytes;          // [128 rows][kb] bytes
+  const uint8_t* sc_smem = smem + kStages * (kAStageBytes + kBStageBytes);
+
+  // The tile's scales: rows n0 .. n0 + 127 of the expert are one contiguous span (the launcher
+  // checks N * kb % 16 == 0, so every span is whole 16-byte chunks).
+  {
+    const int span = min(kBN, N - n0) * kb;
+    const uint8_t* src = a.scales + (size_t(expert) * N + n0) * kb;
+    for (int i = tid * 16; i < span; i += kThreads * 16) cp_async16(sc_base + i, src + i, true);
+  }
+
+  // A: this thread copies 16-byte chunk (tid % 8) of rows tid / 8 + 16 i, i = 0..7 (rows of dead
+  // m16 slices are skipped, rows past the group's end zero-filled). Chunk c of row r lands at
+  // chunk c ^ 4 (r & 1): the fragment reads (rows r, r + 1 in one phase) hit all 32 banks.
+  const int a_chunk = tid & 7;
+  uint32_t a_off[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const int p = row0 + (tid >> 3) + 16 * i;
+    const int ar = p < row_end ? (a.gather_a ? a.r.pair_token[p] : p) : 0;
+    a_off[i] = uint32_t(ar) * uint32_t(a.lda) + uint32_t(a_chunk * 8);
+  }
+  const uint32_t a_dst = uint32_t((tid >> 3) * 128 + ((a_chunk ^ (((tid >> 3) & 1) << 2)) << 4));
+  // B: this thread copies the two 16-byte chunks (scale blocks) of weight row n0 + tid; chunk c
+  // lands at c ^ ((row >> 2) & 1), so the eight rows of an n8 tile spread over all banks.
+  const bool b_ok = n0 + tid < N;
+  const uint8_t* b_src = a.w + (size_t(expert) * N + (b_ok ? n0 + tid : 0)) * (K / 2);
+  const uint32_t b_dst = uint32_t(tid * 32);
+  const uint32_t b_swz = uint32_t((tid >> 2) & 1);
+
+  auto load_stage = [&](int kt, int st) {
+    const uint32_t ad = a_base + st * kAStageBytes + a_dst;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const int r = (tid >> 3) + 16 * i;
+      if ((r >> 4) < m_slices)
+        cp_async16(ad + i * 16 * 128, a.A + a_off[i] + kt * kBK, row0 + r < row_end);
+    }
+    const uint32_t bd = b_base + st * kBStageBytes + b_dst;
+#pragma unroll
+    for (int c = 0; c < 2; ++c) cp_async16(bd + ((c ^ b_swz) << 4), b_src + kt * (kBK / 2) + 16 * c, b_ok);
+  };
+
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < KT) load_stage(s, s);
+    cp_async_commit();
+  }
+
+  float acc[8][4][4];
+#pragma unroll
+  for (int i = 0; i < 8; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int k = 0; k < 4; ++k) acc[i][j][k] = 0.f;
+
+  const int g = lane >> 2, tq = lane & 3;
+  const bool warp_live = n0 + 32 * warp < N;
+  // This lane's weight rows (local): 32 warp + 8 t + g; its code word in a B row: bytes 4 tq.
+  const uint32_t b_rd = uint32_t((32 * warp + g) * 32 + 4 * tq);
+  const int b_rd_swz = g >> 2;
+  // Its activation rows: 16 mi + g and + 8 (same parity), chunk 4 h + tq, swizzled by the parity.
+  const uint32_t a_rd = uint32_t(g * 128);
+  const int a_rd_swz = (g & 1) << 2;
+
+  for (int kt = 0; kt < KT; ++kt) {
+    cp_async_wait<kStages - 2>();
+    __syncthreads();  // stage kt landed for all; stage kt - 1 is free for the next copy
+    if (kt + kStages - 1 < KT) load_stage(kt + kStages - 1, (kt + kStages - 1) % kStages);
+    cp_async_commit();
+    if (!warp_live) continue;
+    const int st = kt % kStages;
+    // Plain C++ shared loads (not asm), so the compiler orders them against the barrier.
+    const uint8_t* as = smem + st * kAStageBytes + a_rd;
+    const uint8_t* bs = smem + kStages * kAStageBytes + st * kBStageBytes + b_rd;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      uint32_t bfr[4][4];
+#pragma unroll
+      for (int t = 0; t < 4; ++t) {
+        const uint32_t q = *reinterpret_cast<const uint32_t*>(bs + t * 8 * 32 + ((h ^ b_rd_swz) << 4));
+        const uint32_t s = sc_smem[(32 * warp + 8 * t + g) * kb + 2 * kt + h];
+        mx_word_to_bf16x2(q, e8m0_bf16x2(s), bfr[t]);
+      }
+      const uint32_t a_chunk_off = uint32_t(((4 * h + tq) ^ a_rd_swz) << 4);
+#pragma unroll
+      for (int mi = 0; mi < 8; ++mi) {
+        if (mi < m_slices) {
+          const uint4 x0 = *reinterpret_cast<const uint4*>(as + mi * 16 * 128 + a_chunk_off);
+          const uint4 x1 = *reinterpret_cast<const uint4*>(as + (mi * 16 + 8) * 128 + a_chunk_off);
+#pragma unroll
+          for (int t = 0; t < 4; ++t) {
+            mma_bf16(acc[mi][t], x0.x, x1.x, x0.y, x1.y, bfr[t][0], bfr[t][1]);  // k-step j = 0
+            mma_bf16(acc[mi][t], x0.z, x1.z, x0.w, x1.w, bfr[t][2], bfr[t][3]);  // j = 1
+          }
+        }
+      }
+    }
+  }
+  cp_async_wait<0>();
+
+  if (!warp_live) return;
+  float b0[4], b1[4];
+#pragma unroll
+  for (int t = 0; t < 4; ++t) {
+    const int n = n0 + 32 * warp + 8 * t + 2 * tq;
+    b0[t] = a.bias && n < N ? a.bias[size_t(expert) * N + n] : 0.f;
+    b1[t] = a.bias && n + 1 < N ? a.bias[size_t(expert) * N + n + 1] : 0.f;
+  }
+#pragma unroll
+  for (int mi = 0; mi < 8; ++mi) {
+    if (mi >= m_slices) continue;
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const int row = row0 + 16 * mi + g + 8 * hh;
+      if (row >= row_end) continue;
+#pragma unroll
+      for (int t = 0; t < 4; ++t) {
+        const int n = n0 + 32 * warp + 8 * t + 2 * tq;
+        if (n >= N) continue;
+        store_pair(a, row, n, acc[mi][t][2 * hh] + b0[t], acc[mi][t][2 * hh + 1] + b1[t], n + 1 < N);
+      }
+    }
+  }
+}
+
+int g_version = -1;  // -1: not read yet
+
+}  // namespace
+
+int expert_gemm_version() {
+  if (g_version < 0) {
+    const char* v = std::getenv("GPTOSS_EXPERT_GEMM");
+    const std::string s = v ? v : "";
+    if (s.empty() || s == "v1" || s == "1")
+      g_version = 1;
+    else if (s == "v2" || s == "2")
+      g_version = 2;
+    else
+      throw Error("GPTOSS_EXPERT_GEMM=" + s + ": expected v1 or v2");
+  }
+  return g_version;
+}
+
+void set_expert_gemm_version(int v) {
+  if (v < 0 || v > 2) throw Error("set_expert_gemm_version: expected 0 (environment), 1 or 2");
+  g_version = v == 0 ? -1 : v;
+}
+
+bool expert_gemm_v2_supports(const WeightMat& W, const void* A, int lda, int a_rows, const Epilogue& epi) {
+  auto aligned16 = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; };
+  const int kb = W.K / 32;
+  return W.fmt == WeightMat::kMXFP4 && W.K % kBK == 0 && W.K <= kMaxK && W.N > 0 &&
+         (size_t(W.N) * kb) % 16 == 0 && lda % 8 == 0 && aligned16(A) && aligned16(W.w) && aligned16(W.scales) &&
+         size_t(a_rows) * size_t(lda) < (size_t(1) << 31) && (epi.mode != Epilogue::kSwiGLU || W.N % 2 == 0);
+}
+
+void expert_gemm_v2(const WeightMat& W, const bf16_t* A, int lda, int pairs, int E, bool gather_a, const MoeRouting& r,
+                    const Epilogue& epi, cudaStream_t s) {
+  if (pairs <= 0) return;
+  if (W.fmt != WeightMat::kMXFP4) throw Error("expert_gemm_v2: MXFP4 (checkpoint layout) weights only");
+  // The shared-memory opt-in is per device (tensor-parallel ranks each drive their own).
+  static std::atomic<uint64_t> attr_set{0};
+  int dev = 0;
+  GPTOSS_CUDA_CHECK(cudaGetDevice(&dev));
+  const uint64_t bit = uint64_t(1) << (dev & 63);
+  if (!(attr_set.load() & bit)) {
+    GPTOSS_CUDA_CHECK(cudaFuncSetAttribute(expert_gemm_mxfp4_bf16_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           int(smem_bytes(kMaxK))));
+    attr_set.fetch_or(bit);
+  }
+  V2Args a{static_cast<const uint8_t*>(W.w), W.scales, W.bias, W.N, W.K, A, lda, gather_a, r, epi};
+  const int max_tiles = (pairs + kBM - 1) / kBM + std::min(pairs, E);
+  if (max_tiles > 65535) throw Error("expert_gemm_v2: too many row tiles (" + std::to_string(max_tiles) + ")");
+  const dim3 grid((W.N + kBN - 1) / kBN, max_tiles);
+  launch_pdl(expert_gemm_mxfp4_bf16_kernel, grid, dim3(kThreads), smem_bytes(W.K), s, a);
+  GPTOSS_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace gptoss::cuda
