@@ -30,6 +30,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <string>
+#include <type_traits>
 
 #include "backend/cuda/cuda_common.h"
 #include "backend/cuda/device_utils.cuh"
@@ -271,29 +272,32 @@ __global__ void __launch_bounds__(kThreads, 2) expert_gemm_mxfp4_bf16_kernel(V2A
   const uint32_t a_rd = uint32_t(g * 128);
   const int a_rd_swz = (g & 1) << 2;
 
-  for (int kt = 0; kt < KT; ++kt) {
-    cp_async_wait<kStages - 2>();
-    __syncthreads();  // stage kt landed for all; stage kt - 1 is free for the next copy
-    if (kt + kStages - 1 < KT) load_stage(kt + kStages - 1, (kt + kStages - 1) % kStages);
-    cp_async_commit();
-    if (!warp_live) continue;
-    const int st = kt % kStages;
-    // Plain C++ shared loads (not asm), so the compiler orders them against the barrier.
-    const uint8_t* as = smem + st * kAStageBytes + a_rd;
-    const uint8_t* bs = smem + kStages * kAStageBytes + st * kBStageBytes + b_rd;
+  // The k loop, compiled once per count of live m16 slices (MS): straight-line code the
+  // scheduler can interleave, no per-slice branches in the hot loop.
+  auto main_loop = [&](auto ms_tag) {
+    constexpr int MS = decltype(ms_tag)::value;
+    for (int kt = 0; kt < KT; ++kt) {
+      cp_async_wait<kStages - 2>();
+      __syncthreads();  // stage kt landed for all; stage kt - 1 is free for the next copy
+      if (kt + kStages - 1 < KT) load_stage(kt + kStages - 1, (kt + kStages - 1) % kStages);
+      cp_async_commit();
+      if (!warp_live) continue;
+      const int st = kt % kStages;
+      // Plain C++ shared loads (not asm), so the compiler orders them against the barrier.
+      const uint8_t* as = smem + st * kAStageBytes + a_rd;
+      const uint8_t* bs = smem + kStages * kAStageBytes + st * kBStageBytes + b_rd;
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      uint32_t bfr[4][4];
+      for (int h = 0; h < 2; ++h) {
+        uint32_t bfr[4][4];
 #pragma unroll
-      for (int t = 0; t < 4; ++t) {
-        const uint32_t q = *reinterpret_cast<const uint32_t*>(bs + t * 8 * 32 + ((h ^ b_rd_swz) << 4));
-        const uint32_t s = sc_smem[(32 * warp + 8 * t + g) * kb + 2 * kt + h];
-        mx_word_to_bf16x2(q, e8m0_bf16x2(s), bfr[t]);
-      }
-      const uint32_t a_chunk_off = uint32_t(((4 * h + tq) ^ a_rd_swz) << 4);
+        for (int t = 0; t < 4; ++t) {
+          const uint32_t q = *reinterpret_cast<const uint32_t*>(bs + t * 8 * 32 + ((h ^ b_rd_swz) << 4));
+          const uint32_t s = sc_smem[(32 * warp + 8 * t + g) * kb + 2 * kt + h];
+          mx_word_to_bf16x2(q, e8m0_bf16x2(s), bfr[t]);
+        }
+        const uint32_t a_chunk_off = uint32_t(((4 * h + tq) ^ a_rd_swz) << 4);
 #pragma unroll
-      for (int mi = 0; mi < 8; ++mi) {
-        if (mi < m_slices) {
+        for (int mi = 0; mi < MS; ++mi) {
           const uint4 x0 = *reinterpret_cast<const uint4*>(as + mi * 16 * 128 + a_chunk_off);
           const uint4 x1 = *reinterpret_cast<const uint4*>(as + (mi * 16 + 8) * 128 + a_chunk_off);
 #pragma unroll
@@ -304,6 +308,16 @@ __global__ void __launch_bounds__(kThreads, 2) expert_gemm_mxfp4_bf16_kernel(V2A
         }
       }
     }
+  };
+  switch (m_slices) {
+    case 1: main_loop(std::integral_constant<int, 1>{}); break;
+    case 2: main_loop(std::integral_constant<int, 2>{}); break;
+    case 3: main_loop(std::integral_constant<int, 3>{}); break;
+    case 4: main_loop(std::integral_constant<int, 4>{}); break;
+    case 5: main_loop(std::integral_constant<int, 5>{}); break;
+    case 6: main_loop(std::integral_constant<int, 6>{}); break;
+    case 7: main_loop(std::integral_constant<int, 7>{}); break;
+    default: main_loop(std::integral_constant<int, 8>{}); break;
   }
   cp_async_wait<0>();
 
