@@ -397,7 +397,8 @@ HostRouting make_routing(const std::vector<int>& counts, int n_tokens, FastRng& 
 }
 
 // gate_up (SwiGLU epilogue, gathered token rows) and down (f32 store; scatter-add) of both expert
-// GEMM versions against the CPU's exact MXFP4 decode, checked expert by expert so that one wrong
+// GEMM versions, on the checkpoint layout and the fragment layout, against the CPU's exact MXFP4
+// decode, checked expert by expert so that one wrong
 // group cannot hide in the total. down's reference takes the GPU's own SwiGLU output as input.
 void check_expert_gemm(const std::vector<int>& counts, int n_tokens, int H, int I) {
   FastRng r(fresh_seed());
@@ -435,14 +436,27 @@ void check_expert_gemm(const std::vector<int>& counts, int n_tokens, int H, int 
   auto rows = [](const std::vector<float>& v, int p0, int m, int w) {
     return std::vector<float>(v.begin() + size_t(p0) * w, v.begin() + size_t(p0 + m) * w);
   };
+  // The same experts in the fragment layout (gate/up rows paired), as the backend repacks them.
+  Dev<uint8_t> fgu(cuda::frag_weight_bytes(WeightMat::kFragMXFP4, E, 2 * I, H)), fgus(gu_s.size());
+  Dev<uint8_t> fdn(cuda::frag_weight_bytes(WeightMat::kFragMXFP4, E, H, I)), fdns(dn_s.size());
+  Dev<int> flag(std::vector<int>{0});
+  const WeightMat pgu = cuda::pack_frag(gu, E, true, WeightMat::kFragMXFP4, fgu.p(), fgus.p(), flag.p(), 0);
+  const WeightMat pdn = cuda::pack_frag(dn, E, false, WeightMat::kFragMXFP4, fdn.p(), fdns.p(), flag.p(), 0);
+  ASSERT_EQ(flag.download()[0], 0);
+  ASSERT_TRUE(cuda::expert_gemm_v2_supports(pgu, dx.p(), H, n_tokens, Epilogue{Epilogue::kSwiGLU, nullptr, I}));
   cuda::set_linear_path(2);
-  for (int version : {1, 2}) {
+  for (int run = 0; run < 4; ++run) {
+    const int version = 1 + run % 2;
+    const bool frag = run >= 2;
+    const WeightMat& gu_w = frag ? pgu : gu;
+    const WeightMat& dn_w = frag ? pdn : dn;
+    const char* layout = frag ? "fragments" : "checkpoint";
     cuda::set_expert_gemm_version(version);
     Dev<uint16_t> act(size_t(P) * I);
     Dev<float> y(size_t(P) * H), out(std::vector<float>(size_t(n_tokens) * H, 0.f));
-    cuda::linear_grouped(gu, dx.p(), H, P, E, true, rt.r, Epilogue{Epilogue::kSwiGLU, act.p(), I}, 0, n_tokens);
-    cuda::linear_grouped(dn, act.p(), I, P, E, false, rt.r, Epilogue{Epilogue::kStoreF32, y.p(), H}, 0, n_tokens);
-    cuda::linear_grouped(dn, act.p(), I, P, E, false, rt.r, Epilogue{Epilogue::kScatterAdd, out.p(), H}, 0,
+    cuda::linear_grouped(gu_w, dx.p(), H, P, E, true, rt.r, Epilogue{Epilogue::kSwiGLU, act.p(), I}, 0, n_tokens);
+    cuda::linear_grouped(dn_w, act.p(), I, P, E, false, rt.r, Epilogue{Epilogue::kStoreF32, y.p(), H}, 0, n_tokens);
+    cuda::linear_grouped(dn_w, act.p(), I, P, E, false, rt.r, Epilogue{Epilogue::kScatterAdd, out.p(), H}, 0,
                          n_tokens);
     const auto gact = from_bf16(act.download());
     const auto gy = y.download(), gout = out.download();
@@ -452,20 +466,20 @@ void check_expert_gemm(const std::vector<int>& counts, int n_tokens, int H, int 
       const int p0 = rt.start[e], m = rt.start[e + 1] - p0;
       if (m == 0) continue;
       const double ea = rel_err(rows(gact, p0, m, I), rows(act_ref, p0, m, I));
-      EXPECT_LE(ea, 8e-3) << "gate_up expert " << e << " (" << m << " pairs) v" << version;
+      EXPECT_LE(ea, 8e-3) << "gate_up expert " << e << " (" << m << " pairs) v" << version << " " << layout;
       cpu::linear_mxfp4(&gact[size_t(p0) * I], m, I, &dn_b[size_t(e) * H * I / 2], &dn_s[size_t(e) * H * I / 32], H,
                         &dn_bias[size_t(e) * H], &y_ref[size_t(p0) * H]);
       const double ey = rel_err(rows(gy, p0, m, H), rows(y_ref, p0, m, H));
-      EXPECT_LE(ey, 1e-3) << "down expert " << e << " (" << m << " pairs) v" << version;
+      EXPECT_LE(ey, 1e-3) << "down expert " << e << " (" << m << " pairs) v" << version << " " << layout;
       worst_act = std::max(worst_act, ea);
       worst_y = std::max(worst_y, ey);
     }
     for (int p = 0; p < P; ++p)
       for (int h = 0; h < H; ++h)
         out_ref[size_t(rt.pair_token[p]) * H + h] += rt.pair_weight[p] * y_ref[size_t(p) * H + h];
-    EXPECT_LE(rel_err(gout, out_ref), 1e-3) << "scatter-add v" << version;
-    std::printf("expert gemm v%d: %d pairs over %d experts, H=%d I=%d: worst rel err gate_up %.3g down %.3g\n",
-                version, P, E, H, I, worst_act, worst_y);
+    EXPECT_LE(rel_err(gout, out_ref), 1e-3) << "scatter-add v" << version << " " << layout;
+    std::printf("expert gemm v%d %s: %d pairs over %d experts, H=%d I=%d: worst rel err gate_up %.3g down %.3g\n",
+                version, layout, P, E, H, I, worst_act, worst_y);
   }
 }
 

@@ -985,7 +985,8 @@ void linear_grouped(const WeightMat& W, const void* A, int lda, int pairs, int E
     return;
   }
   if (a_f16) throw Error("linear_grouped: fp16 activations only on the skinny kernels");
-  if (k == LinearKernel::kGemmMma && W.fmt == WeightMat::kMXFP4 && expert_gemm_version() == 2 &&
+  if (k == LinearKernel::kGemmMma && (W.fmt == WeightMat::kMXFP4 || W.fmt == WeightMat::kFragMXFP4) &&
+      expert_gemm_version() == 2 &&
       expert_gemm_v2_supports(W, A, lda, gather_a ? tokens : pairs, epi)) {
     expert_gemm_v2(W, static_cast<const bf16_t*>(A), lda, pairs, E, gather_a, r, epi, s);
     return;

@@ -35,6 +35,7 @@
 #include "backend/cuda/cuda_common.h"
 #include "backend/cuda/device_utils.cuh"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/kernels/linear/frag_layout.cuh"
 
 namespace gptoss::cuda {
 
@@ -52,8 +53,8 @@ constexpr int kMaxK = 4096;                  // scales of the tile: kBN * K / 32
 size_t smem_bytes(int K) { return size_t(kStages) * (kAStageBytes + kBStageBytes) + size_t(kBN) * (K / 32); }
 
 struct V2Args {
-  const uint8_t* w;       // [E][N][K / 2] codes (checkpoint layout)
-  const uint8_t* scales;  // [E][N][K / 32] e8m0
+  const uint8_t* w;       // [E][N][K / 2] codes (checkpoint layout), or kFragMXFP4 tile-chunks
+  const uint8_t* scales;  // [E][N][K / 32] e8m0, or kFragMXFP4 scale words
   const float* bias;      // [E][N] or null
   int N, K;
   const uint16_t* A;  // bf16 rows (token rows if gather_a, else sorted-pair rows)
@@ -61,6 +62,7 @@ struct V2Args {
   bool gather_a;
   MoeRouting r;
   Epilogue epi;
+  bool swiglu_rows;  // kFragMXFP4: gate/up rows paired inside each 16-row tile
 };
 
 __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) { return __byte_perm(a, b, sel); }
@@ -162,8 +164,38 @@ __device__ __forceinline__ void store_pair(const V2Args& a, int row, int n, floa
   }
 }
 
+// Fragment layout (kFragMXFP4, frag_layout.cuh): the lane that reads a 16-row tile's chunk holds,
+// for k-step j = 2 h + jj, rows g and g + 8 at natural K 32 h + 8 tq + 4 jj + [0, 4): exactly the
+// B registers of this kernel's K permutation, for the tile's two n8 halves (rows 0-7 and 8-15).
+// The word's bits sit where mx_word_to_f16x2 wants them for fp16; rotated 3 bits less, the
+// magnitude lands on bf16's exponent low bits and mantissa top bit: e2m1 x 2^-126 (the 0.5 code
+// as the subnormal 2^-127). a[r]: register r of the decode kernels' A fragment (rows r & 1 ? g + 8
+// : g, elements (r >> 1) * 2 + {0, 1}).
+__device__ __forceinline__ uint32_t rotl(uint32_t x, int n) { return __funnelshift_l(x, x, n); }
+__device__ __forceinline__ void frag_word_to_bf16x2(uint32_t q, uint32_t* a) {
+  constexpr uint32_t kS = 0x80008000u, kM = 0x01C001C0u;
+  const uint32_t r3 = rotl(q, 3);
+  a[0] = (q & kS) | (rotl(q, 29) & kM);
+  a[1] = (rotl(q, 1) & kS) | (r3 & kM);
+  a[2] = (rotl(q, 2) & kS) | (rotl(q, 6) & kM);
+  a[3] = (r3 & kS) | (q & kM);
+}
+// 2^(s - 127) over the 2^-126 above, as two bf16 factors (each a normal power of two for every
+// s <= 254): 2^(min(s, 128) - 1) and 2^(max(s, 128) - 128). fp16 scales of the frag decode stop at
+// s = 240 (the packer flags more); these do not.
+__device__ __forceinline__ uint32_t frag_scale_hi(uint32_t s) { return ((min(s, 128u) + 126u) << 7) * 0x00010001u; }
+__device__ __forceinline__ uint32_t frag_scale_lo(uint32_t s) { return ((max(s, 128u) - 1u) << 7) * 0x00010001u; }
+__device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
+  uint32_t d;
+  asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(0x80008000u));
+  return d;
+}
+
 // Grid: (weight row tiles, bound on pair row tiles). 128 threads; warp w owns weight rows
 // n0 + 32 w .. + 31 (four n8 tiles) for all of the tile's pair rows (eight m16 slices).
+// FRAG: the weights are in the fragment layout (16-row tiles 2 w, 2 w + 1 of the CTA's eight; n8
+// tile t = 2 tt + half is rows 8 half .. + 7 of tile tt, in the tile's row order).
+template <bool FRAG>
 __global__ void __launch_bounds__(kThreads, 2) expert_gemm_mxfp4_bf16_kernel(V2Args a) {
   extern __shared__ __align__(128) uint8_t smem[];
   pdl_begin();
@@ -202,18 +234,27 @@ __global__ void __launch_bounds__(kThreads, 2) expert_gemm_mxfp4_bf16_kernel(V2A
   const int m_slices = (row_end - row0 + 15) >> 4;  // live m16 slices (1..8)
   const int N = a.N, K = a.K, kb = K / 32, KT = K / kBK;
   const int n0 = blockIdx.x * kBN;
+  const int T = N / 16, C = K / 64, tile0 = n0 / 16;  // FRAG geometry
 
   const uint32_t s_base = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  const uint32_t a_base = s_base;                                    // [stage][128 rows][128 B]
-  const uint32_t b_base = s_base + kStages * kAStageBytes;           // [stage][128 rows][32 B]
-  const uint32_t sc_base = b_base + kStages * kBStageBytes;          // [128 rows][kb] bytes
+  const uint32_t a_base = s_base;                           // [stage][128 rows][128 B]
+  const uint32_t b_base = s_base + kStages * kAStageBytes;  // [stage][4 KB]
+  const uint32_t sc_base = b_base + kStages * kBStageBytes;
   const uint8_t* sc_smem = smem + kStages * (kAStageBytes + kBStageBytes);
 
-  // The tile's scales: rows n0 .. n0 + 127 of the expert are one contiguous span (the launcher
-  // checks N * kb % 16 == 0, so every span is whole 16-byte chunks).
+  // The tile's scales, copied once: checkpoint rows n0 .. n0 + 127 (K / 32 bytes each; the
+  // launcher checks N * kb % 16 == 0, so the span is whole 16-byte chunks), or the fragment
+  // layout's [8 tiles][C chunks][8 g] words (32 bytes a tile-chunk). Both are kBN * K / 32 bytes.
   {
-    const int span = min(kBN, N - n0) * kb;
-    const uint8_t* src = a.scales + (size_t(expert) * N + n0) * kb;
+    int span;
+    const uint8_t* src;
+    if constexpr (FRAG) {
+      span = min(8, T - tile0) * C * 32;
+      src = a.scales + (size_t(expert) * T + tile0) * C * 32;
+    } else {
+      span = min(kBN, N - n0) * kb;
+      src = a.scales + (size_t(expert) * N + n0) * kb;
+    }
     for (int i = tid * 16; i < span; i += kThreads * 16) cp_async16(sc_base + i, src + i, true);
   }
 
@@ -229,12 +270,28 @@ __global__ void __launch_bounds__(kThreads, 2) expert_gemm_mxfp4_bf16_kernel(V2A
     a_off[i] = uint32_t(ar) * uint32_t(a.lda) + uint32_t(a_chunk * 8);
   }
   const uint32_t a_dst = uint32_t((tid >> 3) * 128 + ((a_chunk ^ (((tid >> 3) & 1) << 2)) << 4));
-  // B: this thread copies the two 16-byte chunks (scale blocks) of weight row n0 + tid; chunk c
-  // lands at c ^ ((row >> 2) & 1), so the eight rows of an n8 tile spread over all banks.
-  const bool b_ok = n0 + tid < N;
-  const uint8_t* b_src = a.w + (size_t(expert) * N + (b_ok ? n0 + tid : 0)) * (K / 2);
-  const uint32_t b_dst = uint32_t(tid * 32);
-  const uint32_t b_swz = uint32_t((tid >> 2) & 1);
+  // B, checkpoint: this thread copies the two 16-byte chunks (scale blocks) of weight row n0 + tid;
+  // chunk c lands at c ^ ((row >> 2) & 1), so the eight rows of an n8 tile spread over all banks.
+  // B, fragments: 16-byte pieces tid and tid + 128 of the stage's 8 tile-chunks (512 B each).
+  bool b_ok[2];
+  const uint8_t* b_src[2];
+  uint32_t b_dst[2];
+  int b_step;  // bytes between consecutive k-steps of one source
+#pragma unroll
+  for (int c = 0; c < 2; ++c) {
+    if constexpr (FRAG) {
+      const int piece = tid + 128 * c, tl = piece >> 5;
+      b_ok[c] = tile0 + tl < T;
+      b_src[c] = a.w + ((size_t(expert) * T + (b_ok[c] ? tile0 + tl : 0)) * C * 32 + (piece & 31)) * 16;
+      b_dst[c] = uint32_t(piece * 16);
+      b_step = 512;
+    } else {
+      b_ok[c] = n0 + tid < N;
+      b_src[c] = a.w + (size_t(expert) * N + (b_ok[c] ? n0 + tid : 0)) * (K / 2) + 16 * c;
+      b_dst[c] = uint32_t(tid * 32 + ((c ^ ((tid >> 2) & 1)) << 4));
+      b_step = kBK / 2;
+    }
+  }
 
   auto load_stage = [&](int kt, int st) {
     const uint32_t ad = a_base + st * kAStageBytes + a_dst;
@@ -244,9 +301,9 @@ __global__ void __launch_bounds__(kThreads, 2) expert_gemm_mxfp4_bf16_kernel(V2A
       if ((r >> 4) < m_slices)
         cp_async16(ad + i * 16 * 128, a.A + a_off[i] + kt * kBK, row0 + r < row_end);
     }
-    const uint32_t bd = b_base + st * kBStageBytes + b_dst;
+    const uint32_t bd = b_base + st * kBStageBytes;
 #pragma unroll
-    for (int c = 0; c < 2; ++c) cp_async16(bd + ((c ^ b_swz) << 4), b_src + kt * (kBK / 2) + 16 * c, b_ok);
+    for (int c = 0; c < 2; ++c) cp_async16(bd + b_dst[c], b_src[c] + size_t(kt) * b_step, b_ok[c]);
   };
 
 #pragma unroll
@@ -265,8 +322,9 @@ __global__ void __launch_bounds__(kThreads, 2) expert_gemm_mxfp4_bf16_kernel(V2A
 
   const int g = lane >> 2, tq = lane & 3;
   const bool warp_live = n0 + 32 * warp < N;
-  // This lane's weight rows (local): 32 warp + 8 t + g; its code word in a B row: bytes 4 tq.
-  const uint32_t b_rd = uint32_t((32 * warp + g) * 32 + 4 * tq);
+  // Checkpoint: this lane's weight rows (local) are 32 warp + 8 t + g; its code word in a B row
+  // is bytes 4 tq. Fragments: its 16 bytes of tile 2 warp + tt are at (2 warp + tt) * 512 + 16 lane.
+  const uint32_t b_rd = FRAG ? uint32_t(2 * warp * 512 + 16 * lane) : uint32_t((32 * warp + g) * 32 + 4 * tq);
   const int b_rd_swz = g >> 2;
   // Its activation rows: 16 mi + g and + 8 (same parity), chunk 4 h + tq, swizzled by the parity.
   const uint32_t a_rd = uint32_t(g * 128);
@@ -286,14 +344,43 @@ __global__ void __launch_bounds__(kThreads, 2) expert_gemm_mxfp4_bf16_kernel(V2A
       // Plain C++ shared loads (not asm), so the compiler orders them against the barrier.
       const uint8_t* as = smem + st * kAStageBytes + a_rd;
       const uint8_t* bs = smem + kStages * kAStageBytes + st * kBStageBytes + b_rd;
+      uint4 fw[2];
+      uint32_t fs[2];
+      if constexpr (FRAG) {
+#pragma unroll
+        for (int tt = 0; tt < 2; ++tt) {
+          fw[tt] = *reinterpret_cast<const uint4*>(bs + tt * 512);
+          fs[tt] = *reinterpret_cast<const uint32_t*>(sc_smem + ((2 * warp + tt) * C + kt) * 32 + 4 * g);
+        }
+      }
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        uint32_t bfr[4][4];
+        uint32_t bfr[4][4];  // [n8 tile][k-step 0: b0, b1; k-step 1: b0, b1]
+        if constexpr (FRAG) {
 #pragma unroll
-        for (int t = 0; t < 4; ++t) {
-          const uint32_t q = *reinterpret_cast<const uint32_t*>(bs + t * 8 * 32 + ((h ^ b_rd_swz) << 4));
-          const uint32_t s = sc_smem[(32 * warp + 8 * t + g) * kb + 2 * kt + h];
-          mx_word_to_bf16x2(q, e8m0_bf16x2(s), bfr[t]);
+          for (int tt = 0; tt < 2; ++tt) {
+            // Scale bytes: row g block 0, row g block 1, row g + 8 block 0, row g + 8 block 1.
+            const uint32_t s_g = (fs[tt] >> (8 * h)) & 255u, s_g8 = (fs[tt] >> (8 * (2 + h))) & 255u;
+            const uint32_t hi_g = frag_scale_hi(s_g), lo_g = frag_scale_lo(s_g);
+            const uint32_t hi_g8 = frag_scale_hi(s_g8), lo_g8 = frag_scale_lo(s_g8);
+            const uint32_t words[2] = {h ? fw[tt].z : fw[tt].x, h ? fw[tt].w : fw[tt].y};
+#pragma unroll
+            for (int jj = 0; jj < 2; ++jj) {
+              uint32_t r[4];
+              frag_word_to_bf16x2(words[jj], r);
+              bfr[2 * tt][2 * jj] = bf16x2_mul(bf16x2_mul(r[0], hi_g), lo_g);
+              bfr[2 * tt][2 * jj + 1] = bf16x2_mul(bf16x2_mul(r[2], hi_g), lo_g);
+              bfr[2 * tt + 1][2 * jj] = bf16x2_mul(bf16x2_mul(r[1], hi_g8), lo_g8);
+              bfr[2 * tt + 1][2 * jj + 1] = bf16x2_mul(bf16x2_mul(r[3], hi_g8), lo_g8);
+            }
+          }
+        } else {
+#pragma unroll
+          for (int t = 0; t < 4; ++t) {
+            const uint32_t q = *reinterpret_cast<const uint32_t*>(bs + t * 8 * 32 + ((h ^ b_rd_swz) << 4));
+            const uint32_t s = sc_smem[(32 * warp + 8 * t + g) * kb + 2 * kt + h];
+            mx_word_to_bf16x2(q, e8m0_bf16x2(s), bfr[t]);
+          }
         }
         const uint32_t a_chunk_off = uint32_t(((4 * h + tq) ^ a_rd_swz) << 4);
 #pragma unroll
@@ -322,13 +409,23 @@ __global__ void __launch_bounds__(kThreads, 2) expert_gemm_mxfp4_bf16_kernel(V2A
   cp_async_wait<0>();
 
   if (!warp_live) return;
-  float b0[4], b1[4];
+  // Logical (checkpoint) weight row of accumulator column 2 tq + e of n8 tile t.
+  auto col_row = [&](int t, int e) {
+    if constexpr (FRAG) {
+      return frag::tile_row(tile0 + 2 * warp + (t >> 1), 8 * (t & 1) + 2 * tq + e, a.swiglu_rows);
+    } else {
+      return n0 + 32 * warp + 8 * t + 2 * tq + e;
+    }
+  };
+  auto bias_at = [&](int n) { return a.bias && n < N ? a.bias[size_t(expert) * N + n] : 0.f; };
+  // Fragment tiles with paired rows hold gate j in n8 tile 2 tt and up j in 2 tt + 1 (same lane,
+  // same register): SwiGLU meets them there. Everywhere else gate/up are columns 2 tq, 2 tq + 1.
+  const bool paired = FRAG && a.swiglu_rows && a.epi.mode == Epilogue::kSwiGLU;
+  float bias[4][2];
 #pragma unroll
-  for (int t = 0; t < 4; ++t) {
-    const int n = n0 + 32 * warp + 8 * t + 2 * tq;
-    b0[t] = a.bias && n < N ? a.bias[size_t(expert) * N + n] : 0.f;
-    b1[t] = a.bias && n + 1 < N ? a.bias[size_t(expert) * N + n + 1] : 0.f;
-  }
+  for (int t = 0; t < 4; ++t)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) bias[t][e] = bias_at(col_row(t, e));
 #pragma unroll
   for (int mi = 0; mi < 8; ++mi) {
     if (mi >= m_slices) continue;
@@ -336,11 +433,32 @@ __global__ void __launch_bounds__(kThreads, 2) expert_gemm_mxfp4_bf16_kernel(V2A
     for (int hh = 0; hh < 2; ++hh) {
       const int row = row0 + 16 * mi + g + 8 * hh;
       if (row >= row_end) continue;
+      if (paired) {
+#pragma unroll
+        for (int tt = 0; tt < 2; ++tt) {
+          if (tile0 + 2 * warp + tt >= T) continue;
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const float gate = acc[mi][2 * tt][2 * hh + e] + bias[2 * tt][e];
+            const float up = acc[mi][2 * tt + 1][2 * hh + e] + bias[2 * tt + 1][e];
+            const int j = 8 * (tile0 + 2 * warp + tt) + 2 * tq + e;  // output column
+            static_cast<uint16_t*>(a.epi.out)[size_t(row) * a.epi.ldo + j] =
+                to_half_bits(swiglu_dev(gate, up, a.epi.swiglu_limit), a.epi.out_f16);
+          }
+        }
+        continue;
+      }
 #pragma unroll
       for (int t = 0; t < 4; ++t) {
-        const int n = n0 + 32 * warp + 8 * t + 2 * tq;
-        if (n >= N) continue;
-        store_pair(a, row, n, acc[mi][t][2 * hh] + b0[t], acc[mi][t][2 * hh + 1] + b1[t], n + 1 < N);
+        const int n = col_row(t, 0), n1 = col_row(t, 1);
+        if (FRAG ? tile0 + 2 * warp + (t >> 1) >= T : n >= N) continue;
+        const float v0 = acc[mi][t][2 * hh] + bias[t][0], v1 = acc[mi][t][2 * hh + 1] + bias[t][1];
+        if (n1 == n + 1) {
+          store_pair(a, row, n, v0, v1, n1 < N);
+        } else {  // paired fragment rows under another epilogue: two gates (or ups) apart
+          store_pair(a, row, n, v0, 0.f, false);
+          store_pair(a, row, n1, v1, 0.f, false);
+        }
       }
     }
   }
@@ -372,30 +490,36 @@ void set_expert_gemm_version(int v) {
 bool expert_gemm_v2_supports(const WeightMat& W, const void* A, int lda, int a_rows, const Epilogue& epi) {
   auto aligned16 = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; };
   const int kb = W.K / 32;
-  return W.fmt == WeightMat::kMXFP4 && W.K % kBK == 0 && W.K <= kMaxK && W.N > 0 &&
-         (size_t(W.N) * kb) % 16 == 0 && lda % 8 == 0 && aligned16(A) && aligned16(W.w) && aligned16(W.scales) &&
-         size_t(a_rows) * size_t(lda) < (size_t(1) << 31) && (epi.mode != Epilogue::kSwiGLU || W.N % 2 == 0);
+  const bool layout = W.fmt == WeightMat::kMXFP4 ? (size_t(W.N) * kb) % 16 == 0
+                      : W.fmt == WeightMat::kFragMXFP4 ? W.N % 16 == 0
+                                                       : false;
+  return layout && W.K % kBK == 0 && W.K <= kMaxK && W.N > 0 && lda % 8 == 0 && aligned16(A) && aligned16(W.w) &&
+         aligned16(W.scales) && size_t(a_rows) * size_t(lda) < (size_t(1) << 31) &&
+         (epi.mode != Epilogue::kSwiGLU || W.N % 2 == 0);
 }
 
 void expert_gemm_v2(const WeightMat& W, const bf16_t* A, int lda, int pairs, int E, bool gather_a, const MoeRouting& r,
                     const Epilogue& epi, cudaStream_t s) {
   if (pairs <= 0) return;
-  if (W.fmt != WeightMat::kMXFP4) throw Error("expert_gemm_v2: MXFP4 (checkpoint layout) weights only");
+  if (W.fmt != WeightMat::kMXFP4 && W.fmt != WeightMat::kFragMXFP4)
+    throw Error("expert_gemm_v2: MXFP4 weights only (checkpoint or fragment layout)");
+  const bool frag = W.fmt == WeightMat::kFragMXFP4;
+  auto kernel = frag ? expert_gemm_mxfp4_bf16_kernel<true> : expert_gemm_mxfp4_bf16_kernel<false>;
   // The shared-memory opt-in is per device (tensor-parallel ranks each drive their own).
   static std::atomic<uint64_t> attr_set{0};
   int dev = 0;
   GPTOSS_CUDA_CHECK(cudaGetDevice(&dev));
   const uint64_t bit = uint64_t(1) << (dev & 63);
   if (!(attr_set.load() & bit)) {
-    GPTOSS_CUDA_CHECK(cudaFuncSetAttribute(expert_gemm_mxfp4_bf16_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           int(smem_bytes(kMaxK))));
+    for (auto k : {expert_gemm_mxfp4_bf16_kernel<true>, expert_gemm_mxfp4_bf16_kernel<false>})
+      GPTOSS_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem_bytes(kMaxK))));
     attr_set.fetch_or(bit);
   }
-  V2Args a{static_cast<const uint8_t*>(W.w), W.scales, W.bias, W.N, W.K, A, lda, gather_a, r, epi};
+  V2Args a{static_cast<const uint8_t*>(W.w), W.scales, W.bias, W.N, W.K, A, lda, gather_a, r, epi, W.swiglu_rows};
   const int max_tiles = (pairs + kBM - 1) / kBM + std::min(pairs, E);
   if (max_tiles > 65535) throw Error("expert_gemm_v2: too many row tiles (" + std::to_string(max_tiles) + ")");
   const dim3 grid((W.N + kBN - 1) / kBN, max_tiles);
-  launch_pdl(expert_gemm_mxfp4_bf16_kernel, grid, dim3(kThreads), smem_bytes(W.K), s, a);
+  launch_pdl(kernel, grid, dim3(kThreads), smem_bytes(W.K), s, a);
   GPTOSS_CUDA_LAUNCH_CHECK();
 }
 
