@@ -192,31 +192,34 @@ int run_kernel_bench(const KernelBenchOptions& o) {
           double(P) * H * I * 17 / 32);
     }
     set_linear_path(0);
-    if (M > kSkinnyMaxTokens) {
-      // Prefill: the grouped expert GEMM, version 1 (gemm_kernel) against version 2 (tall tiles,
-      // 4-stage pipeline, weights decoded into the MMA registers), both over the checkpoint layout,
-      // gate_up with the SwiGLU epilogue and down storing f32 rows as the backend runs them.
-      // TFLOP/s count 2 * pairs * N * K.
-      auto* y2 = dev_alloc<float>(size_t(P) * H, owned);
+    // Prefill: the grouped expert GEMM, version 1 (gemm_kernel) against version 2 (tall tiles,
+    // 4-stage pipeline, weights decoded into the MMA registers), on the checkpoint layout and on
+    // the fragment layout; gate_up with the SwiGLU epilogue and down storing f32 rows as the
+    // backend runs them. TFLOP/s count 2 * pairs * N * K.
+    auto* y2 = M > kSkinnyMaxTokens ? dev_alloc<float>(size_t(P) * H, owned) : nullptr;
+    auto prefill_versions = [&](const WeightMat& gw, const WeightMat& dw, const char* layout) {
+      if (M <= kSkinnyMaxTokens) return;
       set_linear_path(2);
       for (int version : {1, 2}) {
         set_expert_gemm_version(version);
-        const double us_gu = timer.us(o.iters, [&](int i) { linear_grouped(gu, xb, H, P, E, true, routes[i % R], g, s, M); });
+        const double us_gu = timer.us(o.iters, [&](int i) { linear_grouped(gw, xb, H, P, E, true, routes[i % R], g, s, M); });
         const double us_dn = timer.us(o.iters, [&](int i) {
-          linear_grouped(dn, act, I, P, E, false, routes[i % R], Epilogue{Epilogue::kStoreF32, y2, H}, s, M);
+          linear_grouped(dw, act, I, P, E, false, routes[i % R], Epilogue{Epilogue::kStoreF32, y2, H}, s, M);
         });
         const double tf_gu = 2.0 * P * 2 * I * H / us_gu / 1e6, tf_dn = 2.0 * P * H * I / us_dn / 1e6;
-        const std::string vg = "expert GEMM v" + std::to_string(version) + ", " + std::to_string(int(tf_gu)) + " TFLOP/s";
-        const std::string vd = "expert GEMM v" + std::to_string(version) + ", " + std::to_string(int(tf_dn)) + " TFLOP/s";
+        const std::string v = "expert GEMM v" + std::to_string(version) + " " + layout;
+        const std::string vg = v + ", " + std::to_string(int(tf_gu)) + " TFLOP/s";
+        const std::string vd = v + ", " + std::to_string(int(tf_dn)) + " TFLOP/s";
         row("experts gate_up (mxfp4, swiglu)", shape + ", " + std::to_string(2 * I) + "x" + std::to_string(H),
             vg.c_str(), us_gu, double(P) * 2 * I * H * 17 / 32);
         row("experts down (mxfp4, f32 rows)", shape + ", " + std::to_string(H) + "x" + std::to_string(I), vd.c_str(),
             us_dn, double(P) * H * I * 17 / 32);
-        std::printf("| experts gate_up + down | %s | expert GEMM v%d | %.2f | |\n", shape.c_str(), version, us_gu + us_dn);
+        std::printf("| experts gate_up + down | %s | %s | %.2f | |\n", shape.c_str(), v.c_str(), us_gu + us_dn);
       }
       set_expert_gemm_version(0);  // back to GPTOSS_EXPERT_GEMM's choice
       set_linear_path(0);
-    }
+    };
+    prefill_versions(gu, dn, "checkpoint");
     {
       // Fragment layout (--mxfp4-backend mma, the default): skinny kernels up to 64 tokens,
       // the GEMM on the same layout past them; expert outputs summed by moe_combine.
@@ -225,6 +228,7 @@ int run_kernel_bench(const KernelBenchOptions& o) {
                                 dev_alloc<uint8_t>(gu_bytes / 16, owned), flag, s);
       WeightMat pdn = pack_frag(dn, E, false, WeightMat::kFragMXFP4, dev_alloc<uint8_t>(dn_bytes, owned),
                                 dev_alloc<uint8_t>(dn_bytes / 16, owned), flag, s);
+      prefill_versions(pgu, pdn, "fragments");
       const LinearKernel kk = choose_linear_kernel({pgu.fmt, P, M, pgu.N, pgu.K, true, 0});
       const bool sk = kk == LinearKernel::kSkinnyMma;
       Epilogue gf = g;
