@@ -49,6 +49,7 @@ constexpr int kThreads = 128;
 constexpr int kAStageBytes = kBM * kBK * 2;  // bf16 [128 rows][64]: 128 B a row, 8 chunks
 constexpr int kBStageBytes = kBN * kBK / 2;  // e2m1 [128 rows][64]: 32 B a row, 2 chunks
 constexpr int kMaxK = 4096;                  // scales of the tile: kBN * K / 32 bytes <= 16 KB
+constexpr int kMaxGroups = 256;              // experts with pairs (moe_route takes E <= 256)
 
 size_t smem_bytes(int K) { return size_t(kStages) * (kAStageBytes + kBStageBytes) + size_t(kBN) * (K / 32); }
 
@@ -183,8 +184,11 @@ __device__ __forceinline__ void frag_word_to_bf16x2(uint32_t q, uint32_t* a) {
 // 2^(s - 127) over the 2^-126 above, as two bf16 factors (each a normal power of two for every
 // s <= 254): 2^(min(s, 128) - 1) and 2^(max(s, 128) - 128). fp16 scales of the frag decode stop at
 // s = 240 (the packer flags more); these do not.
-__device__ __forceinline__ uint32_t frag_scale_hi(uint32_t s) { return ((min(s, 128u) + 126u) << 7) * 0x00010001u; }
-__device__ __forceinline__ uint32_t frag_scale_lo(uint32_t s) { return ((max(s, 128u) - 1u) << 7) * 0x00010001u; }
+// exps: four biased bf16 exponents (min(s, 128) + 126 or max(s, 128) - 1, one a byte, no carries);
+// byte b of them as a bf16 pair of that power of two.
+__device__ __forceinline__ uint32_t frag_scale_pair(uint32_t exps, int b) {
+  return __byte_perm(exps, 0u, 0x4040u | (b << 8) | b) << 7;
+}
 __device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
   uint32_t d;
   asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(0x80008000u));
@@ -202,13 +206,20 @@ __global__ void __launch_bounds__(kThreads, 2) expert_gemm_mxfp4_bf16_kernel(V2A
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
 
   // This CTA's row tile: the blockIdx.y-th of the groups' ceil(pairs / kBM) tiles, in group order.
+  // Every lane loads its groups' bounds at once (one memory round trip; at most kMaxGroups).
   int grp = -1, within = 0;
   {
     const int ng = a.r.counts[0];
+    int nts[kMaxGroups / 32];
+#pragma unroll
+    for (int i = 0; i < kMaxGroups / 32; ++i) {
+      const int gi = 32 * i + lane;
+      nts[i] = gi < ng ? (a.r.group_end[gi] - a.r.group_start[gi] + kBM - 1) / kBM : 0;
+    }
     int base = 0;
-    for (int g0 = 0; g0 < ng; g0 += 32) {
-      const int gi = g0 + lane;
-      const int nt = gi < ng ? (a.r.group_end[gi] - a.r.group_start[gi] + kBM - 1) / kBM : 0;
+#pragma unroll
+    for (int i = 0; i < kMaxGroups / 32; ++i) {
+      const int nt = nts[i];
       int incl = nt;
 #pragma unroll
       for (int o = 1; o < 32; o <<= 1) {
@@ -220,7 +231,7 @@ __global__ void __launch_bounds__(kThreads, 2) expert_gemm_mxfp4_bf16_kernel(V2A
       if (t < total) {  // uniform over the warp (and the CTA: every warp computes the same)
         const int L = __ffs(__ballot_sync(0xffffffffu, t < incl)) - 1;
         const int before = __shfl_sync(0xffffffffu, incl - nt, L);
-        grp = g0 + L;
+        grp = 32 * i + L;
         within = t - before;
         break;
       }
@@ -345,13 +356,21 @@ __global__ void __launch_bounds__(kThreads, 2) expert_gemm_mxfp4_bf16_kernel(V2A
       const uint8_t* as = smem + st * kAStageBytes + a_rd;
       const uint8_t* bs = smem + kStages * kAStageBytes + st * kBStageBytes + b_rd;
       uint4 fw[2];
-      uint32_t fs[2];
+      uint32_t fs_hi[2], fs_lo[2];
       if constexpr (FRAG) {
 #pragma unroll
         for (int tt = 0; tt < 2; ++tt) {
           fw[tt] = *reinterpret_cast<const uint4*>(bs + tt * 512);
-          fs[tt] = *reinterpret_cast<const uint32_t*>(sc_smem + ((2 * warp + tt) * C + kt) * 32 + 4 * g);
+          const uint32_t fs = *reinterpret_cast<const uint32_t*>(sc_smem + ((2 * warp + tt) * C + kt) * 32 + 4 * g);
+          fs_hi[tt] = __vminu4(fs, 0x80808080u) + 0x7E7E7E7Eu;  // min(s, 128) + 126, four bytes at once
+          fs_lo[tt] = __vmaxu4(fs, 0x80808080u) - 0x01010101u;  // max(s, 128) - 1
         }
+      }
+      uint32_t cs[4];  // checkpoint: the scale bytes of blocks 2 kt, 2 kt + 1 (kb is even)
+      if constexpr (!FRAG) {
+#pragma unroll
+        for (int t = 0; t < 4; ++t)
+          cs[t] = *reinterpret_cast<const uint16_t*>(sc_smem + (32 * warp + 8 * t + g) * kb + 2 * kt);
       }
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
@@ -360,9 +379,8 @@ __global__ void __launch_bounds__(kThreads, 2) expert_gemm_mxfp4_bf16_kernel(V2A
 #pragma unroll
           for (int tt = 0; tt < 2; ++tt) {
             // Scale bytes: row g block 0, row g block 1, row g + 8 block 0, row g + 8 block 1.
-            const uint32_t s_g = (fs[tt] >> (8 * h)) & 255u, s_g8 = (fs[tt] >> (8 * (2 + h))) & 255u;
-            const uint32_t hi_g = frag_scale_hi(s_g), lo_g = frag_scale_lo(s_g);
-            const uint32_t hi_g8 = frag_scale_hi(s_g8), lo_g8 = frag_scale_lo(s_g8);
+            const uint32_t hi_g = frag_scale_pair(fs_hi[tt], h), lo_g = frag_scale_pair(fs_lo[tt], h);
+            const uint32_t hi_g8 = frag_scale_pair(fs_hi[tt], 2 + h), lo_g8 = frag_scale_pair(fs_lo[tt], 2 + h);
             const uint32_t words[2] = {h ? fw[tt].z : fw[tt].x, h ? fw[tt].w : fw[tt].y};
 #pragma unroll
             for (int jj = 0; jj < 2; ++jj) {
@@ -378,8 +396,7 @@ __global__ void __launch_bounds__(kThreads, 2) expert_gemm_mxfp4_bf16_kernel(V2A
 #pragma unroll
           for (int t = 0; t < 4; ++t) {
             const uint32_t q = *reinterpret_cast<const uint32_t*>(bs + t * 8 * 32 + ((h ^ b_rd_swz) << 4));
-            const uint32_t s = sc_smem[(32 * warp + 8 * t + g) * kb + 2 * kt + h];
-            mx_word_to_bf16x2(q, e8m0_bf16x2(s), bfr[t]);
+            mx_word_to_bf16x2(q, e8m0_bf16x2((cs[t] >> (8 * h)) & 255u), bfr[t]);
           }
         }
         const uint32_t a_chunk_off = uint32_t(((4 * h + tq) ^ a_rd_swz) << 4);
@@ -503,6 +520,7 @@ void expert_gemm_v2(const WeightMat& W, const bf16_t* A, int lda, int pairs, int
   if (pairs <= 0) return;
   if (W.fmt != WeightMat::kMXFP4 && W.fmt != WeightMat::kFragMXFP4)
     throw Error("expert_gemm_v2: MXFP4 weights only (checkpoint or fragment layout)");
+  if (E > kMaxGroups) throw Error("expert_gemm_v2: at most " + std::to_string(kMaxGroups) + " experts");
   const bool frag = W.fmt == WeightMat::kFragMXFP4;
   auto kernel = frag ? expert_gemm_mxfp4_bf16_kernel<true> : expert_gemm_mxfp4_bf16_kernel<false>;
   // The shared-memory opt-in is per device (tensor-parallel ranks each drive their own).
