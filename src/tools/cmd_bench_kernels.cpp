@@ -19,7 +19,10 @@ gptoss::tools::RegisterCommand reg({"bench-kernels", "Time each decode kernel at
   auto a = std::make_shared<Args>();
   app->add_option("--model", a->model, "Shapes of this preset: 120b or 20b")->capture_default_str();
   app->add_option("--iters", a->iters, "Timed launches per kernel")->capture_default_str()->check(CLI::PositiveNumber);
-  app->add_option("--tokens", a->tokens, "Decode batch (tokens)")->capture_default_str()->check(CLI::Range(1, 64));
+  app->add_option("--tokens", a->tokens,
+                  "Batch (tokens): decode sizes up to 64; past 64 the prefill expert GEMMs (v1/v2) are timed too")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 8192));
   return [a]() {
 #ifdef GPTOSS_HAVE_CUDA
     gptoss::cuda::KernelBenchOptions o;

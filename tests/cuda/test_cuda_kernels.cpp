@@ -348,7 +348,8 @@ TEST_F(Kernels, MoeMxfp4ExpertGemmV2) {
                                 {2049, 32, 4, 256, 256}, {7, 8, 2, 64, 64}};
   if (small_mode()) cases = {{1, 8, 2, 64, 64}, {33, 8, 4, 128, 64}};
   cuda::set_expert_gemm_version(2);
-  for (auto& c : cases) check_moe(c, 2);
+  for (auto& c : cases)
+    for (int path : {2, 3}) check_moe(c, path);  // checkpoint layout; fragment layout (past 64 tokens)
 }
 
 // Routing built on the host with prescribed pairs per expert (0, 1, 63, 64, 65, 2048, ...): the
