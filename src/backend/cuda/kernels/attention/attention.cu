@@ -3,6 +3,7 @@
 // warps (one per query head of the group) run an online softmax; a second kernel merges the
 // splits (flash-decoding) and adds the sink to the denominator. Every token reads its own causal
 // range from the pages, so prefill chunks and decode tokens of different sequences mix freely.
+// The launcher hands passes of long per-sequence runs to flash_attention.cu (tensor cores).
 #include "backend/cuda/cuda_common.h"
 #include "backend/cuda/device_utils.cuh"
 #include "backend/cuda/kernels.h"
@@ -179,8 +180,15 @@ __global__ void attention_combine_kernel(const float* __restrict__ partial, int 
 }
 
 void attention(const bf16_t* qkv, int n, int Hq, int Hkv, int D, int window, const float* sinks,
-               const TokenMeta& tm, const KvLayer& kv, int nsplit, float* partial, bf16_t* out, cudaStream_t s) {
+               const TokenMeta& tm, const KvLayer& kv, int nsplit, float* partial, bf16_t* out, cudaStream_t s,
+               AttentionPath path, int min_seq_tokens) {
   if (n <= 0) return;
+  const bool flash = path == AttentionPath::kFlash ||
+                     (path == AttentionPath::kAuto && min_seq_tokens >= kFlashMinSeqTokens);
+  if (flash && flash_attention_supported(Hq, Hkv, D)) {
+    flash_attention(qkv, n, Hq, Hkv, D, window, sinks, tm, kv, out, s);
+    return;
+  }
   if (Hq % Hkv != 0 || Hq / Hkv > kWarps) throw Error("attention: needs 1..8 query heads per kv head");
   if (nsplit < 1) nsplit = 1;
   if (nsplit > 32) throw Error("attention: at most 32 KV splits");
