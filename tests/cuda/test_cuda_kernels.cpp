@@ -449,6 +449,7 @@ struct AttnRun {
   cuda::AttentionPath path = cuda::AttentionPath::kAuto;
   int page_size = 16;
   uint64_t seed = 0;
+  int max_seq_tokens = 0, min_seq_tokens = 0;  // kAuto's hints (0: per-token kernel only)
 };
 
 // Returns the kernel's output rows (pass order: sequence after sequence).
@@ -511,7 +512,8 @@ std::vector<float> check_attention(const std::vector<AttnSeq>& seqs, int window,
     }
     Dev<float> part(cuda::attention_partial_floats(n, Hq, D, nsplit));
     Dev<uint16_t> out(size_t(n) * Hq * D);
-    cuda::attention(dq.p(), n, Hq, Hkv, D, window, dsinks.p(), tm, kv, nsplit, part.p(), out.p(), 0, run.path);
+    cuda::attention(dq.p(), n, Hq, Hkv, D, window, dsinks.p(), tm, kv, nsplit, part.p(), out.p(), 0, run.path,
+                    run.max_seq_tokens, run.min_seq_tokens);
     return std::make_pair(from_bf16(out.download()), from_bf16(dq.download()));
   };
   run_pass(true);
@@ -554,10 +556,24 @@ std::vector<float> check_attention(const std::vector<AttnSeq>& seqs, int window,
                      std::to_string(nsplit) + " seqs=" + std::to_string(seqs.size()) + " first start=" +
                      std::to_string(seqs[0].start) + " n=" + std::to_string(seqs[0].n) +
                      " ps=" + std::to_string(ps) + " Hq/Hkv=" + std::to_string(Hq) + "/" + std::to_string(Hkv) +
-                     (run.path == cuda::AttentionPath::kFlash ? " flash" : "");
+                     (run.path == cuda::AttentionPath::kFlash ? " flash" : "") +
+                     (run.max_seq_tokens ? " auto max_seq_tokens=" + std::to_string(run.max_seq_tokens) : "");
   EXPECT_LE(rel_err(got_q, ref_q), 1e-2) << "rope: " << what;
   double e = rel_err(got, ref);
   EXPECT_LE(e, 1.5e-2) << what;
+  // Token by token too, so one wrong row (a mask off by one at a tile or page edge) cannot hide
+  // in the whole batch's error.
+  const size_t tok_elems = size_t(Hq) * D;
+  int bad = 0;
+  for (size_t t = 0; t * tok_elems < got.size() && bad < 5; ++t) {
+    std::vector<float> g(got.begin() + t * tok_elems, got.begin() + (t + 1) * tok_elems);
+    std::vector<float> w(ref.begin() + t * tok_elems, ref.begin() + (t + 1) * tok_elems);
+    const double et = rel_err(g, w);
+    if (et > 4e-2) {
+      ++bad;
+      ADD_FAILURE() << what << ": pass row " << t << " rel err " << et;
+    }
+  }
   std::printf("attention %s: rel err %.3g\n", what.c_str(), e);
   return got;
 }
@@ -622,6 +638,32 @@ TEST_F(Kernels, FlashAttentionPrefill) {
     }
   EXPECT_FALSE(cuda::flash_attention_supported(64, 8, 32));
   EXPECT_FALSE(cuda::flash_attention_supported(48, 8, 64));  // 6 heads a group
+}
+
+// kAuto on a pass mixing prefill chunks and decode tokens: the flash kernel takes the 16-token
+// blocks of at most two sequences, the per-token kernel (with KV splits) and its merge the others
+// (flash_blocks.cuh); every token must come out right, whichever kernel took it.
+TEST_F(Kernels, FlashAttentionMixedPass) {
+  const int Hq = small_mode() ? 8 : 64, Hkv = small_mode() ? 1 : 8;
+  std::vector<AttnSeq> decode_heavy = {{100, 40}};
+  for (int i = 0; i < 20; ++i) decode_heavy.push_back({50 + 37 * i, 1});
+  decode_heavy.push_back({0, 70});
+  const std::vector<std::vector<AttnSeq>> batches = {
+      {{0, 65}, {300, 129}, {5, 1}, {0, 16}},  // block 192..207 holds 3 sequences: per-token
+      decode_heavy,
+      {{0, 65}, {300, 129}, {0, 16}},  // every sequence >= 16 tokens: the flash kernel alone
+  };
+  for (auto& b : batches) {
+    int most = 0, fewest = 1 << 30;
+    for (auto& q : b) {
+      most = std::max(most, q.n);
+      fewest = std::min(fewest, q.n);
+    }
+    for (int window : {0, 128})
+      for (bool fp8 : {false, true})
+        for (int nsplit : {1, 5})
+          check_attention(b, window, fp8, nsplit, Hq, Hkv, 64, AttnRun{cuda::AttentionPath::kAuto, 16, 0, most, fewest});
+  }
 }
 
 // Batch invariance of the flash kernel: a sequence's rows are bit-identical alone and batched

@@ -163,23 +163,27 @@ void rope_kv_store(bf16_t* qkv, int n, int Hq, int Hkv, int D, const float* inv_
 // (row stride (Hq + 2 Hkv) D); out [n, Hq D] bf16. window 0 = full. nsplit: KV splits per token
 // (flash-decoding); partial: workspace of attention_partial_floats() floats.
 // path: kPerToken is the CUDA-core kernel above (any shape; decode's choice, with KV splits);
-// kFlash is flash_attention below where the shape allows it (else kPerToken); kAuto takes kFlash
-// when every sequence of the pass brings at least kFlashMinSeqTokens new tokens
-// (min_seq_tokens, a host-side fact of the pass), so decode tokens never wait behind prefill
-// tiles. The flash kernel's result for a token depends only on that token's data, so passing
-// kFlash always (--batch-invariant) keeps rows invariant.
+// kFlash is flash_attention below for every token where the shape allows it (else kPerToken);
+// kAuto, when some sequence of the pass brings at least kFlashMinSeqTokens new tokens
+// (max_seq_tokens; min_seq_tokens, the fewest, spares the per-token launch when no block
+// needs it: host-side facts of the pass), gives the flash kernel the blocks of tokens
+// it suits and the per-token kernel the rest (decode tokens among them: see
+// kernels/attention/flash_blocks.cuh), else kPerToken. The flash kernel's result for a token
+// depends only on that token's data, so kFlash always (--batch-invariant) keeps rows invariant.
 enum class AttentionPath { kAuto, kPerToken, kFlash };
 constexpr int kFlashMinSeqTokens = 16;
 size_t attention_partial_floats(int n, int Hq, int D, int nsplit);
 void attention(const bf16_t* qkv, int n, int Hq, int Hkv, int D, int window, const float* sinks,
                const TokenMeta& tm, const KvLayer& kv, int nsplit, float* partial, bf16_t* out, cudaStream_t s,
-               AttentionPath path = AttentionPath::kAuto, int min_seq_tokens = 0);
+               AttentionPath path = AttentionPath::kAuto, int max_seq_tokens = 0, int min_seq_tokens = 0);
 // Flash attention on tensor cores (kernels/attention/flash_attention.cu) for passes of long
 // runs of tokens per sequence: same inputs and output as attention(), no KV splits. Shapes:
-// head_dim 64 and 1, 2, 4 or 8 query heads per kv head (flash_attention_supported).
+// head_dim 64 and 1, 2, 4 or 8 query heads per kv head (flash_attention_supported). all_blocks
+// false: only the blocks of flash_attention_block_tokens() tokens flash_blocks.cuh gives it.
 bool flash_attention_supported(int Hq, int Hkv, int D);
+int flash_attention_block_tokens(int Hq, int Hkv);
 void flash_attention(const bf16_t* qkv, int n, int Hq, int Hkv, int D, int window, const float* sinks,
-                     const TokenMeta& tm, const KvLayer& kv, bf16_t* out, cudaStream_t s);
+                     const TokenMeta& tm, const KvLayer& kv, bf16_t* out, cudaStream_t s, bool all_blocks = true);
 
 // Router logits [n, E] f32 -> top-k + softmax, pairs sorted by expert (fills r).
 void moe_route(const float* logits, int n, int E, int k, const MoeRouting& r, cudaStream_t s);

@@ -21,6 +21,7 @@
 #include "backend/cuda/cuda_common.h"
 #include "backend/cuda/device_utils.cuh"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/kernels/attention/flash_blocks.cuh"
 #include "backend/kv_layout.h"
 
 namespace gptoss::cuda {
@@ -80,7 +81,8 @@ __device__ __forceinline__ uint32_t swz(int row, int chunk) { return uint32_t(ro
 template <bool FP8>
 __global__ void __launch_bounds__(kThreads, FP8 ? 1 : 2)
     flash_attention_kernel(const uint16_t* __restrict__ qkv, int n, int Hq, int Hkv, int window,
-                           const float* __restrict__ sinks, TokenMeta tm, KvLayer kv, uint16_t* __restrict__ out) {
+                           const float* __restrict__ sinks, TokenMeta tm, KvLayer kv, uint16_t* __restrict__ out,
+                           bool all_blocks) {
   extern __shared__ __align__(128) uint8_t smem[];
   __shared__ int s_pos[kRows], s_off[kRows];
   pdl_begin();
@@ -91,6 +93,8 @@ __global__ void __launch_bounds__(kThreads, FP8 ? 1 : 2)
   const int tid = threadIdx.x, warp = tid / 32, lane = tid & 31;
   const int ntok = min(TQ, n - t0);
   const int row_len = (Hq + 2 * Hkv) * kD;
+  // Blocks of many sequences' decode tokens are the per-token kernel's (flash_blocks.cuh).
+  if (!all_blocks && !flash_takes_block(tm.pt_off, n, t0, TQ)) return;
   const uint32_t sbase = smem_addr(smem);
   // bf16: stage s at s * kStageBytes (K then V); Q is staged once in stage 1 before the loop.
   // fp8: raw stages of 8 KiB at s * 8 KiB (Q staged there first), the bf16 K/V tile at stage 1.
@@ -332,6 +336,8 @@ __global__ void __launch_bounds__(kThreads, FP8 ? 1 : 2)
 
 }  // namespace
 
+int flash_attention_block_tokens(int Hq, int Hkv) { return kRows / (Hq / Hkv); }
+
 bool flash_attention_supported(int Hq, int Hkv, int D) {
   if (D != kD || Hkv <= 0 || Hq % Hkv != 0) return false;
   const int G = Hq / Hkv;
@@ -339,7 +345,7 @@ bool flash_attention_supported(int Hq, int Hkv, int D) {
 }
 
 void flash_attention(const bf16_t* qkv, int n, int Hq, int Hkv, int D, int window, const float* sinks,
-                     const TokenMeta& tm, const KvLayer& kv, bf16_t* out, cudaStream_t s) {
+                     const TokenMeta& tm, const KvLayer& kv, bf16_t* out, cudaStream_t s, bool all_blocks) {
   if (n <= 0) return;
   if (!flash_attention_supported(Hq, Hkv, D))
     throw Error("flash_attention: needs head_dim 64 and 1, 2, 4 or 8 query heads per kv head");
@@ -349,10 +355,10 @@ void flash_attention(const bf16_t* qkv, int n, int Hq, int Hkv, int D, int windo
   auto* o = reinterpret_cast<uint16_t*>(out);
   if (kv.fp8)
     launch_pdl(flash_attention_kernel<true>, grid, dim3(kThreads), kSmemBytes, s, q, n, Hq, Hkv, window, sinks, tm, kv,
-               o);
+               o, all_blocks);
   else
     launch_pdl(flash_attention_kernel<false>, grid, dim3(kThreads), kSmemBytes, s, q, n, Hq, Hkv, window, sinks, tm,
-               kv, o);
+               kv, o, all_blocks);
   GPTOSS_CUDA_LAUNCH_CHECK();
 }
 
