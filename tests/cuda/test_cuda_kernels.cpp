@@ -449,7 +449,7 @@ struct AttnRun {
   cuda::AttentionPath path = cuda::AttentionPath::kAuto;
   int page_size = 16;
   uint64_t seed = 0;
-  int max_seq_tokens = 0, min_seq_tokens = 0;  // kAuto's hints (0: per-token kernel only)
+  cuda::AttentionPassInfo info;  // kAuto's hints (zeros: per-token kernel only)
 };
 
 // Returns the kernel's output rows (pass order: sequence after sequence).
@@ -513,7 +513,7 @@ std::vector<float> check_attention(const std::vector<AttnSeq>& seqs, int window,
     Dev<float> part(cuda::attention_partial_floats(n, Hq, D, nsplit));
     Dev<uint16_t> out(size_t(n) * Hq * D);
     cuda::attention(dq.p(), n, Hq, Hkv, D, window, dsinks.p(), tm, kv, nsplit, part.p(), out.p(), 0, run.path,
-                    run.max_seq_tokens, run.min_seq_tokens);
+                    run.info);
     return std::make_pair(from_bf16(out.download()), from_bf16(dq.download()));
   };
   run_pass(true);
@@ -557,7 +557,7 @@ std::vector<float> check_attention(const std::vector<AttnSeq>& seqs, int window,
                      std::to_string(seqs[0].start) + " n=" + std::to_string(seqs[0].n) +
                      " ps=" + std::to_string(ps) + " Hq/Hkv=" + std::to_string(Hq) + "/" + std::to_string(Hkv) +
                      (run.path == cuda::AttentionPath::kFlash ? " flash" : "") +
-                     (run.max_seq_tokens ? " auto max_seq_tokens=" + std::to_string(run.max_seq_tokens) : "");
+                     (run.info.max_seq_tokens ? " auto max_seq_tokens=" + std::to_string(run.info.max_seq_tokens) : "");
   EXPECT_LE(rel_err(got_q, ref_q), 1e-2) << "rope: " << what;
   double e = rel_err(got, ref);
   EXPECT_LE(e, 1.5e-2) << what;
@@ -611,7 +611,7 @@ TEST_F(Kernels, FlashAttentionPrefill) {
     for (int start : {0, 37, 200})
       for (int window : {0, 128})
         for (bool fp8 : {false, true}) {
-          AttnRun run{cuda::AttentionPath::kFlash, page_sizes[k++ % 3]};
+          AttnRun run{cuda::AttentionPath::kFlash, page_sizes[k++ % 3], 0, {}};
           check_attention({{start, n}}, window, fp8, 1, Hq, Hkv, 64, run);
         }
   std::vector<std::vector<AttnSeq>> batches = {
@@ -623,18 +623,18 @@ TEST_F(Kernels, FlashAttentionPrefill) {
     for (int ps : {16, 32, 7})
       for (int window : {0, 128})
         for (bool fp8 : {false, true})
-          check_attention(b, window, fp8, 1, Hq, Hkv, 64, AttnRun{cuda::AttentionPath::kFlash, ps});
+          check_attention(b, window, fp8, 1, Hq, Hkv, 64, AttnRun{cuda::AttentionPath::kFlash, ps, 0, {}});
   if (!small_mode())
     for (int window : {0, 128})
       for (bool fp8 : {false, true}) {
-        check_attention({{0, 2048}}, window, fp8, 1, Hq, Hkv, 64, AttnRun{cuda::AttentionPath::kFlash, 16});
-        check_attention({{2048, 300}}, window, fp8, 1, Hq, Hkv, 64, AttnRun{cuda::AttentionPath::kFlash, 32});
+        check_attention({{0, 2048}}, window, fp8, 1, Hq, Hkv, 64, AttnRun{cuda::AttentionPath::kFlash, 16, 0, {}});
+        check_attention({{2048, 300}}, window, fp8, 1, Hq, Hkv, 64, AttnRun{cuda::AttentionPath::kFlash, 32, 0, {}});
       }
   // Other GQA groups: 4, 2 and 1 query heads a kv head (16, 32 and 128 tokens a CTA).
   for (auto [hq, hkv] : {std::pair{16, 4}, std::pair{8, 4}, std::pair{4, 4}})
     for (int window : {0, 128}) {
-      check_attention({{0, 200}, {50, 70}}, window, false, 1, hq, hkv, 64, AttnRun{cuda::AttentionPath::kFlash, 16});
-      check_attention({{130, 129}}, window, true, 1, hq, hkv, 64, AttnRun{cuda::AttentionPath::kFlash, 7});
+      check_attention({{0, 200}, {50, 70}}, window, false, 1, hq, hkv, 64, AttnRun{cuda::AttentionPath::kFlash, 16, 0, {}});
+      check_attention({{130, 129}}, window, true, 1, hq, hkv, 64, AttnRun{cuda::AttentionPath::kFlash, 7, 0, {}});
     }
   EXPECT_FALSE(cuda::flash_attention_supported(64, 8, 32));
   EXPECT_FALSE(cuda::flash_attention_supported(48, 8, 64));  // 6 heads a group
@@ -662,7 +662,7 @@ TEST_F(Kernels, FlashAttentionMixedPass) {
     for (int window : {0, 128})
       for (bool fp8 : {false, true})
         for (int nsplit : {1, 5})
-          check_attention(b, window, fp8, nsplit, Hq, Hkv, 64, AttnRun{cuda::AttentionPath::kAuto, 16, 0, most, fewest});
+          check_attention(b, window, fp8, nsplit, Hq, Hkv, 64, AttnRun{cuda::AttentionPath::kAuto, 16, 0, {int(b.size()), most, fewest}});
   }
 }
 
@@ -674,7 +674,7 @@ TEST_F(Kernels, FlashAttentionBatchInvariant) {
   const uint64_t seed = fresh_seed() | 1;
   for (int window : {0, 128})
     for (bool fp8 : {false, true}) {
-      AttnRun run{cuda::AttentionPath::kFlash, 16, seed};
+      AttnRun run{cuda::AttentionPath::kFlash, 16, seed, {}};
       const AttnSeq a{150, 70}, d{300, 1};
       auto alone_a = check_attention({a}, window, fp8, 1, Hq, Hkv, 64, run);
       auto alone_d = check_attention({d}, window, fp8, 1, Hq, Hkv, 64, run);

@@ -5,6 +5,8 @@
 // range from the pages, so prefill chunks and decode tokens of different sequences mix freely.
 // The launcher hands the prefill tokens of a pass to flash_attention.cu (tensor cores); see
 // flash_blocks.cuh for how a pass mixing prefill and decode splits between the two.
+#include <algorithm>
+
 #include "backend/cuda/cuda_common.h"
 #include "backend/cuda/device_utils.cuh"
 #include "backend/cuda/kernels.h"
@@ -187,19 +189,22 @@ __global__ void attention_combine_kernel(const float* __restrict__ partial, int 
 
 void attention(const bf16_t* qkv, int n, int Hq, int Hkv, int D, int window, const float* sinks,
                const TokenMeta& tm, const KvLayer& kv, int nsplit, float* partial, bf16_t* out, cudaStream_t s,
-               AttentionPath path, int max_seq_tokens, int min_seq_tokens) {
+               AttentionPath path, const AttentionPassInfo& info) {
   if (n <= 0) return;
   int flash_tq = 0;  // > 0: the flash kernel takes the blocks of this many tokens it suits
   if (flash_attention_supported(Hq, Hkv, D)) {
+    const int tq = flash_attention_block_tokens(Hq, Hkv);
+    // Runs of one sequence a block can hold: at most one a sequence, one a token.
+    const int max_runs = std::min(tq, info.num_seqs > 0 ? info.num_seqs : n);
     if (path == AttentionPath::kFlash) {
-      flash_attention(qkv, n, Hq, Hkv, D, window, sinks, tm, kv, out, s);
+      flash_attention(qkv, n, Hq, Hkv, D, window, sinks, tm, kv, out, s, true, max_runs);
       return;
     }
-    if (path == AttentionPath::kAuto && max_seq_tokens >= kFlashMinSeqTokens) {
-      flash_tq = flash_attention_block_tokens(Hq, Hkv);
-      flash_attention(qkv, n, Hq, Hkv, D, window, sinks, tm, kv, out, s, /*all_blocks=*/false);
+    if (path == AttentionPath::kAuto && info.max_seq_tokens >= kFlashMinSeqTokens) {
+      flash_tq = tq;
+      flash_attention(qkv, n, Hq, Hkv, D, window, sinks, tm, kv, out, s, false, std::min(max_runs, kFlashMaxRuns));
       // Every sequence at least a block long: no block holds three, the flash kernel took all.
-      if (min_seq_tokens >= flash_tq) return;
+      if (info.min_seq_tokens >= tq) return;
     }
   }
   if (Hq % Hkv != 0 || Hq / Hkv > kWarps) throw Error("attention: needs 1..8 query heads per kv head");

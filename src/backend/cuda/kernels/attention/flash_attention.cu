@@ -11,13 +11,17 @@
 // into S, ex2.approx); the sink joins the denominator at the end.
 //
 // Rows of a CTA may belong to different sequences (tokens are staged sequence after sequence):
-// the CTA walks its maximal runs of tokens with one page table (segments); within a segment it
+// the block's maximal runs of tokens with one page table (segments) go to gridDim.z CTAs in
+// turn (run r to CTA z = r mod gridDim.z, each walking its runs one after another); within a
+// segment a CTA
 // walks the 64-aligned absolute key tiles between the smallest window start and the largest
 // position of the segment, masking each row to its own [pos - window + 1, pos] and to its own
 // segment. A tile fully masked for a row is an exact no-op for that row (its max and sums are
 // unchanged, P = 0 adds 0), so a row's result depends on its own data only: the tiles it sees
 // are the fixed absolute tiles covering its range, in ascending order, whatever its neighbours.
 // That makes the kernel batch-invariant.
+#include <algorithm>
+
 #include "backend/cuda/cuda_common.h"
 #include "backend/cuda/device_utils.cuh"
 #include "backend/cuda/kernels.h"
@@ -104,6 +108,14 @@ __global__ void __launch_bounds__(kThreads, FP8 ? 1 : 2)
     s_pos[tid] = tid < ntok ? tm.pos[t0 + tid] : -1;
     s_off[tid] = tid < ntok ? tm.pt_off[t0 + tid] : -1;
   }
+  __syncthreads();
+  // CTA z takes runs z, z + gridDim.z, ... of its block: blocks of many decode tokens spread
+  // over gridDim.z CTAs instead of walking every sequence's keys one after another.
+  {
+    int runs = 1;
+    for (int i = 1; i < ntok; ++i) runs += s_off[i] != s_off[i - 1];
+    if (int(blockIdx.z) >= runs) return;
+  }
   // Q: row r = (group head r / TQ, token r % TQ), 8 chunks of 16 bytes a row.
   for (int c = tid; c < kRows * 8; c += kThreads) {
     const int r = c / 8, ch = c % 8, g = r / TQ, tok = r % TQ;
@@ -134,7 +146,7 @@ __global__ void __launch_bounds__(kThreads, FP8 ? 1 : 2)
 
   const PagedKvLayout lay{kv.page_size, Hkv, kD};
   const int ps = kv.page_size;
-  for (int seg = 0; seg < ntok;) {
+  for (int seg = 0, run = 0; seg < ntok; ++run) {
     // The segment: the run of tokens from `seg` sharing its page table; its key range.
     const int off = s_off[seg];
     int seg_end = seg, kmin = INT_MAX, kmax = -1;
@@ -143,6 +155,10 @@ __global__ void __launch_bounds__(kThreads, FP8 ? 1 : 2)
       kmin = min(kmin, window > 0 ? max(0, p - window + 1) : 0);
       kmax = max(kmax, p);
       ++seg_end;
+    }
+    if (run % int(gridDim.z) != int(blockIdx.z)) {  // another CTA's run
+      seg = seg_end;
+      continue;
     }
     const int32_t* pt = tm.pt + off;
     // This thread's rows' key ranges inside the segment (empty outside it).
@@ -324,6 +340,9 @@ __global__ void __launch_bounds__(kThreads, FP8 ? 1 : 2)
     lr += __shfl_xor_sync(0xffffffffu, lr, 1);
     lr += __shfl_xor_sync(0xffffffffu, lr, 2);
     if (toks[r] >= ntok) continue;
+    int run = 0;  // the row's run in the block: stored by the CTA that took it
+    for (int i = 1; i <= toks[r]; ++i) run += s_off[i] != s_off[i - 1];
+    if (run % int(gridDim.z) != int(blockIdx.z)) continue;
     const float M = fmaxf(m[r], sink2);
     const float f = fast_exp2(m[r] - M);
     const float inv = f / (lr * f + fast_exp2(sink2 - M));
@@ -345,12 +364,13 @@ bool flash_attention_supported(int Hq, int Hkv, int D) {
 }
 
 void flash_attention(const bf16_t* qkv, int n, int Hq, int Hkv, int D, int window, const float* sinks,
-                     const TokenMeta& tm, const KvLayer& kv, bf16_t* out, cudaStream_t s, bool all_blocks) {
+                     const TokenMeta& tm, const KvLayer& kv, bf16_t* out, cudaStream_t s, bool all_blocks,
+                     int max_runs) {
   if (n <= 0) return;
   if (!flash_attention_supported(Hq, Hkv, D))
     throw Error("flash_attention: needs head_dim 64 and 1, 2, 4 or 8 query heads per kv head");
   const int TQ = kRows / (Hq / Hkv);
-  dim3 grid((n + TQ - 1) / TQ, Hkv);
+  dim3 grid((n + TQ - 1) / TQ, Hkv, std::clamp(max_runs, 1, TQ));
   auto* q = reinterpret_cast<const uint16_t*>(qkv);
   auto* o = reinterpret_cast<uint16_t*>(out);
   if (kv.fp8)
