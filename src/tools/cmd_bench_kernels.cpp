@@ -14,7 +14,7 @@ struct Args {
   int iters = 200, tokens = 1;
 };
 
-gptoss::tools::RegisterCommand reg({"bench-kernels", "Time each decode kernel at gpt-oss shapes (CUDA)",
+gptoss::tools::RegisterCommand reg({"bench-kernels", "Time each decode kernel (and prefill attention) at gpt-oss shapes (CUDA)",
                                     [](CLI::App* app) {
   auto a = std::make_shared<Args>();
   app->add_option("--model", a->model, "Shapes of this preset: 120b or 20b")->capture_default_str();
