@@ -12,6 +12,7 @@ namespace {
 struct Args {
   std::string model = "120b";
   int iters = 200, tokens = 1;
+  bool attention_only = false;
 };
 
 gptoss::tools::RegisterCommand reg({"bench-kernels", "Time each decode kernel (and prefill attention) at gpt-oss shapes (CUDA)",
@@ -20,12 +21,14 @@ gptoss::tools::RegisterCommand reg({"bench-kernels", "Time each decode kernel (a
   app->add_option("--model", a->model, "Shapes of this preset: 120b or 20b")->capture_default_str();
   app->add_option("--iters", a->iters, "Timed launches per kernel")->capture_default_str()->check(CLI::PositiveNumber);
   app->add_option("--tokens", a->tokens, "Decode batch (tokens)")->capture_default_str()->check(CLI::Range(1, 64));
+  app->add_flag("--attention-only", a->attention_only, "Only the prefill attention rows (per-token vs flash kernel)");
   return [a]() {
 #ifdef GPTOSS_HAVE_CUDA
     gptoss::cuda::KernelBenchOptions o;
     o.model = a->model;
     o.iters = a->iters;
     o.tokens = a->tokens;
+    o.attention_only = a->attention_only;
     return gptoss::cuda::run_kernel_bench(o);
 #else
     std::fprintf(stderr, "bench-kernels: this build has no CUDA backend\n");

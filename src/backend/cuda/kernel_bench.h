@@ -12,6 +12,7 @@ struct KernelBenchOptions {
   std::string model = "120b";  // shapes of this preset
   int iters = 200;             // timed launches per kernel
   int tokens = 1;              // decode batch
+  bool attention_only = false; // only the prefill attention rows (bench_prefill_attention)
 };
 
 int run_kernel_bench(const KernelBenchOptions& opts);
