@@ -83,7 +83,7 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
 __device__ __forceinline__ uint32_t swz(int row, int chunk) { return uint32_t(row * 128 + ((chunk ^ (row & 7)) << 4)); }
 
 template <bool FP8>
-__global__ void __launch_bounds__(kThreads, FP8 ? 1 : 2)
+__global__ void __launch_bounds__(kThreads, 2)
     flash_attention_kernel(const uint16_t* __restrict__ qkv, int n, int Hq, int Hkv, int window,
                            const float* __restrict__ sinks, TokenMeta tm, KvLayer kv, uint16_t* __restrict__ out,
                            bool all_blocks) {
