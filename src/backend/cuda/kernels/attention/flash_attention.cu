@@ -13,9 +13,8 @@
 // Rows of a CTA may belong to different sequences (tokens are staged sequence after sequence):
 // the block's maximal runs of tokens with one page table (segments) go to gridDim.z CTAs in
 // turn (run r to CTA z = r mod gridDim.z, each walking its runs one after another); within a
-// segment a CTA
-// walks the 64-aligned absolute key tiles between the smallest window start and the largest
-// position of the segment, masking each row to its own [pos - window + 1, pos] and to its own
+// segment a CTA walks the 64-aligned absolute key tiles between the smallest window start and
+// the largest position of the segment, masking each row to its own [pos - window + 1, pos] and to its own
 // segment. A tile fully masked for a row is an exact no-op for that row (its max and sums are
 // unchanged, P = 0 adds 0), so a row's result depends on its own data only: the tiles it sees
 // are the fixed absolute tiles covering its range, in ascending order, whatever its neighbours.
