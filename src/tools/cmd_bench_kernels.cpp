@@ -12,9 +12,10 @@ namespace {
 struct Args {
   std::string model = "120b";
   int iters = 200, tokens = 1;
+  bool attention_only = false;
 };
 
-gptoss::tools::RegisterCommand reg({"bench-kernels", "Time each decode kernel at gpt-oss shapes (CUDA)",
+gptoss::tools::RegisterCommand reg({"bench-kernels", "Time each decode kernel (and prefill attention) at gpt-oss shapes (CUDA)",
                                     [](CLI::App* app) {
   auto a = std::make_shared<Args>();
   app->add_option("--model", a->model, "Shapes of this preset: 120b or 20b")->capture_default_str();
@@ -23,12 +24,14 @@ gptoss::tools::RegisterCommand reg({"bench-kernels", "Time each decode kernel at
                   "Batch (tokens): decode sizes up to 64; past 64 the prefill expert GEMMs (v1/v2) are timed too")
       ->capture_default_str()
       ->check(CLI::Range(1, 8192));
+  app->add_flag("--attention-only", a->attention_only, "Only the prefill attention rows (per-token vs flash kernel)");
   return [a]() {
 #ifdef GPTOSS_HAVE_CUDA
     gptoss::cuda::KernelBenchOptions o;
     o.model = a->model;
     o.iters = a->iters;
     o.tokens = a->tokens;
+    o.attention_only = a->attention_only;
     return gptoss::cuda::run_kernel_bench(o);
 #else
     std::fprintf(stderr, "bench-kernels: this build has no CUDA backend\n");

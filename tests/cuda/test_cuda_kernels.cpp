@@ -600,9 +600,22 @@ struct AttnSeq {
   int start, n;
 };
 
-void check_attention(const std::vector<AttnSeq>& seqs, int window, bool fp8, int nsplit, int Hq, int Hkv, int D) {
-  FastRng r(fresh_seed());
-  const int ps = 16, QKV = (Hq + 2 * Hkv) * D;
+// Options of check_attention beyond the shape: the kernel, the page size, and a fixed seed (0:
+// fresh) from which every sequence's data derives by its (start, n) alone, so one sequence gets
+// the same values alone and batched (the batch-invariance test).
+struct AttnRun {
+  cuda::AttentionPath path = cuda::AttentionPath::kAuto;
+  int page_size = 16;
+  uint64_t seed = 0;
+  cuda::AttentionPassInfo info;  // kAuto's hints (zeros: per-token kernel only)
+};
+
+// Returns the kernel's output rows (pass order: sequence after sequence).
+std::vector<float> check_attention(const std::vector<AttnSeq>& seqs, int window, bool fp8, int nsplit, int Hq,
+                                   int Hkv, int D, const AttnRun& run = {}) {
+  const uint64_t seed = run.seed ? run.seed : fresh_seed();
+  FastRng r(seed);
+  const int ps = run.page_size, QKV = (Hq + 2 * Hkv) * D;
   GptOssConfig cfg;
   cfg.head_dim = D;
   YarnTables yarn = compute_yarn(cfg);
@@ -624,12 +637,16 @@ void check_attention(const std::vector<AttnSeq>& seqs, int window, bool fp8, int
   Dev<int32_t> dpt(pt);
   Dev<float> dinv(yarn.inv_freq);
   cuda::KvLayer kv{pool.p(), fp8, ps};
-  auto sinks = rand_f32(Hq, r);
+  FastRng rsink(seed + 17);
+  auto sinks = rand_f32(Hq, rsink);
   Dev<float> dsinks(sinks);
 
   // qkv of every position of every sequence (bf16 values), rows grouped by sequence.
   std::vector<std::vector<float>> all(seqs.size());
-  for (size_t i = 0; i < seqs.size(); ++i) all[i] = round_bf16(rand_f32(size_t(seqs[i].start + seqs[i].n) * QKV, r));
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    FastRng rs(seed * 0x9E3779B97F4A7C15ull + uint64_t(seqs[i].start) * 1000003u + uint64_t(seqs[i].n));
+    all[i] = round_bf16(rand_f32(size_t(seqs[i].start + seqs[i].n) * QKV, rs));
+  }
   auto run_pass = [&](bool history) {
     std::vector<float> rows;
     std::vector<int32_t> pos, off;
@@ -653,7 +670,8 @@ void check_attention(const std::vector<AttnSeq>& seqs, int window, bool fp8, int
     }
     Dev<float> part(cuda::attention_partial_floats(n, Hq, D, nsplit));
     Dev<uint16_t> out(size_t(n) * Hq * D);
-    cuda::attention(dq.p(), n, Hq, Hkv, D, window, dsinks.p(), tm, kv, nsplit, part.p(), out.p(), 0);
+    cuda::attention(dq.p(), n, Hq, Hkv, D, window, dsinks.p(), tm, kv, nsplit, part.p(), out.p(), 0, run.path,
+                    run.info);
     return std::make_pair(from_bf16(out.download()), from_bf16(dq.download()));
   };
   run_pass(true);
@@ -694,11 +712,28 @@ void check_attention(const std::vector<AttnSeq>& seqs, int window, bool fp8, int
   }
   std::string what = "window=" + std::to_string(window) + " fp8=" + std::to_string(fp8) + " nsplit=" +
                      std::to_string(nsplit) + " seqs=" + std::to_string(seqs.size()) + " first start=" +
-                     std::to_string(seqs[0].start) + " n=" + std::to_string(seqs[0].n);
+                     std::to_string(seqs[0].start) + " n=" + std::to_string(seqs[0].n) +
+                     " ps=" + std::to_string(ps) + " Hq/Hkv=" + std::to_string(Hq) + "/" + std::to_string(Hkv) +
+                     (run.path == cuda::AttentionPath::kFlash ? " flash" : "") +
+                     (run.info.max_seq_tokens ? " auto max_seq_tokens=" + std::to_string(run.info.max_seq_tokens) : "");
   EXPECT_LE(rel_err(got_q, ref_q), 1e-2) << "rope: " << what;
   double e = rel_err(got, ref);
   EXPECT_LE(e, 1.5e-2) << what;
+  // Token by token too, so one wrong row (a mask off by one at a tile or page edge) cannot hide
+  // in the whole batch's error.
+  const size_t tok_elems = size_t(Hq) * D;
+  int bad = 0;
+  for (size_t t = 0; t * tok_elems < got.size() && bad < 5; ++t) {
+    std::vector<float> g(got.begin() + t * tok_elems, got.begin() + (t + 1) * tok_elems);
+    std::vector<float> w(ref.begin() + t * tok_elems, ref.begin() + (t + 1) * tok_elems);
+    const double et = rel_err(g, w);
+    if (et > 4e-2) {
+      ++bad;
+      ADD_FAILURE() << what << ": pass row " << t << " rel err " << et;
+    }
+  }
   std::printf("attention %s: rel err %.3g\n", what.c_str(), e);
+  return got;
 }
 
 TEST_F(Kernels, AttentionPaged) {
@@ -720,6 +755,97 @@ TEST_F(Kernels, AttentionPaged) {
         }
   // The tiny preset's shape: head_dim 32, 2 query heads per kv head.
   check_attention({{30, 3}}, 16, false, 2, 4, 2, 32);
+}
+
+// The tensor-core flash kernel (AttentionPath::kFlash) against the CPU reference: prompt lengths
+// around its 16-token / 64-key tiles, with and without a cached prefix, windows crossing tiles and
+// pages, page sizes 16, 32 and 7, bf16 and fp8 KV, several sequences a pass, GQA groups 8, 4, 2, 1.
+TEST_F(Kernels, FlashAttentionPrefill) {
+  ASSERT_TRUE(cuda::flash_attention_supported(64, 8, 64));
+  const int Hq = small_mode() ? 8 : 64, Hkv = small_mode() ? 1 : 8;
+  const int page_sizes[] = {16, 32, 7};
+  int k = 0;
+  for (int n : {1, 63, 64, 65, 127, 128, 129, 300})
+    for (int start : {0, 37, 200})
+      for (int window : {0, 128})
+        for (bool fp8 : {false, true}) {
+          AttnRun run{cuda::AttentionPath::kFlash, page_sizes[k++ % 3], 0, {}};
+          check_attention({{start, n}}, window, fp8, 1, Hq, Hkv, 64, run);
+        }
+  std::vector<std::vector<AttnSeq>> batches = {
+      {{0, 65}, {300, 129}, {5, 1}, {0, 16}},  // mixed lengths, one decode token between
+      {{2000, 48}, {0, 300}, {130, 17}},       // long prefix, window far behind
+      {{0, 1}, {1, 1}, {2, 1}},                // decode-only pass through the flash kernel
+  };
+  for (auto& b : batches)
+    for (int ps : {16, 32, 7})
+      for (int window : {0, 128})
+        for (bool fp8 : {false, true})
+          check_attention(b, window, fp8, 1, Hq, Hkv, 64, AttnRun{cuda::AttentionPath::kFlash, ps, 0, {}});
+  if (!small_mode())
+    for (int window : {0, 128})
+      for (bool fp8 : {false, true}) {
+        check_attention({{0, 2048}}, window, fp8, 1, Hq, Hkv, 64, AttnRun{cuda::AttentionPath::kFlash, 16, 0, {}});
+        check_attention({{2048, 300}}, window, fp8, 1, Hq, Hkv, 64, AttnRun{cuda::AttentionPath::kFlash, 32, 0, {}});
+      }
+  // Other GQA groups: 4, 2 and 1 query heads a kv head (16, 32 and 128 tokens a CTA).
+  for (auto [hq, hkv] : {std::pair{16, 4}, std::pair{8, 4}, std::pair{4, 4}})
+    for (int window : {0, 128}) {
+      check_attention({{0, 200}, {50, 70}}, window, false, 1, hq, hkv, 64, AttnRun{cuda::AttentionPath::kFlash, 16, 0, {}});
+      check_attention({{130, 129}}, window, true, 1, hq, hkv, 64, AttnRun{cuda::AttentionPath::kFlash, 7, 0, {}});
+    }
+  EXPECT_FALSE(cuda::flash_attention_supported(64, 8, 32));
+  EXPECT_FALSE(cuda::flash_attention_supported(48, 8, 64));  // 6 heads a group
+}
+
+// kAuto on a pass mixing prefill chunks and decode tokens: the flash kernel takes the 16-token
+// blocks of at most two sequences, the per-token kernel (with KV splits) and its merge the others
+// (flash_blocks.cuh); every token must come out right, whichever kernel took it.
+TEST_F(Kernels, FlashAttentionMixedPass) {
+  const int Hq = small_mode() ? 8 : 64, Hkv = small_mode() ? 1 : 8;
+  std::vector<AttnSeq> decode_heavy = {{100, 40}};
+  for (int i = 0; i < 20; ++i) decode_heavy.push_back({50 + 37 * i, 1});
+  decode_heavy.push_back({0, 70});
+  const std::vector<std::vector<AttnSeq>> batches = {
+      {{0, 65}, {300, 129}, {5, 1}, {0, 16}},  // block 192..207 holds 3 sequences: per-token
+      decode_heavy,
+      {{0, 65}, {300, 129}, {0, 16}},  // every sequence >= 16 tokens: the flash kernel alone
+  };
+  for (auto& b : batches) {
+    int most = 0, fewest = 1 << 30;
+    for (auto& q : b) {
+      most = std::max(most, q.n);
+      fewest = std::min(fewest, q.n);
+    }
+    for (int window : {0, 128})
+      for (bool fp8 : {false, true})
+        for (int nsplit : {1, 5})
+          check_attention(b, window, fp8, nsplit, Hq, Hkv, 64, AttnRun{cuda::AttentionPath::kAuto, 16, 0, {int(b.size()), most, fewest}});
+  }
+}
+
+// Batch invariance of the flash kernel: a sequence's rows are bit-identical alone and batched
+// with other sequences (its KV tiles are the fixed 64-aligned tiles of its own range; tiles a
+// row does not see are exact no-ops), for prefill chunks and decode tokens.
+TEST_F(Kernels, FlashAttentionBatchInvariant) {
+  const int Hq = small_mode() ? 8 : 64, Hkv = small_mode() ? 1 : 8;
+  const uint64_t seed = fresh_seed() | 1;
+  for (int window : {0, 128})
+    for (bool fp8 : {false, true}) {
+      AttnRun run{cuda::AttentionPath::kFlash, 16, seed, {}};
+      const AttnSeq a{150, 70}, d{300, 1};
+      auto alone_a = check_attention({a}, window, fp8, 1, Hq, Hkv, 64, run);
+      auto alone_d = check_attention({d}, window, fp8, 1, Hq, Hkv, 64, run);
+      // Batched: a behind 5 tokens of another sequence (its tiles shift within the CTAs), d
+      // among other decode tokens.
+      auto batched = check_attention({{0, 5}, a, {7, 1}, d, {999, 3}}, window, fp8, 1, Hq, Hkv, 64, run);
+      const size_t row = size_t(Hq) * 64;
+      ASSERT_EQ(batched.size(), (5 + 70 + 1 + 1 + 3) * row);
+      for (size_t i = 0; i < alone_a.size(); ++i)
+        ASSERT_EQ(alone_a[i], batched[5 * row + i]) << "prefill row element " << i << " window " << window;
+      for (size_t i = 0; i < alone_d.size(); ++i)
+        ASSERT_EQ(alone_d[i], batched[76 * row + i]) << "decode row element " << i << " window " << window;
+    }
 }
 
 }  // namespace

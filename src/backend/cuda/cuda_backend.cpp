@@ -87,6 +87,7 @@ class CudaBackend final : public Backend {
     const int32_t* pt_off[2];
     const int32_t* pt;
     const int32_t* rows;
+    AttentionPassInfo attn;  // sequences and their new tokens in the pass (attention's kernel choice)
   };
   void run_pass(int n, const PassMeta& m, int n_rows, int nsplit);
   void lm_head(const int32_t* rows, int n_rows);
@@ -95,6 +96,7 @@ class CudaBackend final : public Backend {
   // Host staging of the metadata of one pass; returns its device view.
   struct Staged {
     std::vector<int32_t> tokens, pos, off0, off1, rows, pt;
+    AttentionPassInfo attn;
   };
   PassMeta upload_meta(const Staged& st, int n, int n_rows);
   void stage_chunk(const ForwardBatch& b, int t0, int t1, Staged* st, std::vector<int>* out_index);
@@ -561,7 +563,7 @@ CudaBackend::PassMeta CudaBackend::upload_meta(const Staged& st, int n, int n_ro
   size_t orows = put(st.rows, n_rows), opt = put(st.pt, st.pt.size());
   GPTOSS_CUDA_CHECK(cudaMemcpyAsync(meta_.get(), h, o * 4, cudaMemcpyHostToDevice, stream_));
   const int32_t* d = meta_.get<int32_t>();
-  return PassMeta{d + ot, d + op, {d + o0, d + o1}, d + opt, d + orows};
+  return PassMeta{d + ot, d + op, {d + o0, d + o1}, d + opt, d + orows, st.attn};
 }
 
 void CudaBackend::lm_head(const int32_t* rows, int n_rows) {
@@ -598,7 +600,8 @@ void CudaBackend::run_pass(int n, const PassMeta& m, int n_rows, int nsplit) {
     mark("rope_kv");
     if (!skip("attn"))
       attention(qkv_, n, c.num_heads, c.num_kv_heads, c.head_dim, L.sliding ? c.sliding_window : 0, L.sinks, tm, kv,
-                nsplit, partial_, attn_, stream_);
+                nsplit, partial_, attn_, stream_, inv ? AttentionPath::kFlash : AttentionPath::kAuto,
+                m.attn);
     mark("attention");
     if (!skip("dense")) linear(Wo, attn_, c.q_dim(), n, Epilogue{Epilogue::kAddF32, x_, H}, stream_, inv);
     mark("o_proj");
@@ -650,6 +653,9 @@ void CudaBackend::stage_chunk(const ForwardBatch& b, int t0, int t1, Staged* st,
   for (const SeqBatchInfo& s : b.seqs) {
     int a = std::max(t0, s.first_token), e = std::min(t1, s.first_token + s.n_tokens);
     if (a >= e) continue;
+    AttentionPassInfo& ai = st->attn;
+    ai.min_seq_tokens = ai.num_seqs++ == 0 ? e - a : std::min(ai.min_seq_tokens, e - a);
+    ai.max_seq_tokens = std::max(ai.max_seq_tokens, e - a);
     int last_pos = s.start_pos + (e - s.first_token) - 1;
     int need = last_pos / ps + 1;
     int off[2];

@@ -57,6 +57,10 @@ T* dev_alloc(size_t n, std::vector<void*>& owned) {
 int run_kernel_bench(const KernelBenchOptions& o) {
   if (!cuda_device_available()) throw Error("bench-kernels: no CUDA device is available");
   const GptOssConfig c = GptOssConfig::preset(o.model);
+  if (o.attention_only) {
+    bench_prefill_attention(c, o.iters);
+    return 0;
+  }
   const int H = c.hidden, E = c.num_experts, I = c.intermediate, k = c.experts_per_token;
   const int QKV = c.q_dim() + 2 * c.kv_dim(), M = o.tokens;
   std::vector<void*> owned;
@@ -306,6 +310,7 @@ int run_kernel_bench(const KernelBenchOptions& o) {
     row("argmax", std::to_string(M) + "x" + std::to_string(c.vocab), "default", us, 0);
   }
   GPTOSS_CUDA_CHECK(cudaStreamSynchronize(s));
+  bench_prefill_attention(c, o.iters);
   for (void* p : owned) cudaFree(p);
   cudaStreamDestroy(s);
   return 0;

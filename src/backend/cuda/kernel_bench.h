@@ -12,8 +12,22 @@ struct KernelBenchOptions {
   std::string model = "120b";  // shapes of this preset
   int iters = 200;             // timed launches per kernel
   int tokens = 1;              // decode batch
+  bool attention_only = false; // only the prefill attention rows (bench_prefill_attention)
 };
 
 int run_kernel_bench(const KernelBenchOptions& opts);
+
+}  // namespace gptoss::cuda
+
+namespace gptoss {
+struct GptOssConfig;
+}
+
+namespace gptoss::cuda {
+
+// Prefill attention at the preset's shapes (attention_bench.cpp): the per-token kernel against
+// the flash kernel at 2048 and 4096 tokens (4096 more behind a 4096-token prefix), full and
+// sliding layers, bf16 and fp8 KV; prints us, TFLOP/s and the kernels' max abs difference.
+void bench_prefill_attention(const GptOssConfig& c, int iters);
 
 }  // namespace gptoss::cuda

@@ -176,9 +176,37 @@ void rope_kv_store(bf16_t* qkv, int n, int Hq, int Hkv, int D, const float* inv_
 // Attention with sinks over the pages (the token's own K/V must be stored already). q from qkv
 // (row stride (Hq + 2 Hkv) D); out [n, Hq D] bf16. window 0 = full. nsplit: KV splits per token
 // (flash-decoding); partial: workspace of attention_partial_floats() floats.
+// path: kPerToken is the CUDA-core kernel above (any shape; decode's choice, with KV splits);
+// kFlash is flash_attention below for every token where the shape allows it (else kPerToken);
+// kAuto, when some sequence of the pass brings at least kFlashMinSeqTokens new tokens
+// (info.max_seq_tokens; info.min_seq_tokens spares the per-token launch when no block needs
+// it), gives the flash kernel the blocks of tokens
+// it suits and the per-token kernel the rest (decode tokens among them: see
+// kernels/attention/flash_blocks.cuh), else kPerToken. The flash kernel's result for a token
+// depends only on that token's data, so kFlash always (--batch-invariant) keeps rows invariant.
+enum class AttentionPath { kAuto, kPerToken, kFlash };
+constexpr int kFlashMinSeqTokens = 16;
+// Host-side facts of a pass for the kernel choice (0: unknown).
+struct AttentionPassInfo {
+  int num_seqs = 0;        // sequences with tokens in the pass
+  int max_seq_tokens = 0;  // most new tokens of one sequence
+  int min_seq_tokens = 0;  // fewest
+};
 size_t attention_partial_floats(int n, int Hq, int D, int nsplit);
 void attention(const bf16_t* qkv, int n, int Hq, int Hkv, int D, int window, const float* sinks,
-               const TokenMeta& tm, const KvLayer& kv, int nsplit, float* partial, bf16_t* out, cudaStream_t s);
+               const TokenMeta& tm, const KvLayer& kv, int nsplit, float* partial, bf16_t* out, cudaStream_t s,
+               AttentionPath path = AttentionPath::kAuto, const AttentionPassInfo& info = {});
+// Flash attention on tensor cores (kernels/attention/flash_attention.cu) for passes of long
+// runs of tokens per sequence: same inputs and output as attention(), no KV splits. Shapes:
+// head_dim 64 and 1, 2, 4 or 8 query heads per kv head (flash_attention_supported). all_blocks
+// false: only the blocks of flash_attention_block_tokens() tokens flash_blocks.cuh gives it.
+// max_runs: CTAs a block (gridDim.z), each taking every max_runs-th run of one sequence's tokens
+// in the block; any value is correct, the most runs a block holds is the fastest.
+bool flash_attention_supported(int Hq, int Hkv, int D);
+int flash_attention_block_tokens(int Hq, int Hkv);
+void flash_attention(const bf16_t* qkv, int n, int Hq, int Hkv, int D, int window, const float* sinks,
+                     const TokenMeta& tm, const KvLayer& kv, bf16_t* out, cudaStream_t s, bool all_blocks = true,
+                     int max_runs = 1);
 
 // Router logits [n, E] f32 -> top-k + softmax, pairs sorted by expert (fills r).
 void moe_route(const float* logits, int n, int E, int k, const MoeRouting& r, cudaStream_t s);

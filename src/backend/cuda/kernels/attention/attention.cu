@@ -3,9 +3,14 @@
 // warps (one per query head of the group) run an online softmax; a second kernel merges the
 // splits (flash-decoding) and adds the sink to the denominator. Every token reads its own causal
 // range from the pages, so prefill chunks and decode tokens of different sequences mix freely.
+// The launcher hands the prefill tokens of a pass to flash_attention.cu (tensor cores); see
+// flash_blocks.cuh for how a pass mixing prefill and decode splits between the two.
+#include <algorithm>
+
 #include "backend/cuda/cuda_common.h"
 #include "backend/cuda/device_utils.cuh"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/kernels/attention/flash_blocks.cuh"
 #include "backend/kv_layout.h"
 
 namespace gptoss::cuda {
@@ -38,8 +43,10 @@ __device__ __forceinline__ void load8(const void* base, size_t off, bool fp8, fl
 template <int D>
 __global__ void __launch_bounds__(256) attention_kernel(const uint16_t* __restrict__ qkv, int Hq, int Hkv, int window,
                                                         TokenMeta tm, KvLayer kv, int nsplit,
-                                                        float* __restrict__ partial) {
+                                                        float* __restrict__ partial, int n, int flash_tq) {
   pdl_begin();
+  // Tokens the flash kernel takes in this pass (flash_tq > 0) are not ours.
+  if (flash_tq > 0 && flash_takes_block(tm.pt_off, n, blockIdx.x / flash_tq * flash_tq, flash_tq)) return;
   constexpr int PAD = D + 4;  // keeps float4 row reads across lanes free of bank conflicts
   constexpr int DPL = D / 32;  // output dims per lane
   __shared__ __align__(16) float Ks[kTile][PAD];
@@ -145,8 +152,10 @@ __global__ void __launch_bounds__(256) attention_kernel(const uint16_t* __restri
 // then summed with every load independent, skipping splits that saw no keys (weight 0).
 template <int D>
 __global__ void attention_combine_kernel(const float* __restrict__ partial, int Hq, int nsplit,
-                                         const float* __restrict__ sinks, uint16_t* __restrict__ out) {
+                                         const float* __restrict__ sinks, uint16_t* __restrict__ out,
+                                         const int32_t* __restrict__ pt_off, int n, int flash_tq) {
   pdl_begin();
+  if (flash_tq > 0 && flash_takes_block(pt_off, n, blockIdx.x / flash_tq * flash_tq, flash_tq)) return;
   constexpr int DPL = D / 32;
   const int t = blockIdx.x;
   const int h = blockIdx.y * (blockDim.x / 32) + threadIdx.x / 32;
@@ -179,21 +188,42 @@ __global__ void attention_combine_kernel(const float* __restrict__ partial, int 
 }
 
 void attention(const bf16_t* qkv, int n, int Hq, int Hkv, int D, int window, const float* sinks,
-               const TokenMeta& tm, const KvLayer& kv, int nsplit, float* partial, bf16_t* out, cudaStream_t s) {
+               const TokenMeta& tm, const KvLayer& kv, int nsplit, float* partial, bf16_t* out, cudaStream_t s,
+               AttentionPath path, const AttentionPassInfo& info) {
   if (n <= 0) return;
+  int flash_tq = 0;  // > 0: the flash kernel takes the blocks of this many tokens it suits
+  if (flash_attention_supported(Hq, Hkv, D)) {
+    const int tq = flash_attention_block_tokens(Hq, Hkv);
+    // Runs of one sequence a block can hold: at most one a sequence, one a token.
+    const int max_runs = std::min(tq, info.num_seqs > 0 ? info.num_seqs : n);
+    if (path == AttentionPath::kFlash) {
+      flash_attention(qkv, n, Hq, Hkv, D, window, sinks, tm, kv, out, s, true, max_runs);
+      return;
+    }
+    if (path == AttentionPath::kAuto && info.max_seq_tokens >= kFlashMinSeqTokens) {
+      flash_tq = tq;
+      flash_attention(qkv, n, Hq, Hkv, D, window, sinks, tm, kv, out, s, false, std::min(max_runs, kFlashMaxRuns));
+      // Every sequence at least a block long: no block holds three, the flash kernel took all.
+      if (info.min_seq_tokens >= tq) return;
+    }
+  }
   if (Hq % Hkv != 0 || Hq / Hkv > kWarps) throw Error("attention: needs 1..8 query heads per kv head");
   if (nsplit < 1) nsplit = 1;
   if (nsplit > 32) throw Error("attention: at most 32 KV splits");
   dim3 grid(n, Hkv, nsplit);
   dim3 cgrid(n, (Hq + 1) / 2);  // two heads (warps) a block: many small blocks for decode
   if (D == 64) {
-    launch_pdl(attention_kernel<64>, dim3(grid), dim3(256), 0, s, qkv, Hq, Hkv, window, tm, kv, nsplit, partial);
+    launch_pdl(attention_kernel<64>, dim3(grid), dim3(256), 0, s, qkv, Hq, Hkv, window, tm, kv, nsplit, partial, n,
+               flash_tq);
     GPTOSS_CUDA_LAUNCH_CHECK();
-    launch_pdl(attention_combine_kernel<64>, dim3(cgrid), dim3(64), 0, s, partial, Hq, nsplit, sinks, out);
+    launch_pdl(attention_combine_kernel<64>, dim3(cgrid), dim3(64), 0, s, partial, Hq, nsplit, sinks, out, tm.pt_off,
+               n, flash_tq);
   } else if (D == 32) {
-    launch_pdl(attention_kernel<32>, dim3(grid), dim3(256), 0, s, qkv, Hq, Hkv, window, tm, kv, nsplit, partial);
+    launch_pdl(attention_kernel<32>, dim3(grid), dim3(256), 0, s, qkv, Hq, Hkv, window, tm, kv, nsplit, partial, n,
+               flash_tq);
     GPTOSS_CUDA_LAUNCH_CHECK();
-    launch_pdl(attention_combine_kernel<32>, dim3(cgrid), dim3(64), 0, s, partial, Hq, nsplit, sinks, out);
+    launch_pdl(attention_combine_kernel<32>, dim3(cgrid), dim3(64), 0, s, partial, Hq, nsplit, sinks, out, tm.pt_off,
+               n, flash_tq);
   } else {
     throw Error("attention: head_dim must be 32 or 64");
   }
