@@ -178,10 +178,14 @@ BenchRequestResult one_request(const BenchOptions& o, const Url& url, const Requ
   if (!o.api_key.empty()) req.set_header("Authorization", "Bearer " + o.api_key);
   std::string buf;
   std::string err_body;
-  bool got_first = false, done = false;
+  bool got_first = false, got_chunk = false, done = false;
   int tokens_seen = 0;
-  Clock::time_point t0 = Clock::now(), first, last;
+  Clock::time_point t0 = Clock::now(), first, last, first_chunk;
   req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
+    if (!got_chunk) {
+      got_chunk = true;
+      first_chunk = Clock::now();
+    }
     buf.append(data, n);
     size_t pos;
     while ((pos = buf.find("\n\n")) != std::string::npos) {
@@ -269,6 +273,7 @@ BenchRequestResult one_request(const BenchOptions& o, const Url& url, const Requ
   r.ok = true;
   if (!got_first) first = last = t1;
   r.ttft_s = std::chrono::duration<double>(first - t0).count();
+  r.ttfr_s = got_chunk ? std::chrono::duration<double>(first_chunk - t0).count() : r.ttft_s;
   double span = std::chrono::duration<double>(last - first).count();
   if (r.completion_tokens >= 2 && span > 0) {
     r.decode_tok_s = (r.completion_tokens - 1) / span;
@@ -302,6 +307,51 @@ std::vector<RequestSpec> make_specs(const BenchOptions& o) {
 }
 
 }  // namespace
+
+void check_server_reachable(const BenchOptions& o) {
+  Url url = parse_url(o.base_url);
+  // A server that is not there is one clear error, not N failed requests.
+  if (std::string why = tcp_connect_error(url.host, url.port); !why.empty())
+    throw Error(why + " to " + url.host_port() + " (is the server running?)");
+}
+
+BenchRequestResult send_completion(const BenchOptions& o, const std::vector<int32_t>& prompt, int max_tokens) {
+  RequestSpec spec;
+  spec.prompt = prompt;
+  spec.max_tokens = max_tokens;
+  return one_request(o, parse_url(o.base_url), spec);
+}
+
+double time_models_request(const BenchOptions& o, std::string* first_model) {
+  Url url = parse_url(o.base_url);
+  httplib::Client cli(url.scheme_host_port);
+  cli.set_connection_timeout(30, 0);
+  cli.set_read_timeout(o.timeout_s, 0);
+  httplib::Headers h;
+  if (!o.api_key.empty()) h.emplace("Authorization", "Bearer " + o.api_key);
+  auto t0 = Clock::now();
+  auto res = cli.Get(url.prefix + "/models", h);
+  double dt = std::chrono::duration<double>(Clock::now() - t0).count();
+  if (!res) throw Error("GET " + url.prefix + "/models failed: " + httplib::to_string(res.error()));
+  if (res->status != 200)
+    throw Error("GET " + url.prefix + "/models: HTTP " + std::to_string(res->status) + ": " + error_body_message(res->body));
+  if (first_model) {
+    try {
+      json j = json::parse(res->body);
+      if (j.contains("data") && j["data"].is_array() && !j["data"].empty() && j["data"][0].contains("id"))
+        *first_model = j["data"][0]["id"].get<std::string>();
+    } catch (const std::exception&) {
+    }
+  }
+  return dt;
+}
+
+std::vector<int32_t> random_prompt_tokens(int n, std::mt19937_64& rng) {
+  std::uniform_int_distribution<int32_t> id(kRandomTokenLo, kRandomTokenHi - 1);
+  std::vector<int32_t> ids(std::max(0, n));
+  for (auto& t : ids) t = id(rng);
+  return ids;
+}
 
 LengthRange parse_length_range(const std::string& spec, const std::string& what) {
   auto bad = [&]() -> Error {
@@ -420,9 +470,7 @@ BenchReport run_bench(const BenchOptions& o) {
   if (!o.input_len.empty() && !o.prompts_file.empty())
     throw Error("--input-len makes random-token prompts; it cannot be combined with --prompts");
   Url url = parse_url(o.base_url);
-  // A server that is not there is one clear error, not N failed requests.
-  if (std::string why = tcp_connect_error(url.host, url.port); !why.empty())
-    throw Error(why + " to " + url.host_port() + " (is the server running?)");
+  check_server_reachable(o);
   BenchReport rep;
   rep.slo = parse_slo(o.goodput);
   const std::vector<RequestSpec> specs = make_specs(o);

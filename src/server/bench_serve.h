@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -69,6 +70,7 @@ struct BenchRequestResult {
   bool ok = false;
   std::string error;
   double ttft_s = 0;        // request sent -> first streamed token
+  double ttfr_s = 0;        // request sent -> first streamed bytes of any kind (llama-benchy's TTFR)
   double decode_tok_s = 0;  // (tokens - 1) / (last token - first token); 0 when < 2 tokens
   double tpot_s = 0;        // (last token - first token) / (tokens - 1); 0 when < 2 tokens
   std::vector<double> itl_s;  // gaps between successive chunks that carried tokens
@@ -111,5 +113,17 @@ std::string outputs_jsonl(const BenchReport& rep);
 void summarize(BenchReport& rep);
 
 BenchReport run_bench(const BenchOptions& o);
+
+// Building blocks shared with the depth report (bench_depth.h).
+// Throws gptoss::Error saying why when no TCP connection to the server opens.
+void check_server_reachable(const BenchOptions& o);
+// One streamed /v1/completions request of these token ids (o's model, key, temperature,
+// ignore_eos, timeout); failures are in the result, not thrown.
+BenchRequestResult send_completion(const BenchOptions& o, const std::vector<int32_t>& prompt, int max_tokens);
+// Seconds a GET /v1/models takes (llama-benchy's "api" latency); the first model's id into
+// `first_model` when given. Throws gptoss::Error on failure.
+double time_models_request(const BenchOptions& o, std::string* first_model = nullptr);
+// n random ordinary BPE token ids (no specials), as --input-len prompts use.
+std::vector<int32_t> random_prompt_tokens(int n, std::mt19937_64& rng);
 
 }  // namespace gptoss::server

@@ -221,7 +221,7 @@ const RequestField kResponsesFields[] = {
     // gpt-oss makes one call per turn (generation ends at <|call|>), so true and false both hold.
     {"parallel_tool_calls", FieldUse::kHonoured},
     {"reasoning", FieldUse::kHonoured},    // effort; summaries refused (gpt-oss writes none)
-    {"text", FieldUse::kHonoured},         // format text; json_schema: see refuse_text_format_for_now
+    {"text", FieldUse::kHonoured},         // format: text, json_object, json_schema (structured output)
     {"metadata", FieldUse::kHonoured},     // kept with the stored response and repeated in it
     {"truncation", FieldUse::kHonoured},   // "disabled" only: a prompt past the context is a 400
     {"include", FieldUse::kHonoured},      // an empty list only
@@ -607,19 +607,46 @@ CompletionRequest parse_completion_body(const ojson& j) {
 
 
 // ------------------------------------------------------------------ /v1/responses
-// text.format until constrained decoding lands (issue 15 section 2 wires json_schema here):
-// plain text is what the server produces; the JSON formats are refused in this one place.
-void refuse_text_format_for_now(const ojson& text) {
+// text: {format: {type: "text"} | {type: "json_object"} |
+//        {type: "json_schema", name, schema, description?, strict?}} (the Responses API's flat
+// form of chat's response_format). Returns the format and fills `echo` with what the response
+// object repeats; every error names param "text.format" (or the sub-field).
+ResponseFormat parse_text_format(const ojson& text, ojson& echo) {
   only_known_keys(text, "text", {"format"});
-  const ojson* f = get(text, "format");
-  if (!f) return;
-  if (!f->is_object()) wrong_type("text.format", "an object", *f);
-  auto type = get_string(*f, "type");
-  if (!type) bad_request("'text.format' needs a 'type'.", "text.format", "invalid_value");
-  if (*type == "text") return;
-  if (*type == "json_schema" || *type == "json_object")
-    bad_request("'text.format' of type '" + *type + "' is not supported yet.", "text.format", "unsupported_value");
-  bad_request("'text.format.type' must be text, json_object or json_schema.", "text.format.type", "invalid_value");
+  ResponseFormat f;
+  echo = {{"type", "text"}};
+  const ojson* fo = get(text, "format");
+  if (!fo) return f;
+  const char* P = "text.format";
+  if (!fo->is_object()) wrong_type(P, "an object", *fo);
+  auto type = get_string(*fo, "type");
+  if (!type) bad_request("'text.format' needs a 'type' (text, json_object or json_schema).", P, "missing_required_parameter");
+  f.type = *type;
+  if (f.type == "text" || f.type == "json_object") {
+    only_known_keys(*fo, P, {"type"});
+    echo = {{"type", f.type}};
+    return f;
+  }
+  if (f.type != "json_schema")
+    bad_request("'text.format.type' must be text, json_object or json_schema, not '" + f.type + "'.", "text.format.type",
+                "invalid_value");
+  only_known_keys(*fo, P, {"type", "name", "schema", "description", "strict"});
+  auto name = get_string(*fo, "name");
+  if (!name || name->empty()) bad_request("'text.format.name' is required for json_schema.", "text.format.name", "missing_required_parameter");
+  if (name->size() > 64) bad_request("'text.format.name' may have at most 64 characters.", "text.format.name", "invalid_value");
+  for (char ch : *name)
+    if (!(std::isalnum(static_cast<unsigned char>(ch)) || ch == '_' || ch == '-'))
+      bad_request("'text.format.name' may hold only letters, digits, '_' and '-'.", "text.format.name", "invalid_value");
+  f.name = *name;
+  const ojson* sc = get(*fo, "schema");
+  if (!sc) bad_request("'text.format.schema' is required for json_schema.", "text.format.schema", "missing_required_parameter");
+  if (!sc->is_object()) wrong_type("text.format.schema", "an object", *sc);
+  f.schema = *sc;
+  if (auto d = get_string(*fo, "description")) f.description = *d;
+  if (auto st = get_bool(*fo, "strict")) f.strict = *st;
+  echo = {{"type", "json_schema"}, {"name", f.name}, {"schema", *f.schema}, {"strict", f.strict}};
+  if (!f.description.empty()) echo["description"] = f.description;
+  return f;
 }
 
 // A content array's text (input_text / output_text / text parts), or a string.
@@ -645,9 +672,9 @@ FunctionTool parse_responses_tool(const ojson& t, const std::string& where) {
     if (!p->is_object()) wrong_type(where + ".parameters", "an object", *p);
     ft.parameters = *p;
   }
-  // strict: the arguments are not constrained yet (issue 15 section 2); true is refused.
-  if (auto s = get_bool(t, "strict"); s && *s)
-    bad_request("'strict' tools (constrained arguments) are not supported yet.", where + ".strict", "unsupported_value");
+  // The arguments are constrained to `parameters` either way (StructuredOutput); strict also
+  // refuses schema keywords the matcher cannot enforce, as on chat completions.
+  if (auto s = get_bool(t, "strict")) ft.strict = *s;
   return ft;
 }
 
@@ -753,7 +780,7 @@ ResponsesRequest parse_responses_body(const ojson& j) {
   echo["text"] = {{"format", {{"type", "text"}}}};
   if (const ojson* t = get(j, "text")) {
     if (!t->is_object()) wrong_type("text", "an object", *t);
-    refuse_text_format_for_now(*t);
+    c.response_format = parse_text_format(*t, echo["text"]["format"]);
   }
   echo["instructions"] = r.instructions ? ojson(*r.instructions) : ojson(nullptr);
   echo["previous_response_id"] = r.previous_response_id ? ojson(*r.previous_response_id) : ojson(nullptr);

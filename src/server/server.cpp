@@ -673,8 +673,11 @@ struct Server::Handlers {
                      "input", "invalid_value"};
     }
     finalize(c, prompt.size(), "input", "max_output_tokens");
+    // text.format and the tools' parameters: the same constraint as chat's response_format.
+    c.sampling.constraint = s.structured_->for_chat(c, "text.format");
+    const bool plain_output = c.sampling.constraint && s.structured_->whole_output();
     st->rs = submit(prompt, c.sampling);
-    st->mapper = std::make_unique<ChatOutputMapper>(s.tok_);
+    st->mapper = std::make_unique<ChatOutputMapper>(s.tok_, plain_output);
     st->store = r.store;
     st->prompt_tokens = int(prompt.size());
     ojson base = {{"id", make_id("resp_")},

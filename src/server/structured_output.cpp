@@ -54,15 +54,15 @@ std::shared_ptr<const structured::JsonTokenMasker> StructuredOutput::masker(cons
   return maskers_.emplace(key, std::move(m)).first->second;
 }
 
-std::shared_ptr<structured::JsonConstraint> StructuredOutput::for_chat(const ChatRequest& r) {
+std::shared_ptr<structured::JsonConstraint> StructuredOutput::for_chat(const ChatRequest& r, const char* format_param) {
   structured::JsonConstraintSpec spec;
   spec.ids = ids_;
   spec.whole_output = !harmony_;
   const ResponseFormat& rf = r.response_format;
   if (rf.type == "json_object") {
-    spec.final_format = masker(nullptr, false, "response_format");
+    spec.final_format = masker(nullptr, false, format_param);
   } else if (rf.type == "json_schema") {
-    spec.final_format = masker(rf.schema ? &*rf.schema : nullptr, rf.strict, "response_format");
+    spec.final_format = masker(rf.schema ? &*rf.schema : nullptr, rf.strict, format_param);
   }
   // Tool schemas are checked whatever the model; they constrain calls only in harmony output.
   for (const auto& t : r.tools)

@@ -20,8 +20,10 @@ class StructuredOutput {
   // false: the whole output is the response format's JSON (random weights).
   StructuredOutput(const Tokenizer& tok, bool harmony_output);
   // The constraint for a chat request, or null when nothing in it is constrained. Throws
-  // ApiError 400 (param response_format or tools) for an invalid or, when strict, unsupported schema.
-  std::shared_ptr<structured::JsonConstraint> for_chat(const ChatRequest& r);
+  // ApiError 400 (param `format_param`, or tools) for an invalid or, when strict, unsupported
+  // schema. /v1/responses passes its request mapped onto a chat request, with "text.format".
+  std::shared_ptr<structured::JsonConstraint> for_chat(const ChatRequest& r,
+                                                       const char* format_param = "response_format");
   // True when a constraint from for_chat() covers the whole output (not harmony).
   bool whole_output() const { return !harmony_; }
 

@@ -41,8 +41,10 @@ std::string help_of(App& a, const std::string& cmd, const std::string& name) {
 // client (its --model is the name it requests, its --api-key the one it sends), bench-kernels
 // takes a preset's shapes as --model, make-model's --seed seeds the weights and bench-serve's its
 // arrivals and prompts, and --out is a directory for make-model and isa-audit but a file for logits.
+// bench-serve's --pp/--tg (with --depth) are bench's over HTTP, without bench's '' for none.
 const std::set<std::pair<std::string, std::string>> kDifferentMeaning = {
     {"bench-serve", "--model"}, {"bench-serve", "--api-key"}, {"bench-serve", "--seed"}, {"bench-kernels", "--model"},
+    {"bench-serve", "--pp"},    {"bench-serve", "--tg"},
     {"make-model", "--seed"},   {"logits", "--out"},          {"isa-audit", "--out"}};
 
 TEST(Cli, EveryOptionHasOneDescriptionAcrossCommands) {
@@ -144,6 +146,14 @@ TEST(Cli, OutOfRangeValuesAreUsageErrors) {
   EXPECT_EQ(bad({"bench-serve", "--requests", "0"}), 2);
   EXPECT_EQ(bad({"bench-serve", "--concurrency", "-1"}), 2);
   EXPECT_EQ(bad({"bench-serve", "--request-rate", "-1"}), 2);
+  EXPECT_EQ(bad({"bench-serve", "--depth", "0,4096"}), 1);  // the control: no server at :1
+  EXPECT_EQ(bad({"bench-serve", "--depth", "0,-1"}), 2);
+  EXPECT_EQ(bad({"bench-serve", "--depth", "0", "--pp", "0"}), 2);
+  EXPECT_EQ(bad({"bench-serve", "--depth", "0", "--tg", "x"}), 2);
+  EXPECT_EQ(bad({"bench-serve", "--depth", "0", "--runs", "0"}), 2);
+  EXPECT_EQ(bad({"bench-serve", "--depth", "0", "--latency-mode", "ping"}), 2);
+  EXPECT_EQ(bad({"bench-serve", "--depth", "0", "--concurrency", "4"}), 2);  // one request at a time
+  EXPECT_EQ(bad({"bench-serve", "--pp", "512"}), 2);                          // --pp needs --depth
   EXPECT_EQ(bad({"serve", "--dense-dtype", "fp4"}), 2);
   EXPECT_EQ(bad({"serve", "--mxfp4-backend", "fast"}), 2);
 }

@@ -114,8 +114,11 @@ test('previous_response_id continues the stored conversation; function_call item
 });
 
 test('fields it cannot honour are refused by name', async () => {
+  // (text.format itself is honoured: tests/e2e/structured.test.mjs; a bad one names its field.)
   await expectStatus(client.responses.create({ model: MODEL, input: 'x',
-    text: { format: { type: 'json_schema', name: 'n', schema: { type: 'object' } } } }), 400, 'text.format');
+    text: { format: { type: 'json_schema', name: 'n' } } }), 400, 'text.format.schema');
+  await expectStatus(client.responses.create({ model: MODEL, input: 'x', text: { verbosity: 'low' } }), 400,
+                     'text.verbosity');
   await expectStatus(client.responses.create({ model: MODEL, input: 'x', reasoning: { summary: 'auto' } }), 400,
                      'reasoning.summary');
   await expectStatus(client.responses.create({ model: MODEL, input: 'x', tools: [{ type: 'web_search' }] }), 400,

@@ -27,6 +27,37 @@ test('bench-serve smoke test', async () => {
   }
 });
 
+test('bench-serve --depth: llama-benchy\'s pp/tg table at context depths', async () => {
+  const srv = await startServer(['--max-num-seqs', '2']);
+  try {
+    const r = await new Promise((resolve, reject) => {
+      const p = spawn(BIN, ['bench-serve', '--base-url', srv.apiURL, '--depth', '0,128', '--pp', '32,64', '--tg', '8',
+                            '--runs', '2', '--latency-mode', 'generation', '--json', '-'],
+                      { stdio: ['ignore', 'pipe', 'pipe'] });
+      let out = '';
+      let err = '';
+      p.stdout.on('data', (d) => { out += d; });
+      p.stderr.on('data', (d) => { err += d; });
+      p.on('exit', (code) => (code === 0 ? resolve({ out, err }) : reject(new Error(`bench-serve exited ${code}:\n${out}${err}`))));
+    });
+    process.stdout.write(r.err);
+    const j = JSON.parse(r.out);  // the table goes to stderr, the JSON alone to stdout
+    assert.equal(j.model, 'gpt-oss-tiny');  // from /v1/models
+    assert.equal(j.ok, 8);
+    assert.equal(j.failed, 0);
+    assert.deepEqual(j.tests.map((t) => t.pp_test), ['pp32', 'pp64', 'pp32 @ d128', 'pp64 @ d128']);
+    for (const t of j.tests) {
+      assert.equal(t.ok, 2);
+      assert.equal(t.tg_test, t.depth ? `tg8 @ d${t.depth}` : 'tg8');
+      assert.ok(t.tg_tok_s.mean > 0 && t.ttfr_ms.mean > 0, JSON.stringify(t));
+    }
+    for (const row of ['| model ', 'pp64 @ d128 |', 'tg8 @ d128 |', 'latency mode: generation'])
+      assert.ok(r.err.includes(row), row);
+  } finally {
+    await srv.stop();
+  }
+});
+
 test('bench-serve reports the server\'s error message', async () => {
   const srv = await startServer(['--max-num-seqs', '2']);
   try {

@@ -1,6 +1,7 @@
 // Structured output through the official client: `gptoss serve` on the built-in tiny model
 // (random weights, so the whole answer is constrained) must answer JSON valid under the schema,
-// for several schemas and many seeds, streamed or not; bad schemas are 400s.
+// for several schemas and many seeds, streamed or not; bad schemas are 400s. The same through
+// /v1/responses' text.format (responses.create, responses.stream, retrieve).
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import OpenAI from 'openai';
@@ -108,6 +109,55 @@ test('response_format errors are 400s naming response_format', async () => {
     await assert.rejects(client.chat.completions.create({ ...base, response_format }), (e) => {
       assert.equal(e.status, 400, e.message);
       assert.equal(e.param, 'response_format');
+      return true;
+    });
+  }
+});
+
+// The message items' text (the SDK's output_text helper is set by create() only, not by a stream).
+const messageText = (r) => r.output.filter((i) => i.type === 'message').flatMap((i) => i.content)
+  .filter((c) => c.type === 'output_text').map((c) => c.text).join('');
+
+for (const s of schemas) {
+  test(`responses text.format json_schema '${s.name}': valid for every run, streamed or not, stored`, async () => {
+    for (let run = 1; run <= 4; run++) {
+      const req = {
+        model: MODEL, max_output_tokens: 300, input: 'Describe one in JSON.',
+        text: { format: { type: 'json_schema', name: s.name, strict: true, schema: s.schema } },
+      };
+      let r;
+      if (run % 2) {
+        r = await client.responses.create(req);
+      } else {
+        const stream = client.responses.stream(req);
+        let deltas = '';
+        for await (const ev of stream) if (ev.type === 'response.output_text.delta') deltas += ev.delta;
+        r = await stream.finalResponse();
+        assert.equal(deltas, messageText(r));
+      }
+      const text = messageText(r);
+      assert.equal(r.status, 'completed', `run ${run}: ${text}`);
+      s.check(JSON.parse(text));
+      assert.equal(r.text.format.type, 'json_schema');
+      assert.equal(r.text.format.name, s.name);
+      const got = await client.responses.retrieve(r.id);
+      assert.deepEqual(got.text.format, r.text.format);
+      assert.equal(messageText(got), text);
+    }
+  });
+}
+
+test('responses text.format errors are 400s naming text.format', async () => {
+  const base = { model: MODEL, max_output_tokens: 4, input: 'x' };
+  for (const [format, param] of [
+    [{ type: 'json_schema', name: 'x', strict: true, schema: { type: 'string', pattern: 'a+' } }, 'text.format'],
+    [{ type: 'json_schema', name: 'x', schema: { type: 'nope' } }, 'text.format'],
+    [{ type: 'json_schema', name: 'x' }, 'text.format.schema'],
+    [{ type: 'yaml' }, 'text.format.type'],
+  ]) {
+    await assert.rejects(client.responses.create({ ...base, text: { format } }), (e) => {
+      assert.equal(e.status, 400, e.message);
+      assert.equal(e.param, param);
       return true;
     });
   }

@@ -29,15 +29,14 @@ struct Fixture {
   std::thread th;
   int port = 0;
 
-  explicit Fixture(gptoss::EngineConfig ec = {}) {
+  explicit Fixture(gptoss::EngineConfig ec = {}, gptoss::server::ServerOptions so = {}, int max_model_len = 512) {
     ec.max_num_seqs = ec.max_num_seqs > 0 ? ec.max_num_seqs : 4;
-    ec.max_model_len = 512;
+    ec.max_model_len = max_model_len;
     ec.kv_cache_tokens = 16384;
     ec.stop_token_ids = gptoss::server::default_stop_tokens(tok(), backend.config());
     ec.token_text = gptoss::server::token_text_fn(tok());
     engine = std::make_unique<gptoss::Engine>(backend, ec);
     engine->start();
-    gptoss::server::ServerOptions so;
     so.port = 0;
     so.served_model_name = "test-model";
     server = std::make_unique<gptoss::server::Server>(*engine, tok(), so);

@@ -7,6 +7,7 @@
 
 #include "common/error.h"
 #include "fake_backend.h"
+#include "server/bench_depth.h"
 #include "server/bench_serve.h"
 #include "server/server.h"
 
@@ -181,4 +182,164 @@ TEST(BenchServe, RandomPromptsAgainstTheServer) {
 
   o.input_len = "0";
   EXPECT_THROW(run_bench(o), Error);
+}
+
+// ---------------------------------------------------------------------------- --depth report
+
+TEST(BenchServeDepth, IntListsAndMeanStd) {
+  EXPECT_EQ(parse_int_list("0,4096,16384", "--depth", 0), (std::vector<int>{0, 4096, 16384}));
+  EXPECT_EQ(parse_int_list("32", "--tg", 1), (std::vector<int>{32}));
+  for (const char* bad : {"", "1,", ",1", "a", "1;2", "-1", "1.5", "9999999999"})
+    EXPECT_THROW(parse_int_list(bad, "--depth", 0), Error) << bad;
+  EXPECT_THROW(parse_int_list("0", "--pp", 1), Error);
+  MeanStd m = mean_std({2, 4, 4, 4, 5, 5, 7, 9});
+  EXPECT_DOUBLE_EQ(m.mean, 5);
+  EXPECT_DOUBLE_EQ(m.std, 2);  // population standard deviation
+  EXPECT_EQ(m.n, 8);
+}
+
+// llama-benchy's arithmetic on known runs: pp t/s = prompt tokens / (ttfr - latency), tg t/s
+// as measured, names "ppN @ dD"; a failed run counts in none of the means.
+TEST(BenchServeDepth, RowsFromRuns) {
+  DepthTest t;
+  t.depth = 4096;
+  t.pp = 2048;
+  t.tg = 32;
+  auto run = [](double ttfr, double tg, int prompt) {
+    DepthRun r;
+    r.ok = true;
+    r.ttfr_s = ttfr;
+    r.e2e_ttft_s = ttfr + 0.001;
+    r.tg_tok_s = tg;
+    r.prompt_tokens = prompt;
+    r.completion_tokens = 32;
+    return r;
+  };
+  t.runs = {run(0.50, 70, 6144), run(0.70, 90, 0)};  // the second: no usage, so depth + pp
+  DepthRun failed;
+  failed.error = "HTTP 400: too long";
+  t.runs.push_back(failed);
+  summarize_depth_test(t, 0.1);
+  EXPECT_EQ(t.ok, 2);
+  EXPECT_EQ(t.pp_name(), "pp2048 @ d4096");
+  EXPECT_EQ(t.tg_name(), "tg32 @ d4096");
+  EXPECT_DOUBLE_EQ(t.pp_tok_s.mean, (6144 / 0.4 + 6144 / 0.6) / 2);
+  EXPECT_DOUBLE_EQ(t.tg_tok_s.mean, 80);
+  EXPECT_DOUBLE_EQ(t.tg_tok_s.std, 10);
+  EXPECT_NEAR(t.ttfr_ms.mean, 600, 1e-9);
+  EXPECT_NEAR(t.est_ppt_ms.mean, 500, 1e-9);
+  EXPECT_NEAR(t.e2e_ttft_ms.mean, 601, 1e-9);
+  // a latency above the TTFR leaves no prompt time to divide by: no pp speed, not a negative one
+  DepthTest u = t;
+  summarize_depth_test(u, 0.6);
+  EXPECT_EQ(u.pp_tok_s.n, 1);
+  DepthTest z;
+  z.pp = 512;
+  z.tg = 8;
+  EXPECT_EQ(z.pp_name(), "pp512");
+  EXPECT_EQ(z.tg_name(), "tg8");
+
+  DepthReport rep;
+  rep.model = "gpt-oss-20b";
+  rep.latency_mode = "api";
+  rep.latency_s = 0.1;
+  rep.tests = {z, t};
+  rep.ok = 2;
+  rep.failed = 1;
+  std::string md = rep.to_markdown();
+  EXPECT_NE(md.find("| model       |           test |"), std::string::npos) << md;
+  EXPECT_NE(md.find("| gpt-oss-20b | pp2048 @ d4096 | 12800.00 ± 2560.00 |"), std::string::npos) << md;
+  EXPECT_NE(md.find("|   tg32 @ d4096 |      80.00 ± 10.00 |"), std::string::npos) << md;
+  EXPECT_NE(md.find("latency mode: api (100.00 ms)"), std::string::npos) << md;
+  EXPECT_NE(md.find("first error: HTTP 400: too long"), std::string::npos) << md;
+  nlohmann::json j = rep.to_json();
+  EXPECT_EQ(j["tests"][1]["pp_test"], "pp2048 @ d4096");
+  EXPECT_DOUBLE_EQ(j["tests"][1]["tg_tok_s"]["mean"].get<double>(), 80);
+  EXPECT_EQ(j["tests"][1]["errors"][0], "HTTP 400: too long");
+}
+
+// Against the HTTP server on the fake backend: each (depth, pp, tg) runs `runs` requests whose
+// prompts are exactly depth + pp tokens and whose outputs are exactly tg tokens, in
+// llama-benchy's order (depth, then pp, then tg); every latency mode works.
+TEST(BenchServeDepth, AgainstTheServer) {
+  static const Tokenizer tok = Tokenizer::o200k_harmony();
+  gptoss::testing::FakeBackend backend{201088, 16};
+  EngineConfig ec;
+  ec.max_num_seqs = 4;
+  ec.max_model_len = 512;
+  ec.kv_cache_tokens = 16384;
+  ec.stop_token_ids = default_stop_tokens(tok, backend.config());
+  ec.token_text = token_text_fn(tok);
+  Engine engine(backend, ec);
+  engine.start();
+  ServerOptions so;
+  so.port = 0;
+  so.served_model_name = "m";
+  Server server(engine, tok, so);
+  server.bind();
+  std::thread th([&] { server.run(); });
+
+  BenchOptions o;
+  o.base_url = "http://127.0.0.1:" + std::to_string(server.port());
+  DepthBenchOptions d;
+  d.depths = {0, 64, 200};
+  d.pp = {16, 32};
+  d.tg = {8};
+  d.runs = 2;
+  std::vector<DepthReport> reps;
+  for (const char* mode : {"api", "generation", "none"}) {
+    d.latency_mode = mode;
+    reps.push_back(run_depth_bench(o, d));
+  }
+  // a test past the context: its runs fail with the server's message, the others still run
+  DepthBenchOptions too_long = d;
+  too_long.depths = {0, 600};
+  too_long.pp = {16};
+  too_long.runs = 1;
+  DepthReport partial = run_depth_bench(o, too_long);
+  d.latency_mode = "ping";
+  EXPECT_THROW(run_depth_bench(o, d), Error);
+  server.shutdown();
+  th.join();
+  engine.stop();
+
+  for (const auto& rep : reps) {
+    SCOPED_TRACE(rep.latency_mode);
+    EXPECT_EQ(rep.model, "m");  // asked of /v1/models when --model is not given
+    EXPECT_EQ(rep.ok, 12);
+    EXPECT_EQ(rep.failed, 0);
+    if (rep.latency_mode == "none") {
+      EXPECT_EQ(rep.latency_s, 0);
+    } else {
+      EXPECT_GT(rep.latency_s, 0);
+    }
+    ASSERT_EQ(rep.tests.size(), 6u);
+    std::vector<std::string> names;
+    for (const auto& t : rep.tests) {
+      names.push_back(t.pp_name());
+      ASSERT_EQ(t.runs.size(), 2u);
+      EXPECT_EQ(t.ok, 2);
+      for (const auto& r : t.runs) {
+        EXPECT_EQ(r.prompt_tokens, t.depth + t.pp);
+        EXPECT_EQ(r.completion_tokens, 8);  // ignore_eos: exactly tg
+        EXPECT_GT(r.ttfr_s, 0);
+        EXPECT_GE(r.e2e_ttft_s, r.ttfr_s);
+        EXPECT_GT(r.tg_tok_s, 0);
+      }
+      EXPECT_EQ(t.tg_tok_s.n, 2);
+      EXPECT_GT(t.tg_tok_s.mean, 0);
+      EXPECT_EQ(t.ttfr_ms.n, 2);
+    }
+    EXPECT_EQ(names, (std::vector<std::string>{"pp16", "pp32", "pp16 @ d64", "pp32 @ d64", "pp16 @ d200", "pp32 @ d200"}));
+    std::string md = rep.to_markdown();
+    EXPECT_NE(md.find(" tg8 @ d200 |"), std::string::npos) << md;
+    EXPECT_NE(md.find("\n| m     | "), std::string::npos) << md;
+    EXPECT_NE(md.find("latency mode: " + rep.latency_mode), std::string::npos) << md;
+  }
+  const DepthReport& none = reps[2];
+  for (const auto& t : none.tests) EXPECT_EQ(t.pp_tok_s.n, 2);  // est_ppt = ttfr > 0
+  EXPECT_EQ(partial.ok, 1);
+  EXPECT_EQ(partial.failed, 1);
+  ASSERT_EQ(partial.tests.size(), 2u);
+  EXPECT_NE(partial.tests[1].runs[0].error.find("HTTP 400"), std::string::npos) << partial.tests[1].runs[0].error;
 }

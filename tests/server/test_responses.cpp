@@ -7,6 +7,8 @@
 
 #include "common/error.h"
 #include "http_fixture.h"
+#include "json_schema_oracle.h"
+#include "server/chat_format.h"
 #include "server/response_store.h"
 #include "server/responses_format.h"
 
@@ -91,11 +93,27 @@ TEST(ResponsesApi, ParsesItems) {
 }
 
 TEST(ResponsesApi, RefusesWhatItCannotHonour) {
-  // text.format json_schema: refused in one place until constrained decoding lands.
-  auto e = responses_error(
-      R"({"input":"x","text":{"format":{"type":"json_schema","name":"n","schema":{"type":"object"}}}})");
-  EXPECT_EQ(e.code, "unsupported_value");
-  EXPECT_EQ(e.param, "text.format");
+  // text.format: a bad type, a json_schema without its name or schema, keys it does not know.
+  auto e = responses_error(R"({"input":"x","text":{"format":{"type":"yaml"}}})");
+  EXPECT_EQ(e.code, "invalid_value");
+  EXPECT_EQ(e.param, "text.format.type");
+  EXPECT_EQ(responses_error(R"({"input":"x","text":{"format":{}}})").param, "text.format");
+  EXPECT_EQ(responses_error(R"({"input":"x","text":{"format":"json"}})").code, "invalid_type");
+  EXPECT_EQ(responses_error(R"({"input":"x","text":{"format":{"type":"json_schema","schema":{}}}})").param,
+            "text.format.name");
+  EXPECT_EQ(responses_error(R"({"input":"x","text":{"format":{"type":"json_schema","name":"n"}}})").param,
+            "text.format.schema");
+  EXPECT_EQ(responses_error(R"({"input":"x","text":{"format":{"type":"json_schema","name":"n","schema":3}}})").param,
+            "text.format.schema");
+  EXPECT_EQ(responses_error(R"({"input":"x","text":{"format":{"type":"json_schema","name":"a b","schema":{}}}})").param,
+            "text.format.name");
+  EXPECT_EQ(
+      responses_error(R"({"input":"x","text":{"format":{"type":"json_schema","name":"n","schema":{},"json_schema":{}}}})")
+          .param,
+      "text.format.json_schema");
+  EXPECT_EQ(responses_error(R"({"input":"x","text":{"format":{"type":"json_object","schema":{}}}})").param,
+            "text.format.schema");
+  EXPECT_EQ(responses_error(R"({"input":"x","text":{"verbosity":"low"}})").param, "text.verbosity");
   EXPECT_EQ(responses_error(R"({"input":"x","reasoning":{"summary":"auto"}})").param, "reasoning.summary");
   EXPECT_EQ(responses_error(R"({"input":"x","tools":[{"type":"web_search"}]})").param, "tools[0].type");
   EXPECT_EQ(responses_error(R"({"input":"x","include":["reasoning.encrypted_content"]})").param, "include");
@@ -111,8 +129,32 @@ TEST(ResponsesApi, RefusesWhatItCannotHonour) {
             "input[0].content");
   EXPECT_EQ(responses_error(R"({"input":[{"type":"function_call_output","output":"x"}]})").param, "input[0].call_id");
   EXPECT_EQ(responses_error(R"({"input":"x","tool_choice":{"type":"function","name":"g"}})").param, "tool_choice");
-  EXPECT_EQ(responses_error(R"({"input":"x","tools":[{"type":"function","name":"f","strict":true}]})").param,
-            "tools[0].strict");
+}
+
+// text.format maps onto the chat path's response format (so the same structured-output code
+// constrains it) and is repeated in the response object; strict tools are honoured.
+TEST(ResponsesApi, ParsesTextFormat) {
+  auto r = parse_responses_request(parse_body(R"({"input": "x", "text": {"format": {"type": "json_schema",
+      "name": "pet", "description": "one pet", "strict": true, "schema": {"type": "object", "properties": {}}}},
+      "tools": [{"type": "function", "name": "f", "parameters": {"type": "object"}, "strict": true}]})"));
+  EXPECT_EQ(r.chat.response_format.type, "json_schema");
+  EXPECT_EQ(r.chat.response_format.name, "pet");
+  EXPECT_EQ(r.chat.response_format.description, "one pet");
+  EXPECT_TRUE(r.chat.response_format.strict);
+  ASSERT_TRUE(r.chat.response_format.schema);
+  EXPECT_EQ((*r.chat.response_format.schema)["type"], "object");
+  EXPECT_EQ(r.echo["text"]["format"]["type"], "json_schema");
+  EXPECT_EQ(r.echo["text"]["format"]["name"], "pet");
+  EXPECT_EQ(r.echo["text"]["format"]["strict"], true);
+  EXPECT_EQ(r.echo["text"]["format"]["schema"]["type"], "object");
+  ASSERT_EQ(r.chat.tools.size(), 1u);
+  EXPECT_TRUE(r.chat.tools[0].strict);
+  auto o = parse_responses_request(parse_body(R"({"input": "x", "text": {"format": {"type": "json_object"}}})"));
+  EXPECT_EQ(o.chat.response_format.type, "json_object");
+  EXPECT_EQ(o.echo["text"]["format"], ojson({{"type", "json_object"}}));
+  auto t = parse_responses_request(parse_body(R"({"input": "x", "text": {}})"));
+  EXPECT_EQ(t.chat.response_format.type, "text");
+  EXPECT_EQ(t.echo["text"]["format"], ojson({{"type", "text"}}));
 }
 
 // Harmony tokens through the chat path's mapper into the builder: analysis -> reasoning item,
@@ -284,7 +326,7 @@ TEST(ResponsesRoute, CreateStreamRetrieveDeleteContinue) {
 
   // Errors name their field.
   expect_error(f, "/v1/responses", {{"input", "x"}, {"text", {{"format", {{"type", "json_schema"}}}}}}, 400,
-               "text.format", "unsupported_value");
+               "text.format.name", "missing_required_parameter");
   expect_error(f, "/v1/responses", {{"input", "x"}, {"max_output_tokens", 100000}}, 400, "max_output_tokens",
                "context_length_exceeded");
   expect_error(f, "/v1/responses", {{"input", "x"}, {"frequency_penalty", 1}}, 400, "frequency_penalty",
@@ -292,4 +334,177 @@ TEST(ResponsesRoute, CreateStreamRetrieveDeleteContinue) {
   int st404 = 0;
   f.post("/v1/responses", {{"input", "x"}, {"model", "other"}}, &st404);
   EXPECT_EQ(st404, 404);
+}
+
+// ---------------------------------------------------------------------------- text.format
+namespace {
+
+// (The Responses API has no seed: each request samples afresh at temperature 1.)
+json format_body(const json& format, int max_output_tokens, bool stream) {
+  return {{"model", "test-model"}, {"input", "Answer in JSON."}, {"max_output_tokens", max_output_tokens},
+          {"temperature", 1.0}, {"stream", stream}, {"text", {{"format", format}}}};
+}
+
+json schema_format(const json& schema, bool strict = true) {
+  return {{"type", "json_schema"}, {"name", "answer"}, {"strict", strict}, {"schema", schema}};
+}
+
+// A response (streamed or not) as the final response object; for a stream, also checks that the
+// output_text deltas add up to the message's text.
+json run_response(Fixture& f, const json& body) {
+  int status = 0;
+  std::string raw;
+  json j = f.post("/v1/responses", body, &status, &raw);
+  EXPECT_EQ(status, 200) << raw;
+  if (!body.value("stream", false)) return j;
+  auto evs = sse_events(raw);
+  if (evs.empty()) return nullptr;
+  std::string text;
+  for (auto& e : evs)
+    if (e["type"] == "response.output_text.delta") text += e["delta"].get<std::string>();
+  json resp = evs.back()["response"];
+  if (!resp["output"].empty() && resp["output"].back()["type"] == "message") {
+    EXPECT_EQ(text, resp["output"].back()["content"][0]["text"]);
+  }
+  return resp;
+}
+
+std::string message_text(const json& resp) {
+  for (const auto& item : resp["output"])
+    if (item["type"] == "message") return item["content"][0]["text"];
+  return "";
+}
+
+}  // namespace
+
+// A model that does not write harmony (the fake's random tokens, like random weights): the whole
+// answer is constrained by text.format, and must be JSON valid under the schema for every run,
+// streamed or not; the stored response repeats its text.format.
+TEST(ResponsesRoute, TextFormatJsonSchemaIsValidForEveryRun) {
+  ServerOptions so;
+  so.harmony_output = false;
+  gptoss::EngineConfig ec;
+  Fixture f(ec, so, 2048);
+  const std::vector<json> schemas = {
+      json::parse(R"({"type":"object","properties":{"kind":{"enum":["cat","dog"]},"legs":{"type":"integer"},
+                     "ok":{"type":"boolean"},"born":{"type":"string","format":"date"}},
+                     "required":["kind","legs","ok","born"],"additionalProperties":false})"),
+      json::parse(R"({"type":"object","properties":{"points":{"type":"array","items":{"type":"object",
+                     "properties":{"x":{"type":"number"},"y":{"type":["integer","null"]}},"required":["x","y"],
+                     "additionalProperties":false},"minItems":1,"maxItems":3}},"required":["points"],
+                     "additionalProperties":false})"),
+  };
+  auto c = httplib::Client("127.0.0.1", f.port);
+  for (size_t i = 0; i < schemas.size(); ++i) {
+    for (uint64_t run = 1; run <= 6; ++run) {
+      json body = format_body(schema_format(schemas[i]), 400, run % 2 == 0);
+      body["metadata"] = {{"run", std::to_string(run)}};
+      json resp = run_response(f, body);
+      ASSERT_TRUE(resp.is_object());
+      ASSERT_EQ(resp["status"], "completed") << "schema " << i << " run " << run << ": " << resp;
+      std::string text = message_text(resp);
+      json v;
+      ASSERT_NO_THROW(v = json::parse(text)) << "schema " << i << " run " << run << ": " << text;
+      EXPECT_TRUE(gptoss::testing::schema_valid(schemas[i], v)) << "schema " << i << " run " << run << ": " << text;
+      EXPECT_EQ(resp["text"]["format"]["name"], "answer");
+      EXPECT_EQ(resp["text"]["format"]["schema"], schemas[i]);
+      // store: the retrieved response keeps the format and the constrained text.
+      auto got = c.Get(("/v1/responses/" + resp["id"].get<std::string>()).c_str());
+      ASSERT_TRUE(got);
+      ASSERT_EQ(got->status, 200);
+      json stored = json::parse(got->body);
+      EXPECT_EQ(stored["text"]["format"], resp["text"]["format"]);
+      EXPECT_EQ(message_text(stored), text);
+    }
+  }
+  // json_object starts an object (its keys are free strings, so a random model rarely ends one).
+  json obj = run_response(f, format_body({{"type", "json_object"}}, 24, false));
+  std::string text = message_text(obj);
+  ASSERT_FALSE(text.empty()) << obj;
+  EXPECT_EQ(text[0], '{') << text;
+  if (obj["status"] == "completed") {
+    EXPECT_TRUE(json::parse(text).is_object()) << text;
+  }
+  EXPECT_EQ(obj["text"]["format"]["type"], "json_object");
+  // "text" leaves the output alone.
+  json plain = run_response(f, format_body({{"type", "text"}}, 8, false));
+  EXPECT_EQ(plain["status"], "incomplete");
+  EXPECT_FALSE(json::accept(message_text(plain))) << plain;
+}
+
+// Bad schemas are 400s naming text.format, the chat path's compiler saying what is wrong.
+TEST(ResponsesRoute, TextFormatRefusesBadSchemas) {
+  Fixture f;
+  auto post = [&](const json& fmt) { return format_body(fmt, 4, false); };
+  expect_error(f, "/v1/responses", post(schema_format(json::parse(R"({"type":"strin"})"))), 400, "text.format",
+               "invalid_schema");
+  expect_error(f, "/v1/responses", post(schema_format(json::parse(R"({"type":"string","pattern":"^a"})"))), 400,
+               "text.format", "invalid_schema");
+  int status = 0;
+  std::string raw;
+  f.post("/v1/responses",
+         post(schema_format(json::parse(R"({"type":"object","properties":{"a":{"type":"integer","minimum":1}}})"))),
+         &status, &raw);
+  EXPECT_EQ(status, 400);
+  EXPECT_NE(raw.find("minimum at /properties/a"), std::string::npos) << raw;
+  // Not strict: unsupported keywords are ignored (the output is looser), malformed ones are not.
+  f.ok("/v1/responses", post(schema_format(json::parse(R"({"type":"string","pattern":"^a"})"), false)));
+  expect_error(f, "/v1/responses", post(schema_format(json::parse(R"({"type":"array","minItems":-1})"), false)), 400,
+               "text.format", "invalid_schema");
+  expect_error(f, "/v1/responses", post({{"type", "yaml"}}), 400, "text.format.type", "invalid_value");
+  // A tool's parameters are compiled too.
+  json b = post({{"type", "text"}});
+  b["tools"] = json::parse(R"([{"type":"function","name":"f","parameters":{"type":"object",
+                             "properties":{"a":{"type":"nope"}}}}])");
+  expect_error(f, "/v1/responses", b, 400, "tools", "invalid_schema");
+}
+
+// A scripted model that writes harmony: the reasoning item stays free text while the message
+// (the final channel, where the script says "Sure") is constrained to the schema; a function
+// call's arguments follow the tool's parameters. Streamed and not.
+TEST(ResponsesRoute, TextFormatOnlyInTheFinalChannelAndToolArguments) {
+  const json schema = json::parse(R"({"type":"object","properties":{"kind":{"enum":["cat","dog"]},
+      "n":{"type":"integer"},"ok":{"type":"boolean"}},"required":["kind","n","ok"],"additionalProperties":false})");
+  const json params = json::parse(R"({"type":"object","properties":{"unit":{"enum":["c","f"]},
+      "days":{"type":"integer"}},"required":["unit","days"],"additionalProperties":false})");
+  Fixture f;  // harmony_output: true
+  for (int tool = 0; tool < 2; ++tool) {
+    json body = format_body(schema_format(schema), 300, false);
+    body["tools"] = json::array({{{"type", "function"}, {"name", "get_weather"}, {"parameters", params}}});
+    gptoss::harmony::Renderer ren(tok());
+    const size_t prompt_len = render_chat_prompt(ren, parse_responses_request(parse_body(body.dump())).chat).size();
+    const std::string script_text =
+        tool ? "<|channel|>analysis<|message|>Need {weather} first.<|end|><|start|>assistant to=functions.get_weather"
+               "<|channel|>commentary <|constrain|>json<|message|>Sure"
+             : "<|channel|>analysis<|message|>I think {not json} here.<|end|><|start|>assistant<|channel|>final"
+               "<|message|>Sure";
+    const std::vector<int32_t> script = tok().encode(script_text, true);
+    f.backend.shape_logits = [script, prompt_len](const std::vector<int32_t>& ctx, float* logits) {
+      size_t g = ctx.size() - prompt_len;  // tokens generated so far
+      if (ctx.size() >= prompt_len && g < script.size()) logits[script[g]] += 100.0f;
+    };
+    for (uint64_t run = 1; run <= 4; ++run) {
+      body["stream"] = run % 2 == 0;
+      json resp = run_response(f, body);
+      ASSERT_TRUE(resp.is_object());
+      ASSERT_GE(resp["output"].size(), 2u) << resp;
+      EXPECT_EQ(resp["output"][0]["type"], "reasoning") << resp;
+      const json& last = resp["output"].back();
+      if (tool) {
+        EXPECT_EQ(resp["output"][0]["content"][0]["text"], "Need {weather} first.") << resp;
+        ASSERT_EQ(last["type"], "function_call") << resp;
+        EXPECT_EQ(last["name"], "get_weather");
+        json args;
+        ASSERT_NO_THROW(args = json::parse(last["arguments"].get<std::string>())) << resp;
+        EXPECT_TRUE(gptoss::testing::schema_valid(params, args)) << resp;
+      } else {
+        EXPECT_EQ(resp["output"][0]["content"][0]["text"], "I think {not json} here.") << resp;
+        ASSERT_EQ(resp["status"], "completed") << resp;
+        ASSERT_EQ(last["type"], "message") << resp;
+        json v;
+        ASSERT_NO_THROW(v = json::parse(message_text(resp))) << resp;
+        EXPECT_TRUE(gptoss::testing::schema_valid(schema, v)) << resp;
+      }
+    }
+  }
 }

@@ -29,22 +29,24 @@ if [ -n "$prebuilt" ]; then
   bin=$(cd "$prebuilt" && pwd)
   export LD_LIBRARY_PATH="$bin/lib:${LD_LIBRARY_PATH:-}"
   export GPTOSS_TEST_DATA_DIR="$bin/data"
-  gptoss=$bin/gptoss; tk=$bin/test_cuda_kernels; tm=$bin/test_cuda_model
+  gptoss=$bin/gptoss; tk=$bin/test_cuda_kernels; tm=$bin/test_cuda_model; ts=$bin/test_cuda_spec
 else
   cmake -S "$root" -B "$root/build-gpu" -G Ninja -DCMAKE_BUILD_TYPE=Release >"$out/cmake.log" 2>&1 &&
-    ninja -C "$root/build-gpu" gptoss test_cuda_kernels test_cuda_model >"$out/build.log" 2>&1 ||
+    ninja -C "$root/build-gpu" gptoss test_cuda_kernels test_cuda_model test_cuda_spec >"$out/build.log" 2>&1 ||
     { echo "build failed: see $out/build.log"; tail -30 "$out/build.log"; exit 1; }
   gptoss=$root/build-gpu/gptoss; tk=$root/build-gpu/tests/cuda/test_cuda_kernels; tm=$root/build-gpu/tests/cuda/test_cuda_model
+  ts=$root/build-gpu/tests/cuda/test_cuda_spec
 fi
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv | tee "$out/gpu.txt"
 declare -a summary
 status() { summary+=("| $1 | $2 |"); }
 if [ $tests = 1 ]; then
-  for t in "$tk" "$tm"; do
+  for t in "$tk" "$tm" "$ts"; do
     name=$(basename "$t")
+    [ -x "$t" ] || { status "$name" "not built"; continue; }
     timeout 420 "$t" --gtest_color=no >"$out/$name.log" 2>&1
     rc=$?
-    grep -E "rel err|greedy|FAILED|Failure|error" "$out/$name.log" | head -60
+    grep -E "rel err|greedy|K=|FAILED|Failure|error" "$out/$name.log" | head -60
     status "$name" "$( [ $rc = 0 ] && echo "PASS ($(grep -c '^\[       OK' "$out/$name.log") tests)" || echo "FAIL rc=$rc")"
   done
 fi

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The engine and OpenAI server on the CUDA backend, for use through the device tool: serves random
 # gpt-oss-20b weights, checks a chat and a text completion, then drives the server with
-# bench-serve (logprobs requested: host sampling; --no-token-timing: ids picked on the device).
+# bench-serve (logprobs requested: host sampling; --no-token-timing: ids picked on the device),
+# then bench-serve --depth (llama-benchy's pp/tg table).
 #
 #   tools/gpu/serve_check.sh                    # uses build-gpu/gptoss (tools/gpu/check.sh builds it)
 #   tools/gpu/serve_check.sh --prebuilt DIR     # DIR holds gptoss, lib/ and o200k_base.tiktoken
@@ -36,6 +37,9 @@ for args in "--requests 4 --concurrency 1" "--requests 64 --concurrency 32" \
   echo "== bench-serve $args"
   timeout 120 $B $args 2>&1 | tail -6
 done
+echo "== bench-serve --depth 0,1024 (llama-benchy's pp/tg at depth)"
+timeout 300 "$gptoss" bench-serve --base-url http://127.0.0.1:$port --model gpt-oss-20b --depth 0,1024 --pp 2048 \
+  --tg 32 --runs 3 --latency-mode generation 2>&1 | tail -8
 kill -TERM $pid
 wait $pid
 echo "serve exit: $?"

@@ -1,7 +1,8 @@
 // The CUDA backend: owns the weights, the paged KV pools and the workspaces, and composes the
-// kernels of kernels.h into the gpt-oss forward pass. Batches whose sequences all decode one
-// token run as CUDA graphs captured per batch-size bucket; everything else (prefill chunks,
-// mixed batches) runs eagerly, in chunks of at most kMaxChunk tokens.
+// kernels of kernels.h into the gpt-oss forward pass. Batches of decode and speculative-verify
+// shape (at most kMaxGraphSeqTokens tokens a sequence, kMaxGraphBatch in all) run as CUDA graphs
+// captured per padded-size bucket; everything else (longer prefill chunks, big mixed batches)
+// runs eagerly, in chunks of at most kMaxChunk tokens.
 #include "backend/cuda/cuda_backend.h"
 
 #include <algorithm>
@@ -26,7 +27,11 @@ using namespace gptoss::cuda;
 
 constexpr int kMaxChunk = 4096;      // tokens per eager pass (bounds the workspaces)
 constexpr int kMaxGraphBatch = 64;   // largest decode bucket captured in a graph
+// Tokens a sequence may bring to a graphed pass: a speculative verify row is the last sampled
+// token plus up to 16 drafts (SpeculativeConfig's K range).
+constexpr int kMaxGraphSeqTokens = 17;
 constexpr int kMaxLogitRows = 64;    // lm_head rows per pass
+static_assert(kMaxGraphBatch <= kMaxLogitRows, "a graphed pass computes the logits of all its rows");
 constexpr int kMaxSplits = 32;       // attention KV splits
 
 struct Layer {
@@ -710,14 +715,24 @@ void CudaBackend::run_batch_impl(const ForwardBatch& b, float* logits, int32_t* 
   int covered = 0;
   for (const SeqBatchInfo& s : b.seqs) covered += s.n_tokens;
   if (covered != M) throw Error("cuda backend: sequences do not cover the batch's tokens");
+  // Graph buckets serve decode steps and speculative verify passes alike (1 + K tokens a
+  // sequence, logits for each row, mixed with plain decoding sequences): a captured pass depends
+  // only on its padded token count B (kernel choices, splits and metadata offsets follow from
+  // B), while which tokens belong to which sequence, their positions and pages are metadata.
+  // Tokens of one sequence attend to each other as in an eager pass: every K/V is stored before
+  // attention reads the pages. The lm_head runs on all B rows; the wanted ones are picked below.
   bool decode = M <= kMaxGraphBatch && !profile_;
-  for (const SeqBatchInfo& s : b.seqs) decode &= s.n_tokens <= 1;
+  for (const SeqBatchInfo& s : b.seqs) decode &= s.n_tokens <= kMaxGraphSeqTokens;
   const int V = cfg_.vocab;
   if (decode) {
     int B = 1;
     while (B < M) B *= 2;
     Staged st;
     stage_chunk(b, 0, M, &st, nullptr);
+    // A graph is replayed for other batches of its bucket: attention's kernel choice must not
+    // follow this batch's shape (a capture of 16-token sequences would hold only the flash
+    // kernel, wrong for a later decode step). The per-token kernel serves any pass.
+    st.attn = AttentionPassInfo{};
     for (int i = M; i < B; ++i) {  // padding tokens: position 0 on the spare pages
       st.tokens.push_back(0);
       st.pos.push_back(0);
@@ -731,6 +746,8 @@ void CudaBackend::run_batch_impl(const ForwardBatch& b, float* logits, int32_t* 
       for (const SeqBatchInfo& s : b.seqs)
         for (int t = s.first_token; t < s.first_token + s.n_tokens; ++t) row_of[t] = r++;
     }
+    for (int32_t t : b.logit_rows)
+      if (t < 0 || t >= M) throw Error("cuda backend: logit row out of range");
     for (int i = 0; i < B; ++i) st.rows.push_back(i);
     PassMeta pm = upload_meta(st, B, B);
     auto it = graphs_.find(B);
