@@ -90,9 +90,9 @@ void linear_grouped(const WeightMat& W, const void* A, int lda, int pairs, int E
                     bool invariant = false);
 
 // Prefill expert GEMM versions (kernels/moe/expert_gemm_mxfp4_bf16.cu): linear_grouped's GEMM
-// path over checkpoint-layout MXFP4 experts runs version 1 (gemm_kernel, gemv_gemm.cu) or version
-// 2 (tall tiles, 4-stage cp.async, weights decoded into the MMA's registers). Chosen by
-// GPTOSS_EXPERT_GEMM=v1|v2 (read once; default v1) or set_expert_gemm_version (tests, bench;
+// path over MXFP4 experts (checkpoint or fragment layout) runs version 1 (gemm_kernel, gemv_gemm.cu)
+// or version 2 (tall tiles, 4-stage cp.async, weights decoded into the MMA's registers). Chosen by
+// GPTOSS_EXPERT_GEMM=v1|v2 (read once; default v2) or set_expert_gemm_version (tests, bench;
 // 0 = back to the environment's choice).
 int expert_gemm_version();
 void set_expert_gemm_version(int v);

@@ -429,8 +429,12 @@ void launch_fmt(const SkinnyArgs& a, int tiles, int groups, int ks, cudaStream_t
   // MXFP4 with one n-tile over large grids: four row tiles a block, two chunks in flight
   // (bench-kernels, H200: 120b gate_up 23.6 -> 21.2 us at 1 token, 382 -> 307 us at 32 tokens;
   // down at 1 token, 720 tiles, is faster with one).
-  if constexpr (FMT == WeightMat::kFragMXFP4 && NT == 1)
+  if constexpr (FMT == WeightMat::kFragMXFP4 && NT == 1) {
+    // Eight row tiles, one chunk in flight, past ~30 blocks an SM (120b at 32 tokens: gate_up
+    // 309 -> 267 us, down 159 -> 139 us; at 1 token four row tiles stay faster).
+    if (ks == 8 && size_t(tiles) * groups >= 4096) return launch_shape<FMT, NT, 8, 8, 1, XF16>(a, tiles, groups, s);
     if (ks == 8 && size_t(tiles) * groups >= 1400) return launch_shape<FMT, NT, 8, 4, 2, XF16>(a, tiles, groups, s);
+  }
   if (ks == 4)
     launch_shape<FMT, NT, 4, 2, kPF, XF16>(a, tiles, groups, s);
   else if (one_tile)

@@ -489,9 +489,10 @@ int expert_gemm_version() {
   if (g_version < 0) {
     const char* v = std::getenv("GPTOSS_EXPERT_GEMM");
     const std::string s = v ? v : "";
-    if (s.empty() || s == "v1" || s == "1")
+    // v2 by default: H200, 120b pp2048 16.0k tok/s vs 10.6k with v1 (docs/BENCHMARKS.md).
+    if (s == "v1" || s == "1")
       g_version = 1;
-    else if (s == "v2" || s == "2")
+    else if (s.empty() || s == "v2" || s == "2")
       g_version = 2;
     else
       throw Error("GPTOSS_EXPERT_GEMM=" + s + ": expected v1 or v2");
