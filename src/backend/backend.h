@@ -41,6 +41,13 @@ struct ForwardBatch {
   std::vector<int32_t> tokens;      // all new tokens, sequence after sequence
   std::vector<SeqBatchInfo> seqs;
   std::vector<int32_t> logit_rows;  // token indices (into tokens) whose logits are wanted, in output order
+  // Hidden-state taps for an Eagle3 drafter (engine/eagle3_drafter.h). When tap_layers is not
+  // empty, the pass also writes the residual stream after each of these layers (the output of
+  // layer l, before the next layer's norm), for every token, to tap_out: host float32
+  // [tokens.size(), tap_layers.size(), hidden]. Only backends whose supports_hidden_taps() is
+  // true honour it; the engine checks that before it asks.
+  std::vector<int32_t> tap_layers;
+  float* tap_out = nullptr;
 };
 
 // How to draw one token from a row of logits (forward_sample). The rule, on any backend:
@@ -80,6 +87,8 @@ class Backend {
   // The same pass, drawing the token of each logit row by rows[i] (see RowSampling). The CUDA
   // backend samples on the device; the default runs forward() and sample_row() on the host.
   virtual void forward_sample(const ForwardBatch& batch, const RowSampling* rows, int32_t* tokens_out);
+  // Whether forward() fills ForwardBatch::tap_out (Eagle3 drafts need it).
+  virtual bool supports_hidden_taps() const { return false; }
   // Bytes of memory the backend can give the KV cache after its weights (0 = no fixed limit).
   virtual size_t kv_memory_available() const { return 0; }
 };

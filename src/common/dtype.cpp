@@ -17,6 +17,7 @@ const char* dtype_name(DType t) {
     case DType::I32: return "I32";
     case DType::I64: return "I64";
     case DType::F8_E4M3: return "F8_E4M3";
+    case DType::BOOL: return "BOOL";
   }
   return "?";
 }
@@ -24,7 +25,7 @@ const char* dtype_name(DType t) {
 bool dtype_from_name(const std::string& s, DType* out) {
   static const std::pair<const char*, DType> table[] = {
       {"F32", DType::F32}, {"BF16", DType::BF16}, {"F16", DType::F16},         {"U8", DType::U8},
-      {"I32", DType::I32}, {"I64", DType::I64},   {"F8_E4M3", DType::F8_E4M3}};
+      {"I32", DType::I32}, {"I64", DType::I64},   {"F8_E4M3", DType::F8_E4M3}, {"BOOL", DType::BOOL}};
   for (auto& [n, t] : table)
     if (s == n) {
       *out = t;
@@ -37,7 +38,7 @@ size_t dtype_size(DType t) {
   switch (t) {
     case DType::F32: case DType::I32: return 4;
     case DType::BF16: case DType::F16: return 2;
-    case DType::U8: case DType::F8_E4M3: return 1;
+    case DType::U8: case DType::F8_E4M3: case DType::BOOL: return 1;
     case DType::I64: return 8;
   }
   return 0;

@@ -7,7 +7,7 @@
 
 namespace gptoss {
 
-enum class DType { F32, BF16, F16, U8, I32, I64, F8_E4M3 };
+enum class DType { F32, BF16, F16, U8, I32, I64, F8_E4M3, BOOL };  // BOOL: one byte (Eagle3's t2d)
 
 const char* dtype_name(DType t);           // safetensors spelling: "F32", "BF16", ...
 bool dtype_from_name(const std::string& s, DType* out);

@@ -76,6 +76,20 @@ Engine::Engine(Backend& backend, EngineConfig cfg) : backend_(backend), cfg_(std
   // cannot be kept, never quietly reduced. Only the defaults adapt to the memory there is.
   if (cfg_.speculative.enabled() && cfg_.async_scheduling)
     throw Error("speculative decoding cannot be combined with --async-scheduling yet");
+  if (cfg_.speculative.enabled() && cfg_.speculative.method == "eagle3") {
+    if (!backend_.supports_hidden_taps())
+      throw Error("eagle3 drafts need the target's hidden states, which the " + backend_.name() +
+                  " backend does not hand out yet (eagle3 is not on " + backend_.name() +
+                  " yet: use the cpu backend, or the ngram method)");
+    auto head = Eagle3Weights::load(cfg_.speculative.model);
+    std::shared_ptr<Checkpoint> target;  // the shared embedding of a head that ships none
+    const TensorView* embed = nullptr;
+    if (!head->embed && !cfg_.speculative.target_model.empty()) {
+      target = std::make_shared<Checkpoint>(cfg_.speculative.target_model);
+      embed = &target->get("model.embed_tokens.weight");
+    }
+    drafter_ = std::make_unique<Eagle3Drafter>(std::move(head), mc, embed, target);
+  }
   const bool explicit_len = cfg_.max_model_len > 0;
   int mml = explicit_len ? cfg_.max_model_len : mc.max_position_embeddings;
   if (mml < 2) throw Error("max_model_len must be at least 2");
@@ -430,7 +444,9 @@ Engine::Planned Engine::plan_next() {
         const int room = std::min(s->sp.max_tokens - s->output_len(), max_model_len_ - int(s->tokens.size())) - 1;
         const int k = std::min(room, cfg_.speculative.adaptive ? s->draft_len.next()
                                                                 : cfg_.speculative.num_speculative_tokens);
-        if (k > 0)
+        if (k > 0 && drafter_)
+          s->draft = drafter_->propose(s->eagle, k);
+        else if (k > 0)
           s->draft = ngram_propose(s->tokens, k, cfg_.speculative.prompt_lookup_min, cfg_.speculative.prompt_lookup_max);
         view.back().num_draft = int32_t(s->draft.size());
       }
@@ -519,6 +535,11 @@ std::unique_ptr<Engine::Launched> Engine::launch(Planned planned) {
   }
   // Prompt-logprob rows come after the sampled rows.
   for (const auto& pr : l->prompt_rows) batch.logit_rows.push_back(pr.batch_index);
+  if (drafter_) {  // every token's taps: the drafter commits the rows that stand after verification
+    batch.tap_layers = drafter_->tap_layers();
+    l->taps.resize(batch.tokens.size() * size_t(drafter_->tap_width()));
+    batch.tap_out = l->taps.data();
+  }
   // When no row needs its logits on the host (logprobs, prompt logprobs, penalties, logit_bias,
   // an active structured-output constraint: its state already took every earlier token, since
   // a pass launches after the previous one completed), the backend draws the tokens itself (on the device for CUDA: ids come back instead of
@@ -685,6 +706,26 @@ void Engine::complete(Launched& l) {
       }
     }
     s.draft.clear();
+  }
+  if (drafter_) commit_drafts(l);
+}
+
+void Engine::commit_drafts(Launched& l) {
+  // The Eagle3 head takes the rows of this pass whose tokens stand: position p needs the
+  // target's taps at p (computed here, on the true context: rejected drafts lie past the last
+  // emitted token) and the token at p + 1 (known for every p before the last token).
+  const size_t width = size_t(drafter_->tap_width());
+  for (size_t i = 0; i < l.items.size(); ++i) {
+    Sequence& s = *l.items[i].s;
+    if (s.done) {
+      s.eagle.reset();
+      continue;
+    }
+    const SeqBatchInfo& info = l.batch.seqs[i];
+    const int32_t end = std::min<int32_t>(info.start_pos + info.n_tokens, int32_t(s.tokens.size()) - 1);
+    if (end > info.start_pos)
+      drafter_->commit(s.eagle, info.start_pos, end - info.start_pos, s.tokens.data() + info.start_pos + 1,
+                       l.taps.data() + size_t(info.first_token) * width);
   }
 }
 

@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "engine/eagle3_drafter.h"
 #include "engine/metrics.h"
 #include "engine/sampling.h"
 #include "engine/scheduler.h"
@@ -138,7 +139,7 @@ struct EngineConfig {
   // starts its prefill after it (kv/prefix_cache.h). Requests asking for prompt logprobs always
   // compute their whole prompt.
   bool enable_prefix_caching = true;
-  // `--speculative-config`: n-gram (prompt lookup) drafts verified K + 1 rows at a time per
+  // `--speculative-config`: n-gram (prompt lookup) or Eagle3 drafts verified K + 1 rows at a time per
   // decoding sequence (engine/speculative.h explains why the output is unchanged). Not combined
   // with async_scheduling yet (the planner of step N+1 would need N's accepted length).
   SpeculativeConfig speculative;
@@ -204,6 +205,7 @@ class Engine {
     bool pending = false;         // that pass samples its next token (not appended yet)
     std::vector<int32_t> draft;   // speculative drafts verified by the pass planned/in flight
     AdaptiveDraftLength draft_len;
+    Eagle3Drafter::State eagle;   // the Eagle3 head's cache for this sequence (method eagle3)
     int output_len() const { return int(tokens.size()) - prompt_len; }
   };
   void loop();
@@ -222,6 +224,7 @@ class Engine {
     std::vector<Planned::Item> items;
     std::vector<Sequence*> row_seq;  // the sequence of each sampled logit row (1 + drafts rows in a row)
     ForwardBatch batch;
+    std::vector<float> taps;  // the target's hidden-state taps for the Eagle3 drafter
     std::vector<std::vector<int32_t>> tables;  // page tables the batch points into
     std::vector<RowSampling> how;
     std::vector<int32_t> toks;
@@ -240,6 +243,7 @@ class Engine {
   std::unique_ptr<Launched> launch(Planned planned);
   void run_forward(Launched& l);
   void complete(Launched& l);
+  void commit_drafts(Launched& l);  // feeds the Eagle3 head the rows that stand (method eagle3)
   void fail_running(const std::string& what);
   void drop_finished();
   // Events are queued while a step is worked out and pushed to their streams by flush_outbox,
@@ -259,6 +263,7 @@ class Engine {
   int vocab_ = 0;
   int max_model_len_ = 0;
   std::unique_ptr<KvManager> kv_;
+  std::unique_ptr<Eagle3Drafter> drafter_;  // method eagle3
   std::shared_ptr<EngineSignal> sig_ = std::make_shared<EngineSignal>();
   std::mutex in_mu_;
   std::deque<std::unique_ptr<Sequence>> incoming_;

@@ -17,12 +17,22 @@ SpeculativeConfig parse_speculative_config(const std::string& json_text) {
   if (!j.is_object()) throw Error("--speculative-config: expected a JSON object");
   SpeculativeConfig c;
   if (!j.contains("method") || !j["method"].is_string())
-    throw Error("--speculative-config: \"method\" (a string, \"ngram\") is required");
+    throw Error("--speculative-config: \"method\" (a string, \"ngram\" or \"eagle3\") is required");
   c.method = j["method"].get<std::string>();
-  if (c.method == "eagle3" || c.method == "eagle" || c.method == "medusa" || c.method == "mtp")
+  if (c.method == "eagle" || c.method == "medusa" || c.method == "mtp")
     throw Error("--speculative-config: method \"" + c.method +
-                "\" is not implemented yet; only \"ngram\" (prompt lookup) is available");
-  if (c.method != "ngram") throw Error("--speculative-config: unknown method \"" + c.method + "\" (expected \"ngram\")");
+                "\" is not implemented; \"ngram\" (prompt lookup) and \"eagle3\" are available");
+  if (c.method != "ngram" && c.method != "eagle3")
+    throw Error("--speculative-config: unknown method \"" + c.method + "\" (expected \"ngram\" or \"eagle3\")");
+  if (c.method == "eagle3") {
+    if (!j.contains("model") || !j["model"].is_string() || j["model"].get<std::string>().empty())
+      throw Error("--speculative-config: method \"eagle3\" needs \"model\", the draft head's directory");
+    c.model = j["model"].get<std::string>();
+    for (const char* key : {"prompt_lookup_max", "prompt_lookup_min"})
+      if (j.contains(key)) throw Error(std::string("--speculative-config: \"") + key + "\" is only for method \"ngram\"");
+  } else if (j.contains("model")) {
+    throw Error("--speculative-config: \"model\" is only for method \"eagle3\"");
+  }
   auto get_int = [&](const char* key, int& out, int lo, int hi) {
     if (!j.contains(key)) return;
     if (!j[key].is_number_integer()) throw Error(std::string("--speculative-config: \"") + key + "\" must be an integer");
@@ -41,9 +51,9 @@ SpeculativeConfig parse_speculative_config(const std::string& json_text) {
                 ") is larger than prompt_lookup_max (" + std::to_string(c.prompt_lookup_max) + ")");
   for (auto it = j.begin(); it != j.end(); ++it)
     if (it.key() != "method" && it.key() != "num_speculative_tokens" && it.key() != "prompt_lookup_max" &&
-        it.key() != "prompt_lookup_min")
+        it.key() != "prompt_lookup_min" && it.key() != "model")
       throw Error("--speculative-config: unknown key \"" + it.key() +
-                  "\" (known: method, num_speculative_tokens, prompt_lookup_max, prompt_lookup_min)");
+                  "\" (known: method, model, num_speculative_tokens, prompt_lookup_max, prompt_lookup_min)");
   return c;
 }
 

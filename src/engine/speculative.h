@@ -25,7 +25,11 @@
 namespace gptoss {
 
 struct SpeculativeConfig {
-  std::string method;               // "" (off) or "ngram"
+  std::string method;               // "" (off), "ngram" or "eagle3"
+  std::string model;                // eagle3: the draft head's directory (engine/eagle3_drafter.h)
+  // eagle3: the target's checkpoint directory, whose embedding a head without embed_tokens
+  // shares. Set by the command line from --model, not part of the JSON.
+  std::string target_model;
   int num_speculative_tokens = 0;   // K, the most drafts verified per step (1..16)
   int prompt_lookup_max = 4;        // longest suffix n-gram looked up
   int prompt_lookup_min = 1;        // shortest
@@ -34,9 +38,11 @@ struct SpeculativeConfig {
 };
 
 // Parses vLLM's --speculative-config JSON, e.g.
-// {"method":"ngram","num_speculative_tokens":4,"prompt_lookup_max":4,"prompt_lookup_min":1}.
-// Throws gptoss::Error naming the problem: not JSON, unknown keys, values out of range, or
-// "eagle3" (not implemented yet).
+// {"method":"ngram","num_speculative_tokens":4,"prompt_lookup_max":4,"prompt_lookup_min":1} or
+// {"method":"eagle3","model":DIR,"num_speculative_tokens":1}.
+// Throws gptoss::Error naming the problem: not JSON, unknown keys, values out of range, a
+// method other than ngram or eagle3, eagle3 without "model". (The head itself is loaded by the
+// engine.)
 SpeculativeConfig parse_speculative_config(const std::string& json_text);
 
 // Prompt lookup: for n from prompt_lookup_max down to prompt_lookup_min, finds the latest

@@ -3,6 +3,8 @@
 
 #include <filesystem>
 
+#include "model/eagle3_weights.h"
+#include "common/error.h"
 #include "model/make_model.h"
 #include "tokenizer/tokenizer.h"
 #include "tools/command.h"
@@ -16,13 +18,16 @@ struct Args {
   int layers = 0;
   double shard_gb = 4.0;
   bool no_tokenizer = false;
+  bool no_embed = false;
 };
 
 gptoss::tools::RegisterCommand reg({"make-model", "Write a random-weight gpt-oss checkpoint (HF layout)", [](CLI::App* app) {
   auto a = std::make_shared<Args>();
-  app->add_option("--preset", a->preset, "Shape of the model: tiny, 20b or 120b")
+  app->add_option("--preset", a->preset,
+                  "Shape of the model: tiny, 20b or 120b; or an Eagle3 draft head for one of them: eagle3-tiny, "
+                  "eagle3-20b, eagle3-120b")
       ->capture_default_str()
-      ->check(gptoss::tools::one_of({"tiny", "20b", "120b"}));
+      ->check(gptoss::tools::one_of({"tiny", "20b", "120b", "eagle3-tiny", "eagle3-20b", "eagle3-120b"}));
   app->add_option("--out", a->out, "Output directory")->required();
   app->add_option("--seed", a->seed, "Random seed (same seed, same files)")
       ->capture_default_str()
@@ -33,7 +38,17 @@ gptoss::tools::RegisterCommand reg({"make-model", "Write a random-weight gpt-oss
       ->capture_default_str()
       ->check(gptoss::tools::positive_number());
   app->add_flag("--no-tokenizer", a->no_tokenizer, "Do not write tokenizer.json (o200k_harmony)");
+  app->add_flag("--no-embed", a->no_embed,
+                "Eagle3 heads: leave out embed_tokens.weight (the head then shares the target's embedding)");
   return [a]() {
+    if (a->preset.rfind("eagle3-", 0) == 0) {
+      if (a->layers > 0) throw gptoss::Error("--layers does not apply to an Eagle3 head (one layer)");
+      gptoss::make_random_eagle3(gptoss::Eagle3Config::preset(a->preset), a->out, a->seed, !a->no_embed);
+      std::printf("wrote %s (Eagle3 head %s, seed %llu%s)\n", a->out.c_str(), a->preset.c_str(),
+                  (unsigned long long)a->seed, a->no_embed ? ", no embed_tokens" : "");
+      return 0;
+    }
+    if (a->no_embed) throw gptoss::Error("--no-embed is for Eagle3 heads (--preset eagle3-...)");
     auto c = gptoss::GptOssConfig::preset(a->preset);
     if (a->layers > 0) {
       c.num_layers = a->layers;

@@ -35,21 +35,32 @@ struct Args {
   double kv_cache_gb = 0;
   std::string speculative_config;  // vLLM's --speculative-config JSON
   std::string profile;             // "", plain or spec
+  std::string speculative_model;   // an Eagle3 head: eagle3 K=1 (what --profile spec prefers)
 };
 
 // --profile presets, under explicit flags: `spec` is latency first (n-gram drafts, K=3, 4
 // slots); `plain` many slots and no speculation. `max_num_seqs_given`: --max-num-seqs was passed.
 void apply_profile(Args& a, bool max_num_seqs_given) {
+  if (!a.speculative_config.empty() && !a.speculative_model.empty())
+    throw gptoss::Error("--speculative-model is shorthand for --speculative-config "
+                        "'{\"method\":\"eagle3\",\"model\":DIR,\"num_speculative_tokens\":1}': give one of them");
   if (!a.speculative_config.empty()) a.engine.speculative = gptoss::parse_speculative_config(a.speculative_config);
+  if (!a.speculative_model.empty()) {
+    a.engine.speculative = gptoss::SpeculativeConfig();
+    a.engine.speculative.method = "eagle3";
+    a.engine.speculative.model = a.speculative_model;
+    a.engine.speculative.num_speculative_tokens = 1;
+  }
   if (a.profile.empty()) return;
   if (a.profile == "spec") {
     if (!max_num_seqs_given) a.engine.max_num_seqs = 4;
-    if (a.speculative_config.empty())
+    if (a.speculative_config.empty() && a.speculative_model.empty())
       a.engine.speculative = gptoss::parse_speculative_config(
           R"({"method":"ngram","num_speculative_tokens":3,"prompt_lookup_max":4,"prompt_lookup_min":1})");
   } else if (a.profile == "plain") {
-    if (!a.speculative_config.empty())
-      throw gptoss::Error("--profile plain runs without speculation; drop --speculative-config or use --profile spec");
+    if (!a.speculative_config.empty() || !a.speculative_model.empty())
+      throw gptoss::Error("--profile plain runs without speculation; drop --speculative-config / --speculative-model "
+                          "or use --profile spec");
     if (!max_num_seqs_given) a.engine.max_num_seqs = 64;
   } else {
     throw gptoss::Error("--profile must be plain or spec, got '" + a.profile + "'");
@@ -152,6 +163,7 @@ int run_serve(Args& a) {
   a.engine.stop_token_ids = gptoss::server::default_stop_tokens(tok, backend->config());
   a.engine.token_text = gptoss::server::token_text_fn(tok);
   a.engine.batch_invariant = a.backend.batch_invariant;
+  a.engine.speculative.target_model = a.backend.model_dir;  // an Eagle3 head without embed_tokens shares its embedding
   gptoss::Engine engine(*backend, a.engine);
   engine.start();
   a.server.max_body_bytes = size_t(a.max_body_mb * 1024 * 1024);
@@ -169,7 +181,10 @@ int run_serve(Args& a) {
     std::fprintf(stderr, "  weights: random %s (seed %llu), %d layers, built in %.1f s\n", a.backend.random_weights.c_str(),
                  (unsigned long long)a.backend.seed, backend->config().num_layers, load_s);
   print_kv_summary(*backend, engine, a.engine.max_num_seqs);
-  if (a.engine.speculative.enabled())
+  if (a.engine.speculative.enabled() && a.engine.speculative.method == "eagle3")
+    std::fprintf(stderr, "  speculative decoding: eagle3 head %s, up to %d draft tokens\n",
+                 a.engine.speculative.model.c_str(), a.engine.speculative.num_speculative_tokens);
+  else if (a.engine.speculative.enabled())
     std::fprintf(stderr, "  speculative decoding: %s, up to %d draft tokens (n-gram %d..%d)\n",
                  a.engine.speculative.method.c_str(), a.engine.speculative.num_speculative_tokens,
                  a.engine.speculative.prompt_lookup_min, a.engine.speculative.prompt_lookup_max);
@@ -237,10 +252,13 @@ gptoss::tools::RegisterCommand reg({"serve", "Serve a model through an OpenAI-co
                 "Reuse the KV pages of a cached token prefix across requests (default on)");
   app->add_option("--speculative-config", a->speculative_config,
                   "Speculative decoding as JSON, e.g. '{\"method\":\"ngram\",\"num_speculative_tokens\":4,"
-                  "\"prompt_lookup_max\":4,\"prompt_lookup_min\":1}' (prompt lookup; eagle3 not implemented yet)");
+                  "\"prompt_lookup_max\":4,\"prompt_lookup_min\":1}' (prompt lookup) or "
+                  "'{\"method\":\"eagle3\",\"model\":DIR,\"num_speculative_tokens\":1}' (an Eagle3 draft head; cpu backend)");
+  app->add_option("--speculative-model", a->speculative_model,
+                  "An Eagle3 draft head directory: eagle3 drafts, K=1 (with --profile spec: instead of ngram)");
   app->add_option("--profile", a->profile,
-                  "Presets under explicit flags: spec (ngram drafts K=3, 4 slots: latency first) or plain (64 slots, "
-                  "no speculation)");
+                  "Presets under explicit flags: spec (ngram drafts K=3, or eagle3 K=1 with --speculative-model; 4 slots: "
+                  "latency first) or plain (64 slots, no speculation)");
   add_tokenizer_option(app, a->tokenizer);
   app->add_option("--max-body-mb", a->max_body_mb, "Largest request body (413 beyond)")->capture_default_str()->check(positive_number());
   app->add_option("--http-threads", a->server.http_threads,

@@ -54,6 +54,7 @@ class CpuBackend final : public Backend {
   }
 
   std::string name() const override { return "cpu"; }
+  bool supports_hidden_taps() const override { return true; }
   const GptOssConfig& config() const override { return c_; }
   const KvCacheConfig& kv_config() const override { return kv_; }
 
@@ -86,9 +87,13 @@ class CpuBackend final : public Backend {
       const uint16_t* e = bf16_data(*w_->embed) + size_t(b.tokens[i]) * H;
       for (int j = 0; j < H; ++j) x[size_t(i) * H + j] = bf16_to_f32(e[j]);
     }
+    for (int32_t l : b.tap_layers)
+      if (l < 0 || l >= c_.num_layers) throw Error("forward: tapped layer " + std::to_string(l) + " does not exist");
+    if (!b.tap_layers.empty() && !b.tap_out) throw Error("forward: hidden-state taps asked without an output buffer");
     for (int l = 0; l < c_.num_layers; ++l) {
       attention_block(l, b, positions, x);
       moe_block(l, n, x);
+      tap(b, l, x);
     }
     const int rows = int(b.logit_rows.size());
     std::vector<float> xr(size_t(rows) * H), h(size_t(rows) * H);
@@ -102,6 +107,14 @@ class CpuBackend final : public Backend {
   }
 
  private:
+  // Copies the residual stream after layer l into every tap slot that names it.
+  void tap(const ForwardBatch& b, int l, const std::vector<float>& x) {
+    const int n = int(b.tokens.size()), H = c_.hidden, slots = int(b.tap_layers.size());
+    for (int i = 0; i < slots; ++i)
+      if (b.tap_layers[i] == l)
+        for (int t = 0; t < n; ++t) std::copy_n(&x[size_t(t) * H], H, b.tap_out + (size_t(t) * slots + i) * H);
+  }
+
   // Storage of one K or V row of layer l at `pos` of a sequence.
   float* kv_row(const CpuLayer& L, const SeqBatchInfo& s, int pos, int which) {
     const int g = L.sliding ? kKvSliding : kKvFull;
