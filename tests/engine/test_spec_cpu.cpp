@@ -108,7 +108,7 @@ TEST(SpeculativeConfig, ParsesAndRefuses) {
     }
     return std::string("no error");
   };
-  EXPECT_NE(msg(R"({"method":"eagle3","model":"/x","num_speculative_tokens":1})").find("not implemented yet"),
+  EXPECT_NE(msg(R"({"method":"medusa","num_speculative_tokens":1})").find("not implemented"),
             std::string::npos);
   EXPECT_NE(msg("{not json").find("not valid JSON"), std::string::npos);
   EXPECT_NE(msg(R"({"method":"ngram"})").find("num_speculative_tokens"), std::string::npos);
