@@ -135,5 +135,20 @@ check "the summary: sequences at max_model_len" 'grep -q "max_model_len 1024: ro
 HF_HUB_CACHE="$tmp/hub" serve_banner "$tmp/s2" "$bin" serve --model test-org/tiny-gptoss --kv-cache-dtype fp8 --max-model-len 64
 check "serve --model ORG/NAME is served as ORG/NAME" 'grep -q "model test-org/tiny-gptoss (cpu" "$tmp/s2" && grep -q "KV cache: fp8" "$tmp/s2"'
 
+# Eagle3 heads: make-model writes the published layout; serve drafts with one (CPU backend).
+"$bin" make-model --preset eagle3-tiny --no-embed --out "$tmp/e1" --seed 2 >/dev/null
+"$bin" make-model --preset eagle3-tiny --no-embed --out "$tmp/e2" --seed 2 >/dev/null
+check "make-model eagle3 is deterministic" 'diff -r "$tmp/e1" "$tmp/e2" >/dev/null'
+check "make-model eagle3 writes an Eagle3 config" 'grep -q LlamaForCausalLMEagle3 "$tmp/e1/config.json" && grep -q "\"draft_vocab_size\": 512" "$tmp/e1/config.json"'
+check "--no-embed is for Eagle3 heads" 'err "$bin" make-model --preset tiny --no-embed --out "$tmp/c" && grep -q "Eagle3" "$tmp/err"'
+"$bin" serve --port 0 --model "$tmp/a" --max-model-len 256 --kv-cache-tokens 4096 \
+  --speculative-config "{\"method\":\"eagle3\",\"model\":\"$tmp/e1\",\"num_speculative_tokens\":2}" >/dev/null 2>"$tmp/s3" & spid=$!
+for _ in $(seq 600); do grep -q "speculative decoding" "$tmp/s3" && break; kill -0 $spid 2>/dev/null || break; sleep 0.1; done
+kill $spid 2>/dev/null; wait $spid 2>/dev/null
+check "serve with an eagle3 head" 'grep -q "speculative decoding: eagle3 head $tmp/e1, up to 2 draft tokens" "$tmp/s3"'
+check "serve with an eagle3 head of another model" 'err "$bin" serve --port 0 --model "$fx" --speculative-model "$tmp/e1" && grep -q "target hidden size of 128" "$tmp/err"'
+check "--profile plain with --speculative-model" 'err "$bin" serve --port 0 --profile plain --speculative-model "$tmp/e1" && grep -q "profile plain" "$tmp/err"'
+check "eagle3 head directory missing" 'err "$bin" serve --port 0 --speculative-model /nonexistent/head && grep -q "not an Eagle3 head directory" "$tmp/err"'
+
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]
