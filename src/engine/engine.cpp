@@ -80,7 +80,7 @@ Engine::Engine(Backend& backend, EngineConfig cfg) : backend_(backend), cfg_(std
     if (!backend_.supports_hidden_taps())
       throw Error("eagle3 drafts need the target's hidden states, which the " + backend_.name() +
                   " backend does not hand out yet (eagle3 is not on " + backend_.name() +
-                  " yet: use the cpu backend, or the ngram method)");
+                  " yet: use the cpu or cuda backend, or the ngram method)");
     auto head = Eagle3Weights::load(cfg_.speculative.model);
     std::shared_ptr<Checkpoint> target;  // the shared embedding of a head that ships none
     const TensorView* embed = nullptr;

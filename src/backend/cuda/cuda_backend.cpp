@@ -61,6 +61,7 @@ class CudaBackend final : public Backend {
   void forward_greedy(const ForwardBatch& batch, int32_t* tokens_out) override;
   void forward_sample(const ForwardBatch& batch, const RowSampling* rows, int32_t* tokens_out) override;
   size_t kv_memory_available() const override;
+  bool supports_hidden_taps() const override { return true; }
 
  private:
   // Device allocations that live as long as the backend.
@@ -159,6 +160,10 @@ class CudaBackend final : public Backend {
   // GPTOSS_CUDA_PROFILE=1: decode steps run eagerly with an event after every op; the time per
   // op kind (summed over layers and steps) is printed when the backend goes away.
   bool profile_ = false;
+  // Eagle3 hidden-state taps of the pass being run (ForwardBatch::tap_layers): run_pass copies the
+  // residual stream after each tapped layer, [n, H] per tap slot, into tap_stage_.
+  const std::vector<int32_t>* tap_layers_ = nullptr;
+  std::vector<float> tap_stage_;
   // GPTOSS_CUDA_SKIP=dense,attn,router,experts,lm_head: timing experiments only (the
   // output is garbage); the step time without a group of ops is the cost of that group.
   std::string skip_;
@@ -645,6 +650,11 @@ void CudaBackend::run_pass(int n, const PassMeta& m, int n_rows, int nsplit) {
     if (!skip("experts")) moe_combine(moe_y_, routing_, n, k, H, x_, next_norm, c.rms_eps, xn_, stream_);
     else if (next_norm) rmsnorm(x_, next_norm, n, H, c.rms_eps, nullptr, xn_, stream_);
     mark("combine");
+    if (tap_layers_)
+      for (size_t i = 0; i < tap_layers_->size(); ++i)
+        if ((*tap_layers_)[i] == int(li))
+          GPTOSS_CUDA_CHECK(cudaMemcpyAsync(tap_stage_.data() + i * size_t(n) * H, x_, size_t(n) * H * sizeof(float),
+                                            cudaMemcpyDeviceToHost, stream_));
   }
   if (n_rows > 0 && !skip("lm_head")) lm_head(m.rows, n_rows);
   mark("lm_head");
@@ -711,6 +721,7 @@ void CudaBackend::run_batch(const ForwardBatch& b, float* logits, int32_t* greed
 void CudaBackend::run_batch_impl(const ForwardBatch& b, float* logits, int32_t* greedy, const RowSampling* how) {
   const int M = int(b.tokens.size());
   if (kvc_.num_pages[0] + kvc_.num_pages[1] == 0) throw Error("cuda backend: init_kv_cache first");
+  tap_layers_ = nullptr;
   if (M == 0) return;
   int covered = 0;
   for (const SeqBatchInfo& s : b.seqs) covered += s.n_tokens;
@@ -721,7 +732,11 @@ void CudaBackend::run_batch_impl(const ForwardBatch& b, float* logits, int32_t* 
   // B), while which tokens belong to which sequence, their positions and pages are metadata.
   // Tokens of one sequence attend to each other as in an eager pass: every K/V is stored before
   // attention reads the pages. The lm_head runs on all B rows; the wanted ones are picked below.
-  bool decode = M <= kMaxGraphBatch && !profile_;
+  // Hidden-state taps (Eagle3) take the eager path: the graphs do not copy them out.
+  bool decode = M <= kMaxGraphBatch && !profile_ && b.tap_layers.empty();
+  for (int32_t l : b.tap_layers)
+    if (l < 0 || l >= cfg_.num_layers) throw Error("cuda backend: tapped layer " + std::to_string(l) + " does not exist");
+  if (!b.tap_layers.empty() && !b.tap_out) throw Error("cuda backend: hidden-state taps asked without an output buffer");
   for (const SeqBatchInfo& s : b.seqs) decode &= s.n_tokens <= kMaxGraphSeqTokens;
   const int V = cfg_.vocab;
   if (decode) {
@@ -808,7 +823,19 @@ void CudaBackend::run_batch_impl(const ForwardBatch& b, float* logits, int32_t* 
     int first = std::min<int>(kMaxLogitRows, outs.size());
     for (int i = 0; i < first; ++i) st.rows.push_back(row_of[b.logit_rows[outs[i]] - t0]);
     PassMeta pm = upload_meta(st, n, first);
+    if (!b.tap_layers.empty()) {
+      tap_layers_ = &b.tap_layers;
+      tap_stage_.resize(b.tap_layers.size() * size_t(n) * cfg_.hidden);
+    }
     run_pass(n, pm, first, splits_for(n));
+    if (tap_layers_) {  // pass row -> batch token: the [tokens, slots, H] layout of ForwardBatch::tap_out
+      tap_layers_ = nullptr;
+      GPTOSS_CUDA_CHECK(cudaStreamSynchronize(stream_));
+      const size_t H = size_t(cfg_.hidden), slots = b.tap_layers.size();
+      for (int t = t0; t < t1; ++t)
+        for (size_t i = 0; i < slots; ++i)
+          std::copy_n(tap_stage_.data() + (i * n + row_of[t - t0]) * H, H, b.tap_out + (size_t(t) * slots + i) * H);
+    }
     for (size_t done = 0; done < outs.size();) {
       int cnt = std::min<int>(kMaxLogitRows, outs.size() - done);
       if (done > 0) {
