@@ -721,6 +721,10 @@ void Engine::commit_drafts(Launched& l) {
       s.eagle.reset();
       continue;
     }
+    // Drafting paused (adaptive K, drafts kept missing): the head is not run until the step
+    // before the probe, whose rows restart its cache there (commit's gap rule). So a head whose
+    // drafts miss costs a few rows per pause, not one per token.
+    if (cfg_.speculative.adaptive && s.draft_len.pause_left() > 0) continue;
     const SeqBatchInfo& info = l.batch.seqs[i];
     const int32_t end = std::min<int32_t>(info.start_pos + info.n_tokens, int32_t(s.tokens.size()) - 1);
     if (end > info.start_pos)

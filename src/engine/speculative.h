@@ -62,6 +62,8 @@ class AdaptiveDraftLength {
   // After verification: `proposed` drafts, `accepted` of them matched.
   void update(int proposed, int accepted);
   int current() const { return k_; }
+  // Steps still paused after the one just planned (0: not paused, or the next step probes).
+  int pause_left() const { return k_ > 0 ? 0 : pause_left_; }
 
  private:
   int k_max_ = 0, k_ = 0;

@@ -461,6 +461,13 @@ TEST(Eagle3Engine, GreedyEqualsPlainWithRandomHead) {
     EXPECT_GT(spec.drafted, 0) << k;
     for (int i = 0; i < n; ++i) EXPECT_EQ(spec.tokens[i], plain.tokens[i]) << "K=" << k << " request " << i;
   }
+  // Adaptive K: the misses pause drafting, the head is skipped while paused and restarts its
+  // cache before each probe; still plain decoding's output.
+  const SpecRun adaptive = serve(config(random_head("engine"), 2, true), prompts, sps);
+  std::printf("random head, adaptive K<=2: %lld drafts\n", (long long)adaptive.drafted);
+  EXPECT_GT(adaptive.drafted, 0);
+  EXPECT_LT(adaptive.drafted, n * max_tokens / 3);
+  for (int i = 0; i < n; ++i) EXPECT_EQ(adaptive.tokens[i], plain.tokens[i]) << "adaptive request " << i;
 }
 
 // A head that drafts the token plain decoding emits most often: drafts are accepted (the head
