@@ -61,7 +61,7 @@ Eagle3Drafter::Eagle3Drafter(std::shared_ptr<const Eagle3Weights> w, const GptOs
 void Eagle3Drafter::run_rows(State& s, int32_t pos, int n, const int32_t* tokens, const float* h, float* out) const {
   const int H = c_.hidden, Q = c_.num_heads * c_.head_dim, KV = c_.num_kv_heads * c_.head_dim, I = c_.intermediate;
   const float eps = c_.rms_eps;
-  std::vector<float> e(size_t(n) * H), cat(size_t(n) * 2 * H), resid(size_t(n) * H);
+  std::vector<float> e(size_t(n) * H), cat(size_t(n) * 2 * H);
   for (int i = 0; i < n; ++i) {
     if (tokens[i] < 0 || tokens[i] >= c_.vocab) throw Error("eagle3: token id " + std::to_string(tokens[i]) + " outside the vocabulary");
     const uint16_t* row = embed_ + size_t(tokens[i]) * H;
@@ -73,15 +73,14 @@ void Eagle3Drafter::run_rows(State& s, int32_t pos, int n, const int32_t* tokens
   for (int i = 0; i < n; ++i) {
     std::copy_n(&en[size_t(i) * H], H, &cat[size_t(i) * 2 * H]);
     std::copy_n(&hn[size_t(i) * H], H, &cat[size_t(i) * 2 * H + H]);
-    std::copy_n((c_.norm_before_residual ? &hn[0] : h) + size_t(i) * H, H, &resid[size_t(i) * H]);
   }
-  std::vector<float> q(size_t(n) * Q), k(size_t(n) * KV), v(size_t(n) * KV);
-  cpu::linear_bf16(cat.data(), n, 2 * H, bf16(w_->q), Q, nullptr, q.data());
+  // Every row leaves its K/V for later rows; only the last row's output is used (one layer:
+  // it seeds the proposals), so q, attention, o and the MLP run for that row alone.
+  std::vector<float> k(size_t(n) * KV), v(size_t(n) * KV);
   cpu::linear_bf16(cat.data(), n, 2 * H, bf16(w_->k), KV, nullptr, k.data());
   cpu::linear_bf16(cat.data(), n, 2 * H, bf16(w_->v), KV, nullptr, v.data());
   std::vector<int32_t> positions(n);
   for (int i = 0; i < n; ++i) positions[i] = pos + i;
-  cpu::rope(q.data(), n, c_.num_heads, c_.head_dim, positions.data(), rope_);
   cpu::rope(k.data(), n, c_.num_kv_heads, c_.head_dim, positions.data(), rope_);
   // The cache holds rows first_pos .. pos - 1; these rows follow.
   const size_t at = size_t(pos - s.first_pos);
@@ -89,18 +88,22 @@ void Eagle3Drafter::run_rows(State& s, int32_t pos, int n, const int32_t* tokens
   s.v.resize((at + n) * KV);
   std::copy(k.begin(), k.end(), s.k.begin() + at * KV);
   std::copy(v.begin(), v.end(), s.v.begin() + at * KV);
-  std::vector<float> a(size_t(n) * Q), o(size_t(n) * H);
-  cpu::attention(q.data(), n, pos, s.k.data(), s.v.data(), s.first_pos, int(at) + n, c_.num_heads, c_.num_kv_heads,
-                 c_.head_dim, 0, no_sinks_.data(), a.data());
-  cpu::linear_bf16(a.data(), n, Q, bf16(w_->o), H, nullptr, o.data());
-  for (size_t i = 0; i < resid.size(); ++i) resid[i] += o[i];
-  std::vector<float> x(size_t(n) * H), g(size_t(n) * I), u(size_t(n) * I);
-  cpu::rmsnorm(resid.data(), post_norm_.data(), n, H, eps, x.data());
-  cpu::linear_bf16(x.data(), n, H, bf16(w_->gate), I, nullptr, g.data());
-  cpu::linear_bf16(x.data(), n, H, bf16(w_->up), I, nullptr, u.data());
-  for (size_t i = 0; i < g.size(); ++i) g[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
-  cpu::linear_bf16(g.data(), n, I, bf16(w_->down), H, nullptr, out);
-  for (size_t i = 0; i < resid.size(); ++i) out[i] += resid[i];
+  const float* last_cat = &cat[size_t(n - 1) * 2 * H];
+  std::vector<float> q(Q), a(Q), o(H), resid(H);
+  cpu::linear_bf16(last_cat, 1, 2 * H, bf16(w_->q), Q, nullptr, q.data());
+  cpu::rope(q.data(), 1, c_.num_heads, c_.head_dim, &positions[n - 1], rope_);
+  cpu::attention(q.data(), 1, pos + n - 1, s.k.data(), s.v.data(), s.first_pos, int(at) + n, c_.num_heads,
+                 c_.num_kv_heads, c_.head_dim, 0, no_sinks_.data(), a.data());
+  cpu::linear_bf16(a.data(), 1, Q, bf16(w_->o), H, nullptr, o.data());
+  const float* r0 = c_.norm_before_residual ? &hn[size_t(n - 1) * H] : h + size_t(n - 1) * H;
+  for (int j = 0; j < H; ++j) resid[j] = r0[j] + o[j];
+  std::vector<float> x(H), g(I), u(I);
+  cpu::rmsnorm(resid.data(), post_norm_.data(), 1, H, eps, x.data());
+  cpu::linear_bf16(x.data(), 1, H, bf16(w_->gate), I, nullptr, g.data());
+  cpu::linear_bf16(x.data(), 1, H, bf16(w_->up), I, nullptr, u.data());
+  for (int i = 0; i < I; ++i) g[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+  cpu::linear_bf16(g.data(), 1, I, bf16(w_->down), H, nullptr, out);
+  for (int j = 0; j < H; ++j) out[j] += resid[j];
 }
 
 int32_t Eagle3Drafter::draft_token(const float* prenorm, float* logits) const {
@@ -122,11 +125,11 @@ void Eagle3Drafter::commit(State& s, int32_t pos, int n, const int32_t* next_tok
     s.first_pos = pos;
   }
   s.rows = pos - s.first_pos;  // rewinds past rows recomputed now, drops scratch rows
-  std::vector<float> h(size_t(n) * H), out(size_t(n) * H);
+  std::vector<float> h(size_t(n) * H);
+  s.last.resize(H);
   cpu::linear_bf16(taps, n, tap_width(), bf16(w_->fc), H, nullptr, h.data());
-  run_rows(s, pos, n, next_tokens, h.data(), out.data());
+  run_rows(s, pos, n, next_tokens, h.data(), s.last.data());
   s.rows += n;
-  s.last.assign(out.end() - H, out.end());
 }
 
 std::vector<int32_t> Eagle3Drafter::propose(State& s, int k, std::vector<float>* logits) const {

@@ -59,7 +59,7 @@ class Eagle3Drafter {
 
  private:
   // Runs rows at positions pos .. pos + n - 1 (tokens[i] embedded, h[i] the hidden input),
-  // writing their K/V into s and their pre-norm outputs to out [n, H].
+  // writing their K/V into s and the last row's pre-norm output to out [H].
   void run_rows(State& s, int32_t pos, int n, const int32_t* tokens, const float* h, float* out) const;
   int32_t draft_token(const float* prenorm, float* logits) const;
 
