@@ -111,6 +111,7 @@ struct Seq {
 
 int run(Args& a) {
   using namespace gptoss;
+  if (auto rc = tools::run_if_tp_worker(a.backend)) return *rc;
   const bool json_stdout = a.json && (a.json_path.empty() || a.json_path == "-");
   auto pps = parse_list(a.pp), tgs = parse_list(a.tg);
   if (pps.empty() && tgs.empty()) throw Error("nothing to run: --pp and --tg are both empty");

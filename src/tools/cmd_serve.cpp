@@ -104,6 +104,8 @@ uint64_t checkpoint_bytes(const std::string& dir) {
 }
 
 int run_serve(Args& a) {
+  // A launcher's rank > 0 serves rank 0's forward passes, not HTTP.
+  if (auto rc = gptoss::tools::run_if_tp_worker(a.backend)) return *rc;
   // SIGTERM/SIGINT are taken by a thread of ours (blocked everywhere else: first
   // thing, before any thread exists, e.g. OpenMP's while the built-in model is made or loaded).
   sigset_t sigs;
