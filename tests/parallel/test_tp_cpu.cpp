@@ -304,8 +304,9 @@ struct Proc {
 
 // Starts gptoss with `args`, the environment minus any launcher variables plus `env`.
 Proc start(const std::vector<std::string>& args, const std::vector<std::string>& env, const std::string& name) {
-  static const char* kLauncherVars[] = {"RANK=", "WORLD_SIZE=", "LOCAL_RANK=", "MASTER_ADDR=", "MASTER_PORT=",
-                                        "SLURM_", "OMPI_COMM_WORLD_"};
+  static const char* kLauncherVars[] = {"RANK=",    "WORLD_SIZE=",      "LOCAL_RANK=",   "MASTER_ADDR=",
+                                        "MASTER_PORT=", "TORCHELASTIC_", "GPTOSS_TP_PORT=", "SLURM_",
+                                        "OMPI_COMM_WORLD_"};
   std::vector<std::string> envs;
   for (char** e = environ; *e; ++e) {
     bool drop = false;
@@ -355,7 +356,9 @@ std::vector<std::string> generate_args(const std::vector<std::string>& extra) {
 std::vector<std::string> launcher_env(const std::string& launcher, int rank, int world, int port) {
   const std::string r = std::to_string(rank), w = std::to_string(world);
   std::vector<std::string> e = {"MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + std::to_string(port)};
-  if (launcher == "torchrun") e.insert(e.end(), {"RANK=" + r, "WORLD_SIZE=" + w, "LOCAL_RANK=" + r});
+  if (launcher == "torchrun")  // torchrun's agent holds MASTER_PORT: gptoss meets on the next one
+    e.insert(e.end(), {"RANK=" + r, "WORLD_SIZE=" + w, "LOCAL_RANK=" + r, "TORCHELASTIC_RUN_ID=test"});
+  if (launcher == "kubernetes") e.insert(e.end(), {"RANK=" + r, "WORLD_SIZE=" + w});
   if (launcher == "slurm") e.insert(e.end(), {"SLURM_PROCID=" + r, "SLURM_NTASKS=" + w, "SLURM_LOCALID=" + r});
   if (launcher == "openmpi")
     e.insert(e.end(), {"OMPI_COMM_WORLD_RANK=" + r, "OMPI_COMM_WORLD_SIZE=" + w, "OMPI_COMM_WORLD_LOCAL_RANK=" + r});
@@ -367,7 +370,7 @@ TEST(TpProcesses, TwoProcessesGiveTp1Tokens) {
   ASSERT_EQ(wait_exit(ref), 0) << slurp(ref.err);
   const std::string want = slurp(ref.out);
   ASSERT_NE(want.find(','), std::string::npos) << want;
-  for (std::string launcher : {"torchrun", "slurm", "openmpi"}) {
+  for (std::string launcher : {"torchrun", "kubernetes", "slurm", "openmpi"}) {
     const int port = free_port();
     const std::vector<std::string> tp = {"--tp", "2", "--tp-expert-sharding",
                                          launcher == "slurm" ? "expert" : "intermediate"};

@@ -284,6 +284,10 @@ std::optional<LaunchEnv> launch_env_from_environment() {
                 ") without MASTER_ADDR: set it to rank 0's host name or address (and MASTER_PORT, default 29500)");
   e.master_addr = env("MASTER_ADDR");
   if (env("MASTER_PORT")) e.master_port = env_int("MASTER_PORT", 1, 65535);
+  // torchrun's agent keeps its own TCPStore listening on MASTER_PORT of rank 0's host while the
+  // workers run: gptoss takes the next port there. GPTOSS_TP_PORT overrides both.
+  if (env("TORCHELASTIC_RUN_ID")) e.master_port = e.master_port % 65535 + 1;
+  if (env("GPTOSS_TP_PORT")) e.master_port = env_int("GPTOSS_TP_PORT", 1, 65535);
   return e;
 }
 

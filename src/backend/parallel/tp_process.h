@@ -25,7 +25,8 @@ struct LaunchEnv {
 
 // Reads torchrun/Kubernetes (RANK, WORLD_SIZE, LOCAL_RANK), Slurm (SLURM_PROCID,
 // SLURM_STEP_NUM_TASKS or SLURM_NTASKS, SLURM_LOCALID) or OpenMPI (OMPI_COMM_WORLD_RANK/SIZE/
-// LOCAL_RANK), in that order of precedence, plus MASTER_ADDR / MASTER_PORT (default 29500).
+// LOCAL_RANK), in that order of precedence, plus MASTER_ADDR / MASTER_PORT (default 29500;
+// MASTER_PORT + 1 under torchrun, whose agent holds MASTER_PORT; GPTOSS_TP_PORT overrides).
 // nullopt when no launcher set a world of more than one process. Throws gptoss::Error naming the
 // variable on a malformed value or a missing MASTER_ADDR.
 std::optional<LaunchEnv> launch_env_from_environment();
