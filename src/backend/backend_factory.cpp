@@ -164,6 +164,16 @@ std::unique_ptr<Backend> create_backend(const BackendOptions& o) {
   return make_tp_backend(N, N, [=](int r) { return make_rank(o, weights, N, r, r, std::move((*comms)[r]), id); });
 }
 
+std::string describe_tensor_parallel(const BackendOptions& o) {
+  std::string d = std::to_string(o.tensor_parallel_size) + " ranks, ";
+  if (auto e = process_group(o))
+    d += "one process each (" + e->launcher + ", rank 0 at " + e->master_addr + ":" + std::to_string(e->master_port) +
+         "), this is rank " + std::to_string(e->rank);
+  else
+    d += "one thread each";
+  return d + ", experts split by " + expert_sharding_name(o.tp_expert_sharding);
+}
+
 bool is_tp_worker(const BackendOptions& o) {
   auto e = process_group(o);
   return e && e->rank > 0;

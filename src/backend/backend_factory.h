@@ -49,6 +49,10 @@ struct BackendOptions {
 // started one process per rank, this process's rank 0 plus the others over TCP).
 std::unique_ptr<Backend> create_backend(const BackendOptions& opts);
 
+// "2 ranks, one thread each, experts split by intermediate", or "... one process each (torchrun),
+// this is rank 0": for start-up banners.
+std::string describe_tensor_parallel(const BackendOptions& opts);
+
 // True in a process that a launcher (torchrun, Slurm, mpirun: RANK/WORLD_SIZE, ...) started as
 // a tensor-parallel rank other than 0: such a process runs run_tp_worker instead of its command
 // (no HTTP, no tokenizer). Throws gptoss::Error on an inconsistent environment.

@@ -170,6 +170,8 @@ int run_serve(Args& a) {
   else
     std::fprintf(stderr, "  weights: random %s (seed %llu), %d layers, built in %.1f s\n", a.backend.random_weights.c_str(),
                  (unsigned long long)a.backend.seed, backend->config().num_layers, load_s);
+  if (a.backend.tensor_parallel_size > 1)
+    std::fprintf(stderr, "  tensor parallel: %s\n", gptoss::describe_tensor_parallel(a.backend).c_str());
   print_kv_summary(*backend, engine, a.engine.max_num_seqs);
   if (a.engine.speculative.enabled())
     std::fprintf(stderr, "  speculative decoding: %s, up to %d draft tokens (n-gram %d..%d)\n",
