@@ -223,9 +223,13 @@ int run(Args& a) {
 #endif
   // The table on stdout, unless stdout is for the JSON.
   FILE* text = json_stdout ? stderr : stdout;
+  std::string device = a.backend.device;  // "cuda tp2 (expert)" when tensor-parallel
+  if (a.backend.tensor_parallel_size > 1)
+    device += " tp" + std::to_string(a.backend.tensor_parallel_size) + " (" +
+              expert_sharding_name(a.backend.tp_expert_sharding) + ")";
   std::fprintf(text, "| model | device | kv | test | t/s |\n|---|---|---|---|---|\n");
   for (auto& r : results)
-    std::fprintf(text, "| %s | %s | %s | %s | %.2f ± %.2f |\n", model.c_str(), a.backend.device.c_str(),
+    std::fprintf(text, "| %s | %s | %s | %s | %.2f ± %.2f |\n", model.c_str(), device.c_str(),
                  a.kv_dtype.c_str(), r.test.c_str(), r.mean, r.sd);
   if (peak_gib >= 0) std::fprintf(text, "\nGPU memory in use after the runs (weights + KV + workspace): %.2f GiB\n", peak_gib);
   if (kv_avail > 0)
@@ -235,6 +239,8 @@ int run(Args& a) {
   nlohmann::json j;
   j["model"] = model;
   j["device"] = a.backend.device;
+  j["tensor_parallel_size"] = a.backend.tensor_parallel_size;
+  j["tp_expert_sharding"] = expert_sharding_name(a.backend.tp_expert_sharding);
   j["kv_cache_dtype"] = a.kv_dtype;
   j["tg_prompt"] = a.tg_prompt;
   j["runs"] = a.runs;
