@@ -117,8 +117,8 @@ TpRank make_rank(const BackendOptions& o, const std::shared_ptr<const ModelWeigh
   const int dev = device_of(o, local);
   t.comm = make_cuda_communicator(id, rank, o.tensor_parallel_size, dev);
   BackendOptions ro = o;
-  ro.shard = shard;
-  ro.comm = t.comm.get();
+  ro.tp_shard = shard;
+  ro.comm = t.comm;
   ro.device_index = dev;
   t.backend = make_cuda_backend(ro);
 #else

@@ -30,11 +30,6 @@ struct BackendOptions {
   // one host N threads of this process, under torchrun/Slurm/mpirun one rank per process.
   int tensor_parallel_size = 1;
   ExpertSharding tp_expert_sharding = ExpertSharding::kIntermediate;  // `--tp-expert-sharding`
-  // Set by create_backend on the copy of the options it builds one rank's backend from (the
-  // user never sets them): the rank's shard and its communicator (not owned; outlives the
-  // backend). The rank's backend is created, called and destroyed on one thread only.
-  TpShard shard;
-  Communicator* comm = nullptr;
   // `--batch-invariant`: each row's numerics independent of its batch companions, the batch size
   // and chunking (fixed reduction order per row, one kernel family whatever the row count), so
   // greedy outputs do not change under load or preemption. Read by the CUDA backend; the CPU
@@ -43,6 +38,12 @@ struct BackendOptions {
   // Called while weights load and convert (see model/load_progress.h); may be empty. The CPU
   // backend reports reading the checkpoint; the CUDA backend is to report its stages too.
   LoadProgressFn load_progress;
+  // Tensor parallelism (set by the TP factory for each rank): the slice this backend holds and
+  // the communicator of its group. world 1 / null: the whole model on one device.
+  // (create_backend sets them on the copy of the options it builds one rank's backend from; that
+  // backend is created, called and destroyed on one thread only, the rank's.)
+  TpShard tp_shard;
+  std::shared_ptr<Communicator> comm;
 };
 
 // With tensor_parallel_size > 1: a TpBackend over the ranks (threads here, or, when a launcher

@@ -28,7 +28,7 @@ namespace gptoss {
 // What one rank is: its communicator (owned here, outliving the backend that uses it) and its
 // backend.
 struct TpRank {
-  std::unique_ptr<Communicator> comm;
+  std::shared_ptr<Communicator> comm;
   std::unique_ptr<Backend> backend;
 };
 // Builds local rank `rank` on that rank's own thread (all of them at the same time: a CUDA
