@@ -40,14 +40,14 @@ struct BackendOptions {
   LoadProgressFn load_progress;
   // Tensor parallelism (set by the TP factory for each rank): the slice this backend holds and
   // the communicator of its group. world 1 / null: the whole model on one device.
-  // (create_backend sets them on the copy of the options it builds one rank's backend from; that
-  // backend is created, called and destroyed on one thread only, the rank's.)
   TpShard tp_shard;
   std::shared_ptr<Communicator> comm;
 };
 
 // With tensor_parallel_size > 1: a TpBackend over the ranks (threads here, or, when a launcher
-// started one process per rank, this process's rank 0 plus the others over TCP).
+// started one process per rank, this process's rank 0 plus the others over TCP). Each rank's
+// backend is built from a copy of `opts` with tp_shard, comm and device_index set, on the rank's
+// own thread, which alone calls and destroys it.
 std::unique_ptr<Backend> create_backend(const BackendOptions& opts);
 
 // "2 ranks, one thread each, experts split by intermediate", or "... one process each (torchrun),
