@@ -111,6 +111,7 @@ struct Seq {
 
 int run(Args& a) {
   using namespace gptoss;
+  if (auto rc = tools::run_if_tp_worker(a.backend)) return *rc;
   const bool json_stdout = a.json && (a.json_path.empty() || a.json_path == "-");
   auto pps = parse_list(a.pp), tgs = parse_list(a.tg);
   if (pps.empty() && tgs.empty()) throw Error("nothing to run: --pp and --tg are both empty");
@@ -222,9 +223,13 @@ int run(Args& a) {
 #endif
   // The table on stdout, unless stdout is for the JSON.
   FILE* text = json_stdout ? stderr : stdout;
+  std::string device = a.backend.device;  // "cuda tp2 (expert)" when tensor-parallel
+  if (a.backend.tensor_parallel_size > 1)
+    device += " tp" + std::to_string(a.backend.tensor_parallel_size) + " (" +
+              expert_sharding_name(a.backend.tp_expert_sharding) + ")";
   std::fprintf(text, "| model | device | kv | test | t/s |\n|---|---|---|---|---|\n");
   for (auto& r : results)
-    std::fprintf(text, "| %s | %s | %s | %s | %.2f ± %.2f |\n", model.c_str(), a.backend.device.c_str(),
+    std::fprintf(text, "| %s | %s | %s | %s | %.2f ± %.2f |\n", model.c_str(), device.c_str(),
                  a.kv_dtype.c_str(), r.test.c_str(), r.mean, r.sd);
   if (peak_gib >= 0) std::fprintf(text, "\nGPU memory in use after the runs (weights + KV + workspace): %.2f GiB\n", peak_gib);
   if (kv_avail > 0)
@@ -234,6 +239,8 @@ int run(Args& a) {
   nlohmann::json j;
   j["model"] = model;
   j["device"] = a.backend.device;
+  j["tensor_parallel_size"] = a.backend.tensor_parallel_size;
+  j["tp_expert_sharding"] = expert_sharding_name(a.backend.tp_expert_sharding);
   j["kv_cache_dtype"] = a.kv_dtype;
   j["tg_prompt"] = a.tg_prompt;
   j["runs"] = a.runs;

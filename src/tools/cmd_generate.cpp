@@ -35,6 +35,7 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 
 int run(Args& a) {
   using namespace gptoss;
+  if (auto rc = tools::run_if_tp_worker(a.backend)) return *rc;
   tools::choose_model(a.backend);
   if (a.ids.empty() && a.text.empty()) throw Error("pass --prompt TEXT or --prompt-ids 1,2,3");
   // The text needs a tokenizer; ids only need one to print text.

@@ -25,6 +25,7 @@ gptoss::tools::RegisterCommand reg({"logits", "Write the logits of a full prefil
   gptoss::tools::add_prompt_ids_option(app, a->ids)->required();
   app->add_option("--out", a->out, "Output .safetensors (tensor \"logits\" [n, vocab] F32)")->required();
   return [a]() {
+    if (auto rc = gptoss::tools::run_if_tp_worker(a->backend)) return *rc;
     auto ids = gptoss::tools::parse_ids(a->ids);
     gptoss::tools::choose_model(a->backend);
     a->backend.load_progress = gptoss::tools::stderr_load_progress();

@@ -115,6 +115,8 @@ uint64_t checkpoint_bytes(const std::string& dir) {
 }
 
 int run_serve(Args& a) {
+  // A launcher's rank > 0 serves rank 0's forward passes, not HTTP.
+  if (auto rc = gptoss::tools::run_if_tp_worker(a.backend)) return *rc;
   // SIGTERM/SIGINT are taken by a thread of ours (blocked everywhere else: first
   // thing, before any thread exists, e.g. OpenMP's while the built-in model is made or loaded).
   sigset_t sigs;
@@ -180,6 +182,8 @@ int run_serve(Args& a) {
   else
     std::fprintf(stderr, "  weights: random %s (seed %llu), %d layers, built in %.1f s\n", a.backend.random_weights.c_str(),
                  (unsigned long long)a.backend.seed, backend->config().num_layers, load_s);
+  if (a.backend.tensor_parallel_size > 1)
+    std::fprintf(stderr, "  tensor parallel: %s\n", gptoss::describe_tensor_parallel(a.backend).c_str());
   print_kv_summary(*backend, engine, a.engine.max_num_seqs);
   if (a.engine.speculative.enabled() && a.engine.speculative.method == "eagle3")
     std::fprintf(stderr, "  speculative decoding: eagle3 head %s, up to %d draft tokens\n",

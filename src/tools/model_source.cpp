@@ -50,4 +50,10 @@ Tokenizer choose_tokenizer(const std::string& tokenizer_opt, const std::string& 
   return Tokenizer::o200k_harmony();
 }
 
+std::optional<int> run_if_tp_worker(BackendOptions& o) {
+  if (!is_tp_worker(o)) return std::nullopt;
+  choose_model(o);
+  return run_tp_worker(o);
+}
+
 }  // namespace gptoss::tools

@@ -143,7 +143,25 @@ void add_backend_options(CLI::App* app, BackendOptions& o) {
       ->capture_default_str()
       ->check(one_of({"bf16", "fp8"}));
   app->add_option("--threads", o.threads, "CPU threads (0: all cores)")->capture_default_str()->check(int_range(0));
-  app->add_option("--device-index", o.device_index, "CUDA device ordinal")->capture_default_str()->check(int_range(0));
+  app->add_option("--device-index", o.device_indices,
+                  "CUDA device ordinal(s): one (0), or with --tensor-parallel-size one per rank (0,1); ordinals count "
+                  "the devices CUDA_VISIBLE_DEVICES leaves visible (default: 0, or 0..N-1 for N ranks; a process "
+                  "started by a launcher takes its LOCAL_RANK-th)")
+      ->delimiter(',')
+      ->check(int_range(0));
+  app->add_option("--tensor-parallel-size,--tp", o.tensor_parallel_size,
+                  "Split the model over N ranks (1, 2, 4, 8): attention heads, experts and the vocabulary (Megatron "
+                  "style). Started alone: one thread per rank (per GPU with --device cuda). Started by torchrun, "
+                  "Slurm or mpirun (RANK/WORLD_SIZE, SLURM_PROCID/SLURM_NTASKS, OMPI_COMM_WORLD_*, with "
+                  "MASTER_ADDR/MASTER_PORT): one rank per process, rank 0 runs the command, the others serve it")
+      ->capture_default_str()
+      ->check(one_of({"1", "2", "4", "8"}));
+  app->add_option_function<std::string>(
+         "--tp-expert-sharding", [&o](const std::string& v) { o.tp_expert_sharding = parse_expert_sharding(v); },
+         "How tensor parallelism splits the MoE: intermediate (every rank a slice of every expert, in blocks of 32) "
+         "or expert (every rank whole experts)")
+      ->check(one_of({"intermediate", "expert"}))
+      ->default_str("intermediate");
   app->add_flag("--batch-invariant", o.batch_invariant,
                 "Deterministic mode: a request's output independent of batch companions, batch size and preemption "
                 "(CUDA kernels with a fixed reduction order; the CPU backend always is)");

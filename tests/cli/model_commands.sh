@@ -149,6 +149,27 @@ check "serve with an eagle3 head" 'grep -q "speculative decoding: eagle3 head $t
 check "serve with an eagle3 head of another model" 'err "$bin" serve --port 0 --model "$fx" --speculative-model "$tmp/e1" && grep -q "target hidden size of 128" "$tmp/err"'
 check "--profile plain with --speculative-model" 'err "$bin" serve --port 0 --profile plain --speculative-model "$tmp/e1" && grep -q "profile plain" "$tmp/err"'
 check "eagle3 head directory missing" 'err "$bin" serve --port 0 --speculative-model /nonexistent/head && grep -q "not an Eagle3 head directory" "$tmp/err"'
+# Tensor parallelism on the CPU: the fixture's greedy continuation (transformers') at TP 2 and 4.
+got=$("$bin" generate --model "$fx" --prompt-ids "$p0" --max-tokens 16 --print-ids --tp 2 2>/dev/null)
+check "generate --tp 2 greedy == transformers ($got)" '[ "$got" = "$want" ]'
+got=$("$bin" generate --model "$fx" --prompt-ids "$p0" --max-tokens 16 --print-ids --tp 4 --tp-expert-sharding expert 2>/dev/null)
+check "generate --tp 4 --tp-expert-sharding expert greedy == transformers ($got)" '[ "$got" = "$want" ]'
+check "--tp 4 splits 2 blocks of 32 no further" 'err "$bin" generate --model "$fx" --prompt-ids 1 --tp 4 && grep -q "use --tp-expert-sharding expert" "$tmp/err"'
+serve_banner "$tmp/s4" "$bin" serve --model "$fx" --tp 2 --max-model-len 64
+check "serve --tp 2 says so" 'grep -q "tensor parallel: 2 ranks, one thread each, experts split by intermediate" "$tmp/s4"'
+# Two serve processes from torchrun-style variables: rank 1 serves rank 0's passes (no HTTP);
+# rank 0 stopping (SIGTERM) stops it cleanly.
+port=$(( 20000 + RANDOM % 20000 ))
+tp="MASTER_ADDR=127.0.0.1 MASTER_PORT=$port WORLD_SIZE=2"  # env execs gptoss: $! is its pid
+env $tp RANK=1 "$bin" serve --model "$fx" --tp 2 --port 0 >"$tmp/w.out" 2>"$tmp/w.err" & wpid=$!
+env $tp RANK=0 "$bin" serve --model "$fx" --tp 2 --max-model-len 64 --port 0 >/dev/null 2>"$tmp/r0.err" & rpid=$!
+for _ in $(seq 600); do grep -q "max_model_len" "$tmp/r0.err" && break; kill -0 $rpid 2>/dev/null || break; sleep 0.1; done
+kill $rpid 2>/dev/null; wait $rpid 2>/dev/null
+for _ in $(seq 300); do kill -0 $wpid 2>/dev/null || break; sleep 0.1; done
+kill -9 $wpid 2>/dev/null  # a worker left running is a failure below, not a hung test
+wait $wpid; wrc=$?
+check "serve as rank 0 of 2 processes" 'grep -q "one process each (torchrun, rank 0 at 127.0.0.1:$port), this is rank 0" "$tmp/r0.err"'
+check "serve as rank 1 serves no HTTP and stops with rank 0 (rc $wrc)" '[ $wrc -eq 0 ] && grep -q "rank 1/2: ready" "$tmp/w.err" && ! grep -q "http://" "$tmp/w.err"'
 
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]

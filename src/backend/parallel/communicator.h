@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 
 namespace gptoss {
 
@@ -26,6 +27,11 @@ class Communicator {
   virtual void all_gather(const void* send, void* recv, size_t bytes, void* stream = nullptr) = 0;
   // Root's `bytes` bytes at `data` copied to every rank's `data`.
   virtual void broadcast(void* data, size_t bytes, int root, void* stream = nullptr) = 0;
+  // Called (from any thread) when this rank, or the group's supervisor, knows the group cannot
+  // finish the current call: every collective blocked now or called later on any rank of the
+  // group throws gptoss::Error carrying `why` instead of waiting for a rank that will never come
+  // (NCCL: ncclCommAbort). The group is unusable afterwards.
+  virtual void abort(const std::string& why) { (void)why; }
 };
 
 // What a group is created from: 128 opaque bytes made once by rank 0 (NCCL's ncclUniqueId for
