@@ -9,6 +9,17 @@
 
 namespace gptoss {
 
+// The communicator make_cuda_communicator returns, with its two all-reduce paths reachable one
+// by one for the tests and `gptoss bench-allreduce`.
+class CudaCommunicator : public Communicator {
+ public:
+  // all_reduce_sum takes the one-shot path up to this many bytes (0: one-shot unavailable,
+  // e.g. ranks on different hosts); GPTOSS_ALLREDUCE_ONESHOT_MAX sets it (default 512 KiB).
+  virtual size_t oneshot_max_bytes() const = 0;
+  virtual void nccl_all_reduce(float* data, size_t n, void* stream) = 0;
+  virtual void oneshot_all_reduce(float* data, size_t n, void* stream) = 0;  // n * 4 <= oneshot_max_bytes()
+};
+
 // Rank 0 makes the group's id (ncclGetUniqueId) and hands it to every rank.
 CommId cuda_new_comm_id();
 

@@ -1,0 +1,18 @@
+#pragma once
+// `gptoss bench-allreduce`: latency of the tensor-parallel all-reduce on this host's GPUs, NCCL
+// against the one-shot peer-memory kernel, fp32 messages from 5.6 KB to 16 MB. Each rank runs in
+// its own thread; every measurement is a CUDA graph of `iters` back-to-back all-reduces (as a
+// decode step replays them), timed with events on rank 0. Prints a markdown table; never fails
+// on a number.
+namespace gptoss::cuda {
+
+struct AllReduceBenchOptions {
+  int tp = 2;
+  int iters = 100;  // all-reduces per graph
+  int reps = 5;     // graph replays timed (the best one is reported)
+  int first_device = 0;
+};
+
+int run_allreduce_bench(const AllReduceBenchOptions& opts);
+
+}  // namespace gptoss::cuda

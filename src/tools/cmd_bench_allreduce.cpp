@@ -1,0 +1,38 @@
+// `gptoss bench-allreduce --tp N`: NCCL vs the one-shot peer-memory all-reduce on this host's
+// GPUs (see backend/cuda/allreduce_bench.h). Needs libnccl.so.2 on LD_LIBRARY_PATH.
+#include <cstdio>
+
+#include "tools/command.h"
+#ifdef GPTOSS_HAVE_CUDA
+#include "backend/cuda/allreduce_bench.h"
+#endif
+
+namespace {
+
+struct Args {
+  int tp = 2, iters = 100, reps = 5, first_device = 0;
+};
+
+gptoss::tools::RegisterCommand reg({"bench-allreduce", "Time the tensor-parallel all-reduce, NCCL vs one-shot (CUDA)",
+                                    [](CLI::App* app) {
+  auto a = std::make_shared<Args>();
+  app->add_option("--tp", a->tp, "GPUs in the group")->capture_default_str()->check(CLI::Range(2, 8));
+  app->add_option("--iters", a->iters, "All-reduces per captured graph")->capture_default_str()->check(CLI::PositiveNumber);
+  app->add_option("--reps", a->reps, "Graph replays timed (best reported)")->capture_default_str()->check(CLI::PositiveNumber);
+  app->add_option("--first-device", a->first_device, "First GPU of the group")->capture_default_str()->check(CLI::NonNegativeNumber);
+  return [a]() {
+#ifdef GPTOSS_HAVE_CUDA
+    gptoss::cuda::AllReduceBenchOptions o;
+    o.tp = a->tp;
+    o.iters = a->iters;
+    o.reps = a->reps;
+    o.first_device = a->first_device;
+    return gptoss::cuda::run_allreduce_bench(o);
+#else
+    std::fprintf(stderr, "bench-allreduce: this build has no CUDA backend\n");
+    return 1;
+#endif
+  };
+}});
+
+}  // namespace

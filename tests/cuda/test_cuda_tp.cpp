@@ -1,0 +1,206 @@
+// Tensor parallelism on CUDA (needs 2 GPUs, skips otherwise): the communicator's collectives
+// (NCCL and the one-shot peer-memory all-reduce, sizes around the one-shot threshold, odd sizes,
+// unaligned pointers, inside CUDA graphs). Every rank runs in its own thread, as TpBackend does.
+// Needs libnccl.so.2 on LD_LIBRARY_PATH (tools/gpu/tp_round.sh sets it).
+#include <algorithm>
+#include <cstring>
+#include <exception>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "backend/cuda/cuda_communicator.h"
+#include "cuda_test_util.h"
+
+namespace gptoss {
+namespace {
+
+using namespace gptoss::test;
+
+int gpu_count() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) return 0;
+  return n;
+}
+
+class CudaTp : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (gpu_count() < 2) GTEST_SKIP() << "fewer than 2 CUDA devices";
+  }
+};
+
+// Runs fn(rank, comm) on `world` threads (GPU r for rank r); rethrows the first failure.
+void run_ranks(int world, const std::function<void(int, CudaCommunicator&)>& fn) {
+  const CommId id = cuda_new_comm_id();
+  std::mutex mu;
+  std::string err;
+  std::vector<std::thread> ts;
+  for (int r = 0; r < world; ++r)
+    ts.emplace_back([&, r] {
+      try {
+        auto c = make_cuda_communicator(id, r, world, r);
+        GPTOSS_CUDA_CHECK(cudaSetDevice(r));
+        fn(r, dynamic_cast<CudaCommunicator&>(*c));
+        GPTOSS_CUDA_CHECK(cudaDeviceSynchronize());
+      } catch (const std::exception& e) {
+        std::lock_guard<std::mutex> l(mu);
+        err += "rank " + std::to_string(r) + ": " + e.what() + "\n";
+      }
+    });
+  for (auto& t : ts) t.join();
+  ASSERT_TRUE(err.empty()) << err;
+}
+
+std::vector<float> rank_data(size_t n, int rank) {
+  FastRng g(1234 + rank);
+  std::vector<float> v(n);
+  for (auto& x : v) x = float(int(g.next() % 20001) - 10000) * 1e-3f * (rank + 1);
+  return v;
+}
+
+// The sum in rank order, as every path must give it bit for bit.
+std::vector<float> expected_sum(size_t n, int world) {
+  std::vector<float> s = rank_data(n, 0);
+  for (int r = 1; r < world; ++r) {
+    auto v = rank_data(n, r);
+    for (size_t i = 0; i < n; ++i) s[i] += v[i];
+  }
+  return s;
+}
+
+enum class Which { kAuto, kNccl, kOneShot };
+
+void check_all_reduce(int world, const std::vector<size_t>& sizes, Which which, size_t offset_floats,
+                      bool in_graph) {
+  std::vector<std::vector<std::vector<float>>> got(world);  // [rank][size]
+  run_ranks(world, [&](int rank, CudaCommunicator& c) {
+    cudaStream_t st;
+    GPTOSS_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    for (size_t n : sizes) {
+      const bool oneshot = which == Which::kOneShot;
+      if (oneshot && n * 4 > c.oneshot_max_bytes()) {
+        got[rank].push_back({});
+        continue;
+      }
+      auto host = rank_data(n, rank);
+      Dev<float> d(n + offset_floats);
+      float* p = d.p() + offset_floats;
+      auto call = [&] {
+        if (which == Which::kNccl) c.nccl_all_reduce(p, n, st);
+        else if (oneshot) c.oneshot_all_reduce(p, n, st);
+        else c.all_reduce_sum(p, n, st);
+      };
+      if (in_graph) {
+        // Capture once, replay twice from fresh inputs: the epoch flags must carry over.
+        cudaGraph_t g;
+        cudaGraphExec_t ge;
+        GPTOSS_CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+        call();
+        GPTOSS_CUDA_CHECK(cudaStreamEndCapture(st, &g));
+        GPTOSS_CUDA_CHECK(cudaGraphInstantiate(&ge, g, 0));
+        for (int rep = 0; rep < 2; ++rep) {
+          GPTOSS_CUDA_CHECK(cudaMemcpyAsync(p, host.data(), n * 4, cudaMemcpyHostToDevice, st));
+          GPTOSS_CUDA_CHECK(cudaGraphLaunch(ge, st));
+        }
+        GPTOSS_CUDA_CHECK(cudaStreamSynchronize(st));
+        cudaGraphExecDestroy(ge);
+        cudaGraphDestroy(g);
+      } else {
+        GPTOSS_CUDA_CHECK(cudaMemcpyAsync(p, host.data(), n * 4, cudaMemcpyHostToDevice, st));
+        call();
+        GPTOSS_CUDA_CHECK(cudaStreamSynchronize(st));
+      }
+      std::vector<float> out(n);
+      GPTOSS_CUDA_CHECK(cudaMemcpy(out.data(), p, n * 4, cudaMemcpyDeviceToHost));
+      got[rank].push_back(std::move(out));
+    }
+    GPTOSS_CUDA_CHECK(cudaStreamDestroy(st));
+  });
+  for (size_t s = 0; s < sizes.size(); ++s) {
+    if (got[0][s].empty()) continue;
+    const auto want = expected_sum(sizes[s], world);
+    for (int r = 0; r < world; ++r) {
+      ASSERT_EQ(got[r][s].size(), want.size());
+      size_t bad = 0;
+      for (size_t i = 0; i < want.size(); ++i) bad += std::memcmp(&got[r][s][i], &want[i], 4) != 0;
+      // World 2: a + b is the same float whatever the algorithm; beyond, NCCL's order may
+      // differ from rank order but every rank still holds the same bits.
+      if (world == 2 || which == Which::kOneShot)
+        EXPECT_EQ(bad, 0u) << "rank " << r << " n=" << sizes[s];
+      else
+        EXPECT_EQ(std::memcmp(got[r][s].data(), got[0][s].data(), want.size() * 4), 0) << "n=" << sizes[s];
+    }
+  }
+}
+
+std::vector<size_t> sizes_around_threshold() {
+  const size_t t = 512 * 1024 / 4;  // default GPTOSS_ALLREDUCE_ONESHOT_MAX in floats
+  return {1, 3, 5, 7, 2880, 2880 * 4 + 1, 2880 * 33, t - 3, t, t + 1, 1000003};
+}
+
+TEST_F(CudaTp, AllReduceAutoPathMatchesRankOrderSum) {
+  check_all_reduce(2, sizes_around_threshold(), Which::kAuto, 0, false);
+}
+TEST_F(CudaTp, AllReduceNccl) { check_all_reduce(2, sizes_around_threshold(), Which::kNccl, 0, false); }
+TEST_F(CudaTp, AllReduceOneShot) { check_all_reduce(2, sizes_around_threshold(), Which::kOneShot, 0, false); }
+TEST_F(CudaTp, AllReduceOneShotUnalignedPointer) {
+  check_all_reduce(2, {1, 5, 2881, 100001}, Which::kOneShot, 1, false);
+}
+TEST_F(CudaTp, AllReduceInCudaGraph) {
+  check_all_reduce(2, {2880, 2880 * 7 + 3, 300000}, Which::kOneShot, 0, true);
+  check_all_reduce(2, {2880, 300000}, Which::kNccl, 0, true);
+}
+TEST_F(CudaTp, AllReduceFourRanks) {
+  if (gpu_count() < 4) GTEST_SKIP() << "fewer than 4 CUDA devices";
+  check_all_reduce(4, {3, 2880, 100001}, Which::kOneShot, 0, false);
+  check_all_reduce(4, {3, 2880, 1000003}, Which::kAuto, 0, false);
+}
+
+// Back-to-back one-shot calls on one stream: x -> 2x per call (both ranks hold x), so after 20
+// calls every element is exactly 2^20; a rank that refilled its staging buffer before a peer had
+// read it, or a barrier that let a block run ahead, breaks the chain.
+TEST_F(CudaTp, OneShotManyCallsBackToBack) {
+  const size_t n = 2880 * 40 + 1;  // several blocks
+  std::vector<std::vector<std::vector<float>>> got(2);
+  run_ranks(2, [&](int rank, CudaCommunicator& c) {
+    std::vector<float> ones(n, 1.f);
+    Dev<float> d(n);
+    for (int round = 0; round < 10; ++round) {
+      d.upload(ones);
+      for (int i = 0; i < 20; ++i) c.all_reduce_sum(d.p(), n, nullptr);
+      got[rank].push_back(d.download());
+    }
+  });
+  for (int r = 0; r < 2; ++r)
+    for (const auto& v : got[r])
+      for (size_t i = 0; i < n; ++i) ASSERT_EQ(v[i], 1048576.f) << "rank " << r << " i=" << i;
+}
+
+TEST_F(CudaTp, AllGatherAndBroadcast) {
+  std::vector<std::vector<uint8_t>> gathered(2), bcast(2);
+  const size_t bytes = 12345;
+  run_ranks(2, [&](int rank, CudaCommunicator& c) {
+    std::vector<uint8_t> mine(bytes);
+    for (size_t i = 0; i < bytes; ++i) mine[i] = uint8_t(i * 7 + rank * 101);
+    Dev<uint8_t> send(mine), recv(2 * bytes);
+    c.all_gather(send.p(), recv.p(), bytes, nullptr);
+    Dev<uint8_t> b(mine);
+    c.broadcast(b.p(), bytes, 1, nullptr);
+    GPTOSS_CUDA_CHECK(cudaDeviceSynchronize());
+    gathered[rank] = recv.download();
+    bcast[rank] = b.download();
+  });
+  for (int r = 0; r < 2; ++r) {
+    for (size_t i = 0; i < bytes; ++i) {
+      ASSERT_EQ(gathered[r][i], uint8_t(i * 7)) << r;
+      ASSERT_EQ(gathered[r][bytes + i], uint8_t(i * 7 + 101)) << r;
+      ASSERT_EQ(bcast[r][i], uint8_t(i * 7 + 101)) << r;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace gptoss
