@@ -16,6 +16,7 @@
 
 #include "backend/cuda/cuda_common.h"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/tp_slices.h"
 #include "backend/cuda/step_timeline.h"
 #include "model/make_model.h"
 #include "model/weights.h"
@@ -54,7 +55,7 @@ class CudaBackend final : public Backend {
   explicit CudaBackend(const BackendOptions& opts);
   ~CudaBackend() override;
   std::string name() const override { return "cuda"; }
-  const GptOssConfig& config() const override { return cfg_; }
+  const GptOssConfig& config() const override { return model_cfg_; }
   void init_kv_cache(const KvCacheConfig& kv) override;
   const KvCacheConfig& kv_config() const override { return kvc_; }
   void forward(const ForwardBatch& batch, float* logits) override;
@@ -84,6 +85,19 @@ class CudaBackend final : public Backend {
   void load_checkpoint(const std::string& dir, const LoadProgressFn& progress);
   void build_random(const std::string& preset, uint64_t seed);
   void alloc_workspace();
+  // Tensor parallelism: after a loader built a layer (or lm_head) whole, keep this rank's slice
+  // (tp_slices.h) and free the rest, so a rank never holds more than one whole layer.
+  void shard_layer(Layer& L);
+  void shard_lm_head();
+  // Residual update of a row-parallel op (o_proj, MoE) made whole: every rank ends with the sum.
+  void tp_all_reduce_x(int n) {
+    if (tp_.active()) comm_->all_reduce_sum(x_, size_t(n) * cfg_.hidden, stream_);
+  }
+  // Ranks other than 0 contribute only their partial update, not the residual itself.
+  void tp_zero_x_off_root(int n) {
+    if (tp_.active() && !tp_.root())
+      GPTOSS_CUDA_CHECK(cudaMemsetAsync(x_, 0, size_t(n) * cfg_.hidden * sizeof(float), stream_));
+  }
 
   // One pass over n tokens whose metadata is in the device meta block at `meta` (see
   // stage_meta); computes the logits of `rows` (device indices into the pass) into d_logits_.
@@ -113,7 +127,14 @@ class CudaBackend final : public Backend {
   // Draws rows [0, n) of d_logits_ by per[i] on the device; ids land in d_greedy_.
   void sample_on_device(const std::vector<RowSampling>& per, int n);
 
+  // The model as the engine sees it (config()), and the shape this rank computes with: the same
+  // unless tensor-parallel, when cfg_ holds the rank's heads and intermediate slice.
+  GptOssConfig model_cfg_;
   GptOssConfig cfg_;
+  TpShard tp_;
+  std::shared_ptr<Communicator> comm_;
+  float* d_vocab_gather_ = nullptr;  // TP lm_head: [world][rows][vocab_ld_] logits of every rank
+  int vocab_ld_ = 0;
   YarnTables yarn_;
   int device_ = 0;
   cudaStream_t stream_ = nullptr;
@@ -223,6 +244,16 @@ CudaBackend::CudaBackend(const BackendOptions& opts) {
   else
     throw Error("--dense-dtype " + opts.dense_dtype + ": expected bf16 or fp8");
   mx_layers_ = parse_mxfp4_layers(opts.mxfp4_layers);
+  tp_ = opts.tp_shard;
+  comm_ = opts.comm;
+  if (tp_.active()) {
+    if (!comm_ || comm_->world() != tp_.world || comm_->rank() != tp_.rank)
+      throw Error("cuda backend: tensor-parallel rank " + std::to_string(tp_.rank) + " of " + std::to_string(tp_.world) +
+                  " needs its group's communicator");
+    if (mx_layers_.any()) throw Error("--mxfp4-layers qkv/o/lm_head is not supported with --tp on CUDA yet");
+    if (tp_.experts != ExpertSharding::kIntermediate)
+      throw Error("--tp-expert-sharding expert is not supported on CUDA yet; use intermediate");
+  }
   GPTOSS_CUDA_CHECK(cudaSetDevice(device_));
   GPTOSS_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   if (!opts.model_dir.empty())
@@ -231,6 +262,8 @@ CudaBackend::CudaBackend(const BackendOptions& opts) {
     build_random(opts.random_weights, opts.seed);
   else
     throw Error("cuda backend: give a model directory or a random-weights preset");
+  model_cfg_ = cfg_;
+  if (tp_.active()) cfg_ = tp_local_config(model_cfg_, tp_);
   if (cfg_.hidden % 32 || cfg_.intermediate % 32 || cfg_.q_dim() % 32)
     throw Error("cuda backend: hidden, intermediate and q_dim must be multiples of 32");
   if (cfg_.head_dim != 64 && cfg_.head_dim != 32) throw Error("cuda backend: head_dim must be 32 or 64");
@@ -316,12 +349,14 @@ WeightMat CudaBackend::upload_mxfp4(const std::vector<const TensorView*>& parts,
 void CudaBackend::load_checkpoint(const std::string& dir, const LoadProgressFn& progress) {
   auto mw = ModelWeights::load(dir, progress);
   cfg_ = mw->config;
+  if (tp_.active()) check_tp_shardable(cfg_, tp_.world, tp_.experts);
   const int H = cfg_.hidden, E = cfg_.num_experts, I = cfg_.intermediate;
   const int qd = cfg_.q_dim(), kvd = cfg_.kv_dim(), QKV = qd + 2 * kvd;
   embed_ = upload_bf16(*mw->embed);
   final_norm_ = upload_f32(*mw->final_norm);
   lm_head_ = mx_layers_.lm_head ? upload_mxfp4({mw->lm_head}, nullptr)
                                 : WeightMat{WeightMat::kBF16, upload_bf16(*mw->lm_head), nullptr, nullptr, cfg_.vocab, H};
+  shard_lm_head();
   // Progress in bytes of the big tensors, reported as each layer starts (the last call, after
   // the loop, says the stage is done).
   auto layer_bytes = [](const LayerWeights& lw) {
@@ -368,6 +403,7 @@ void CudaBackend::load_checkpoint(const std::string& dir, const LoadProgressFn& 
                           upload_f32(*lw.gate_up_bias), 2 * I, H};
     L.down = WeightMat{WeightMat::kMXFP4, up_u8(*lw.down_blocks), up_u8(*lw.down_scales), upload_f32(*lw.down_bias),
                        H, I};
+    shard_layer(L);
     layers_.push_back(L);
   }
   if (progress) progress("uploading", up_total, up_total);
@@ -375,6 +411,7 @@ void CudaBackend::load_checkpoint(const std::string& dir, const LoadProgressFn& 
 
 void CudaBackend::build_random(const std::string& preset, uint64_t seed) {
   cfg_ = GptOssConfig::preset(preset);
+  if (tp_.active()) check_tp_shardable(cfg_, tp_.world, tp_.experts);
   const int H = cfg_.hidden, E = cfg_.num_experts, I = cfg_.intermediate, V = cfg_.vocab;
   const int qd = cfg_.q_dim(), kvd = cfg_.kv_dim(), QKV = qd + 2 * kvd;
   uint64_t sid = seed * 1000003ull + 17;
@@ -405,6 +442,7 @@ void CudaBackend::build_random(const std::string& preset, uint64_t seed) {
     return WeightMat{WeightMat::kMXFP4, u8(size_t(N) * K / 2, 0, 255), u8(size_t(N) * K / 32, slo, shi), bias, N, K};
   };
   lm_head_ = mx_layers_.lm_head ? mx(V, H, nullptr) : WeightMat{WeightMat::kBF16, bf(size_t(V) * H, ds), nullptr, nullptr, V, H};
+  shard_lm_head();
   for (int l = 0; l < cfg_.num_layers; ++l) {
     Layer L{};
     L.attn_norm = f32(H, 1.f, r.norm_std);
@@ -419,8 +457,74 @@ void CudaBackend::build_random(const std::string& preset, uint64_t seed) {
                           u8(size_t(E) * 2 * I * H / 32, slo, shi), f32(size_t(E) * 2 * I, 0.f, bs), 2 * I, H};
     L.down = WeightMat{WeightMat::kMXFP4, u8(size_t(E) * H * I / 2, 0, 255), u8(size_t(E) * H * I / 32, slo, shi),
                        f32(size_t(E) * H, 0.f, bs), H, I};
+    shard_layer(L);
     layers_.push_back(L);
   }
+}
+
+// cfg_ is still the whole model here (the constructor narrows it after loading).
+void CudaBackend::shard_layer(Layer& L) {
+  if (!tp_.active()) return;
+  const GptOssConfig& c = cfg_;
+  const int H = c.hidden, E = c.num_experts, I = c.intermediate, D = c.head_dim;
+  const int qd = c.q_dim(), kvd = c.kv_dim(), QKV = qd + 2 * kvd;
+  const IndexRange qh = tp_.q_heads(c), kh = tp_.kv_heads(c), is = tp_.intermediate(c);
+  auto cut = [&](const void* src, const MidSlice& m) {
+    uint8_t* d = dalloc<uint8_t>(m.bytes());
+    copy_mid_slice(d, src, m, stream_);
+    return d;
+  };
+  auto cut_qkv = [&](const void* src, size_t row_bytes) {  // q rows of my heads, then k, then v
+    const MidSlice parts[3] = {{1, size_t(QKV), row_bytes, size_t(qh.begin) * D, size_t(qh.size()) * D},
+                               {1, size_t(QKV), row_bytes, size_t(qd + kh.begin * D), size_t(kh.size()) * D},
+                               {1, size_t(QKV), row_bytes, size_t(qd + kvd + kh.begin * D), size_t(kh.size()) * D}};
+    uint8_t* d = dalloc<uint8_t>(parts[0].bytes() + parts[1].bytes() + parts[2].bytes());
+    size_t at = 0;
+    for (const MidSlice& m : parts) {
+      copy_mid_slice(d + at, src, m, stream_);
+      at += m.bytes();
+    }
+    return d;
+  };
+  Layer S = L;
+  const int QKVl = (qh.size() + 2 * kh.size()) * D;
+  S.qkv = WeightMat{WeightMat::kBF16, cut_qkv(L.qkv.w, size_t(H) * 2), nullptr,
+                    reinterpret_cast<const float*>(cut_qkv(L.qkv.bias, 4)), QKVl, H};
+  S.sinks = reinterpret_cast<const float*>(cut(L.sinks, {1, size_t(c.num_heads), 4, size_t(qh.begin), size_t(qh.size())}));
+  // o_proj: the columns of my heads; its bias is added once, by rank 0.
+  S.o = WeightMat{WeightMat::kBF16, cut(L.o.w, {size_t(H), size_t(qd), 2, size_t(qh.begin) * D, size_t(qh.size()) * D}),
+                  nullptr, tp_.root() ? L.o.bias : nullptr, H, qh.size() * D};
+  // Experts: gate_up rows 2i, 2i+1 of my i (gate and up interleaved), down's columns of my i in
+  // whole MXFP4 blocks; down's bias once, by rank 0.
+  const size_t gb = size_t(2) * is.begin, gn = size_t(2) * is.size();
+  S.gate_up = WeightMat{WeightMat::kMXFP4, cut(L.gate_up.w, {size_t(E), size_t(2) * I, size_t(H) / 2, gb, gn}),
+                        cut(L.gate_up.scales, {size_t(E), size_t(2) * I, size_t(H) / 32, gb, gn}),
+                        reinterpret_cast<const float*>(cut(L.gate_up.bias, {size_t(E), size_t(2) * I, 4, gb, gn})),
+                        int(gn), H};
+  const size_t db = size_t(is.begin) / 32, dn = size_t(is.size()) / 32;
+  S.down = WeightMat{WeightMat::kMXFP4, cut(L.down.w, {size_t(E) * H, size_t(I) / 32, 16, db, dn}),
+                     cut(L.down.scales, {size_t(E) * H, size_t(I) / 32, 1, db, dn}),
+                     tp_.root() ? L.down.bias : nullptr, H, is.size()};
+  GPTOSS_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  for (const void* p : std::initializer_list<const void*>{L.qkv.w, L.qkv.bias, L.sinks, L.o.w, L.gate_up.w,
+                                                          L.gate_up.scales, L.gate_up.bias, L.down.w, L.down.scales})
+    dfree(p);
+  if (!tp_.root()) {
+    dfree(L.o.bias);
+    dfree(L.down.bias);
+  }
+  L = S;
+}
+
+void CudaBackend::shard_lm_head() {
+  if (!tp_.active()) return;
+  const IndexRange v = tp_.vocab(cfg_);
+  const WeightMat W = lm_head_;
+  uint8_t* d = dalloc<uint8_t>(size_t(v.size()) * W.K * 2);
+  copy_mid_slice(d, W.w, {1, size_t(W.N), size_t(W.K) * 2, size_t(v.begin), size_t(v.size())}, stream_);
+  GPTOSS_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  dfree(W.w);
+  lm_head_ = WeightMat{WeightMat::kBF16, d, nullptr, nullptr, v.size(), W.K};
 }
 
 WeightMat CudaBackend::pack(const WeightMat& W, int E, bool swiglu, WeightMat::Format to) {
@@ -505,6 +609,10 @@ void CudaBackend::alloc_workspace() {
   moe_y_ = dalloc<float>(size_t(P) * H);
   routing_ = moe_routing_carve(dalloc<uint8_t>(moe_routing_bytes(P, E)), P, E);
   d_logits_ = dalloc<float>(size_t(kMaxLogitRows) * cfg_.vocab);
+  if (tp_.active()) {
+    vocab_ld_ = tp_max_vocab_slice(model_cfg_, tp_);
+    d_vocab_gather_ = dalloc<float>(size_t(tp_.world) * kMaxLogitRows * vocab_ld_);
+  }
   d_greedy_ = dalloc<int32_t>(kMaxLogitRows);
   d_how_ = dalloc<RowSampling>(kMaxLogitRows);
 }
@@ -578,9 +686,13 @@ CudaBackend::PassMeta CudaBackend::upload_meta(const Staged& st, int n, int n_ro
 
 void CudaBackend::lm_head(const int32_t* rows, int n_rows) {
   rmsnorm(x_, final_norm_, n_rows, cfg_.hidden, cfg_.rms_eps, rows, xn_, stream_);
-  Epilogue e{Epilogue::kStoreF32, d_logits_, cfg_.vocab};
+  // Tensor-parallel: this rank's vocab slice into its part of the gather buffer, then every
+  // rank's part into the full rows of d_logits_ (the same bits on every rank).
+  float* out = tp_.active() ? d_vocab_gather_ + size_t(tp_.rank) * n_rows * vocab_ld_ : d_logits_;
+  Epilogue e{Epilogue::kStoreF32, out, tp_.active() ? vocab_ld_ : cfg_.vocab};
   const bool dec = lm_head_dec_.fmt != WeightMat::kBF16 && (n_rows <= kSkinnyMaxTokens || invariant_);
   linear(dec ? lm_head_dec_ : lm_head_, xn_, cfg_.hidden, n_rows, e, stream_, invariant_);
+  if (tp_.active()) gather_vocab_logits(*comm_, model_cfg_, tp_, d_vocab_gather_, vocab_ld_, n_rows, d_logits_, stream_);
 }
 
 void CudaBackend::run_pass(int n, const PassMeta& m, int n_rows, int nsplit) {
@@ -613,7 +725,9 @@ void CudaBackend::run_pass(int n, const PassMeta& m, int n_rows, int nsplit) {
                 nsplit, partial_, attn_, stream_, inv ? AttentionPath::kFlash : AttentionPath::kAuto,
                 m.attn);
     mark("attention");
+    tp_zero_x_off_root(n);
     if (!skip("dense")) linear(Wo, attn_, c.q_dim(), n, Epilogue{Epilogue::kAddF32, x_, H}, stream_, inv);
+    tp_all_reduce_x(n);
     mark("o_proj");
     // The skinny kernels take fp16 activations (their MMA type for MXFP4): the router's fused
     // norm leaves the rows in fp16 (same buffer, other type), SwiGLU hands fp16 to down.
@@ -647,8 +761,17 @@ void CudaBackend::run_pass(int n, const PassMeta& m, int n_rows, int nsplit) {
                      stream_, n, skinny, inv);
     mark("down");
     const float* next_norm = li + 1 < layers_.size() ? layers_[li + 1].attn_norm : nullptr;
-    if (!skip("experts")) moe_combine(moe_y_, routing_, n, k, H, x_, next_norm, c.rms_eps, xn_, stream_);
-    else if (next_norm) rmsnorm(x_, next_norm, n, H, c.rms_eps, nullptr, xn_, stream_);
+    if (tp_.active()) {
+      // The next layer's norm needs the whole residual: combine, all-reduce, then normalize.
+      tp_zero_x_off_root(n);
+      if (!skip("experts")) moe_combine(moe_y_, routing_, n, k, H, x_, nullptr, c.rms_eps, xn_, stream_);
+      tp_all_reduce_x(n);
+      if (next_norm) rmsnorm(x_, next_norm, n, H, c.rms_eps, nullptr, xn_, stream_);
+    } else if (!skip("experts")) {
+      moe_combine(moe_y_, routing_, n, k, H, x_, next_norm, c.rms_eps, xn_, stream_);
+    } else if (next_norm) {
+      rmsnorm(x_, next_norm, n, H, c.rms_eps, nullptr, xn_, stream_);
+    }
     mark("combine");
     if (tap_layers_)
       for (size_t i = 0; i < tap_layers_->size(); ++i)

@@ -1,0 +1,36 @@
+#pragma once
+// Host helpers of the CUDA backend's tensor-parallel shards: cutting a rank's slice out of a
+// full weight tensor, the rank's local model shape, and the vocab-parallel lm_head's gather.
+#include <cuda_runtime.h>
+
+#include <cstddef>
+
+#include "backend/parallel/communicator.h"
+#include "backend/parallel/tp_shard.h"
+#include "model/config.h"
+
+namespace gptoss::cuda {
+
+// A tensor viewed as [outer][mid][inner_bytes]; the slice keeps mid rows [begin, begin + count)
+// of every outer index: row slices (outer 1), per-expert row slices (outer E), column slices
+// (outer = rows, inner = one element or one MXFP4 block).
+struct MidSlice {
+  size_t outer, mid, inner_bytes, begin, count;
+  size_t bytes() const { return outer * count * inner_bytes; }
+};
+// dst (device) <- the slice of src (host or device), [outer][count][inner_bytes], on `stream`.
+void copy_mid_slice(void* dst, const void* src, const MidSlice& s, cudaStream_t stream);
+
+// The shape this rank computes with: its q heads, kv heads and intermediate slice; hidden,
+// experts and vocab stay whole (the lm_head slice is handled apart).
+GptOssConfig tp_local_config(const GptOssConfig& full, const TpShard& shard);
+
+// Vocab-parallel logits: each rank wrote its rows' logits for its vocab slice into
+// `gather + rank * n_rows * ld` (row stride ld = the widest slice); gathers every rank's part
+// and lays the full rows out in `logits` ([n_rows][vocab]). All on `stream` (capturable).
+void gather_vocab_logits(Communicator& comm, const GptOssConfig& full, const TpShard& shard, float* gather, int ld,
+                         int n_rows, float* logits, cudaStream_t stream);
+// The widest vocab slice of the group (the gather's row stride).
+int tp_max_vocab_slice(const GptOssConfig& full, const TpShard& shard);
+
+}  // namespace gptoss::cuda
