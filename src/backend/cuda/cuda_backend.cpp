@@ -284,6 +284,7 @@ CudaBackend::CudaBackend(const BackendOptions& opts) {
 }
 
 CudaBackend::~CudaBackend() {
+  cudaSetDevice(device_);  // frees below (and the buffers after) belong to this backend's device
   if (profile_ && !prof_.empty()) {
     double total = 0;
     for (auto& [k, v] : prof_) total += v.first;
@@ -618,6 +619,7 @@ void CudaBackend::alloc_workspace() {
 }
 
 size_t CudaBackend::kv_memory_available() const {
+  GPTOSS_CUDA_CHECK(cudaSetDevice(device_));  // the caller's thread may have another current device
   size_t free_b = 0, total = 0;
   GPTOSS_CUDA_CHECK(cudaMemGetInfo(&free_b, &total));
   // Whatever KV pools exist now are given back by init_kv_cache; keep a margin for the
@@ -632,6 +634,7 @@ void CudaBackend::init_kv_cache(const KvCacheConfig& kv) {
   if (kv.dtype != DType::BF16 && kv.dtype != DType::F8_E4M3)
     throw Error("cuda backend: KV cache dtype must be bf16 or fp8 (e4m3)");
   if (kv.page_size <= 0) throw Error("cuda backend: page_size must be positive");
+  GPTOSS_CUDA_CHECK(cudaSetDevice(device_));
   GPTOSS_CUDA_CHECK(cudaStreamSynchronize(stream_));
   for (auto& [b, g] : graphs_) cudaGraphExecDestroy(g);
   graphs_.clear();
@@ -836,6 +839,8 @@ void CudaBackend::sample_on_device(const std::vector<RowSampling>& per, int n) {
 }
 
 void CudaBackend::run_batch(const ForwardBatch& b, float* logits, int32_t* greedy, const RowSampling* how) {
+  // Several backends (tensor-parallel ranks) may share a process; the current device is per thread.
+  GPTOSS_CUDA_CHECK(cudaSetDevice(device_));
   timeline_.begin(stream_);
   run_batch_impl(b, logits, greedy, how);
   timeline_.end(stream_);
