@@ -224,7 +224,11 @@ class CudaCommunicatorImpl final : public CudaCommunicator {
     mine.pid = uint64_t(getpid());
     mine.region = reinterpret_cast<uint64_t>(region_.get());
     mine.device = device_;
-    GPTOSS_CUDA_CHECK(cudaIpcGetMemHandle(&mine.ipc, region_.get()));
+    // Only processes need the handle; where IPC is unavailable the threads' path still works.
+    if (cudaIpcGetMemHandle(&mine.ipc, region_.get()) != cudaSuccess) {
+      cudaGetLastError();
+      mine.ipc = cudaIpcMemHandle_t{};
+    }
     auto all = gather_info(mine);
 
     bool ok = true;

@@ -77,9 +77,10 @@ oneshot_all_reduce_kernel(OneShotPeers peers, int rank, int world, float* data, 
   block_barrier(peers, rank, world, offsetof(OneShotSignals, start), epoch, timeout_ns);
 
   for (size_t i = first; i < n4; i += stride) {
-    float4 s = reinterpret_cast<const float4*>(peers.region[0] + kOneShotStagingOffset)[i];
+    // __ldcg: past L1, which is not coherent with the peers' writes.
+    float4 s = __ldcg(reinterpret_cast<const float4*>(peers.region[0] + kOneShotStagingOffset) + i);
     for (int r = 1; r < world; ++r) {
-      const float4 v = reinterpret_cast<const float4*>(peers.region[r] + kOneShotStagingOffset)[i];
+      const float4 v = __ldcg(reinterpret_cast<const float4*>(peers.region[r] + kOneShotStagingOffset) + i);
       s.x += v.x; s.y += v.y; s.z += v.z; s.w += v.w;
     }
     if (aligned) {
@@ -89,9 +90,8 @@ oneshot_all_reduce_kernel(OneShotPeers peers, int rank, int world, float* data, 
     }
   }
   if (blockIdx.x == 0 && tail < n) {
-    float s = reinterpret_cast<const float*>(peers.region[0] + kOneShotStagingOffset)[tail];
-    for (int r = 1; r < world; ++r)
-      s += reinterpret_cast<const float*>(peers.region[r] + kOneShotStagingOffset)[tail];
+    float s = __ldcg(reinterpret_cast<const float*>(peers.region[0] + kOneShotStagingOffset) + tail);
+    for (int r = 1; r < world; ++r) s += __ldcg(reinterpret_cast<const float*>(peers.region[r] + kOneShotStagingOffset) + tail);
     data[tail] = s;
   }
 
