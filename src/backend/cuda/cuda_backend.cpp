@@ -134,6 +134,9 @@ class CudaBackend final : public Backend {
   TpShard tp_;
   std::shared_ptr<Communicator> comm_;
   float* d_vocab_gather_ = nullptr;  // TP lm_head: [world][rows][vocab_ld_] logits of every rank
+  // Experts whose weights this rank holds, [begin, end) (all but under --tp-expert-sharding expert).
+  int experts_begin_ = 0, experts_end_ = 0;
+  bool expert_parallel() const { return tp_.active() && tp_.experts == ExpertSharding::kExpertParallel; }
   int vocab_ld_ = 0;
   YarnTables yarn_;
   int device_ = 0;
@@ -251,8 +254,6 @@ CudaBackend::CudaBackend(const BackendOptions& opts) {
       throw Error("cuda backend: tensor-parallel rank " + std::to_string(tp_.rank) + " of " + std::to_string(tp_.world) +
                   " needs its group's communicator");
     if (mx_layers_.any()) throw Error("--mxfp4-layers qkv/o/lm_head is not supported with --tp on CUDA yet");
-    if (tp_.experts != ExpertSharding::kIntermediate)
-      throw Error("--tp-expert-sharding expert is not supported on CUDA yet; use intermediate");
   }
   GPTOSS_CUDA_CHECK(cudaSetDevice(device_));
   GPTOSS_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
@@ -263,6 +264,8 @@ CudaBackend::CudaBackend(const BackendOptions& opts) {
   else
     throw Error("cuda backend: give a model directory or a random-weights preset");
   model_cfg_ = cfg_;
+  experts_begin_ = tp_.experts_held(model_cfg_).begin;
+  experts_end_ = tp_.experts_held(model_cfg_).end;
   if (tp_.active()) cfg_ = tp_local_config(model_cfg_, tp_);
   if (cfg_.hidden % 32 || cfg_.intermediate % 32 || cfg_.q_dim() % 32)
     throw Error("cuda backend: hidden, intermediate and q_dim must be multiples of 32");
@@ -495,25 +498,36 @@ void CudaBackend::shard_layer(Layer& L) {
   // o_proj: the columns of my heads; its bias is added once, by rank 0.
   S.o = WeightMat{WeightMat::kBF16, cut(L.o.w, {size_t(H), size_t(qd), 2, size_t(qh.begin) * D, size_t(qh.size()) * D}),
                   nullptr, tp_.root() ? L.o.bias : nullptr, H, qh.size() * D};
-  // Experts: gate_up rows 2i, 2i+1 of my i (gate and up interleaved), down's columns of my i in
-  // whole MXFP4 blocks; down's bias once, by rank 0.
-  const size_t gb = size_t(2) * is.begin, gn = size_t(2) * is.size();
-  S.gate_up = WeightMat{WeightMat::kMXFP4, cut(L.gate_up.w, {size_t(E), size_t(2) * I, size_t(H) / 2, gb, gn}),
-                        cut(L.gate_up.scales, {size_t(E), size_t(2) * I, size_t(H) / 32, gb, gn}),
-                        reinterpret_cast<const float*>(cut(L.gate_up.bias, {size_t(E), size_t(2) * I, 4, gb, gn})),
-                        int(gn), H};
-  const size_t db = size_t(is.begin) / 32, dn = size_t(is.size()) / 32;
-  S.down = WeightMat{WeightMat::kMXFP4, cut(L.down.w, {size_t(E) * H, size_t(I) / 32, 16, db, dn}),
-                     cut(L.down.scales, {size_t(E) * H, size_t(I) / 32, 1, db, dn}),
-                     tp_.root() ? L.down.bias : nullptr, H, is.size()};
+  if (tp_.experts == ExpertSharding::kExpertParallel) {
+    // Whole experts [eb, ee), biases with them (each rank adds only its experts' outputs).
+    const IndexRange ex = tp_.experts_held(c);
+    auto experts = [&](const void* src, size_t per_expert) {
+      return cut(src, {1, size_t(E), per_expert, size_t(ex.begin), size_t(ex.size())});
+    };
+    S.gate_up = WeightMat{WeightMat::kMXFP4, experts(L.gate_up.w, size_t(2) * I * H / 2),
+                          experts(L.gate_up.scales, size_t(2) * I * H / 32),
+                          reinterpret_cast<const float*>(experts(L.gate_up.bias, size_t(2) * I * 4)), 2 * I, H};
+    S.down = WeightMat{WeightMat::kMXFP4, experts(L.down.w, size_t(H) * I / 2), experts(L.down.scales, size_t(H) * I / 32),
+                       reinterpret_cast<const float*>(experts(L.down.bias, size_t(H) * 4)), H, I};
+  } else {
+    // Experts: gate_up rows 2i, 2i+1 of my i (gate and up interleaved), down's columns of my i in
+    // whole MXFP4 blocks; down's bias once, by rank 0.
+    const size_t gb = size_t(2) * is.begin, gn = size_t(2) * is.size();
+    S.gate_up = WeightMat{WeightMat::kMXFP4, cut(L.gate_up.w, {size_t(E), size_t(2) * I, size_t(H) / 2, gb, gn}),
+                          cut(L.gate_up.scales, {size_t(E), size_t(2) * I, size_t(H) / 32, gb, gn}),
+                          reinterpret_cast<const float*>(cut(L.gate_up.bias, {size_t(E), size_t(2) * I, 4, gb, gn})),
+                          int(gn), H};
+    const size_t db = size_t(is.begin) / 32, dn = size_t(is.size()) / 32;
+    S.down = WeightMat{WeightMat::kMXFP4, cut(L.down.w, {size_t(E) * H, size_t(I) / 32, 16, db, dn}),
+                       cut(L.down.scales, {size_t(E) * H, size_t(I) / 32, 1, db, dn}),
+                       tp_.root() ? L.down.bias : nullptr, H, is.size()};
+  }
   GPTOSS_CUDA_CHECK(cudaStreamSynchronize(stream_));
   for (const void* p : std::initializer_list<const void*>{L.qkv.w, L.qkv.bias, L.sinks, L.o.w, L.gate_up.w,
                                                           L.gate_up.scales, L.gate_up.bias, L.down.w, L.down.scales})
     dfree(p);
-  if (!tp_.root()) {
-    dfree(L.o.bias);
-    dfree(L.down.bias);
-  }
+  if (!tp_.root()) dfree(L.o.bias);
+  if (!tp_.root() || tp_.experts == ExpertSharding::kExpertParallel) dfree(L.down.bias);
   L = S;
 }
 
@@ -542,7 +556,7 @@ WeightMat CudaBackend::pack(const WeightMat& W, int E, bool swiglu, WeightMat::F
 void CudaBackend::repack_weights() {
   d_flag_ = dalloc<int>(1);
   GPTOSS_CUDA_CHECK(cudaMemsetAsync(d_flag_, 0, 4, stream_));
-  const int E = cfg_.num_experts;
+  const int E = experts_end_ - experts_begin_;  // experts held (all unless expert-parallel)
   auto in_place = [&](WeightMat& W, int e, bool swiglu) {
     if (!frag_packable(W)) return;
     WeightMat P = pack(W, e, swiglu, WeightMat::kFragMXFP4);
@@ -752,7 +766,11 @@ void CudaBackend::run_pass(int n, const PassMeta& m, int n_rows, int nsplit) {
       }
     }
     mark("norm+router");
-    if (!skip("router")) moe_route(router_logits_, n, E, k, routing_, stream_);
+    if (!skip("router")) moe_route(router_logits_, n, E, k, routing_, stream_, experts_begin_, experts_end_);
+    // Expert-parallel: pairs routed to other ranks' experts are not computed here; their rows
+    // of moe_y_ must add nothing in the combine.
+    if (expert_parallel() && !skip("experts"))
+      GPTOSS_CUDA_CHECK(cudaMemsetAsync(moe_y_, 0, size_t(n) * k * H * sizeof(float), stream_));
     mark("route");
     Epilogue gu{Epilogue::kSwiGLU, act_, c.intermediate};
     gu.swiglu_limit = c.swiglu_limit;

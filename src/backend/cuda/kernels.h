@@ -209,7 +209,11 @@ void flash_attention(const bf16_t* qkv, int n, int Hq, int Hkv, int D, int windo
                      int max_runs = 1);
 
 // Router logits [n, E] f32 -> top-k + softmax, pairs sorted by expert (fills r).
-void moe_route(const float* logits, int n, int E, int k, const MoeRouting& r, cudaStream_t s);
+// Expert parallelism: only experts [expert_begin, expert_end) get groups (numbered from
+// expert_begin: group_expert holds the index among the held experts, as their weights are
+// stored); the other experts' pairs keep their sorted slots but no kernel computes them.
+void moe_route(const float* logits, int n, int E, int k, const MoeRouting& r, cudaStream_t s, int expert_begin = 0,
+               int expert_end = -1);
 
 // out[i] = argmax of row i of logits [n, V].
 void argmax_rows(const float* logits, int n, int V, int32_t* out, cudaStream_t s);

@@ -88,7 +88,7 @@ __global__ void topk_kernel(const float* __restrict__ logits, int n, int E, int 
   if (t < n) topk_token(logits, t, E, k, r);
 }
 
-__device__ void moe_sort_block(int P, int E, int k, const MoeRouting& r) {
+__device__ void moe_sort_block(int P, int E, int k, const MoeRouting& r, int eb, int ee) {
   extern __shared__ int32_t sm[];
   int32_t* cnt = sm;         // [E]
   int32_t* cursor = sm + E;  // [E]
@@ -102,9 +102,11 @@ __device__ void moe_sort_block(int P, int E, int k, const MoeRouting& r) {
   int32_t* s_grp = sm + 3 * E;    // [E]
   int32_t* s_tile = sm + 4 * E;   // [E]
   const int e = threadIdx.x;
-  int c = e < E ? cnt[e] : 0;
+  // Every expert's pairs take sorted slots (c_all); only held experts get groups and tiles (c).
+  const int c_all = e < E ? cnt[e] : 0;
+  const int c = e >= eb && e < ee ? c_all : 0;
   int nt = (c + kGemmBM - 1) / kGemmBM;
-  if (e < E) { s_off[e] = c; s_grp[e] = c > 0; s_tile[e] = nt; }
+  if (e < E) { s_off[e] = c_all; s_grp[e] = c > 0; s_tile[e] = nt; }
   __syncthreads();
   for (int d = 1; d < E; d *= 2) {  // Hillis-Steele inclusive scans
     int a0 = 0, a1 = 0, a2 = 0;
@@ -114,10 +116,10 @@ __device__ void moe_sort_block(int P, int E, int k, const MoeRouting& r) {
     __syncthreads();
   }
   if (e < E) {
-    int off = s_off[e] - c, g = s_grp[e] - (c > 0), t0 = s_tile[e] - nt;
+    int off = s_off[e] - c_all, g = s_grp[e] - (c > 0), t0 = s_tile[e] - nt;
     cursor[e] = off;
     if (c > 0) {
-      r.group_expert[g] = e;
+      r.group_expert[g] = e - eb;
       r.group_start[g] = off;
       r.group_end[g] = off + c;
       for (int i = 0; i < nt; ++i) {
@@ -140,31 +142,34 @@ __device__ void moe_sort_block(int P, int E, int k, const MoeRouting& r) {
   }
 }
 
-__global__ void moe_sort_kernel(int P, int E, int k, MoeRouting r) {
+__global__ void moe_sort_kernel(int P, int E, int k, MoeRouting r, int eb, int ee) {
   pdl_begin();
-  moe_sort_block(P, E, k, r);
+  moe_sort_block(P, E, k, r, eb, ee);
 }
 
 // Decode-sized batches: top-k and the sort in one launch (one block), a launch less per layer.
-__global__ void moe_route_small_kernel(const float* __restrict__ logits, int n, int E, int k, MoeRouting r) {
+__global__ void moe_route_small_kernel(const float* __restrict__ logits, int n, int E, int k, MoeRouting r, int eb,
+                                       int ee) {
   pdl_begin();
   for (int t = threadIdx.x / 32; t < n; t += blockDim.x / 32) topk_token(logits, t, E, k, r);
   __threadfence_block();
   __syncthreads();
-  moe_sort_block(n * k, E, k, r);
+  moe_sort_block(n * k, E, k, r, eb, ee);
 }
 
-void moe_route(const float* logits, int n, int E, int k, const MoeRouting& r, cudaStream_t s) {
+void moe_route(const float* logits, int n, int E, int k, const MoeRouting& r, cudaStream_t s, int eb, int ee) {
   if (n <= 0) return;
+  if (ee < 0) ee = E;
+  if (eb < 0 || eb >= ee || ee > E) throw Error("moe_route: bad expert range");
   if (E > 32 * kMaxExpertsPerLane || k > kMaxTopK || k > E) throw Error("moe_route: unsupported experts/top-k");
   if (n <= 64) {
-    launch_pdl(moe_route_small_kernel, dim3(1), dim3(1024), 5 * E * sizeof(int32_t), s, logits, n, E, k, r);
+    launch_pdl(moe_route_small_kernel, dim3(1), dim3(1024), 5 * E * sizeof(int32_t), s, logits, n, E, k, r, eb, ee);
     GPTOSS_CUDA_LAUNCH_CHECK();
     return;
   }
   launch_pdl(topk_kernel, dim3((n + 7) / 8), dim3(256), 0, s, logits, n, E, k, r);
   GPTOSS_CUDA_LAUNCH_CHECK();
-  launch_pdl(moe_sort_kernel, dim3(1), dim3(1024), 5 * E * sizeof(int32_t), s, n * k, E, k, r);
+  launch_pdl(moe_sort_kernel, dim3(1), dim3(1024), 5 * E * sizeof(int32_t), s, n * k, E, k, r, eb, ee);
   GPTOSS_CUDA_LAUNCH_CHECK();
 }
 
