@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "backend/cuda/cuda_communicator.h"
+#include "backend/cuda/kernels.h"
 #include "cuda_test_util.h"
 
 namespace gptoss {
@@ -198,6 +199,76 @@ TEST_F(CudaTp, AllGatherAndBroadcast) {
       ASSERT_EQ(gathered[r][i], uint8_t(i * 7)) << r;
       ASSERT_EQ(gathered[r][bytes + i], uint8_t(i * 7 + 101)) << r;
       ASSERT_EQ(bcast[r][i], uint8_t(i * 7 + 101)) << r;
+    }
+  }
+}
+
+// Expert-parallel routing (one GPU): moe_route over all experts but with groups only for the
+// held range [eb, ee), numbered from eb, at the same sorted slots as the full routing.
+class TpRouting : public CudaTest {};
+
+TEST_F(TpRouting, ExpertRangeKeepsHeldGroupsAtTheirSlots) {
+  for (int n : {1, 7, 64, 300}) {
+    const int E = 128, k = 4, P = n * k;
+    FastRng g(fresh_seed());
+    std::vector<float> logits(size_t(n) * E);
+    for (auto& v : logits) v = float(int(g.next() % 100000)) * 1e-4f;  // distinct enough
+    Dev<float> dl(logits);
+    struct Groups {
+      std::vector<int32_t> expert, start, end, topk, slot, token;
+      int n_groups, n_tiles;
+    };
+    auto route = [&](int eb, int ee) {
+      Dev<uint8_t> mem(cuda::moe_routing_bytes(P, E));
+      auto r = cuda::moe_routing_carve(mem.p(), P, E);
+      cuda::moe_route(dl.p(), n, E, k, r, 0, eb, ee);
+      GPTOSS_CUDA_CHECK(cudaDeviceSynchronize());
+      Groups out;
+      int32_t counts[2];
+      GPTOSS_CUDA_CHECK(cudaMemcpy(counts, r.counts, 8, cudaMemcpyDeviceToHost));
+      out.n_groups = counts[0];
+      out.n_tiles = counts[1];
+      auto get = [&](const int32_t* p, int cnt) {
+        std::vector<int32_t> v(cnt);
+        if (cnt) GPTOSS_CUDA_CHECK(cudaMemcpy(v.data(), p, cnt * 4, cudaMemcpyDeviceToHost));
+        return v;
+      };
+      out.expert = get(r.group_expert, out.n_groups);
+      out.start = get(r.group_start, out.n_groups);
+      out.end = get(r.group_end, out.n_groups);
+      out.topk = get(r.topk_idx, P);
+      out.slot = get(r.slot_pair, P);
+      out.token = get(r.pair_token, P);
+      return out;
+    };
+    const Groups full = route(0, E);
+    for (auto [eb, ee] : {std::pair{0, 64}, std::pair{64, 128}, std::pair{32, 64}}) {
+      const Groups part = route(eb, ee);
+      EXPECT_EQ(part.topk, full.topk);
+      std::vector<int32_t> want_e, want_s, want_t;
+      int tiles = 0;
+      for (int i = 0; i < full.n_groups; ++i)
+        if (full.expert[i] >= eb && full.expert[i] < ee) {
+          want_e.push_back(full.expert[i] - eb);
+          want_s.push_back(full.start[i]);
+          want_t.push_back(full.end[i]);
+          tiles += (full.end[i] - full.start[i] + cuda::kGemmBM - 1) / cuda::kGemmBM;
+        }
+      EXPECT_EQ(part.expert, want_e) << "n=" << n << " range " << eb << ".." << ee;
+      EXPECT_EQ(part.start, want_s);
+      EXPECT_EQ(part.end, want_t);
+      EXPECT_EQ(part.n_tiles, tiles);
+      // Every pair keeps a slot of its own (a permutation) inside its expert's full range.
+      std::vector<int> seen(P, 0);
+      for (int p = 0; p < P; ++p) {
+        const int sl = part.slot[p];
+        ASSERT_TRUE(sl >= 0 && sl < P);
+        ++seen[sl];
+        EXPECT_EQ(part.token[sl], p / k);
+        for (int i = 0; i < full.n_groups; ++i)
+          if (full.expert[i] == part.topk[p]) EXPECT_TRUE(sl >= full.start[i] && sl < full.end[i]);
+      }
+      EXPECT_EQ(std::count(seen.begin(), seen.end(), 1), P);
     }
   }
 }
