@@ -358,8 +358,15 @@ void CudaBackend::load_checkpoint(const std::string& dir, const LoadProgressFn& 
   const int qd = cfg_.q_dim(), kvd = cfg_.kv_dim(), QKV = qd + 2 * kvd;
   embed_ = upload_bf16(*mw->embed);
   final_norm_ = upload_f32(*mw->final_norm);
+  // Tensor-parallel: the big tensors stay in the checkpoint's mapping and shard_layer /
+  // shard_lm_head upload only this rank's slice of them.
+  const bool from_map = tp_.active();
+  if (from_map && mw->lm_head->dtype != DType::BF16) throw Error(mw->lm_head->file + ": lm_head: expected bf16");
   lm_head_ = mx_layers_.lm_head ? upload_mxfp4({mw->lm_head}, nullptr)
-                                : WeightMat{WeightMat::kBF16, upload_bf16(*mw->lm_head), nullptr, nullptr, cfg_.vocab, H};
+                                : WeightMat{WeightMat::kBF16,
+                                            from_map ? reinterpret_cast<const bf16_t*>(mw->lm_head->data)
+                                                     : upload_bf16(*mw->lm_head),
+                                            nullptr, nullptr, cfg_.vocab, H};
   shard_lm_head();
   // Progress in bytes of the big tensors, reported as each layer starts (the last call, after
   // the loop, says the stage is done).
@@ -398,7 +405,8 @@ void CudaBackend::load_checkpoint(const std::string& dir, const LoadProgressFn& 
     L.o = mx_layers_.o ? upload_mxfp4({lw.o_w}, upload_f32(*lw.o_b))
                        : WeightMat{WeightMat::kBF16, upload_bf16(*lw.o_w), nullptr, upload_f32(*lw.o_b), H, qd};
     L.router = WeightMat{WeightMat::kBF16, upload_bf16(*lw.router_w), nullptr, upload_f32(*lw.router_b), E, H};
-    auto up_u8 = [&](const TensorView& t) {
+    auto up_u8 = [&](const TensorView& t) -> const uint8_t* {
+      if (from_map) return t.data;
       uint8_t* d = dalloc<uint8_t>(t.nbytes);
       GPTOSS_CUDA_CHECK(cudaMemcpy(d, t.data, t.nbytes, cudaMemcpyHostToDevice));
       return d;

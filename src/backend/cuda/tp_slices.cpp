@@ -1,6 +1,9 @@
 #include "backend/cuda/tp_slices.h"
 
 #include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <vector>
 
 #include "backend/cuda/cuda_common.h"
 
@@ -9,6 +12,18 @@ namespace gptoss::cuda {
 void copy_mid_slice(void* dst, const void* src, const MidSlice& s, cudaStream_t stream) {
   if (s.bytes() == 0) return;
   const size_t width = s.count * s.inner_bytes, pitch = s.mid * s.inner_bytes;
+  cudaPointerAttributes attr{};
+  if (cudaPointerGetAttributes(&attr, src) != cudaSuccess) cudaGetLastError();
+  if (attr.type != cudaMemoryTypeDevice && attr.type != cudaMemoryTypeManaged) {
+    // A checkpoint's mapping (pageable): gather the rows on the host, then one upload; a 2-D copy
+    // from pageable memory would move hundreds of thousands of small rows one by one.
+    std::vector<uint8_t> host(s.bytes());
+    const auto* from = static_cast<const uint8_t*>(src) + s.begin * s.inner_bytes;
+    for (size_t o = 0; o < s.outer; ++o) std::memcpy(host.data() + o * width, from + o * pitch, width);
+    GPTOSS_CUDA_CHECK(cudaMemcpyAsync(dst, host.data(), host.size(), cudaMemcpyHostToDevice, stream));
+    GPTOSS_CUDA_CHECK(cudaStreamSynchronize(stream));  // `host` goes away
+    return;
+  }
   GPTOSS_CUDA_CHECK(cudaMemcpy2DAsync(dst, width, static_cast<const char*>(src) + s.begin * s.inner_bytes, pitch,
                                       width, s.outer, cudaMemcpyDefault, stream));
 }

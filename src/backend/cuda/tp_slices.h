@@ -18,7 +18,8 @@ struct MidSlice {
   size_t outer, mid, inner_bytes, begin, count;
   size_t bytes() const { return outer * count * inner_bytes; }
 };
-// dst (device) <- the slice of src (host or device), [outer][count][inner_bytes], on `stream`.
+// dst (device) <- the slice of src (device memory, or host memory such as a checkpoint mapping),
+// [outer][count][inner_bytes], on `stream` (a host source is copied before this returns).
 void copy_mid_slice(void* dst, const void* src, const MidSlice& s, cudaStream_t stream);
 
 // The shape this rank computes with: its q heads, kv heads and intermediate slice; hidden,
