@@ -6,7 +6,7 @@
 # network transport (NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1; one-shot off) and with the one-shot
 # kernel over CUDA IPC. Logs land in $OUT; a summary prints last.
 #
-#   tools/gpu/tp_round.sh BIN_DIR    # BIN_DIR: prebuilt gptoss, test_cuda_tp, lib/, data/tiny-gptoss
+#   tools/gpu/tp_round.sh BIN_DIR    # BIN_DIR: prebuilt gptoss, test_cuda_tp (test_cuda_kernels), lib/, data/tiny-gptoss
 # NCCL comes from the PyTorch wheel on the GPU machine (gptoss loads libnccl.so.2 at run time);
 # NCCL_LIB overrides its directory.
 set -uo pipefail
@@ -25,6 +25,13 @@ log "test_cuda_tp (collectives, TP=2 vs TP=1 models, graph vs eager)"
 timeout 500 "$bin/test_cuda_tp" --gtest_color=no >"$out/test_cuda_tp.log" 2>&1; rc=$?
 grep -E "rel err|greedy|graph|FAILED|Failure|Expected|Which is|error|^\[  (PASSED|FAILED)" "$out/test_cuda_tp.log" | head -60
 status test_cuda_tp "$([ $rc = 0 ] && echo "PASS ($(grep -c '^\[       OK' "$out/test_cuda_tp.log") tests)" || echo "FAIL rc=$rc")"
+
+if [ -x "$bin/test_cuda_kernels" ]; then  # moe_route grew an expert range: the TP=1 MoE kernels must not move
+  log "test_cuda_kernels (MoE)"
+  timeout 300 "$bin/test_cuda_kernels" --gtest_color=no --gtest_filter='*Moe*:*Route*' >"$out/test_cuda_kernels_moe.log" 2>&1; rc=$?
+  grep -E "FAILED|Failure|^\[  (PASSED|FAILED)" "$out/test_cuda_kernels_moe.log" | head -10
+  status "test_cuda_kernels MoE" "$([ $rc = 0 ] && echo PASS || echo "FAIL rc=$rc")"
+fi
 
 log "bench-allreduce --tp 2"
 timeout 200 "$g" bench-allreduce --tp 2 2>&1 | tee "$out/allreduce.md"
