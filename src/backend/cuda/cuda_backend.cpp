@@ -595,9 +595,13 @@ void CudaBackend::repack_weights() {
     mma = !copies && frag_packable(g0) && frag_packable(d0);
   }
   for (Layer& L : layers_) {
-    if (mma) {
+    if (mma && frag_packable(L.gate_up) && frag_packable(L.down)) {
+      // Both expert matrices or neither: a skinny gate_up hands fp16 activations to down. (A
+      // tensor-parallel intermediate slice, 1440 of 120b's 2880, can leave down's K % 64 != 0.)
       in_place(L.gate_up, E, true);
       in_place(L.down, E, false);
+    }
+    if (mma) {
       if (L.qkv.fmt == WeightMat::kMXFP4) in_place(L.qkv, 1, false);
       if (L.o.fmt == WeightMat::kMXFP4) in_place(L.o, 1, false);
     }
@@ -608,6 +612,10 @@ void CudaBackend::repack_weights() {
     L.qkv_dec = L.qkv.fmt == WeightMat::kBF16 ? dec_copy(L.qkv) : WeightMat{};
     L.o_dec = L.o.fmt == WeightMat::kBF16 ? dec_copy(L.o) : WeightMat{};
   }
+  if (invariant_ && !layers_.empty() && layers_[0].gate_up.fmt != WeightMat::kFragMXFP4)
+    throw Error("--batch-invariant needs the experts in the fragment layout (rows % 16, K % 64); this model's " +
+                std::string(tp_.active() ? "tensor-parallel slice (try --tp-expert-sharding expert) " : "") +
+                "has down_proj K = " + std::to_string(layers_[0].down.K));
   if (mma && lm_head_.fmt == WeightMat::kMXFP4) in_place(lm_head_, 1, false);
   lm_head_dec_ = lm_head_.fmt == WeightMat::kBF16 ? dec_copy(lm_head_) : WeightMat{};
   int flag = 0;
