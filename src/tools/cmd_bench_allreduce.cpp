@@ -1,4 +1,4 @@
-// `gptoss bench-allreduce --tp N`: NCCL vs the one-shot peer-memory all-reduce on this host's
+// `gptoss bench-allreduce --gpus N`: NCCL vs the one-shot peer-memory all-reduce on this host's
 // GPUs (see backend/cuda/allreduce_bench.h). Needs libnccl.so.2 on LD_LIBRARY_PATH.
 #include <cstdio>
 
@@ -16,8 +16,8 @@ struct Args {
 gptoss::tools::RegisterCommand reg({"bench-allreduce", "Time the tensor-parallel all-reduce, NCCL vs one-shot (CUDA)",
                                     [](CLI::App* app) {
   auto a = std::make_shared<Args>();
-  app->add_option("--tp", a->tp, "GPUs in the group")->capture_default_str()->check(CLI::Range(2, 8));
-  app->add_option("--iters", a->iters, "All-reduces per captured graph")->capture_default_str()->check(CLI::PositiveNumber);
+  app->add_option("--gpus", a->tp, "GPUs in the group (one rank each)")->capture_default_str()->check(CLI::Range(2, 8));
+  app->add_option("--calls", a->iters, "All-reduces per captured graph")->capture_default_str()->check(CLI::PositiveNumber);
   app->add_option("--reps", a->reps, "Graph replays timed (best reported)")->capture_default_str()->check(CLI::PositiveNumber);
   app->add_option("--first-device", a->first_device, "First GPU of the group")->capture_default_str()->check(CLI::NonNegativeNumber);
   return [a]() {

@@ -33,8 +33,8 @@ if [ -x "$bin/test_cuda_kernels" ]; then  # moe_route grew an expert range: the 
   status "test_cuda_kernels MoE" "$([ $rc = 0 ] && echo PASS || echo "FAIL rc=$rc")"
 fi
 
-log "bench-allreduce --tp 2"
-timeout 200 "$g" bench-allreduce --tp 2 2>&1 | tee "$out/allreduce.md"
+log "bench-allreduce --gpus 2"
+timeout 200 "$g" bench-allreduce --gpus 2 2>&1 | tee "$out/allreduce.md"
 status bench-allreduce "$([ ${PIPESTATUS[0]} = 0 ] && echo done || echo FAIL)"
 
 bench() {  # NAME FLAGS...

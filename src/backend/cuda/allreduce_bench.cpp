@@ -64,7 +64,7 @@ int run_allreduce_bench(const AllReduceBenchOptions& o) {
   int ngpu = 0;
   if (cudaGetDeviceCount(&ngpu) != cudaSuccess) ngpu = 0;
   if (o.tp < 2 || o.first_device + o.tp > ngpu) {
-    std::fprintf(stderr, "bench-allreduce: --tp %d from GPU %d needs that many GPUs (found %d)\n", o.tp,
+    std::fprintf(stderr, "bench-allreduce: --gpus %d from GPU %d needs that many GPUs (found %d)\n", o.tp,
                  o.first_device, ngpu);
     return 1;
   }
