@@ -22,7 +22,11 @@ IndexRange TpShard::kv_heads(const GptOssConfig& c) const {
 
 IndexRange TpShard::intermediate(const GptOssConfig& c) const {
   if (experts != ExpertSharding::kIntermediate) return {0, c.intermediate};
-  return split_range(c.intermediate, world, rank, 32);
+  // Slices in multiples of 64 where the model allows it (120b/20b: 2880 -> 1472 + 1408 at TP=2):
+  // the fragment layout's K chunk, so the tensor-core decode kernels and the v2 prefill GEMM take
+  // down's slice (1440 would fall back to the CUDA-core kernels). MXFP4 blocks of 32 otherwise.
+  const int grain = c.intermediate % 64 == 0 && c.intermediate / 64 >= world ? 64 : 32;
+  return split_range(c.intermediate, world, rank, grain);
 }
 
 IndexRange TpShard::experts_held(const GptOssConfig& c) const {

@@ -8,7 +8,7 @@
 //              qkv is column-parallel (each rank its heads' rows), o_proj row-parallel (its
 //              heads' columns); o_proj's bias is added by rank 0 only.
 //   experts:   kIntermediate: every rank holds every expert, a slice of the intermediate
-//              dimension in whole MXFP4 blocks of 32 (gate_up rows 2i, 2i+1 of its i; down's
+//              dimension in multiples of 64 where that splits (else MXFP4 blocks of 32) (gate_up rows 2i, 2i+1 of its i; down's
 //              columns of its i), down's bias on rank 0 only;
 //              kExpertParallel: rank r holds whole experts [r*E/world, ...) (E % world == 0);
 //              the router runs on every rank (replicated), each rank adds the weighted outputs
@@ -44,7 +44,7 @@ struct TpShard {
   bool root() const { return rank == 0; }
   IndexRange q_heads(const GptOssConfig& c) const;
   IndexRange kv_heads(const GptOssConfig& c) const;
-  IndexRange intermediate(const GptOssConfig& c) const;  // kIntermediate: a multiple of 32 wide; else all
+  IndexRange intermediate(const GptOssConfig& c) const;  // kIntermediate: a multiple of 64 (or 32) wide; else all
   IndexRange experts_held(const GptOssConfig& c) const;  // kExpertParallel: a slice; else all
   IndexRange vocab(const GptOssConfig& c) const;
 };
