@@ -81,7 +81,9 @@ class CudaCommunicatorImpl final : public CudaCommunicator {
                   ", GPU " + std::to_string(device) + "): " + nccl_error(r, nullptr));
     wait_ready("init");
     timeout_ns_ = timeout_seconds() * 1000000000ull;
-    oneshot_max_bytes_ = env_size("GPTOSS_ALLREDUCE_ONESHOT_MAX", 512 * 1024);
+    // The one-shot kernel only wins below ~8 KB on two NVLinked H200s (bench-allreduce: 6.40 vs
+    // 6.52 us at 5.6 KB, 7.78 vs 7.07 us at 11.5 KB; docs/BENCHMARKS.md): NCCL above that.
+    oneshot_max_bytes_ = env_size("GPTOSS_ALLREDUCE_ONESHOT_MAX", 8 * 1024);
     if (world_ > 1 && world_ <= cuda::kOneShotMaxRanks && oneshot_max_bytes_ > 0) setup_oneshot();
     watchdog_ = std::thread([this] { watch(); });
   }
@@ -140,6 +142,16 @@ class CudaCommunicatorImpl final : public CudaCommunicator {
     enqueued(nccl().AllGather(send, recv, bytes, ncclUint8, comm_, cudaStream_t(stream)), "all_gather");
   }
 
+  // Another rank failed (TpBackend): release this rank from any collective it is blocked in
+  // (NCCL's abort returns the kernels and the waits of a non-blocking communicator); every later
+  // call throws.
+  void abort(const std::string& why) override {
+    if (aborted_.exchange(true)) return;
+    async_error_ = why;
+    failed_ = true;
+    nccl().CommAbort(comm_);
+  }
+
   void broadcast(void* data, size_t bytes, int root, void* stream) override {
     check_alive();
     enqueued(nccl().Broadcast(data, data, bytes, ncclUint8, root, comm_, cudaStream_t(stream)), "broadcast");
@@ -189,10 +201,10 @@ class CudaCommunicatorImpl final : public CudaCommunicator {
       ncclResult_t s = ncclSuccess;
       if (nccl().CommGetAsyncError(comm_, &s) != ncclSuccess) continue;
       if (s != ncclSuccess && s != ncclInProgress) {
+        if (aborted_.exchange(true)) return;  // abort() got there first
         async_error_ = nccl_error(s, comm_);
         std::fprintf(stderr, "gptoss: rank %d: NCCL error, aborting the group: %s\n", rank_, async_error_.c_str());
         failed_ = true;
-        aborted_ = true;
         nccl().CommAbort(comm_);
         return;
       }

@@ -14,7 +14,8 @@ namespace gptoss {
 class CudaCommunicator : public Communicator {
  public:
   // all_reduce_sum takes the one-shot path up to this many bytes (0: one-shot unavailable,
-  // e.g. ranks on different hosts); GPTOSS_ALLREDUCE_ONESHOT_MAX sets it (default 512 KiB).
+  // e.g. ranks on different hosts); GPTOSS_ALLREDUCE_ONESHOT_MAX sets it (default 8 KiB, from
+  // bench-allreduce on two H200s).
   virtual size_t oneshot_max_bytes() const = 0;
   virtual void nccl_all_reduce(float* data, size_t n, void* stream) = 0;
   virtual void oneshot_all_reduce(float* data, size_t n, void* stream) = 0;  // n * 4 <= oneshot_max_bytes()
