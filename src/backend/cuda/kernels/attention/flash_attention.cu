@@ -23,6 +23,7 @@
 
 #include "backend/cuda/cuda_common.h"
 #include "backend/cuda/device_utils.cuh"
+#include "backend/cuda/tensor_core_ptx.cuh"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/kernels/attention/flash_blocks.cuh"
 #include "backend/kv_layout.h"
@@ -40,35 +41,10 @@ constexpr int kStageBytes = 2 * kTileBytes;     // K + V
 constexpr int kSmemBytes = 2 * kStageBytes;     // 32 KiB (both dtypes)
 constexpr float kLog2e = 1.4426950408889634f;
 
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-__device__ __forceinline__ void ldsm_x4(uint32_t* r, uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-__device__ __forceinline__ void ldsm_x4_trans(uint32_t* r, uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-// c += a (16x16, row) * b (16x8, col); bf16 inputs, fp32 accumulators.
-__device__ __forceinline__ void mma16816(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
+using ptx::cp_async16;
+using ptx::cp_async_commit;
+using ptx::cp_async_wait;
+using ptx::smem_addr;
 __device__ __forceinline__ float fast_exp2(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
@@ -130,7 +106,7 @@ __global__ void __launch_bounds__(kThreads, 2)
 #pragma unroll
   for (int ks = 0; ks < 4; ++ks) {
     const int r = warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
-    ldsm_x4(qf[ks], q_base + swz(r, 2 * ks + (lane >> 4)));
+    ptx::ldmatrix_x4(qf[ks], q_base + swz(r, 2 * ks + (lane >> 4)));
   }
   __syncthreads();  // the Q staging area is a K/V stage from here on
 
@@ -264,9 +240,9 @@ __global__ void __launch_bounds__(kThreads, 2)
 #pragma unroll
           for (int np = 0; np < 4; ++np) {
             uint32_t b[4];
-            ldsm_x4(b, kt + swz(16 * np + (lane & 7) + (lane >> 4) * 8, 2 * ks + ((lane >> 3) & 1)));
-            mma16816(s[2 * np], qf[ks], b[0], b[1]);
-            mma16816(s[2 * np + 1], qf[ks], b[2], b[3]);
+            ptx::ldmatrix_x4(b, kt + swz(16 * np + (lane & 7) + (lane >> 4) * 8, 2 * ks + ((lane >> 3) & 1)));
+            ptx::mma_bf16_16816(s[2 * np], qf[ks], b[0], b[1]);
+            ptx::mma_bf16_16816(s[2 * np + 1], qf[ks], b[2], b[3]);
           }
         }
         // Online softmax, log2 domain. Element (nb, e): row e < 2 ? A : B, key k0 + 8 nb + 2 (lane % 4) + e % 2.
@@ -319,9 +295,9 @@ __global__ void __launch_bounds__(kThreads, 2)
 #pragma unroll
           for (int dp = 0; dp < 4; ++dp) {
             uint32_t b[4];
-            ldsm_x4_trans(b, vt + swz(16 * kk + (lane & 7) + ((lane >> 3) & 1) * 8, 2 * dp + (lane >> 4)));
-            mma16816(o[2 * dp], pa[kk], b[0], b[1]);
-            mma16816(o[2 * dp + 1], pa[kk], b[2], b[3]);
+            ptx::ldmatrix_x4_trans(b, vt + swz(16 * kk + (lane & 7) + ((lane >> 3) & 1) * 8, 2 * dp + (lane >> 4)));
+            ptx::mma_bf16_16816(o[2 * dp], pa[kk], b[0], b[1]);
+            ptx::mma_bf16_16816(o[2 * dp + 1], pa[kk], b[2], b[3]);
           }
         }
       }

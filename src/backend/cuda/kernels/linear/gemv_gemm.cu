@@ -10,6 +10,7 @@
 #include <cuda_fp16.h>
 
 #include "backend/cuda/device_utils.cuh"
+#include "backend/cuda/tensor_core_ptx.cuh"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/kernels/linear/frag_layout.cuh"
 
@@ -580,26 +581,12 @@ __global__ void __launch_bounds__(256, 2) gemv_mxfp4_kernel(LinArgs a) {
 
 constexpr int BM = kGemmBM, BN = 128, BK = 32, SK = BK + 8;  // SK: padded row, conflict-free ldmatrix
 
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
-  uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  int sz = valid ? 16 : 0;
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(sz));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-__device__ __forceinline__ void cp_async_wait1() { asm volatile("cp.async.wait_group 1;\n" ::); }
-
-__device__ __forceinline__ void ldmatrix_x4(uint32_t* r, const void* p) {
-  uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(p));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(s));
-}
+using ptx::cp_async16;
+using ptx::cp_async_commit;
+using ptx::ldmatrix_x4;
+__device__ __forceinline__ void cp_async_wait1() { ptx::cp_async_wait<1>(); }
 __device__ __forceinline__ void mma_bf16(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  ptx::mma_bf16_16816(c, a, b0, b1);
 }
 __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
   __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);

@@ -14,6 +14,7 @@
 #include <cuda_fp8.h>
 
 #include "backend/cuda/device_utils.cuh"
+#include "backend/cuda/tensor_core_ptx.cuh"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/kernels/linear/frag_layout.cuh"
 
@@ -31,20 +32,7 @@ struct SkinnyArgs {
   Epilogue epi;
 };
 
-__device__ __forceinline__ void mma_f16(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-__device__ __forceinline__ void mma_bf16x(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
+using ptx::mma_f16_16816;
 
 // e8m0 byte -> 2^(s - 127 + 14) as float bits: s * 2^23 + 14 * 2^23 (one IMAD; s <= 240 checked
 // at packing).
@@ -121,7 +109,7 @@ __device__ __forceinline__ void chunk_mma(const WChunk<FMT>& w, const uint4 (&x)
           const uint32_t* xb = reinterpret_cast<const uint32_t*>(&x[i][h]);
           uint32_t b0 = xb[2 * jj], b1 = xb[2 * jj + 1];
           if constexpr (!XF16) { b0 = bf16x2_to_f16x2(b0); b1 = bf16x2_to_f16x2(b1); }
-          mma_f16(tmp[i], af, b0, b1);
+          mma_f16_16816(tmp[i], af, b0, b1);
         }
       }
 #pragma unroll
@@ -150,7 +138,7 @@ __device__ __forceinline__ void chunk_mma(const WChunk<FMT>& w, const uint4 (&x)
           const uint32_t* xb = reinterpret_cast<const uint32_t*>(&x[i][h]);
           uint32_t b0 = xb[2 * jj], b1 = xb[2 * jj + 1];
           if constexpr (!XF16) { b0 = bf16x2_to_f16x2(b0); b1 = bf16x2_to_f16x2(b1); }
-          mma_f16(acc[i], af, b0, b1);
+          mma_f16_16816(acc[i], af, b0, b1);
         }
       }
     }
@@ -161,7 +149,7 @@ __device__ __forceinline__ void chunk_mma(const WChunk<FMT>& w, const uint4 (&x)
 #pragma unroll
       for (int i = 0; i < NT; ++i) {
         const uint32_t* xb = reinterpret_cast<const uint32_t*>(&x[i][j >> 1]);
-        mma_bf16x(acc[i], af, xb[2 * (j & 1)], xb[2 * (j & 1) + 1]);
+        ptx::mma_bf16_16816(acc[i], af, xb[2 * (j & 1)], xb[2 * (j & 1) + 1]);
       }
     }
   }
