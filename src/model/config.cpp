@@ -113,17 +113,17 @@ GptOssConfig GptOssConfig::from_json(const json& j, const std::string& where) {
   return c;
 }
 
-GptOssConfig GptOssConfig::from_file(const std::string& path) {
+nlohmann::json read_json_file(const std::string& path, const std::string& missing_hint) {
   std::ifstream f(path);
-  if (!f) throw Error(path + ": cannot open");
-  json j;
+  if (!f) throw Error(path + ": cannot open" + missing_hint);
   try {
-    j = json::parse(f);
+    return json::parse(f);
   } catch (const json::exception& e) {
     throw Error(path + ": invalid JSON: " + e.what());
   }
-  return from_json(j, path);
 }
+
+GptOssConfig GptOssConfig::from_file(const std::string& path) { return from_json(read_json_file(path), path); }
 
 GptOssConfig GptOssConfig::preset(const std::string& name) {
   GptOssConfig c;  // defaults are gpt-oss-120b

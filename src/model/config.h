@@ -49,6 +49,10 @@ struct GptOssConfig {
   nlohmann::json to_json() const;  // the Hugging Face config.json layout
 };
 
+// A JSON file parsed, or gptoss::Error naming the path ("cannot open" + `missing_hint`, or the
+// parser's message). Used by every config.json reader of model/.
+nlohmann::json read_json_file(const std::string& path, const std::string& missing_hint = "");
+
 // YaRN inverse frequencies (head_dim/2 of them) and the cos/sin scale, computed in float32 the
 // way transformers' _compute_yarn_parameters does, so positions rotate bit-for-bit alike.
 struct YarnTables {

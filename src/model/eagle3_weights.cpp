@@ -111,15 +111,7 @@ Eagle3Config Eagle3Config::from_json(const json& j, const std::string& where) {
 }
 
 Eagle3Config Eagle3Config::from_file(const std::string& path) {
-  std::ifstream f(path);
-  if (!f) throw Error(path + ": cannot open (an Eagle3 head directory needs config.json)");
-  json j;
-  try {
-    j = json::parse(f);
-  } catch (const json::exception& e) {
-    throw Error(path + ": invalid JSON: " + e.what());
-  }
-  return from_json(j, path);
+  return from_json(read_json_file(path, " (an Eagle3 head directory needs config.json)"), path);
 }
 
 Eagle3Config Eagle3Config::preset(const std::string& name) {
