@@ -16,6 +16,7 @@
 #include <random>
 #include <unistd.h>
 
+#include "engine_test_util.h"
 #include "backend/cpu/cpu_backend.h"
 #include "common/error.h"
 #include "engine/eagle3_drafter.h"
@@ -425,13 +426,7 @@ SpecRun serve(const EngineConfig& c, const std::vector<std::vector<int32_t>>& pr
   return out;
 }
 
-SamplingParams greedy(int max_tokens) {
-  SamplingParams sp;
-  sp.temperature = 0;
-  sp.max_tokens = max_tokens;
-  sp.ignore_eos = true;
-  return sp;
-}
+using test::greedy;
 
 // A head whose drafts are always target token `tok`: lm_head all zeros (every draft logit
 // ties, so draft id 0 wins) and d2t[0] = tok.

@@ -3,6 +3,7 @@
 // eviction, or a page written by two sequences changes outputs or throws.
 #include <gtest/gtest.h>
 
+#include "engine_test_util.h"
 #include "engine/engine.h"
 #include "fake_backend.h"
 
@@ -51,18 +52,9 @@ EngineConfig cfg(bool caching) {
   return c;
 }
 
-SamplingParams greedy(int max_tokens) {
-  SamplingParams sp;
-  sp.temperature = 0;
-  sp.max_tokens = max_tokens;
-  sp.ignore_eos = true;
-  return sp;
-}
+using test::greedy;
 
-void expect_pools_balanced(const Engine& e) {
-  for (int g = 0; g < 2; ++g) EXPECT_EQ(e.stats().kv_pages_used[g], 0) << "group " << g;
-  EXPECT_EQ(e.num_active(), 0);
-}
+using test::expect_pools_balanced;
 
 // A two-turn chat: turn 2's prompt is turn 1's prompt and answer plus a new message.
 struct TwoTurns {

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <map>
 
+#include "engine_test_util.h"
 #include "backend/cpu/cpu_backend.h"
 #include "engine/engine.h"
 #include "engine/speculative.h"
@@ -82,13 +83,7 @@ SpecRun serve(EngineConfig c, const std::vector<std::vector<int32_t>>& prompts, 
   return out;
 }
 
-SamplingParams greedy(int max_tokens) {
-  SamplingParams sp;
-  sp.temperature = 0;
-  sp.max_tokens = max_tokens;
-  sp.ignore_eos = true;
-  return sp;
-}
+using test::greedy;
 
 }  // namespace
 
