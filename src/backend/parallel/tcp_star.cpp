@@ -19,6 +19,18 @@
 namespace gptoss {
 
 namespace {
+// Whether a connected TCP socket's two ends are the same address and port (Linux lets a client
+// connect to its own ephemeral port on localhost when nothing listens there).
+bool connected_to_itself(int fd) {
+  sockaddr_storage a{}, b{};
+  socklen_t la = sizeof a, lb = sizeof b;
+  if (::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &la) != 0) return false;
+  if (::getpeername(fd, reinterpret_cast<sockaddr*>(&b), &lb) != 0) return false;
+  return la == lb && std::memcmp(&a, &b, la) == 0;
+}
+}  // namespace
+
+namespace {
 
 using Clock = std::chrono::steady_clock;
 
@@ -147,13 +159,23 @@ std::vector<std::unique_ptr<TcpStar>> tcp_rendezvous(const std::string& addr, in
   if (rank == 0) {
     // Listen on every interface at the port: MASTER_ADDR is how the others reach us.
     addrinfo* ai = resolve("", port, true);
-    int lfd = ::socket(ai->ai_family, ai->ai_socktype, ai->ai_protocol);
-    int one = 1;
-    ::setsockopt(lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    if (::bind(lfd, ai->ai_addr, ai->ai_addrlen) != 0 || ::listen(lfd, 64) != 0) {
-      std::string err = std::strerror(errno);
-      ::freeaddrinfo(ai);
+    int lfd = -1;
+    // A port briefly held by another rank's self-connected probe (see connected_to_itself) is
+    // free again within milliseconds: "in use" is retried for a few seconds before it is an error.
+    const auto bind_deadline = Clock::now() + std::chrono::seconds(5);
+    for (;;) {
+      lfd = ::socket(ai->ai_family, ai->ai_socktype, ai->ai_protocol);
+      int one = 1;
+      ::setsockopt(lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+      if (::bind(lfd, ai->ai_addr, ai->ai_addrlen) == 0 && ::listen(lfd, 64) == 0) break;
+      const int e = errno;
+      std::string err = std::strerror(e);
       ::close(lfd);
+      if (e == EADDRINUSE && Clock::now() < bind_deadline) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        continue;
+      }
+      ::freeaddrinfo(ai);
       throw Error("tensor-parallel rank 0 cannot listen on port " + std::to_string(port) + " (MASTER_PORT): " + err);
     }
     ::freeaddrinfo(ai);
@@ -206,6 +228,13 @@ std::vector<std::unique_ptr<TcpStar>> tcp_rendezvous(const std::string& addr, in
       int rc = ::connect(fd, ai->ai_addr, ai->ai_addrlen);
       std::string err = std::strerror(errno);
       ::freeaddrinfo(ai);
+      if (rc == 0 && connected_to_itself(fd)) {
+        // Nobody listens yet and the kernel gave this socket the destination port as its own
+        // ephemeral port: a TCP self-connection, which would also keep rank 0 from binding the
+        // port. Drop it and try again.
+        rc = -1;
+        err = "connected to itself (rank 0 not listening yet)";
+      }
       if (rc == 0) {
         set_nodelay(fd);
         Hello h{kHelloMagic, uint32_t(rank), uint32_t(world), uint32_t(c)};
