@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/error.h"
+#include "model/json_keys.h"
 
 namespace gptoss {
 
@@ -16,32 +17,13 @@ int GptOssConfig::num_sliding_layers() const {
   return n;
 }
 
+using json_keys::need;
+using json_keys::want;
+
 namespace {
-
-template <class T>
-T need(const json& j, const char* key, const std::string& where) {
-  if (!j.contains(key)) throw Error(where + ": missing key \"" + key + "\"");
-  try {
-    return j.at(key).get<T>();
-  } catch (const json::exception&) {
-    throw Error(where + ": key \"" + key + "\" has the wrong type");
-  }
-}
-
-template <class T>
-T want(const json& j, const char* key, T dflt, const std::string& where) {
-  if (!j.contains(key) || j.at(key).is_null()) return dflt;
-  try {
-    return j.at(key).get<T>();
-  } catch (const json::exception&) {
-    throw Error(where + ": key \"" + key + "\" has the wrong type");
-  }
-}
-
 void positive(int v, const char* key, const std::string& where) {
   if (v <= 0) throw Error(where + ": \"" + key + "\" must be positive");
 }
-
 }  // namespace
 
 GptOssConfig GptOssConfig::from_json(const json& j, const std::string& where) {

@@ -7,35 +7,15 @@
 #include <nlohmann/json.hpp>
 
 #include "common/error.h"
+#include "model/json_keys.h"
 
 namespace gptoss {
 
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-namespace {
-
-template <class T>
-T need(const json& j, const char* key, const std::string& where) {
-  if (!j.contains(key) || j.at(key).is_null()) throw Error(where + ": missing key \"" + key + "\"");
-  try {
-    return j.at(key).get<T>();
-  } catch (const json::exception&) {
-    throw Error(where + ": key \"" + key + "\" has the wrong type");
-  }
-}
-
-template <class T>
-T want(const json& j, const char* key, T dflt, const std::string& where) {
-  if (!j.contains(key) || j.at(key).is_null()) return dflt;
-  try {
-    return j.at(key).get<T>();
-  } catch (const json::exception&) {
-    throw Error(where + ": key \"" + key + "\" has the wrong type");
-  }
-}
-
-}  // namespace
+using json_keys::need;
+using json_keys::want;
 
 std::vector<int> Eagle3Config::tap_layers(int L) const {
   std::vector<int> t = aux_layers;
