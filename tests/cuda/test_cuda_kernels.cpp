@@ -538,6 +538,73 @@ TEST_F(Kernels, MoeRouteTiesGoToTheLowerIndex) {
       }
 }
 
+// The decode router (norm + GEMV + top-k + sort in one launch) against the CPU norm and GEMV, and
+// its routing against moe_route over the same logits, launch after launch (the ticket resets).
+TEST_F(Kernels, RouterRouteFused) {
+  struct C { int n, E, K, k, eb, ee; };
+  std::vector<C> cases = {{1, 128, 2880, 4, 0, 128}, {2, 128, 2880, 4, 0, 128}, {7, 32, 2880, 4, 0, 32},
+                          {8, 128, 2880, 4, 64, 128}, {3, 200, 1024, 8, 0, 200}, {1, 8, 64, 2, 0, 8}};
+  if (small_mode()) cases = {{1, 32, 256, 4, 0, 32}, {8, 8, 64, 2, 2, 6}};
+  for (const C& c : cases)
+    for (bool f16 : {false, true}) {
+      FastRng r(fresh_seed());
+      auto x = rand_f32(size_t(c.n) * c.K, r, 3.f);
+      auto nw = rand_f32(c.K, r, 0.1f, 1.f);
+      auto wb = to_bf16(rand_f32(size_t(c.E) * c.K, r, 0.02f));
+      auto bias = rand_f32(c.E, r, 0.1f);
+      std::vector<float> xn(x.size()), ref(size_t(c.n) * c.E);
+      cpu::rmsnorm(x.data(), nw.data(), c.n, c.K, 1e-5f, xn.data());
+      xn = round_bf16(xn);
+      cpu::linear_bf16(xn.data(), c.n, c.K, wb.data(), c.E, bias.data(), ref.data());
+      Dev<float> dx(x), dnw(nw), db(bias), dlog(ref.size()), dlog2(ref.size());
+      Dev<uint16_t> dw(wb), dxn(std::vector<uint16_t>(x.size(), 0x7fc0));
+      Dev<int> ticket(std::vector<int>{0});
+      const int P = c.n * c.k;
+      Dev<uint8_t> rmem(cuda::moe_routing_bytes(P, c.E)), rmem2(cuda::moe_routing_bytes(P, c.E));
+      auto rt = cuda::moe_routing_carve(rmem.p(), P, c.E), rt2 = cuda::moe_routing_carve(rmem2.p(), P, c.E);
+      for (int rep = 0; rep < 2; ++rep)
+        cuda::moe_router_route(reinterpret_cast<const cuda::bf16_t*>(dw.p()), db.p(), c.E, c.K, dx.p(), dnw.p(), 1e-5f,
+                               c.n, dxn.p(), f16, dlog.p(), c.k, rt, ticket.p(), 0, c.eb, c.ee);
+      GPTOSS_CUDA_CHECK(cudaDeviceSynchronize());
+      const std::string at = "n=" + std::to_string(c.n) + " E=" + std::to_string(c.E) + " f16=" + std::to_string(f16);
+      auto logits = dlog.download();
+      EXPECT_LE(rel_err(logits, ref), 2e-3) << at;
+      EXPECT_EQ(ticket.download()[0], 0) << at;
+      auto gxn = dxn.download();
+      std::vector<float> xn_got(gxn.size());
+      for (size_t i = 0; i < gxn.size(); ++i) xn_got[i] = f16 ? f16_to_f32(gxn[i]) : bf16_to_f32(gxn[i]);
+      EXPECT_LE(rel_err(xn_got, xn), 5e-3) << at;
+      // Same logits through moe_route: every routing array must agree exactly.
+      dlog2.upload(logits);
+      cuda::moe_route(dlog2.p(), c.n, c.E, c.k, rt2, 0, c.eb, c.ee);
+      GPTOSS_CUDA_CHECK(cudaDeviceSynchronize());
+      auto ints = [&](const int32_t* p, size_t count) {
+        std::vector<int32_t> v(count);
+        GPTOSS_CUDA_CHECK(cudaMemcpy(v.data(), p, count * 4, cudaMemcpyDeviceToHost));
+        return v;
+      };
+      auto floats = [&](const float* p, size_t count) {
+        std::vector<float> v(count);
+        GPTOSS_CUDA_CHECK(cudaMemcpy(v.data(), p, count * 4, cudaMemcpyDeviceToHost));
+        return v;
+      };
+      EXPECT_EQ(ints(rt.counts, 2), ints(rt2.counts, 2)) << at;
+      const int groups = ints(rt2.counts, 1)[0];
+      EXPECT_EQ(ints(rt.group_expert, groups), ints(rt2.group_expert, groups)) << at;
+      EXPECT_EQ(ints(rt.group_start, groups), ints(rt2.group_start, groups)) << at;
+      EXPECT_EQ(ints(rt.group_end, groups), ints(rt2.group_end, groups)) << at;
+      EXPECT_EQ(ints(rt.topk_idx, P), ints(rt2.topk_idx, P)) << at;
+      EXPECT_EQ(ints(rt.slot_pair, P), ints(rt2.slot_pair, P)) << at;
+      EXPECT_EQ(ints(rt.pair_token, P), ints(rt2.pair_token, P)) << at;
+      EXPECT_EQ(floats(rt.pair_weight, P), floats(rt2.pair_weight, P)) << at;
+      // And the top-k itself against the CPU's rule on these logits.
+      std::vector<int32_t> idx(P);
+      std::vector<float> wts(P);
+      cpu::router_topk(logits.data(), c.n, c.E, c.k, idx.data(), wts.data());
+      EXPECT_EQ(ints(rt.topk_idx, P), idx) << at;
+    }
+}
+
 TEST_F(Kernels, Argmax) {
   // Unaligned rows and a V that is no multiple of 4 take the kernel's scalar paths; a tie checks
   // that the lowest index wins.

@@ -172,6 +172,7 @@ class CudaBackend final : public Backend {
   MoeRouting routing_;
   float* d_logits_ = nullptr;
   int32_t* d_greedy_ = nullptr;
+  int* d_ticket_ = nullptr;  // moe_router_route: blocks done (the last one routes)
   RowSampling* d_how_ = nullptr;
   DeviceBuffer meta_;
   size_t meta_cap_ = 0;  // int32 entries
@@ -645,6 +646,8 @@ void CudaBackend::alloc_workspace() {
     d_vocab_gather_ = dalloc<float>(size_t(tp_.world) * kMaxLogitRows * vocab_ld_);
   }
   d_greedy_ = dalloc<int32_t>(kMaxLogitRows);
+  d_ticket_ = dalloc<int>(1);  // moe_router_route's last-block counter: zero between launches
+  GPTOSS_CUDA_CHECK(cudaMemsetAsync(d_ticket_, 0, sizeof(int), stream_));
   d_how_ = dalloc<RowSampling>(kMaxLogitRows);
 }
 
@@ -772,7 +775,12 @@ void CudaBackend::run_pass(int n, const PassMeta& m, int n_rows, int nsplit) {
     const bool xn_f16 = skinny && !inv && linear_rmsnorm_fuses(L.router, n);
     // The router's GEMV normalizes in place (decode sizes) and leaves the rows for the experts;
     // batch-invariant mode normalizes apart at every size (the fused norm sums in another order).
-    if (!skip("router")) {
+    // Decode sizes: norm, router and routing in one launch (router_route_fuses).
+    const bool fused_route = !inv && L.router.fmt == WeightMat::kBF16 && router_route_fuses(n, H, E, k);
+    if (!skip("router") && fused_route) {
+      moe_router_route(static_cast<const bf16_t*>(L.router.w), L.router.bias, E, H, x_, L.mlp_norm, c.rms_eps, n, xn_,
+                       xn_f16, router_logits_, k, routing_, d_ticket_, stream_, experts_begin_, experts_end_);
+    } else if (!skip("router")) {
       const Epilogue re{Epilogue::kStoreF32, router_logits_, E};
       if (inv) {
         rmsnorm(x_, L.mlp_norm, n, H, c.rms_eps, nullptr, xn_, stream_);
@@ -782,7 +790,8 @@ void CudaBackend::run_pass(int n, const PassMeta& m, int n_rows, int nsplit) {
       }
     }
     mark("norm+router");
-    if (!skip("router")) moe_route(router_logits_, n, E, k, routing_, stream_, experts_begin_, experts_end_);
+    if (!skip("router") && !fused_route)
+      moe_route(router_logits_, n, E, k, routing_, stream_, experts_begin_, experts_end_);
     // Expert-parallel: pairs routed to other ranks' experts are not computed here; their rows
     // of moe_y_ must add nothing in the combine.
     if (expert_parallel() && !skip("experts"))

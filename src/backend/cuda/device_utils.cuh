@@ -1,6 +1,7 @@
 #pragma once
 // Device-side helpers shared by the kernel files (bf16/fp8 conversions, warp reductions).
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
@@ -18,6 +19,17 @@ __device__ __forceinline__ uint16_t f32_to_bf16_bits(float f) {
 // Two bf16 packed in a word -> two floats (low half first).
 __device__ __forceinline__ float2 bf16x2_to_f32x2(uint32_t w) {
   return make_float2(__uint_as_float(w << 16), __uint_as_float(w & 0xffff0000u));
+}
+// Eight bf16 -> eight fp16 (exact for normalized activations; tiny values go subnormal).
+__device__ __forceinline__ uint4 bf16x8_to_f16x8(uint4 v) {
+  uint32_t* w = reinterpret_cast<uint32_t*>(&v);
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    float2 f = bf16x2_to_f32x2(w[q]);
+    __half2 h = __floats2half2_rn(f.x, f.y);
+    w[q] = *reinterpret_cast<uint32_t*>(&h);
+  }
+  return v;
 }
 __device__ __forceinline__ float fp8_bits_to_f32(uint8_t b) {
   __half_raw h = __nv_cvt_fp8_to_halfraw(b, __NV_E4M3);

@@ -303,7 +303,15 @@ int run_kernel_bench(const KernelBenchOptions& o) {
                      Epilogue{Epilogue::kStoreF32, logits, E}, s);
       moe_route(logits, M, E, k, routes[i % R], s);
     });
-    row("router + route", std::to_string(M) + "x" + std::to_string(E), "default", us, double(E) * H * 2);
+    row("router + route", std::to_string(M) + "x" + std::to_string(E), "norm+GEMV, then route", us, double(E) * H * 2);
+    if (router_route_fuses(M, H, E, k)) {
+      auto* ticket = dev_alloc<int>(1, owned);
+      GPTOSS_CUDA_CHECK(cudaMemsetAsync(ticket, 0, sizeof(int), s));
+      us = timer.us(o.iters, [&](int i) {
+        moe_router_route(router_w, nullptr, E, H, x, normw, 1e-5f, M, xn, true, logits, k, routes[i % R], ticket, s);
+      });
+      row("router + route", std::to_string(M) + "x" + std::to_string(E), "fused (one launch)", us, double(E) * H * 2);
+    }
   }
   {
     double us = timer.us(o.iters, [&](int) { argmax_rows(out, M, c.vocab, reinterpret_cast<int32_t*>(xn), s); });

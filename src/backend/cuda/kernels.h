@@ -215,6 +215,14 @@ void flash_attention(const bf16_t* qkv, int n, int Hq, int Hkv, int D, int windo
 void moe_route(const float* logits, int n, int E, int k, const MoeRouting& r, cudaStream_t s, int expert_begin = 0,
                int expert_end = -1);
 
+// Decode sizes (router_route_fuses): the router's RMSNorm + bf16 GEMV + moe_route in one launch.
+// Leaves the normalized rows in xn (fp16 if xn_f16) when xn is not null, the logits in `logits`.
+// ticket: a device int, zero before the first launch; the kernel leaves it zero.
+bool router_route_fuses(int n, int K, int E, int k);
+void moe_router_route(const bf16_t* w, const float* bias, int E, int K, const float* x, const float* norm_w, float eps,
+                      int n, void* xn, bool xn_f16, float* logits, int k, const MoeRouting& r, int* ticket,
+                      cudaStream_t s, int expert_begin = 0, int expert_end = -1);
+
 // out[i] = argmax of row i of logits [n, V].
 void argmax_rows(const float* logits, int n, int V, int32_t* out, cudaStream_t s);
 

@@ -74,18 +74,6 @@ constexpr int kGemvRowsPerBlock = kGemvWarps * kGemvRowsPerWarp;
 constexpr int kGemvMT = 4;  // tokens per pass over the weights
 constexpr int kGemvMaxM = 8;  // the auto path uses GEMV up to this many rows (per group)
 
-// Eight bf16 -> eight fp16 (exact for normalized activations; tiny values go subnormal).
-__device__ __forceinline__ uint4 bf16x8_to_f16x8(uint4 v) {
-  uint32_t* w = reinterpret_cast<uint32_t*>(&v);
-#pragma unroll
-  for (int q = 0; q < 4; ++q) {
-    float2 f = bf16x2_to_f32x2(w[q]);
-    __half2 h = __floats2half2_rn(f.x, f.y);
-    w[q] = *reinterpret_cast<uint32_t*>(&h);
-  }
-  return v;
-}
-
 // RMSNorm fused into a bf16 GEMV (decode): A is the f32 residual stream, normalized on the fly,
 // so the normalized rows never make a round trip through memory and the norm costs no launch.
 struct FusedNorm {

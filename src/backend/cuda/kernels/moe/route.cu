@@ -2,6 +2,7 @@
 // the experts' outputs (moe_combine).
 #include <cooperative_groups.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <string>
 
@@ -170,6 +171,149 @@ void moe_route(const float* logits, int n, int E, int k, const MoeRouting& r, cu
   launch_pdl(topk_kernel, dim3((n + 7) / 8), dim3(256), 0, s, logits, n, E, k, r);
   GPTOSS_CUDA_LAUNCH_CHECK();
   launch_pdl(moe_sort_kernel, dim3(1), dim3(1024), 5 * E * sizeof(int32_t), s, n * k, E, k, r, eb, ee);
+  GPTOSS_CUDA_LAUNCH_CHECK();
+}
+
+// Decode: the router's RMSNorm + GEMV and the routing in one launch. Each warp owns one expert's
+// router row (loaded before griddepcontrol.wait: weights depend on no earlier kernel); every block
+// normalizes the tokens' rows into shared memory exactly as rmsnorm_kernel rounds them (block 0
+// also leaves them in xn for the experts); the last block to finish (a ticket counter, reset by
+// that block for the next launch) reads all logits back and runs top-k and the sort of
+// moe_route_small_kernel. One launch and one dependent round trip less per layer than
+// linear_rmsnorm + moe_route.
+struct RouterRouteArgs {
+  const uint16_t* w;  // [E, K] bf16 router rows
+  const float* bias;  // [E] or null
+  const float* x;     // [n, K] f32 residual rows
+  const float* norm_w;
+  float eps;
+  int n, K, E, k;
+  void* xn;  // [n, K] normalized rows (bf16, or fp16 if xn_f16); null: not wanted
+  bool xn_f16;
+  float* logits;  // [n, E]
+  MoeRouting r;
+  int eb, ee;
+  int* ticket;
+};
+
+constexpr int kRouterMaxTokens = 8;
+
+template <int KC>  // 16-byte chunks of a router row per lane: K <= KC * 256
+__global__ void __launch_bounds__(256) router_route_kernel(RouterRouteArgs a) {
+  extern __shared__ __align__(16) int32_t sm[];
+  uint4* xs = reinterpret_cast<uint4*>(sm);  // [n][K / 8] normalized bf16 rows
+  __shared__ float inv_rms[kRouterMaxTokens];
+  __shared__ bool last;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, warps = blockDim.x / 32;
+  const int row = blockIdx.x * warps + warp, K = a.K, chunks = K / 8, n = a.n;
+  uint4 w[KC];
+  if (row < a.E) {
+    const uint4* wr = reinterpret_cast<const uint4*>(a.w) + size_t(row) * chunks;
+#pragma unroll
+    for (int u = 0; u < KC; ++u)
+      if (lane + 32 * u < chunks) w[u] = __ldg(wr + lane + 32 * u);
+  }
+  pdl_wait();
+  pdl_trigger();
+  for (int m = warp; m < n; m += warps) {
+    const float4* xr = reinterpret_cast<const float4*>(a.x + size_t(m) * K);
+    float ss = 0.f;
+    for (int i = lane; i < K / 4; i += 32) {
+      float4 v = xr[i];
+      ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+    }
+    ss = warp_sum(ss);
+    if (lane == 0) inv_rms[m] = 1.0f / sqrtf(ss / float(K) + a.eps);
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < n * chunks; i += blockDim.x) {
+    const int m = i / chunks, c = i % chunks;
+    const float inv = inv_rms[m];
+    const float4* xr = reinterpret_cast<const float4*>(a.x + size_t(m) * K + size_t(c) * 8);
+    const float4* nr = reinterpret_cast<const float4*>(a.norm_w + size_t(c) * 8);
+    const float4 x0 = xr[0], x1 = xr[1], w0 = __ldg(nr), w1 = __ldg(nr + 1);
+    uint4 v;
+    v.x = uint32_t(f32_to_bf16_bits(x0.x * inv * w0.x)) | (uint32_t(f32_to_bf16_bits(x0.y * inv * w0.y)) << 16);
+    v.y = uint32_t(f32_to_bf16_bits(x0.z * inv * w0.z)) | (uint32_t(f32_to_bf16_bits(x0.w * inv * w0.w)) << 16);
+    v.z = uint32_t(f32_to_bf16_bits(x1.x * inv * w1.x)) | (uint32_t(f32_to_bf16_bits(x1.y * inv * w1.y)) << 16);
+    v.w = uint32_t(f32_to_bf16_bits(x1.z * inv * w1.z)) | (uint32_t(f32_to_bf16_bits(x1.w * inv * w1.w)) << 16);
+    xs[i] = v;
+    if (a.xn && blockIdx.x == 0) reinterpret_cast<uint4*>(a.xn)[i] = a.xn_f16 ? bf16x8_to_f16x8(v) : v;
+  }
+  __syncthreads();
+  if (row < a.E) {
+    float acc[kRouterMaxTokens];
+#pragma unroll
+    for (int m = 0; m < kRouterMaxTokens; ++m) acc[m] = 0.f;
+#pragma unroll
+    for (int u = 0; u < KC; ++u) {
+      const int c = lane + 32 * u;
+      if (c >= chunks) break;
+      const uint32_t* pw = reinterpret_cast<const uint32_t*>(&w[u]);
+#pragma unroll
+      for (int m = 0; m < kRouterMaxTokens; ++m) {
+        if (m >= n) break;
+        const uint4 xv = xs[m * chunks + c];
+        const uint32_t* px = reinterpret_cast<const uint32_t*>(&xv);
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          const float2 xf = bf16x2_to_f32x2(px[q]), wf = bf16x2_to_f32x2(pw[q]);
+          acc[m] = fmaf(wf.x, xf.x, fmaf(wf.y, xf.y, acc[m]));
+        }
+      }
+    }
+    const float b = a.bias ? a.bias[row] : 0.f;
+#pragma unroll
+    for (int m = 0; m < kRouterMaxTokens; ++m) {
+      if (m >= n) break;
+      const float v = warp_sum(acc[m]);
+      if (lane == 0) a.logits[size_t(m) * a.E + row] = v + b;
+    }
+  }
+  // Every block's logits are stored and fenced before its ticket; the last ticket routes.
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();
+    last = atomicAdd(a.ticket, 1) == int(gridDim.x) - 1;
+  }
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  float* slog = reinterpret_cast<float*>(sm + 5 * a.E);  // after moe_sort_block's scratch
+  for (int i = threadIdx.x; i < n * a.E; i += blockDim.x) slog[i] = __ldcg(a.logits + i);
+  __syncthreads();
+  for (int t = warp; t < n; t += warps) topk_token(slog, t, a.E, a.k, a.r);
+  __threadfence_block();
+  __syncthreads();
+  moe_sort_block(n * a.k, a.E, a.k, a.r, a.eb, a.ee);
+  if (threadIdx.x == 0) *a.ticket = 0;
+}
+
+bool router_route_fuses(int n, int K, int E, int k) {
+  return n >= 1 && n <= kRouterMaxTokens && K % 8 == 0 && K <= 16 * 256 && E <= 256 && k <= kMaxTopK && k <= E;
+}
+
+void moe_router_route(const bf16_t* w, const float* bias, int E, int K, const float* x, const float* norm_w, float eps,
+                      int n, void* xn, bool xn_f16, float* logits, int k, const MoeRouting& r, int* ticket,
+                      cudaStream_t s, int eb, int ee) {
+  if (ee < 0) ee = E;
+  if (!router_route_fuses(n, K, E, k)) throw Error("moe_router_route: shape not supported (see router_route_fuses)");
+  if (eb < 0 || eb >= ee || ee > E) throw Error("moe_router_route: bad expert range");
+  const int threads = E <= 128 ? 128 : 256;  // moe_sort_block: a thread per expert
+  const int blocks = (E + threads / 32 - 1) / (threads / 32);
+  const size_t smem = std::max(size_t(n) * K * 2, (5 * size_t(E) + size_t(n) * E) * 4);
+  RouterRouteArgs a{reinterpret_cast<const uint16_t*>(w), bias, x, norm_w, eps, n, K, E, k, xn, xn_f16, logits, r,
+                    eb, ee, ticket};
+  auto go = [&](auto kernel) {
+    if (smem > 48 * 1024)
+      GPTOSS_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    launch_pdl(kernel, dim3(blocks), dim3(threads), smem, s, a);
+  };
+  const int kc = (K / 8 + 31) / 32;
+  if (kc <= 4) go(router_route_kernel<4>);
+  else if (kc <= 8) go(router_route_kernel<8>);
+  else if (kc <= 12) go(router_route_kernel<12>);
+  else go(router_route_kernel<16>);
   GPTOSS_CUDA_LAUNCH_CHECK();
 }
 
