@@ -175,7 +175,7 @@ bool CublasLtGemm::run(const WeightMat& W, const bf16_t* A, int lda, int M, cons
   return true;
 }
 
-std::unique_ptr<CublasLtGemm> make_dense_gemm(const std::string& choice, bool invariant) {
+std::unique_ptr<CublasLtGemm> make_dense_gemm(const std::string& choice, bool invariant, CublasLtLoader load) {
   std::string c = choice.empty() ? "auto" : choice;
   const char* env = std::getenv("GPTOSS_DENSE_GEMM");
   if (c == "auto" && env && *env) c = env;
@@ -189,7 +189,7 @@ std::unique_ptr<CublasLtGemm> make_dense_gemm(const std::string& choice, bool in
     return nullptr;
   }
   std::string why;
-  const CublasLtLibrary* lib = cublaslt(&why);
+  const CublasLtLibrary* lib = (load ? load : cublaslt)(&why);
   if (!lib) {
     if (c == "cublas") std::fprintf(stderr, "gptoss: --dense-gemm cublas: %s; gptoss's own GEMM instead\n", why.c_str());
     return nullptr;

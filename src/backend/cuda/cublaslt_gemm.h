@@ -50,7 +50,10 @@ class CublasLtGemm {
 // GPTOSS_DENSE_GEMM when that is set), cublas or own; null means our own kernels: "own",
 // batch-invariant mode, or a library that does not load (said on stderr only when cublas was
 // asked for). The first one made in the process says on stderr which library file serves.
-// Throws gptoss::Error on another choice. On the current device.
-std::unique_ptr<CublasLtGemm> make_dense_gemm(const std::string& choice, bool invariant);
+// Throws gptoss::Error on another choice. On the current device. load: how the library is found
+// (tests pass one that finds none).
+using CublasLtLoader = const CublasLtLibrary* (*)(std::string* why);
+std::unique_ptr<CublasLtGemm> make_dense_gemm(const std::string& choice, bool invariant,
+                                              CublasLtLoader load = nullptr);
 
 }  // namespace gptoss::cuda
