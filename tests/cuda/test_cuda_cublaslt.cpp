@@ -223,6 +223,15 @@ TEST_F(CublasLt, AwkwardShapesAgainstCpu) {
     for (bool bias : {true, false}) check_case(*gemm, c, bias);
 }
 
+// The staged bf16 store (f32 rows, then rounded), which serves when cuBLASLt has no bf16-output
+// algorithm with an f32 bias.
+TEST_F(CublasLt, StagedBf16StoreAgainstCpu) {
+  cuda::CublasLtGemm::set_force_staging(true);
+  cuda::CublasLtGemm staged(gemm->library());  // plans made while forced
+  for (const Case& c : {Case{129, 5120, 2880}, Case{67, 48, 128}, Case{2048, 5120, 2880}}) check_case(staged, c, true);
+  cuda::CublasLtGemm::set_force_staging(false);
+}
+
 // Rows of a strided A and a wider output (ld > N), as a tensor-parallel slice or a sub-matrix.
 TEST_F(CublasLt, StridedRowsAgainstCpu) {
   const int M = 97, N = 200, K = 64, lda = 96, ldo = 208;
@@ -265,7 +274,9 @@ TEST_F(CublasLt, LinearUsesItOnlyPastDecodeSizes) {
     ASSERT_TRUE(gemm->run(W, dx.p(), K, M, Epilogue{Epilogue::kStoreF32, c.p(), N}, 0));
     const auto ha = a.download(), hb = b.download(), hc = c.download();
     EXPECT_EQ(ha, M > cuda::kSkinnyMaxTokens ? hc : hb) << "M=" << M;
-    if (M > cuda::kSkinnyMaxTokens) EXPECT_LE(rel_err(ha, hb), 2e-3) << "M=" << M;  // the two agree closely
+    if (M > cuda::kSkinnyMaxTokens) {
+      EXPECT_LE(rel_err(ha, hb), 2e-3) << "M=" << M;  // the two agree closely
+    }
   }
   // The router in batch-invariant mode (N <= 512: the K-split GEMV) at a prefill size.
   const WeightMat R{WeightMat::kBF16, dw.p(), nullptr, db.p(), 128, K};

@@ -3,7 +3,9 @@
 // A' the column-major K x M matrix (ld lda) as it is, and D column-major N x M (ld ldo): the
 // "TN" layout cuBLASLt serves best. The bias is a per-row vector of D (CUBLASLT_EPILOGUE_BIAS,
 // f32 as WeightMat holds it), added to the f32 accumulator before the output is rounded, as our
-// own GEMM does.
+// own GEMM does. Should cuBLASLt offer no bf16-output algorithm with an f32 bias, the bf16 store
+// is staged: the GEMM writes f32 rows into a workspace, then f32_rows_to_bf16 rounds them once,
+// the same result at a little more memory traffic.
 #include "backend/cuda/cublaslt_gemm.h"
 
 #include <cstdio>
@@ -31,20 +33,26 @@ uint32_t alignment(const void* p) {
 // Everything the algorithm choice depends on. Pointers enter only through their alignment.
 using Key = std::tuple<int, int, int, int, int, int, bool, uint32_t, uint32_t, uint32_t, uint32_t>;
 
+bool g_force_staging = false;
+
 }  // namespace
+
+void CublasLtGemm::set_force_staging(bool on) { g_force_staging = on; }
 
 struct CublasLtGemm::Impl {
   const CublasLtLibrary& lib;
   cublasLtHandle_t handle = nullptr;
   DeviceBuffer workspace;
+  DeviceBuffer staging;  // f32 [M][N] of a staged bf16 store; grows to the largest one seen
   struct Plan {
     bool ok = false;
+    bool staged = false;  // D is f32 rows in `staging`, rounded to bf16 after
     cublasLtMatmulDesc_t desc = nullptr;
     cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
     cublasLtMatmulAlgo_t algo{};
   };
   std::map<Key, Plan> plans;
-  bool warned = false;
+  bool warned = false, said_staged = false;
 
   explicit Impl(const CublasLtLibrary& l) : lib(l) {}
   ~Impl() {
@@ -61,9 +69,11 @@ struct CublasLtGemm::Impl {
     if (st != CUBLAS_STATUS_SUCCESS) throw Error(std::string("cuBLASLt: ") + what + ": " + lib.GetStatusString(st));
   }
   // Builds the descriptors and asks the heuristic for the best algorithm; ok false when it has none.
-  Plan make_plan(const WeightMat& W, const bf16_t* A, int lda, int M, const Epilogue& epi) {
+  Plan make_plan(const WeightMat& W, const bf16_t* A, int lda, int M, const Epilogue& epi, bool staged,
+                 const char** why) {
     Plan p;
-    const bool f32_out = epi.mode != Epilogue::kStoreBF16;
+    p.staged = staged;
+    const bool f32_out = staged || epi.mode != Epilogue::kStoreBF16;
     check(lib.MatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "MatmulDescCreate");
     const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
     check(lib.MatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta), "TRANSA");
@@ -79,11 +89,12 @@ struct CublasLtGemm::Impl {
     }
     check(lib.MatrixLayoutCreate(&p.a, CUDA_R_16BF, W.K, W.N, W.K), "layout W");
     check(lib.MatrixLayoutCreate(&p.b, CUDA_R_16BF, W.K, M, lda), "layout A");
-    check(lib.MatrixLayoutCreate(&p.d, f32_out ? CUDA_R_32F : CUDA_R_16BF, W.N, M, epi.ldo), "layout out");
+    check(lib.MatrixLayoutCreate(&p.d, f32_out ? CUDA_R_32F : CUDA_R_16BF, W.N, M, staged ? W.N : epi.ldo),
+          "layout out");
     cublasLtMatmulPreference_t pref = nullptr;
     check(lib.MatmulPreferenceCreate(&pref), "MatmulPreferenceCreate");
     const uint64_t ws = workspace.bytes();
-    const uint32_t al_w = alignment(W.w), al_a = alignment(A), al_o = alignment(epi.out);
+    const uint32_t al_w = alignment(W.w), al_a = alignment(A), al_o = staged ? 256 : alignment(epi.out);
     bool set = lib.MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws) ==
                    CUBLAS_STATUS_SUCCESS &&
                lib.MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_w,
@@ -106,7 +117,7 @@ struct CublasLtGemm::Impl {
         break;
       }
     if (!p.ok) {
-      decline(W, M, epi, st == CUBLAS_STATUS_SUCCESS ? "no algorithm" : lib.GetStatusString(st));
+      *why = st == CUBLAS_STATUS_SUCCESS ? "no algorithm" : lib.GetStatusString(st);
       release(p);
     }
     return p;
@@ -156,22 +167,45 @@ bool CublasLtGemm::run(const WeightMat& W, const bf16_t* A, int lda, int M, cons
                 alignment(epi.out),
                 W.bias ? alignment(W.bias) : 0u};
   auto it = impl_->plans.find(key);
-  if (it == impl_->plans.end()) it = impl_->plans.emplace(key, impl_->make_plan(W, A, lda, M, epi)).first;
+  if (it == impl_->plans.end()) {
+    const char* why = "";
+    Impl::Plan p;
+    if (!g_force_staging) p = impl_->make_plan(W, A, lda, M, epi, false, &why);
+    if (!p.ok && epi.mode == Epilogue::kStoreBF16) p = impl_->make_plan(W, A, lda, M, epi, true, &why);
+    if (!p.ok) impl_->decline(W, M, epi, why);
+    if (p.ok && p.staged && !g_force_staging && !impl_->said_staged) {
+      impl_->said_staged = true;
+      std::fprintf(stderr, "gptoss: cuBLASLt has no bf16-output GEMM with an f32 bias here (%s); bf16 outputs go "
+                   "through f32 rows\n", why);
+    }
+    it = impl_->plans.emplace(key, p).first;
+  }
   Impl::Plan& p = it->second;
   if (!p.ok) return false;
+  void* d = epi.out;
+  if (p.staged) {
+    const size_t need = size_t(M) * W.N * sizeof(float);
+    if (impl_->staging.bytes() < need) {
+      // Work queued on s may still read the old buffer. (Prefill sizes only: never in a graph.)
+      GPTOSS_CUDA_CHECK(cudaStreamSynchronize(s));
+      impl_->staging.alloc(need);
+    }
+    d = impl_->staging.get();
+  }
   if (W.bias)
     impl_->check(lib_.MatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &W.bias, sizeof W.bias),
                  "BIAS_POINTER");
   const float alpha = 1.f, beta = epi.mode == Epilogue::kAddF32 ? 1.f : 0.f;
   // kAddF32 reads C = the output itself (in place: C and D share pointer and layout).
-  const cublasStatus_t st = lib_.Matmul(impl_->handle, p.desc, &alpha, W.w, p.a, A, p.b, &beta, epi.out, p.d, epi.out,
-                                        p.d, &p.algo, impl_->workspace.get(), impl_->workspace.bytes(), s);
+  const cublasStatus_t st = lib_.Matmul(impl_->handle, p.desc, &alpha, W.w, p.a, A, p.b, &beta, d, p.d, d, p.d,
+                                        &p.algo, impl_->workspace.get(), impl_->workspace.bytes(), s);
   if (st == CUBLAS_STATUS_NOT_SUPPORTED) {
     impl_->decline(W, M, epi, lib_.GetStatusString(st));
     impl_->release(p);
     return false;
   }
   impl_->check(st, "cublasLtMatmul");
+  if (p.staged) f32_rows_to_bf16(impl_->staging.get<float>(), M, W.N, static_cast<bf16_t*>(epi.out), epi.ldo, s);
   return true;
 }
 

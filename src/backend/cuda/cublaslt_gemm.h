@@ -36,6 +36,10 @@ class CublasLtGemm {
   // exists; plans are made on a problem's first call (host-side heuristic query only).
   bool run(const WeightMat& W, const bf16_t* A, int lda, int M, const Epilogue& epi, cudaStream_t s);
 
+  // Tests: every bf16 store takes the staged route (f32 rows, then rounded; see the .cpp) for
+  // problems first seen while set.
+  static void set_force_staging(bool on);
+
   const CublasLtLibrary& library() const { return lib_; }
   // "cuBLASLt 13.0.2 (/path/libcublasLt.so.13)", for start-up lines and bench-kernels.
   std::string describe() const;

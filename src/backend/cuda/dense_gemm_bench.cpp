@@ -90,7 +90,12 @@ void bench_prefill_dense(const GptOssConfig& c, int M, int iters) {
       auto call = [&](int i) { linear(ws[i % copies], a, l.K, M, Epilogue{l.mode, out[path], l.N}, s, false, g); };
       // One call from zeros for the comparison, then the timing (a residual add keeps adding).
       GPTOSS_CUDA_CHECK(cudaMemsetAsync(out[path], 0, out_bytes, s));
-      call(0);
+      if (g && !g->run(ws[0], a, l.K, M, Epilogue{l.mode, out[path], l.N}, s)) {
+        std::printf("| %s | %dx%dx%d | %s | cublaslt declined (no algorithm): linear() runs gemm_mma | | | |\n",
+                    l.name, M, l.N, l.K, l.epi);
+        break;
+      }
+      if (!g) call(0);
       GPTOSS_CUDA_CHECK(cudaStreamSynchronize(s));
       std::vector<float> got = download(out[path], size_t(M) * l.N, bf16_out);
       std::string diff = "-";

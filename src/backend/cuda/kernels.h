@@ -164,6 +164,8 @@ const char* skinny_variant_name(int v);
 // x (f32 [n, H]) -> y (bf16 [n, H]) = x / rms(x) * w. rows: optional row gather (y row i = x row rows[i]).
 void rmsnorm(const float* x, const float* w, int n, int H, float eps, const int32_t* rows, bf16_t* y,
              cudaStream_t s);
+// out[r * ldo + n] = bf16(x[r * N + n]) for M rows of N (round to nearest even).
+void f32_rows_to_bf16(const float* x, int M, int N, bf16_t* out, int ldo, cudaStream_t s);
 // x[i] = embed[tokens[i]] (bf16 -> f32).
 void embed(const bf16_t* table, const int32_t* tokens, int n, int H, float* x, cudaStream_t s);
 
