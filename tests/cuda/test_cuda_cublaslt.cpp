@@ -256,6 +256,34 @@ TEST_F(CublasLt, StridedRowsAgainstCpu) {
     for (int n = N; n < ldo; ++n) ASSERT_TRUE(std::isnan(y[size_t(i) * ldo + n])) << i << "," << n;
 }
 
+// Once a problem's plan exists, the GEMM captures into a CUDA graph (no allocation, no sync) and
+// the replay gives the eager bits.
+TEST_F(CublasLt, CapturesIntoAGraph) {
+  const int M = 130, N = 5120, K = 2880;
+  FastRng r(fresh_seed());
+  Dev<uint16_t> dx(to_bf16(round_bf16(rand_f32(size_t(M) * K, r)))), dw(to_bf16(rand_f32(size_t(N) * K, r, 0.02f)));
+  Dev<float> db(rand_f32(N, r, 0.1f));
+  Dev<uint16_t> eager(size_t(M) * N), replay(size_t(M) * N);
+  const WeightMat W{WeightMat::kBF16, dw.p(), nullptr, db.p(), N, K};
+  cudaStream_t s;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+  ASSERT_TRUE(gemm->run(W, dx.p(), K, M, Epilogue{Epilogue::kStoreBF16, eager.p(), N}, s));
+  ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+  cudaGraph_t graph;
+  ASSERT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  const bool ran = gemm->run(W, dx.p(), K, M, Epilogue{Epilogue::kStoreBF16, replay.p(), N}, s);
+  ASSERT_EQ(cudaStreamEndCapture(s, &graph), cudaSuccess);
+  ASSERT_TRUE(ran);
+  cudaGraphExec_t exec;
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  ASSERT_EQ(cudaGraphLaunch(exec, s), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+  EXPECT_EQ(replay.download(), eager.download());
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(s);
+}
+
 // linear() with a cuBLASLt GEMM at hand: decode sizes and batch-invariant mode give the same bits
 // as without it (our kernels), prefill sizes the bits of cuBLASLt itself.
 TEST_F(CublasLt, LinearUsesItOnlyPastDecodeSizes) {
