@@ -21,6 +21,10 @@ struct BackendOptions {
   std::string mxfp4_layers = "experts";  // see parse_mxfp4_layers (cuda)
   std::string mxfp4_backend = "auto";    // MXFP4 kernel family (cuda): auto, mma (tensor-core skinny + GEMM), gemv (CUDA-core GEMV + GEMM)
   std::string dense_dtype = "bf16";      // cuda decode copies of q/k/v/o and lm_head: bf16 (exact) or fp8 (e4m3, scale per row)
+  // cuda prefill GEMMs of the dense bf16 layers (qkv, o_proj, router): auto (cuBLASLt when it
+  // loads, else our own), cublas (the same, saying so on stderr when it cannot load) or own.
+  // auto yields to GPTOSS_DENSE_GEMM when that is set.
+  std::string dense_gemm = "auto";
   int threads = 0;                   // cpu: 0 = all cores
   int device_index = 0;              // cuda: the device of a single-GPU backend, and of each TP rank's backend
   // `--device-index 0,1`: the CUDA ordinals of the ranks of this process (one host: one per

@@ -142,6 +142,12 @@ void add_backend_options(CLI::App* app, BackendOptions& o) {
                   "half the bytes; prefill stays bf16)")
       ->capture_default_str()
       ->check(one_of({"bf16", "fp8"}));
+  app->add_option("--dense-gemm", o.dense_gemm,
+                  "Prefill GEMMs of the bf16 dense layers, qkv, o_proj and router (CUDA): auto (cuBLASLt, loaded at "
+                  "run time, when it is found; else gptoss's own), cublas (the same, saying so when it is not found) "
+                  "or own. GPTOSS_DENSE_GEMM sets it when this is auto; GPTOSS_CUBLASLT names the library file")
+      ->capture_default_str()
+      ->check(one_of({"auto", "cublas", "own"}));
   app->add_option("--threads", o.threads, "CPU threads (0: all cores)")->capture_default_str()->check(int_range(0));
   app->add_option("--device-index", o.device_indices,
                   "CUDA device ordinal(s): one (0), or with --tensor-parallel-size one per rank (0,1); ordinals count "

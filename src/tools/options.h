@@ -28,8 +28,8 @@ CLI::Validator one_of(std::vector<std::string> names);
 
 // ---- shared options ----
 // What every model-running command (serve, generate, logits, bench) takes: --model, --device,
-// --random-weights, --weights-seed, --mxfp4-layers, --mxfp4-backend, --dense-dtype, --threads,
-// --device-index, --batch-invariant.
+// --random-weights, --weights-seed, --mxfp4-layers, --mxfp4-backend, --dense-dtype, --dense-gemm,
+// --threads, --device-index, --batch-invariant.
 void add_backend_options(CLI::App* app, BackendOptions& o);
 
 // Sampling of generated tokens (generate).

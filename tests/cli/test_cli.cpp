@@ -68,7 +68,7 @@ TEST(Cli, EveryOptionHasOneDescriptionAcrossCommands) {
 TEST(Cli, ModelCommandsTakeTheSameBackendOptions) {
   App a;
   for (const char* opt : {"--model", "--device", "--random-weights", "--weights-seed", "--mxfp4-layers",
-                          "--mxfp4-backend", "--dense-dtype", "--threads", "--device-index", "--batch-invariant",
+                          "--mxfp4-backend", "--dense-dtype", "--dense-gemm", "--threads", "--device-index", "--batch-invariant",
                           "--tensor-parallel-size", "--tp-expert-sharding"})
     for (const char* cmd : {"serve", "generate", "logits", "bench"})
       EXPECT_FALSE(help_of(a, cmd, opt).empty()) << cmd << " " << opt;
@@ -156,6 +156,7 @@ TEST(Cli, OutOfRangeValuesAreUsageErrors) {
   EXPECT_EQ(bad({"bench-serve", "--depth", "0", "--concurrency", "4"}), 2);  // one request at a time
   EXPECT_EQ(bad({"bench-serve", "--pp", "512"}), 2);                          // --pp needs --depth
   EXPECT_EQ(bad({"serve", "--dense-dtype", "fp4"}), 2);
+  EXPECT_EQ(bad({"serve", "--dense-gemm", "cutlass"}), 2);
   EXPECT_EQ(bad({"serve", "--mxfp4-backend", "fast"}), 2);
   EXPECT_EQ(bad({"serve", "--tensor-parallel-size", "3"}), 2);
   EXPECT_EQ(bad({"generate", "--prompt-ids", "1", "--tp", "16"}), 2);

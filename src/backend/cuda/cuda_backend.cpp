@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/cuda/cublaslt_gemm.h"
 #include "backend/cuda/cuda_common.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/tp_slices.h"
@@ -152,6 +153,8 @@ class CudaBackend final : public Backend {
   // fragment weights, the K-split GEMV for the router, one attention split), so a row's logits
   // do not depend on its batch companions, the batch size or preemption.
   bool invariant_ = false;
+  // --dense-gemm: prefill GEMMs of the bf16 dense layers on cuBLASLt (null: our own kernels).
+  std::unique_ptr<CublasLtGemm> blas_;
   WeightMat::Format dense_dec_ = WeightMat::kFragBF16;  // --dense-dtype
   int* d_flag_ = nullptr;
   float* inv_freq_ = nullptr;
@@ -281,6 +284,7 @@ CudaBackend::CudaBackend(const BackendOptions& opts) {
     layers_[l].group_index = idx[layers_[l].sliding ? kKvSliding : kKvFull]++;
   }
   alloc_workspace();
+  blas_ = make_dense_gemm(opts.dense_gemm, invariant_);
   GPTOSS_CUDA_CHECK(cudaStreamSynchronize(stream_));
   profile_ = std::getenv("GPTOSS_CUDA_PROFILE") != nullptr;
   if (const char* sk = std::getenv("GPTOSS_CUDA_SKIP")) skip_ = sk;
@@ -727,7 +731,7 @@ void CudaBackend::lm_head(const int32_t* rows, int n_rows) {
   float* out = tp_.active() ? d_vocab_gather_ + size_t(tp_.rank) * n_rows * vocab_ld_ : d_logits_;
   Epilogue e{Epilogue::kStoreF32, out, tp_.active() ? vocab_ld_ : cfg_.vocab};
   const bool dec = lm_head_dec_.fmt != WeightMat::kBF16 && (n_rows <= kSkinnyMaxTokens || invariant_);
-  linear(dec ? lm_head_dec_ : lm_head_, xn_, cfg_.hidden, n_rows, e, stream_, invariant_);
+  linear(dec ? lm_head_dec_ : lm_head_, xn_, cfg_.hidden, n_rows, e, stream_, invariant_, blas_.get());
   if (tp_.active()) gather_vocab_logits(*comm_, model_cfg_, tp_, d_vocab_gather_, vocab_ld_, n_rows, d_logits_, stream_);
 }
 
@@ -750,7 +754,7 @@ void CudaBackend::run_pass(int n, const PassMeta& m, int n_rows, int nsplit) {
     TokenMeta tm{m.pos, m.pt_off[g], m.pt};
     const WeightMat& Wqkv = small && L.qkv_dec.fmt != WeightMat::kBF16 ? L.qkv_dec : L.qkv;
     const WeightMat& Wo = small && L.o_dec.fmt != WeightMat::kBF16 ? L.o_dec : L.o;
-    if (!skip("dense")) linear(Wqkv, xn_, H, n, Epilogue{Epilogue::kStoreBF16, qkv_, QKV}, stream_, inv);
+    if (!skip("dense")) linear(Wqkv, xn_, H, n, Epilogue{Epilogue::kStoreBF16, qkv_, QKV}, stream_, inv, blas_.get());
     mark("qkv");
     if (!skip("attn"))
       rope_kv_store(qkv_, n, c.num_heads, c.num_kv_heads, c.head_dim, inv_freq_, yarn_.attention_scaling, tm, kv,
@@ -762,7 +766,7 @@ void CudaBackend::run_pass(int n, const PassMeta& m, int n_rows, int nsplit) {
                 m.attn);
     mark("attention");
     tp_zero_x_off_root(n);
-    if (!skip("dense")) linear(Wo, attn_, c.q_dim(), n, Epilogue{Epilogue::kAddF32, x_, H}, stream_, inv);
+    if (!skip("dense")) linear(Wo, attn_, c.q_dim(), n, Epilogue{Epilogue::kAddF32, x_, H}, stream_, inv, blas_.get());
     tp_all_reduce_x(n);
     mark("o_proj");
     // The skinny kernels take fp16 activations (their MMA type for MXFP4): the router's fused
@@ -786,7 +790,7 @@ void CudaBackend::run_pass(int n, const PassMeta& m, int n_rows, int nsplit) {
         rmsnorm(x_, L.mlp_norm, n, H, c.rms_eps, nullptr, xn_, stream_);
         linear(L.router, xn_, H, n, re, stream_, true);
       } else {
-        linear_rmsnorm(L.router, x_, L.mlp_norm, c.rms_eps, n, xn_, true, re, stream_, xn_f16);
+        linear_rmsnorm(L.router, x_, L.mlp_norm, c.rms_eps, n, xn_, true, re, stream_, xn_f16, blas_.get());
       }
     }
     mark("norm+router");

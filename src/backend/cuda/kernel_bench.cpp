@@ -318,6 +318,7 @@ int run_kernel_bench(const KernelBenchOptions& o) {
     row("argmax", std::to_string(M) + "x" + std::to_string(c.vocab), "default", us, 0);
   }
   GPTOSS_CUDA_CHECK(cudaStreamSynchronize(s));
+  bench_prefill_dense(c, M, o.iters);
   bench_prefill_attention(c, o.iters);
   for (void* p : owned) cudaFree(p);
   cudaStreamDestroy(s);

@@ -29,5 +29,9 @@ namespace gptoss::cuda {
 // the flash kernel at 2048 and 4096 tokens (4096 more behind a 4096-token prefix), full and
 // sliding layers, bf16 and fp8 KV; prints us, TFLOP/s and the kernels' max abs difference.
 void bench_prefill_attention(const GptOssConfig& c, int iters);
+// The dense prefill GEMMs (qkv, o_proj, router) at M tokens (M > kSkinnyMaxTokens; else
+// nothing) on our mma.sync GEMM and on cuBLASLt when it loads (dense_gemm_bench.cpp): us,
+// TFLOP/s and cuBLASLt's relative difference to ours.
+void bench_prefill_dense(const GptOssConfig& c, int M, int iters);
 
 }  // namespace gptoss::cuda

@@ -15,6 +15,8 @@ namespace gptoss::cuda {
 
 using bf16_t = uint16_t;  // bf16 bits; kernels reinterpret as __nv_bfloat16
 
+class CublasLtGemm;  // cublaslt_gemm.h: dense prefill GEMMs through cuBLASLt, one per backend
+
 // A weight matrix [N, K] (output rows, input columns), optionally one per expert.
 struct WeightMat {
   // kBF16 / kMXFP4: the checkpoint's row-major layouts. kFrag*: repacked at load into the
@@ -68,18 +70,22 @@ size_t moe_routing_bytes(int max_pairs, int E);
 MoeRouting moe_routing_carve(void* mem, int max_pairs, int E);
 
 // out = A . W^T + bias, with the epilogue. Dense: A [M, K] bf16 (row stride lda), rows 0..M-1.
-// Picks a CUDA-core GEMV for small M and an mma.sync GEMM otherwise.
+// Picks a CUDA-core GEMV for small M and an mma.sync GEMM otherwise, or cuBLASLt (blas, when
+// given and it takes the problem: bf16 weights past kSkinnyMaxTokens rows, see
+// choose_linear_kernel; our GEMM when it declines).
 // invariant: the batch-invariant choice (--batch-invariant): one kernel family at every M, so
 // a row's numerics do not depend on its batch companions (see choose_linear_kernel).
 void linear(const WeightMat& W, const bf16_t* A, int lda, int M, const Epilogue& epi, cudaStream_t s,
-            bool invariant = false);
+            bool invariant = false, CublasLtGemm* blas = nullptr);
 // out = rmsnorm(x; norm_w) . W^T + bias, with x the f32 residual stream [M, K]. Decode-sized M
 // with bf16 W: the norm runs inside the GEMV (no normalized copy, no extra launch), and xn gets
 // the normalized rows only if need_xn. Otherwise rmsnorm() into xn, then linear(). xn: bf16
 // [M, K] workspace, always required.
 // xn_f16: xn gets fp16 instead of bf16 (fused decode path only: linear_rmsnorm_fuses()).
+// blas: as linear()'s, for the unfused path.
 void linear_rmsnorm(const WeightMat& W, const float* x, const float* norm_w, float eps, int M, bf16_t* xn,
-                    bool need_xn, const Epilogue& epi, cudaStream_t s, bool xn_f16 = false);
+                    bool need_xn, const Epilogue& epi, cudaStream_t s, bool xn_f16 = false,
+                    CublasLtGemm* blas = nullptr);
 inline bool linear_rmsnorm_fuses(const WeightMat& W, int M) { return W.fmt == WeightMat::kBF16 && M <= 8; }
 // Grouped (MoE): W holds E experts. Sorted pair p uses expert group_expert[g] for p in its group.
 // gather_a: A row of pair p is pair_token[p] (else p). `pairs` is the host-known upper bound.
@@ -104,7 +110,7 @@ void expert_gemm_v2(const WeightMat& W, const bf16_t* A, int lda, int pairs, int
                     const Epilogue& epi, cudaStream_t s);
 
 // Which kernel a linear layer runs: one pure function of the problem, printed by bench-kernels.
-enum class LinearKernel { kNone, kGemvBf16, kGemvMxfp4, kSkinnyMma, kGemmMma };
+enum class LinearKernel { kNone, kGemvBf16, kGemvMxfp4, kSkinnyMma, kGemmMma, kCublasLt };
 constexpr int kSkinnyMaxTokens = 64;
 struct LinearProblem {
   WeightMat::Format fmt;
@@ -116,6 +122,10 @@ struct LinearProblem {
   // Batch-invariant: fragment weights take the skinny kernels at every size, narrow bf16 ones
   // (the router) the K-split GEMV; other weights have no batch-invariant kernel (kNone).
   bool invariant = false;
+  // A cuBLASLt GEMM is offered for this (dense) problem (CublasLtGemm::supports): bf16 weights
+  // past kSkinnyMaxTokens rows take it unless invariant (its algorithm may change with M) or a
+  // path is forced. Decode sizes never do, so the CUDA graphs (at most 64 rows) hold none.
+  bool cublas = false;
 };
 LinearKernel choose_linear_kernel(const LinearProblem& p);
 const char* linear_kernel_name(LinearKernel k);
@@ -154,6 +164,8 @@ const char* skinny_variant_name(int v);
 // x (f32 [n, H]) -> y (bf16 [n, H]) = x / rms(x) * w. rows: optional row gather (y row i = x row rows[i]).
 void rmsnorm(const float* x, const float* w, int n, int H, float eps, const int32_t* rows, bf16_t* y,
              cudaStream_t s);
+// out[r * ldo + n] = bf16(x[r * N + n]) for M rows of N (round to nearest even).
+void f32_rows_to_bf16(const float* x, int M, int N, bf16_t* out, int ldo, cudaStream_t s);
 // x[i] = embed[tokens[i]] (bf16 -> f32).
 void embed(const bf16_t* table, const int32_t* tokens, int n, int H, float* x, cudaStream_t s);
 

@@ -12,6 +12,7 @@
 #include "backend/cuda/device_utils.cuh"
 #include "backend/cuda/tensor_core_ptx.cuh"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/cublaslt_gemm.h"
 #include "backend/cuda/kernels/linear/frag_layout.cuh"
 
 namespace gptoss::cuda {
@@ -870,6 +871,10 @@ LinearKernel choose_linear_kernel(const LinearProblem& p) {
     if (p.fmt == WeightMat::kBF16 && !p.grouped && p.N <= 512) return LinearKernel::kGemvBf16;
     return LinearKernel::kNone;
   }
+  // Prefill-sized dense bf16 layers (qkv, o_proj, the router) on cuBLASLt when offered: ~3x our
+  // mma.sync GEMM on the H200 (bench-kernels prints both).
+  if (p.cublas && p.fmt == WeightMat::kBF16 && !p.grouped && p.force_path == 0 && p.rows > kSkinnyMaxTokens)
+    return LinearKernel::kCublasLt;
   if (frag) {
     // Decode batches (tokens per group <= 64) ride the tensor-core "skinny" kernels; prefill
     // tiles go to the mma GEMM (which reads the MXFP4 fragment layout directly).
@@ -895,14 +900,16 @@ const char* linear_kernel_name(LinearKernel k) {
     case LinearKernel::kGemvMxfp4: return "gemv_mxfp4";
     case LinearKernel::kSkinnyMma: return "skinny_mma";
     case LinearKernel::kGemmMma: return "gemm_mma";
+    case LinearKernel::kCublasLt: return "cublaslt";
     default: return "none";
   }
 }
 
 namespace {
 
-LinearKernel pick(const WeightMat& W, int rows, int tokens, bool grouped, bool invariant = false) {
-  LinearProblem p{W.fmt, rows, tokens, W.N, W.K, grouped, g_force_path, invariant};
+LinearKernel pick(const WeightMat& W, int rows, int tokens, bool grouped, bool invariant = false,
+                  bool cublas = false) {
+  LinearProblem p{W.fmt, rows, tokens, W.N, W.K, grouped, g_force_path, invariant, cublas};
   LinearKernel k = choose_linear_kernel(p);
   if (k == LinearKernel::kNone)
     throw Error("linear: no kernel for this weight format at " + std::to_string(tokens) + " tokens");
@@ -915,12 +922,16 @@ void set_linear_path(int path) { g_force_path = path; }
 void set_gemv_variant(int v) { g_gemv_variant = v; }
 
 void linear(const WeightMat& W, const bf16_t* A, int lda, int M, const Epilogue& epi, cudaStream_t s,
-            bool invariant) {
+            bool invariant, CublasLtGemm* blas) {
   if (M <= 0) return;
   check_args(W, epi);
   if (epi.mode == Epilogue::kScatterAdd) throw Error("linear: scatter-add needs routing");
   LinArgs a{W, A, lda, M, false, false, MoeRouting{}, epi};
-  const LinearKernel k = pick(W, M, M, false, invariant);
+  LinearKernel k = pick(W, M, M, false, invariant, blas && CublasLtGemm::supports(W, lda, epi));
+  if (k == LinearKernel::kCublasLt) {
+    if (blas->run(W, A, lda, M, epi, s)) return;
+    k = pick(W, M, M, false, invariant);  // cuBLASLt has no algorithm for it: our own kernel
+  }
   if (k == LinearKernel::kSkinnyMma) {
     skinny_linear(W, A, false, lda, M, 0, 1, false, false, MoeRouting{}, epi, 0, s);
     return;
@@ -930,7 +941,7 @@ void linear(const WeightMat& W, const bf16_t* A, int lda, int M, const Epilogue&
 }
 
 void linear_rmsnorm(const WeightMat& W, const float* x, const float* norm_w, float eps, int M, bf16_t* xn,
-                    bool need_xn, const Epilogue& epi, cudaStream_t s, bool xn_f16) {
+                    bool need_xn, const Epilogue& epi, cudaStream_t s, bool xn_f16, CublasLtGemm* blas) {
   if (M <= 0) return;
   check_args(W, epi);
   if (epi.mode == Epilogue::kScatterAdd) throw Error("linear: scatter-add needs routing");
@@ -943,7 +954,7 @@ void linear_rmsnorm(const WeightMat& W, const float* x, const float* norm_w, flo
   }
   if (xn_f16) throw Error("linear_rmsnorm: fp16 normalized rows only from the fused decode GEMV");
   rmsnorm(x, norm_w, M, W.K, eps, nullptr, xn, s);
-  linear(W, xn, W.K, M, epi, s);
+  linear(W, xn, W.K, M, epi, s, false, blas);
 }
 
 void linear_grouped(const WeightMat& W, const void* A, int lda, int pairs, int E, bool gather_a,

@@ -1,0 +1,132 @@
+// See kernel_bench.h: the dense prefill GEMMs on our mma.sync GEMM against cuBLASLt.
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "backend/cuda/cublaslt_gemm.h"
+#include "backend/cuda/cublaslt_library.h"
+#include "backend/cuda/cuda_common.h"
+#include "backend/cuda/kernel_bench.h"
+#include "backend/cuda/kernels.h"
+#include "common/dtype.h"
+#include "model/config.h"
+
+namespace gptoss::cuda {
+namespace {
+
+constexpr size_t kRotateBytes = size_t(256) << 20;  // weights rotated over copies past the L2
+
+// Output elements as floats (bf16 or f32 storage).
+std::vector<float> download(const void* p, size_t n, bool bf16) {
+  std::vector<float> h(n);
+  if (bf16) {
+    std::vector<uint16_t> b(n);
+    GPTOSS_CUDA_CHECK(cudaMemcpy(b.data(), p, n * 2, cudaMemcpyDeviceToHost));
+    for (size_t i = 0; i < n; ++i) h[i] = bf16_to_f32(b[i]);
+  } else {
+    GPTOSS_CUDA_CHECK(cudaMemcpy(h.data(), p, n * 4, cudaMemcpyDeviceToHost));
+  }
+  return h;
+}
+
+}  // namespace
+
+void bench_prefill_dense(const GptOssConfig& c, int M, int iters) {
+  if (M <= kSkinnyMaxTokens) return;
+  std::string why;
+  const CublasLtLibrary* lib = cublaslt(&why);
+  std::unique_ptr<CublasLtGemm> blas;
+  if (lib) blas = std::make_unique<CublasLtGemm>(*lib);
+  std::printf("\nDense prefill GEMMs at %d tokens: gptoss's mma.sync GEMM against %s\n\n", M,
+              blas ? blas->describe().c_str() : ("no cuBLASLt: " + why).c_str());
+  std::printf("| layer | MxNxK | epilogue | kernel | us/launch | TFLOP/s | rel. diff to own |\n|---|---|---|---|---|---|---|\n");
+  cudaStream_t s;
+  GPTOSS_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  cudaEvent_t ev[2];
+  for (auto& e : ev) GPTOSS_CUDA_CHECK(cudaEventCreate(&e));
+  const int QKV = c.q_dim() + 2 * c.kv_dim();
+  struct Layer {
+    const char* name;
+    int N, K;
+    Epilogue::Mode mode;
+    const char* epi;
+  };
+  const Layer layers[] = {{"qkv", QKV, c.hidden, Epilogue::kStoreBF16, "bf16 store + bias"},
+                          {"o_proj", c.hidden, c.q_dim(), Epilogue::kAddF32, "f32 residual add + bias"},
+                          {"router", c.num_experts, c.hidden, Epilogue::kStoreF32, "f32 store + bias"}};
+  for (const Layer& l : layers) {
+    std::vector<DeviceBuffer> owned;
+    auto alloc = [&](size_t bytes) {
+      owned.emplace_back(bytes);
+      return owned.back().get();
+    };
+    const size_t wbytes = size_t(l.N) * l.K * 2;
+    const int copies = int(std::max<size_t>(1, (kRotateBytes + wbytes - 1) / wbytes));
+    std::vector<WeightMat> ws;
+    for (int i = 0; i < copies; ++i) {
+      auto* w = static_cast<bf16_t*>(alloc(wbytes));
+      auto* b = static_cast<float*>(alloc(size_t(l.N) * 4));
+      fill_random_bf16(w, size_t(l.N) * l.K, 300 + i, 0.f, 0.02f, s);
+      fill_random_f32(b, l.N, 400 + i, 0.f, 0.1f, s);
+      ws.push_back(WeightMat{WeightMat::kBF16, w, nullptr, b, l.N, l.K});
+    }
+    auto* a = static_cast<bf16_t*>(alloc(size_t(M) * l.K * 2));
+    fill_random_bf16(a, size_t(M) * l.K, 500, 0.f, 1.f, s);
+    const bool bf16_out = l.mode == Epilogue::kStoreBF16;
+    const size_t out_bytes = size_t(M) * l.N * (bf16_out ? 2 : 4);
+    void* out[2] = {alloc(out_bytes), alloc(out_bytes)};
+    const double flop = 2.0 * M * l.N * l.K;
+    std::vector<float> ref;
+    for (int path : {0, 1}) {  // 0: our GEMM, 1: cuBLASLt
+      if (path == 1 && !blas) break;
+      set_linear_path(path == 0 ? 2 : 0);
+      CublasLtGemm* g = path == 1 ? blas.get() : nullptr;
+      const LinearKernel k = choose_linear_kernel(
+          {WeightMat::kBF16, M, M, l.N, l.K, false, path == 0 ? 2 : 0, false,
+           g && CublasLtGemm::supports(ws[0], l.K, Epilogue{l.mode, out[path], l.N})});
+      auto call = [&](int i) { linear(ws[i % copies], a, l.K, M, Epilogue{l.mode, out[path], l.N}, s, false, g); };
+      // One call from zeros for the comparison, then the timing (a residual add keeps adding).
+      GPTOSS_CUDA_CHECK(cudaMemsetAsync(out[path], 0, out_bytes, s));
+      if (g && !g->run(ws[0], a, l.K, M, Epilogue{l.mode, out[path], l.N}, s)) {
+        std::printf("| %s | %dx%dx%d | %s | cublaslt declined (no algorithm): linear() runs gemm_mma | | | |\n",
+                    l.name, M, l.N, l.K, l.epi);
+        break;
+      }
+      if (!g) call(0);
+      GPTOSS_CUDA_CHECK(cudaStreamSynchronize(s));
+      std::vector<float> got = download(out[path], size_t(M) * l.N, bf16_out);
+      std::string diff = "-";
+      if (path == 0) {
+        ref = got;
+      } else {
+        double num = 0, den = 0;
+        for (size_t i = 0; i < got.size(); ++i) {
+          num += (double(got[i]) - ref[i]) * (double(got[i]) - ref[i]);
+          den += double(ref[i]) * ref[i];
+        }
+        char b[32];
+        std::snprintf(b, sizeof b, "%.2e", std::sqrt(num / std::max(den, 1e-30)));
+        diff = b;
+      }
+      for (int i = 0; i < 5; ++i) call(i);
+      GPTOSS_CUDA_CHECK(cudaEventRecord(ev[0], s));
+      for (int i = 0; i < iters; ++i) call(i);
+      GPTOSS_CUDA_CHECK(cudaEventRecord(ev[1], s));
+      GPTOSS_CUDA_CHECK(cudaEventSynchronize(ev[1]));
+      float ms = 0;
+      GPTOSS_CUDA_CHECK(cudaEventElapsedTime(&ms, ev[0], ev[1]));
+      const double us = 1000.0 * ms / iters;
+      std::printf("| %s | %dx%dx%d | %s | %s | %.2f | %.0f | %s |\n", l.name, M, l.N, l.K, l.epi,
+                  linear_kernel_name(k), us, flop / us / 1e6, diff.c_str());
+      std::fflush(stdout);
+    }
+    set_linear_path(0);
+  }
+  for (auto& e : ev) cudaEventDestroy(e);
+  cudaStreamDestroy(s);
+}
+
+}  // namespace gptoss::cuda
