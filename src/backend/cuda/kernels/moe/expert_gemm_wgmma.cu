@@ -83,10 +83,12 @@ struct V3Args {
   bool swiglu_rows;
 };
 
+#ifdef SM90A_WGMMA
 __device__ __forceinline__ uint8_t* align1024(uint8_t* p) {
   const uint32_t s = ptx::smem_addr(p);
   return p + ((1024u - (s & 1023u)) & 1023u);
 }
+#endif
 
 template <bool FRAG>
 __global__ void __launch_bounds__(kThreads, 2) expert_gemm_wgmma_kernel(V3Args a) {
