@@ -21,7 +21,7 @@ gptoss::tools::RegisterCommand reg({"bench-kernels", "Time each decode kernel (a
   app->add_option("--model", a->model, "Shapes of this preset: 120b or 20b")->capture_default_str();
   app->add_option("--iters", a->iters, "Timed launches per kernel")->capture_default_str()->check(CLI::PositiveNumber);
   app->add_option("--tokens", a->tokens,
-                  "Batch (tokens): decode sizes up to 64; past 64 the prefill expert GEMMs (v1/v2) are timed too")
+                  "Batch (tokens): decode sizes up to 64; past 64 the prefill expert GEMMs (v1/v2, v3 on Hopper) are timed too")
       ->capture_default_str()
       ->check(CLI::Range(1, 8192));
   app->add_flag("--attention-only", a->attention_only, "Only the prefill attention rows (per-token vs flash kernel)");

@@ -2,6 +2,7 @@
 // gpt-oss shapes (hidden 2880, 64/8 heads of 64, 128 experts top-4, vocab 201088) and awkward
 // ones (1, 33, 129, 2049 tokens; contexts crossing 128). Outputs are poisoned (NaN) first.
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <numeric>
 
@@ -353,6 +354,62 @@ TEST_F(Kernels, MoeMxfp4ExpertGemmV2) {
       if (path == 2 || c.n > cuda::kSkinnyMaxTokens) check_moe(c, path);
 }
 
+// The MoE block through expert GEMM version 3 (Hopper wgmma), both layouts; skipped elsewhere.
+TEST_F(Kernels, MoeMxfp4ExpertGemmV3) {
+  if (!cuda::expert_gemm_v3_available()) GTEST_SKIP() << "expert GEMM v3 needs sm_90a (Hopper)";
+  std::vector<MoeCase> cases = {{1, 128, 4, 2880, 2880}, {33, 128, 4, 2880, 2880}, {129, 32, 4, 2880, 2880},
+                                {2049, 32, 4, 256, 256}, {7, 8, 2, 64, 64}};
+  if (small_mode()) cases = {{1, 8, 2, 64, 64}, {33, 8, 4, 128, 64}};
+  cuda::set_expert_gemm_version(3);
+  for (auto& c : cases)
+    for (int path : {2, 3})
+      if (path == 2 || c.n > cuda::kSkinnyMaxTokens) check_moe(c, path);
+}
+
+// Version 3's shared-memory layout and wgmma descriptors on one dense tile, C = A . B^T with A
+// [64][K], B [128][K]. First exact probes that say which element landed where: A the identity
+// (K = 64) and B[n][k] = n, then = k, so C[m][n] must be n, then m; a wrong value names the B
+// row (or the A row / K position) the hardware read instead. Then random K = 256 (four steps).
+TEST_F(Kernels, WgmmaDenseTileLayout) {
+  if (!cuda::expert_gemm_v3_available()) GTEST_SKIP() << "wgmma needs sm_90a (Hopper)";
+  const int M = 64, N = 128;
+  auto run = [&](const std::vector<float>& a, const std::vector<float>& b, int K) {
+    Dev<uint16_t> da(to_bf16(a)), db(to_bf16(b));
+    Dev<float> dc(std::vector<float>(size_t(M) * N, std::nanf("")));
+    cuda::wgmma_dense_tile_selfcheck(da.p(), db.p(), dc.p(), K, 0);
+    return dc.download();
+  };
+  std::vector<float> eye(size_t(M) * 64, 0.f);
+  for (int m = 0; m < M; ++m) eye[size_t(m) * 64 + m] = 1.f;
+  for (int probe = 0; probe < 2; ++probe) {
+    std::vector<float> b(size_t(N) * 64);
+    for (int n = 0; n < N; ++n)
+      for (int k = 0; k < 64; ++k) b[size_t(n) * 64 + k] = float(probe == 0 ? n : k);
+    const auto c = run(eye, b, 64);
+    int bad = 0;
+    for (int m = 0; m < M; ++m)
+      for (int n = 0; n < N; ++n) {
+        const float want = float(probe == 0 ? n : m);
+        if (c[size_t(m) * N + n] != want && ++bad <= 8)
+          ADD_FAILURE() << "C[" << m << "][" << n << "] = " << c[size_t(m) * N + n] << ", want " << want
+                        << (probe == 0 ? " (the value is the B row read)" : " (the value is the K position of A's one)");
+      }
+    EXPECT_EQ(bad, 0) << "probe " << probe;
+  }
+  FastRng r(fresh_seed());
+  const int K = 256;
+  auto a = round_bf16(rand_f32(size_t(M) * K, r)), b = round_bf16(rand_f32(size_t(N) * K, r));
+  const auto c = run(a, b, K);
+  std::vector<float> ref(size_t(M) * N);
+  for (int m = 0; m < M; ++m)
+    for (int n = 0; n < N; ++n) {
+      double acc = 0;
+      for (int k = 0; k < K; ++k) acc += double(a[size_t(m) * K + k]) * b[size_t(n) * K + k];
+      ref[size_t(m) * N + n] = float(acc);
+    }
+  EXPECT_LE(rel_err(c, ref), 1e-5);
+}
+
 // Routing built on the host with prescribed pairs per expert (0, 1, 63, 64, 65, 2048, ...): the
 // groups, GEMM row tiles (kGemmBM) and pair tokens moe_route would produce for such a batch.
 struct HostRouting {
@@ -447,9 +504,11 @@ void check_expert_gemm(const std::vector<int>& counts, int n_tokens, int H, int 
   ASSERT_EQ(flag.download()[0], 0);
   ASSERT_TRUE(cuda::expert_gemm_v2_supports(pgu, dx.p(), H, n_tokens, Epilogue{Epilogue::kSwiGLU, nullptr, I}));
   cuda::set_linear_path(2);
-  for (int run = 0; run < 4; ++run) {
-    const int version = 1 + run % 2;
-    const bool frag = run >= 2;
+  // Versions 1, 2 and (on Hopper) 3, each on both layouts.
+  const int versions = cuda::expert_gemm_v3_available() ? 3 : 2;
+  for (int run = 0; run < 2 * versions; ++run) {
+    const int version = 1 + run % versions;
+    const bool frag = run >= versions;
     const WeightMat& gu_w = frag ? pgu : gu;
     const WeightMat& dn_w = frag ? pdn : dn;
     const char* layout = frag ? "fragments" : "checkpoint";

@@ -98,8 +98,8 @@ void linear_grouped(const WeightMat& W, const void* A, int lda, int pairs, int E
 // Prefill expert GEMM versions (kernels/moe/expert_gemm_mxfp4_bf16.cu): linear_grouped's GEMM
 // path over MXFP4 experts (checkpoint or fragment layout) runs version 1 (gemm_kernel, gemv_gemm.cu)
 // or version 2 (tall tiles, 4-stage cp.async, weights decoded into the MMA's registers). Chosen by
-// GPTOSS_EXPERT_GEMM=v1|v2 (read once; default v2) or set_expert_gemm_version (tests, bench;
-// 0 = back to the environment's choice).
+// GPTOSS_EXPERT_GEMM=v1|v2|v3 (read once; default v2; v3 = Hopper wgmma, below) or
+// set_expert_gemm_version (tests, bench; 0 = back to the environment's choice).
 int expert_gemm_version();
 void set_expert_gemm_version(int v);
 // Whether version 2 takes this problem (MXFP4, K % 64 == 0, K <= 4096, N * K / 32 % 16 == 0,
@@ -108,6 +108,16 @@ bool expert_gemm_v2_supports(const WeightMat& W, const void* A, int lda, int a_r
 // Version 2 itself (grouped, every epilogue; `pairs`: host bound as in linear_grouped).
 void expert_gemm_v2(const WeightMat& W, const bf16_t* A, int lda, int pairs, int E, bool gather_a, const MoeRouting& r,
                     const Epilogue& epi, cudaStream_t s);
+// Version 3 (kernels/moe/expert_gemm_wgmma.cu): Hopper wgmma, weights decoded into shared memory.
+// Available only where the build has sm_90a code and the device is compute capability 9.0;
+// elsewhere linear_grouped falls back to version 2. Takes what version 2 takes.
+bool expert_gemm_v3_available();
+bool expert_gemm_v3_supports(const WeightMat& W, const void* A, int lda, int a_rows, const Epilogue& epi);
+void expert_gemm_v3(const WeightMat& W, const bf16_t* A, int lda, int pairs, int E, bool gather_a, const MoeRouting& r,
+                    const Epilogue& epi, cudaStream_t s);
+// Test hook for version 3's shared-memory layout and descriptors: C [64][128] f32 = A [64][K] .
+// B [128][K]^T (bf16, row-major, K % 64 == 0) through one warpgroup's wgmma.
+void wgmma_dense_tile_selfcheck(const bf16_t* A, const bf16_t* B, float* C, int K, cudaStream_t s);
 
 // Which kernel a linear layer runs: one pure function of the problem, printed by bench-kernels.
 enum class LinearKernel { kNone, kGemvBf16, kGemvMxfp4, kSkinnyMma, kGemmMma, kCublasLt };

@@ -1,0 +1,165 @@
+#pragma once
+// Device pieces shared by the grouped MXFP4 expert GEMMs (expert_gemm_mxfp4_bf16.cu = v2 on
+// mma.sync, expert_gemm_wgmma.cu = v3 on Hopper wgmma): the exact e2m1/e8m0 -> bf16 decodes of
+// both weight layouts, the epilogue stores, and the search for a CTA's (expert, row tile).
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "backend/cuda/device_utils.cuh"
+#include "backend/cuda/kernels.h"
+
+namespace gptoss::cuda::moe_gemm {
+
+constexpr int kMoeMaxGroups = 256;  // experts with pairs (moe_route takes E <= 256)
+
+__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) { return __byte_perm(a, b, sel); }
+
+// One word of codes (byte b: element 2b in the low nibble, 2b + 1 in the high one) -> four bf16
+// pairs out[b] = (element 2b, element 2b + 1) x the block scale (scale2: the scale as a bf16 pair).
+__device__ __forceinline__ void mx_word_to_bf16x2(uint32_t q, uint32_t scale2, uint32_t* out) {
+  // bf16 of the magnitudes 0, .5, 1, 1.5, 2, 3, 4, 6: 0000 3F00 3F80 3FC0 4000 4040 4080 40C0.
+  constexpr uint32_t kLo0 = 0xC0800000u, kLo1 = 0xC0804000u;  // low bytes, codes 0-3 / 4-7
+  constexpr uint32_t kHi0 = 0x3F3F3F00u, kHi1 = 0x40404040u;  // high bytes, positive
+  constexpr uint32_t kNg0 = 0xBFBFBF80u, kNg1 = 0xC0C0C0C0u;  // high bytes, negative
+  const uint32_t idx = q & 0x77777777u;                        // nibble k: magnitude of element k
+  const uint32_t sel = 0x32103210u | ((q >> 1) & 0x44444444u);  // sign: take the negative byte
+  const uint32_t idx_b = idx >> 16, sel_b = sel >> 16;
+  const uint32_t lo_a = prmt(kLo0, kLo1, idx), lo_b = prmt(kLo0, kLo1, idx_b);
+  const uint32_t hi_a = prmt(prmt(kHi0, kHi1, idx), prmt(kNg0, kNg1, idx), sel);
+  const uint32_t hi_b = prmt(prmt(kHi0, kHi1, idx_b), prmt(kNg0, kNg1, idx_b), sel_b);
+  uint32_t v[4];
+  v[0] = prmt(lo_a, hi_a, 0x5140u);  // (low, high byte) of elements 0 and 1
+  v[1] = prmt(lo_a, hi_a, 0x7362u);  // elements 2, 3
+  v[2] = prmt(lo_b, hi_b, 0x5140u);
+  v[3] = prmt(lo_b, hi_b, 0x7362u);
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+    asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(out[i]) : "r"(v[i]), "r"(scale2), "r"(0x80008000u));
+}
+
+// e8m0 byte -> 2^(s - 127) as a bf16 pair: 0 is the subnormal 2^-127, 255 NaN (as the CPU decode).
+__device__ __forceinline__ uint32_t e8m0_bf16x2(uint32_t s) {
+  uint32_t h = s << 7;
+  h = s == 0 ? 0x0040u : h;
+  h = s == 255 ? 0x7FC0u : h;
+  return h * 0x00010001u;
+}
+
+// Fragment layout (kFragMXFP4, frag_layout.cuh): the lane that reads a 16-row tile's chunk holds,
+// for k-step j = 2 h + jj, rows g and g + 8 at natural K 32 h + 8 tq + 4 jj + [0, 4): exactly the
+// B registers of this kernel's K permutation, for the tile's two n8 halves (rows 0-7 and 8-15).
+// The word's bits sit where mx_word_to_f16x2 wants them for fp16; rotated 3 bits less, the
+// magnitude lands on bf16's exponent low bits and mantissa top bit: e2m1 x 2^-126 (the 0.5 code
+// as the subnormal 2^-127). a[r]: register r of the decode kernels' A fragment (rows r & 1 ? g + 8
+// : g, elements (r >> 1) * 2 + {0, 1}).
+__device__ __forceinline__ uint32_t rotl(uint32_t x, int n) { return __funnelshift_l(x, x, n); }
+__device__ __forceinline__ void frag_word_to_bf16x2(uint32_t q, uint32_t* a) {
+  constexpr uint32_t kS = 0x80008000u, kM = 0x01C001C0u;
+  const uint32_t r3 = rotl(q, 3);
+  a[0] = (q & kS) | (rotl(q, 29) & kM);
+  a[1] = (rotl(q, 1) & kS) | (r3 & kM);
+  a[2] = (rotl(q, 2) & kS) | (rotl(q, 6) & kM);
+  a[3] = (r3 & kS) | (q & kM);
+}
+// 2^(s - 127) over the 2^-126 above, as two bf16 factors (each a normal power of two for every
+// s <= 254): 2^(min(s, 128) - 1) and 2^(max(s, 128) - 128). fp16 scales of the frag decode stop at
+// s = 240 (the packer flags more); these do not.
+// exps: four biased bf16 exponents (min(s, 128) + 126 or max(s, 128) - 1, one a byte, no carries);
+// byte b of them as a bf16 pair of that power of two.
+__device__ __forceinline__ uint32_t frag_scale_pair(uint32_t exps, int b) {
+  return __byte_perm(exps, 0u, 0x4040u | (b << 8) | b) << 7;
+}
+__device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
+  uint32_t d;
+  asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(0x80008000u));
+  return d;
+}
+
+__device__ __forceinline__ float swiglu_dev(float gate, float up, float limit) {
+  float g = fminf(gate, limit);
+  float u = fmaxf(fminf(up, limit), -limit);
+  return g / (1.f + __expf(-1.702f * g)) * (u + 1.f);
+}
+__device__ __forceinline__ uint16_t to_half_bits(float v, bool f16) {
+  return f16 ? __half_as_ushort(__float2half_rn(v)) : f32_to_bf16_bits(v);
+}
+
+// Output columns n, n + 1 (has1) of sorted pair `row`, bias added.
+__device__ __forceinline__ void store_pair(const Epilogue& e, const MoeRouting& r, int row, int n, float v0, float v1,
+                                           bool has1) {
+  const size_t o = size_t(row) * e.ldo + n;
+  switch (e.mode) {
+    case Epilogue::kSwiGLU:
+      static_cast<uint16_t*>(e.out)[size_t(row) * e.ldo + n / 2] = to_half_bits(swiglu_dev(v0, v1, e.swiglu_limit), e.out_f16);
+      break;
+    case Epilogue::kStoreF32: {
+      float* p = static_cast<float*>(e.out) + o;
+      if (has1 && (o & 1) == 0) {
+        *reinterpret_cast<float2*>(p) = make_float2(v0, v1);
+      } else {
+        p[0] = v0;
+        if (has1) p[1] = v1;
+      }
+      break;
+    }
+    case Epilogue::kStoreBF16: {
+      uint16_t* p = static_cast<uint16_t*>(e.out) + o;
+      p[0] = to_half_bits(v0, e.out_f16);
+      if (has1) p[1] = to_half_bits(v1, e.out_f16);
+      break;
+    }
+    case Epilogue::kAddF32: {
+      float* p = static_cast<float*>(e.out) + o;
+      p[0] += v0;
+      if (has1) p[1] += v1;
+      break;
+    }
+    case Epilogue::kScatterAdd: {
+      float* p = static_cast<float*>(e.out) + size_t(r.pair_token[row]) * e.ldo + n;
+      const float w = r.pair_weight[row];
+      atomicAdd(p, w * v0);
+      if (has1) atomicAdd(p + 1, w * v1);
+      break;
+    }
+    default: break;
+  }
+}
+
+// The row tile `tile` of the routing's groups, each cut into ceil(pairs / BM) tiles, in group
+// order: grp (-1 past the last tile) and the tile's index inside its group. Called by whole
+// warps (shuffles); every lane loads its groups' bounds at once (one memory round trip).
+template <int BM>
+__device__ __forceinline__ void find_row_tile(const MoeRouting& r, int tile, int lane, int& grp, int& within) {
+  grp = -1, within = 0;
+  const int ng = r.counts[0];
+  int nts[kMoeMaxGroups / 32];
+#pragma unroll
+  for (int i = 0; i < kMoeMaxGroups / 32; ++i) {
+    const int gi = 32 * i + lane;
+    nts[i] = gi < ng ? (r.group_end[gi] - r.group_start[gi] + BM - 1) / BM : 0;
+  }
+  int base = 0;
+#pragma unroll
+  for (int i = 0; i < kMoeMaxGroups / 32; ++i) {
+    const int nt = nts[i];
+    int incl = nt;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const int v = __shfl_up_sync(0xffffffffu, incl, o);
+      if (lane >= o) incl += v;
+    }
+    const int total = __shfl_sync(0xffffffffu, incl, 31);
+    const int t = tile - base;
+    if (t < total) {  // uniform over the warp (and the CTA when every warp calls it)
+      const int L = __ffs(__ballot_sync(0xffffffffu, t < incl)) - 1;
+      const int before = __shfl_sync(0xffffffffu, incl - nt, L);
+      grp = 32 * i + L;
+      within = t - before;
+      break;
+    }
+    base += total;
+  }
+}
+
+}  // namespace gptoss::cuda::moe_gemm

@@ -1,0 +1,449 @@
+// Grouped MoE expert GEMM for prefill, version 3: MXFP4 weights x bf16 activations on Hopper's
+// warpgroup MMA (wgmma.mma_async, sm_90a only; other targets keep version 2). One CTA of one
+// warpgroup (128 threads) computes a tile of 64 sorted pairs (token rows, the wgmma M side, A)
+// x 128 weight rows (the N side, B) of one expert, K in steps of 64.
+//
+// Per K step, in shared memory (layouts: wgmma_ptx.cuh, "K-major, 128-byte swizzle"):
+// - A: the step's 64 x 64 bf16 activations, gathered by pair_token with cp.async straight into
+//   the swizzled layout (8 KB a stage, rows past the group's end zero-filled);
+// - the raw weights: the 128 rows' e2m1 codes as stored (4 KB a stage), with cp.async;
+// - B: the codes decoded exactly to bf16 (value x 2^(scale - 127): bf16 has fp32's exponent
+//   range) by all 128 threads with ordinary 16-byte stores into the swizzled 128 x 64 tile
+//   (16 KB), then fence.proxy.async so the tensor cores see them.
+// The scales of the CTA's 128 rows are copied once (K / 32 bytes a row). Each step is four
+// wgmma m64n128k16 (one per 16-wide K slice), f32 accumulators in registers (64 a thread).
+//
+// Pipeline (one barrier a step; stage kt's A and the codes of step kt + 1 travel in cp.async
+// group kt, issued two steps ahead; 4 A/code slots, 3 decoded B tiles). Step kt:
+//   1. wait for group kt (A of kt, codes of kt + 1), fence, __syncthreads;
+//   2. issue the wgmmas of step kt (A slot kt % 4, B tile kt % 3), commit;
+//   3. issue group kt + 2 (A of kt + 2 into slot (kt + 2) % 4, codes of kt + 3 into slot
+//      (kt + 3) % 4);
+//   4. decode the codes of kt + 1 into B tile (kt + 1) % 3, fence.proxy.async;
+//   5. wgmma wait until at most one group (step kt's) is in flight.
+// Reuse is safe across the whole warpgroup because every slot rewritten at step kt was last
+// read by step kt - 2's wgmmas (or decoded at step kt - 2), which every thread waited for in
+// step kt - 1 before the barrier of step kt. The decode of step kt + 1 overlaps step kt's
+// wgmmas on the tensor cores, and two CTAs share an SM (~108 KB of shared memory each at
+// K = 2880), so one CTA's decode also overlaps the other's MMAs.
+//
+// Weights in either layout: the checkpoint's ([E][N][K / 2] codes, [E][N][K / 32] scales: a
+// thread decodes one weight row) or the load-time fragment layout (kFragMXFP4,
+// kernels/linear/frag_layout.cuh: a thread decodes one lane's 16 bytes of a 16-row tile-chunk,
+// rows g and g + 8 of the tile at K 8 tq + [0, 8) and 32 + 8 tq + [0, 8)). B's row n of the CTA
+// is the n-th stored row: natural order for the checkpoint, the tile's row order (gate/up pairs
+// for gate_up) for fragments; the epilogue maps columns back to logical rows as version 2 does.
+#include <algorithm>
+#include <atomic>
+#include <string>
+
+#include "backend/cuda/cuda_common.h"
+#include "backend/cuda/device_utils.cuh"
+#include "backend/cuda/kernels.h"
+#include "backend/cuda/kernels/linear/frag_layout.cuh"
+#include "backend/cuda/kernels/moe/expert_gemm_common.cuh"
+#include "backend/cuda/tensor_core_ptx.cuh"
+#include "backend/cuda/wgmma_ptx.cuh"
+
+namespace gptoss::cuda {
+
+namespace {
+
+using namespace moe_gemm;
+using ptx::sw128_offset;
+
+constexpr int kBM = 64;   // sorted pairs a CTA tile (wgmma M)
+constexpr int kBN = 128;  // weight rows a CTA tile (wgmma N)
+constexpr int kBK = 64;   // K a step (one 128-byte swizzle row of bf16)
+constexpr int kStages = 4;
+constexpr int kBTiles = 3;
+constexpr int kThreads = 128;
+constexpr int kAStageBytes = kBM * kBK * 2;     // 8 KB
+constexpr int kRawStageBytes = kBN * kBK / 2;   // 4 KB
+constexpr int kBTileBytes = kBN * kBK * 2;      // 16 KB
+constexpr int kMaxK = 4096;
+constexpr int kAOff = 0;
+constexpr int kBOff = kAOff + kStages * kAStageBytes;
+constexpr int kRawOff = kBOff + kBTiles * kBTileBytes;
+constexpr int kScaleOff = kRawOff + kStages * kRawStageBytes;
+
+// + 1 KB: the dynamic shared memory is aligned up to 1024 bytes in the kernel.
+size_t smem_bytes(int K) { return size_t(kScaleOff) + size_t(kBN) * (K / 32) + 1024; }
+
+struct V3Args {
+  const uint8_t* w;
+  const uint8_t* scales;
+  const float* bias;
+  int N, K;
+  const uint16_t* A;
+  int lda;
+  bool gather_a;
+  MoeRouting r;
+  Epilogue epi;
+  bool swiglu_rows;
+};
+
+#ifdef SM90A_WGMMA
+__device__ __forceinline__ uint8_t* align1024(uint8_t* p) {
+  const uint32_t s = ptx::smem_addr(p);
+  return p + ((1024u - (s & 1023u)) & 1023u);
+}
+#endif
+
+template <bool FRAG>
+__global__ void __launch_bounds__(kThreads, 2) expert_gemm_wgmma_kernel(V3Args a) {
+#ifdef SM90A_WGMMA
+  extern __shared__ __align__(1024) uint8_t smem_raw[];
+  pdl_begin();
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  int grp, within;
+  find_row_tile<kBM>(a.r, int(blockIdx.y), lane, grp, within);
+  if (grp < 0) return;
+  const int expert = a.r.group_expert[grp];
+  const int row0 = a.r.group_start[grp] + within * kBM;
+  const int row_end = min(a.r.group_end[grp], row0 + kBM);
+  const int N = a.N, K = a.K, kb = K / 32, KT = K / kBK;
+  const int n0 = blockIdx.x * kBN;
+  const int T = N / 16, C = K / 64, tile0 = n0 / 16;  // FRAG geometry
+
+  uint8_t* smem = align1024(smem_raw);
+  const uint32_t s_base = ptx::smem_addr(smem);
+  const uint8_t* sc_smem = smem + kScaleOff;
+
+  // The tile's scales, once (as version 2): checkpoint rows n0 .. n0 + 127 (K / 32 bytes each),
+  // or the fragment layout's [8 tiles][C chunks][8 g] words. Part of cp.async group 0.
+  {
+    int span;
+    const uint8_t* src;
+    if constexpr (FRAG) {
+      span = min(8, T - tile0) * C * 32;
+      src = a.scales + (size_t(expert) * T + tile0) * C * 32;
+    } else {
+      span = min(kBN, N - n0) * kb;
+      src = a.scales + (size_t(expert) * N + n0) * kb;
+    }
+    for (int i = tid * 16; i < span; i += kThreads * 16) ptx::cp_async16(s_base + kScaleOff + i, src + i, true);
+  }
+
+  // A: this thread copies 16-byte chunk c = tid % 8 (K 8c .. 8c + 7) of rows tid / 8 + 16 i.
+  const int a_chunk = tid & 7;
+  uint32_t a_off[4], a_dst[4];
+  bool a_ok[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int r = (tid >> 3) + 16 * i, p = row0 + r;
+    a_ok[i] = p < row_end;
+    const int ar = a_ok[i] ? (a.gather_a ? a.r.pair_token[p] : p) : 0;
+    a_off[i] = uint32_t(ar) * uint32_t(a.lda) + uint32_t(a_chunk * 8);
+    a_dst[i] = sw128_offset(r, a_chunk * 8);
+  }
+  // Codes: checkpoint, the two 16-byte chunks (scale blocks) of weight row n0 + tid, chunk c at
+  // c ^ ((row >> 2) & 1) (the decode's reads, 8 rows a phase, then hit all banks); fragments,
+  // 16-byte pieces tid and tid + 128 of the step's 8 tile-chunks (512 B each), in place.
+  bool b_ok[2];
+  const uint8_t* b_src[2];
+  uint32_t b_dst[2];
+  int b_step;
+#pragma unroll
+  for (int c = 0; c < 2; ++c) {
+    if constexpr (FRAG) {
+      const int piece = tid + 128 * c, tl = piece >> 5;
+      b_ok[c] = tile0 + tl < T;
+      b_src[c] = a.w + ((size_t(expert) * T + (b_ok[c] ? tile0 + tl : 0)) * C * 32 + (piece & 31)) * 16;
+      b_dst[c] = uint32_t(piece * 16);
+      b_step = 512;
+    } else {
+      b_ok[c] = n0 + tid < N;
+      b_src[c] = a.w + (size_t(expert) * N + (b_ok[c] ? n0 + tid : 0)) * (K / 2) + 16 * c;
+      b_dst[c] = uint32_t(tid * 32 + ((c ^ ((tid >> 2) & 1)) << 4));
+      b_step = kBK / 2;
+    }
+  }
+  auto load_a = [&](int kt) {
+    const uint32_t d = s_base + kAOff + (kt % kStages) * kAStageBytes;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) ptx::cp_async16(d + a_dst[i], a.A + a_off[i] + kt * kBK, a_ok[i]);
+  };
+  auto load_codes = [&](int kt) {
+    const uint32_t d = s_base + kRawOff + (kt % kStages) * kRawStageBytes;
+#pragma unroll
+    for (int c = 0; c < 2; ++c) ptx::cp_async16(d + b_dst[c], b_src[c] + size_t(kt) * b_step, b_ok[c]);
+  };
+
+  // Decode of step kt's codes into B tile bt: plain shared loads and 16-byte stores.
+  auto decode = [&](int kt, int bt) {
+    const uint8_t* raw = smem + kRawOff + (kt % kStages) * kRawStageBytes;
+    uint8_t* bt_smem = smem + kBOff + bt * kBTileBytes;
+    if constexpr (FRAG) {
+      const int g = (tid & 31) >> 2, tq = tid & 3;
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const int piece = tid + 128 * c, tl = piece >> 5;
+        const uint4 q = *reinterpret_cast<const uint4*>(raw + piece * 16);
+        // Scale bytes of rows g / g + 8, blocks 0 / 1 (as two bf16 power-of-two factors).
+        const uint32_t fs = *reinterpret_cast<const uint32_t*>(sc_smem + (tl * C + kt) * 32 + 4 * g);
+        const uint32_t fs_hi = __vminu4(fs, 0x80808080u) + 0x7E7E7E7Eu;
+        const uint32_t fs_lo = __vmaxu4(fs, 0x80808080u) - 0x01010101u;
+        const uint32_t wq[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+        for (int s = 0; s < 2; ++s) {
+          // Half h of the chunk (scale block h); odd g stores the other half first so that the
+          // 8 lanes of a store phase (g = 2m, 2m + 1) hit 8 distinct 16-byte bank groups.
+          const int h = s ^ (g & 1);
+          uint32_t r0[4], r1[4];
+          frag_word_to_bf16x2(h ? wq[2] : wq[0], r0);  // k-step 2h: K 32h + 8tq + [0, 4)
+          frag_word_to_bf16x2(h ? wq[3] : wq[1], r1);  // k-step 2h + 1: K 32h + 8tq + [4, 8)
+          const uint32_t hi_g = frag_scale_pair(fs_hi, h), lo_g = frag_scale_pair(fs_lo, h);
+          const uint32_t hi_g8 = frag_scale_pair(fs_hi, 2 + h), lo_g8 = frag_scale_pair(fs_lo, 2 + h);
+          uint4 vg, vg8;
+          vg.x = bf16x2_mul(bf16x2_mul(r0[0], hi_g), lo_g);
+          vg.y = bf16x2_mul(bf16x2_mul(r0[2], hi_g), lo_g);
+          vg.z = bf16x2_mul(bf16x2_mul(r1[0], hi_g), lo_g);
+          vg.w = bf16x2_mul(bf16x2_mul(r1[2], hi_g), lo_g);
+          vg8.x = bf16x2_mul(bf16x2_mul(r0[1], hi_g8), lo_g8);
+          vg8.y = bf16x2_mul(bf16x2_mul(r0[3], hi_g8), lo_g8);
+          vg8.z = bf16x2_mul(bf16x2_mul(r1[1], hi_g8), lo_g8);
+          vg8.w = bf16x2_mul(bf16x2_mul(r1[3], hi_g8), lo_g8);
+          *reinterpret_cast<uint4*>(bt_smem + sw128_offset(16 * tl + g, 32 * h + 8 * tq)) = vg;
+          *reinterpret_cast<uint4*>(bt_smem + sw128_offset(16 * tl + g + 8, 32 * h + 8 * tq)) = vg8;
+        }
+      }
+    } else {
+      // Row n = tid: scale bytes of blocks 2 kt, 2 kt + 1 (kb is even, so 2-byte aligned).
+      const uint32_t cs = *reinterpret_cast<const uint16_t*>(sc_smem + tid * kb + 2 * kt);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const uint4 q = *reinterpret_cast<const uint4*>(raw + tid * 32 + ((h ^ ((tid >> 2) & 1)) << 4));
+        const uint32_t sc = e8m0_bf16x2((cs >> (8 * h)) & 255u);
+        const uint32_t wq[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+        for (int w = 0; w < 4; ++w) {
+          uint4 v;
+          mx_word_to_bf16x2(wq[w], sc, &v.x);
+          *reinterpret_cast<uint4*>(bt_smem + sw128_offset(tid, 32 * h + 8 * w)) = v;
+        }
+      }
+    }
+  };
+
+  // Prologue: group 0 = scales, codes of steps 0 and 1, A of step 0; group 1 = A 1, codes 2.
+  load_codes(0);
+  if (KT > 1) load_codes(1);
+  load_a(0);
+  ptx::cp_async_commit();
+  if (KT > 1) load_a(1);
+  if (KT > 2) load_codes(2);
+  ptx::cp_async_commit();
+  ptx::cp_async_wait<1>();
+  __syncthreads();
+  decode(0, 0);
+  ptx::fence_proxy_async();
+
+  float acc[64];
+#pragma unroll
+  for (int i = 0; i < 64; ++i) acc[i] = 0.f;
+
+  for (int kt = 0; kt < KT; ++kt) {
+    ptx::cp_async_wait<1>();  // group kt: A of kt, codes of kt + 1
+    ptx::fence_proxy_async();
+    __syncthreads();
+    {
+      const uint32_t a_tile = s_base + kAOff + (kt % kStages) * kAStageBytes;
+      const uint32_t b_tile = s_base + kBOff + (kt % kBTiles) * kBTileBytes;
+#pragma unroll
+      for (int i = 0; i < 64; ++i) ptx::fence_operand(acc[i]);
+      ptx::wgmma_fence();
+#pragma unroll
+      for (int k16 = 0; k16 < kBK / 16; ++k16)
+        ptx::wgmma_m64n128k16_bf16(acc, ptx::sw128_desc(a_tile + 32 * k16), ptx::sw128_desc(b_tile + 32 * k16), 1);
+      ptx::wgmma_commit();
+#pragma unroll
+      for (int i = 0; i < 64; ++i) ptx::fence_operand(acc[i]);
+    }
+    if (kt + 2 < KT) load_a(kt + 2);
+    if (kt + 3 < KT) load_codes(kt + 3);
+    ptx::cp_async_commit();
+    if (kt + 1 < KT) {
+      decode(kt + 1, (kt + 1) % kBTiles);
+      ptx::fence_proxy_async();
+    }
+    ptx::wgmma_wait<1>();
+#pragma unroll
+    for (int i = 0; i < 64; ++i) ptx::fence_operand(acc[i]);
+  }
+  ptx::wgmma_wait<0>();
+#pragma unroll
+  for (int i = 0; i < 64; ++i) ptx::fence_operand(acc[i]);
+  ptx::cp_async_wait<0>();
+
+  // Epilogue, straight from the accumulators: acc[i] is tile row 16 warp + g + 8 ((i >> 1) & 1),
+  // column 8 (i >> 2) + 2 tq + (i & 1) (wgmma_ptx.cuh). Column n of the tile is stored row n of
+  // the CTA's 128: logical row n0 + n (checkpoint), or tile_row of fragment tile n / 16.
+  const int g = lane >> 2, tq = lane & 3;
+  auto col_row = [&](int t8, int e) {
+    if constexpr (FRAG) {
+      return frag::tile_row(tile0 + (t8 >> 1), 8 * (t8 & 1) + 2 * tq + e, a.swiglu_rows);
+    } else {
+      return n0 + 8 * t8 + 2 * tq + e;
+    }
+  };
+  auto col_live = [&](int t8) {
+    if constexpr (FRAG) {
+      return tile0 + (t8 >> 1) < T;
+    } else {
+      return n0 + 8 * t8 + 2 * tq < N;
+    }
+  };
+  auto bias_at = [&](int n) { return a.bias && n < N ? a.bias[size_t(expert) * N + n] : 0.f; };
+  const bool paired = FRAG && a.swiglu_rows && a.epi.mode == Epilogue::kSwiGLU;
+  float bias[16][2];
+#pragma unroll
+  for (int t8 = 0; t8 < 16; ++t8)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) bias[t8][e] = col_live(t8) ? bias_at(col_row(t8, e)) : 0.f;
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    const int row = row0 + 16 * warp + g + 8 * hh;
+    if (row >= row_end) continue;
+    if (paired) {
+      // Fragment tiles with paired rows: gate j in n8 tile 2 tl, up j in 2 tl + 1 (same lane).
+#pragma unroll
+      for (int tl = 0; tl < 8; ++tl) {
+        if (tile0 + tl >= T) continue;
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const float gate = acc[4 * (2 * tl) + 2 * hh + e] + bias[2 * tl][e];
+          const float up = acc[4 * (2 * tl + 1) + 2 * hh + e] + bias[2 * tl + 1][e];
+          const int j = 8 * (tile0 + tl) + 2 * tq + e;  // output column
+          static_cast<uint16_t*>(a.epi.out)[size_t(row) * a.epi.ldo + j] =
+              to_half_bits(swiglu_dev(gate, up, a.epi.swiglu_limit), a.epi.out_f16);
+        }
+      }
+      continue;
+    }
+#pragma unroll
+    for (int t8 = 0; t8 < 16; ++t8) {
+      if (!col_live(t8)) continue;
+      const int n = col_row(t8, 0), n1 = col_row(t8, 1);
+      const float v0 = acc[4 * t8 + 2 * hh] + bias[t8][0], v1 = acc[4 * t8 + 2 * hh + 1] + bias[t8][1];
+      if (n1 == n + 1) {
+        store_pair(a.epi, a.r, row, n, v0, v1, n1 < N);
+      } else {  // paired fragment rows under another epilogue: two gates (or ups) apart
+        store_pair(a.epi, a.r, row, n, v0, 0.f, false);
+        store_pair(a.epi, a.r, row, n1, v1, 0.f, false);
+      }
+    }
+  }
+#else
+  __trap();  // launched only where expert_gemm_v3_available() (sm_90a code on a 9.0 device)
+#endif
+}
+
+// The dense self-check (identity/random tests): C [64][128] f32 = A [64][K] . B [128][K]^T, bf16,
+// one warpgroup, one K step of 64 at a time through the same swizzled layout and descriptors.
+__global__ void __launch_bounds__(kThreads, 1) wgmma_dense_tile_kernel(const uint16_t* A, const uint16_t* B, float* Cm,
+                                                                       int K) {
+#ifdef SM90A_WGMMA
+  __shared__ __align__(1024) uint8_t s_buf[kAStageBytes + kBTileBytes + 1024];
+  uint8_t* s_a = align1024(s_buf);
+  uint8_t* s_b = s_a + kAStageBytes;
+  const int tid = threadIdx.x;
+  float acc[64];
+#pragma unroll
+  for (int i = 0; i < 64; ++i) acc[i] = 0.f;
+  for (int k0 = 0; k0 < K; k0 += kBK) {
+    for (int c = tid; c < kBM * 8; c += kThreads) {  // 16-byte chunk c % 8 of row c / 8
+      const int r = c >> 3, k = (c & 7) * 8;
+      *reinterpret_cast<uint4*>(s_a + sw128_offset(r, k)) =
+          *reinterpret_cast<const uint4*>(A + size_t(r) * K + k0 + k);
+    }
+    for (int c = tid; c < kBN * 8; c += kThreads) {
+      const int r = c >> 3, k = (c & 7) * 8;
+      *reinterpret_cast<uint4*>(s_b + sw128_offset(r, k)) =
+          *reinterpret_cast<const uint4*>(B + size_t(r) * K + k0 + k);
+    }
+    ptx::fence_proxy_async();
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < 64; ++i) ptx::fence_operand(acc[i]);
+    ptx::wgmma_fence();
+#pragma unroll
+    for (int k16 = 0; k16 < kBK / 16; ++k16)
+      ptx::wgmma_m64n128k16_bf16(acc, ptx::sw128_desc(ptx::smem_addr(s_a) + 32 * k16),
+                                 ptx::sw128_desc(ptx::smem_addr(s_b) + 32 * k16), 1);
+    ptx::wgmma_commit();
+    ptx::wgmma_wait<0>();
+#pragma unroll
+    for (int i = 0; i < 64; ++i) ptx::fence_operand(acc[i]);
+    __syncthreads();  // the tiles are rewritten next step
+  }
+  const int warp = tid >> 5, g = (tid & 31) >> 2, tq = tid & 3;
+#pragma unroll
+  for (int i = 0; i < 64; ++i) {
+    const int row = 16 * warp + g + 8 * ((i >> 1) & 1), col = 8 * (i >> 2) + 2 * tq + (i & 1);
+    Cm[row * kBN + col] = acc[i];
+  }
+#else
+  __trap();
+#endif
+}
+
+}  // namespace
+
+bool expert_gemm_v3_available() {
+#ifdef GPTOSS_HAVE_SM90A
+  static std::atomic<int> avail{-1};
+  int v = avail.load();
+  if (v < 0) {
+    int dev = 0, major = 0, minor = 0;
+    v = 0;
+    if (cudaGetDevice(&dev) == cudaSuccess &&
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess)
+      v = major == 9 && minor == 0;
+    avail.store(v);
+  }
+  return v == 1;
+#else
+  return false;
+#endif
+}
+
+bool expert_gemm_v3_supports(const WeightMat& W, const void* A, int lda, int a_rows, const Epilogue& epi) {
+  return expert_gemm_v3_available() && W.K <= kMaxK && expert_gemm_v2_supports(W, A, lda, a_rows, epi);
+}
+
+void expert_gemm_v3(const WeightMat& W, const bf16_t* A, int lda, int pairs, int E, bool gather_a, const MoeRouting& r,
+                    const Epilogue& epi, cudaStream_t s) {
+  if (pairs <= 0) return;
+  if (W.fmt != WeightMat::kMXFP4 && W.fmt != WeightMat::kFragMXFP4)
+    throw Error("expert_gemm_v3: MXFP4 weights only (checkpoint or fragment layout)");
+  if (E > kMoeMaxGroups) throw Error("expert_gemm_v3: at most " + std::to_string(kMoeMaxGroups) + " experts");
+  if (!expert_gemm_v3_available()) throw Error("expert_gemm_v3: needs sm_90a code and a compute capability 9.0 GPU");
+  const bool frag = W.fmt == WeightMat::kFragMXFP4;
+  auto kernel = frag ? expert_gemm_wgmma_kernel<true> : expert_gemm_wgmma_kernel<false>;
+  static std::atomic<uint64_t> attr_set{0};
+  int dev = 0;
+  GPTOSS_CUDA_CHECK(cudaGetDevice(&dev));
+  const uint64_t bit = uint64_t(1) << (dev & 63);
+  if (!(attr_set.load() & bit)) {
+    for (auto k : {expert_gemm_wgmma_kernel<true>, expert_gemm_wgmma_kernel<false>})
+      GPTOSS_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem_bytes(kMaxK))));
+    attr_set.fetch_or(bit);
+  }
+  V3Args a{static_cast<const uint8_t*>(W.w), W.scales, W.bias, W.N, W.K, A, lda, gather_a, r, epi, W.swiglu_rows};
+  const int max_tiles = (pairs + kBM - 1) / kBM + std::min(pairs, E);
+  if (max_tiles > 65535) throw Error("expert_gemm_v3: too many row tiles (" + std::to_string(max_tiles) + ")");
+  const dim3 grid((W.N + kBN - 1) / kBN, max_tiles);
+  launch_pdl(kernel, grid, dim3(kThreads), smem_bytes(W.K), s, a);
+  GPTOSS_CUDA_LAUNCH_CHECK();
+}
+
+void wgmma_dense_tile_selfcheck(const bf16_t* A, const bf16_t* B, float* C, int K, cudaStream_t s) {
+  if (K <= 0 || K % kBK != 0) throw Error("wgmma_dense_tile_selfcheck: K must be a positive multiple of 64");
+  if (!expert_gemm_v3_available()) throw Error("wgmma_dense_tile_selfcheck: needs sm_90a code and a 9.0 GPU");
+  wgmma_dense_tile_kernel<<<1, kThreads, 0, s>>>(A, B, C, K);
+  GPTOSS_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace gptoss::cuda
