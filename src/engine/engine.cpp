@@ -452,11 +452,13 @@ Engine::Planned Engine::plan_next() {
         const int room = std::min(s->sp.max_tokens - s->output_len(), max_model_len_ - int(s->tokens.size())) - 1;
         const int k = std::min(room, cfg_.speculative.adaptive ? s->draft_len.next()
                                                                 : cfg_.speculative.num_speculative_tokens);
+        const auto d0 = Clock::now();
         if (k > 0 && drafter_) {
           if (s->eagle) s->draft = drafter_->propose(*s->eagle, k);
         }
         else if (k > 0)
           s->draft = ngram_propose(s->tokens, k, cfg_.speculative.prompt_lookup_min, cfg_.speculative.prompt_lookup_max);
+        metrics_.spec_draft_us += std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - d0).count();
         view.back().num_draft = int32_t(s->draft.size());
       }
     }
@@ -720,7 +722,11 @@ void Engine::complete(Launched& l) {
     }
     s.draft.clear();
   }
-  if (drafter_) commit_drafts(l);
+  if (drafter_) {
+    const auto d0 = Clock::now();
+    commit_drafts(l);
+    metrics_.spec_draft_us += std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - d0).count();
+  }
 }
 
 void Engine::commit_drafts(Launched& l) {

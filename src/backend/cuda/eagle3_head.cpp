@@ -26,12 +26,21 @@ class CudaEagle3Head final : public Eagle3Head {
   CudaEagle3Head(std::shared_ptr<const Eagle3Weights> w, const Eagle3HeadEnv& env);
   std::string where() const override { return "cuda"; }
   bool device_taps() const override { return true; }
-  std::unique_ptr<Seq> new_seq() const override { return std::make_unique<DevSeq>(); }
+  std::unique_ptr<Seq> new_seq() const override {
+    auto s = std::make_unique<DevSeq>();
+    s->stream = env_.stream;
+    return s;
+  }
   void commit(Seq& s, int32_t pos, int n, const int32_t* next_tokens, const Eagle3Taps& taps) override;
   std::vector<int32_t> propose(Seq& s, int k, std::vector<float>* logits) override;
 
  private:
   struct DevSeq final : Seq {
+    // A commit's kernels may still write the cache when the sequence ends: let them finish.
+    ~DevSeq() override {
+      if (stream && kv.bytes()) cudaStreamSynchronize(stream);
+    }
+    cudaStream_t stream = nullptr;
     int32_t first_pos = 0;
     int32_t rows = 0;         // committed rows, positions first_pos .. first_pos + rows - 1
     bool has_last = false;    // `last` holds the last committed row's pre-norm output
