@@ -11,7 +11,9 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
+#include <map>
 #include <numeric>
 
 #include "backend/backend_factory.h"
@@ -310,10 +312,62 @@ TEST_F(CudaEagle3, DeviceTapsEqualHostTaps) {
 TEST_F(CudaEagle3, GreedyEqualsPlainOnCuda) {
   auto gpu = make("cuda", true);
   for (int variant = 0; variant < 3; ++variant) {
-  const Eagle3Config hc = fixture_head(gpu->config(), variant == 0 ? 16 : 32);
-  const std::string head = temp_head(hc, 1);
-  if (variant == 2) setenv("GPTOSS_EAGLE3_HOST", "1", 1);
-  auto run = [&](int k) {
+    const Eagle3Config hc = fixture_head(gpu->config(), variant == 0 ? 16 : 32);
+    const std::string head = temp_head(hc, 1);
+    if (variant == 2) setenv("GPTOSS_EAGLE3_HOST", "1", 1);
+    auto run = [&](int k) {
+      EngineConfig c;
+      c.max_num_seqs = 4;
+      c.max_num_batched_tokens = 256;
+      c.max_model_len = 128;
+      if (k > 0) {
+        c.speculative = parse_speculative_config(R"({"method":"eagle3","model":")" + head +
+                                                 R"(","num_speculative_tokens":)" + std::to_string(k) + "}");
+        c.speculative.adaptive = false;
+      }
+      Engine e(*gpu, c);
+      if (k > 0) EXPECT_EQ(e.eagle3_head_where(), variant == 1 ? "cuda" : "host");
+      std::vector<std::shared_ptr<RequestStream>> ss;
+      for (int i = 0; i < 4; ++i) {
+        std::vector<int32_t> p;
+        for (int j = 0; j < 9 + 5 * i; ++j) p.push_back((j * 31 + i * 17 + 3) % hc.vocab);
+        SamplingParams sp;
+        sp.temperature = 0;
+        sp.max_tokens = 24;
+        sp.ignore_eos = true;
+        ss.push_back(e.submit(p, sp));
+      }
+      const auto t0 = std::chrono::steady_clock::now();
+      while (e.step()) {
+      }
+      std::printf("head %d, K=%d: %.1f ms, %lld drafts\n", variant, k,
+                  std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count(),
+                  (long long)e.metrics().spec_draft_tokens.load());
+      EXPECT_EQ(e.stats().kv_pages_used[kKvFull], 0);
+      std::vector<std::vector<int32_t>> out;
+      for (auto& s : ss) {
+        out.emplace_back();
+        while (auto ev = s->next(std::chrono::milliseconds(0))) out.back().insert(out.back().end(), ev->tokens.begin(), ev->tokens.end());
+      }
+      return out;
+    };
+    const auto plain = run(0);
+    for (int k = 1; k <= 3; ++k) EXPECT_EQ(run(k), plain) << "head variant " << variant << ", K=" << k;
+    unsetenv("GPTOSS_EAGLE3_HOST");
+    std::filesystem::remove_all(head);
+  }
+}
+
+// Drafts that are often right, from the GPU head: lm_head all zeros (every draft logit ties, so
+// draft id 0 wins; the device argmax breaks ties to the lower id as the host's does) and
+// d2t[0] = the most frequent token of plain greedy decoding. The engine then commits accepted
+// drafts' rows from the device taps and rewinds the head past the rejected ones; the output
+// stays plain decoding's.
+TEST_F(CudaEagle3, AcceptedDraftsKeepTheOutputOnGpu) {
+  auto gpu = make("cuda", true);
+  const Eagle3Config hc = fixture_head(gpu->config(), 32);
+  const std::string src = temp_head(hc, 2);
+  auto serve = [&](const std::string& head, int k, int64_t* drafted, int64_t* accepted) {
     EngineConfig c;
     c.max_num_seqs = 4;
     c.max_num_batched_tokens = 256;
@@ -324,36 +378,64 @@ TEST_F(CudaEagle3, GreedyEqualsPlainOnCuda) {
       c.speculative.adaptive = false;
     }
     Engine e(*gpu, c);
-    if (k > 0) EXPECT_EQ(e.eagle3_head_where(), variant == 1 ? "cuda" : "host");
+    if (k > 0) EXPECT_EQ(e.eagle3_head_where(), "cuda");
     std::vector<std::shared_ptr<RequestStream>> ss;
     for (int i = 0; i < 4; ++i) {
       std::vector<int32_t> p;
-      for (int j = 0; j < 9 + 5 * i; ++j) p.push_back((j * 31 + i * 17 + 3) % hc.vocab);
+      for (int j = 0; j < 12 + 3 * i; ++j) p.push_back((j * 7 + i * 5 + 11) % hc.vocab);
       SamplingParams sp;
       sp.temperature = 0;
-      sp.max_tokens = 24;
+      sp.max_tokens = 32;
       sp.ignore_eos = true;
       ss.push_back(e.submit(p, sp));
     }
-    const auto t0 = std::chrono::steady_clock::now();
     while (e.step()) {
     }
-    std::printf("head %d, K=%d: %.1f ms, %lld drafts\n", variant, k,
-                std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count(),
-                (long long)e.metrics().spec_draft_tokens.load());
-    EXPECT_EQ(e.stats().kv_pages_used[kKvFull], 0);
+    if (drafted) *drafted = e.metrics().spec_draft_tokens.load();
+    if (accepted) *accepted = e.metrics().spec_accepted_tokens.load();
     std::vector<std::vector<int32_t>> out;
-    for (auto& s : ss) {
+    for (auto& st : ss) {
       out.emplace_back();
-      while (auto ev = s->next(std::chrono::milliseconds(0))) out.back().insert(out.back().end(), ev->tokens.begin(), ev->tokens.end());
+      while (auto ev = st->next(std::chrono::milliseconds(0))) out.back().insert(out.back().end(), ev->tokens.begin(), ev->tokens.end());
     }
     return out;
   };
-  const auto plain = run(0);
-  for (int k = 1; k <= 3; ++k) EXPECT_EQ(run(k), plain) << "head variant " << variant << ", K=" << k;
-  unsetenv("GPTOSS_EAGLE3_HOST");
-  std::filesystem::remove_all(head);
+  const auto plain = serve("", 0, nullptr, nullptr);
+  std::map<int32_t, int> freq;
+  for (auto& t : plain)
+    for (int32_t x : t) ++freq[x];
+  int32_t top = plain.at(0).at(0);
+  for (auto& [t, f] : freq)
+    if (f > freq[top]) top = t;
+  ASSERT_GT(freq[top], 2) << "no token repeats in the plain outputs: nothing for a constant head to hit";
+  // The constant head: the random one with lm_head zeroed and d2t[0] = top.
+  const std::string head = src + "-const";
+  {
+    Checkpoint ck(src);
+    std::vector<TensorSpec> specs;
+    for (const auto& n : ck.names()) specs.push_back({n, ck.get(n).dtype, ck.get(n).shape});
+    std::filesystem::create_directories(head);
+    write_safetensors(head + "/model.safetensors", specs, [&](const TensorSpec& sp, uint8_t* out) {
+      const TensorView& t = ck.get(sp.name);
+      std::memcpy(out, t.data, t.nbytes);
+      if (sp.name == "lm_head.weight") std::memset(out, 0, t.nbytes);
+      if (sp.name == "d2t") {
+        const int64_t off = top;
+        std::memcpy(out, &off, 8);
+      }
+    });
+    std::filesystem::copy_file(src + "/config.json", head + "/config.json");
   }
+  for (int k : {1, 3}) {
+    int64_t drafted = 0, accepted = 0;
+    const auto spec = serve(head, k, &drafted, &accepted);
+    std::printf("constant GPU head K=%d: %lld drafts, %lld accepted\n", k, (long long)drafted, (long long)accepted);
+    EXPECT_GT(accepted, 0) << k;
+    EXPECT_LT(accepted, drafted) << k;
+    EXPECT_EQ(spec, plain) << "K=" << k;
+  }
+  std::filesystem::remove_all(src);
+  std::filesystem::remove_all(head);
 }
 
 // The draft step on the GPU, timed (prints, never fails). Default: a small head on the tiny

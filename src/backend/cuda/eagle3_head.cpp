@@ -324,7 +324,7 @@ std::vector<int32_t> CudaEagle3Head::propose(Seq& seq, int k, std::vector<float>
     float* lg = logits_ + size_t(j) * V_;
     linear_rmsnorm(lm_head_, h, norm_, c_.rms_eps, 1, xn_, false, Epilogue{Epilogue::kStoreF32, lg, V_}, st);
     argmax_rows(lg, 1, V_, arg_ + j, st);
-    eagle3_draft_to_target(arg_ + j, d2t_, drafts_ + j, st);
+    eagle3_draft_to_target(arg_ + j, d2t_, V_, drafts_ + j, st);
   }
   drafts.resize(size_t(k));
   GPTOSS_CUDA_CHECK(cudaMemcpyAsync(drafts.data(), drafts_, size_t(k) * 4, cudaMemcpyDeviceToHost, st));

@@ -70,9 +70,11 @@ __global__ void eagle3_silu_mul_kernel(const float* __restrict__ gu, int I, cons
 }
 
 __global__ void eagle3_draft_to_target_kernel(const int32_t* __restrict__ draft, const int32_t* __restrict__ d2t,
-                                              int32_t* __restrict__ target) {
+                                              int V, int32_t* __restrict__ target) {
   pdl_begin();
-  if (threadIdx.x == 0) target[0] = d2t[draft[0]];
+  // (An argmax over NaN logits finds no index: draft id 0 then, never a read out of bounds.)
+  const int d = draft[0];
+  if (threadIdx.x == 0) target[0] = d2t[d >= 0 && d < V ? d : 0];
 }
 
 __global__ void tap_store_kernel(const float* __restrict__ x, int H, const int32_t* __restrict__ rows, int row0,
@@ -102,8 +104,8 @@ void eagle3_silu_mul(const float* gu, int I, const float* resid, int H, bf16_t* 
   GPTOSS_CUDA_LAUNCH_CHECK();
 }
 
-void eagle3_draft_to_target(const int32_t* draft, const int32_t* d2t, int32_t* target, cudaStream_t s) {
-  launch_pdl(eagle3_draft_to_target_kernel, dim3(1), dim3(32), 0, s, draft, d2t, target);
+void eagle3_draft_to_target(const int32_t* draft, const int32_t* d2t, int V, int32_t* target, cudaStream_t s) {
+  launch_pdl(eagle3_draft_to_target_kernel, dim3(1), dim3(32), 0, s, draft, d2t, V, target);
   GPTOSS_CUDA_LAUNCH_CHECK();
 }
 

@@ -18,8 +18,8 @@ void eagle3_input(const bf16_t* embed, const int32_t* tokens, const float* h, co
 // act[i] = silu(gu[i]) * gu[I + i] (bf16 [I]; gu f32 [2I], gate then up) and out = resid (f32 [H]),
 // the residual the down projection then adds to.
 void eagle3_silu_mul(const float* gu, int I, const float* resid, int H, bf16_t* act, float* out, cudaStream_t s);
-// target[0] = d2t[draft[0]]: a draft-vocabulary argmax to its target token id.
-void eagle3_draft_to_target(const int32_t* draft, const int32_t* d2t, int32_t* target, cudaStream_t s);
+// target[0] = d2t[draft[0]]: a draft-vocabulary argmax (of V ids) to its target token id.
+void eagle3_draft_to_target(const int32_t* draft, const int32_t* d2t, int V, int32_t* target, cudaStream_t s);
 // The residual stream x (f32 [n, H], one row per pass row) as bf16 into slot `slot` of the
 // [tokens, slots * H] tap rows: pass row r goes to token rows ? rows[r] : row0 + r.
 void tap_store(const float* x, int n, int H, const int32_t* rows, int row0, int slot, int slots, bf16_t* taps,
