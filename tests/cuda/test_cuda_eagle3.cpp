@@ -441,7 +441,8 @@ TEST_F(CudaEagle3, AcceptedDraftsKeepTheOutputOnGpu) {
 // The draft step on the GPU, timed (prints, never fails). Default: a small head on the tiny
 // fixture. GPTOSS_EAGLE3_BENCH_HEAD=DIR (gptoss make-model --preset eagle3-120b|eagle3-20b) with
 // GPTOSS_EAGLE3_BENCH_TARGET=120b|20b (random target weights of that shape on the GPU) times a
-// real-shape head. Host taps (uploaded per commit, 17 KB a row at 120b); in the engine they stay
+// real-shape head; GPTOSS_EAGLE3_DENSE=gemv runs its matrices on the GEMV instead of the skinny
+// tensor-core kernels. Host taps (uploaded per commit, 17 KB a row at 120b); in the engine they stay
 // on the device.
 TEST_F(CudaEagle3, DraftStepCost) {
   const char* head_dir = std::getenv("GPTOSS_EAGLE3_BENCH_HEAD");
@@ -490,10 +491,11 @@ TEST_F(CudaEagle3, DraftStepCost) {
   t0 = clk::now();
   for (int i = 0; i < steps; ++i) dev->propose(*seq, 1);
   const double lm_only = ms(t0) / steps;
-  std::printf("eagle3 draft step on cuda (H=%d, heads %dx%d, kv %d, I=%d, draft vocab %d, context %d): "
+  const char* dense = std::getenv("GPTOSS_EAGLE3_DENSE");
+  std::printf("eagle3 draft step on cuda, %s kernels (H=%d, heads %dx%d, kv %d, I=%d, draft vocab %d, context %d): "
               "commit %d rows + propose 1: %.3f ms; per step (commit 1 row + propose K): K=1 %.3f ms, K=2 %.3f ms, "
               "K=4 %.3f ms (%.3f ms per chained token); propose K=1 alone (norm + lm_head + argmax) %.3f ms\n",
-              hc.hidden, hc.num_heads, hc.head_dim, hc.num_kv_heads, hc.intermediate, hc.draft_vocab, ctx, ctx, prompt,
+              dense ? dense : "skinny", hc.hidden, hc.num_heads, hc.head_dim, hc.num_kv_heads, hc.intermediate, hc.draft_vocab, ctx, ctx, prompt,
               per_k[1], per_k[2], per_k[4], (per_k[4] - per_k[1]) / 3, lm_only);
   if (!(head_dir && target)) std::filesystem::remove_all(dir);
 }

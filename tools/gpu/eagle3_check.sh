@@ -14,8 +14,10 @@ cmake --build "$build" -j"$(nproc)" --target gptoss test_cuda_eagle3
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 for size in 20b 120b; do
   "$build"/gptoss make-model --preset eagle3-$size --out "$tmp/eagle3-$size"
-  GPTOSS_EAGLE3_BENCH_HEAD="$tmp/eagle3-$size" GPTOSS_EAGLE3_BENCH_TARGET=$size \
-    "$build"/tests/cuda/test_cuda_eagle3 --gtest_filter='CudaEagle3.DraftStepCost'
+  for dense in skinny gemv; do
+    GPTOSS_EAGLE3_DENSE=$dense GPTOSS_EAGLE3_BENCH_HEAD="$tmp/eagle3-$size" GPTOSS_EAGLE3_BENCH_TARGET=$size \
+      "$build"/tests/cuda/test_cuda_eagle3 --gtest_filter='CudaEagle3.DraftStepCost'
+  done
 done
 head="$tmp/eagle3-120b"
 for mode in plain eagle3 eagle3-host; do

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
@@ -49,6 +50,29 @@ class CudaEagle3Head final : public Eagle3Head {
     DeviceBuffer last;        // [H] f32
   };
 
+  // A matrix in the checkpoint layout (GEMV, and the GEMM for commits of many rows) and, when
+  // its shape allows, a copy in the fragment layout the tensor-core skinny kernels read for
+  // 1-64 rows (the target's decode path; on an H200 they stream bf16 near 4.3 TB/s against
+  // the GEMV's 3.2, docs/BENCHMARKS.md).
+  struct Mat {
+    WeightMat w, dec;
+  };
+  Mat make_mat(const std::vector<const TensorView*>& parts, int N, int K);
+  void lin(const Mat& m, const bf16_t* A, int lda, int M, const Epilogue& e) const {
+    const bool dec = m.dec.fmt != WeightMat::kBF16 && M <= kSkinnyMaxTokens;
+    linear(dec ? m.dec : m.w, A, lda, M, e, env_.stream);
+  }
+  // out = (rmsnorm(x) * norm_w) . W^T for one row x (f32 [K]): the GEMV's fused norm, or the
+  // norm into xn_ and the skinny kernel.
+  void lin_norm(const Mat& m, const float* x, const float* norm_w, const Epilogue& e) const {
+    if (m.dec.fmt != WeightMat::kBF16) {
+      rmsnorm(x, norm_w, 1, m.w.K, c_.rms_eps, nullptr, xn_, env_.stream);
+      linear(m.dec, xn_, m.w.K, 1, e, env_.stream);
+    } else {
+      linear_rmsnorm(m.w, x, norm_w, c_.rms_eps, 1, xn_, false, e, env_.stream);
+    }
+  }
+
   template <class T>
   T* dalloc(size_t count) {
     bufs_.emplace_back(std::max<size_t>(1, count) * sizeof(T));
@@ -72,7 +96,8 @@ class CudaEagle3Head final : public Eagle3Head {
   size_t page_bytes_;
   int max_pages_;
   std::vector<DeviceBuffer> bufs_;
-  WeightMat fc_, qkv_w_, o_, gate_up_, down_, lm_head_;
+  bool skinny_ = true;  // GPTOSS_EAGLE3_DENSE=gemv: no fragment copies (comparisons)
+  Mat fc_, qkv_w_, o_, gate_up_, down_, lm_head_;
   const bf16_t* embed_ = nullptr;
   const float *input_norm_, *hidden_norm_, *post_norm_, *norm_;
   const float* inv_freq_;
@@ -113,6 +138,18 @@ const bf16_t* CudaEagle3Head::upload_bf16(const std::vector<const TensorView*>& 
   return reinterpret_cast<const bf16_t*>(d);
 }
 
+CudaEagle3Head::Mat CudaEagle3Head::make_mat(const std::vector<const TensorView*>& parts, int N, int K) {
+  Mat m;
+  m.w.fmt = WeightMat::kBF16;
+  m.w.w = upload_bf16(parts);
+  m.w.N = N;
+  m.w.K = K;
+  if (skinny_ && frag_packable(m.w))
+    m.dec = pack_frag(m.w, 1, false, WeightMat::kFragBF16, dalloc<uint8_t>(frag_weight_bytes(WeightMat::kFragBF16, 1, N, K)),
+                      nullptr, nullptr, env_.stream);
+  return m;
+}
+
 const float* CudaEagle3Head::upload_floats(const TensorView& t) {
   std::vector<float> v(size_t(t.numel()));
   for (int64_t i = 0; i < t.numel(); ++i) v[size_t(i)] = tensor_float_at(t, i);
@@ -135,20 +172,16 @@ CudaEagle3Head::CudaEagle3Head(std::shared_ptr<const Eagle3Weights> w, const Eag
   // Proposals run up to kMaxDraft positions past the model's context.
   max_pages_ = (env_.target.max_position_embeddings + kMaxDraft) / kPageSize + 2;
 
-  auto mat = [](const bf16_t* p, int N, int K) {
-    WeightMat m;
-    m.fmt = WeightMat::kBF16;
-    m.w = p;
-    m.N = N;
-    m.K = K;
-    return m;
-  };
-  fc_ = mat(upload_bf16({w_->fc}), H_, tap_width_);
-  qkv_w_ = mat(upload_bf16({w_->q, w_->k, w_->v}), QKV_, 2 * H_);  // rows q | k | v: the rope_kv_store layout
-  o_ = mat(upload_bf16({w_->o}), H_, Q_);
-  gate_up_ = mat(upload_bf16({w_->gate, w_->up}), 2 * I_, H_);  // gate rows, then up rows
-  down_ = mat(upload_bf16({w_->down}), H_, I_);
-  lm_head_ = mat(upload_bf16({w_->lm_head}), V_, H_);
+  if (const char* d = std::getenv("GPTOSS_EAGLE3_DENSE")) {
+    if (std::string(d) == "gemv") skinny_ = false;
+    else if (std::string(d) != "skinny") throw Error("GPTOSS_EAGLE3_DENSE=" + std::string(d) + ": expected skinny or gemv");
+  }
+  fc_ = make_mat({w_->fc}, H_, tap_width_);
+  qkv_w_ = make_mat({w_->q, w_->k, w_->v}, QKV_, 2 * H_);  // rows q | k | v: the rope_kv_store layout
+  o_ = make_mat({w_->o}, H_, Q_);
+  gate_up_ = make_mat({w_->gate, w_->up}, 2 * I_, H_);  // gate rows, then up rows
+  down_ = make_mat({w_->down}, H_, I_);
+  lm_head_ = make_mat({w_->lm_head}, V_, H_);
   embed_ = w_->embed ? upload_bf16({w_->embed}) : env_.target_embed;
   input_norm_ = upload_floats(*w_->input_norm);
   hidden_norm_ = upload_floats(*w_->hidden_norm);
@@ -226,7 +259,7 @@ void CudaEagle3Head::run_rows(DevSeq& s, int32_t pos, int n, const int32_t* d_to
   const int D = c_.head_dim, Hq = c_.num_heads, Hkv = c_.num_kv_heads;
   eagle3_input(embed_, d_tokens, d_h, input_norm_, hidden_norm_, n, H_, c_.rms_eps, c_.norm_before_residual, cat_,
                full ? resid_ : nullptr, st);
-  linear(qkv_w_, cat_, 2 * H_, n, Epilogue{Epilogue::kStoreBF16, qkv_, QKV_}, st);
+  lin(qkv_w_, cat_, 2 * H_, n, Epilogue{Epilogue::kStoreBF16, qkv_, QKV_});
   const KvLayer kv{s.kv.get(), false, kPageSize};
   rope_kv_store(qkv_, n, Hq, Hkv, D, inv_freq_, attn_scaling_, TokenMeta{d_pos, d_off, page_iota_}, kv, st);
   if (!full) return;
@@ -238,11 +271,10 @@ void CudaEagle3Head::run_rows(DevSeq& s, int32_t pos, int n, const int32_t* d_to
   attention(qkv_ + size_t(n - 1) * QKV_, 1, Hq, Hkv, D, window, no_sinks_,
             TokenMeta{d_pos + n - 1, d_off + n - 1, page_iota_}, kv, nsplit, partial_, attn_, st,
             AttentionPath::kPerToken);
-  linear(o_, attn_, Q_, 1, Epilogue{Epilogue::kAddF32, resid_, H_}, st);
-  linear_rmsnorm(gate_up_, resid_, post_norm_, c_.rms_eps, 1, xn_, false, Epilogue{Epilogue::kStoreF32, gu_, 2 * I_},
-                 st);
+  lin(o_, attn_, Q_, 1, Epilogue{Epilogue::kAddF32, resid_, H_});
+  lin_norm(gate_up_, resid_, post_norm_, Epilogue{Epilogue::kStoreF32, gu_, 2 * I_});
   eagle3_silu_mul(gu_, I_, resid_, H_, act_, d_out, st);
-  linear(down_, act_, I_, 1, Epilogue{Epilogue::kAddF32, d_out, H_}, st);
+  lin(down_, act_, I_, 1, Epilogue{Epilogue::kAddF32, d_out, H_});
 }
 
 void CudaEagle3Head::commit(Seq& seq, int32_t pos, int n, const int32_t* next_tokens, const Eagle3Taps& taps) {
@@ -278,7 +310,7 @@ void CudaEagle3Head::commit(Seq& seq, int32_t pos, int n, const int32_t* next_to
     } else {
       A = dev.rows + size_t(taps.batch_token + c0) * tap_width_;
     }
-    linear(fc_, A, tap_width_, cn, Epilogue{Epilogue::kStoreF32, h_, H_}, st);
+    lin(fc_, A, tap_width_, cn, Epilogue{Epilogue::kStoreF32, h_, H_});
     h_meta_.resize(3 * size_t(cn));
     for (int i = 0; i < cn; ++i) {
       const int32_t t = next_tokens[c0 + i];
@@ -322,7 +354,7 @@ std::vector<int32_t> CudaEagle3Head::propose(Seq& seq, int k, std::vector<float>
       h = out;
     }
     float* lg = logits_ + size_t(j) * V_;
-    linear_rmsnorm(lm_head_, h, norm_, c_.rms_eps, 1, xn_, false, Epilogue{Epilogue::kStoreF32, lg, V_}, st);
+    lin_norm(lm_head_, h, norm_, Epilogue{Epilogue::kStoreF32, lg, V_});
     argmax_rows(lg, 1, V_, arg_ + j, st);
     eagle3_draft_to_target(arg_ + j, d2t_, V_, drafts_ + j, st);
   }
