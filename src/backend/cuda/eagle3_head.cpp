@@ -51,7 +51,7 @@ class CudaEagle3Head final : public Eagle3Head {
   };
 
   // A matrix in the checkpoint layout (GEMV, and the GEMM for commits of many rows) and, when
-  // its shape allows, a copy in the fragment layout the tensor-core skinny kernels read for
+  // its shape allows (gpt-oss-120b heads: o_proj, gate|up, lm_head), a copy in the fragment layout the tensor-core skinny kernels read for
   // 1-64 rows (the target's decode path; on an H200 they stream bf16 near 4.3 TB/s against
   // the GEMV's 3.2, docs/BENCHMARKS.md).
   struct Mat {
@@ -144,7 +144,9 @@ CudaEagle3Head::Mat CudaEagle3Head::make_mat(const std::vector<const TensorView*
   m.w.w = upload_bf16(parts);
   m.w.N = N;
   m.w.K = K;
-  if (skinny_ && frag_packable(m.w))
+  // K <= 4096: the skinny kernel stages 8 rows of activations in shared memory (8 x K bf16 a
+  // block; down_proj's K = 17280 would not fit), and the target runs it up to o_proj's 4096.
+  if (skinny_ && frag_packable(m.w) && K <= 4096)
     m.dec = pack_frag(m.w, 1, false, WeightMat::kFragBF16, dalloc<uint8_t>(frag_weight_bytes(WeightMat::kFragBF16, 1, N, K)),
                       nullptr, nullptr, env_.stream);
   return m;
