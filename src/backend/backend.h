@@ -11,10 +11,13 @@
 #include <string>
 #include <vector>
 
+#include "backend/eagle3_head.h"
 #include "common/dtype.h"
 #include "model/config.h"
 
 namespace gptoss {
+
+struct Eagle3Weights;  // model/eagle3_weights.h
 
 // The KV cache is two page pools: one for full-attention layers, one for sliding-window layers
 // (whose old pages the kv/ layer releases). A page id addresses the same slot in every layer of
@@ -48,6 +51,9 @@ struct ForwardBatch {
   // true honour it; the engine checks that before it asks.
   std::vector<int32_t> tap_layers;
   float* tap_out = nullptr;
+  // Instead of tap_out: the backend keeps the taps in its own memory for the Eagle3 head it made
+  // (Backend::make_eagle3_head, Eagle3Head::device_taps()), until the next forward.
+  bool taps_on_device = false;
 };
 
 // How to draw one token from a row of logits (forward_sample). The rule, on any backend:
@@ -89,6 +95,14 @@ class Backend {
   virtual void forward_sample(const ForwardBatch& batch, const RowSampling* rows, int32_t* tokens_out);
   // Whether forward() fills ForwardBatch::tap_out (Eagle3 drafts need it).
   virtual bool supports_hidden_taps() const { return false; }
+  // An Eagle3 draft head run by this backend itself (the CUDA backend: on its GPU, with the taps
+  // left there), or null when the backend has none for this head (then the engine runs the head
+  // on the host, engine/eagle3_drafter.h). Throws gptoss::Error when the head does not fit the
+  // model (hidden size, vocabulary). A head without embed_tokens shares the backend's embedding.
+  virtual std::unique_ptr<Eagle3Head> make_eagle3_head(std::shared_ptr<const Eagle3Weights> head) {
+    (void)head;
+    return nullptr;
+  }
   // Bytes of memory the backend can give the KV cache after its weights (0 = no fixed limit).
   virtual size_t kv_memory_available() const { return 0; }
 };

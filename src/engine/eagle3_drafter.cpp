@@ -150,4 +150,9 @@ std::vector<int32_t> Eagle3Drafter::propose(State& s, int k, std::vector<float>*
   return drafts;
 }
 
+void HostEagle3Head::commit(Seq& s, int32_t pos, int n, const int32_t* next_tokens, const Eagle3Taps& taps) {
+  if (!taps.host) throw Error("eagle3: the host head needs the target's taps in host memory");
+  d_->commit(static_cast<HostSeq&>(s).state, pos, n, next_tokens, taps.host);
+}
+
 }  // namespace gptoss

@@ -21,6 +21,7 @@
 #include <memory>
 #include <vector>
 
+#include "backend/eagle3_head.h"
 #include "model/config.h"
 #include "model/eagle3_weights.h"
 
@@ -70,6 +71,26 @@ class Eagle3Drafter {
   std::vector<int32_t> taps_;
   YarnTables rope_;
   std::vector<float> input_norm_, hidden_norm_, post_norm_, norm_, no_sinks_;
+};
+
+// The Eagle3Head the engine runs on the host (any backend with hidden-state taps): an
+// Eagle3Drafter, its State per sequence. Takes host taps only.
+class HostEagle3Head final : public Eagle3Head {
+ public:
+  explicit HostEagle3Head(std::unique_ptr<Eagle3Drafter> d) : d_(std::move(d)) {}
+  std::string where() const override { return "host"; }
+  std::unique_ptr<Seq> new_seq() const override { return std::make_unique<HostSeq>(); }
+  void commit(Seq& s, int32_t pos, int n, const int32_t* next_tokens, const Eagle3Taps& taps) override;
+  std::vector<int32_t> propose(Seq& s, int k, std::vector<float>* logits = nullptr) override {
+    return d_->propose(static_cast<HostSeq&>(s).state, k, logits);
+  }
+  const Eagle3Drafter& drafter() const { return *d_; }
+
+ private:
+  struct HostSeq final : Seq {
+    Eagle3Drafter::State state;
+  };
+  std::unique_ptr<Eagle3Drafter> d_;
 };
 
 }  // namespace gptoss

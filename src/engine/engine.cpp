@@ -82,13 +82,21 @@ Engine::Engine(Backend& backend, EngineConfig cfg) : backend_(backend), cfg_(std
                   " backend does not hand out yet (eagle3 is not on " + backend_.name() +
                   " yet: use the cpu or cuda backend, or the ngram method)");
     auto head = Eagle3Weights::load(cfg_.speculative.model);
-    std::shared_ptr<Checkpoint> target;  // the shared embedding of a head that ships none
-    const TensorView* embed = nullptr;
-    if (!head->embed && !cfg_.speculative.target_model.empty()) {
-      target = std::make_shared<Checkpoint>(cfg_.speculative.target_model);
-      embed = &target->get("model.embed_tokens.weight");
+    eagle_taps_ = head->config.tap_layers(mc.num_layers);
+    eagle_tap_width_ = 3 * head->config.target_hidden;
+    // The backend's own head when it has one (CUDA: on the GPU); GPTOSS_EAGLE3_HOST=1 keeps
+    // the head on the host (comparisons, debugging).
+    const char* host_only = std::getenv("GPTOSS_EAGLE3_HOST");
+    if (!(host_only && std::string(host_only) == "1")) drafter_ = backend_.make_eagle3_head(head);
+    if (!drafter_) {
+      std::shared_ptr<Checkpoint> target;  // the shared embedding of a head that ships none
+      const TensorView* embed = nullptr;
+      if (!head->embed && !cfg_.speculative.target_model.empty()) {
+        target = std::make_shared<Checkpoint>(cfg_.speculative.target_model);
+        embed = &target->get("model.embed_tokens.weight");
+      }
+      drafter_ = std::make_unique<HostEagle3Head>(std::make_unique<Eagle3Drafter>(std::move(head), mc, embed, target));
     }
-    drafter_ = std::make_unique<Eagle3Drafter>(std::move(head), mc, embed, target);
   }
   const bool explicit_len = cfg_.max_model_len > 0;
   int mml = explicit_len ? cfg_.max_model_len : mc.max_position_embeddings;
@@ -444,10 +452,13 @@ Engine::Planned Engine::plan_next() {
         const int room = std::min(s->sp.max_tokens - s->output_len(), max_model_len_ - int(s->tokens.size())) - 1;
         const int k = std::min(room, cfg_.speculative.adaptive ? s->draft_len.next()
                                                                 : cfg_.speculative.num_speculative_tokens);
-        if (k > 0 && drafter_)
-          s->draft = drafter_->propose(s->eagle, k);
+        const auto d0 = Clock::now();
+        if (k > 0 && drafter_) {
+          if (s->eagle) s->draft = drafter_->propose(*s->eagle, k);
+        }
         else if (k > 0)
           s->draft = ngram_propose(s->tokens, k, cfg_.speculative.prompt_lookup_min, cfg_.speculative.prompt_lookup_max);
+        metrics_.spec_draft_us += std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - d0).count();
         view.back().num_draft = int32_t(s->draft.size());
       }
     }
@@ -536,9 +547,13 @@ std::unique_ptr<Engine::Launched> Engine::launch(Planned planned) {
   // Prompt-logprob rows come after the sampled rows.
   for (const auto& pr : l->prompt_rows) batch.logit_rows.push_back(pr.batch_index);
   if (drafter_) {  // every token's taps: the drafter commits the rows that stand after verification
-    batch.tap_layers = drafter_->tap_layers();
-    l->taps.resize(batch.tokens.size() * size_t(drafter_->tap_width()));
-    batch.tap_out = l->taps.data();
+    batch.tap_layers = eagle_taps_;
+    if (drafter_->device_taps()) {
+      batch.taps_on_device = true;
+    } else {
+      l->taps.resize(batch.tokens.size() * size_t(eagle_tap_width_));
+      batch.tap_out = l->taps.data();
+    }
   }
   // When no row needs its logits on the host (logprobs, prompt logprobs, penalties, logit_bias,
   // an active structured-output constraint: its state already took every earlier token, since
@@ -707,14 +722,18 @@ void Engine::complete(Launched& l) {
     }
     s.draft.clear();
   }
-  if (drafter_) commit_drafts(l);
+  if (drafter_) {
+    const auto d0 = Clock::now();
+    commit_drafts(l);
+    metrics_.spec_draft_us += std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - d0).count();
+  }
 }
 
 void Engine::commit_drafts(Launched& l) {
   // The Eagle3 head takes the rows of this pass whose tokens stand: position p needs the
   // target's taps at p (computed here, on the true context: rejected drafts lie past the last
   // emitted token) and the token at p + 1 (known for every p before the last token).
-  const size_t width = size_t(drafter_->tap_width());
+  const size_t width = size_t(eagle_tap_width_);
   for (size_t i = 0; i < l.items.size(); ++i) {
     Sequence& s = *l.items[i].s;
     if (s.done) {
@@ -727,9 +746,15 @@ void Engine::commit_drafts(Launched& l) {
     if (cfg_.speculative.adaptive && s.draft_len.pause_left() > 0) continue;
     const SeqBatchInfo& info = l.batch.seqs[i];
     const int32_t end = std::min<int32_t>(info.start_pos + info.n_tokens, int32_t(s.tokens.size()) - 1);
-    if (end > info.start_pos)
-      drafter_->commit(s.eagle, info.start_pos, end - info.start_pos, s.tokens.data() + info.start_pos + 1,
-                       l.taps.data() + size_t(info.first_token) * width);
+    if (end > info.start_pos) {
+      if (!s.eagle) s.eagle = drafter_->new_seq();
+      Eagle3Taps taps;
+      if (l.batch.taps_on_device)
+        taps.batch_token = info.first_token;
+      else
+        taps.host = l.taps.data() + size_t(info.first_token) * width;
+      drafter_->commit(*s.eagle, info.start_pos, end - info.start_pos, s.tokens.data() + info.start_pos + 1, taps);
+    }
   }
 }
 

@@ -178,6 +178,8 @@ class Engine {
   const EngineConfig& config() const { return cfg_; }
   EngineStats stats() const;
   EngineMetrics& metrics() { return metrics_; }
+  // Where the Eagle3 draft step runs ("host", "cuda"); empty without an Eagle3 head.
+  std::string eagle3_head_where() const { return drafter_ ? drafter_->where() : std::string(); }
   int num_active() const { return active_.load(); }  // submitted and not yet finished
   const KvManagerConfig& kv_config() const { return kv_->config(); }
 
@@ -205,7 +207,7 @@ class Engine {
     bool pending = false;         // that pass samples its next token (not appended yet)
     std::vector<int32_t> draft;   // speculative drafts verified by the pass planned/in flight
     AdaptiveDraftLength draft_len;
-    Eagle3Drafter::State eagle;   // the Eagle3 head's cache for this sequence (method eagle3)
+    std::unique_ptr<Eagle3Head::Seq> eagle;  // the Eagle3 head's cache for this sequence (method eagle3; null: nothing committed)
     int output_len() const { return int(tokens.size()) - prompt_len; }
   };
   void loop();
@@ -224,7 +226,7 @@ class Engine {
     std::vector<Planned::Item> items;
     std::vector<Sequence*> row_seq;  // the sequence of each sampled logit row (1 + drafts rows in a row)
     ForwardBatch batch;
-    std::vector<float> taps;  // the target's hidden-state taps for the Eagle3 drafter
+    std::vector<float> taps;  // the target's hidden-state taps for a host Eagle3 head (a device head keeps them on the device)
     std::vector<std::vector<int32_t>> tables;  // page tables the batch points into
     std::vector<RowSampling> how;
     std::vector<int32_t> toks;
@@ -263,7 +265,9 @@ class Engine {
   int vocab_ = 0;
   int max_model_len_ = 0;
   std::unique_ptr<KvManager> kv_;
-  std::unique_ptr<Eagle3Drafter> drafter_;  // method eagle3
+  std::unique_ptr<Eagle3Head> drafter_;  // method eagle3: the backend's own head, or the host one
+  std::vector<int32_t> eagle_taps_;       // the target layers it reads (ForwardBatch::tap_layers)
+  int eagle_tap_width_ = 0;               // floats of taps a token
   std::shared_ptr<EngineSignal> sig_ = std::make_shared<EngineSignal>();
   std::mutex in_mu_;
   std::deque<std::unique_ptr<Sequence>> incoming_;

@@ -483,8 +483,8 @@ BenchReport run_bench(const BenchOptions& o) {
   std::condition_variable cv;
   int in_flight = 0;
   // The server's speculative-decoding counters around the run: the acceptance rate.
-  auto spec_counters = [&](int64_t out[2]) {
-    out[0] = out[1] = -1;
+  auto spec_counters = [&](double out[3]) {
+    out[0] = out[1] = out[2] = -1;
     httplib::Client cli(url.scheme_host_port);
     cli.set_connection_timeout(5, 0);
     cli.set_read_timeout(10, 0);
@@ -493,19 +493,20 @@ BenchReport run_bench(const BenchOptions& o) {
     auto res = cli.Get("/metrics", h);
     if (!res || res->status != 200) return;
     // "NAME{labels} VALUE" or "NAME VALUE" on a line of its own
-    const char* names[2] = {"gptoss:spec_decode_num_draft_tokens_total", "gptoss:spec_decode_num_accepted_tokens_total"};
-    for (int k = 0; k < 2; ++k) {
+    const char* names[3] = {"gptoss:spec_decode_num_draft_tokens_total", "gptoss:spec_decode_num_accepted_tokens_total",
+                            "gptoss:spec_decode_draft_seconds_total"};
+    for (int k = 0; k < 3; ++k) {
       const std::string key = std::string("\n") + names[k];
       for (size_t at = res->body.find(key); at != std::string::npos; at = res->body.find(key, at + 1)) {
         const char c = res->body[at + key.size()];
         if (c != ' ' && c != '{') continue;
         const size_t sp = res->body.find(' ', at + key.size());
-        if (sp != std::string::npos) out[k] = std::atoll(res->body.c_str() + sp + 1);
+        if (sp != std::string::npos) out[k] = std::atof(res->body.c_str() + sp + 1);
         break;
       }
     }
   };
-  int64_t spec_before[2];
+  double spec_before[3];
   spec_counters(spec_before);
   auto t0 = Clock::now();
   std::vector<std::thread> th;
@@ -531,12 +532,13 @@ BenchReport run_bench(const BenchOptions& o) {
   }
   for (auto& t : th) t.join();
   rep.total_s = std::chrono::duration<double>(Clock::now() - t0).count();
-  int64_t spec_after[2];
+  double spec_after[3];
   spec_counters(spec_after);
   if (spec_before[0] >= 0 && spec_after[0] >= 0 && spec_before[1] >= 0 && spec_after[1] >= 0) {
-    rep.spec_draft_tokens = spec_after[0] - spec_before[0];
-    rep.spec_accepted_tokens = spec_after[1] - spec_before[1];
+    rep.spec_draft_tokens = int64_t(spec_after[0] - spec_before[0]);
+    rep.spec_accepted_tokens = int64_t(spec_after[1] - spec_before[1]);
   }
+  if (spec_before[2] >= 0 && spec_after[2] >= 0) rep.spec_draft_s = spec_after[2] - spec_before[2];
   summarize(rep);
   return rep;
 }
@@ -579,6 +581,10 @@ json BenchReport::to_json() const {
     j["spec_decode"] = {{"draft_tokens", spec_draft_tokens},
                         {"accepted_tokens", spec_accepted_tokens},
                         {"acceptance_rate", double(spec_accepted_tokens) / double(spec_draft_tokens)}};
+  if (spec_draft_tokens > 0 && spec_draft_s >= 0) {
+    j["spec_decode"]["draft_seconds"] = spec_draft_s;
+    j["spec_decode"]["draft_ms_per_draft_token"] = spec_draft_s * 1e3 / double(spec_draft_tokens);
+  }
   if (slo.any()) {
     json s = json::object();
     if (slo.ttft_s > 0) s["ttft_ms"] = slo.ttft_s * 1e3;
@@ -627,6 +633,12 @@ std::string BenchReport::to_text() const {
                   (long long)spec_draft_tokens, (long long)spec_accepted_tokens,
                   100.0 * double(spec_accepted_tokens) / double(spec_draft_tokens));
     s += buf;
+    if (spec_draft_s >= 0) {
+      std::snprintf(buf, sizeof buf, "draft step: %.3f s in the drafter, %.3f ms per draft token, %.3f ms per output token\n",
+                    spec_draft_s, spec_draft_s * 1e3 / double(spec_draft_tokens),
+                    completion_tokens > 0 ? spec_draft_s * 1e3 / double(completion_tokens) : 0.0);
+      s += buf;
+    }
   }
   if (slo.any()) {
     std::snprintf(buf, sizeof buf, "goodput: %.2f req/s (%d of %d requests within the SLO)\n", goodput_req_s, good,

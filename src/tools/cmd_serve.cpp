@@ -257,7 +257,7 @@ gptoss::tools::RegisterCommand reg({"serve", "Serve a model through an OpenAI-co
   app->add_option("--speculative-config", a->speculative_config,
                   "Speculative decoding as JSON, e.g. '{\"method\":\"ngram\",\"num_speculative_tokens\":4,"
                   "\"prompt_lookup_max\":4,\"prompt_lookup_min\":1}' (prompt lookup) or "
-                  "'{\"method\":\"eagle3\",\"model\":DIR,\"num_speculative_tokens\":1}' (an Eagle3 draft head, run on the host)");
+                  "'{\"method\":\"eagle3\",\"model\":DIR,\"num_speculative_tokens\":1}' (an Eagle3 draft head: on the GPU with --device cuda, else on the host)");
   app->add_option("--speculative-model", a->speculative_model,
                   "An Eagle3 draft head directory: eagle3 drafts, K=1 (with --profile spec: instead of ngram)");
   app->add_option("--profile", a->profile,

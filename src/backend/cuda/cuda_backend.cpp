@@ -16,7 +16,9 @@
 
 #include "backend/cuda/cublaslt_gemm.h"
 #include "backend/cuda/cuda_common.h"
+#include "backend/cuda/eagle3_head.h"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/kernels/eagle3/eagle3_kernels.h"
 #include "backend/cuda/tp_slices.h"
 #include "backend/cuda/step_timeline.h"
 #include "model/make_model.h"
@@ -64,6 +66,7 @@ class CudaBackend final : public Backend {
   void forward_sample(const ForwardBatch& batch, const RowSampling* rows, int32_t* tokens_out) override;
   size_t kv_memory_available() const override;
   bool supports_hidden_taps() const override { return true; }
+  std::unique_ptr<Eagle3Head> make_eagle3_head(std::shared_ptr<const Eagle3Weights> head) override;
 
  private:
   // Device allocations that live as long as the backend.
@@ -181,7 +184,9 @@ class CudaBackend final : public Backend {
   size_t meta_cap_ = 0;  // int32 entries
   int32_t* h_meta_ = nullptr;  // pinned
 
-  std::map<int, cudaGraphExec_t> graphs_;
+  // Captured decode passes by padded size (and tapped layers: graphs that store device taps).
+  using GraphKey = std::pair<int, std::vector<int32_t>>;
+  std::map<GraphKey, cudaGraphExec_t> graphs_;
   StepTimeline timeline_;  // GPTOSS_CUDA_TIMELINE=1: GPU idle time between passes
   Mxfp4Layers mx_layers_;  // dense layers stored as MXFP4 (--mxfp4-layers)
 
@@ -192,6 +197,18 @@ class CudaBackend final : public Backend {
   // residual stream after each tapped layer, [n, H] per tap slot, into tap_stage_.
   const std::vector<int32_t>* tap_layers_ = nullptr;
   std::vector<float> tap_stage_;
+  // ForwardBatch::taps_on_device (the backend's own Eagle3 head, eagle3_head.h): run_pass stores
+  // the tapped rows as bf16 [tokens, slots * H] in batch token order into tap_dst_ instead (pass
+  // row r -> token tap_dst_rows_[r], or tap_dst0_ + r when null). Eager passes use dev_taps_,
+  // graphed ones graph_taps_ (fixed: the graphs hold its address).
+  bool tap_device_ = false;
+  bf16_t* tap_dst_ = nullptr;
+  const int32_t* tap_dst_rows_ = nullptr;
+  int tap_dst0_ = 0;
+  DeviceBuffer dev_taps_, tap_rows_;
+  bf16_t* graph_taps_ = nullptr;
+  std::vector<int32_t> tap_rows_host_;
+  cuda::DeviceTaps last_taps_;  // what the last forward left for the head
   // GPTOSS_CUDA_SKIP=dense,attn,router,experts,lm_head: timing experiments only (the
   // output is garbage); the step time without a group of ops is the cost of that group.
   std::string skip_;
@@ -825,9 +842,13 @@ void CudaBackend::run_pass(int n, const PassMeta& m, int n_rows, int nsplit) {
     mark("combine");
     if (tap_layers_)
       for (size_t i = 0; i < tap_layers_->size(); ++i)
-        if ((*tap_layers_)[i] == int(li))
-          GPTOSS_CUDA_CHECK(cudaMemcpyAsync(tap_stage_.data() + i * size_t(n) * H, x_, size_t(n) * H * sizeof(float),
-                                            cudaMemcpyDeviceToHost, stream_));
+        if ((*tap_layers_)[i] == int(li)) {
+          if (tap_device_)
+            tap_store(x_, n, H, tap_dst_rows_, tap_dst0_, int(i), int(tap_layers_->size()), tap_dst_, stream_);
+          else
+            GPTOSS_CUDA_CHECK(cudaMemcpyAsync(tap_stage_.data() + i * size_t(n) * H, x_,
+                                              size_t(n) * H * sizeof(float), cudaMemcpyDeviceToHost, stream_));
+        }
   }
   if (n_rows > 0 && !skip("lm_head")) lm_head(m.rows, n_rows);
   mark("lm_head");
@@ -897,6 +918,7 @@ void CudaBackend::run_batch_impl(const ForwardBatch& b, float* logits, int32_t* 
   const int M = int(b.tokens.size());
   if (kvc_.num_pages[0] + kvc_.num_pages[1] == 0) throw Error("cuda backend: init_kv_cache first");
   tap_layers_ = nullptr;
+  last_taps_ = {};
   if (M == 0) return;
   int covered = 0;
   for (const SeqBatchInfo& s : b.seqs) covered += s.n_tokens;
@@ -907,12 +929,25 @@ void CudaBackend::run_batch_impl(const ForwardBatch& b, float* logits, int32_t* 
   // B), while which tokens belong to which sequence, their positions and pages are metadata.
   // Tokens of one sequence attend to each other as in an eager pass: every K/V is stored before
   // attention reads the pages. The lm_head runs on all B rows; the wanted ones are picked below.
-  // Hidden-state taps (Eagle3) take the eager path: the graphs do not copy them out.
-  bool decode = M <= kMaxGraphBatch && !profile_ && b.tap_layers.empty();
+  // Hidden-state taps (Eagle3) copied to the host take the eager path (the graphs do not copy
+  // them out); taps kept on the device are graphed too, when the pass rows are in batch order.
+  const bool taps = !b.tap_layers.empty(), taps_dev = taps && b.taps_on_device;
+  bool decode = M <= kMaxGraphBatch && !profile_ && (!taps || taps_dev);
   for (int32_t l : b.tap_layers)
     if (l < 0 || l >= cfg_.num_layers) throw Error("cuda backend: tapped layer " + std::to_string(l) + " does not exist");
-  if (!b.tap_layers.empty() && !b.tap_out) throw Error("cuda backend: hidden-state taps asked without an output buffer");
+  if (taps && !b.tap_out && !taps_dev) throw Error("cuda backend: hidden-state taps asked without an output buffer");
+  if (taps_dev && tp_.active()) throw Error("cuda backend: device taps are not supported with tensor parallelism");
+  const int tap_width = int(b.tap_layers.size()) * cfg_.hidden;
+  if (taps_dev && !graph_taps_) graph_taps_ = dalloc<bf16_t>(size_t(kMaxGraphBatch) * 3 * cfg_.hidden);
+  if (taps_dev && b.tap_layers.size() > 3) throw Error("cuda backend: at most 3 device tap layers");
   for (const SeqBatchInfo& s : b.seqs) decode &= s.n_tokens <= kMaxGraphSeqTokens;
+  if (taps_dev) {  // graphed taps land in batch order: the sequences must be laid out in order
+    int at = 0;
+    for (const SeqBatchInfo& s : b.seqs) {
+      decode &= s.first_token == at;
+      at += s.n_tokens;
+    }
+  }
   const int V = cfg_.vocab;
   if (decode) {
     int B = 1;
@@ -940,19 +975,30 @@ void CudaBackend::run_batch_impl(const ForwardBatch& b, float* logits, int32_t* 
       if (t < 0 || t >= M) throw Error("cuda backend: logit row out of range");
     for (int i = 0; i < B; ++i) st.rows.push_back(i);
     PassMeta pm = upload_meta(st, B, B);
-    auto it = graphs_.find(B);
+    // Graphs with device taps are their own (they hold the tap stores), per set of tapped layers.
+    const GraphKey key{B, taps_dev ? b.tap_layers : std::vector<int32_t>{}};
+    auto it = graphs_.find(key);
     if (it == graphs_.end()) {
       cudaGraph_t graph;
+      if (taps_dev) {
+        tap_layers_ = &b.tap_layers;
+        tap_device_ = true;
+        tap_dst_ = graph_taps_;
+        tap_dst_rows_ = nullptr;
+        tap_dst0_ = 0;
+      }
       GPTOSS_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
       run_pass(B, pm, B, splits_for(B));
+      tap_layers_ = nullptr;
       argmax_rows(d_logits_, B, V, d_greedy_, stream_);
       GPTOSS_CUDA_CHECK(cudaStreamEndCapture(stream_, &graph));
       cudaGraphExec_t exec;
       GPTOSS_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
       cudaGraphDestroy(graph);
-      it = graphs_.emplace(B, exec).first;
+      it = graphs_.emplace(key, exec).first;
     }
     GPTOSS_CUDA_CHECK(cudaGraphLaunch(it->second, stream_));
+    if (taps_dev) last_taps_ = DeviceTaps{graph_taps_, M};
     if (how) {
       std::vector<RowSampling> per(B);  // padding rows draw too, harmlessly
       for (size_t i = 0; i < b.logit_rows.size(); ++i) per[row_of[b.logit_rows[i]]] = how[i];
@@ -998,12 +1044,35 @@ void CudaBackend::run_batch_impl(const ForwardBatch& b, float* logits, int32_t* 
     int first = std::min<int>(kMaxLogitRows, outs.size());
     for (int i = 0; i < first; ++i) st.rows.push_back(row_of[b.logit_rows[outs[i]] - t0]);
     PassMeta pm = upload_meta(st, n, first);
-    if (!b.tap_layers.empty()) {
+    if (taps_dev) {
+      // The whole batch's rows (chunks fill their parts); pass row -> batch token.
+      if (t0 == 0 && dev_taps_.bytes() < size_t(M) * tap_width * sizeof(bf16_t))
+        dev_taps_.alloc(size_t(M) * tap_width * sizeof(bf16_t));
+      if (tap_rows_.bytes() == 0) tap_rows_.alloc(size_t(kMaxChunk) * sizeof(int32_t));
+      tap_rows_host_.assign(size_t(n), -1);
+      bool in_order = true;
+      for (int t = t0; t < t1; ++t) {
+        tap_rows_host_[size_t(row_of[t - t0])] = t;
+        in_order &= row_of[t - t0] == t - t0;
+      }
+      if (!in_order)
+        GPTOSS_CUDA_CHECK(cudaMemcpyAsync(tap_rows_.get(), tap_rows_host_.data(), size_t(n) * sizeof(int32_t),
+                                          cudaMemcpyHostToDevice, stream_));
       tap_layers_ = &b.tap_layers;
+      tap_device_ = true;
+      tap_dst_ = dev_taps_.get<bf16_t>();
+      tap_dst_rows_ = in_order ? nullptr : tap_rows_.get<int32_t>();
+      tap_dst0_ = t0;
+    } else if (taps) {
+      tap_layers_ = &b.tap_layers;
+      tap_device_ = false;
       tap_stage_.resize(b.tap_layers.size() * size_t(n) * cfg_.hidden);
     }
     run_pass(n, pm, first, splits_for(n));
-    if (tap_layers_) {  // pass row -> batch token: the [tokens, slots, H] layout of ForwardBatch::tap_out
+    if (taps_dev) {
+      tap_layers_ = nullptr;
+      last_taps_ = DeviceTaps{dev_taps_.get<bf16_t>(), M};
+    } else if (tap_layers_) {  // pass row -> batch token: the [tokens, slots, H] layout of ForwardBatch::tap_out
       tap_layers_ = nullptr;
       GPTOSS_CUDA_CHECK(cudaStreamSynchronize(stream_));
       const size_t H = size_t(cfg_.hidden), slots = b.tap_layers.size();
@@ -1052,6 +1121,21 @@ void CudaBackend::forward_greedy(const ForwardBatch& batch, int32_t* tokens_out)
 
 void CudaBackend::forward_sample(const ForwardBatch& batch, const RowSampling* rows, int32_t* tokens_out) {
   run_batch(batch, nullptr, tokens_out, rows);
+}
+
+std::unique_ptr<Eagle3Head> CudaBackend::make_eagle3_head(std::shared_ptr<const Eagle3Weights> head) {
+  if (tp_.active()) return nullptr;  // a rank's backend; the tensor-parallel group hands out no taps
+  GPTOSS_CUDA_CHECK(cudaSetDevice(device_));
+  Eagle3HeadEnv env;
+  env.device = device_;
+  env.stream = stream_;
+  env.target = model_cfg_;
+  env.target_embed = embed_;
+  env.taps = [this] { return last_taps_; };
+  std::string why;
+  auto h = make_cuda_eagle3_head(std::move(head), env, &why);
+  if (!h) std::fprintf(stderr, "eagle3: the draft head runs on the host: the cuda head does not take %s\n", why.c_str());
+  return h;
 }
 
 }  // namespace
