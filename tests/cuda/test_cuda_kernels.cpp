@@ -597,12 +597,53 @@ TEST_F(Kernels, MoeRouteTiesGoToTheLowerIndex) {
       }
 }
 
+// moe_combine past decode sizes (a block per token) against its decode-size kernel (clusters, kept
+// at every size in batch-invariant mode) and the CPU: the residual update is the same sum in the
+// same order (bit for bit), the next layer's normalized rows within bf16 rounding.
+TEST_F(Kernels, MoeCombineRowsMatchClusters) {
+  const int H = small_mode() ? 96 : 2880, E = 32, k = 4;
+  for (int n : {65, 300, small_mode() ? 129 : 2049}) {
+    FastRng r(fresh_seed());
+    const int P = n * k;
+    auto logits = rand_f32(size_t(n) * E, r);
+    auto y = rand_f32(size_t(P) * H, r);
+    auto x = rand_f32(size_t(n) * H, r, 2.f);
+    auto nw = rand_f32(H, r, 0.1f, 1.f);
+    Dev<float> dlog(logits), dy(y), dnw(nw), xa(x), xb(x);
+    Dev<uint16_t> xna(size_t(n) * H), xnb(size_t(n) * H);
+    Dev<uint8_t> rmem(cuda::moe_routing_bytes(P, E));
+    auto rt = cuda::moe_routing_carve(rmem.p(), P, E);
+    cuda::moe_route(dlog.p(), n, E, k, rt, 0);
+    cuda::moe_combine(dy.p(), rt, n, k, H, xa.p(), dnw.p(), 1e-5f, xna.p(), 0, false);
+    cuda::moe_combine(dy.p(), rt, n, k, H, xb.p(), dnw.p(), 1e-5f, xnb.p(), 0, true);
+    GPTOSS_CUDA_CHECK(cudaDeviceSynchronize());
+    EXPECT_EQ(xa.download(), xb.download()) << "n=" << n;
+    EXPECT_LE(rel_err(from_bf16(xna.download()), from_bf16(xnb.download())), 5e-3) << "n=" << n;
+    // The CPU: x + sum_j w_j y[slot], then rmsnorm.
+    std::vector<int32_t> slot(P);
+    std::vector<float> w(P);
+    GPTOSS_CUDA_CHECK(cudaMemcpy(slot.data(), rt.slot_pair, P * 4, cudaMemcpyDeviceToHost));
+    GPTOSS_CUDA_CHECK(cudaMemcpy(w.data(), rt.topk_w, P * 4, cudaMemcpyDeviceToHost));
+    std::vector<float> ref = x, xn(x.size());
+    for (int t = 0; t < n; ++t)
+      for (int h = 0; h < H; ++h) {
+        float sum = 0.f;
+        for (int j = 0; j < k; ++j) sum += w[t * k + j] * y[size_t(slot[t * k + j]) * H + h];
+        ref[size_t(t) * H + h] += sum;
+      }
+    cpu::rmsnorm(ref.data(), nw.data(), n, H, 1e-5f, xn.data());
+    EXPECT_LE(rel_err(xa.download(), ref), 1e-5) << "n=" << n;
+    EXPECT_LE(rel_err(from_bf16(xna.download()), xn), 5e-3) << "n=" << n;
+  }
+}
+
 // The decode router (norm + GEMV + top-k + sort in one launch) against the CPU norm and GEMV, and
 // its routing against moe_route over the same logits, launch after launch (the ticket resets).
 TEST_F(Kernels, RouterRouteFused) {
   struct C { int n, E, K, k, eb, ee; };
   std::vector<C> cases = {{1, 128, 2880, 4, 0, 128}, {2, 128, 2880, 4, 0, 128}, {7, 32, 2880, 4, 0, 32},
-                          {8, 128, 2880, 4, 64, 128}, {3, 200, 1024, 8, 0, 200}, {1, 8, 64, 2, 0, 8}};
+                          {8, 128, 2880, 4, 64, 128}, {3, 200, 1024, 8, 0, 200}, {1, 8, 64, 2, 0, 8},
+                          {8, 128, 2880, 8, 0, 128}, {6, 16, 512, 8, 4, 12}};  // the last two: 48-64 pairs, the block sort
   if (small_mode()) cases = {{1, 32, 256, 4, 0, 32}, {8, 8, 64, 2, 2, 6}};
   for (const C& c : cases)
     for (bool f16 : {false, true}) {
@@ -652,10 +693,29 @@ TEST_F(Kernels, RouterRouteFused) {
       EXPECT_EQ(ints(rt.group_expert, groups), ints(rt2.group_expert, groups)) << at;
       EXPECT_EQ(ints(rt.group_start, groups), ints(rt2.group_start, groups)) << at;
       EXPECT_EQ(ints(rt.group_end, groups), ints(rt2.group_end, groups)) << at;
+      const int tiles = ints(rt2.counts, 2)[1];
+      EXPECT_EQ(ints(rt.tile_group, tiles), ints(rt2.tile_group, tiles)) << at;
+      EXPECT_EQ(ints(rt.tile_row, tiles), ints(rt2.tile_row, tiles)) << at;
       EXPECT_EQ(ints(rt.topk_idx, P), ints(rt2.topk_idx, P)) << at;
-      EXPECT_EQ(ints(rt.slot_pair, P), ints(rt2.slot_pair, P)) << at;
-      EXPECT_EQ(ints(rt.pair_token, P), ints(rt2.pair_token, P)) << at;
-      EXPECT_EQ(floats(rt.pair_weight, P), floats(rt2.pair_weight, P)) << at;
+      EXPECT_EQ(floats(rt.topk_w, P), floats(rt2.topk_w, P)) << at;
+      // Pairs of one expert may take its slots in another order: each pair's slot must lie in its
+      // expert's sorted range and hold its token and weight.
+      {
+        auto slot = ints(rt.slot_pair, P), tok = ints(rt.pair_token, P), eidx = ints(rt.topk_idx, P);
+        auto pw = floats(rt.pair_weight, P), tw = floats(rt.topk_w, P);
+        std::vector<int> start(c.E, 0), count(c.E, 0);
+        for (int e : eidx) ++count[e];
+        for (int e = 1; e < c.E; ++e) start[e] = start[e - 1] + count[e - 1];
+        std::vector<int> seen(P, 0);
+        for (int p = 0; p < P; ++p) {
+          const int sl = slot[p];
+          ASSERT_TRUE(sl >= 0 && sl < P) << at;
+          EXPECT_TRUE(sl >= start[eidx[p]] && sl < start[eidx[p]] + count[eidx[p]]) << at << " pair " << p;
+          EXPECT_EQ(tok[sl], p / c.k) << at;
+          EXPECT_EQ(pw[sl], tw[p]) << at;
+          EXPECT_EQ(seen[sl]++, 0) << at << " slot taken twice";
+        }
+      }
       // And the top-k itself against the CPU's rule on these logits.
       std::vector<int32_t> idx(P);
       std::vector<float> wts(P);

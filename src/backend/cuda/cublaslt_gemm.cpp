@@ -3,7 +3,9 @@
 // A' the column-major K x M matrix (ld lda) as it is, and D column-major N x M (ld ldo): the
 // "TN" layout cuBLASLt serves best. The bias is a per-row vector of D (CUBLASLT_EPILOGUE_BIAS,
 // f32 as WeightMat holds it), added to the f32 accumulator before the output is rounded, as our
-// own GEMM does. Should cuBLASLt offer no bf16-output algorithm with an f32 bias, the bf16 store
+// own GEMM does. cuBLASLt's bf16-output GEMMs take only a bf16 bias: when every bias value is a
+// bf16 (gpt-oss checkpoints store biases in bf16, so the f32 copy is exact) a bf16 copy of it is
+// made once and used, the same sum. Otherwise the bf16 store
 // is staged: the GEMM writes f32 rows into a workspace, then f32_rows_to_bf16 rounds them once,
 // the same result at a little more memory traffic.
 #include "backend/cuda/cublaslt_gemm.h"
@@ -12,10 +14,12 @@
 #include <cstdlib>
 #include <mutex>
 #include <map>
+#include <vector>
 #include <tuple>
 
 #include "backend/cuda/cublaslt_library.h"
 #include "backend/cuda/cuda_common.h"
+#include "common/dtype.h"
 #include "common/error.h"
 
 namespace gptoss::cuda {
@@ -31,7 +35,8 @@ uint32_t alignment(const void* p) {
 }
 
 // Everything the algorithm choice depends on. Pointers enter only through their alignment.
-using Key = std::tuple<int, int, int, int, int, int, bool, uint32_t, uint32_t, uint32_t, uint32_t>;
+// The bias entry: 0 none, 1 f32, 2 f32 with a prepared bf16 copy (prepare_bf16_bias).
+using Key = std::tuple<int, int, int, int, int, int, int, uint32_t, uint32_t, uint32_t, uint32_t>;
 
 bool g_force_staging = false;
 
@@ -47,11 +52,19 @@ struct CublasLtGemm::Impl {
   struct Plan {
     bool ok = false;
     bool staged = false;  // D is f32 rows in `staging`, rounded to bf16 after
+    bool bias_bf16 = false;  // the bias is the bf16 copy (bf16_bias) of W.bias
     cublasLtMatmulDesc_t desc = nullptr;
     cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
     cublasLtMatmulAlgo_t algo{};
   };
   std::map<Key, Plan> plans;
+  // bf16 copies of f32 biases whose values are all bf16, made by prepare_bf16_bias for weights
+  // that live as long as this object (the backend's layers).
+  std::map<const float*, DeviceBuffer> bf16_biases;
+  const void* bf16_bias(const float* b) const {
+    auto it = bf16_biases.find(b);
+    return it == bf16_biases.end() ? nullptr : it->second.get();
+  }
   bool warned = false, said_staged = false;
 
   explicit Impl(const CublasLtLibrary& l) : lib(l) {}
@@ -70,9 +83,10 @@ struct CublasLtGemm::Impl {
   }
   // Builds the descriptors and asks the heuristic for the best algorithm; ok false when it has none.
   Plan make_plan(const WeightMat& W, const bf16_t* A, int lda, int M, const Epilogue& epi, bool staged,
-                 const char** why) {
+                 const void* bias_bf16, const char** why) {
     Plan p;
     p.staged = staged;
+    p.bias_bf16 = bias_bf16 != nullptr;
     const bool f32_out = staged || epi.mode != Epilogue::kStoreBF16;
     check(lib.MatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "MatmulDescCreate");
     const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
@@ -80,12 +94,12 @@ struct CublasLtGemm::Impl {
     check(lib.MatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb), "TRANSB");
     if (W.bias) {
       const cublasLtEpilogue_t e = CUBLASLT_EPILOGUE_BIAS;
-      const int32_t bt = CUDA_R_32F;
+      const int32_t bt = bias_bf16 ? CUDA_R_16BF : CUDA_R_32F;
+      const void* bp = bias_bf16 ? bias_bf16 : static_cast<const void*>(W.bias);
       check(lib.MatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &e, sizeof e), "EPILOGUE");
       check(lib.MatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt), "BIAS_DATA_TYPE");
       // The heuristic reads the pointer's alignment from it.
-      check(lib.MatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &W.bias, sizeof W.bias),
-            "BIAS_POINTER");
+      check(lib.MatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bp, sizeof bp), "BIAS_POINTER");
     }
     check(lib.MatrixLayoutCreate(&p.a, CUDA_R_16BF, W.K, W.N, W.K), "layout W");
     check(lib.MatrixLayoutCreate(&p.b, CUDA_R_16BF, W.K, M, lda), "layout A");
@@ -144,6 +158,24 @@ std::string CublasLtGemm::describe() const {
          std::to_string(v % 100) + " (" + lib_.path + ")";
 }
 
+bool CublasLtGemm::prepare_bf16_bias(const float* bias, int n, cudaStream_t s) {
+  if (!bias || n <= 0) return false;
+  if (impl_->bf16_biases.count(bias)) return true;
+  std::vector<float> h(n);
+  GPTOSS_CUDA_CHECK(cudaMemcpyAsync(h.data(), bias, size_t(n) * 4, cudaMemcpyDeviceToHost, s));
+  GPTOSS_CUDA_CHECK(cudaStreamSynchronize(s));
+  std::vector<uint16_t> hb(n);
+  for (int i = 0; i < n; ++i) {
+    hb[i] = f32_to_bf16(h[i]);
+    if (bf16_to_f32(hb[i]) != h[i]) return false;  // not exact: the staged route keeps the f32 sum
+  }
+  DeviceBuffer d;
+  d.alloc(size_t(n) * 2);
+  GPTOSS_CUDA_CHECK(cudaMemcpy(d.get(), hb.data(), size_t(n) * 2, cudaMemcpyHostToDevice));
+  impl_->bf16_biases.emplace(bias, std::move(d));
+  return true;
+}
+
 bool CublasLtGemm::supports(const WeightMat& W, int lda, const Epilogue& epi) {
   if (W.fmt != WeightMat::kBF16 || epi.out_f16) return false;
   if (epi.mode != Epilogue::kStoreBF16 && epi.mode != Epilogue::kStoreF32 && epi.mode != Epilogue::kAddF32) return false;
@@ -161,7 +193,7 @@ bool CublasLtGemm::run(const WeightMat& W, const bf16_t* A, int lda, int M, cons
                 lda,
                 epi.ldo,
                 int(epi.mode),
-                W.bias != nullptr,
+                W.bias ? (impl_->bf16_bias(W.bias) ? 2 : 1) : 0,
                 alignment(W.w),
                 alignment(A),
                 alignment(epi.out),
@@ -170,8 +202,12 @@ bool CublasLtGemm::run(const WeightMat& W, const bf16_t* A, int lda, int M, cons
   if (it == impl_->plans.end()) {
     const char* why = "";
     Impl::Plan p;
-    if (!g_force_staging) p = impl_->make_plan(W, A, lda, M, epi, false, &why);
-    if (!p.ok && epi.mode == Epilogue::kStoreBF16) p = impl_->make_plan(W, A, lda, M, epi, true, &why);
+    const bool bf16_out = epi.mode == Epilogue::kStoreBF16;
+    if (!g_force_staging || !bf16_out) p = impl_->make_plan(W, A, lda, M, epi, false, nullptr, &why);
+    // bf16 output with a bias: the bf16 copy of the bias when it is exact, else staged f32 rows.
+    const void* bb = bf16_out && W.bias && !g_force_staging ? impl_->bf16_bias(W.bias) : nullptr;
+    if (!p.ok && bb) p = impl_->make_plan(W, A, lda, M, epi, false, bb, &why);
+    if (!p.ok && bf16_out) p = impl_->make_plan(W, A, lda, M, epi, true, nullptr, &why);
     if (!p.ok) impl_->decline(W, M, epi, why);
     if (p.ok && p.staged && !g_force_staging && !impl_->said_staged) {
       impl_->said_staged = true;
@@ -192,9 +228,11 @@ bool CublasLtGemm::run(const WeightMat& W, const bf16_t* A, int lda, int M, cons
     }
     d = impl_->staging.get();
   }
-  if (W.bias)
-    impl_->check(lib_.MatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &W.bias, sizeof W.bias),
+  if (W.bias) {
+    const void* bp = p.bias_bf16 ? impl_->bf16_bias(W.bias) : static_cast<const void*>(W.bias);
+    impl_->check(lib_.MatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bp, sizeof bp),
                  "BIAS_POINTER");
+  }
   const float alpha = 1.f, beta = epi.mode == Epilogue::kAddF32 ? 1.f : 0.f;
   // kAddF32 reads C = the output itself (in place: C and D share pointer and layout).
   const cublasStatus_t st = lib_.Matmul(impl_->handle, p.desc, &alpha, W.w, p.a, A, p.b, &beta, d, p.d, d, p.d,

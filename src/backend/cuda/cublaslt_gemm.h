@@ -36,6 +36,11 @@ class CublasLtGemm {
   // exists; plans are made on a problem's first call (host-side heuristic query only).
   bool run(const WeightMat& W, const bf16_t* A, int lda, int M, const Epilogue& epi, cudaStream_t s);
 
+  // cuBLASLt's bf16-output GEMMs take a bf16 bias only: for a bias that lives as long as this
+  // object and whose values are all bf16 (checkpoints store biases in bf16), keeps a bf16 copy so
+  // bf16 stores with it need no staging. False (and nothing kept) when a value is not a bf16.
+  bool prepare_bf16_bias(const float* bias, int n, cudaStream_t s);
+
   // Tests: every bf16 store takes the staged route (f32 rows, then rounded; see the .cpp) for
   // problems first seen while set.
   static void set_force_staging(bool on);

@@ -302,6 +302,9 @@ CudaBackend::CudaBackend(const BackendOptions& opts) {
   }
   alloc_workspace();
   blas_ = make_dense_gemm(opts.dense_gemm, invariant_);
+  if (blas_)  // qkv's bf16 store with its bias in one cuBLASLt call (the biases are bf16 values)
+    for (const Layer& L : layers_)
+      if (L.qkv.fmt == WeightMat::kBF16) blas_->prepare_bf16_bias(L.qkv.bias, L.qkv.N, stream_);
   GPTOSS_CUDA_CHECK(cudaStreamSynchronize(stream_));
   profile_ = std::getenv("GPTOSS_CUDA_PROFILE") != nullptr;
   if (const char* sk = std::getenv("GPTOSS_CUDA_SKIP")) skip_ = sk;
@@ -454,9 +457,10 @@ void CudaBackend::build_random(const std::string& preset, uint64_t seed) {
     fill_random_bf16(d, n, sid++, 0.f, std, stream_);
     return d;
   };
-  auto f32 = [&](size_t n, float mean, float std) {
+  auto f32 = [&](size_t n, float mean, float std) {  // norms, sinks, biases: bf16 values, as checkpoints store them
     float* d = dalloc<float>(n);
     fill_random_f32(d, n, sid++, mean, std, stream_);
+    round_f32_to_bf16_values(d, n, stream_);
     return d;
   };
   auto u8 = [&](size_t n, int lo, int hi) {
@@ -831,11 +835,11 @@ void CudaBackend::run_pass(int n, const PassMeta& m, int n_rows, int nsplit) {
     if (tp_.active()) {
       // The next layer's norm needs the whole residual: combine, all-reduce, then normalize.
       tp_zero_x_off_root(n);
-      if (!skip("experts")) moe_combine(moe_y_, routing_, n, k, H, x_, nullptr, c.rms_eps, xn_, stream_);
+      if (!skip("experts")) moe_combine(moe_y_, routing_, n, k, H, x_, nullptr, c.rms_eps, xn_, stream_, inv);
       tp_all_reduce_x(n);
       if (next_norm) rmsnorm(x_, next_norm, n, H, c.rms_eps, nullptr, xn_, stream_);
     } else if (!skip("experts")) {
-      moe_combine(moe_y_, routing_, n, k, H, x_, next_norm, c.rms_eps, xn_, stream_);
+      moe_combine(moe_y_, routing_, n, k, H, x_, next_norm, c.rms_eps, xn_, stream_, inv);
     } else if (next_norm) {
       rmsnorm(x_, next_norm, n, H, c.rms_eps, nullptr, xn_, stream_);
     }

@@ -98,7 +98,7 @@ void linear_grouped(const WeightMat& W, const void* A, int lda, int pairs, int E
 // Prefill expert GEMM versions (kernels/moe/expert_gemm_mxfp4_bf16.cu): linear_grouped's GEMM
 // path over MXFP4 experts (checkpoint or fragment layout) runs version 1 (gemm_kernel, gemv_gemm.cu)
 // or version 2 (tall tiles, 4-stage cp.async, weights decoded into the MMA's registers). Chosen by
-// GPTOSS_EXPERT_GEMM=v1|v2|v3 (read once; default v2; v3 = Hopper wgmma, below) or
+// GPTOSS_EXPERT_GEMM=v1|v2|v3 (read once; default v3 = Hopper wgmma, below, v2 where unavailable) or
 // set_expert_gemm_version (tests, bench; 0 = back to the environment's choice).
 int expert_gemm_version();
 void set_expert_gemm_version(int v);
@@ -158,9 +158,10 @@ WeightMat pack_frag(const WeightMat& W, int E, bool swiglu_rows, WeightMat::Form
                     int* d_flag, cudaStream_t s);
 // The MoE's weighted sum in a fixed order (deterministic, unlike atomics): x[t] += sum_j
 // topk_w[t, j] * y[slot_pair[t, j]] for n tokens of width H, y f32 [pairs][H]. If norm_w: also
-// xn[t] = rmsnorm(x[t]) * norm_w (bf16), the next layer's input.
+// xn[t] = rmsnorm(x[t]) * norm_w (bf16), the next layer's input. Past decode sizes a block per token
+// (unless invariant: one kernel at every size, the same sums).
 void moe_combine(const float* y, const MoeRouting& r, int n, int k, int H, float* x, const float* norm_w, float eps,
-                 bf16_t* xn, cudaStream_t s);
+                 bf16_t* xn, cudaStream_t s, bool invariant = false);
 
 // Forces a path (tests): 0 = auto, 1 = GEMV, 2 = GEMM.
 void set_linear_path(int path);
@@ -176,6 +177,8 @@ void rmsnorm(const float* x, const float* w, int n, int H, float eps, const int3
              cudaStream_t s);
 // out[r * ldo + n] = bf16(x[r * N + n]) for M rows of N (round to nearest even).
 void f32_rows_to_bf16(const float* x, int M, int N, bf16_t* out, int ldo, cudaStream_t s);
+// x[i] = the bf16 nearest x[i], as f32 (in place).
+void round_f32_to_bf16_values(float* x, size_t n, cudaStream_t s);
 // x[i] = embed[tokens[i]] (bf16 -> f32).
 void embed(const bf16_t* table, const int32_t* tokens, int n, int H, float* x, cudaStream_t s);
 

@@ -345,12 +345,14 @@ int expert_gemm_version() {
   if (g_version < 0) {
     const char* v = std::getenv("GPTOSS_EXPERT_GEMM");
     const std::string s = v ? v : "";
-    // v2 by default: H200, 120b pp2048 16.0k tok/s vs 10.6k with v1 (docs/BENCHMARKS.md).
+    // v3 (Hopper wgmma, expert_gemm_wgmma.cu) by default, v2 where it is unavailable: H200, 120b
+    // pp2048 19.8k tok/s vs 19.1k with v2, 20b 35.0k vs 31.4k (v2 itself: 16.0k vs v1's 10.6k;
+    // docs/BENCHMARKS.md).
     if (s == "v1" || s == "1")
       g_version = 1;
-    else if (s.empty() || s == "v2" || s == "2")
+    else if (s == "v2" || s == "2")
       g_version = 2;
-    else if (s == "v3" || s == "3")  // Hopper wgmma (expert_gemm_wgmma.cu); v2 where unavailable
+    else if (s.empty() || s == "v3" || s == "3")
       g_version = 3;
     else
       throw Error("GPTOSS_EXPERT_GEMM=" + s + ": expected v1, v2 or v3");

@@ -174,6 +174,47 @@ void moe_route(const float* logits, int n, int E, int k, const MoeRouting& r, cu
   GPTOSS_CUDA_LAUNCH_CHECK();
 }
 
+// moe_sort_block's result for at most 32 pairs, by one warp and without shared memory or
+// barriers: lane p ranks its pair among all (by expert, then pair index), so the groups, tiles
+// (one each: a group has at most 32 <= kGemmBM pairs) and slots follow from ballots.
+static_assert(kGemmBM >= 32, "moe_sort_warp: one GEMM tile per group");
+__device__ void moe_sort_warp(int P, int k, const MoeRouting& r, int eb, int ee) {
+  const int lane = threadIdx.x & 31;
+  const int e = lane < P ? r.topk_idx[lane] : 0x7fffffff;
+  const float wgt = lane < P ? r.topk_w[lane] : 0.f;
+  int before = 0, same_before = 0, same = 0, groups_before = 0, groups = 0;
+  for (int q = 0; q < P; ++q) {
+    const int eq = __shfl_sync(0xffffffffu, e, q);
+    // Is pair q the first of its expert's pairs (and its expert held here)?
+    int first_q = 1;
+    for (int u = 0; u < q; ++u) first_q &= __shfl_sync(0xffffffffu, e, u) != eq;
+    const bool group_q = first_q && eq >= eb && eq < ee;
+    before += eq < e;
+    same_before += eq == e && q < lane;
+    same += eq == e;
+    groups_before += group_q && eq < e;
+    groups += group_q;
+  }
+  if (lane < P) {
+    const int slot = before + same_before;
+    r.pair_token[slot] = lane / k;
+    r.pair_weight[slot] = wgt;
+    r.slot_pair[lane] = slot;
+    if (same_before == 0 && e >= eb && e < ee) {
+      const int g = groups_before;
+      r.group_expert[g] = e - eb;
+      r.group_start[g] = before;
+      r.group_end[g] = before + same;
+      r.tile_group[g] = g;
+      r.tile_row[g] = before;
+    }
+  }
+  if (lane == 0) {
+    r.counts[0] = groups;
+    r.counts[1] = groups;
+  }
+}
+
 // Decode: the router's RMSNorm + GEMV and the routing in one launch. Each warp owns one expert's
 // router row (loaded before griddepcontrol.wait: weights depend on no earlier kernel); every block
 // normalizes the tokens' rows into shared memory exactly as rmsnorm_kernel rounds them (block 0
@@ -215,17 +256,28 @@ __global__ void __launch_bounds__(256) router_route_kernel(RouterRouteArgs a) {
   }
   pdl_wait();
   pdl_trigger();
-  for (int m = warp; m < n; m += warps) {
+  // Sums of squares with every thread's loads in flight at once (a warp walking the row alone
+  // would wait on L2 once per 512 bytes), then a fixed-order sum over the warps.
+  __shared__ float red[kRouterMaxTokens][8];
+  for (int m = 0; m < n; ++m) {
     const float4* xr = reinterpret_cast<const float4*>(a.x + size_t(m) * K);
     float ss = 0.f;
-    for (int i = lane; i < K / 4; i += 32) {
-      float4 v = xr[i];
+#pragma unroll 8
+    for (int i = threadIdx.x; i < K / 4; i += blockDim.x) {
+      const float4 v = xr[i];
       ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
     }
     ss = warp_sum(ss);
-    if (lane == 0) inv_rms[m] = 1.0f / sqrtf(ss / float(K) + a.eps);
+    if (lane == 0) red[m][warp] = ss;
   }
   __syncthreads();
+  if (threadIdx.x < n) {
+    float ss = 0.f;
+    for (int w2 = 0; w2 < warps; ++w2) ss += red[threadIdx.x][w2];
+    inv_rms[threadIdx.x] = 1.0f / sqrtf(ss / float(K) + a.eps);
+  }
+  __syncthreads();
+#pragma unroll 4
   for (int i = threadIdx.x; i < n * chunks; i += blockDim.x) {
     const int m = i / chunks, c = i % chunks;
     const float inv = inv_rms[m];
@@ -285,7 +337,11 @@ __global__ void __launch_bounds__(256) router_route_kernel(RouterRouteArgs a) {
   for (int t = warp; t < n; t += warps) topk_token(slog, t, a.E, a.k, a.r);
   __threadfence_block();
   __syncthreads();
-  moe_sort_block(n * a.k, a.E, a.k, a.r, a.eb, a.ee);
+  if (n * a.k <= 32) {
+    if (warp == 0) moe_sort_warp(n * a.k, a.k, a.r, a.eb, a.ee);
+  } else {
+    moe_sort_block(n * a.k, a.E, a.k, a.r, a.eb, a.ee);
+  }
   if (threadIdx.x == 0) *a.ticket = 0;
 }
 
@@ -367,10 +423,53 @@ __global__ void __cluster_dims__(kCombineBlocks, 1, 1) __launch_bounds__(kCombin
   cluster.sync();  // the others' shared memory stays alive until all have read it
 }
 
+// Prefill sizes: a block of kCombineRowThreads per token (the clusters above cost more to schedule
+// than their few hundred floats take to move when thousands of tokens come at once). The sum per
+// element is the cluster kernel's (experts in order j = 0..k-1); the row's sum of squares meets
+// in shared memory in warp order.
+constexpr int kCombineRowThreads = 256;
+
+__global__ void __launch_bounds__(kCombineRowThreads)
+    moe_combine_rows_kernel(const float* __restrict__ y, MoeRouting r, int k, int H, float* __restrict__ x,
+                            const float* __restrict__ norm_w, float eps, uint16_t* __restrict__ xn) {
+  pdl_begin();
+  const int t = blockIdx.x;
+  float* xr = x + size_t(t) * H;
+  int slot[kMaxTopK];
+  float w[kMaxTopK];
+  for (int j = 0; j < k; ++j) {
+    slot[j] = r.slot_pair[t * k + j];
+    w[j] = r.topk_w[t * k + j];
+  }
+  float ss = 0.f;
+  for (int h = threadIdx.x; h < H; h += blockDim.x) {
+    float sum = 0.f;
+    for (int j = 0; j < k; ++j) sum = fmaf(w[j], y[size_t(slot[j]) * H + h], sum);
+    const float v = xr[h] + sum;
+    xr[h] = v;
+    ss += v * v;
+  }
+  if (!norm_w) return;
+  __shared__ float red[kCombineRowThreads / 32];
+  ss = warp_sum(ss);
+  if ((threadIdx.x & 31) == 0) red[threadIdx.x / 32] = ss;
+  __syncthreads();
+  float total = 0.f;
+  for (int i = 0; i < kCombineRowThreads / 32; ++i) total += red[i];
+  const float inv = 1.0f / sqrtf(total / float(H) + eps);
+  for (int h = threadIdx.x; h < H; h += blockDim.x) xn[size_t(t) * H + h] = f32_to_bf16_bits(xr[h] * inv * norm_w[h]);
+}
+
 void moe_combine(const float* y, const MoeRouting& r, int n, int k, int H, float* x, const float* norm_w, float eps,
-                 bf16_t* xn, cudaStream_t s) {
+                 bf16_t* xn, cudaStream_t s, bool invariant) {
   if (n <= 0) return;
   if (k > kMaxTopK) throw Error("moe_combine: top-k too large");
+  // Batch-invariant mode keeps one kernel at every size (the norm's sum order is the kernel's).
+  if (n > kSkinnyMaxTokens && !invariant) {
+    launch_pdl(moe_combine_rows_kernel, dim3(n), dim3(kCombineRowThreads), 0, s, y, r, k, H, x, norm_w, eps, xn);
+    GPTOSS_CUDA_LAUNCH_CHECK();
+    return;
+  }
   launch_pdl(moe_combine_kernel, dim3(n * kCombineBlocks), dim3(kCombineThreads), 0, s, y, r, k, H, x, norm_w, eps,
              xn);
   GPTOSS_CUDA_LAUNCH_CHECK();
