@@ -92,8 +92,13 @@ void Eagle3Drafter::run_rows(State& s, int32_t pos, int n, const int32_t* tokens
   std::vector<float> q(Q), a(Q), o(H), resid(H);
   cpu::linear_bf16(last_cat, 1, 2 * H, bf16(w_->q), Q, nullptr, q.data());
   cpu::rope(q.data(), 1, c_.num_heads, c_.head_dim, &positions[n - 1], rope_);
-  cpu::attention(q.data(), 1, pos + n - 1, s.k.data(), s.v.data(), s.first_pos, int(at) + n, c_.num_heads,
-                 c_.num_kv_heads, c_.head_dim, 0, no_sinks_.data(), a.data());
+  // The row sees the cache's rows first_pos .. its own position, no earlier ones: after a restart
+  // at a late position (a prefix-cache hit) the head never saw those. cpu::attention with no
+  // window sees keys from position 0, so it gets positions counted from first_pos (the rows'
+  // index in the cache); RoPE is already applied at the absolute positions, and only relative
+  // ones enter the scores.
+  cpu::attention(q.data(), 1, int(at) + n - 1, s.k.data(), s.v.data(), 0, int(at) + n, c_.num_heads, c_.num_kv_heads,
+                 c_.head_dim, 0, no_sinks_.data(), a.data());
   cpu::linear_bf16(a.data(), 1, Q, bf16(w_->o), H, nullptr, o.data());
   const float* r0 = c_.norm_before_residual ? &hn[size_t(n - 1) * H] : h + size_t(n - 1) * H;
   for (int j = 0; j < H; ++j) resid[j] = r0[j] + o[j];

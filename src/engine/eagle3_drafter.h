@@ -9,7 +9,7 @@
 //   h   = fc([t_a ; t_b ; t_c])                         (taps of the three layers, 3*Ht -> H)
 //   in  = [rmsnorm(embed(x_{p+1}), input_norm) ; rmsnorm(h, hidden_norm)]           (2H)
 //   r   = h + o_proj(attention(q_proj in, k_proj in, v_proj in))  (causal over the head's own
-//         K/V cache of earlier rows; RoPE; no sinks, no window)
+//         K/V cache of earlier rows, from first_pos on; RoPE; no sinks, no window)
 //   out = r + down(silu(gate(n)) * up(n)),  n = rmsnorm(r, post_attention_norm)
 //   logits = lm_head(rmsnorm(out, norm)) over the draft vocabulary, id i -> target id i + d2t[i].
 // Committed rows use the target's taps. To draft K > 1 tokens the head chains: the row after

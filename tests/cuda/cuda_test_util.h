@@ -87,7 +87,7 @@ struct Dev {
 inline double rel_err(const std::vector<float>& a, const std::vector<float>& ref) {
   double num = 0, den = 0;
   for (size_t i = 0; i < a.size(); ++i) {
-    if (!std::isfinite(a[i])) return INFINITY;
+    if (!std::isfinite(a[i]) || !std::isfinite(ref[i])) return INFINITY;  // a NaN anywhere fails
     num += (double(a[i]) - ref[i]) * (double(a[i]) - ref[i]);
     den += double(ref[i]) * ref[i];
   }

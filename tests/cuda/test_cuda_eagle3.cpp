@@ -110,10 +110,11 @@ std::string temp_head(const Eagle3Config& hc, uint64_t seed, bool with_embed = t
   return dir;
 }
 
-// Compares one proposal of the device head with the host head's: logits within bf16 tolerance,
-// the same draft ids, except where the host's best two logits are closer than the error (then
-// the chain behind that step drafts from another token and is not compared). Returns the steps
-// whose ids agreed; `compared` gets the steps looked at.
+// Compares one proposal of the device head with the host head's: logits finite (a NaN or inf
+// on either side fails the step outright: std::max and the comparisons below would pass over
+// it) and within bf16 tolerance, the same draft ids, except where the host's best two logits
+// are closer than the error (then the chain behind that step drafts from another token and is
+// not compared). Returns the steps whose ids agreed; `compared` gets the steps looked at.
 int compare_proposal(const std::vector<int32_t>& want, const std::vector<float>& want_lg, const std::vector<int32_t>& got,
                      const std::vector<float>& got_lg, int V, int* compared, const std::string& where) {
   EXPECT_EQ(got.size(), want.size()) << where;
@@ -123,12 +124,22 @@ int compare_proposal(const std::vector<int32_t>& want, const std::vector<float>&
        ++j) {
     const float* a = want_lg.data() + j * V;
     const float* b = got_lg.data() + j * V;
+    ++*compared;
+    int bad_host = 0, bad_dev = 0;
+    for (int i = 0; i < V; ++i) {
+      bad_host += !std::isfinite(a[i]);
+      bad_dev += !std::isfinite(b[i]);
+    }
+    if (bad_host || bad_dev) {
+      ADD_FAILURE() << where << " step " << j << ": non-finite logits, " << bad_host << " of " << V << " on the host head, "
+                    << bad_dev << " on the device head";
+      break;
+    }
     double scale = 0, err = 0;
     for (int i = 0; i < V; ++i) {
       scale = std::max(scale, double(std::fabs(a[i])));
       err = std::max(err, double(std::fabs(a[i] - b[i])));
     }
-    ++*compared;
     EXPECT_LT(err, 3e-2 * scale + 1e-3) << where << " step " << j << ": logits differ by " << err << " (scale " << scale << ")";
     if (got[j] == want[j]) {
       ++agree;

@@ -1,5 +1,6 @@
 // The Eagle3 drafter on the CPU: the head format (load, errors, make-model round trip), the
-// draft step against a naive re-computation from the weights, the head's rollback, and the
+// draft step against a naive re-computation from the weights, the head's rollback and restarts
+// (the CUDA test's script of commits, rewinds and late restarts against a fresh head), and the
 // engine with method eagle3 over the exact CPU backend on the tiny fixture: greedy output equal
 // to plain decoding with a random head (acceptance ~0) and with a hand-made head whose drafts
 // are often right (acceptance > 0), seeded sampling unchanged, no KV page leaks.
@@ -360,7 +361,7 @@ TEST(Eagle3Drafter, RollbackMatchesFreshHead) {
   const auto ids = dr.propose(s, 3, &got);
   EXPECT_EQ(ids, want_ids);
   ASSERT_EQ(got.size(), want.size());
-  for (size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-5f * (1 + std::abs(want[i]))) << i;
+  for (size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-4f * (1 + std::abs(want[i]))) << i;
   // a gap (positions the head never saw) restarts the cache there
   dr.commit(s, 20, 2, next.data(), taps.data());
   EXPECT_EQ(s.first_pos, 20);
@@ -368,6 +369,108 @@ TEST(Eagle3Drafter, RollbackMatchesFreshHead) {
   // nothing committed: no drafts
   Eagle3Drafter::State empty;
   EXPECT_TRUE(dr.propose(empty, 3).empty());
+}
+
+// A head restarted at a late position (a prefix-cache hit: positions it never saw) attends to
+// its own rows from there on only: the same rows committed at position 0 give the same logits
+// (RoPE scores depend on relative positions alone).
+TEST(Eagle3Drafter, LateStartSeesOnlyItsOwnRows) {
+  auto w = Eagle3Weights::load(random_head("late"));
+  Eagle3Drafter dr(w, target()->config, target()->embed);
+  const int n = 9, width = dr.tap_width();
+  std::vector<int32_t> next;
+  for (int i = 0; i < n; ++i) next.push_back((i * 53 + 7) % 512);
+  const auto taps = random_taps(n, width, 21);
+  Eagle3Drafter::State at0, late;
+  dr.commit(at0, 0, n, next.data(), taps.data());
+  dr.commit(late, 600, n, next.data(), taps.data());
+  EXPECT_EQ(late.first_pos, 600);
+  std::vector<float> want, got;
+  const auto want_ids = dr.propose(at0, 3, &want);
+  const auto ids = dr.propose(late, 3, &got);
+  EXPECT_EQ(ids, want_ids);
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-4f * (1 + std::abs(want[i]))) << i;
+}
+
+// The script the CUDA test (tests/cuda/test_cuda_eagle3.cpp, DeviceHeadMatchesHostHead) runs the
+// device head against this one with, on the host head alone: two interleaved sequences, prompts
+// of 37 and 337 rows, proposals of 1..4 tokens and commits of 1..4 rows, a row rewound now and
+// then, and restarts 5 positions past the committed end (steps 40/41 and 90/91); plain RoPE
+// with the head's own embedding, then YaRN, norm_before_residual and the target's embedding.
+// Every proposal's logits are finite and equal what a fresh head fed the sequence's rows since
+// its (re)start at position 0 gives (RoPE: only relative positions count).
+TEST(Eagle3Drafter, ScriptedCommitsRewindsAndRestartsMatchAFreshHead) {
+  const GptOssConfig& t = target()->config;
+  for (int variant = 0; variant < 2; ++variant) {
+    Eagle3Config hc = head_config();
+    if (variant == 1) {
+      hc.rope_yarn = true;
+      hc.yarn = RopeConfig{};
+      hc.yarn.theta = hc.rope_theta = 150000.0;
+      hc.norm_before_residual = true;
+    }
+    const std::string dir = temp_dir("script" + std::to_string(variant));
+    make_random_eagle3(hc, dir, 7 + variant, variant == 0);
+    HostEagle3Head head(std::make_unique<Eagle3Drafter>(Eagle3Weights::load(dir), t, target()->embed));
+    const int width = head.drafter().tap_width(), V = hc.draft_vocab, L = 700;
+    std::mt19937_64 r(1234 + variant);
+    std::vector<int32_t> tokens(L + 2);
+    for (auto& x : tokens) x = int32_t(r() % uint64_t(t.vocab));
+    const auto taps = random_taps(L, width, 99 + variant);
+    std::unique_ptr<Eagle3Head::Seq> seq[2];
+    int end[2] = {0, 0}, first[2] = {0, 0}, steps = 0, restarts = 0;
+    for (int q = 0; q < 2; ++q) seq[q] = head.new_seq();
+    for (int step = 0; step < 120; ++step) {
+      const int q = step % 2;
+      int pos, n;
+      if (step < 2) {
+        pos = 0;
+        n = 37 + 300 * q;
+      } else if (step == 40 + q || step == 90 + q) {
+        pos = end[q] + 5;
+        n = 3;
+      } else {
+        pos = end[q] - (r() % 4 == 0 ? 1 : 0);
+        n = 1 + int(r() % 4);
+      }
+      if (pos + n > L) break;
+      if (pos > end[q] || step < 2) {
+        first[q] = pos;
+        restarts += step >= 2;
+      }
+      Eagle3Taps tp;
+      tp.host = taps.data() + size_t(pos) * width;
+      head.commit(*seq[q], pos, n, tokens.data() + pos + 1, tp);
+      end[q] = pos + n;
+      const int k = 1 + int(r() % 4);
+      std::vector<float> lg, ref_lg;
+      const auto ids = head.propose(*seq[q], k, &lg);
+      // The reference: a head that never restarted, fed rows first .. end - 1 at positions 0 ...
+      auto fresh = head.new_seq();
+      tp.host = taps.data() + size_t(first[q]) * width;
+      head.commit(*fresh, 0, end[q] - first[q], tokens.data() + first[q] + 1, tp);
+      const auto ref_ids = head.propose(*fresh, k, &ref_lg);
+      const std::string where = "variant " + std::to_string(variant) + " step " + std::to_string(step);
+      ASSERT_EQ(ids.size(), size_t(k)) << where;
+      ASSERT_EQ(lg.size(), size_t(k) * V) << where;
+      ASSERT_EQ(ref_lg.size(), lg.size()) << where;
+      for (int j = 0; j < k; ++j) {
+        const float* a = &lg[size_t(j) * V];
+        const float* b = &ref_lg[size_t(j) * V];
+        int bad = 0;
+        for (int i = 0; i < V; ++i) bad += !std::isfinite(a[i]);
+        ASSERT_EQ(bad, 0) << where << " draft " << j << ": non-finite logits";
+        for (int i = 0; i < V; ++i)
+          ASSERT_NEAR(a[i], b[i], 1e-4f * (1 + std::abs(b[i]))) << where << " draft " << j << " id " << i;
+        if (ids[j] != ref_ids[j]) break;  // a near tie: the chains now run on different tokens
+      }
+      ++steps;
+    }
+    EXPECT_GT(steps, 100) << "variant " << variant;
+    EXPECT_EQ(restarts, 4) << "variant " << variant;
+    fs::remove_all(dir);
+  }
 }
 
 namespace {

@@ -1,6 +1,7 @@
 // Each CPU op against a naive double-precision loop written from the math in DESIGN.md.
 #include "backend/cpu/cpu_ops.h"
 #include "common/dtype.h"
+#include "common/error.h"
 #include "test_util.h"
 
 namespace gptoss {
@@ -144,6 +145,21 @@ TEST(CpuOps, AttentionWithSinksAndWindow) {
     // cases; 1e-6 leaves 3.5x. A key off the window's edge or a dropped sink is off by >1e-3.
     EXPECT_LE(test::rel_error(out.data(), ref.data(), ref.size()), 1e-6) << n << " " << start << " " << window;
   }
+}
+
+// Keys that do not cover what a query sees (here: no window, so from position 0, but keys given
+// from 10 on) are an error, not a read before k's first row.
+TEST(CpuOps, AttentionRejectsKeysThatDoNotCoverTheQueries) {
+  const int Hq = 2, Hkv = 1, D = 8;
+  std::vector<float> q(size_t(Hq) * D, 0.5f), k(size_t(20) * Hkv * D, 0.5f), v(k), out(q.size());
+  std::vector<float> sinks(Hq, 0.0f);
+  EXPECT_THROW(cpu::attention(q.data(), 1, 19, k.data(), v.data(), 10, 10, Hq, Hkv, D, 0, sinks.data(), out.data()),
+               Error);
+  // past the keys given
+  EXPECT_THROW(cpu::attention(q.data(), 1, 20, k.data(), v.data(), 0, 20, Hq, Hkv, D, 0, sinks.data(), out.data()),
+               Error);
+  // a window of 10 sees 10 .. 19: fine
+  EXPECT_NO_THROW(cpu::attention(q.data(), 1, 19, k.data(), v.data(), 10, 10, Hq, Hkv, D, 10, sinks.data(), out.data()));
 }
 
 TEST(CpuOps, RouterTopkSoftmax) {

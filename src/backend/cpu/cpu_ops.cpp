@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "common/dtype.h"
+#include "common/error.h"
 
 namespace gptoss::cpu {
 
@@ -90,6 +91,14 @@ void rope(float* x, int n, int n_heads, int head_dim, const int32_t* positions, 
 
 void attention(const float* q, int n, int start_pos, const float* k, const float* v, int kv_first, int kv_len,
                int Hq, int Hkv, int D, int window, const float* sinks, float* out) {
+  if (n <= 0) return;
+  // The keys must cover what every query sees (the first query's window start .. the last
+  // query's position): anything else would read outside k and v.
+  const int first_seen = window > 0 ? std::max(0, start_pos - window + 1) : 0;
+  if (first_seen < kv_first || start_pos + n > kv_first + kv_len)
+    throw Error("cpu attention: queries at " + std::to_string(start_pos) + " .. " + std::to_string(start_pos + n - 1) +
+                " see keys from " + std::to_string(first_seen) + ", given keys " + std::to_string(kv_first) + " .. " +
+                std::to_string(kv_first + kv_len - 1));
   const float scale = 1.0f / std::sqrt(float(D));
   const int group = Hq / Hkv;
 #pragma omp parallel if (size_t(n) * Hq * D * (start_pos + n) >= kParallelWork)
@@ -124,7 +133,6 @@ void attention(const float* q, int n, int start_pos, const float* k, const float
         }
       }
   }
-  (void)kv_len;
 }
 
 void router_topk(const float* logits, int n, int E, int k, int32_t* idx, float* weight) {

@@ -25,7 +25,8 @@ void rope(float* x, int n, int n_heads, int head_dim, const int32_t* positions, 
 
 // Causal attention with sinks for one sequence. q: [n, Hq, D] for positions start_pos ..
 // start_pos+n-1. k, v: [kv_len, Hkv, D] for positions kv_first .. kv_first+kv_len-1 (must cover
-// every position a query sees). window > 0: query i sees keys i-window+1 .. i; 0 = full.
+// every position a query sees, else gptoss::Error). window > 0: query i sees keys i-window+1 ..
+// i; 0 = full (from position 0).
 // sinks: [Hq]. out: [n, Hq, D]. Scores scaled by 1/sqrt(D).
 void attention(const float* q, int n, int start_pos, const float* k, const float* v, int kv_first, int kv_len,
                int Hq, int Hkv, int D, int window, const float* sinks, float* out);
