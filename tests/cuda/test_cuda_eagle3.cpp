@@ -309,7 +309,9 @@ TEST_F(CudaEagle3, DeviceTapsEqualHostTaps) {
       const auto db = hp.dev->propose(*from_dev[q], 3, &b);
       int compared = 0;
       const int agree = compare_proposal(da, a, db, b, 128, &compared, "seq " + std::to_string(q));
-      if (round == 0) EXPECT_EQ(agree, 3) << "seq " << q << " after " << n[q] << " tokens";
+      if (round == 0) {
+        EXPECT_EQ(agree, 3) << "seq " << q << " after " << n[q] << " tokens";
+      }
       at[q] += n[q];
     }
     ++round;
@@ -337,7 +339,9 @@ TEST_F(CudaEagle3, GreedyEqualsPlainOnCuda) {
         c.speculative.adaptive = false;
       }
       Engine e(*gpu, c);
-      if (k > 0) EXPECT_EQ(e.eagle3_head_where(), variant == 1 ? "cuda" : "host");
+      if (k > 0) {
+        EXPECT_EQ(e.eagle3_head_where(), variant == 1 ? "cuda" : "host");
+      }
       std::vector<std::shared_ptr<RequestStream>> ss;
       for (int i = 0; i < 4; ++i) {
         std::vector<int32_t> p;
@@ -389,7 +393,9 @@ TEST_F(CudaEagle3, AcceptedDraftsKeepTheOutputOnGpu) {
       c.speculative.adaptive = false;
     }
     Engine e(*gpu, c);
-    if (k > 0) EXPECT_EQ(e.eagle3_head_where(), "cuda");
+    if (k > 0) {
+      EXPECT_EQ(e.eagle3_head_where(), "cuda");
+    }
     std::vector<std::shared_ptr<RequestStream>> ss;
     for (int i = 0; i < 4; ++i) {
       std::vector<int32_t> p;
