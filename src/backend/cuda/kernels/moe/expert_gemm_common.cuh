@@ -4,6 +4,7 @@
 // both weight layouts, the epilogue stores, and the search for a CTA's (expert, row tile).
 #include <cuda_fp16.h>
 
+#include <atomic>
 #include <cstdint>
 
 #include "backend/cuda/device_utils.cuh"
@@ -160,6 +161,20 @@ __device__ __forceinline__ void find_row_tile(const MoeRouting& r, int tile, int
     }
     base += total;
   }
+}
+
+// Host side: opts the expert GEMM kernels into `bytes` of dynamic shared memory, once per device
+// (the opt-in is per device, and tensor-parallel ranks each drive their own); `done` holds a bit
+// per device.
+template <class... Kernels>
+inline void opt_in_smem_once_per_device(std::atomic<uint64_t>& done, size_t bytes, Kernels... kernels) {
+  int dev = 0;
+  GPTOSS_CUDA_CHECK(cudaGetDevice(&dev));
+  const uint64_t bit = uint64_t(1) << (dev & 63);
+  if (done.load() & bit) return;
+  for (const void* k : {reinterpret_cast<const void*>(kernels)...})
+    GPTOSS_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
+  done.fetch_or(bit);
 }
 
 }  // namespace gptoss::cuda::moe_gemm

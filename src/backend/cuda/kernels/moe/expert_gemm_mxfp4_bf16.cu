@@ -384,16 +384,8 @@ void expert_gemm_v2(const WeightMat& W, const bf16_t* A, int lda, int pairs, int
   if (E > kMaxGroups) throw Error("expert_gemm_v2: at most " + std::to_string(kMaxGroups) + " experts");
   const bool frag = W.fmt == WeightMat::kFragMXFP4;
   auto kernel = frag ? expert_gemm_mxfp4_bf16_kernel<true> : expert_gemm_mxfp4_bf16_kernel<false>;
-  // The shared-memory opt-in is per device (tensor-parallel ranks each drive their own).
   static std::atomic<uint64_t> attr_set{0};
-  int dev = 0;
-  GPTOSS_CUDA_CHECK(cudaGetDevice(&dev));
-  const uint64_t bit = uint64_t(1) << (dev & 63);
-  if (!(attr_set.load() & bit)) {
-    for (auto k : {expert_gemm_mxfp4_bf16_kernel<true>, expert_gemm_mxfp4_bf16_kernel<false>})
-      GPTOSS_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem_bytes(kMaxK))));
-    attr_set.fetch_or(bit);
-  }
+  opt_in_smem_once_per_device(attr_set, smem_bytes(kMaxK), expert_gemm_mxfp4_bf16_kernel<true>, expert_gemm_mxfp4_bf16_kernel<false>);
   V2Args a{static_cast<const uint8_t*>(W.w), W.scales, W.bias, W.N, W.K, A, lda, gather_a, r, epi, W.swiglu_rows};
   const int max_tiles = (pairs + kBM - 1) / kBM + std::min(pairs, E);
   if (max_tiles > 65535) throw Error("expert_gemm_v2: too many row tiles (" + std::to_string(max_tiles) + ")");

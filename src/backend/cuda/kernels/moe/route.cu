@@ -373,6 +373,28 @@ void moe_router_route(const bf16_t* w, const float* bias, int E, int K, const fl
   GPTOSS_CUDA_LAUNCH_CHECK();
 }
 
+// Token t's residual row, columns [h0, h1) strided over the block: x += sum_j w_j y[slot_j], the
+// experts added in order j = 0..k-1 (no atomics: the sum does not depend on which expert finished
+// first). Returns this thread's part of the updated row's sum of squares.
+__device__ __forceinline__ float combine_slice(const float* __restrict__ y, const MoeRouting& r, int t, int k, int H,
+                                               float* __restrict__ xr, int h0, int h1) {
+  int slot[kMaxTopK];
+  float w[kMaxTopK];
+  for (int j = 0; j < k; ++j) {
+    slot[j] = r.slot_pair[t * k + j];
+    w[j] = r.topk_w[t * k + j];
+  }
+  float ss = 0.f;
+  for (int h = h0 + threadIdx.x; h < h1; h += blockDim.x) {
+    float sum = 0.f;
+    for (int j = 0; j < k; ++j) sum = fmaf(w[j], y[size_t(slot[j]) * H + h], sum);
+    const float v = xr[h] + sum;
+    xr[h] = v;
+    ss += v * v;
+  }
+  return ss;
+}
+
 // A cluster of kCombineBlocks blocks per token, each over a slice of the row: the k expert
 // outputs added in order j = 0..k-1 (no atomics, so a token's sum does not depend on which expert
 // finished first), then the next layer's RMSNorm, its sum of squares met through distributed
@@ -390,20 +412,7 @@ __global__ void __cluster_dims__(kCombineBlocks, 1, 1) __launch_bounds__(kCombin
   const int per = (H + kCombineBlocks - 1) / kCombineBlocks;
   const int h0 = rank * per, h1 = min(H, h0 + per);
   float* xr = x + size_t(t) * H;
-  int slot[kMaxTopK];
-  float w[kMaxTopK];
-  for (int j = 0; j < k; ++j) {
-    slot[j] = r.slot_pair[t * k + j];
-    w[j] = r.topk_w[t * k + j];
-  }
-  float ss = 0.f;
-  for (int h = h0 + threadIdx.x; h < h1; h += blockDim.x) {
-    float sum = 0.f;
-    for (int j = 0; j < k; ++j) sum = fmaf(w[j], y[size_t(slot[j]) * H + h], sum);
-    const float v = xr[h] + sum;
-    xr[h] = v;
-    ss += v * v;
-  }
+  float ss = combine_slice(y, r, t, k, H, xr, h0, h1);
   if (!norm_w) return;  // uniform over the cluster
   __shared__ float red[kCombineThreads / 32];
   __shared__ float block_ss;
@@ -435,20 +444,7 @@ __global__ void __launch_bounds__(kCombineRowThreads)
   pdl_begin();
   const int t = blockIdx.x;
   float* xr = x + size_t(t) * H;
-  int slot[kMaxTopK];
-  float w[kMaxTopK];
-  for (int j = 0; j < k; ++j) {
-    slot[j] = r.slot_pair[t * k + j];
-    w[j] = r.topk_w[t * k + j];
-  }
-  float ss = 0.f;
-  for (int h = threadIdx.x; h < H; h += blockDim.x) {
-    float sum = 0.f;
-    for (int j = 0; j < k; ++j) sum = fmaf(w[j], y[size_t(slot[j]) * H + h], sum);
-    const float v = xr[h] + sum;
-    xr[h] = v;
-    ss += v * v;
-  }
+  float ss = combine_slice(y, r, t, k, H, xr, 0, H);
   if (!norm_w) return;
   __shared__ float red[kCombineRowThreads / 32];
   ss = warp_sum(ss);
