@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "backend/cuda/cuda_common.h"
@@ -20,6 +21,13 @@ class CudaTest : public ::testing::Test {
     if (!cuda::cuda_device_available()) GTEST_SKIP() << "no CUDA device";
   }
 };
+
+// tests/data/tiny-gptoss; GPTOSS_TEST_DATA_DIR overrides the build-time data path (prebuilt tests
+// run on another machine).
+inline std::string tiny_fixture_dir() {
+  const char* d = std::getenv("GPTOSS_TEST_DATA_DIR");
+  return std::string(d ? d : GPTOSS_TEST_DATA) + "/tiny-gptoss";
+}
 
 // GPTOSS_TEST_SMALL=1 keeps only small shapes (compute-sanitizer runs).
 inline bool small_mode() { return std::getenv("GPTOSS_TEST_SMALL") != nullptr; }

@@ -28,9 +28,7 @@ namespace {
 
 using namespace gptoss::test;
 
-const std::string kFixture =
-    std::string(std::getenv("GPTOSS_TEST_DATA_DIR") ? std::getenv("GPTOSS_TEST_DATA_DIR") : GPTOSS_TEST_DATA) +
-    "/tiny-gptoss";
+const std::string kFixture = tiny_fixture_dir();
 
 std::unique_ptr<Backend> make(const std::string& device, bool batch_invariant = false) {
   BackendOptions o;
@@ -319,6 +317,31 @@ TEST_F(CudaEagle3, DeviceTapsEqualHostTaps) {
   std::filesystem::remove_all(dir);
 }
 
+// The engine of the end-to-end tests: a few short sequences; eagle3 with K fixed drafts (no
+// adaptive K) when k > 0, plain decoding otherwise.
+EngineConfig engine_config(const std::string& head, int k) {
+  EngineConfig c;
+  c.max_num_seqs = 4;
+  c.max_num_batched_tokens = 256;
+  c.max_model_len = 128;
+  if (k > 0) {
+    c.speculative = parse_speculative_config(R"({"method":"eagle3","model":")" + head +
+                                             R"(","num_speculative_tokens":)" + std::to_string(k) + "}");
+    c.speculative.adaptive = false;
+  }
+  return c;
+}
+
+// Every token each finished stream produced, stream by stream.
+std::vector<std::vector<int32_t>> drained_tokens(const std::vector<std::shared_ptr<RequestStream>>& streams) {
+  std::vector<std::vector<int32_t>> out;
+  for (auto& st : streams) {
+    out.emplace_back();
+    while (auto ev = st->next(std::chrono::milliseconds(0))) out.back().insert(out.back().end(), ev->tokens.begin(), ev->tokens.end());
+  }
+  return out;
+}
+
 // Greedy eagle3 K=1..3 equal to plain decoding: the head on the host (head_dim 16, which the
 // CUDA head does not take), then on the GPU with the taps on the device, then that head forced
 // onto the host (GPTOSS_EAGLE3_HOST=1).
@@ -329,16 +352,7 @@ TEST_F(CudaEagle3, GreedyEqualsPlainOnCuda) {
     const std::string head = temp_head(hc, 1);
     if (variant == 2) setenv("GPTOSS_EAGLE3_HOST", "1", 1);
     auto run = [&](int k) {
-      EngineConfig c;
-      c.max_num_seqs = 4;
-      c.max_num_batched_tokens = 256;
-      c.max_model_len = 128;
-      if (k > 0) {
-        c.speculative = parse_speculative_config(R"({"method":"eagle3","model":")" + head +
-                                                 R"(","num_speculative_tokens":)" + std::to_string(k) + "}");
-        c.speculative.adaptive = false;
-      }
-      Engine e(*gpu, c);
+      Engine e(*gpu, engine_config(head, k));
       if (k > 0) {
         EXPECT_EQ(e.eagle3_head_where(), variant == 1 ? "cuda" : "host");
       }
@@ -359,12 +373,7 @@ TEST_F(CudaEagle3, GreedyEqualsPlainOnCuda) {
                   std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count(),
                   (long long)e.metrics().spec_draft_tokens.load());
       EXPECT_EQ(e.stats().kv_pages_used[kKvFull], 0);
-      std::vector<std::vector<int32_t>> out;
-      for (auto& s : ss) {
-        out.emplace_back();
-        while (auto ev = s->next(std::chrono::milliseconds(0))) out.back().insert(out.back().end(), ev->tokens.begin(), ev->tokens.end());
-      }
-      return out;
+      return drained_tokens(ss);
     };
     const auto plain = run(0);
     for (int k = 1; k <= 3; ++k) EXPECT_EQ(run(k), plain) << "head variant " << variant << ", K=" << k;
@@ -383,16 +392,7 @@ TEST_F(CudaEagle3, AcceptedDraftsKeepTheOutputOnGpu) {
   const Eagle3Config hc = fixture_head(gpu->config(), 32);
   const std::string src = temp_head(hc, 2);
   auto serve = [&](const std::string& head, int k, int64_t* drafted, int64_t* accepted) {
-    EngineConfig c;
-    c.max_num_seqs = 4;
-    c.max_num_batched_tokens = 256;
-    c.max_model_len = 128;
-    if (k > 0) {
-      c.speculative = parse_speculative_config(R"({"method":"eagle3","model":")" + head +
-                                               R"(","num_speculative_tokens":)" + std::to_string(k) + "}");
-      c.speculative.adaptive = false;
-    }
-    Engine e(*gpu, c);
+    Engine e(*gpu, engine_config(head, k));
     if (k > 0) {
       EXPECT_EQ(e.eagle3_head_where(), "cuda");
     }
@@ -410,12 +410,7 @@ TEST_F(CudaEagle3, AcceptedDraftsKeepTheOutputOnGpu) {
     }
     if (drafted) *drafted = e.metrics().spec_draft_tokens.load();
     if (accepted) *accepted = e.metrics().spec_accepted_tokens.load();
-    std::vector<std::vector<int32_t>> out;
-    for (auto& st : ss) {
-      out.emplace_back();
-      while (auto ev = st->next(std::chrono::milliseconds(0))) out.back().insert(out.back().end(), ev->tokens.begin(), ev->tokens.end());
-    }
-    return out;
+    return drained_tokens(ss);
   };
   const auto plain = serve("", 0, nullptr, nullptr);
   std::map<int32_t, int> freq;

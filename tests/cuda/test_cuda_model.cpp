@@ -20,10 +20,7 @@ namespace {
 
 using namespace gptoss::test;
 
-// GPTOSS_TEST_DATA_DIR overrides the build-time data path (prebuilt tests run on another machine).
-const std::string kFixture =
-    std::string(std::getenv("GPTOSS_TEST_DATA_DIR") ? std::getenv("GPTOSS_TEST_DATA_DIR") : GPTOSS_TEST_DATA) +
-    "/tiny-gptoss";
+const std::string kFixture = tiny_fixture_dir();
 
 std::unique_ptr<Backend> make(const std::string& device, const std::string& dir,
                               const std::string& mxfp4_layers = "experts", bool batch_invariant = false) {

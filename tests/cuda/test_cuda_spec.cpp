@@ -24,9 +24,7 @@ namespace {
 
 using namespace gptoss::test;
 
-const std::string kFixture =
-    std::string(std::getenv("GPTOSS_TEST_DATA_DIR") ? std::getenv("GPTOSS_TEST_DATA_DIR") : GPTOSS_TEST_DATA) +
-    "/tiny-gptoss";
+const std::string kFixture = tiny_fixture_dir();
 
 std::unique_ptr<Backend> make(bool batch_invariant) {
   BackendOptions o;

@@ -25,9 +25,7 @@ namespace {
 
 using namespace gptoss::test;
 
-const std::string kFixture =
-    std::string(std::getenv("GPTOSS_TEST_DATA_DIR") ? std::getenv("GPTOSS_TEST_DATA_DIR") : GPTOSS_TEST_DATA) +
-    "/tiny-gptoss";
+const std::string kFixture = tiny_fixture_dir();
 
 class CudaTpModel : public ::testing::Test {
  protected:

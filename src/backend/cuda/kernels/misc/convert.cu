@@ -16,17 +16,17 @@ __global__ void f32_rows_to_bf16_kernel(const float* __restrict__ x, int M, int 
   const int r = blockIdx.y;
   const float* xr = x + size_t(r) * N;
   uint16_t* orow = out + size_t(r) * ldo;
+  // Whole 16-byte loads and 8-byte stores when every row starts aligned (N, ldo multiples of 4).
+  const bool vec = (N & 3) == 0 && (ldo & 3) == 0;
   for (int n = (blockIdx.x * blockDim.x + threadIdx.x) * 4; n < N; n += gridDim.x * blockDim.x * 4) {
-    if (n + 3 < N && (N & 3) == 0) {
+    if (vec) {
       const float4 v = *reinterpret_cast<const float4*>(xr + n);
-      const uint2 o = make_uint2(uint32_t(f32_to_bf16_bits(v.x)) | (uint32_t(f32_to_bf16_bits(v.y)) << 16),
-                                 uint32_t(f32_to_bf16_bits(v.z)) | (uint32_t(f32_to_bf16_bits(v.w)) << 16));
-      if ((ldo & 3) == 0) {
-        *reinterpret_cast<uint2*>(orow + n) = o;
-        continue;
-      }
+      *reinterpret_cast<uint2*>(orow + n) =
+          make_uint2(uint32_t(f32_to_bf16_bits(v.x)) | (uint32_t(f32_to_bf16_bits(v.y)) << 16),
+                     uint32_t(f32_to_bf16_bits(v.z)) | (uint32_t(f32_to_bf16_bits(v.w)) << 16));
+    } else {
+      for (int i = n; i < min(N, n + 4); ++i) orow[i] = f32_to_bf16_bits(xr[i]);
     }
-    for (int i = n; i < min(N, n + 4); ++i) orow[i] = f32_to_bf16_bits(xr[i]);
   }
 }
 

@@ -1,7 +1,8 @@
 #pragma once
 // Device pieces shared by the grouped MXFP4 expert GEMMs (expert_gemm_mxfp4_bf16.cu = v2 on
 // mma.sync, expert_gemm_wgmma.cu = v3 on Hopper wgmma): the exact e2m1/e8m0 -> bf16 decodes of
-// both weight layouts, the epilogue stores, and the search for a CTA's (expert, row tile).
+// both weight layouts, the epilogue stores, the search for a CTA's (expert, row tile), and the
+// copies of its weight tile (scales once, codes a K step at a time) into shared memory.
 #include <cuda_fp16.h>
 
 #include <atomic>
@@ -9,6 +10,7 @@
 
 #include "backend/cuda/device_utils.cuh"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/tensor_core_ptx.cuh"
 
 namespace gptoss::cuda::moe_gemm {
 
@@ -161,6 +163,62 @@ __device__ __forceinline__ void find_row_tile(const MoeRouting& r, int tile, int
     }
     base += total;
   }
+}
+
+// Both GEMMs' CTAs: 128 threads over 128 weight rows (from n0), 64 K a step.
+constexpr int kTileWeightRows = 128, kTileThreads = 128, kTileKStep = 64;
+
+// The CTA's scales, once, into shared memory at dst (cp.async, left for the caller's commit):
+// checkpoint rows n0 .. n0 + 127 (K / 32 bytes each; the launchers check N * K / 32 % 16 == 0, so
+// the span is whole 16-byte chunks), or the fragment layout's [8 tiles][K / 64 chunks][8 g] words
+// (32 bytes a tile-chunk). Both are 128 * K / 32 bytes.
+template <bool FRAG>
+__device__ __forceinline__ void copy_tile_scales(const uint8_t* scales, int expert, int N, int K, int n0, uint32_t dst,
+                                                 int tid) {
+  int span;
+  const uint8_t* src;
+  if constexpr (FRAG) {
+    const int T = N / 16, C = K / 64, tile0 = n0 / 16;
+    span = min(8, T - tile0) * C * 32;
+    src = scales + (size_t(expert) * T + tile0) * C * 32;
+  } else {
+    const int kb = K / 32;
+    span = min(kTileWeightRows, N - n0) * kb;
+    src = scales + (size_t(expert) * N + n0) * kb;
+  }
+  for (int i = tid * 16; i < span; i += kTileThreads * 16) ptx::cp_async16(dst + i, src + i, true);
+}
+
+// This thread's two 16-byte copies of the CTA's codes a K step. Checkpoint: the two chunks (scale
+// blocks) of weight row n0 + tid; chunk c lands at c ^ ((row >> 2) & 1), so reads of eight
+// consecutive rows spread over all banks. Fragments: 16-byte pieces tid and tid + 128 of the
+// step's 8 tile-chunks (512 B each), in place. Step kt copies src[c] + kt * step to dst[c].
+struct CodeCopies {
+  bool ok[2];
+  const uint8_t* src[2];
+  uint32_t dst[2];
+  int step;  // bytes between consecutive K steps of one source
+};
+template <bool FRAG>
+__device__ __forceinline__ CodeCopies code_copies(const uint8_t* w, int expert, int N, int K, int n0, int tid) {
+  CodeCopies b;
+#pragma unroll
+  for (int c = 0; c < 2; ++c) {
+    if constexpr (FRAG) {
+      const int T = N / 16, C = K / 64, tile0 = n0 / 16;
+      const int piece = tid + 128 * c, tl = piece >> 5;
+      b.ok[c] = tile0 + tl < T;
+      b.src[c] = w + ((size_t(expert) * T + (b.ok[c] ? tile0 + tl : 0)) * C * 32 + (piece & 31)) * 16;
+      b.dst[c] = uint32_t(piece * 16);
+      b.step = 512;
+    } else {
+      b.ok[c] = n0 + tid < N;
+      b.src[c] = w + (size_t(expert) * N + (b.ok[c] ? n0 + tid : 0)) * (K / 2) + 16 * c;
+      b.dst[c] = uint32_t(tid * 32 + ((c ^ ((tid >> 2) & 1)) << 4));
+      b.step = kTileKStep / 2;
+    }
+  }
+  return b;
 }
 
 // Host side: opts the expert GEMM kernels into `bytes` of dynamic shared memory, once per device

@@ -50,6 +50,7 @@ constexpr int kBN = 128;  // weight rows a CTA tile (32 a warp)
 constexpr int kBK = 64;   // K a pipeline stage (two scale blocks)
 constexpr int kStages = 4;
 constexpr int kThreads = 128;
+static_assert(kBN == kTileWeightRows && kThreads == kTileThreads && kBK == kTileKStep, "copy_tile_scales, code_copies");
 constexpr int kAStageBytes = kBM * kBK * 2;  // bf16 [128 rows][64]: 128 B a row, 8 chunks
 constexpr int kBStageBytes = kBN * kBK / 2;  // e2m1 [128 rows][64]: 32 B a row, 2 chunks
 constexpr int kMaxK = 4096;                  // scales of the tile: kBN * K / 32 bytes <= 16 KB
@@ -109,21 +110,8 @@ __global__ void __launch_bounds__(kThreads, 2) expert_gemm_mxfp4_bf16_kernel(V2A
   const uint32_t sc_base = b_base + kStages * kBStageBytes;
   const uint8_t* sc_smem = smem + kStages * (kAStageBytes + kBStageBytes);
 
-  // The tile's scales, copied once: checkpoint rows n0 .. n0 + 127 (K / 32 bytes each; the
-  // launcher checks N * kb % 16 == 0, so the span is whole 16-byte chunks), or the fragment
-  // layout's [8 tiles][C chunks][8 g] words (32 bytes a tile-chunk). Both are kBN * K / 32 bytes.
-  {
-    int span;
-    const uint8_t* src;
-    if constexpr (FRAG) {
-      span = min(8, T - tile0) * C * 32;
-      src = a.scales + (size_t(expert) * T + tile0) * C * 32;
-    } else {
-      span = min(kBN, N - n0) * kb;
-      src = a.scales + (size_t(expert) * N + n0) * kb;
-    }
-    for (int i = tid * 16; i < span; i += kThreads * 16) cp_async16(sc_base + i, src + i, true);
-  }
+  // The tile's scales, copied once (part of cp.async group 0).
+  copy_tile_scales<FRAG>(a.scales, expert, N, K, n0, sc_base, tid);
 
   // A: this thread copies 16-byte chunk (tid % 8) of rows tid / 8 + 16 i, i = 0..7 (rows of dead
   // m16 slices are skipped, rows past the group's end zero-filled). Chunk c of row r lands at
@@ -137,28 +125,7 @@ __global__ void __launch_bounds__(kThreads, 2) expert_gemm_mxfp4_bf16_kernel(V2A
     a_off[i] = uint32_t(ar) * uint32_t(a.lda) + uint32_t(a_chunk * 8);
   }
   const uint32_t a_dst = uint32_t((tid >> 3) * 128 + ((a_chunk ^ (((tid >> 3) & 1) << 2)) << 4));
-  // B, checkpoint: this thread copies the two 16-byte chunks (scale blocks) of weight row n0 + tid;
-  // chunk c lands at c ^ ((row >> 2) & 1), so the eight rows of an n8 tile spread over all banks.
-  // B, fragments: 16-byte pieces tid and tid + 128 of the stage's 8 tile-chunks (512 B each).
-  bool b_ok[2];
-  const uint8_t* b_src[2];
-  uint32_t b_dst[2];
-  int b_step;  // bytes between consecutive k-steps of one source
-#pragma unroll
-  for (int c = 0; c < 2; ++c) {
-    if constexpr (FRAG) {
-      const int piece = tid + 128 * c, tl = piece >> 5;
-      b_ok[c] = tile0 + tl < T;
-      b_src[c] = a.w + ((size_t(expert) * T + (b_ok[c] ? tile0 + tl : 0)) * C * 32 + (piece & 31)) * 16;
-      b_dst[c] = uint32_t(piece * 16);
-      b_step = 512;
-    } else {
-      b_ok[c] = n0 + tid < N;
-      b_src[c] = a.w + (size_t(expert) * N + (b_ok[c] ? n0 + tid : 0)) * (K / 2) + 16 * c;
-      b_dst[c] = uint32_t(tid * 32 + ((c ^ ((tid >> 2) & 1)) << 4));
-      b_step = kBK / 2;
-    }
-  }
+  const CodeCopies codes = code_copies<FRAG>(a.w, expert, N, K, n0, tid);
 
   auto load_stage = [&](int kt, int st) {
     const uint32_t ad = a_base + st * kAStageBytes + a_dst;
@@ -170,7 +137,7 @@ __global__ void __launch_bounds__(kThreads, 2) expert_gemm_mxfp4_bf16_kernel(V2A
     }
     const uint32_t bd = b_base + st * kBStageBytes;
 #pragma unroll
-    for (int c = 0; c < 2; ++c) cp_async16(bd + b_dst[c], b_src[c] + size_t(kt) * b_step, b_ok[c]);
+    for (int c = 0; c < 2; ++c) cp_async16(bd + codes.dst[c], codes.src[c] + size_t(kt) * codes.step, codes.ok[c]);
   };
 
 #pragma unroll

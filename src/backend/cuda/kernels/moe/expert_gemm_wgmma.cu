@@ -58,6 +58,7 @@ constexpr int kBK = 64;   // K a step (one 128-byte swizzle row of bf16)
 constexpr int kStages = 4;
 constexpr int kBTiles = 3;
 constexpr int kThreads = 128;
+static_assert(kBN == kTileWeightRows && kThreads == kTileThreads && kBK == kTileKStep, "copy_tile_scales, code_copies");
 constexpr int kAStageBytes = kBM * kBK * 2;     // 8 KB
 constexpr int kRawStageBytes = kBN * kBK / 2;   // 4 KB
 constexpr int kBTileBytes = kBN * kBK * 2;      // 16 KB
@@ -110,20 +111,8 @@ __global__ void __launch_bounds__(kThreads, 2) expert_gemm_wgmma_kernel(V3Args a
   const uint32_t s_base = ptx::smem_addr(smem);
   const uint8_t* sc_smem = smem + kScaleOff;
 
-  // The tile's scales, once (as version 2): checkpoint rows n0 .. n0 + 127 (K / 32 bytes each),
-  // or the fragment layout's [8 tiles][C chunks][8 g] words. Part of cp.async group 0.
-  {
-    int span;
-    const uint8_t* src;
-    if constexpr (FRAG) {
-      span = min(8, T - tile0) * C * 32;
-      src = a.scales + (size_t(expert) * T + tile0) * C * 32;
-    } else {
-      span = min(kBN, N - n0) * kb;
-      src = a.scales + (size_t(expert) * N + n0) * kb;
-    }
-    for (int i = tid * 16; i < span; i += kThreads * 16) ptx::cp_async16(s_base + kScaleOff + i, src + i, true);
-  }
+  // The tile's scales, once (part of cp.async group 0).
+  copy_tile_scales<FRAG>(a.scales, expert, N, K, n0, s_base + kScaleOff, tid);
 
   // A: this thread copies 16-byte chunk c = tid % 8 (K 8c .. 8c + 7) of rows tid / 8 + 16 i.
   const int a_chunk = tid & 7;
@@ -137,28 +126,7 @@ __global__ void __launch_bounds__(kThreads, 2) expert_gemm_wgmma_kernel(V3Args a
     a_off[i] = uint32_t(ar) * uint32_t(a.lda) + uint32_t(a_chunk * 8);
     a_dst[i] = sw128_offset(r, a_chunk * 8);
   }
-  // Codes: checkpoint, the two 16-byte chunks (scale blocks) of weight row n0 + tid, chunk c at
-  // c ^ ((row >> 2) & 1) (the decode's reads, 8 rows a phase, then hit all banks); fragments,
-  // 16-byte pieces tid and tid + 128 of the step's 8 tile-chunks (512 B each), in place.
-  bool b_ok[2];
-  const uint8_t* b_src[2];
-  uint32_t b_dst[2];
-  int b_step;
-#pragma unroll
-  for (int c = 0; c < 2; ++c) {
-    if constexpr (FRAG) {
-      const int piece = tid + 128 * c, tl = piece >> 5;
-      b_ok[c] = tile0 + tl < T;
-      b_src[c] = a.w + ((size_t(expert) * T + (b_ok[c] ? tile0 + tl : 0)) * C * 32 + (piece & 31)) * 16;
-      b_dst[c] = uint32_t(piece * 16);
-      b_step = 512;
-    } else {
-      b_ok[c] = n0 + tid < N;
-      b_src[c] = a.w + (size_t(expert) * N + (b_ok[c] ? n0 + tid : 0)) * (K / 2) + 16 * c;
-      b_dst[c] = uint32_t(tid * 32 + ((c ^ ((tid >> 2) & 1)) << 4));
-      b_step = kBK / 2;
-    }
-  }
+  const CodeCopies codes = code_copies<FRAG>(a.w, expert, N, K, n0, tid);
   auto load_a = [&](int kt) {
     const uint32_t d = s_base + kAOff + (kt % kStages) * kAStageBytes;
 #pragma unroll
@@ -167,7 +135,7 @@ __global__ void __launch_bounds__(kThreads, 2) expert_gemm_wgmma_kernel(V3Args a
   auto load_codes = [&](int kt) {
     const uint32_t d = s_base + kRawOff + (kt % kStages) * kRawStageBytes;
 #pragma unroll
-    for (int c = 0; c < 2; ++c) ptx::cp_async16(d + b_dst[c], b_src[c] + size_t(kt) * b_step, b_ok[c]);
+    for (int c = 0; c < 2; ++c) ptx::cp_async16(d + codes.dst[c], codes.src[c] + size_t(kt) * codes.step, codes.ok[c]);
   };
 
   // Decode of step kt's codes into B tile bt: plain shared loads and 16-byte stores.
