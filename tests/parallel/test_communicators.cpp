@@ -16,23 +16,12 @@
 #include "backend/parallel/tcp_communicator.h"
 #include "backend/parallel/tcp_star.h"
 #include "common/error.h"
+#include "free_port.h"
 
 namespace gptoss {
 namespace {
 
-// A port nobody listens on right now (bind to 0, read it back, close).
-int free_port() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = 0;
-  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  socklen_t len = sizeof a;
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  ::close(fd);
-  return ntohs(a.sin_port);
-}
+using test::free_port;
 
 std::vector<std::unique_ptr<Communicator>> tcp_group(int world) {
   const int port = free_port();

@@ -30,6 +30,7 @@
 #include "model/make_model.h"
 #include "model/weights.h"
 #include "test_util.h"
+#include "free_port.h"
 
 extern char** environ;
 
@@ -285,17 +286,7 @@ TEST(TpCpu, FailingRankTakesTheGroupDownWithoutAHang) {
 
 // ---- the launcher's process group: real gptoss processes ----
 
-int free_port() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  socklen_t len = sizeof a;
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  ::close(fd);
-  return ntohs(a.sin_port);
-}
+using test::free_port;
 
 struct Proc {
   pid_t pid = -1;
