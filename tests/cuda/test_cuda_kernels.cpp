@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <numeric>
 
 #include "backend/backend.h"
@@ -24,6 +25,7 @@ class Kernels : public CudaTest {
     cuda::set_linear_path(0);
     cuda::set_gemv_variant(0);
     cuda::set_expert_gemm_version(0);
+    cuda::set_decode_kernel_choice(-1);  // back to GPTOSS_DECODE_KERNEL's choice
   }
 };
 
@@ -239,9 +241,48 @@ TEST_F(Kernels, SkinnyDense) {
   }
   cases.push_back({3, 48, 128});
   cases.push_back({64, 16, 64});
+  // Stream-K at <= 8 tokens: jobs split over many warps (few tiles, as 48 x 128), a job per
+  // chunk (K = 64: every job whole in one warp), tails of uneven shares (4000 tiles x 3 chunks).
+  cases.push_back({1, 64000, 64});
+  cases.push_back({5, 16 * 4000, 192});
+  cases.push_back({8, 16, 2880});
   if (small_mode()) cases = {{1, 32, 128}, {9, 48, 64}, {33, 16, 192}};
-  for (auto fmt : {WeightMat::kFragBF16, WeightMat::kFragFP8, WeightMat::kFragMXFP4})
-    for (const DenseCase& c : cases) check_skinny_dense(fmt, c);
+  for (int family : {0, 1}) {  // stream-K (<= 8 tokens) and the block-per-tile skinny kernel
+    cuda::set_decode_kernel_choice(family);
+    for (auto fmt : {WeightMat::kFragBF16, WeightMat::kFragFP8, WeightMat::kFragMXFP4})
+      for (const DenseCase& c : cases) check_skinny_dense(fmt, c);
+  }
+}
+
+// Stream-K sums a split tile's partials in warp order: the same bits on every run (its job
+// counters are re-zeroed by each finisher, so a later launch splits and finishes the same way).
+TEST_F(Kernels, StreamKRepeatsBitForBit) {
+  const int M = 3, N = small_mode() ? 64 : 5120, K = small_mode() ? 192 : 2880;
+  FastRng r(fresh_seed());
+  std::vector<uint8_t> blocks(size_t(N) * K / 2), scales(size_t(N) * K / 32);
+  for (auto& b : blocks) b = uint8_t(r.next());
+  for (auto& b : scales) b = uint8_t(116 + r.next() % 8);
+  auto x = round_bf16(rand_f32(size_t(M) * K, r));
+  auto bias = rand_f32(N, r, 0.1f);
+  std::vector<float> ref(size_t(M) * N);
+  cpu::linear_mxfp4(x.data(), M, K, blocks.data(), scales.data(), N, bias.data(), ref.data());
+  Dev<uint8_t> dbl(blocks), dsc(scales), dwf(cuda::frag_weight_bytes(WeightMat::kFragMXFP4, 1, N, K)), daux(scales.size());
+  Dev<float> db(bias), dy(ref.size());
+  Dev<int> flag(std::vector<int>{0});
+  Dev<uint16_t> dx(to_bf16(x));
+  WeightMat W{WeightMat::kMXFP4, dbl.p(), dsc.p(), db.p(), N, K};
+  WeightMat P = cuda::pack_frag(W, 1, false, WeightMat::kFragMXFP4, dwf.p(), daux.p(), flag.p(), 0);
+  cuda::set_decode_kernel_choice(0);
+  ASSERT_EQ(cuda::choose_linear_kernel({P.fmt, M, M, N, K, false, 0}), cuda::LinearKernel::kStreamK);
+  std::vector<float> first;
+  for (int run = 0; run < 4; ++run) {
+    dy.upload(std::vector<float>(ref.size(), std::nanf("")));
+    cuda::linear(P, dx.p(), K, M, Epilogue{Epilogue::kStoreF32, dy.p(), N}, 0);
+    auto y = dy.download();
+    EXPECT_LE(rel_err(y, ref), 2e-3) << "run " << run;
+    if (run == 0) first = y;
+    else EXPECT_EQ(0, std::memcmp(first.data(), y.data(), y.size() * sizeof(float))) << "run " << run;
+  }
 }
 
 // One MoE block: route -> gate_up (MXFP4, SwiGLU epilogue) -> down (MXFP4, scatter-add).
@@ -311,8 +352,7 @@ void check_moe(const MoeCase& c, int path) {
     Dev<int> flag(std::vector<int>{0});
     WeightMat pgu = cuda::pack_frag(gu, E, true, WeightMat::kFragMXFP4, fgu.p(), fgus.p(), flag.p(), 0);
     WeightMat pdn = cuda::pack_frag(dn, E, false, WeightMat::kFragMXFP4, fdn.p(), fdns.p(), flag.p(), 0);
-    const bool skinny = cuda::choose_linear_kernel({pgu.fmt, P, n, pgu.N, pgu.K, true, 0}) ==
-                        cuda::LinearKernel::kSkinnyMma;
+    const bool skinny = cuda::is_skinny_family(cuda::choose_linear_kernel({pgu.fmt, P, n, pgu.N, pgu.K, true, 0}));
     Epilogue ge{Epilogue::kSwiGLU, act.p(), I};
     ge.out_f16 = skinny;
     Dev<float> y(size_t(P) * H);
@@ -568,7 +608,10 @@ TEST_F(Kernels, MoeMxfp4Fragments) {
                                 {64, 8, 4, 2880, 2880},   {17, 32, 4, 2880, 2880}, {129, 32, 4, 2880, 2880},
                                 {2049, 32, 4, 256, 256},  {7, 8, 2, 64, 64}};
   if (small_mode()) cases = {{1, 8, 2, 64, 64}, {33, 8, 4, 64, 128}, {70, 8, 4, 64, 64}};
-  for (auto& c : cases) check_moe(c, 3);
+  for (int family : {0, 1}) {  // stream-K (<= 8 tokens an expert) and the block-per-tile skinny kernel
+    cuda::set_decode_kernel_choice(family);
+    for (auto& c : cases) check_moe(c, 3);
+  }
 }
 
 // Exact router ties go to the lower expert index on the device too (as cpu::router_topk and

@@ -674,6 +674,7 @@ void CudaBackend::alloc_workspace() {
   d_ticket_ = dalloc<int>(1);  // moe_router_route's last-block counter: zero between launches
   GPTOSS_CUDA_CHECK(cudaMemsetAsync(d_ticket_, 0, sizeof(int), stream_));
   d_how_ = dalloc<RowSampling>(kMaxLogitRows);
+  streamk_prepare();  // the stream-K decode kernel's workspace, before any graph capture
 }
 
 size_t CudaBackend::kv_memory_available() const {
@@ -795,8 +796,7 @@ void CudaBackend::run_pass(int n, const PassMeta& m, int n_rows, int nsplit) {
     const bool dec_experts = small && L.gate_up_dec.fmt != WeightMat::kBF16;
     const WeightMat& Wgu = dec_experts ? L.gate_up_dec : L.gate_up;
     const WeightMat& Wdn = dec_experts ? L.down_dec : L.down;
-    const bool skinny =
-        choose_linear_kernel({Wgu.fmt, n * k, n, Wgu.N, Wgu.K, true, 0, inv}) == LinearKernel::kSkinnyMma;
+    const bool skinny = is_skinny_family(choose_linear_kernel({Wgu.fmt, n * k, n, Wgu.N, Wgu.K, true, 0, inv}));
     const bool xn_f16 = skinny && !inv && linear_rmsnorm_fuses(L.router, n);
     // The router's GEMV normalizes in place (decode sizes) and leaves the rows for the experts;
     // batch-invariant mode normalizes apart at every size (the fused norm sums in another order).

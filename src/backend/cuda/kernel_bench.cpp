@@ -131,14 +131,28 @@ int run_kernel_bench(const KernelBenchOptions& o) {
         for (const WeightMat& W : ws)
           ps.push_back(pack_frag(W, 1, false, fmt, dev_alloc<uint8_t>(frag_weight_bytes(fmt, 1, d.N, d.K), owned),
                                  dev_alloc<float>(d.N, owned), flag, s));
+        // The decode kernel families: block-per-tile skinny, then (<= 8 tokens) stream-K's shapes.
+        const char* fname = fmt == WeightMat::kFragBF16 ? "bf16" : "fp8";
+        set_decode_kernel_choice(1);
         double us = timer.us(o.iters, [&](int i) {
           linear(ps[i % copies], xb, d.K, M, Epilogue{Epilogue::kStoreF32, out, d.N}, s);
         });
-        row(d.name, shape, fmt == WeightMat::kFragBF16 ? "skinny_mma bf16" : "skinny_mma fp8", us,
-            double(frag_weight_bytes(fmt, 1, d.N, d.K)));
+        set_decode_kernel_choice(0);
+        row(d.name, shape, (std::string("skinny_mma ") + fname).c_str(), us, double(frag_weight_bytes(fmt, 1, d.N, d.K)));
+        if (M <= 8)
+          for (int v = 0; v < kStreamKVariants; ++v) {
+            set_streamk_variant(v);
+            double uv = timer.us(o.iters, [&](int i) {
+              linear(ps[i % copies], xb, d.K, M, Epilogue{Epilogue::kStoreF32, out, d.N}, s);
+            });
+            row(d.name, shape, (std::string("streamk ") + fname + " " + streamk_variant_name(fmt, v)).c_str(), uv,
+                double(frag_weight_bytes(fmt, 1, d.N, d.K)));
+          }
+        set_streamk_variant(0);
         if (fmt == WeightMat::kFragBF16 && M <= 8) {
           // Other shapes of the one-n-tile bf16 kernel (warps splitting K, row tiles, chunks in flight).
           static const char* names[] = {"", "ks16 rt1 pf1", "ks16 rt1 pf2", "ks8 rt1 pf2", "ks16 rt2 pf1"};
+          set_decode_kernel_choice(1);
           for (int v = 1; v <= 4; ++v) {
             set_skinny_variant(v);
             double uv = timer.us(o.iters, [&](int i) {
@@ -148,6 +162,7 @@ int run_kernel_bench(const KernelBenchOptions& o) {
                 double(frag_weight_bytes(fmt, 1, d.N, d.K)));
           }
           set_skinny_variant(0);
+          set_decode_kernel_choice(0);
         }
       }
     }
@@ -236,7 +251,7 @@ int run_kernel_bench(const KernelBenchOptions& o) {
                                 dev_alloc<uint8_t>(dn_bytes / 16, owned), flag, s);
       prefill_versions(pgu, pdn, "fragments");
       const LinearKernel kk = choose_linear_kernel({pgu.fmt, P, M, pgu.N, pgu.K, true, 0});
-      const bool sk = kk == LinearKernel::kSkinnyMma;
+      const bool sk = is_skinny_family(kk);
       Epilogue gf = g;
       gf.out_f16 = sk;
       auto* y = dev_alloc<float>(size_t(P) * H, owned);
@@ -271,7 +286,27 @@ int run_kernel_bench(const KernelBenchOptions& o) {
           row("experts down (mxfp4)", shape, v.c_str(), us, touched * H * I * 17 / 32);
         }
       }
+      // Stream-K's shapes (fp16 activations, as in the model), at <= 8 tokens an expert.
+      if (kk == LinearKernel::kStreamK) {
+        auto* xh = dev_alloc<bf16_t>(size_t(M) * H, owned);
+        fill_random_bf16(xh, size_t(M) * H, 77, 0.f, 0.5f, s);
+        Epilogue gh = g;
+        gh.out_f16 = true;
+        for (int v = 0; v < kStreamKVariants; ++v) {
+          set_streamk_variant(v);
+          double ug = timer.us(o.iters, [&](int i) { linear_grouped(pgu, xh, H, P, E, true, routes[i % R], gh, s, M, true); });
+          double ud = timer.us(o.iters, [&](int i) {
+            linear_grouped(pdn, act, I, P, E, false, routes[i % R], Epilogue{Epilogue::kStoreF32, y, H}, s, M, true);
+          });
+          std::string v_name = std::string("streamk fp16 act ") + streamk_variant_name(WeightMat::kFragMXFP4, v);
+          row("experts gate_up (mxfp4)", shape, v_name.c_str(), ug, touched * 2 * I * H * 17 / 32);
+          row("experts down (mxfp4)", shape, v_name.c_str(), ud, touched * H * I * 17 / 32);
+          std::printf("| experts gate_up + down | %s | %s | %.2f | |\n", shape.c_str(), v_name.c_str(), ug + ud);
+        }
+        set_streamk_variant(0);
+      }
       // Other shapes of the one-n-tile MXFP4 kernel (warps splitting K, row tiles, chunks in flight).
+      set_decode_kernel_choice(1);
       if (sk && (P + std::min(P, E) - 1) / std::min(P, E) <= 8) {
         for (int v = 1; v < kSkinnyVariants; ++v) {
           set_skinny_variant(v);
@@ -285,6 +320,7 @@ int run_kernel_bench(const KernelBenchOptions& o) {
         }
         set_skinny_variant(0);
       }
+      set_decode_kernel_choice(0);
       double us_gu = timer.us(o.iters, [&](int i) { linear_grouped(pgu, xb, H, P, E, true, routes[i % R], gf, s, M); });
       row("experts gate_up (mxfp4)", shape + ", " + std::to_string(2 * I) + "x" + std::to_string(H), vn.c_str(),
           us_gu, touched * 2 * I * H * 17 / 32);

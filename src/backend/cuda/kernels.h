@@ -120,7 +120,9 @@ void expert_gemm_v3(const WeightMat& W, const bf16_t* A, int lda, int pairs, int
 void wgmma_dense_tile_selfcheck(const bf16_t* A, const bf16_t* B, float* C, int K, cudaStream_t s);
 
 // Which kernel a linear layer runs: one pure function of the problem, printed by bench-kernels.
-enum class LinearKernel { kNone, kGemvBf16, kGemvMxfp4, kSkinnyMma, kGemmMma, kCublasLt };
+enum class LinearKernel { kNone, kGemvBf16, kGemvMxfp4, kSkinnyMma, kStreamK, kGemmMma, kCublasLt };
+// The tensor-core decode kernels over fragment weights (they take fp16 activations for MXFP4/fp8).
+inline bool is_skinny_family(LinearKernel k) { return k == LinearKernel::kSkinnyMma || k == LinearKernel::kStreamK; }
 constexpr int kSkinnyMaxTokens = 64;
 struct LinearProblem {
   WeightMat::Format fmt;
@@ -136,6 +138,11 @@ struct LinearProblem {
   // past kSkinnyMaxTokens rows take it unless invariant (its algorithm may change with M) or a
   // path is forced. Decode sizes never do, so the CUDA graphs (at most 64 rows) hold none.
   bool cublas = false;
+  int experts = 0;  // grouped: experts the pairs can touch (0: unknown, `tokens` bounds a group)
+  // Decode kernel family for fragment weights at <= 8 tokens a group: 0 = stream-K (opt-in,
+  // GPTOSS_DECODE_KERNEL=streamk), 1 = the block-per-tile skinny kernel (the default; see
+  // decode_kernel_choice()). Both are the skinny family (fp16 activations).
+  int decode_kernel = 0;
 };
 LinearKernel choose_linear_kernel(const LinearProblem& p);
 const char* linear_kernel_name(LinearKernel k);
@@ -146,6 +153,21 @@ const char* linear_kernel_name(LinearKernel k);
 // SwiGLU (paired rows). ks_override: warps per row tile (0 = auto; 4 or 8).
 void skinny_linear(const WeightMat& W, const void* A, bool a_f16, int lda, int M, int pairs, int E, bool grouped,
                    bool gather_a, const MoeRouting& r, const Epilogue& epi, int ks_override, cudaStream_t s);
+// The stream-K decode kernel (kernels/linear/streamk_mma.cu): what skinny_linear computes for
+// <= 8 tokens a group, with the launch's chunks spread evenly over every warp of a full-GPU grid
+// and split tiles finished in a fixed order (deterministic). streamk_takes: the problem fits its
+// job counters; streamk_prepare: allocates the current device's workspace (before any graph
+// capture; the first call outside a capture does it too).
+bool streamk_takes(WeightMat::Format fmt, int N, int K, int pairs, int E, bool grouped, int M);
+void streamk_prepare();
+void streamk_linear(const WeightMat& W, const void* A, bool a_f16, int lda, int M, int pairs, int E, bool grouped,
+                    bool gather_a, const MoeRouting& r, const Epilogue& epi, cudaStream_t s);
+int decode_kernel_choice();          // GPTOSS_DECODE_KERNEL: streamk or skinny (default) -> 0 / 1
+void set_decode_kernel_choice(int v);  // tests, bench-kernels
+// bench-kernels: the stream-K kernel's (chunks in flight, blocks an SM) shape, 0 = the default.
+constexpr int kStreamKVariants = 4;
+void set_streamk_variant(int v);
+const char* streamk_variant_name(WeightMat::Format fmt, int v);
 // Diagnostic: reads the routed experts' kFragMXFP4 bytes with the skinny grid, no math.
 void stream_experts(const WeightMat& W, int pairs, int E, const MoeRouting& r, uint32_t* sink, cudaStream_t s);
 // Repacking into the fragment layout (once, at load): kBF16 -> kFragBF16 or kFragFP8 (aux_out:

@@ -878,7 +878,17 @@ LinearKernel choose_linear_kernel(const LinearProblem& p) {
   if (frag) {
     // Decode batches (tokens per group <= 64) ride the tensor-core "skinny" kernels; prefill
     // tiles go to the mma GEMM (which reads the MXFP4 fragment layout directly).
-    if (p.force_path != 2 && p.tokens <= kSkinnyMaxTokens) return LinearKernel::kSkinnyMma;
+    if (p.force_path != 2 && p.tokens <= kSkinnyMaxTokens) {
+      // Tokens one weight matrix sees a pass: dense, all rows; grouped, the mean group (pairs over
+      // the experts they can touch), as skinny_linear sizes its n-tiles. One 8-token n-tile: the
+      // stream-K kernel (an even share of the chunks for every warp of the GPU).
+      const int groups = p.grouped ? std::max(1, std::min(p.rows, p.experts > 0 ? p.experts : p.rows)) : 1;
+      const int per_group = p.grouped ? (p.experts > 0 ? (p.rows + groups - 1) / groups : p.tokens) : p.rows;
+      if (p.decode_kernel == 0 && per_group <= 8 &&
+          streamk_takes(p.fmt, p.N, p.K, p.rows, p.experts > 0 ? p.experts : p.rows, p.grouped, p.rows))
+        return LinearKernel::kStreamK;
+      return LinearKernel::kSkinnyMma;
+    }
     if (p.fmt != WeightMat::kFragMXFP4) return LinearKernel::kNone;
     return LinearKernel::kGemmMma;
   }
@@ -899,6 +909,7 @@ const char* linear_kernel_name(LinearKernel k) {
     case LinearKernel::kGemvBf16: return "gemv_bf16";
     case LinearKernel::kGemvMxfp4: return "gemv_mxfp4";
     case LinearKernel::kSkinnyMma: return "skinny_mma";
+    case LinearKernel::kStreamK: return "streamk_mma";
     case LinearKernel::kGemmMma: return "gemm_mma";
     case LinearKernel::kCublasLt: return "cublaslt";
     default: return "none";
@@ -908,8 +919,9 @@ const char* linear_kernel_name(LinearKernel k) {
 namespace {
 
 LinearKernel pick(const WeightMat& W, int rows, int tokens, bool grouped, bool invariant = false,
-                  bool cublas = false) {
-  LinearProblem p{W.fmt, rows, tokens, W.N, W.K, grouped, g_force_path, invariant, cublas};
+                  bool cublas = false, int experts = 0) {
+  LinearProblem p{W.fmt, rows, tokens, W.N, W.K, grouped, g_force_path, invariant, cublas, experts,
+                  decode_kernel_choice()};
   LinearKernel k = choose_linear_kernel(p);
   if (k == LinearKernel::kNone)
     throw Error("linear: no kernel for this weight format at " + std::to_string(tokens) + " tokens");
@@ -934,6 +946,10 @@ void linear(const WeightMat& W, const bf16_t* A, int lda, int M, const Epilogue&
   }
   if (k == LinearKernel::kSkinnyMma) {
     skinny_linear(W, A, false, lda, M, 0, 1, false, false, MoeRouting{}, epi, 0, s);
+    return;
+  }
+  if (k == LinearKernel::kStreamK) {
+    streamk_linear(W, A, false, lda, M, 0, 1, false, false, MoeRouting{}, epi, s);
     return;
   }
   const int path = k == LinearKernel::kGemmMma ? 2 : 1;
@@ -965,9 +981,13 @@ void linear_grouped(const WeightMat& W, const void* A, int lda, int pairs, int E
   if (tokens <= 0) tokens = pairs;
   // Decode batches spread over many experts (few rows each): GEMV or tensor-core skinny kernel
   // per group. Prefill: GEMM tiles.
-  const LinearKernel k = pick(W, pairs, tokens, true, invariant);
+  const LinearKernel k = pick(W, pairs, tokens, true, invariant, false, E);
   if (k == LinearKernel::kSkinnyMma) {
     skinny_linear(W, A, a_f16, lda, tokens, pairs, E, true, gather_a, r, epi, 0, s);
+    return;
+  }
+  if (k == LinearKernel::kStreamK) {
+    streamk_linear(W, A, a_f16, lda, tokens, pairs, E, true, gather_a, r, epi, s);
     return;
   }
   if (a_f16) throw Error("linear_grouped: fp16 activations only on the skinny kernels");

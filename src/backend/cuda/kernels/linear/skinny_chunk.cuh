@@ -1,0 +1,169 @@
+#pragma once
+// One chunk (16 weight rows x 64 K) of the tensor-core decode kernels, shared by the block-per-tile
+// kernel (skinny_mma.cu) and the stream-K kernel (streamk_mma.cu): the kernels' arguments, a
+// lane's weight loads per fragment format, the chunk's MMAs, and the epilogue's stores.
+// Fragment layout and formats: frag_layout.cuh and the head of skinny_mma.cu.
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#include "backend/cuda/device_utils.cuh"
+#include "backend/cuda/kernels.h"
+#include "backend/cuda/kernels/linear/frag_layout.cuh"
+#include "backend/cuda/tensor_core_ptx.cuh"
+
+namespace gptoss::cuda::skinny {
+
+struct SkinnyArgs {
+  WeightMat W;
+  const void* A;  // bf16 or fp16 [rows][lda]
+  int lda;
+  int M;  // dense: tokens
+  bool grouped, gather_a;
+  MoeRouting r;
+  Epilogue epi;
+};
+
+using ptx::mma_f16_16816;
+
+// e8m0 byte -> 2^(s - 127 + 14) as float bits: s * 2^23 + 14 * 2^23 (one IMAD; s <= 240 checked
+// at packing).
+__device__ __forceinline__ float mx_scale14(uint32_t w, int byte) {
+  return __uint_as_float(__byte_perm(w, 0u, 0x4440u + byte) * 0x800000u + 0x7000000u);
+}
+
+__device__ __forceinline__ uint32_t bf16x2_to_f16x2(uint32_t v) {
+  float2 f = bf16x2_to_f32x2(v);
+  __half2 h = __floats2half2_rn(f.x, f.y);
+  return *reinterpret_cast<uint32_t*>(&h);
+}
+
+template <int FMT>
+struct WChunk;  // one chunk's weights for one lane
+template <>
+struct WChunk<WeightMat::kFragMXFP4> {
+  uint4 q;
+  uint32_t s;
+};
+template <>
+struct WChunk<WeightMat::kFragFP8> {
+  uint4 q[2];
+};
+template <>
+struct WChunk<WeightMat::kFragBF16> {
+  uint4 q[4];
+};
+
+template <int FMT>
+__device__ __forceinline__ void load_w(const SkinnyArgs& a, size_t tc, int lane, WChunk<FMT>& w) {
+  const uint4* base = static_cast<const uint4*>(a.W.w);
+  if constexpr (FMT == WeightMat::kFragMXFP4) {
+    w.q = __ldg(base + tc * 32 + lane);
+    w.s = __ldg(reinterpret_cast<const uint32_t*>(a.W.scales) + tc * 8 + lane / 4);
+  } else if constexpr (FMT == WeightMat::kFragFP8) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) w.q[h] = __ldg(base + (tc * 2 + h) * 32 + lane);
+  } else {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) w.q[j] = __ldg(base + (tc * 4 + j) * 32 + lane);
+  }
+}
+
+// The lane's activations of one chunk for n-tile i: 8 consecutive elements at 8 tq and 32 + 8 tq.
+template <bool F16>
+__device__ __forceinline__ void load_x(const SkinnyArgs& a, const char* row, int c, int tq, uint4* x) {
+  if (!row) {
+    x[0] = x[1] = make_uint4(0, 0, 0, 0);
+    return;
+  }
+  const uint4* p = reinterpret_cast<const uint4*>(row + (size_t(c) * 64 + 8 * tq) * 2);
+  x[0] = __ldg(p);
+  x[1] = __ldg(p + 4);  // + 32 elements
+}
+
+// Applies one chunk: acc[i] (rows g, g+8 x tokens 2tq, 2tq+1 of n-tile i) += W_chunk . x_chunk.
+template <int FMT, int NT, bool XF16>
+__device__ __forceinline__ void chunk_mma(const WChunk<FMT>& w, const uint4 (&x)[NT][2], float (&acc)[NT][4]) {
+  if constexpr (FMT == WeightMat::kFragMXFP4) {
+    const uint32_t* qw = reinterpret_cast<const uint32_t*>(&w.q);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float s_lo = mx_scale14(w.s, h), s_hi = mx_scale14(w.s, 2 + h);
+      float tmp[NT][4];
+#pragma unroll
+      for (int i = 0; i < NT; ++i) tmp[i][0] = tmp[i][1] = tmp[i][2] = tmp[i][3] = 0.f;
+#pragma unroll
+      for (int jj = 0; jj < 2; ++jj) {
+        uint32_t af[4];
+        frag::mx_word_to_f16x2(qw[2 * h + jj], af);
+#pragma unroll
+        for (int i = 0; i < NT; ++i) {
+          const uint32_t* xb = reinterpret_cast<const uint32_t*>(&x[i][h]);
+          uint32_t b0 = xb[2 * jj], b1 = xb[2 * jj + 1];
+          if constexpr (!XF16) { b0 = bf16x2_to_f16x2(b0); b1 = bf16x2_to_f16x2(b1); }
+          mma_f16_16816(tmp[i], af, b0, b1);
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < NT; ++i) {
+        acc[i][0] = fmaf(tmp[i][0], s_lo, acc[i][0]);
+        acc[i][1] = fmaf(tmp[i][1], s_lo, acc[i][1]);
+        acc[i][2] = fmaf(tmp[i][2], s_hi, acc[i][2]);
+        acc[i][3] = fmaf(tmp[i][3], s_hi, acc[i][3]);
+      }
+    }
+  } else if constexpr (FMT == WeightMat::kFragFP8) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const uint32_t* qw = reinterpret_cast<const uint32_t*>(&w.q[h]);
+#pragma unroll
+      for (int jj = 0; jj < 2; ++jj) {
+        uint32_t af[4];
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          const uint32_t word = qw[2 * jj + (r >> 1)];
+          __half2_raw hr = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(word >> (16 * (r & 1))), __NV_E4M3);
+          af[r] = uint32_t(hr.x) | (uint32_t(hr.y) << 16);
+        }
+#pragma unroll
+        for (int i = 0; i < NT; ++i) {
+          const uint32_t* xb = reinterpret_cast<const uint32_t*>(&x[i][h]);
+          uint32_t b0 = xb[2 * jj], b1 = xb[2 * jj + 1];
+          if constexpr (!XF16) { b0 = bf16x2_to_f16x2(b0); b1 = bf16x2_to_f16x2(b1); }
+          mma_f16_16816(acc[i], af, b0, b1);
+        }
+      }
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const uint32_t* af = reinterpret_cast<const uint32_t*>(&w.q[j]);
+#pragma unroll
+      for (int i = 0; i < NT; ++i) {
+        const uint32_t* xb = reinterpret_cast<const uint32_t*>(&x[i][j >> 1]);
+        ptx::mma_bf16_16816(acc[i], af, xb[2 * (j & 1)], xb[2 * (j & 1) + 1]);
+      }
+    }
+  }
+}
+
+__device__ __forceinline__ float swiglu_f(float gate, float up, float limit) {
+  float g = fminf(gate, limit);
+  float u = fmaxf(fminf(up, limit), -limit);
+  return g / (1.f + __expf(-1.702f * g)) * (u + 1.f);
+}
+
+__device__ __forceinline__ void store_val(const Epilogue& e, int row, int n, float v) {
+  switch (e.mode) {
+    case Epilogue::kStoreF32: static_cast<float*>(e.out)[size_t(row) * e.ldo + n] = v; break;
+    case Epilogue::kStoreBF16:
+      if (e.out_f16)
+        static_cast<__half*>(e.out)[size_t(row) * e.ldo + n] = __float2half_rn(v);
+      else
+        static_cast<uint16_t*>(e.out)[size_t(row) * e.ldo + n] = f32_to_bf16_bits(v);
+      break;
+    case Epilogue::kAddF32: static_cast<float*>(e.out)[size_t(row) * e.ldo + n] += v; break;
+    default: break;
+  }
+}
+
+}  // namespace gptoss::cuda::skinny
