@@ -202,8 +202,10 @@ __global__ void __launch_bounds__(NW * 32, 16 / NW) router_v2_kernel(const Route
     }
 #pragma unroll
     for (int tt = 0; tt < kRedundantSsTokens; ++tt) {
-      const float s = warp_sum(ss[tt]);
-      if (lane == 0) red[tt * NW + warp] = s;
+      if (tt < n) {
+        const float s = warp_sum(ss[tt]);
+        if (lane == 0) red[tt * NW + warp] = s;
+      }
     }
     __syncthreads();
     if (tid < n) {

@@ -71,32 +71,31 @@ __device__ inline void moe_sort_block(int P, int E, int k, const MoeRouting& r, 
 
 // moe_sort_block's result for at most 32 pairs, by one warp and without shared memory or
 // barriers: lane p ranks its pair among all (by expert, then pair index), so the groups, tiles
-// (one each: a group has at most 32 <= kGemmBM pairs) and slots follow from ballots.
+// (one each: a group has at most 32 <= kGemmBM pairs) and slots follow from a match, a ballot and
+// one pass of P shuffles.
 static_assert(kGemmBM >= 32, "moe_sort_warp: one GEMM tile per group");
 __device__ inline void moe_sort_warp(int P, int k, const MoeRouting& r, int eb, int ee, const int32_t* idx,
                                      const float* wts) {
   const int lane = threadIdx.x & 31;
-  const int e = lane < P ? idx[lane] : 0x7fffffff;
+  const int e = lane < P ? idx[lane] : 0x7fffffff;  // lanes past P: a value no expert has
   const float wgt = lane < P ? wts[lane] : 0.f;
-  int before = 0, same_before = 0, same = 0, groups_before = 0, groups = 0;
+  const unsigned same_mask = __match_any_sync(0xffffffffu, e);  // the pairs of this lane's expert
+  const int same = __popc(same_mask), same_before = __popc(same_mask & ((1u << lane) - 1u));
+  // The first pair of each held expert stands for its group.
+  const unsigned firsts = __ballot_sync(0xffffffffu, lane < P && same_before == 0 && e >= eb && e < ee);
+  int before = 0, groups_before = 0;
   for (int q = 0; q < P; ++q) {
     const int eq = __shfl_sync(0xffffffffu, e, q);
-    // Is pair q the first of its expert's pairs (and its expert held here)?
-    int first_q = 1;
-    for (int u = 0; u < q; ++u) first_q &= __shfl_sync(0xffffffffu, e, u) != eq;
-    const bool group_q = first_q && eq >= eb && eq < ee;
     before += eq < e;
-    same_before += eq == e && q < lane;
-    same += eq == e;
-    groups_before += group_q && eq < e;
-    groups += group_q;
+    groups_before += int((firsts >> q) & 1u) & int(eq < e);
   }
+  const int groups = __popc(firsts);
   if (lane < P) {
     const int slot = before + same_before;
     r.pair_token[slot] = lane / k;
     r.pair_weight[slot] = wgt;
     r.slot_pair[lane] = slot;
-    if (same_before == 0 && e >= eb && e < ee) {
+    if ((firsts >> lane) & 1u) {
       const int g = groups_before;
       r.group_expert[g] = e - eb;
       r.group_start[g] = before;
