@@ -87,10 +87,10 @@ __device__ __forceinline__ float key_value(uint32_t k) {
 // it into shared memory (and into xn for the experts) and runs the GEMV on mma.sync m16n8k16
 // (experts as M, tokens as N: 1-8 tokens cost one MMA column tile). The sums of squares meet
 // through distributed shared memory (few tokens: every block sums the whole rows itself, no
-// barrier), so do the blocks' partial logits: warp w of block c routes token c * NW + w (the
-// partial logits of the C blocks added in block order, then the bias; logits stored; top-k by
-// warp max reductions; softmax) and block 0 sorts the pairs. Three cluster barriers in all, no
-// global atomics or fences, no ticket.
+// barrier), so do the blocks' partial logits: block c routes tokens c * NW .. c * NW + NW - 1
+// (the partial logits of the C blocks added in block order, then the bias, a thread per logit;
+// logits stored; top-k by warp max reductions, a warp per token; softmax) and block 0 sorts the
+// pairs. Three cluster barriers in all (two up to 4 tokens), no global atomics or fences, no ticket.
 //
 // A-fragment order: the MMA sums over its 16 k positions, so any fixed assignment of 16 of K's
 // columns to them gives the same dot product. Lane (g = lane / 4, q = lane % 4) takes columns
@@ -119,13 +119,15 @@ struct RouterV2Args {
   int mt, kp;         // m tiles (16 experts each); warps per m tile (each a part of the slice)
   int astr;           // bf16 elements between rows of the normalized slice (bytes = 64 mod 128)
   bool redundant_ss;  // every block sums the whole rows (few tokens)
-  int o_g, o_inv, o_ss, o_red, o_sel_i, o_sel_w, o_sort, o_act, o_big;  // shared memory offsets (bytes)
+  int o_g, o_bias, o_inv, o_ss, o_red, o_lg, o_sel_i, o_sel_w, o_sort, o_act, o_big;  // shared memory offsets (bytes)
 };
 
 template <int C, int NW, int NT>  // NT: most MMA column tiles (8 tokens each)
 __global__ void __launch_bounds__(NW * 32, 16 / NW) router_v2_kernel(const RouterV2Args a) {
   extern __shared__ __align__(16) unsigned char smem[];
   float* gs = reinterpret_cast<float*>(smem + a.o_g);          // [sw] norm weights of the slice
+  float* bias_s = reinterpret_cast<float*>(smem + a.o_bias);   // [E]
+  float* lg = reinterpret_cast<float*>(smem + a.o_lg);         // [NW][E] logits of the tokens routed here
   float* inv_rms = reinterpret_cast<float*>(smem + a.o_inv);   // [n]
   float* ss_part = reinterpret_cast<float*>(smem + a.o_ss);    // [n] this block's sums of squares
   float* red = reinterpret_cast<float*>(smem + a.o_red);       // [kRedundantSsTokens][NW]
@@ -160,12 +162,7 @@ __global__ void __launch_bounds__(NW * 32, 16 / NW) router_v2_kernel(const Route
     }
   }
   for (int i = tid; i < nb * 32; i += blockDim.x) gs[i] = __ldg(a.norm_w + size_t(cb) * 32 + i);
-  float bias[kMaxExpertsPerLane];
-#pragma unroll
-  for (int i = 0; i < kMaxExpertsPerLane; ++i) {
-    const int e = lane + 32 * i;
-    bias[i] = a.bias && e < E ? __ldg(a.bias + e) : 0.f;
-  }
+  for (int e = tid; e < E; e += blockDim.x) bias_s[e] = a.bias ? __ldg(a.bias + e) : 0.f;
   const int np8 = (n + 7) & ~7;
   {
     uint4* pad = reinterpret_cast<uint4*>(act + size_t(n) * a.astr);  // MMA columns past the tokens: zeros
@@ -303,31 +300,26 @@ __global__ void __launch_bounds__(NW * 32, 16 / NW) router_v2_kernel(const Route
     }
   cluster_sync_all();  // every block's partial logits (its K slice) are in its big[0, ep * n)
 
-  // 4. Warp w of block c routes token c * NW + w.
-  const int t = rank * NW + warp;
-  if (t < n) {
-    float v[kMaxExpertsPerLane];
+  // 4. Block c routes tokens c * NW + w (w < NW): their logits (the blocks' partial sums in block
+  // order, then the bias) by a thread per (token, expert), then a warp per token for the top-k.
+  const int t0 = rank * NW, here = max(0, min(NW, n - t0));
+  for (int i = tid; i < here * E; i += blockDim.x) {
+    const int tl = i / E, e = i - tl * E, t = t0 + tl;
+    float v = 0.f;
 #pragma unroll
-    for (int i = 0; i < kMaxExpertsPerLane; ++i) v[i] = 0.f;
-#pragma unroll
-    for (int c = 0; c < C; ++c) {
-      const float* pc = in_block(big, c);
-#pragma unroll
-      for (int i = 0; i < kMaxExpertsPerLane; ++i) {
-        const int e = lane + 32 * i;
-        if (e < E) v[i] += pc[e * n + t];
-      }
-    }
+    for (int c = 0; c < C; ++c) v += in_block(big, c)[e * n + t];
+    v += bias_s[e];
+    lg[tl * E + e] = v;
+    a.logits[size_t(t) * E + e] = v;
+  }
+  __syncthreads();
+  if (warp < here) {
+    const int t = t0 + warp;
     uint32_t key[kMaxExpertsPerLane];
 #pragma unroll
     for (int i = 0; i < kMaxExpertsPerLane; ++i) {
       const int e = lane + 32 * i;
-      key[i] = 0u;
-      if (e < E) {
-        v[i] += bias[i];
-        a.logits[size_t(t) * E + e] = v[i];
-        key[i] = order_key(v[i]);
-      }
+      key[i] = e < E ? order_key(lg[warp * E + e]) : 0u;
     }
     // Top-k: the largest value, ties to the lower expert index (as moe_route and the CPU).
     float sel_v[kMaxTopK];
@@ -377,7 +369,7 @@ __global__ void __launch_bounds__(NW * 32, 16 / NW) router_v2_kernel(const Route
     if (P <= 32) {
       if (warp == 0) moe_sort_warp(P, a.k, a.r, a.eb, a.ee, sel_i, sel_w);
     } else {
-      moe_sort_block(P, E, a.k, a.r, a.eb, a.ee, sel_i, sel_w, sort_sm);
+      moe_sort_block_warp_scan(P, E, a.k, a.r, a.eb, a.ee, sel_i, sel_w, sort_sm);
     }
     if (local) cluster_wait();
   } else {
@@ -416,9 +408,11 @@ bool router_v2_plan(int variant, int n, int K, int E, int k, RouterV2Plan* p) {
   const int np8 = (n + 7) & ~7;
   int o = 0;
   a.o_g = o, o = align16(o + a.sw * 4);
+  a.o_bias = o, o = align16(o + E * 4);
   a.o_inv = o, o = align16(o + kRouterV2MaxTokens * 4);
   a.o_ss = o, o = align16(o + kRouterV2MaxTokens * 4);
   a.o_red = o, o = align16(o + kRedundantSsTokens * NW * 4);
+  a.o_lg = o, o = align16(o + NW * E * 4);
   a.o_sel_i = o, o = align16(o + n * k * 4);
   a.o_sel_w = o, o = align16(o + n * k * 4);
   a.o_sort = o, o = align16(o + 5 * E * 4);

@@ -69,6 +69,72 @@ __device__ inline void moe_sort_block(int P, int E, int k, const MoeRouting& r, 
   }
 }
 
+// moe_sort_block's result with the scans over experts done by one warp (a run of E / 32 experts
+// per lane, then warp shuffles): three block barriers instead of 2 log2(E) + 3. blockDim.x >= 32,
+// E <= 32 * kMaxExpertsPerLane. sm: 2 * E ints of shared memory.
+__device__ inline void moe_sort_block_warp_scan(int P, int E, int k, const MoeRouting& r, int eb, int ee,
+                                                const int32_t* idx, const float* wts, int32_t* sm) {
+  int32_t* cnt = sm;         // [E]
+  int32_t* cursor = sm + E;  // [E]
+  for (int e = threadIdx.x; e < E; e += blockDim.x) cnt[e] = 0;
+  __syncthreads();
+  for (int p = threadIdx.x; p < P; p += blockDim.x) atomicAdd(&cnt[idx[p]], 1);
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    const int lane = threadIdx.x, per = (E + 31) / 32, e0 = lane * per;
+    // This lane's totals: sorted rows of all its experts, groups and GEMM tiles of the held ones.
+    int off = 0, grp = 0, til = 0;
+    for (int i = 0; i < per; ++i) {
+      const int e = e0 + i;
+      if (e < E) {
+        const int c_all = cnt[e], c = e >= eb && e < ee ? c_all : 0;
+        off += c_all;
+        grp += c > 0;
+        til += (c + kGemmBM - 1) / kGemmBM;
+      }
+    }
+    int ioff = off, igrp = grp, itil = til;  // inclusive scans over the lanes
+#pragma unroll
+    for (int d = 1; d < 32; d *= 2) {
+      const int o = __shfl_up_sync(0xffffffffu, ioff, d), g = __shfl_up_sync(0xffffffffu, igrp, d),
+                t = __shfl_up_sync(0xffffffffu, itil, d);
+      if (lane >= d) { ioff += o; igrp += g; itil += t; }
+    }
+    int xo = ioff - off, xg = igrp - grp, xt = itil - til;
+    for (int i = 0; i < per; ++i) {
+      const int e = e0 + i;
+      if (e < E) {
+        const int c_all = cnt[e], c = e >= eb && e < ee ? c_all : 0, nt = (c + kGemmBM - 1) / kGemmBM;
+        cursor[e] = xo;
+        if (c > 0) {
+          r.group_expert[xg] = e - eb;
+          r.group_start[xg] = xo;
+          r.group_end[xg] = xo + c;
+          for (int j = 0; j < nt; ++j) {
+            r.tile_group[xt + j] = xg;
+            r.tile_row[xt + j] = xo + j * kGemmBM;
+          }
+          ++xg;
+        }
+        xo += c_all;
+        xt += nt;
+      }
+    }
+    if (lane == 31) {
+      r.counts[0] = igrp;
+      r.counts[1] = itil;
+    }
+  }
+  __syncthreads();
+  for (int p = threadIdx.x; p < P; p += blockDim.x) {
+    const int e = idx[p];
+    const int dst = atomicAdd(&cursor[e], 1);
+    r.pair_token[dst] = p / k;
+    r.pair_weight[dst] = wts[p];
+    r.slot_pair[p] = dst;
+  }
+}
+
 // moe_sort_block's result for at most 32 pairs, by one warp and without shared memory or
 // barriers: lane p ranks its pair among all (by expert, then pair index), so the groups, tiles
 // (one each: a group has at most 32 <= kGemmBM pairs) and slots follow from a match, a ballot and
