@@ -250,11 +250,13 @@ void moe_router_route(const bf16_t* w, const float* bias, int E, int K, const fl
 // The decode router and combine come in variants (kernels/moe/route_decode.cu), for comparing
 // them in one GPU run: 1 = the old kernels (route.cu: router up to 8 tokens, 16 blocks meeting at
 // a ticket; combine clusters of 8 blocks x 128 threads), the others version 2's cluster shapes
-// (router: tensor-core GEMV over K slices, 1-64 tokens; combine: 16-byte loads, one barrier).
-// 0 = the environment's choice: GPTOSS_ROUTER_KERNEL=old|c8|c16|c8x and
+// (router: tensor-core GEMV over K slices, 1-64 tokens, a cluster of 8 blocks x 16 warps or 16 x 8;
+// "x": sums of squares always exchanged, "s": router rows staged in shared memory, not registers;
+// combine: 1, 2, 4 or 8 blocks a token, 16-byte loads, one barrier).
+// 0 = the environment's choice: GPTOSS_ROUTER_KERNEL=old|c8|c16|c8x|c8s|c16s and
 // GPTOSS_COMBINE_KERNEL=old|c1|c2|c4|c8 (unset or "new": version 2's default). set_*: tests and
 // bench-kernels (0 = back to the environment's choice).
-constexpr int kRouterVariants = 5, kCombineVariants = 6;
+constexpr int kRouterVariants = 7, kCombineVariants = 6;
 int router_variant();
 void set_router_variant(int v);
 const char* router_variant_name(int v);

@@ -27,7 +27,7 @@ namespace {
 namespace cg = cooperative_groups;
 
 // ---- variants ----
-const char* const kRouterNames[kRouterVariants] = {"auto", "old", "c8", "c16", "c8x"};
+const char* const kRouterNames[kRouterVariants] = {"auto", "old", "c8", "c16", "c8x", "c8s", "c16s"};
 const char* const kCombineNames[kCombineVariants] = {"auto", "old", "c1", "c2", "c4", "c8"};
 constexpr int kRouterDefault = 2, kCombineDefault = 4;
 int g_router_set = 0, g_combine_set = 0;  // set_*_variant; 0: the environment's choice
@@ -119,10 +119,13 @@ struct RouterV2Args {
   int mt, kp;         // m tiles (16 experts each); warps per m tile (each a part of the slice)
   int astr;           // bf16 elements between rows of the normalized slice (bytes = 64 mod 128)
   bool redundant_ss;  // every block sums the whole rows (few tokens)
-  int o_g, o_bias, o_inv, o_ss, o_red, o_lg, o_sel_i, o_sel_w, o_sort, o_act, o_big;  // shared memory offsets (bytes)
+  int wch;  // most chunks a warp holds (SMW: its shared memory stride, 1 KB a chunk)
+  int o_w, o_g, o_bias, o_inv, o_ss, o_red, o_lg, o_sel_i, o_sel_w, o_sort, o_act, o_big;  // shared memory offsets (bytes)
 };
 
-template <int C, int NW, int NT>  // NT: most MMA column tiles (8 tokens each)
+// SMW: the router rows wait in shared memory (cp.async) instead of registers: fewer registers held,
+// so the blocks fit beside more of the kernel before (whose end they wait for).
+template <int C, int NW, int NT, bool SMW>  // NT: most MMA column tiles (8 tokens each)
 __global__ void __launch_bounds__(NW * 32, 16 / NW) router_v2_kernel(const RouterV2Args a) {
   extern __shared__ __align__(16) unsigned char smem[];
   float* gs = reinterpret_cast<float*>(smem + a.o_g);          // [sw] norm weights of the slice
@@ -150,17 +153,26 @@ __global__ void __launch_bounds__(NW * 32, 16 / NW) router_v2_kernel(const Route
   const bool mma_warp = kp < a.kp;
   const int wcb = mma_warp ? cb + kp * nb / a.kp : 0, wce = mma_warp ? cb + (kp + 1) * nb / a.kp : 0;
   const int r0 = mt * 16 + g, r1 = r0 + 8;
-  uint4 wlo[kRouterMaxChunks], whi[kRouterMaxChunks];
+  uint4 wlo[SMW ? 1 : kRouterMaxChunks], whi[SMW ? 1 : kRouterMaxChunks];
+  uint4* wsm = reinterpret_cast<uint4*>(smem + a.o_w) + size_t(warp) * a.wch * 64;  // SMW: [chunk][row g, g+8][lane]
 #pragma unroll
   for (int j = 0; j < kRouterMaxChunks; ++j) {
-    wlo[j] = whi[j] = make_uint4(0u, 0u, 0u, 0u);
     const int ch = wcb + j;
-    if (ch < wce) {
-      const size_t col = size_t(ch) * 32 + 8 * q;
-      if (r0 < E) wlo[j] = __ldg(reinterpret_cast<const uint4*>(a.w + size_t(r0) * K + col));
-      if (r1 < E) whi[j] = __ldg(reinterpret_cast<const uint4*>(a.w + size_t(r1) * K + col));
+    const size_t col = size_t(ch) * 32 + 8 * q;
+    if constexpr (SMW) {
+      if (ch < wce) {  // rows past E: zeros (source size 0)
+        ptx::cp_async16(wsm + j * 64 + lane, r0 < E ? a.w + size_t(r0) * K + col : a.w, r0 < E);
+        ptx::cp_async16(wsm + j * 64 + 32 + lane, r1 < E ? a.w + size_t(r1) * K + col : a.w, r1 < E);
+      }
+    } else {
+      wlo[j] = whi[j] = make_uint4(0u, 0u, 0u, 0u);
+      if (ch < wce) {
+        if (r0 < E) wlo[j] = __ldg(reinterpret_cast<const uint4*>(a.w + size_t(r0) * K + col));
+        if (r1 < E) whi[j] = __ldg(reinterpret_cast<const uint4*>(a.w + size_t(r1) * K + col));
+      }
     }
   }
+  if constexpr (SMW) ptx::cp_async_commit();
   for (int i = tid; i < nb * 32; i += blockDim.x) gs[i] = __ldg(a.norm_w + size_t(cb) * 32 + i);
   for (int e = tid; e < E; e += blockDim.x) bias_s[e] = a.bias ? __ldg(a.bias + e) : 0.f;
   const int np8 = (n + 7) & ~7;
@@ -256,6 +268,7 @@ __global__ void __launch_bounds__(NW * 32, 16 / NW) router_v2_kernel(const Route
 
   // 3. The GEMV over this block's slice: acc[nt] holds experts mt*16 + g (+8) x tokens nt*8 + 2q (+1).
   const int nts = np8 / 8, ep = a.mt * 16;
+  if constexpr (SMW) ptx::cp_async_wait<0>();  // each lane reads back only what it copied
   if (mma_warp) {
     float acc[NT][4];
 #pragma unroll
@@ -264,8 +277,9 @@ __global__ void __launch_bounds__(NW * 32, 16 / NW) router_v2_kernel(const Route
     for (int j = 0; j < kRouterMaxChunks; ++j) {
       if (wcb + j < wce) {
         const uint16_t* brow = act + size_t(g) * a.astr + (wcb + j - cb) * 32 + 8 * q;
-        const uint32_t alo[4] = {wlo[j].x, whi[j].x, wlo[j].y, whi[j].y};
-        const uint32_t ahi[4] = {wlo[j].z, whi[j].z, wlo[j].w, whi[j].w};
+        const uint4 lo = SMW ? wsm[j * 64 + lane] : wlo[SMW ? 0 : j], hi = SMW ? wsm[j * 64 + 32 + lane] : whi[SMW ? 0 : j];
+        const uint32_t alo[4] = {lo.x, hi.x, lo.y, hi.y};
+        const uint32_t ahi[4] = {lo.z, hi.z, lo.w, hi.w};
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) {
           if (nt < nts) {
@@ -381,15 +395,24 @@ struct RouterV2Plan {
   RouterV2Args a;
   size_t smem = 0;
   int C = 0, NW = 0;
+  bool smw = false;
 };
 
 int align16(int b) { return (b + 15) & ~15; }
+constexpr int kRouterMaxSmem = 200 * 1024;
+
+// router_v2_plan's shared memory past the router rows (an upper bound: each part rounded up to 16 bytes).
+int router_v2_smem_rest(int n, int k, int E, int NW, const RouterV2Args& a, int np8) {
+  return align16(a.sw * 4) + align16(E * 4) + 2 * align16(kRouterV2MaxTokens * 4) +
+         align16(kRedundantSsTokens * NW * 4) + align16(NW * E * 4) + 2 * align16(n * k * 4) + align16(5 * E * 4) +
+         align16(np8 * a.astr * 2) + align16(std::max(n * a.sw, a.kp * a.mt * 16 * n) * 4);
+}
 
 bool router_v2_plan(int variant, int n, int K, int E, int k, RouterV2Plan* p) {
   int C = 0, NW = 0;
   switch (variant) {
-    case 2: case 4: C = 8, NW = 16; break;
-    case 3: C = 16, NW = 8; break;
+    case 2: case 4: case 5: C = 8, NW = 16; break;
+    case 3: case 6: C = 16, NW = 8; break;
     default: return false;
   }
   if (n < 1 || n > kRouterV2MaxTokens || n > C * NW || K % 32 != 0 || K <= 0) return false;
@@ -401,12 +424,17 @@ bool router_v2_plan(int variant, int n, int K, int E, int k, RouterV2Plan* p) {
   a.mt = (E + 15) / 16;
   if (a.mt > NW) return false;
   a.kp = NW / a.mt;
-  if ((swc + a.kp - 1) / a.kp > kRouterMaxChunks) return false;
+  a.wch = (swc + a.kp - 1) / a.kp;
+  if (a.wch > kRouterMaxChunks) return false;
   a.sw = swc * 32;
   a.astr = (((a.sw * 2 + 127) / 128) * 128 + 64) / 2;
   a.redundant_ss = variant != 4 && n <= kRedundantSsTokens;
   const int np8 = (n + 7) & ~7;
+  // Rows in shared memory ("s" variants) while they fit beside the rest; else in registers.
+  const int wbytes = NW * a.wch * 1024;
+  const bool smw = variant >= 5 && router_v2_smem_rest(n, k, E, NW, a, np8) + wbytes <= kRouterMaxSmem;
   int o = 0;
+  a.o_w = o, o += smw ? wbytes : 0;
   a.o_g = o, o = align16(o + a.sw * 4);
   a.o_bias = o, o = align16(o + E * 4);
   a.o_inv = o, o = align16(o + kRouterV2MaxTokens * 4);
@@ -418,16 +446,17 @@ bool router_v2_plan(int variant, int n, int K, int E, int k, RouterV2Plan* p) {
   a.o_sort = o, o = align16(o + 5 * E * 4);
   a.o_act = o, o = align16(o + np8 * a.astr * 2);
   a.o_big = o, o = align16(o + std::max(n * a.sw, a.kp * a.mt * 16 * n) * 4);
-  if (o > 200 * 1024) return false;
+  if (o > kRouterMaxSmem) return false;
   p->smem = size_t(o);
   p->C = C;
   p->NW = NW;
+  p->smw = smw;
   return true;
 }
 
-template <int C, int NW, int NT>
+template <int C, int NW, int NT, bool SMW>
 void launch_router_v2(const RouterV2Plan& p, cudaStream_t s) {
-  auto kernel = router_v2_kernel<C, NW, NT>;
+  auto kernel = router_v2_kernel<C, NW, NT, SMW>;
   if (C > 8) GPTOSS_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
   if (p.smem > 48 * 1024)
     GPTOSS_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(p.smem)));
@@ -601,11 +630,16 @@ bool router_v2_route(const bf16_t* w, const float* bias, int E, int K, const flo
   a.r = r;
   a.eb = eb, a.ee = ee;
   // One MMA column tile up to 8 tokens: fewer registers held, more room beside the kernel before.
-  const bool one = n <= 8;
-  if (p.C == 8)
-    one ? launch_router_v2<8, 16, 1>(p, s) : launch_router_v2<8, 16, kRouterV2MaxTokens / 8>(p, s);
+  const bool one = n <= 8, smw = p.smw;
+  constexpr int NT = kRouterV2MaxTokens / 8;
+  if (p.C == 8 && !smw)
+    one ? launch_router_v2<8, 16, 1, false>(p, s) : launch_router_v2<8, 16, NT, false>(p, s);
+  else if (p.C == 8)
+    one ? launch_router_v2<8, 16, 1, true>(p, s) : launch_router_v2<8, 16, NT, true>(p, s);
+  else if (!smw)
+    one ? launch_router_v2<16, 8, 1, false>(p, s) : launch_router_v2<16, 8, NT, false>(p, s);
   else
-    one ? launch_router_v2<16, 8, 1>(p, s) : launch_router_v2<16, 8, kRouterV2MaxTokens / 8>(p, s);
+    one ? launch_router_v2<16, 8, 1, true>(p, s) : launch_router_v2<16, 8, NT, true>(p, s);
   GPTOSS_CUDA_LAUNCH_CHECK();
   return true;
 }
