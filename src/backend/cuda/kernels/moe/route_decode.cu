@@ -270,7 +270,9 @@ __global__ void __launch_bounds__(NW * 32, 16 / NW) router_v2_kernel(const Route
   const int nts = np8 / 8, ep = a.mt * 16;
   if constexpr (SMW) ptx::cp_async_wait<0>();  // each lane reads back only what it copied
   if (mma_warp) {
-    float acc[NT][4];
+    // One column tile: a second accumulator for the second k16 step halves the chain of
+    // dependent MMAs (more tiles are independent chains already).
+    float acc[NT][4], acc2[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
 #pragma unroll
@@ -285,11 +287,14 @@ __global__ void __launch_bounds__(NW * 32, 16 / NW) router_v2_kernel(const Route
           if (nt < nts) {
             const uint4 b = *reinterpret_cast<const uint4*>(brow + size_t(nt) * 8 * a.astr);
             ptx::mma_bf16_16816(acc[nt], alo, b.x, b.y);
-            ptx::mma_bf16_16816(acc[nt], ahi, b.z, b.w);
+            ptx::mma_bf16_16816(NT == 1 ? acc2 : acc[nt], ahi, b.z, b.w);
           }
         }
       }
     }
+    if (NT == 1)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[0][i] += acc2[i];
     // The x slice is dead (step 2 read it before the barrier above): partial logits take its place.
     float* kb = big + size_t(kp) * ep * n;
 #pragma unroll
