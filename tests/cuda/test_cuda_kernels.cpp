@@ -26,6 +26,8 @@ class Kernels : public CudaTest {
     cuda::set_gemv_variant(0);
     cuda::set_expert_gemm_version(0);
     cuda::set_decode_kernel_choice(-1);  // back to GPTOSS_DECODE_KERNEL's choice
+    cuda::set_router_variant(0);
+    cuda::set_combine_variant(0);
   }
 };
 
@@ -682,88 +684,213 @@ TEST_F(Kernels, MoeCombineRowsMatchClusters) {
 
 // The decode router (norm + GEMV + top-k + sort in one launch) against the CPU norm and GEMV, and
 // its routing against moe_route over the same logits, launch after launch (the ticket resets).
-TEST_F(Kernels, RouterRouteFused) {
-  struct C { int n, E, K, k, eb, ee; };
-  std::vector<C> cases = {{1, 128, 2880, 4, 0, 128}, {2, 128, 2880, 4, 0, 128}, {7, 32, 2880, 4, 0, 32},
-                          {8, 128, 2880, 4, 64, 128}, {3, 200, 1024, 8, 0, 200}, {1, 8, 64, 2, 0, 8},
-                          {8, 128, 2880, 8, 0, 128}, {6, 16, 512, 8, 4, 12}};  // the last two: 48-64 pairs, the block sort
-  if (small_mode()) cases = {{1, 32, 256, 4, 0, 32}, {8, 8, 64, 2, 2, 6}};
-  for (const C& c : cases)
-    for (bool f16 : {false, true}) {
-      FastRng r(fresh_seed());
-      auto x = rand_f32(size_t(c.n) * c.K, r, 3.f);
-      auto nw = rand_f32(c.K, r, 0.1f, 1.f);
-      auto wb = to_bf16(rand_f32(size_t(c.E) * c.K, r, 0.02f));
-      auto bias = rand_f32(c.E, r, 0.1f);
-      std::vector<float> xn(x.size()), ref(size_t(c.n) * c.E);
-      cpu::rmsnorm(x.data(), nw.data(), c.n, c.K, 1e-5f, xn.data());
-      xn = round_bf16(xn);
-      cpu::linear_bf16(xn.data(), c.n, c.K, wb.data(), c.E, bias.data(), ref.data());
-      Dev<float> dx(x), dnw(nw), db(bias), dlog(ref.size()), dlog2(ref.size());
-      Dev<uint16_t> dw(wb), dxn(std::vector<uint16_t>(x.size(), 0x7fc0));
-      Dev<int> ticket(std::vector<int>{0});
-      const int P = c.n * c.k;
-      Dev<uint8_t> rmem(cuda::moe_routing_bytes(P, c.E)), rmem2(cuda::moe_routing_bytes(P, c.E));
-      auto rt = cuda::moe_routing_carve(rmem.p(), P, c.E), rt2 = cuda::moe_routing_carve(rmem2.p(), P, c.E);
-      for (int rep = 0; rep < 2; ++rep)
-        cuda::moe_router_route(reinterpret_cast<const cuda::bf16_t*>(dw.p()), db.p(), c.E, c.K, dx.p(), dnw.p(), 1e-5f,
-                               c.n, dxn.p(), f16, dlog.p(), c.k, rt, ticket.p(), 0, c.eb, c.ee);
-      GPTOSS_CUDA_CHECK(cudaDeviceSynchronize());
-      const std::string at = "n=" + std::to_string(c.n) + " E=" + std::to_string(c.E) + " f16=" + std::to_string(f16);
-      auto logits = dlog.download();
-      EXPECT_LE(rel_err(logits, ref), 2e-3) << at;
-      EXPECT_EQ(ticket.download()[0], 0) << at;
-      auto gxn = dxn.download();
-      std::vector<float> xn_got(gxn.size());
-      for (size_t i = 0; i < gxn.size(); ++i) xn_got[i] = f16 ? f16_to_f32(gxn[i]) : bf16_to_f32(gxn[i]);
-      EXPECT_LE(rel_err(xn_got, xn), 5e-3) << at;
-      // Same logits through moe_route: every routing array must agree exactly.
-      dlog2.upload(logits);
-      cuda::moe_route(dlog2.p(), c.n, c.E, c.k, rt2, 0, c.eb, c.ee);
-      GPTOSS_CUDA_CHECK(cudaDeviceSynchronize());
-      auto ints = [&](const int32_t* p, size_t count) {
-        std::vector<int32_t> v(count);
-        GPTOSS_CUDA_CHECK(cudaMemcpy(v.data(), p, count * 4, cudaMemcpyDeviceToHost));
-        return v;
-      };
-      auto floats = [&](const float* p, size_t count) {
-        std::vector<float> v(count);
-        GPTOSS_CUDA_CHECK(cudaMemcpy(v.data(), p, count * 4, cudaMemcpyDeviceToHost));
-        return v;
-      };
-      EXPECT_EQ(ints(rt.counts, 2), ints(rt2.counts, 2)) << at;
-      const int groups = ints(rt2.counts, 1)[0];
-      EXPECT_EQ(ints(rt.group_expert, groups), ints(rt2.group_expert, groups)) << at;
-      EXPECT_EQ(ints(rt.group_start, groups), ints(rt2.group_start, groups)) << at;
-      EXPECT_EQ(ints(rt.group_end, groups), ints(rt2.group_end, groups)) << at;
-      const int tiles = ints(rt2.counts, 2)[1];
-      EXPECT_EQ(ints(rt.tile_group, tiles), ints(rt2.tile_group, tiles)) << at;
-      EXPECT_EQ(ints(rt.tile_row, tiles), ints(rt2.tile_row, tiles)) << at;
-      EXPECT_EQ(ints(rt.topk_idx, P), ints(rt2.topk_idx, P)) << at;
-      EXPECT_EQ(floats(rt.topk_w, P), floats(rt2.topk_w, P)) << at;
-      // Pairs of one expert may take its slots in another order: each pair's slot must lie in its
-      // expert's sorted range and hold its token and weight.
-      {
-        auto slot = ints(rt.slot_pair, P), tok = ints(rt.pair_token, P), eidx = ints(rt.topk_idx, P);
-        auto pw = floats(rt.pair_weight, P), tw = floats(rt.topk_w, P);
-        std::vector<int> start(c.E, 0), count(c.E, 0);
-        for (int e : eidx) ++count[e];
-        for (int e = 1; e < c.E; ++e) start[e] = start[e - 1] + count[e - 1];
-        std::vector<int> seen(P, 0);
-        for (int p = 0; p < P; ++p) {
-          const int sl = slot[p];
-          ASSERT_TRUE(sl >= 0 && sl < P) << at;
-          EXPECT_TRUE(sl >= start[eidx[p]] && sl < start[eidx[p]] + count[eidx[p]]) << at << " pair " << p;
-          EXPECT_EQ(tok[sl], p / c.k) << at;
-          EXPECT_EQ(pw[sl], tw[p]) << at;
-          EXPECT_EQ(seen[sl]++, 0) << at << " slot taken twice";
-        }
+struct RouterCase {
+  int n, E, K, k, eb, ee;
+};
+
+// Runs moe_router_route under router variant `variant` (kernels.h) and checks it; returns the
+// logits (empty if the variant does not take the shape). ties: zero router rows and biases from
+// {0, 0.5, 1}, so every logit ties with many others (the lower expert index must win).
+std::vector<float> check_router_route(const RouterCase& c, bool f16, bool ties, int variant, uint64_t seed) {
+  cuda::set_router_variant(variant);
+  if (!cuda::router_route_fuses(c.n, c.K, c.E, c.k)) return {};
+  FastRng r(seed);
+  auto x = rand_f32(size_t(c.n) * c.K, r, 3.f);
+  auto nw = rand_f32(c.K, r, 0.1f, 1.f);
+  auto wf = rand_f32(size_t(c.E) * c.K, r, 0.02f);
+  auto bias = rand_f32(c.E, r, 0.1f);
+  if (ties) {
+    std::fill(wf.begin(), wf.end(), 0.f);
+    for (auto& b : bias) b = float(int(r.next() % 3)) * 0.5f;
+  }
+  auto wb = to_bf16(wf);
+  std::vector<float> xn(x.size()), ref(size_t(c.n) * c.E);
+  cpu::rmsnorm(x.data(), nw.data(), c.n, c.K, 1e-5f, xn.data());
+  xn = round_bf16(xn);
+  cpu::linear_bf16(xn.data(), c.n, c.K, wb.data(), c.E, bias.data(), ref.data());
+  Dev<float> dx(x), dnw(nw), db(bias), dlog(ref.size()), dlog2(ref.size());
+  Dev<uint16_t> dw(wb), dxn(std::vector<uint16_t>(x.size(), 0x7fc0));
+  Dev<int> ticket(std::vector<int>{0});
+  const int P = c.n * c.k;
+  Dev<uint8_t> rmem(cuda::moe_routing_bytes(P, c.E)), rmem2(cuda::moe_routing_bytes(P, c.E));
+  auto rt = cuda::moe_routing_carve(rmem.p(), P, c.E), rt2 = cuda::moe_routing_carve(rmem2.p(), P, c.E);
+  for (int rep = 0; rep < 2; ++rep)
+    cuda::moe_router_route(reinterpret_cast<const cuda::bf16_t*>(dw.p()), db.p(), c.E, c.K, dx.p(), dnw.p(), 1e-5f,
+                           c.n, dxn.p(), f16, dlog.p(), c.k, rt, ticket.p(), 0, c.eb, c.ee);
+  GPTOSS_CUDA_CHECK(cudaDeviceSynchronize());
+  const std::string at = "n=" + std::to_string(c.n) + " E=" + std::to_string(c.E) + " K=" + std::to_string(c.K) +
+                         " k=" + std::to_string(c.k) + " f16=" + std::to_string(f16) + " ties=" + std::to_string(ties) +
+                         " variant=" + cuda::router_variant_name(variant);
+  auto logits = dlog.download();
+  EXPECT_LE(rel_err(logits, ref), 2e-3) << at;
+  if (ties) {
+    std::vector<float> b;
+    for (int t = 0; t < c.n; ++t) b.insert(b.end(), bias.begin(), bias.end());
+    EXPECT_EQ(logits, b) << at << ": zero rows give the bias exactly";
+  }
+  EXPECT_EQ(ticket.download()[0], 0) << at;
+  auto gxn = dxn.download();
+  std::vector<float> xn_got(gxn.size());
+  for (size_t i = 0; i < gxn.size(); ++i) xn_got[i] = f16 ? f16_to_f32(gxn[i]) : bf16_to_f32(gxn[i]);
+  EXPECT_LE(rel_err(xn_got, xn), 5e-3) << at;
+  // Same logits through moe_route: every routing array must agree exactly.
+  dlog2.upload(logits);
+  cuda::moe_route(dlog2.p(), c.n, c.E, c.k, rt2, 0, c.eb, c.ee);
+  GPTOSS_CUDA_CHECK(cudaDeviceSynchronize());
+  auto ints = [&](const int32_t* p, size_t count) {
+    std::vector<int32_t> v(count);
+    GPTOSS_CUDA_CHECK(cudaMemcpy(v.data(), p, count * 4, cudaMemcpyDeviceToHost));
+    return v;
+  };
+  auto floats = [&](const float* p, size_t count) {
+    std::vector<float> v(count);
+    GPTOSS_CUDA_CHECK(cudaMemcpy(v.data(), p, count * 4, cudaMemcpyDeviceToHost));
+    return v;
+  };
+  EXPECT_EQ(ints(rt.counts, 2), ints(rt2.counts, 2)) << at;
+  const int groups = ints(rt2.counts, 1)[0];
+  EXPECT_EQ(ints(rt.group_expert, groups), ints(rt2.group_expert, groups)) << at;
+  EXPECT_EQ(ints(rt.group_start, groups), ints(rt2.group_start, groups)) << at;
+  EXPECT_EQ(ints(rt.group_end, groups), ints(rt2.group_end, groups)) << at;
+  const int tiles = ints(rt2.counts, 2)[1];
+  EXPECT_EQ(ints(rt.tile_group, tiles), ints(rt2.tile_group, tiles)) << at;
+  EXPECT_EQ(ints(rt.tile_row, tiles), ints(rt2.tile_row, tiles)) << at;
+  EXPECT_EQ(ints(rt.topk_idx, P), ints(rt2.topk_idx, P)) << at;
+  EXPECT_EQ(floats(rt.topk_w, P), floats(rt2.topk_w, P)) << at;
+  // Pairs of one expert may take its slots in another order: each pair's slot must lie in its
+  // expert's sorted range and hold its token and weight.
+  {
+    auto slot = ints(rt.slot_pair, P), tok = ints(rt.pair_token, P), eidx = ints(rt.topk_idx, P);
+    auto pw = floats(rt.pair_weight, P), tw = floats(rt.topk_w, P);
+    std::vector<int> start(c.E, 0), count(c.E, 0);
+    for (int e : eidx) {
+      if (e < 0 || e >= c.E) {
+        ADD_FAILURE() << at << " expert " << e;
+        return logits;
       }
-      // And the top-k itself against the CPU's rule on these logits.
-      std::vector<int32_t> idx(P);
-      std::vector<float> wts(P);
-      cpu::router_topk(logits.data(), c.n, c.E, c.k, idx.data(), wts.data());
-      EXPECT_EQ(ints(rt.topk_idx, P), idx) << at;
+      ++count[e];
+    }
+    for (int e = 1; e < c.E; ++e) start[e] = start[e - 1] + count[e - 1];
+    std::vector<int> seen(P, 0);
+    for (int p = 0; p < P; ++p) {
+      const int sl = slot[p];
+      if (!(sl >= 0 && sl < P)) {
+        ADD_FAILURE() << at << " slot " << sl;
+        return logits;
+      }
+      EXPECT_TRUE(sl >= start[eidx[p]] && sl < start[eidx[p]] + count[eidx[p]]) << at << " pair " << p;
+      EXPECT_EQ(tok[sl], p / c.k) << at;
+      EXPECT_EQ(pw[sl], tw[p]) << at;
+      EXPECT_EQ(seen[sl]++, 0) << at << " slot taken twice";
+    }
+  }
+  // And the top-k itself against the CPU's rule on these logits.
+  std::vector<int32_t> idx(P);
+  std::vector<float> wts(P);
+  cpu::router_topk(logits.data(), c.n, c.E, c.k, idx.data(), wts.data());
+  EXPECT_EQ(ints(rt.topk_idx, P), idx) << at;
+  return logits;
+}
+
+// Every router variant (the old fused kernel up to 8 tokens; version 2's cluster shapes up to
+// 64) at 1, 2, 7, 8, 33 and 64 tokens over 128 and 32 experts (120b / 20b), expert ranges,
+// top-8 (the block sort past 32 pairs), odd expert counts and widths.
+TEST_F(Kernels, RouterRouteFused) {
+  std::vector<RouterCase> cases = {
+      {1, 128, 2880, 4, 0, 128}, {2, 128, 2880, 4, 0, 128}, {7, 32, 2880, 4, 0, 32},  {8, 128, 2880, 4, 64, 128},
+      {3, 200, 1024, 8, 0, 200}, {1, 8, 64, 2, 0, 8},       {8, 128, 2880, 8, 0, 128}, {6, 16, 512, 8, 4, 12},
+      {33, 128, 2880, 4, 0, 128}, {64, 128, 2880, 4, 0, 128}, {64, 32, 2880, 4, 0, 32}, {33, 32, 2880, 4, 8, 24},
+      {5, 32, 2880, 4, 0, 32},   {17, 128, 2880, 4, 0, 128}};
+  if (small_mode()) cases = {{1, 32, 256, 4, 0, 32}, {8, 8, 64, 2, 2, 6}, {33, 32, 256, 4, 0, 32}};
+  int ran = 0;
+  for (const RouterCase& c : cases)
+    for (int variant = 1; variant < cuda::kRouterVariants; ++variant)
+      for (bool f16 : {false, true}) ran += !check_router_route(c, f16, false, variant, fresh_seed()).empty();
+  cuda::set_router_variant(0);
+  EXPECT_GE(ran, int(cases.size()) * 2) << "every shape ran under some variant";
+}
+
+// Exact ties everywhere (zero router rows, biases from three values): the lower expert index wins
+// on the device as on the CPU, for every variant, at 1-64 tokens, 32 and 128 experts.
+TEST_F(Kernels, RouterRouteTies) {
+  std::vector<RouterCase> cases = {{1, 128, 2880, 4, 0, 128}, {8, 32, 2880, 4, 0, 32}, {64, 128, 2880, 4, 0, 128},
+                                   {33, 32, 2880, 4, 0, 32},  {2, 8, 64, 2, 0, 8}};
+  if (small_mode()) cases = {{1, 32, 256, 4, 0, 32}, {33, 8, 64, 2, 0, 8}};
+  for (const RouterCase& c : cases)
+    for (int variant = 1; variant < cuda::kRouterVariants; ++variant) check_router_route(c, false, true, variant, fresh_seed());
+  cuda::set_router_variant(0);
+}
+
+// Version 2 against the old fused kernel on the same inputs (up to 8 tokens, where both run):
+// logits within the GEMV's rounding, normalized rows within a bf16 step.
+TEST_F(Kernels, RouterRouteV2MatchesOld) {
+  std::vector<RouterCase> cases = {{1, 128, 2880, 4, 0, 128}, {2, 32, 2880, 4, 0, 32}, {7, 128, 2880, 4, 0, 128},
+                                   {8, 32, 2880, 4, 0, 32}};
+  if (small_mode()) cases = {{1, 32, 256, 4, 0, 32}, {8, 8, 64, 2, 0, 8}};
+  for (const RouterCase& c : cases) {
+    const uint64_t seed = fresh_seed();
+    auto old_logits = check_router_route(c, false, false, 1, seed);
+    ASSERT_FALSE(old_logits.empty());
+    for (int variant = 2; variant < cuda::kRouterVariants; ++variant) {
+      auto v2 = check_router_route(c, false, false, variant, seed);
+      ASSERT_FALSE(v2.empty()) << cuda::router_variant_name(variant) << " n=" << c.n;
+      EXPECT_LE(rel_err(v2, old_logits), 2e-3) << cuda::router_variant_name(variant) << " n=" << c.n;
+    }
+  }
+  cuda::set_router_variant(0);
+}
+
+// Every combine variant (old clusters, version 2 with 1, 2, 4, 8 blocks per token) at 1-64 tokens
+// over 32 and 128 experts: the residual bit for bit the same (experts added in order j = 0..k-1
+// everywhere) and equal to the CPU's, the normalized rows within bf16 rounding of the CPU's; with
+// no norm (tensor-parallel) the residual only.
+TEST_F(Kernels, MoeCombineVariants) {
+  const int H = small_mode() ? 96 : 2880;
+  for (int E : {32, 128})
+    for (int n : {1, 2, 7, 8, 33, 64}) {
+      if (small_mode() && n > 8) continue;
+      FastRng r(fresh_seed());
+      const int k = 4, P = n * k;
+      auto logits = rand_f32(size_t(n) * E, r);
+      auto y = rand_f32(size_t(P) * H, r);
+      auto x = rand_f32(size_t(n) * H, r, 2.f);
+      auto nw = rand_f32(H, r, 0.1f, 1.f);
+      Dev<float> dlog(logits), dy(y), dnw(nw);
+      Dev<uint8_t> rmem(cuda::moe_routing_bytes(P, E));
+      auto rt = cuda::moe_routing_carve(rmem.p(), P, E);
+      cuda::moe_route(dlog.p(), n, E, k, rt, 0);
+      std::vector<int32_t> slot(P);
+      std::vector<float> w(P);
+      GPTOSS_CUDA_CHECK(cudaMemcpy(slot.data(), rt.slot_pair, P * 4, cudaMemcpyDeviceToHost));
+      GPTOSS_CUDA_CHECK(cudaMemcpy(w.data(), rt.topk_w, P * 4, cudaMemcpyDeviceToHost));
+      std::vector<float> ref = x, xn(x.size());
+      for (int t = 0; t < n; ++t)
+        for (int h = 0; h < H; ++h) {
+          float sum = 0.f;
+          for (int j = 0; j < k; ++j) sum = std::fma(w[t * k + j], y[size_t(slot[t * k + j]) * H + h], sum);
+          ref[size_t(t) * H + h] += sum;
+        }
+      cpu::rmsnorm(ref.data(), nw.data(), n, H, 1e-5f, xn.data());
+      std::vector<float> first_x;
+      for (int variant = 1; variant < cuda::kCombineVariants; ++variant) {
+        cuda::set_combine_variant(variant);
+        const std::string at = "E=" + std::to_string(E) + " n=" + std::to_string(n) + " " +
+                               cuda::combine_variant_name(variant);
+        Dev<float> dx(x), dx2(x);
+        Dev<uint16_t> dxn(size_t(n) * H), dxn2(size_t(n) * H);
+        cuda::moe_combine(dy.p(), rt, n, k, H, dx.p(), dnw.p(), 1e-5f, dxn.p(), 0);
+        cuda::moe_combine(dy.p(), rt, n, k, H, dx2.p(), nullptr, 1e-5f, dxn2.p(), 0);
+        auto gx = dx.download();
+        EXPECT_EQ(gx, ref) << at;
+        EXPECT_EQ(dx2.download(), gx) << at << " (no norm)";
+        EXPECT_LE(rel_err(from_bf16(dxn.download()), xn), 5e-3) << at;
+        auto untouched = dxn2.download();
+        EXPECT_TRUE(std::all_of(untouched.begin(), untouched.end(), [](uint16_t b) { return b == 0xffff; }))
+            << at << ": no norm writes no normalized rows";
+        if (first_x.empty()) first_x = gx;
+        EXPECT_EQ(gx, first_x) << at << " against the old kernel";
+      }
+      cuda::set_combine_variant(0);
     }
 }
 

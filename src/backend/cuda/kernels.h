@@ -269,6 +269,22 @@ bool router_route_fuses(int n, int K, int E, int k);
 void moe_router_route(const bf16_t* w, const float* bias, int E, int K, const float* x, const float* norm_w, float eps,
                       int n, void* xn, bool xn_f16, float* logits, int k, const MoeRouting& r, int* ticket,
                       cudaStream_t s, int expert_begin = 0, int expert_end = -1);
+// The decode router and combine come in variants (kernels/moe/route_decode.cu), for comparing
+// them in one GPU run: 1 = the old kernels (route.cu: router up to 8 tokens, 16 blocks meeting at
+// a ticket; combine clusters of 8 blocks x 128 threads), the others version 2's cluster shapes
+// (router: tensor-core GEMV over K slices, 1-64 tokens, a cluster of 8 blocks x 16 warps or 16 x 8;
+// "x": sums of squares always exchanged, "s": router rows staged in shared memory, not registers;
+// combine: 1, 2, 4 or 8 blocks a token, 16-byte loads, one barrier).
+// 0 = the environment's choice: GPTOSS_ROUTER_KERNEL=old|c8|c16|c8x|c8s|c16s and
+// GPTOSS_COMBINE_KERNEL=old|c1|c2|c4|c8 (unset or "new": version 2's default). set_*: tests and
+// bench-kernels (0 = back to the environment's choice).
+constexpr int kRouterVariants = 7, kCombineVariants = 6;
+int router_variant();
+void set_router_variant(int v);
+const char* router_variant_name(int v);
+int combine_variant();
+void set_combine_variant(int v);
+const char* combine_variant_name(int v);
 
 // out[i] = argmax of row i of logits [n, V].
 void argmax_rows(const float* logits, int n, int V, int32_t* out, cudaStream_t s);

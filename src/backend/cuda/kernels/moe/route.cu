@@ -9,6 +9,8 @@
 #include "backend/cuda/cuda_common.h"
 #include "backend/cuda/device_utils.cuh"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/kernels/moe/route_decode.h"
+#include "backend/cuda/kernels/moe/route_sort.cuh"
 #include "backend/kv_layout.h"
 
 namespace gptoss::cuda {
@@ -39,9 +41,6 @@ MoeRouting moe_routing_carve(void* mem, int max_pairs, int E) {
   r.slot_pair = p;
   return r;
 }
-
-constexpr int kMaxExpertsPerLane = 8;  // E <= 256
-constexpr int kMaxTopK = 8;
 
 __device__ void topk_token(const float* __restrict__ logits, int t, int E, int k, const MoeRouting& r) {
   int lane = threadIdx.x & 31;
@@ -74,11 +73,11 @@ __device__ void topk_token(const float* __restrict__ logits, int t, int E, int k
     if (j < kMaxTopK) { sel_v[j] = best; sel_i[j] = bi; }
   }
   if (lane == 0) {
-    float m = sel_v[0], sum = 0.f;
-    for (int j = 0; j < k; ++j) sum += expf(sel_v[j] - m);
+    float w[kMaxTopK];
+    topk_softmax(sel_v, k, w);
     for (int j = 0; j < k; ++j) {
       r.topk_idx[t * k + j] = sel_i[j];
-      r.topk_w[t * k + j] = expf(sel_v[j] - m) / sum;
+      r.topk_w[t * k + j] = w[j];
     }
   }
 }
@@ -89,63 +88,10 @@ __global__ void topk_kernel(const float* __restrict__ logits, int n, int E, int 
   if (t < n) topk_token(logits, t, E, k, r);
 }
 
-__device__ void moe_sort_block(int P, int E, int k, const MoeRouting& r, int eb, int ee) {
-  extern __shared__ int32_t sm[];
-  int32_t* cnt = sm;         // [E]
-  int32_t* cursor = sm + E;  // [E]
-  for (int e = threadIdx.x; e < E; e += blockDim.x) cnt[e] = 0;
-  __syncthreads();
-  for (int p = threadIdx.x; p < P; p += blockDim.x) atomicAdd(&cnt[r.topk_idx[p]], 1);
-  __syncthreads();
-  // Exclusive scans over experts (one thread each, E <= 1024): row offsets, group slots of
-  // the non-empty experts, GEMM row tiles.
-  int32_t* s_off = sm + 2 * E;    // [E]
-  int32_t* s_grp = sm + 3 * E;    // [E]
-  int32_t* s_tile = sm + 4 * E;   // [E]
-  const int e = threadIdx.x;
-  // Every expert's pairs take sorted slots (c_all); only held experts get groups and tiles (c).
-  const int c_all = e < E ? cnt[e] : 0;
-  const int c = e >= eb && e < ee ? c_all : 0;
-  int nt = (c + kGemmBM - 1) / kGemmBM;
-  if (e < E) { s_off[e] = c_all; s_grp[e] = c > 0; s_tile[e] = nt; }
-  __syncthreads();
-  for (int d = 1; d < E; d *= 2) {  // Hillis-Steele inclusive scans
-    int a0 = 0, a1 = 0, a2 = 0;
-    if (e < E && e >= d) { a0 = s_off[e - d]; a1 = s_grp[e - d]; a2 = s_tile[e - d]; }
-    __syncthreads();
-    if (e < E && e >= d) { s_off[e] += a0; s_grp[e] += a1; s_tile[e] += a2; }
-    __syncthreads();
-  }
-  if (e < E) {
-    int off = s_off[e] - c_all, g = s_grp[e] - (c > 0), t0 = s_tile[e] - nt;
-    cursor[e] = off;
-    if (c > 0) {
-      r.group_expert[g] = e - eb;
-      r.group_start[g] = off;
-      r.group_end[g] = off + c;
-      for (int i = 0; i < nt; ++i) {
-        r.tile_group[t0 + i] = g;
-        r.tile_row[t0 + i] = off + i * kGemmBM;
-      }
-    }
-    if (e == E - 1) {
-      r.counts[0] = s_grp[e];
-      r.counts[1] = s_tile[e];
-    }
-  }
-  __syncthreads();
-  for (int p = threadIdx.x; p < P; p += blockDim.x) {
-    int e = r.topk_idx[p];
-    int dst = atomicAdd(&cursor[e], 1);
-    r.pair_token[dst] = p / k;
-    r.pair_weight[dst] = r.topk_w[p];
-    r.slot_pair[p] = dst;
-  }
-}
-
 __global__ void moe_sort_kernel(int P, int E, int k, MoeRouting r, int eb, int ee) {
   pdl_begin();
-  moe_sort_block(P, E, k, r, eb, ee);
+  extern __shared__ int32_t sm[];
+  moe_sort_block(P, E, k, r, eb, ee, r.topk_idx, r.topk_w, sm);
 }
 
 // Decode-sized batches: top-k and the sort in one launch (one block), a launch less per layer.
@@ -155,7 +101,8 @@ __global__ void moe_route_small_kernel(const float* __restrict__ logits, int n, 
   for (int t = threadIdx.x / 32; t < n; t += blockDim.x / 32) topk_token(logits, t, E, k, r);
   __threadfence_block();
   __syncthreads();
-  moe_sort_block(n * k, E, k, r, eb, ee);
+  extern __shared__ int32_t sm[];
+  moe_sort_block(n * k, E, k, r, eb, ee, r.topk_idx, r.topk_w, sm);
 }
 
 void moe_route(const float* logits, int n, int E, int k, const MoeRouting& r, cudaStream_t s, int eb, int ee) {
@@ -172,47 +119,6 @@ void moe_route(const float* logits, int n, int E, int k, const MoeRouting& r, cu
   GPTOSS_CUDA_LAUNCH_CHECK();
   launch_pdl(moe_sort_kernel, dim3(1), dim3(1024), 5 * E * sizeof(int32_t), s, n * k, E, k, r, eb, ee);
   GPTOSS_CUDA_LAUNCH_CHECK();
-}
-
-// moe_sort_block's result for at most 32 pairs, by one warp and without shared memory or
-// barriers: lane p ranks its pair among all (by expert, then pair index), so the groups, tiles
-// (one each: a group has at most 32 <= kGemmBM pairs) and slots follow from ballots.
-static_assert(kGemmBM >= 32, "moe_sort_warp: one GEMM tile per group");
-__device__ void moe_sort_warp(int P, int k, const MoeRouting& r, int eb, int ee) {
-  const int lane = threadIdx.x & 31;
-  const int e = lane < P ? r.topk_idx[lane] : 0x7fffffff;
-  const float wgt = lane < P ? r.topk_w[lane] : 0.f;
-  int before = 0, same_before = 0, same = 0, groups_before = 0, groups = 0;
-  for (int q = 0; q < P; ++q) {
-    const int eq = __shfl_sync(0xffffffffu, e, q);
-    // Is pair q the first of its expert's pairs (and its expert held here)?
-    int first_q = 1;
-    for (int u = 0; u < q; ++u) first_q &= __shfl_sync(0xffffffffu, e, u) != eq;
-    const bool group_q = first_q && eq >= eb && eq < ee;
-    before += eq < e;
-    same_before += eq == e && q < lane;
-    same += eq == e;
-    groups_before += group_q && eq < e;
-    groups += group_q;
-  }
-  if (lane < P) {
-    const int slot = before + same_before;
-    r.pair_token[slot] = lane / k;
-    r.pair_weight[slot] = wgt;
-    r.slot_pair[lane] = slot;
-    if (same_before == 0 && e >= eb && e < ee) {
-      const int g = groups_before;
-      r.group_expert[g] = e - eb;
-      r.group_start[g] = before;
-      r.group_end[g] = before + same;
-      r.tile_group[g] = g;
-      r.tile_row[g] = before;
-    }
-  }
-  if (lane == 0) {
-    r.counts[0] = groups;
-    r.counts[1] = groups;
-  }
 }
 
 // Decode: the router's RMSNorm + GEMV and the routing in one launch. Each warp owns one expert's
@@ -338,23 +244,30 @@ __global__ void __launch_bounds__(256) router_route_kernel(RouterRouteArgs a) {
   __threadfence_block();
   __syncthreads();
   if (n * a.k <= 32) {
-    if (warp == 0) moe_sort_warp(n * a.k, a.k, a.r, a.eb, a.ee);
+    if (warp == 0) moe_sort_warp(n * a.k, a.k, a.r, a.eb, a.ee, a.r.topk_idx, a.r.topk_w);
   } else {
-    moe_sort_block(n * a.k, a.E, a.k, a.r, a.eb, a.ee);
+    moe_sort_block(n * a.k, a.E, a.k, a.r, a.eb, a.ee, a.r.topk_idx, a.r.topk_w, sm);
   }
   if (threadIdx.x == 0) *a.ticket = 0;
 }
 
-bool router_route_fuses(int n, int K, int E, int k) {
+// The old fused router's shapes (router variant "old", or where version 2 does not fit).
+bool router_route_v1_fuses(int n, int K, int E, int k) {
   return n >= 1 && n <= kRouterMaxTokens && K % 8 == 0 && K <= 16 * 256 && E <= 256 && k <= kMaxTopK && k <= E;
+}
+
+bool router_route_fuses(int n, int K, int E, int k) {
+  return router_v2_fuses(n, K, E, k) || router_route_v1_fuses(n, K, E, k);
 }
 
 void moe_router_route(const bf16_t* w, const float* bias, int E, int K, const float* x, const float* norm_w, float eps,
                       int n, void* xn, bool xn_f16, float* logits, int k, const MoeRouting& r, int* ticket,
                       cudaStream_t s, int eb, int ee) {
   if (ee < 0) ee = E;
-  if (!router_route_fuses(n, K, E, k)) throw Error("moe_router_route: shape not supported (see router_route_fuses)");
   if (eb < 0 || eb >= ee || ee > E) throw Error("moe_router_route: bad expert range");
+  if (router_v2_route(w, bias, E, K, x, norm_w, eps, n, xn, xn_f16, logits, k, r, s, eb, ee)) return;
+  if (!router_route_v1_fuses(n, K, E, k))
+    throw Error("moe_router_route: shape not supported (see router_route_fuses)");
   const int threads = E <= 128 ? 128 : 256;  // moe_sort_block: a thread per expert
   const int blocks = (E + threads / 32 - 1) / (threads / 32);
   const size_t smem = std::max(size_t(n) * K * 2, (5 * size_t(E) + size_t(n) * E) * 4);
@@ -466,6 +379,7 @@ void moe_combine(const float* y, const MoeRouting& r, int n, int k, int H, float
     GPTOSS_CUDA_LAUNCH_CHECK();
     return;
   }
+  if (combine_v2(y, r, n, k, H, x, norm_w, eps, xn, s, invariant)) return;
   launch_pdl(moe_combine_kernel, dim3(n * kCombineBlocks), dim3(kCombineThreads), 0, s, y, r, k, H, x, norm_w, eps,
              xn);
   GPTOSS_CUDA_LAUNCH_CHECK();

@@ -1,0 +1,188 @@
+#pragma once
+// Sorting a batch's (token, expert) pairs by expert on the device, shared by the routing kernels
+// of route.cu and the decode router of route_decode.cu. The token-order top-k (idx, wts) may lie
+// in global or shared memory (generic pointers).
+#include <cstdint>
+
+#include "backend/cuda/device_utils.cuh"
+#include "backend/cuda/kernels.h"
+
+namespace gptoss::cuda {
+
+constexpr int kMaxExpertsPerLane = 8;  // E <= 256
+constexpr int kMaxTopK = 8;
+
+// One block (blockDim.x >= E): counts per expert, exclusive scans for the sorted offsets, the
+// groups of the held experts [eb, ee) and their GEMM row tiles, then each pair's slot (pairs of
+// one expert take its slots in atomic order). sm: 5 * E ints of shared memory.
+__device__ inline void moe_sort_block(int P, int E, int k, const MoeRouting& r, int eb, int ee,
+                                      const int32_t* idx, const float* wts, int32_t* sm) {
+  int32_t* cnt = sm;         // [E]
+  int32_t* cursor = sm + E;  // [E]
+  for (int e = threadIdx.x; e < E; e += blockDim.x) cnt[e] = 0;
+  __syncthreads();
+  for (int p = threadIdx.x; p < P; p += blockDim.x) atomicAdd(&cnt[idx[p]], 1);
+  __syncthreads();
+  // Exclusive scans over experts (one thread each, E <= 1024): row offsets, group slots of
+  // the non-empty experts, GEMM row tiles.
+  int32_t* s_off = sm + 2 * E;    // [E]
+  int32_t* s_grp = sm + 3 * E;    // [E]
+  int32_t* s_tile = sm + 4 * E;   // [E]
+  const int e = threadIdx.x;
+  // Every expert's pairs take sorted slots (c_all); only held experts get groups and tiles (c).
+  const int c_all = e < E ? cnt[e] : 0;
+  const int c = e >= eb && e < ee ? c_all : 0;
+  int nt = (c + kGemmBM - 1) / kGemmBM;
+  if (e < E) { s_off[e] = c_all; s_grp[e] = c > 0; s_tile[e] = nt; }
+  __syncthreads();
+  for (int d = 1; d < E; d *= 2) {  // Hillis-Steele inclusive scans
+    int a0 = 0, a1 = 0, a2 = 0;
+    if (e < E && e >= d) { a0 = s_off[e - d]; a1 = s_grp[e - d]; a2 = s_tile[e - d]; }
+    __syncthreads();
+    if (e < E && e >= d) { s_off[e] += a0; s_grp[e] += a1; s_tile[e] += a2; }
+    __syncthreads();
+  }
+  if (e < E) {
+    int off = s_off[e] - c_all, g = s_grp[e] - (c > 0), t0 = s_tile[e] - nt;
+    cursor[e] = off;
+    if (c > 0) {
+      r.group_expert[g] = e - eb;
+      r.group_start[g] = off;
+      r.group_end[g] = off + c;
+      for (int i = 0; i < nt; ++i) {
+        r.tile_group[t0 + i] = g;
+        r.tile_row[t0 + i] = off + i * kGemmBM;
+      }
+    }
+    if (e == E - 1) {
+      r.counts[0] = s_grp[e];
+      r.counts[1] = s_tile[e];
+    }
+  }
+  __syncthreads();
+  for (int p = threadIdx.x; p < P; p += blockDim.x) {
+    int e = idx[p];
+    int dst = atomicAdd(&cursor[e], 1);
+    r.pair_token[dst] = p / k;
+    r.pair_weight[dst] = wts[p];
+    r.slot_pair[p] = dst;
+  }
+}
+
+// moe_sort_block's result with the scans over experts done by one warp (a run of E / 32 experts
+// per lane, then warp shuffles): three block barriers instead of 2 log2(E) + 3. blockDim.x >= 32,
+// E <= 32 * kMaxExpertsPerLane. sm: 2 * E ints of shared memory.
+__device__ inline void moe_sort_block_warp_scan(int P, int E, int k, const MoeRouting& r, int eb, int ee,
+                                                const int32_t* idx, const float* wts, int32_t* sm) {
+  int32_t* cnt = sm;         // [E]
+  int32_t* cursor = sm + E;  // [E]
+  for (int e = threadIdx.x; e < E; e += blockDim.x) cnt[e] = 0;
+  __syncthreads();
+  for (int p = threadIdx.x; p < P; p += blockDim.x) atomicAdd(&cnt[idx[p]], 1);
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    const int lane = threadIdx.x, per = (E + 31) / 32, e0 = lane * per;
+    // This lane's totals: sorted rows of all its experts, groups and GEMM tiles of the held ones.
+    int off = 0, grp = 0, til = 0;
+    for (int i = 0; i < per; ++i) {
+      const int e = e0 + i;
+      if (e < E) {
+        const int c_all = cnt[e], c = e >= eb && e < ee ? c_all : 0;
+        off += c_all;
+        grp += c > 0;
+        til += (c + kGemmBM - 1) / kGemmBM;
+      }
+    }
+    int ioff = off, igrp = grp, itil = til;  // inclusive scans over the lanes
+#pragma unroll
+    for (int d = 1; d < 32; d *= 2) {
+      const int o = __shfl_up_sync(0xffffffffu, ioff, d), g = __shfl_up_sync(0xffffffffu, igrp, d),
+                t = __shfl_up_sync(0xffffffffu, itil, d);
+      if (lane >= d) { ioff += o; igrp += g; itil += t; }
+    }
+    int xo = ioff - off, xg = igrp - grp, xt = itil - til;
+    for (int i = 0; i < per; ++i) {
+      const int e = e0 + i;
+      if (e < E) {
+        const int c_all = cnt[e], c = e >= eb && e < ee ? c_all : 0, nt = (c + kGemmBM - 1) / kGemmBM;
+        cursor[e] = xo;
+        if (c > 0) {
+          r.group_expert[xg] = e - eb;
+          r.group_start[xg] = xo;
+          r.group_end[xg] = xo + c;
+          for (int j = 0; j < nt; ++j) {
+            r.tile_group[xt + j] = xg;
+            r.tile_row[xt + j] = xo + j * kGemmBM;
+          }
+          ++xg;
+        }
+        xo += c_all;
+        xt += nt;
+      }
+    }
+    if (lane == 31) {
+      r.counts[0] = igrp;
+      r.counts[1] = itil;
+    }
+  }
+  __syncthreads();
+  for (int p = threadIdx.x; p < P; p += blockDim.x) {
+    const int e = idx[p];
+    const int dst = atomicAdd(&cursor[e], 1);
+    r.pair_token[dst] = p / k;
+    r.pair_weight[dst] = wts[p];
+    r.slot_pair[p] = dst;
+  }
+}
+
+// moe_sort_block's result for at most 32 pairs, by one warp and without shared memory or
+// barriers: lane p ranks its pair among all (by expert, then pair index), so the groups, tiles
+// (one each: a group has at most 32 <= kGemmBM pairs) and slots follow from a match, a ballot and
+// one pass of P shuffles.
+static_assert(kGemmBM >= 32, "moe_sort_warp: one GEMM tile per group");
+__device__ inline void moe_sort_warp(int P, int k, const MoeRouting& r, int eb, int ee, const int32_t* idx,
+                                     const float* wts) {
+  const int lane = threadIdx.x & 31;
+  const int e = lane < P ? idx[lane] : 0x7fffffff;  // lanes past P: a value no expert has
+  const float wgt = lane < P ? wts[lane] : 0.f;
+  const unsigned same_mask = __match_any_sync(0xffffffffu, e);  // the pairs of this lane's expert
+  const int same = __popc(same_mask), same_before = __popc(same_mask & ((1u << lane) - 1u));
+  // The first pair of each held expert stands for its group.
+  const unsigned firsts = __ballot_sync(0xffffffffu, lane < P && same_before == 0 && e >= eb && e < ee);
+  int before = 0, groups_before = 0;
+  for (int q = 0; q < P; ++q) {
+    const int eq = __shfl_sync(0xffffffffu, e, q);
+    before += eq < e;
+    groups_before += int((firsts >> q) & 1u) & int(eq < e);
+  }
+  const int groups = __popc(firsts);
+  if (lane < P) {
+    const int slot = before + same_before;
+    r.pair_token[slot] = lane / k;
+    r.pair_weight[slot] = wgt;
+    r.slot_pair[lane] = slot;
+    if ((firsts >> lane) & 1u) {
+      const int g = groups_before;
+      r.group_expert[g] = e - eb;
+      r.group_start[g] = before;
+      r.group_end[g] = before + same;
+      r.tile_group[g] = g;
+      r.tile_row[g] = before;
+    }
+  }
+  if (lane == 0) {
+    r.counts[0] = groups;
+    r.counts[1] = groups;
+  }
+}
+
+// Top-k softmax weights of one token from its selected logits (sel_v[0] the largest), written in
+// selection order: the formula moe_route and both decode routers share, so their weights agree
+// bit for bit on the same logits.
+__device__ inline void topk_softmax(const float* sel_v, int k, float* w) {
+  float m = sel_v[0], sum = 0.f;
+  for (int j = 0; j < k; ++j) sum += expf(sel_v[j] - m);
+  for (int j = 0; j < k; ++j) w[j] = expf(sel_v[j] - m) / sum;
+}
+
+}  // namespace gptoss::cuda
