@@ -180,25 +180,28 @@ void bench_decode_attention(const GptOssConfig& c, int tokens, int iters) {
       const KvLayer kv{pool.p, fp8, ps};
       for (int window : {0, c.sliding_window}) {
         const int keys = window > 0 ? std::min(L, window) : L;
-        const DecodeAttentionPlan plans[2] = {DecodeAttentionPlan{split_nsplit, false},
-                                              decode_attention_plan(n, Hkv, keys, split_nsplit)};
-        // k = 0: rope_kv_store + attention (+ merge); 1: attention_decode, same splits; 2: the plan.
+        // Variant 0: rope_kv_store + attention + merge; then attention_decode with the same
+        // splits and merge launch, and with clusters of 1, 2, 4 and 8 splits (the plan's marked).
+        std::vector<DecodeAttentionPlan> plans = {DecodeAttentionPlan{split_nsplit, false},
+                                                  DecodeAttentionPlan{split_nsplit, false}};
+        for (int cs = 1; cs <= kDecodeClusterMax; cs *= 2) plans.push_back(DecodeAttentionPlan{cs, true});
+        const DecodeAttentionPlan chosen = decode_attention_plan(n, Hkv, keys, split_nsplit);
         // rope_kv_store rotates qkv in place: the outputs compared start from the unrotated copy;
         // timed launches rotate over and over with the YaRN scaling at 1 (values stay bounded).
-        auto launch = [&](int k, bf16_t* o, float scaling) {
+        auto launch = [&](size_t k, bf16_t* o, float scaling) {
           if (k == 0) {
             rope_kv_store(qkv.as<bf16_t>(), n, Hq, Hkv, D, inv.as<float>(), scaling, tm, kv, s);
             attention(qkv.as<bf16_t>(), n, Hq, Hkv, D, window, sinks.as<float>(), tm, kv, split_nsplit,
                       part.as<float>(), o, s, AttentionPath::kPerToken);
           } else {
             attention_decode(qkv.as<bf16_t>(), n, Hq, Hkv, D, window, sinks.as<float>(), inv.as<float>(), scaling,
-                             tm, kv, plans[k - 1], part.as<float>(), o, s);
+                             tm, kv, plans[k], part.as<float>(), o, s);
           }
         };
         auto restore = [&] {
           GPTOSS_CUDA_CHECK(cudaMemcpyAsync(qkv.p, qkv0.p, size_t(n) * QKV * 2, cudaMemcpyDeviceToDevice, s));
         };
-        auto time = [&](int k) {
+        auto time = [&](size_t k) {
           for (int i = 0; i < 3; ++i) launch(k, out1.as<bf16_t>(), 1.f);
           GPTOSS_CUDA_CHECK(cudaEventRecord(a, s));
           for (int i = 0; i < iters; ++i) launch(k, out1.as<bf16_t>(), 1.f);
@@ -215,7 +218,7 @@ void bench_decode_attention(const GptOssConfig& c, int tokens, int iters) {
         GPTOSS_CUDA_CHECK(cudaStreamSynchronize(s));
         const std::string shape = std::to_string(n) + " x " + std::to_string(L);
         const char* layer = window > 0 ? (fp8 ? "sliding, fp8" : "sliding, bf16") : (fp8 ? "full, fp8" : "full, bf16");
-        for (int k = 0; k < 3; ++k) {
+        for (size_t k = 0; k < plans.size(); ++k) {
           const double us = time(k);
           restore();
           launch(k, out1.as<bf16_t>(), yarn.attention_scaling);
@@ -226,10 +229,11 @@ void bench_decode_attention(const GptOssConfig& c, int tokens, int iters) {
             const double d = std::fabs(double(bf16_bits_to_float(h0[i])) - bf16_bits_to_float(h1[i]));
             diff = std::isnan(d) ? INFINITY : std::max(diff, d);
           }
-          std::string kern = k == 0   ? "rope_kv + attention + merge (" + std::to_string(split_nsplit) + " splits)"
-                             : k == 1 ? "fused + merge (" + std::to_string(split_nsplit) + " splits)"
-                                      : std::string("fused, plan: ") + std::to_string(plans[1].nsplit) +
-                                            (plans[1].cluster ? " splits in a cluster" : " splits + merge");
+          const DecodeAttentionPlan& p = plans[k];
+          std::string kern = k == 0 ? "rope_kv + attention + merge, " + std::to_string(p.nsplit) + " splits"
+                                    : "fused, " + std::to_string(p.nsplit) +
+                                          (p.cluster ? " splits in a cluster" : " splits + merge");
+          if (k > 0 && p.nsplit == chosen.nsplit && p.cluster == chosen.cluster) kern += " (plan)";
           std::printf("| attention | %s | %s | %s | %.2f | %g |\n", shape.c_str(), layer, kern.c_str(), us, diff);
           std::fflush(stdout);
         }

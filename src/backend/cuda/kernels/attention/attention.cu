@@ -28,10 +28,12 @@ namespace cg = cooperative_groups;
 namespace {
 constexpr int kTile = 32;
 constexpr int kWarps = 8;  // query heads per kv head handled by one block (gpt-oss: 64 / 8)
-// Decode plan: blocks a launch may hold before more splits stop paying (two a H200 SM), and the
-// tiles a cluster split may walk before the split-and-merge launches win.
-constexpr int kDecodeBlockBudget = 528;
-constexpr int kClusterMaxTiles = 4;
+// Decode plan: blocks a launch may hold before more splits stop paying (one wave on an H200: 132
+// SMs x 2 blocks of this kernel; a cluster's blocks are scheduled together, so a second wave
+// would wait on whole clusters), and the tiles a cluster split may walk before the
+// split-and-merge launches win.
+constexpr int kDecodeBlockBudget = 264;
+constexpr int kClusterMaxTiles = 8;
 }  // namespace
 
 size_t attention_partial_floats(int n, int Hq, int D, int nsplit) { return size_t(n) * Hq * nsplit * (D + 2); }
