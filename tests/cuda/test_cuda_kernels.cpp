@@ -979,13 +979,13 @@ std::vector<std::vector<AttnSeq>> decode_batches() {
 }
 
 // attention_decode (RoPE + K/V store + attention in one kernel) against the CPU: every plan
-// shape (a cluster of 1, 2, 4 or 8 splits merged in the cluster; 1, 5 or 32 splits merged by the
+// shape (a cluster of 1, 2, 4, 8 or 16 splits merged in the cluster; 1, 5 or 32 splits merged by the
 // second launch; decode_attention_plan's choice), bf16 and fp8 KV, full and sliding layers,
 // page sizes 16 and 7, and the tiny preset's head_dim 32 with 2 query heads a kv head.
 TEST_F(Kernels, AttentionDecodeFused) {
   const int Hq = small_mode() ? 8 : 64, Hkv = small_mode() ? 1 : 8;
-  const std::vector<cuda::DecodeAttentionPlan> plans = {{1, true}, {2, true}, {4, true}, {8, true},
-                                                        {1, false}, {5, false}, {32, false}};
+  const std::vector<cuda::DecodeAttentionPlan> plans = {{1, true},  {2, true}, {4, true},  {8, true},
+                                                        {16, true}, {1, false}, {5, false}, {32, false}};
   int k = 0;
   for (auto& b : decode_batches())
     for (int window : {0, 128})
@@ -1027,7 +1027,7 @@ TEST_F(Kernels, AttentionDecodeFusedMatchesTwoKernels) {
     for (int window : {0, 128})
       for (bool fp8 : {false, true})
         for (auto plan : {cuda::DecodeAttentionPlan{1, true}, cuda::DecodeAttentionPlan{8, true},
-                          cuda::DecodeAttentionPlan{5, false}}) {
+                          cuda::DecodeAttentionPlan{16, true}, cuda::DecodeAttentionPlan{5, false}}) {
           std::vector<uint8_t> pool_two, pool_fused;
           AttnRun two{cuda::AttentionPath::kPerToken, 16, seed, {}};
           two.pool_after = &pool_two;

@@ -227,10 +227,11 @@ void attention(const bf16_t* qkv, int n, int Hq, int Hkv, int D, int window, con
 // heads, and the block whose split holds the token's position ropes k and stores k and v into the
 // pages (bf16 or fp8), using the stored values for that key directly. qkv is only read (q and k
 // stay unrotated there). Same result bits as rope_kv_store + attention with the same splits.
-// plan.cluster: the plan.nsplit (a power of two <= kDecodeClusterMax) splits of a (token, kv
-// head) form a thread-block cluster and merge through distributed shared memory (one launch);
-// else plan.nsplit (<= 32) splits go through `partial` and the merge kernel, as attention().
-constexpr int kDecodeClusterMax = 8;
+// plan.cluster: the plan.nsplit (a power of two <= kDecodeClusterMax; past 8 Hopper's
+// non-portable cluster sizes) splits of a (token, kv head) form a thread-block cluster and merge
+// through distributed shared memory (one launch); else plan.nsplit (<= 32) splits go through
+// `partial` and the merge kernel, as attention().
+constexpr int kDecodeClusterMax = 16;
 struct DecodeAttentionPlan {
   int nsplit = 1;
   bool cluster = true;

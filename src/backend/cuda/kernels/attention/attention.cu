@@ -13,6 +13,7 @@
 #include <cooperative_groups.h>
 
 #include <algorithm>
+#include <atomic>
 
 #include "backend/cuda/cuda_common.h"
 #include "backend/cuda/device_utils.cuh"
@@ -29,11 +30,14 @@ namespace {
 constexpr int kTile = 32;
 constexpr int kWarps = 8;  // query heads per kv head handled by one block (gpt-oss: 64 / 8)
 // Decode plan: blocks a launch may hold before more splits stop paying (one wave on an H200: 132
-// SMs x 2 blocks of this kernel; a cluster's blocks are scheduled together, so a second wave
-// would wait on whole clusters), and the tiles a cluster split may walk before the
-// split-and-merge launches win.
-constexpr int kDecodeBlockBudget = 264;
+// SMs x 4 blocks of this kernel at 64 registers a thread; a cluster's blocks are scheduled
+// together, so a second wave would wait on whole clusters), and the tiles a cluster split may
+// walk before the split-and-merge launches win.
+constexpr int kDecodeBlockBudget = 528;
 constexpr int kClusterMaxTiles = 8;
+// The plan's largest cluster: 8, the portable size (16, which Hopper allows as an opt-in, is
+// kept for bench-kernels and the tests until it has measured better).
+constexpr int kPlanClusterMax = 8;
 }  // namespace
 
 size_t attention_partial_floats(int n, int Hq, int D, int nsplit) { return size_t(n) * Hq * nsplit * (D + 2); }
@@ -97,9 +101,10 @@ enum class AttnMode {
   kFusedCluster,  // decode as kFusedPartial; the gridDim.z splits (a cluster) merge among themselves
 };
 
-// One block per (token, kv head, split): its warps are the group's query heads. The split's
-// 32-key tiles go through shared memory as floats; the next tile's loads are in flight (in
-// registers) while the current one is computed.
+// One block per (token, kv head, split): its warps are the group's query heads (their scaled q
+// in shared memory, read as broadcasts). The split's 32-key tiles go through shared memory as
+// floats; the loads of the next two tiles are in flight (in registers, two sets used in turn)
+// while the current one is computed.
 //
 // Fused modes (decode passes: every token is the one new token of its sequence): the block ropes
 // its query heads itself (rope_math.cuh, the same bits as rope_kv_store), and the block whose
@@ -125,7 +130,7 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel(const uint16_t* 
   __shared__ __align__(16) float Ks[kTile][PAD];
   __shared__ __align__(16) float Vs[kTile][PAD];
   __shared__ float Ps[kWarps][kTile];
-  __shared__ float q_new[kFused ? kWarps : 1][D];      // roped q of each head, bf16 values
+  __shared__ __align__(16) float q_s[kWarps][D];  // each head's q (roped, bf16 values) x 1/sqrt(D)
   __shared__ __align__(16) float k_new[kFused ? D : 1];  // the token's own k and v as stored
   __shared__ __align__(16) float v_new[kFused ? D : 1];
   __shared__ float rope_c[kFused ? HALF : 1], rope_s[kFused ? HALF : 1];
@@ -153,8 +158,8 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel(const uint16_t* 
 
   // Tile loads into registers (16 bytes of bf16 / 8 of fp8 a chunk); keys past the token's
   // position, and in fused modes the position itself, are not read.
-  uint4 raw[kPerThread];
-  auto load_tile = [&](int tile) {
+  uint4 ra[kPerThread], rb[kPerThread];
+  auto load_tile = [&](uint4(&raw)[kPerThread], int tile) {
     const int k0 = lo + tile * kTile;
 #pragma unroll
     for (int i = 0; i < kPerThread; ++i) {
@@ -176,7 +181,7 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel(const uint16_t* 
     }
   };
   // Registers -> the float tile (zeros past the position; the fused token's own k/v from k_new/v_new).
-  auto stage_tile = [&](int tile) {
+  auto stage_tile = [&](const uint4(&raw)[kPerThread], int tile) {
     const int k0 = lo + tile * kTile;
 #pragma unroll
     for (int i = 0; i < kPerThread; ++i) {
@@ -203,19 +208,19 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel(const uint16_t* 
   };
 
   const float scale = rsqrtf(float(D));
-  float q[D];
   if constexpr (kFused) {
     // Before the wait: nothing here depends on the previous kernel (the qkv projection).
     if (threadIdx.x < HALF) rope_cos_sin(pos, inv_freq[threadIdx.x], rope_scaling, &rope_c[threadIdx.x], &rope_s[threadIdx.x]);
-    if (tile0 < tile1) load_tile(tile0);
+    if (tile0 < tile1) load_tile(ra, tile0);
+    if (tile0 + 1 < tile1) load_tile(rb, tile0 + 1);
     pdl_begin();
     __syncthreads();  // rope_c / rope_s
     if (active && lane < HALF) {
       const uint16_t* hp = row + size_t(h) * D;
       const float2 r = rope_rotate(bf16_bits_to_f32(hp[lane]), bf16_bits_to_f32(hp[lane + HALF]), rope_c[lane],
                                    rope_s[lane]);
-      q_new[warp][lane] = round_to_bf16(r.x);
-      q_new[warp][lane + HALF] = round_to_bf16(r.y);
+      q_s[warp][lane] = round_to_bf16(r.x) * scale;
+      q_s[warp][lane + HALF] = round_to_bf16(r.y) * scale;
     }
     // The split that holds the last tile holds the token's position: it stores k and v.
     if (tile0 < tile1 && tile1 == ntiles && warp >= kWarps - 2) {
@@ -255,44 +260,38 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel(const uint16_t* 
         }
       }
     }
-    __syncthreads();  // q_new, k_new, v_new
-    if (active) {
-#pragma unroll
-      for (int d = 0; d < D; ++d) q[d] = q_new[warp][d] * scale;
-    }
+    __syncthreads();  // q_s, k_new, v_new
   } else {
-    if (tile0 < tile1) load_tile(tile0);
-    if (active) {
-      const uint4* qp = reinterpret_cast<const uint4*>(row + size_t(h) * D);
-#pragma unroll
-      for (int c = 0; c < D / 8; ++c) {
-        uint4 v = qp[c];
-        const uint32_t* w = reinterpret_cast<const uint32_t*>(&v);
+    if (tile0 < tile1) load_tile(ra, tile0);
+    if (tile0 + 1 < tile1) load_tile(rb, tile0 + 1);
+    if (active) {  // lane i: dims 8 i .. 8 i + 7
+      for (int c = lane; c < D / 8; c += 32) {
+        const uint4 v = reinterpret_cast<const uint4*>(row + size_t(h) * D)[c];
+        const uint32_t w[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
-          float2 f = bf16x2_to_f32x2(w[i]);
-          q[c * 8 + 2 * i] = f.x * scale;
-          q[c * 8 + 2 * i + 1] = f.y * scale;
+          const float2 f = bf16x2_to_f32x2(w[i]);
+          q_s[warp][c * 8 + 2 * i] = f.x * scale;
+          q_s[warp][c * 8 + 2 * i + 1] = f.y * scale;
         }
       }
     }
+    __syncwarp();  // a warp reads only its own head's q
   }
   float m = -INFINITY, l = 0.f, o[DPL];
 #pragma unroll
   for (int i = 0; i < DPL; ++i) o[i] = 0.f;
 
-  for (int tile = tile0; tile < tile1; ++tile) {
+  auto compute_tile = [&](int tile) {
     const int k0 = lo + tile * kTile;
-    stage_tile(tile);
-    if (tile + 1 < tile1) load_tile(tile + 1);  // in flight while this tile is computed
-    __syncthreads();
     if (active) {
       const bool valid = k0 + lane <= pos;
       float s = 0.f;
 #pragma unroll
       for (int d = 0; d < D; d += 4) {
-        float4 kk = *reinterpret_cast<const float4*>(&Ks[lane][d]);
-        s += q[d] * kk.x + q[d + 1] * kk.y + q[d + 2] * kk.z + q[d + 3] * kk.w;
+        const float4 kk = *reinterpret_cast<const float4*>(&Ks[lane][d]);
+        const float4 qq = *reinterpret_cast<const float4*>(&q_s[warp][d]);
+        s += qq.x * kk.x + qq.y * kk.y + qq.z * kk.z + qq.w * kk.w;
       }
       s = valid ? s : -INFINITY;
       float mnew = fmaxf(m, warp_max(s));
@@ -312,6 +311,19 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel(const uint16_t* 
       }
       __syncwarp();
     }
+  };
+  // Tiles in order, two at a time: ra holds tile, rb tile + 1; each refills with the tile two on.
+  for (int tile = tile0; tile < tile1; tile += 2) {
+    stage_tile(ra, tile);
+    if (tile + 2 < tile1) load_tile(ra, tile + 2);
+    __syncthreads();
+    compute_tile(tile);
+    __syncthreads();
+    if (tile + 1 >= tile1) break;
+    stage_tile(rb, tile + 1);
+    if (tile + 3 < tile1) load_tile(rb, tile + 3);
+    __syncthreads();
+    compute_tile(tile + 1);
     __syncthreads();
   }
   if constexpr (MODE != AttnMode::kFusedCluster) {
@@ -416,7 +428,7 @@ DecodeAttentionPlan decode_attention_plan(int n, int Hkv, int max_keys, int spli
   // As many cluster splits as the block budget allows (empty splits cost a block that only
   // syncs: the plan does not follow the context, so a captured graph serves every step).
   int c = 1;
-  while (c < kDecodeClusterMax && n * Hkv * c * 2 <= kDecodeBlockBudget) c *= 2;
+  while (c < kPlanClusterMax && n * Hkv * c * 2 <= kDecodeBlockBudget) c *= 2;
   const int tiles = (std::max(max_keys, 1) + kTile - 1) / kTile;
   if ((tiles + c - 1) / c > kClusterMaxTiles && split_nsplit > c) return DecodeAttentionPlan{split_nsplit, false};
   return DecodeAttentionPlan{c, true};
@@ -439,6 +451,17 @@ void launch_decode(const uint16_t* q, int n, int Hq, int Hkv, int window, const 
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
   cfg.numAttrs = 1;
+  if (MODE == AttnMode::kFusedCluster && nsplit > 8) {
+    // Clusters past the portable 8 blocks are an opt-in per kernel and device.
+    static std::atomic<uint64_t> allowed{0};
+    int dev = 0;
+    GPTOSS_CUDA_CHECK(cudaGetDevice(&dev));
+    const uint64_t bit = uint64_t(1) << (dev & 63);
+    if (!(allowed.load() & bit)) {
+      GPTOSS_CUDA_CHECK(cudaFuncSetAttribute(attention_kernel<D, MODE>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+      allowed.fetch_or(bit);
+    }
+  }
   if (MODE == AttnMode::kFusedCluster && nsplit > 1) {
     attr[1].id = cudaLaunchAttributeClusterDimension;
     attr[1].val.clusterDim.x = 1;
