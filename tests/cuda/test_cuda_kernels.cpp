@@ -1017,6 +1017,41 @@ TEST_F(Kernels, AttentionDecodeFused) {
   }
 }
 
+// The decode plan (host only, runs without a GPU): a cluster of a power-of-two splits up to 8
+// within one wave of blocks (528) unless a split would walk more than 8 tiles of 32 keys and the
+// backend's split-and-merge count is larger; a plan never depends on the context otherwise (a
+// captured graph serves every step until the context crosses that line).
+TEST(DecodeAttentionPlan, ClustersWithinAWaveSplitsForLongContexts) {
+  for (int Hkv : {1, 4, 8})
+    for (int n = 1; n <= 64; ++n) {
+      const int split = std::clamp((264 + n * Hkv - 1) / (n * Hkv), 1, 32);  // CudaBackend::splits_for
+      const cuda::DecodeAttentionPlan shortp = cuda::decode_attention_plan(n, Hkv, 100, split);
+      const std::string at = "n=" + std::to_string(n) + " Hkv=" + std::to_string(Hkv);
+      ASSERT_TRUE(shortp.cluster) << at;
+      EXPECT_EQ(shortp.nsplit & (shortp.nsplit - 1), 0) << at;
+      EXPECT_LE(shortp.nsplit, 8) << at;
+      EXPECT_TRUE(shortp.nsplit == 1 || n * Hkv * shortp.nsplit <= 528) << at;
+      EXPECT_TRUE(shortp.nsplit == 8 || n * Hkv * shortp.nsplit * 2 > 528) << at << ": room for more splits";
+      for (int keys : {1, 128, 576, 2048, 4096, 32768, 131072}) {
+        const cuda::DecodeAttentionPlan p = cuda::decode_attention_plan(n, Hkv, keys, split);
+        const int tiles = (keys + 31) / 32;
+        if (p.cluster) {
+          EXPECT_EQ(p.nsplit, shortp.nsplit) << at << " keys=" << keys;
+          EXPECT_TRUE((tiles + p.nsplit - 1) / p.nsplit <= 8 || split <= p.nsplit) << at << " keys=" << keys;
+        } else {
+          EXPECT_EQ(p.nsplit, split) << at << " keys=" << keys;
+          EXPECT_GT(split, shortp.nsplit) << at << " keys=" << keys;
+          EXPECT_GT((tiles + shortp.nsplit - 1) / shortp.nsplit, 8) << at << " keys=" << keys;
+        }
+      }
+    }
+  // gpt-oss at one sequence: 8 splits in a cluster at short context, 32 through the merge kernel
+  // past 2048 keys.
+  EXPECT_TRUE(cuda::decode_attention_plan(1, 8, 576, 32).cluster);
+  EXPECT_EQ(cuda::decode_attention_plan(1, 8, 576, 32).nsplit, 8);
+  EXPECT_FALSE(cuda::decode_attention_plan(1, 8, 4096, 32).cluster);
+}
+
 // The fused kernel against rope_kv_store + attention with the same splits: the same output bits
 // and the same K/V bytes in the pages (both round k and v the same way and share the split
 // boundaries, the per-tile arithmetic and the merge code, the cluster merge included).
