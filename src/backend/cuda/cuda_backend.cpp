@@ -165,9 +165,10 @@ class CudaBackend final : public Backend {
   // do not depend on its batch companions, the batch size or preemption.
   bool invariant_ = false;
   // GPTOSS_DECODE_ATTENTION: how decode passes (one new token a sequence) run attention:
-  // kAuto = attention_decode with decode_attention_plan's cluster merge, kSplit = attention_decode
-  // with the split-and-merge launches at splits_for(n), kOff = rope_kv_store + attention.
-  enum class DecodeAttn { kAuto, kSplit, kOff } decode_attn_ = DecodeAttn::kAuto;
+  // kAuto = attention_decode with decode_attention_plan's cluster merge (kAuto16: clusters of up
+  // to 16), kSplit = attention_decode with the split-and-merge launches at splits_for(n), kOff =
+  // rope_kv_store + attention.
+  enum class DecodeAttn { kAuto, kAuto16, kSplit, kOff } decode_attn_ = DecodeAttn::kAuto;
   // --dense-gemm: prefill GEMMs of the bf16 dense layers on cuBLASLt (null: our own kernels).
   std::unique_ptr<CublasLtGemm> blas_;
   WeightMat::Format dense_dec_ = WeightMat::kFragBF16;  // --dense-dtype
@@ -325,12 +326,14 @@ CudaBackend::CudaBackend(const BackendOptions& opts) {
     const std::string v = da;
     if (v == "auto" || v.empty())
       decode_attn_ = DecodeAttn::kAuto;
+    else if (v == "auto16")
+      decode_attn_ = DecodeAttn::kAuto16;
     else if (v == "split")
       decode_attn_ = DecodeAttn::kSplit;
     else if (v == "off")
       decode_attn_ = DecodeAttn::kOff;
     else
-      throw Error("GPTOSS_DECODE_ATTENTION=" + v + ": expected auto, split or off");
+      throw Error("GPTOSS_DECODE_ATTENTION=" + v + ": expected auto, auto16, split or off");
   }
   if (profile_) GPTOSS_CUDA_CHECK(cudaEventCreate(&prof_start_));
 }
@@ -748,8 +751,9 @@ int CudaBackend::plan_decode_attention(const Staged& st, int n, bool one_each, P
   if (decode_attn_ == DecodeAttn::kSplit) {
     m->attn_full = m->attn_sliding = DecodeAttentionPlan{splits_for(n), false};
   } else {
-    m->attn_full = decode_attention_plan(n, cfg_.num_kv_heads, full_keys, splits_for(n));
-    m->attn_sliding = decode_attention_plan(n, cfg_.num_kv_heads, sliding_keys, splits_for(n));
+    const int most = decode_attn_ == DecodeAttn::kAuto16 ? 16 : 8;
+    m->attn_full = decode_attention_plan(n, cfg_.num_kv_heads, full_keys, splits_for(n), most);
+    m->attn_sliding = decode_attention_plan(n, cfg_.num_kv_heads, sliding_keys, splits_for(n), most);
   }
   auto code = [](const DecodeAttentionPlan& p) { return p.nsplit * 2 + (p.cluster ? 1 : 0); };
   return 1 + code(m->attn_full) * 1000 + code(m->attn_sliding);

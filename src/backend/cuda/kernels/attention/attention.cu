@@ -35,9 +35,6 @@ constexpr int kWarps = 8;  // query heads per kv head handled by one block (gpt-
 // walk before the split-and-merge launches win.
 constexpr int kDecodeBlockBudget = 528;
 constexpr int kClusterMaxTiles = 8;
-// The plan's largest cluster: 8, the portable size (16, which Hopper allows as an opt-in, is
-// kept for bench-kernels and the tests until it has measured better).
-constexpr int kPlanClusterMax = 8;
 }  // namespace
 
 size_t attention_partial_floats(int n, int Hq, int D, int nsplit) { return size_t(n) * Hq * nsplit * (D + 2); }
@@ -424,11 +421,12 @@ void attention(const bf16_t* qkv, int n, int Hq, int Hkv, int D, int window, con
   GPTOSS_CUDA_LAUNCH_CHECK();
 }
 
-DecodeAttentionPlan decode_attention_plan(int n, int Hkv, int max_keys, int split_nsplit) {
+DecodeAttentionPlan decode_attention_plan(int n, int Hkv, int max_keys, int split_nsplit, int max_cluster) {
   // As many cluster splits as the block budget allows (empty splits cost a block that only
   // syncs: the plan does not follow the context, so a captured graph serves every step).
   int c = 1;
-  while (c < kPlanClusterMax && n * Hkv * c * 2 <= kDecodeBlockBudget) c *= 2;
+  max_cluster = std::clamp(max_cluster, 1, kDecodeClusterMax);
+  while (2 * c <= max_cluster && n * Hkv * c * 2 <= kDecodeBlockBudget) c *= 2;
   const int tiles = (std::max(max_keys, 1) + kTile - 1) / kTile;
   if ((tiles + c - 1) / c > kClusterMaxTiles && split_nsplit > c) return DecodeAttentionPlan{split_nsplit, false};
   return DecodeAttentionPlan{c, true};
