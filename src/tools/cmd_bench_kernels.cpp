@@ -24,7 +24,7 @@ gptoss::tools::RegisterCommand reg({"bench-kernels", "Time each decode kernel (a
                   "Batch (tokens): decode sizes up to 64; past 64 the prefill expert GEMMs (v1/v2, v3 on Hopper) are timed too")
       ->capture_default_str()
       ->check(CLI::Range(1, 8192));
-  app->add_flag("--attention-only", a->attention_only, "Only the prefill attention rows (per-token vs flash kernel)");
+  app->add_flag("--attention-only", a->attention_only, "Only the attention rows (decode: three launches vs the fused kernel; prefill: per-token vs flash kernel)");
   return [a]() {
 #ifdef GPTOSS_HAVE_CUDA
     gptoss::cuda::KernelBenchOptions o;

@@ -965,6 +965,11 @@ struct AttnRun {
   int page_size = 16;
   uint64_t seed = 0;
   cuda::AttentionPassInfo info;  // kAuto's hints (zeros: per-token kernel only)
+  // attention_decode with `plan` for the new tokens (one a sequence) instead of rope_kv_store +
+  // attention; the history is stored by rope_kv_store either way.
+  bool fused = false;
+  cuda::DecodeAttentionPlan plan;
+  std::vector<uint8_t>* pool_after = nullptr;  // if set: the KV pages after the pass
 };
 
 // Returns the kernel's output rows (pass order: sequence after sequence).
@@ -1020,15 +1025,23 @@ std::vector<float> check_attention(const std::vector<AttnSeq>& seqs, int window,
     Dev<uint16_t> dq(to_bf16(rows));
     Dev<int32_t> dpos(pos), doff(off);
     cuda::TokenMeta tm{dpos.p(), doff.p(), dpt.p()};
-    cuda::rope_kv_store(dq.p(), n, Hq, Hkv, D, dinv.p(), yarn.attention_scaling, tm, kv, 0);
+    if (history || !run.fused) cuda::rope_kv_store(dq.p(), n, Hq, Hkv, D, dinv.p(), yarn.attention_scaling, tm, kv, 0);
     if (history) {
       GPTOSS_CUDA_CHECK(cudaDeviceSynchronize());
       return std::make_pair(std::vector<float>(), std::vector<float>());
     }
-    Dev<float> part(cuda::attention_partial_floats(n, Hq, D, nsplit));
+    Dev<float> part(cuda::attention_partial_floats(n, Hq, D, std::max(nsplit, run.plan.nsplit)));
     Dev<uint16_t> out(size_t(n) * Hq * D);
-    cuda::attention(dq.p(), n, Hq, Hkv, D, window, dsinks.p(), tm, kv, nsplit, part.p(), out.p(), 0, run.path,
-                    run.info);
+    if (run.fused)
+      cuda::attention_decode(dq.p(), n, Hq, Hkv, D, window, dsinks.p(), dinv.p(), yarn.attention_scaling, tm, kv,
+                             run.plan, part.p(), out.p(), 0);
+    else
+      cuda::attention(dq.p(), n, Hq, Hkv, D, window, dsinks.p(), tm, kv, nsplit, part.p(), out.p(), 0, run.path,
+                      run.info);
+    if (run.pool_after) {
+      run.pool_after->resize(pool.n);
+      GPTOSS_CUDA_CHECK(cudaMemcpy(run.pool_after->data(), pool.p(), pool.n, cudaMemcpyDeviceToHost));
+    }
     return std::make_pair(from_bf16(out.download()), from_bf16(dq.download()));
   };
   run_pass(true);
@@ -1072,8 +1085,10 @@ std::vector<float> check_attention(const std::vector<AttnSeq>& seqs, int window,
                      std::to_string(seqs[0].start) + " n=" + std::to_string(seqs[0].n) +
                      " ps=" + std::to_string(ps) + " Hq/Hkv=" + std::to_string(Hq) + "/" + std::to_string(Hkv) +
                      (run.path == cuda::AttentionPath::kFlash ? " flash" : "") +
-                     (run.info.max_seq_tokens ? " auto max_seq_tokens=" + std::to_string(run.info.max_seq_tokens) : "");
-  EXPECT_LE(rel_err(got_q, ref_q), 1e-2) << "rope: " << what;
+                     (run.info.max_seq_tokens ? " auto max_seq_tokens=" + std::to_string(run.info.max_seq_tokens) : "") +
+                     (run.fused ? " fused plan=" + std::to_string(run.plan.nsplit) + (run.plan.cluster ? " cluster" : " split")
+                                : "");
+  if (!run.fused) EXPECT_LE(rel_err(got_q, ref_q), 1e-2) << "rope: " << what;  // fused: q is left unrotated
   double e = rel_err(got, ref);
   EXPECT_LE(e, 1.5e-2) << what;
   // Token by token too, so one wrong row (a mask off by one at a tile or page edge) cannot hide
@@ -1112,6 +1127,129 @@ TEST_F(Kernels, AttentionPaged) {
         }
   // The tiny preset's shape: head_dim 32, 2 query heads per kv head.
   check_attention({{30, 3}}, 16, false, 2, 4, 2, 32);
+}
+
+// Decode batches for the fused kernel: one new token a sequence at positions around the 128-key
+// window, the 32-key tiles and the pages (16 and 7 slots), 1, 7, 33 and 64 sequences of
+// different lengths.
+std::vector<std::vector<AttnSeq>> decode_batches() {
+  std::vector<std::vector<AttnSeq>> b = {
+      {{0, 1}},    // the first token: its own k/v only
+      {{127, 1}},  // 128 keys: the whole window, 4 tiles
+      {{160, 1}},  // window start mid-page, mid-tile
+      {{5, 1}, {15, 1}, {16, 1}, {31, 1}, {128, 1}, {129, 1}, {700, 1}},  // 7 sequences
+  };
+  std::vector<AttnSeq> s33, s64;
+  for (int i = 0; i < 33; ++i) s33.push_back({(i * 97 + 3) % 620, 1});
+  for (int i = 0; i < 64; ++i) s64.push_back({i == 63 ? 2500 : (i * 53 + i * i) % 400, 1});
+  b.push_back(s33);
+  if (!small_mode()) b.push_back(s64);
+  return b;
+}
+
+// attention_decode (RoPE + K/V store + attention in one kernel) against the CPU: every plan
+// shape (a cluster of 1, 2, 4, 8 or 16 splits merged in the cluster; 1, 5 or 32 splits merged by the
+// second launch; decode_attention_plan's choice), bf16 and fp8 KV, full and sliding layers,
+// page sizes 16 and 7, and the tiny preset's head_dim 32 with 2 query heads a kv head.
+TEST_F(Kernels, AttentionDecodeFused) {
+  const int Hq = small_mode() ? 8 : 64, Hkv = small_mode() ? 1 : 8;
+  const std::vector<cuda::DecodeAttentionPlan> plans = {{1, true},  {2, true}, {4, true},  {8, true},
+                                                        {16, true}, {1, false}, {5, false}, {32, false}};
+  int k = 0;
+  for (auto& b : decode_batches())
+    for (int window : {0, 128})
+      for (bool fp8 : {false, true}) {
+        int max_keys = 0;
+        for (auto& q : b) max_keys = std::max(max_keys, window ? std::min(q.start + 1, window) : q.start + 1);
+        std::vector<cuda::DecodeAttentionPlan> these = {
+            cuda::decode_attention_plan(int(b.size()), Hkv, max_keys, 32)};
+        // Every plan on the small batches; two more, in turn, on the big ones (CPU time).
+        if (b.size() <= 7)
+          these.insert(these.end(), plans.begin(), plans.end());
+        else
+          for (int i = 0; i < 2; ++i) these.push_back(plans[k++ % plans.size()]);
+        for (const auto& plan : these) {
+          AttnRun run;
+          run.page_size = (k++ % 2) ? 7 : 16;
+          run.fused = true;
+          run.plan = plan;
+          check_attention(b, window, fp8, 1, Hq, Hkv, 64, run);
+        }
+      }
+  AttnRun tiny;
+  tiny.fused = true;
+  for (auto plan : {cuda::DecodeAttentionPlan{1, true}, cuda::DecodeAttentionPlan{4, true},
+                    cuda::DecodeAttentionPlan{3, false}}) {
+    tiny.plan = plan;
+    check_attention({{30, 1}, {3, 1}, {17, 1}}, 16, false, 1, 4, 2, 32, tiny);
+    check_attention({{40, 1}, {0, 1}}, 0, true, 1, 4, 2, 32, tiny);
+  }
+}
+
+// The decode plan (host only, runs without a GPU): a cluster of a power-of-two splits up to 8
+// within one wave of blocks (528) unless a split would walk more than 8 tiles of 32 keys and the
+// backend's split-and-merge count is larger; a plan never depends on the context otherwise (a
+// captured graph serves every step until the context crosses that line).
+TEST(DecodeAttentionPlan, ClustersWithinAWaveSplitsForLongContexts) {
+  for (int Hkv : {1, 4, 8})
+    for (int n = 1; n <= 64; ++n) {
+      const int split = std::clamp((264 + n * Hkv - 1) / (n * Hkv), 1, 32);  // CudaBackend::splits_for
+      const cuda::DecodeAttentionPlan shortp = cuda::decode_attention_plan(n, Hkv, 100, split);
+      const std::string at = "n=" + std::to_string(n) + " Hkv=" + std::to_string(Hkv);
+      ASSERT_TRUE(shortp.cluster) << at;
+      EXPECT_EQ(shortp.nsplit & (shortp.nsplit - 1), 0) << at;
+      EXPECT_LE(shortp.nsplit, 8) << at;
+      EXPECT_TRUE(shortp.nsplit == 1 || n * Hkv * shortp.nsplit <= 528) << at;
+      EXPECT_TRUE(shortp.nsplit == 8 || n * Hkv * shortp.nsplit * 2 > 528) << at << ": room for more splits";
+      for (int keys : {1, 128, 576, 2048, 4096, 32768, 131072}) {
+        const cuda::DecodeAttentionPlan p = cuda::decode_attention_plan(n, Hkv, keys, split);
+        const int tiles = (keys + 31) / 32;
+        if (p.cluster) {
+          EXPECT_EQ(p.nsplit, shortp.nsplit) << at << " keys=" << keys;
+          EXPECT_TRUE((tiles + p.nsplit - 1) / p.nsplit <= 8 || split <= p.nsplit) << at << " keys=" << keys;
+        } else {
+          EXPECT_EQ(p.nsplit, split) << at << " keys=" << keys;
+          EXPECT_GT(split, shortp.nsplit) << at << " keys=" << keys;
+          EXPECT_GT((tiles + shortp.nsplit - 1) / shortp.nsplit, 8) << at << " keys=" << keys;
+        }
+      }
+    }
+  // gpt-oss at one sequence: 8 splits in a cluster at short context, 32 through the merge kernel
+  // past 2048 keys.
+  EXPECT_TRUE(cuda::decode_attention_plan(1, 8, 576, 32).cluster);
+  EXPECT_EQ(cuda::decode_attention_plan(1, 8, 576, 32).nsplit, 8);
+  EXPECT_FALSE(cuda::decode_attention_plan(1, 8, 4096, 32).cluster);
+}
+
+// The fused kernel against rope_kv_store + attention with the same splits: the same output bits
+// and the same K/V bytes in the pages (both round k and v the same way and share the split
+// boundaries, the per-tile arithmetic and the merge code, the cluster merge included).
+TEST_F(Kernels, AttentionDecodeFusedMatchesTwoKernels) {
+  const int Hq = small_mode() ? 8 : 64, Hkv = small_mode() ? 1 : 8;
+  const uint64_t seed = fresh_seed() | 1;
+  for (auto& b : decode_batches())
+    for (int window : {0, 128})
+      for (bool fp8 : {false, true})
+        for (auto plan : {cuda::DecodeAttentionPlan{1, true}, cuda::DecodeAttentionPlan{8, true},
+                          cuda::DecodeAttentionPlan{16, true}, cuda::DecodeAttentionPlan{5, false}}) {
+          std::vector<uint8_t> pool_two, pool_fused;
+          AttnRun two{cuda::AttentionPath::kPerToken, 16, seed, {}};
+          two.pool_after = &pool_two;
+          AttnRun fused = two;
+          fused.fused = true;
+          fused.plan = plan;
+          fused.pool_after = &pool_fused;
+          auto a = check_attention(b, window, fp8, plan.nsplit, Hq, Hkv, 64, two);
+          auto f = check_attention(b, window, fp8, plan.nsplit, Hq, Hkv, 64, fused);
+          const std::string at = "seqs=" + std::to_string(b.size()) + " window=" + std::to_string(window) +
+                                 " fp8=" + std::to_string(fp8) + " nsplit=" + std::to_string(plan.nsplit) +
+                                 (plan.cluster ? " cluster" : " split");
+          ASSERT_EQ(a.size(), f.size()) << at;
+          size_t differ = 0;
+          for (size_t i = 0; i < a.size(); ++i) differ += std::memcmp(&a[i], &f[i], 4) != 0;
+          EXPECT_EQ(differ, 0u) << at << ": output elements differing";
+          EXPECT_TRUE(pool_two == pool_fused) << at << ": KV pages differ";
+        }
 }
 
 // The tensor-core flash kernel (AttentionPath::kFlash) against the CPU reference: prompt lengths

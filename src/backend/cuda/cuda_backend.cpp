@@ -11,6 +11,7 @@
 #include <cstring>
 #include <map>
 #include <thread>
+#include <tuple>
 #include <string>
 #include <vector>
 
@@ -112,6 +113,10 @@ class CudaBackend final : public Backend {
     const int32_t* pt;
     const int32_t* rows;
     AttentionPassInfo attn;  // sequences and their new tokens in the pass (attention's kernel choice)
+    // Every token the one new token of its sequence: RoPE, K/V store and attention in one
+    // kernel (attention_decode), with these plans for full and sliding layers.
+    bool decode_attn = false;
+    DecodeAttentionPlan attn_full, attn_sliding;
   };
   void run_pass(int n, const PassMeta& m, int n_rows, int nsplit);
   void lm_head(const int32_t* rows, int n_rows);
@@ -123,6 +128,9 @@ class CudaBackend final : public Backend {
     AttentionPassInfo attn;
   };
   PassMeta upload_meta(const Staged& st, int n, int n_rows);
+  // Sets m's decode attention fields for a pass of n tokens staged in st (one_each: every
+  // sequence brings one token); returns a key for the graph cache (0: not fused).
+  int plan_decode_attention(const Staged& st, int n, bool one_each, PassMeta* m) const;
   void stage_chunk(const ForwardBatch& b, int t0, int t1, Staged* st, std::vector<int>* out_index);
   void run_graph_step(const ForwardBatch& b);
   // Exactly one of logits (copy them back), greedy (argmax ids) or `how` with ids (sample).
@@ -156,6 +164,11 @@ class CudaBackend final : public Backend {
   // fragment weights, the K-split GEMV for the router, one attention split), so a row's logits
   // do not depend on its batch companions, the batch size or preemption.
   bool invariant_ = false;
+  // GPTOSS_DECODE_ATTENTION: how decode passes (one new token a sequence) run attention:
+  // kAuto = attention_decode with decode_attention_plan's cluster merge (kAuto16: clusters of up
+  // to 16), kSplit = attention_decode with the split-and-merge launches at splits_for(n), kOff =
+  // rope_kv_store + attention.
+  enum class DecodeAttn { kAuto, kAuto16, kSplit, kOff } decode_attn_ = DecodeAttn::kAuto;
   // --dense-gemm: prefill GEMMs of the bf16 dense layers on cuBLASLt (null: our own kernels).
   std::unique_ptr<CublasLtGemm> blas_;
   WeightMat::Format dense_dec_ = WeightMat::kFragBF16;  // --dense-dtype
@@ -185,7 +198,8 @@ class CudaBackend final : public Backend {
   int32_t* h_meta_ = nullptr;  // pinned
 
   // Captured decode passes by padded size (and tapped layers: graphs that store device taps).
-  using GraphKey = std::pair<int, std::vector<int32_t>>;
+  // (padded size, decode attention plan key, tapped layers)
+  using GraphKey = std::tuple<int, int, std::vector<int32_t>>;
   std::map<GraphKey, cudaGraphExec_t> graphs_;
   StepTimeline timeline_;  // GPTOSS_CUDA_TIMELINE=1: GPU idle time between passes
   Mxfp4Layers mx_layers_;  // dense layers stored as MXFP4 (--mxfp4-layers)
@@ -308,6 +322,19 @@ CudaBackend::CudaBackend(const BackendOptions& opts) {
   GPTOSS_CUDA_CHECK(cudaStreamSynchronize(stream_));
   profile_ = std::getenv("GPTOSS_CUDA_PROFILE") != nullptr;
   if (const char* sk = std::getenv("GPTOSS_CUDA_SKIP")) skip_ = sk;
+  if (const char* da = std::getenv("GPTOSS_DECODE_ATTENTION")) {
+    const std::string v = da;
+    if (v == "auto" || v.empty())
+      decode_attn_ = DecodeAttn::kAuto;
+    else if (v == "auto16")
+      decode_attn_ = DecodeAttn::kAuto16;
+    else if (v == "split")
+      decode_attn_ = DecodeAttn::kSplit;
+    else if (v == "off")
+      decode_attn_ = DecodeAttn::kOff;
+    else
+      throw Error("GPTOSS_DECODE_ATTENTION=" + v + ": expected auto, auto16, split or off");
+  }
   if (profile_) GPTOSS_CUDA_CHECK(cudaEventCreate(&prof_start_));
 }
 
@@ -715,6 +742,24 @@ int CudaBackend::splits_for(int n) const {
   return std::clamp(s, 1, kMaxSplits);
 }
 
+int CudaBackend::plan_decode_attention(const Staged& st, int n, bool one_each, PassMeta* m) const {
+  m->decode_attn = one_each && !invariant_ && decode_attn_ != DecodeAttn::kOff;
+  if (!m->decode_attn) return 0;
+  int max_pos = 0;
+  for (int32_t p : st.pos) max_pos = std::max(max_pos, p);
+  const int full_keys = max_pos + 1;
+  const int sliding_keys = cfg_.sliding_window > 0 ? std::min(full_keys, cfg_.sliding_window) : full_keys;
+  if (decode_attn_ == DecodeAttn::kSplit) {
+    m->attn_full = m->attn_sliding = DecodeAttentionPlan{splits_for(n), false};
+  } else {
+    const int most = decode_attn_ == DecodeAttn::kAuto16 ? 16 : 8;
+    m->attn_full = decode_attention_plan(n, cfg_.num_kv_heads, full_keys, splits_for(n), most);
+    m->attn_sliding = decode_attention_plan(n, cfg_.num_kv_heads, sliding_keys, splits_for(n), most);
+  }
+  auto code = [](const DecodeAttentionPlan& p) { return p.nsplit * 2 + (p.cluster ? 1 : 0); };
+  return 1 + code(m->attn_full) * 1000 + code(m->attn_sliding);
+}
+
 CudaBackend::PassMeta CudaBackend::upload_meta(const Staged& st, int n, int n_rows) {
   timeline_.work(stream_);
   size_t need = 4 * size_t(n) + n_rows + st.pt.size() + kMaxLogitRows + 16;
@@ -743,7 +788,7 @@ CudaBackend::PassMeta CudaBackend::upload_meta(const Staged& st, int n, int n_ro
   size_t orows = put(st.rows, n_rows), opt = put(st.pt, st.pt.size());
   GPTOSS_CUDA_CHECK(cudaMemcpyAsync(meta_.get(), h, o * 4, cudaMemcpyHostToDevice, stream_));
   const int32_t* d = meta_.get<int32_t>();
-  return PassMeta{d + ot, d + op, {d + o0, d + o1}, d + opt, d + orows, st.attn};
+  return PassMeta{d + ot, d + op, {d + o0, d + o1}, d + opt, d + orows, st.attn, false, {}, {}};
 }
 
 void CudaBackend::lm_head(const int32_t* rows, int n_rows) {
@@ -778,14 +823,18 @@ void CudaBackend::run_pass(int n, const PassMeta& m, int n_rows, int nsplit) {
     const WeightMat& Wo = small && L.o_dec.fmt != WeightMat::kBF16 ? L.o_dec : L.o;
     if (!skip("dense")) linear(Wqkv, xn_, H, n, Epilogue{Epilogue::kStoreBF16, qkv_, QKV}, stream_, inv, blas_.get());
     mark("qkv");
-    if (!skip("attn"))
+    if (!skip("attn") && m.decode_attn) {
+      attention_decode(qkv_, n, c.num_heads, c.num_kv_heads, c.head_dim, L.sliding ? c.sliding_window : 0, L.sinks,
+                       inv_freq_, yarn_.attention_scaling, tm, kv, L.sliding ? m.attn_sliding : m.attn_full, partial_,
+                       attn_, stream_);
+    } else if (!skip("attn")) {
       rope_kv_store(qkv_, n, c.num_heads, c.num_kv_heads, c.head_dim, inv_freq_, yarn_.attention_scaling, tm, kv,
                     stream_);
-    mark("rope_kv");
-    if (!skip("attn"))
+      mark("rope_kv");
       attention(qkv_, n, c.num_heads, c.num_kv_heads, c.head_dim, L.sliding ? c.sliding_window : 0, L.sinks, tm, kv,
                 nsplit, partial_, attn_, stream_, inv ? AttentionPath::kFlash : AttentionPath::kAuto,
                 m.attn);
+    }
     mark("attention");
     tp_zero_x_off_root(n);
     if (!skip("dense")) linear(Wo, attn_, c.q_dim(), n, Epilogue{Epilogue::kAddF32, x_, H}, stream_, inv, blas_.get());
@@ -958,6 +1007,7 @@ void CudaBackend::run_batch_impl(const ForwardBatch& b, float* logits, int32_t* 
     while (B < M) B *= 2;
     Staged st;
     stage_chunk(b, 0, M, &st, nullptr);
+    const bool one_each = st.attn.max_seq_tokens == 1;
     // A graph is replayed for other batches of its bucket: attention's kernel choice must not
     // follow this batch's shape (a capture of 16-token sequences would hold only the flash
     // kernel, wrong for a later decode step). The per-token kernel serves any pass.
@@ -979,8 +1029,10 @@ void CudaBackend::run_batch_impl(const ForwardBatch& b, float* logits, int32_t* 
       if (t < 0 || t >= M) throw Error("cuda backend: logit row out of range");
     for (int i = 0; i < B; ++i) st.rows.push_back(i);
     PassMeta pm = upload_meta(st, B, B);
-    // Graphs with device taps are their own (they hold the tap stores), per set of tapped layers.
-    const GraphKey key{B, taps_dev ? b.tap_layers : std::vector<int32_t>{}};
+    // Graphs with device taps are their own (they hold the tap stores), per set of tapped layers;
+    // decode passes (one token a sequence) have their own, per decode attention plan.
+    const int attn_key = plan_decode_attention(st, B, one_each, &pm);
+    const GraphKey key{B, attn_key, taps_dev ? b.tap_layers : std::vector<int32_t>{}};
     auto it = graphs_.find(key);
     if (it == graphs_.end()) {
       cudaGraph_t graph;
@@ -1048,6 +1100,7 @@ void CudaBackend::run_batch_impl(const ForwardBatch& b, float* logits, int32_t* 
     int first = std::min<int>(kMaxLogitRows, outs.size());
     for (int i = 0; i < first; ++i) st.rows.push_back(row_of[b.logit_rows[outs[i]] - t0]);
     PassMeta pm = upload_meta(st, n, first);
+    plan_decode_attention(st, n, st.attn.max_seq_tokens == 1, &pm);
     if (taps_dev) {
       // The whole batch's rows (chunks fill their parts); pass row -> batch token.
       if (t0 == 0 && dev_taps_.bytes() < size_t(M) * tap_width * sizeof(bf16_t))

@@ -58,6 +58,7 @@ int run_kernel_bench(const KernelBenchOptions& o) {
   if (!cuda_device_available()) throw Error("bench-kernels: no CUDA device is available");
   const GptOssConfig c = GptOssConfig::preset(o.model);
   if (o.attention_only) {
+    bench_decode_attention(c, o.tokens, o.iters);
     bench_prefill_attention(c, o.iters);
     return 0;
   }
@@ -385,6 +386,7 @@ int run_kernel_bench(const KernelBenchOptions& o) {
   }
   GPTOSS_CUDA_CHECK(cudaStreamSynchronize(s));
   bench_prefill_dense(c, M, o.iters);
+  bench_decode_attention(c, M, o.iters);
   bench_prefill_attention(c, o.iters);
   for (void* p : owned) cudaFree(p);
   cudaStreamDestroy(s);

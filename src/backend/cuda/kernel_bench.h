@@ -12,7 +12,7 @@ struct KernelBenchOptions {
   std::string model = "120b";  // shapes of this preset
   int iters = 200;             // timed launches per kernel
   int tokens = 1;              // decode batch
-  bool attention_only = false; // only the prefill attention rows (bench_prefill_attention)
+  bool attention_only = false; // only the attention rows (bench_prefill_attention, bench_decode_attention)
 };
 
 int run_kernel_bench(const KernelBenchOptions& opts);
@@ -29,6 +29,11 @@ namespace gptoss::cuda {
 // the flash kernel at 2048 and 4096 tokens (4096 more behind a 4096-token prefix), full and
 // sliding layers, bf16 and fp8 KV; prints us, TFLOP/s and the kernels' max abs difference.
 void bench_prefill_attention(const GptOssConfig& c, int iters);
+// Decode attention at the preset's shapes for `tokens` sequences (attention_bench.cpp) at
+// contexts 512, 4096 and 32768 (those whose pages stay under 2^18 tokens in all): rope_kv_store +
+// attention + merge against attention_decode with the same splits and with its plan; prints us
+// per step and the largest difference from the three-launch output.
+void bench_decode_attention(const GptOssConfig& c, int tokens, int iters);
 // The dense prefill GEMMs (qkv, o_proj, router) at M tokens (M > kSkinnyMaxTokens; else
 // nothing) on our mma.sync GEMM and on cuBLASLt when it loads (dense_gemm_bench.cpp): us,
 // TFLOP/s and cuBLASLt's relative difference to ours.

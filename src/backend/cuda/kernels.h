@@ -243,6 +243,29 @@ size_t attention_partial_floats(int n, int Hq, int D, int nsplit);
 void attention(const bf16_t* qkv, int n, int Hq, int Hkv, int D, int window, const float* sinks,
                const TokenMeta& tm, const KvLayer& kv, int nsplit, float* partial, bf16_t* out, cudaStream_t s,
                AttentionPath path = AttentionPath::kAuto, const AttentionPassInfo& info = {});
+// Decode attention (kernels/attention/attention.cu) for passes where every token is the one new
+// token of its sequence (plain decode; padding tokens at position 0 of a spare page are fine):
+// rope_kv_store + attention in one launch. Each (token, kv head, split) block ropes its query
+// heads, and the block whose split holds the token's position ropes k and stores k and v into the
+// pages (bf16 or fp8), using the stored values for that key directly. qkv is only read (q and k
+// stay unrotated there). Same result bits as rope_kv_store + attention with the same splits.
+// plan.cluster: the plan.nsplit (a power of two <= kDecodeClusterMax; past 8 Hopper's
+// non-portable cluster sizes) splits of a (token, kv head) form a thread-block cluster and merge
+// through distributed shared memory (one launch); else plan.nsplit (<= 32) splits go through
+// `partial` and the merge kernel, as attention().
+constexpr int kDecodeClusterMax = 16;
+struct DecodeAttentionPlan {
+  int nsplit = 1;
+  bool cluster = true;
+};
+// The plan for n tokens whose longest key range (positions seen) is max_keys: a cluster of as
+// many splits as the launch has room for (at most max_cluster; 8 is the portable size, 16 needs
+// Hopper's opt-in), unless the context is long enough that split_nsplit (the backend's splits for
+// split-and-merge, more than a cluster) walks fewer tiles a block.
+DecodeAttentionPlan decode_attention_plan(int n, int Hkv, int max_keys, int split_nsplit, int max_cluster = 8);
+void attention_decode(const bf16_t* qkv, int n, int Hq, int Hkv, int D, int window, const float* sinks,
+                      const float* inv_freq, float attn_scaling, const TokenMeta& tm, const KvLayer& kv,
+                      const DecodeAttentionPlan& plan, float* partial, bf16_t* out, cudaStream_t s);
 // Flash attention on tensor cores (kernels/attention/flash_attention.cu) for passes of long
 // runs of tokens per sequence: same inputs and output as attention(), no KV splits. Shapes:
 // head_dim 64 and 1, 2, 4 or 8 query heads per kv head (flash_attention_supported). all_blocks

@@ -7,6 +7,7 @@
 #include "backend/cuda/cuda_common.h"
 #include "backend/cuda/device_utils.cuh"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/kernels/attention/rope_math.cuh"
 #include "backend/kv_layout.h"
 
 namespace gptoss::cuda {
@@ -28,11 +29,7 @@ __global__ void rope_kv_kernel(uint16_t* __restrict__ qkv, int Hq, int Hkv, int 
   // cos/sin once per frequency (not per head): precise sincosf is the costly part.
   __shared__ float cs[64], sn_s[64];
   for (int j = threadIdx.x; j < half; j += blockDim.x) {
-    float ang = float(pos) * inv_freq[j];
-    float sv, cv;
-    sincosf(ang, &sv, &cv);
-    cs[j] = cv * scaling;
-    sn_s[j] = sv * scaling;
+    rope_cos_sin(pos, inv_freq[j], scaling, &cs[j], &sn_s[j]);
   }
   __syncthreads();
   for (int i = threadIdx.x; i < (Hq + Hkv) * half; i += blockDim.x) {
@@ -40,14 +37,15 @@ __global__ void rope_kv_kernel(uint16_t* __restrict__ qkv, int Hq, int Hkv, int 
     float c = cs[j], sn = sn_s[j];
     uint16_t* hp = row + size_t(h) * D;
     float x1 = bf16_bits_to_f32(hp[j]), x2 = bf16_bits_to_f32(hp[j + half]);
-    float o1 = x1 * c - x2 * sn, o2 = x2 * c + x1 * sn;
+    const float2 r = rope_rotate(x1, x2, c, sn);
+    const float o1 = r.x, o2 = r.y;
     if (h < Hq) {
       hp[j] = f32_to_bf16_bits(o1);
       hp[j + half] = f32_to_bf16_bits(o2);
     } else {
       int kh = h - Hq;
       // Round through bf16 first so the cache holds what a bf16 k would be.
-      float r1 = bf16_bits_to_f32(f32_to_bf16_bits(o1)), r2 = bf16_bits_to_f32(f32_to_bf16_bits(o2));
+      const float r1 = round_to_bf16(o1), r2 = round_to_bf16(o2);
       size_t o = kv_offset(page, 0, slot, kh, j, kv.page_size, Hkv, D);
       if (kv.fp8) {
         uint8_t* b = static_cast<uint8_t*>(kv.base);
