@@ -6,13 +6,16 @@
 #include <cstring>
 #include <exception>
 #include <functional>
+#include <limits>
 #include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "backend/backend.h"
 #include "backend/cuda/cuda_communicator.h"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/tp_slices.h"
 #include "cuda_test_util.h"
 
 namespace gptoss {
@@ -200,6 +203,75 @@ TEST_F(CudaTp, AllGatherAndBroadcast) {
       ASSERT_EQ(gathered[r][bytes + i], uint8_t(i * 7 + 101)) << r;
       ASSERT_EQ(bcast[r][i], uint8_t(i * 7 + 101)) << r;
     }
+  }
+}
+
+// Vocab-parallel greedy (vocab_parallel_argmax): each rank holds its slice of the rows (uneven
+// split, odd row stride so the rows are unaligned), only (value, id) pairs cross; the ids must be
+// argmax_rows' over the whole rows, tie rule included: a tie across the slice boundary, a tie
+// inside one slice, a slice of NaNs, rows of -inf and of NaNs, the max on the boundary, and
+// random rows.
+TEST_F(CudaTp, VocabParallelArgmaxEqualsWholeRowArgmax) {
+  const int V = 1001, world = 2, n = 12;
+  GptOssConfig cfg;
+  cfg.vocab = V;
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  FastRng g(fresh_seed());
+  std::vector<float> rows(size_t(n) * V);
+  for (auto& v : rows) v = g.normalish();
+  auto row = [&](int i) { return rows.data() + size_t(i) * V; };
+  const int boundary = TpShard{1, world}.vocab(cfg).begin;
+  row(0)[boundary + 100] = 9.f; row(0)[boundary - 100] = 9.f;                 // tie across ranks: rank 0's id
+  row(1)[boundary + 10] = 9.f; row(1)[boundary + 300] = 9.f;                  // tie inside rank 1
+  std::fill(row(2), row(2) + boundary, nan); row(2)[boundary + 7] = 9.f;       // rank 0 all NaN
+  std::fill(row(3), row(3) + V, -inf);                                        // all -inf: id 0
+  std::fill(row(4), row(4) + V, nan);                                         // all NaN: id 0
+  row(5)[boundary] = 9.f;                                                     // first id of rank 1
+  row(6)[boundary - 1] = 9.f;                                                 // last id of rank 0
+  std::fill(row(7), row(7) + V, nan); row(7)[V - 1] = -inf;                   // one -inf among NaNs
+  row(8)[0] = 9.f; row(8)[V - 1] = 9.f;
+  std::vector<int32_t> want(n);
+  for (int i = 0; i < n; ++i) {
+    float best = -inf;
+    int bi = -1;
+    for (int j = 0; j < V; ++j)
+      if (row(i)[j] > best || (row(i)[j] == best && bi < 0)) { best = row(i)[j]; bi = j; }
+    want[i] = bi < 0 ? 0 : bi;
+  }
+  EXPECT_EQ(want[0], boundary - 100);
+  EXPECT_EQ(want[1], boundary + 10);
+  EXPECT_EQ(want[3], 0);
+  EXPECT_EQ(want[4], 0);
+  EXPECT_EQ(want[7], V - 1);
+  std::vector<std::vector<int32_t>> got(world), whole(world), got_s(world), whole_s(world);
+  run_ranks(world, [&](int rank, CudaCommunicator& c) {
+    const TpShard shard{rank, world};
+    const int ld = cuda::tp_max_vocab_slice(cfg, shard) + 3;
+    const IndexRange v = shard.vocab(cfg);
+    std::vector<float> gather(size_t(world) * n * ld, 0.f);
+    for (int i = 0; i < n; ++i)
+      std::copy(row(i) + v.begin, row(i) + v.end, gather.begin() + (size_t(rank) * n + i) * ld);
+    Dev<float> dg(gather), dfull(rows);
+    Dev<cuda::RowMax> pairs(size_t(world) * n);
+    Dev<int32_t> ids(n), ids_whole(n);
+    cuda::vocab_parallel_argmax(c, cfg, shard, dg.p(), ld, n, pairs.p(), ids.p(), nullptr);
+    cuda::argmax_rows(dfull.p(), n, V, ids_whole.p(), nullptr);
+    got[rank] = ids.download();
+    whole[rank] = ids_whole.download();
+    // The sampler's rule at temperature 0 (what forward_sample of greedy rows must pick).
+    cuda::vocab_parallel_argmax(c, cfg, shard, dg.p(), ld, n, pairs.p(), ids.p(), nullptr, true);
+    RowSampling greedy;
+    greedy.temperature = 0.f;
+    Dev<RowSampling> how(std::vector<RowSampling>(n, greedy));
+    cuda::sample_rows(dfull.p(), n, V, how.p(), ids_whole.p(), nullptr);
+    got_s[rank] = ids.download();
+    whole_s[rank] = ids_whole.download();
+  });
+  for (int r = 0; r < world; ++r) {
+    EXPECT_EQ(whole[r], want) << "argmax_rows, rank " << r;
+    EXPECT_EQ(got[r], want) << "vocab_parallel_argmax, rank " << r;
+    EXPECT_EQ(got_s[r], whole_s[r]) << "vocab_parallel_argmax (sampler rule) vs sample_rows, rank " << r;
+    EXPECT_EQ(got_s[r][7], 0) << "a row whose largest logit is -inf: the sampler takes id 0";
   }
 }
 

@@ -114,7 +114,17 @@ class CudaBackend final : public Backend {
     AttentionPassInfo attn;  // sequences and their new tokens in the pass (attention's kernel choice)
   };
   void run_pass(int n, const PassMeta& m, int n_rows, int nsplit);
+  // Tensor-parallel: lm_head leaves this rank's vocab slice in d_vocab_gather_; then either the
+  // greedy ids (tp_greedy: (value, id) pairs, no logits moved) or the full rows in d_logits_
+  // (tp_gather_logits: for the host's logits and for sampling).
   void lm_head(const int32_t* rows, int n_rows);
+  void tp_greedy(int n_rows, bool sampler_rule) {
+    vocab_parallel_argmax(*comm_, model_cfg_, tp_, d_vocab_gather_, vocab_ld_, n_rows, d_vocab_pairs_, d_greedy_, stream_,
+                          sampler_rule);
+  }
+  void tp_gather_logits(int n_rows) {
+    gather_vocab_logits(*comm_, model_cfg_, tp_, d_vocab_gather_, vocab_ld_, n_rows, d_logits_, stream_);
+  }
   int splits_for(int n) const;
 
   // Host staging of the metadata of one pass; returns its device view.
@@ -138,6 +148,7 @@ class CudaBackend final : public Backend {
   TpShard tp_;
   std::shared_ptr<Communicator> comm_;
   float* d_vocab_gather_ = nullptr;  // TP lm_head: [world][rows][vocab_ld_] logits of every rank
+  RowMax* d_vocab_pairs_ = nullptr;  // TP greedy: [world][rows] row maxima of every rank
   // Experts whose weights this rank holds, [begin, end) (all but under --tp-expert-sharding expert).
   int experts_begin_ = 0, experts_end_ = 0;
   bool expert_parallel() const { return tp_.active() && tp_.experts == ExpertSharding::kExpertParallel; }
@@ -669,6 +680,7 @@ void CudaBackend::alloc_workspace() {
   if (tp_.active()) {
     vocab_ld_ = tp_max_vocab_slice(model_cfg_, tp_);
     d_vocab_gather_ = dalloc<float>(size_t(tp_.world) * kMaxLogitRows * vocab_ld_);
+    d_vocab_pairs_ = dalloc<RowMax>(size_t(tp_.world) * kMaxLogitRows);
   }
   d_greedy_ = dalloc<int32_t>(kMaxLogitRows);
   d_ticket_ = dalloc<int>(1);  // moe_router_route's last-block counter: zero between launches
@@ -747,13 +759,12 @@ CudaBackend::PassMeta CudaBackend::upload_meta(const Staged& st, int n, int n_ro
 
 void CudaBackend::lm_head(const int32_t* rows, int n_rows) {
   rmsnorm(x_, final_norm_, n_rows, cfg_.hidden, cfg_.rms_eps, rows, xn_, stream_);
-  // Tensor-parallel: this rank's vocab slice into its part of the gather buffer, then every
-  // rank's part into the full rows of d_logits_ (the same bits on every rank).
+  // Tensor-parallel: this rank's vocab slice into its part of the gather buffer (the caller
+  // follows with tp_greedy or tp_gather_logits).
   float* out = tp_.active() ? d_vocab_gather_ + size_t(tp_.rank) * n_rows * vocab_ld_ : d_logits_;
   Epilogue e{Epilogue::kStoreF32, out, tp_.active() ? vocab_ld_ : cfg_.vocab};
   const bool dec = lm_head_dec_.fmt != WeightMat::kBF16 && (n_rows <= kSkinnyMaxTokens || invariant_);
   linear(dec ? lm_head_dec_ : lm_head_, xn_, cfg_.hidden, n_rows, e, stream_, invariant_, blas_.get());
-  if (tp_.active()) gather_vocab_logits(*comm_, model_cfg_, tp_, d_vocab_gather_, vocab_ld_, n_rows, d_logits_, stream_);
 }
 
 void CudaBackend::run_pass(int n, const PassMeta& m, int n_rows, int nsplit) {
@@ -953,6 +964,11 @@ void CudaBackend::run_batch_impl(const ForwardBatch& b, float* logits, int32_t* 
     }
   }
   const int V = cfg_.vocab;
+  // Tensor-parallel greedy rows (forward_greedy, or samples that are all at temperature 0, as the
+  // engine asks for greedy requests): the vocab-parallel argmax, no logits gathered.
+  const bool tp_pairs = tp_.active() && greedy &&
+                        (!how || std::all_of(how, how + b.logit_rows.size(),
+                                             [](const RowSampling& s) { return s.temperature < 1e-5f; }));
   if (decode) {
     int B = 1;
     while (B < M) B *= 2;
@@ -994,7 +1010,7 @@ void CudaBackend::run_batch_impl(const ForwardBatch& b, float* logits, int32_t* 
       GPTOSS_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
       run_pass(B, pm, B, splits_for(B));
       tap_layers_ = nullptr;
-      argmax_rows(d_logits_, B, V, d_greedy_, stream_);
+      if (!tp_.active()) argmax_rows(d_logits_, B, V, d_greedy_, stream_);
       GPTOSS_CUDA_CHECK(cudaStreamEndCapture(stream_, &graph));
       cudaGraphExec_t exec;
       GPTOSS_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
@@ -1003,7 +1019,11 @@ void CudaBackend::run_batch_impl(const ForwardBatch& b, float* logits, int32_t* 
     }
     GPTOSS_CUDA_CHECK(cudaGraphLaunch(it->second, stream_));
     if (taps_dev) last_taps_ = DeviceTaps{graph_taps_, M};
-    if (how) {
+    // Tensor-parallel: the graph ends at each rank's vocab slice; greedy exchanges row maxima,
+    // logits and sampling gather the rows (queued while the graph runs).
+    if (tp_pairs) tp_greedy(B, how != nullptr);
+    else if (tp_.active()) tp_gather_logits(B);
+    if (how && !tp_pairs) {
       std::vector<RowSampling> per(B);  // padding rows draw too, harmlessly
       for (size_t i = 0; i < b.logit_rows.size(); ++i) per[row_of[b.logit_rows[i]]] = how[i];
       sample_on_device(per, B);
@@ -1094,12 +1114,14 @@ void CudaBackend::run_batch_impl(const ForwardBatch& b, float* logits, int32_t* 
         GPTOSS_CUDA_CHECK(cudaMemcpyAsync(drows, h_meta_, cnt * 4, cudaMemcpyHostToDevice, stream_));
         lm_head(drows, cnt);
       }
+      if (tp_pairs) tp_greedy(cnt, how != nullptr);
+      else if (tp_.active()) tp_gather_logits(cnt);
       if (greedy) {
-        if (how) {
+        if (how && !tp_pairs) {
           std::vector<RowSampling> per(cnt);
           for (int i = 0; i < cnt; ++i) per[i] = how[outs[done + i]];
           sample_on_device(per, cnt);
-        } else {
+        } else if (!tp_.active()) {
           argmax_rows(d_logits_, cnt, V, d_greedy_, stream_);
         }
         std::vector<int32_t> ids(cnt);
