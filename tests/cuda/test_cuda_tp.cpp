@@ -75,7 +75,7 @@ std::vector<float> expected_sum(size_t n, int world) {
   return s;
 }
 
-enum class Which { kAuto, kNccl, kOneShot };
+enum class Which { kAuto, kNccl, kOneShot, kLL };
 
 void check_all_reduce(int world, const std::vector<size_t>& sizes, Which which, size_t offset_floats,
                       bool in_graph) {
@@ -84,8 +84,8 @@ void check_all_reduce(int world, const std::vector<size_t>& sizes, Which which, 
     cudaStream_t st;
     GPTOSS_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
     for (size_t n : sizes) {
-      const bool oneshot = which == Which::kOneShot;
-      if (oneshot && n * 4 > c.oneshot_max_bytes()) {
+      const bool oneshot = which == Which::kOneShot, ll = which == Which::kLL;
+      if ((oneshot || ll) && n * 4 > c.peer_capacity_bytes()) {
         got[rank].push_back({});
         continue;
       }
@@ -95,6 +95,7 @@ void check_all_reduce(int world, const std::vector<size_t>& sizes, Which which, 
       auto call = [&] {
         if (which == Which::kNccl) c.nccl_all_reduce(p, n, st);
         else if (oneshot) c.oneshot_all_reduce(p, n, st);
+        else if (ll) c.ll_all_reduce(p, n, st);
         else c.all_reduce_sum(p, n, st);
       };
       if (in_graph) {
@@ -132,7 +133,7 @@ void check_all_reduce(int world, const std::vector<size_t>& sizes, Which which, 
       for (size_t i = 0; i < want.size(); ++i) bad += std::memcmp(&got[r][s][i], &want[i], 4) != 0;
       // World 2: a + b is the same float whatever the algorithm; beyond, NCCL's order may
       // differ from rank order but every rank still holds the same bits.
-      if (world == 2 || which == Which::kOneShot)
+      if (world == 2 || which == Which::kOneShot || which == Which::kLL)
         EXPECT_EQ(bad, 0u) << "rank " << r << " n=" << sizes[s];
       else
         EXPECT_EQ(std::memcmp(got[r][s].data(), got[0][s].data(), want.size() * 4), 0) << "n=" << sizes[s];
@@ -150,6 +151,9 @@ TEST_F(CudaTp, AllReduceAutoPathMatchesRankOrderSum) {
 }
 TEST_F(CudaTp, AllReduceNccl) { check_all_reduce(2, sizes_around_threshold(), Which::kNccl, 0, false); }
 TEST_F(CudaTp, AllReduceOneShot) { check_all_reduce(2, sizes_around_threshold(), Which::kOneShot, 0, false); }
+TEST_F(CudaTp, AllReduceLL) { check_all_reduce(2, sizes_around_threshold(), Which::kLL, 0, false); }
+TEST_F(CudaTp, AllReduceLLUnalignedPointer) { check_all_reduce(2, {1, 5, 2881, 100001}, Which::kLL, 1, false); }
+TEST_F(CudaTp, AllReduceLLInCudaGraph) { check_all_reduce(2, {1, 2880, 2880 * 7 + 3, 200000}, Which::kLL, 0, true); }
 TEST_F(CudaTp, AllReduceOneShotUnalignedPointer) {
   check_all_reduce(2, {1, 5, 2881, 100001}, Which::kOneShot, 1, false);
 }
@@ -161,6 +165,157 @@ TEST_F(CudaTp, AllReduceFourRanks) {
   if (gpu_count() < 4) GTEST_SKIP() << "fewer than 4 CUDA devices";
   check_all_reduce(4, {3, 2880, 100001}, Which::kOneShot, 0, false);
   check_all_reduce(4, {3, 2880, 1000003}, Which::kAuto, 0, false);
+  check_all_reduce(4, {1, 3, 2880, 100001}, Which::kLL, 0, false);
+}
+
+// Back-to-back LL calls of changing sizes (so changing grids) on one stream, eager and from a
+// graph: x -> 2x per call (every rank holds x), so each element ends exactly 2^calls. A call that
+// read a slot of an earlier call (epoch or parity wrong), or a rank that overwrote a slot its
+// peer had not read yet, breaks the chain.
+TEST_F(CudaTp, LLManyCallsOfChangingSizes) {
+  const std::vector<size_t> sizes = {1, 2880, 100001, 3, 5760, 262144, 2, 2881, 11520 * 8, 7};
+  const size_t n_max = 262144;
+  std::vector<std::vector<float>> got(2);
+  run_ranks(2, [&](int rank, CudaCommunicator& c) {
+    cudaStream_t st;
+    GPTOSS_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    Dev<float> d(n_max);
+    d.upload(std::vector<float>(n_max, 1.f));
+    auto step = [&] {
+      for (size_t n : sizes) c.ll_all_reduce(d.p(), n, st);
+    };
+    for (int i = 0; i < 3; ++i) step();
+    cudaGraph_t g;
+    cudaGraphExec_t ge;
+    GPTOSS_CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+    step();
+    GPTOSS_CUDA_CHECK(cudaStreamEndCapture(st, &g));
+    GPTOSS_CUDA_CHECK(cudaGraphInstantiate(&ge, g, 0));
+    for (int i = 0; i < 2; ++i) GPTOSS_CUDA_CHECK(cudaGraphLaunch(ge, st));
+    step();
+    GPTOSS_CUDA_CHECK(cudaStreamSynchronize(st));
+    cudaGraphExecDestroy(ge);
+    cudaGraphDestroy(g);
+    GPTOSS_CUDA_CHECK(cudaStreamDestroy(st));
+    got[rank] = d.download();
+  });
+  // Element i took part in every call whose size exceeds i, 6 rounds of the sizes.
+  for (int r = 0; r < 2; ++r)
+    for (size_t i = 0; i < n_max; ++i) {
+      int calls = 0;
+      for (size_t n : sizes) calls += i < n;
+      ASSERT_EQ(got[r][i], std::ldexp(1.f, 6 * calls)) << "rank " << r << " i=" << i;
+    }
+}
+
+// The residual all-reduce of TP decode (combine + all-reduce + the next RMSNorm in one LL
+// kernel) against the same steps one by one as the backend runs them without it: residual
+// zeroed off rank 0, moe_combine, the NCCL all-reduce, rmsnorm. The residual rows must be the
+// same bits on every rank and equal the unfused ones; the normalized rows (sum of squares in
+// another order) within one bf16 step. Rows of 2880 (gpt-oss) and 64 (the tiny fixture), 1 to 64
+// rows, with and without the combine and the norm, eager and from a graph.
+TEST_F(CudaTp, ResidualAllReduceEqualsUnfusedSteps) {
+  setenv("GPTOSS_ALLREDUCE_ONESHOT_MAX", "1048576", 1);  // every row count below takes the LL path
+  const int k = 4;
+  struct Case {
+    int n, H;
+    bool combine, norm, graph;
+  };
+  const std::vector<Case> cases = {{1, 2880, true, true, false},  {3, 2880, true, true, true},
+                                   {64, 2880, true, true, false}, {17, 2880, false, true, false},
+                                   {5, 2880, true, false, true},  {9, 64, true, true, false},
+                                   {2, 64, false, false, true}};
+  struct Out {
+    std::vector<float> x, x_ref;
+    std::vector<uint16_t> xn, xn_ref;
+  };
+  std::vector<std::vector<Out>> got(2, std::vector<Out>(cases.size()));
+  try {
+    run_ranks(2, [&](int rank, CudaCommunicator& c) {
+      cudaStream_t st;
+      GPTOSS_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+      for (size_t ci = 0; ci < cases.size(); ++ci) {
+        const Case& cs = cases[ci];
+        const int n = cs.n, H = cs.H, P = n * k;
+        FastRng g(777 + ci * 10 + rank);  // the residual is the same on both ranks; the parts differ
+        FastRng gx(555 + ci);
+        const auto x0 = rand_f32(size_t(n) * H, gx);
+        const auto w_norm = rand_f32(H, gx, 0.2f, 1.f);
+        const auto y = rand_f32(size_t(P) * H, g);
+        std::vector<int32_t> slot(P);
+        std::vector<float> topw(P);
+        for (int i = 0; i < P; ++i) {
+          slot[i] = int((i * 7 + rank * 3) % P);
+          topw[i] = g.uniform();
+        }
+        Dev<float> dx(x0), dref(x0), dy(y), dw(w_norm), dtw(topw);
+        Dev<int32_t> dslot(slot);
+        Dev<uint16_t> xn(size_t(n) * H), xn_ref(size_t(n) * H);
+        cuda::MoeRouting routing;
+        routing.slot_pair = dslot.p();
+        routing.topk_w = dtw.p();
+        cuda::ResidualAllReduce op{dx.p(), n, H, cs.combine ? rank == 0 : true, cs.combine ? dy.p() : nullptr,
+                                   routing, cs.combine ? k : 0, cs.norm ? dw.p() : nullptr, 1e-5f,
+                                   reinterpret_cast<cuda::bf16_t*>(xn.p())};
+        bool took = false;
+        if (cs.graph) {
+          cudaGraph_t gr;
+          cudaGraphExec_t ge;
+          GPTOSS_CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+          took = c.residual_all_reduce(op, st);
+          GPTOSS_CUDA_CHECK(cudaStreamEndCapture(st, &gr));
+          GPTOSS_CUDA_CHECK(cudaGraphInstantiate(&ge, gr, 0));
+          GPTOSS_CUDA_CHECK(cudaGraphLaunch(ge, st));
+          GPTOSS_CUDA_CHECK(cudaStreamSynchronize(st));
+          dx.upload(x0);  // replay from fresh inputs: the epoch must carry over
+          GPTOSS_CUDA_CHECK(cudaGraphLaunch(ge, st));
+          GPTOSS_CUDA_CHECK(cudaStreamSynchronize(st));
+          cudaGraphExecDestroy(ge);
+          cudaGraphDestroy(gr);
+        } else {
+          took = c.residual_all_reduce(op, st);
+        }
+        if (!took) throw Error("residual_all_reduce declined n=" + std::to_string(n) + " H=" + std::to_string(H));
+        // The unfused steps.
+        if (cs.combine) {
+          if (rank != 0) GPTOSS_CUDA_CHECK(cudaMemsetAsync(dref.p(), 0, size_t(n) * H * 4, st));
+          cuda::moe_combine(dy.p(), routing, n, k, H, dref.p(), nullptr, 1e-5f, nullptr, st);
+        }
+        c.nccl_all_reduce(dref.p(), size_t(n) * H, st);
+        if (cs.norm)
+          cuda::rmsnorm(dref.p(), dw.p(), n, H, 1e-5f, nullptr, reinterpret_cast<cuda::bf16_t*>(xn_ref.p()), st);
+        GPTOSS_CUDA_CHECK(cudaStreamSynchronize(st));
+        got[rank][ci] = Out{dx.download(), dref.download(), cs.norm ? xn.download() : std::vector<uint16_t>{},
+                            cs.norm ? xn_ref.download() : std::vector<uint16_t>{}};
+      }
+      GPTOSS_CUDA_CHECK(cudaStreamDestroy(st));
+    });
+  } catch (...) {
+    unsetenv("GPTOSS_ALLREDUCE_ONESHOT_MAX");
+    throw;
+  }
+  unsetenv("GPTOSS_ALLREDUCE_ONESHOT_MAX");
+  for (size_t ci = 0; ci < cases.size(); ++ci) {
+    const Case& cs = cases[ci];
+    const std::string what = "case " + std::to_string(ci) + " (n=" + std::to_string(cs.n) + " H=" +
+                             std::to_string(cs.H) + ")";
+    for (int r = 0; r < 2; ++r) {
+      const Out& o = got[r][ci];
+      ASSERT_EQ(o.x.size(), o.x_ref.size()) << what;
+      EXPECT_EQ(std::memcmp(o.x.data(), got[0][ci].x.data(), o.x.size() * 4), 0) << what << ": ranks differ";
+      size_t bad = 0;
+      for (size_t i = 0; i < o.x.size(); ++i) bad += std::memcmp(&o.x[i], &o.x_ref[i], 4) != 0;
+      EXPECT_EQ(bad, 0u) << what << " rank " << r << ": residual differs from combine + all-reduce";
+      if (!cs.norm) continue;
+      EXPECT_EQ(o.xn, got[0][ci].xn) << what << ": ranks' normalized rows differ";
+      size_t far = 0;
+      for (size_t i = 0; i < o.xn.size(); ++i) {
+        const float a = bf16_to_f32(o.xn[i]), b = bf16_to_f32(o.xn_ref[i]);
+        far += !(std::fabs(a - b) <= std::fabs(b) * (1.f / 128) + 1e-30f);
+      }
+      EXPECT_EQ(far, 0u) << what << " rank " << r << ": normalized rows beyond one bf16 step of rmsnorm's";
+    }
+  }
 }
 
 // Back-to-back one-shot calls on one stream: x -> 2x per call (both ranks hold x), so after 20

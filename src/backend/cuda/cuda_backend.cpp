@@ -16,6 +16,7 @@
 
 #include "backend/cuda/cublaslt_gemm.h"
 #include "backend/cuda/cuda_common.h"
+#include "backend/cuda/cuda_communicator.h"
 #include "backend/cuda/eagle3_head.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/kernels/eagle3/eagle3_kernels.h"
@@ -147,6 +148,7 @@ class CudaBackend final : public Backend {
   GptOssConfig cfg_;
   TpShard tp_;
   std::shared_ptr<Communicator> comm_;
+  CudaCommunicator* cuda_comm_ = nullptr;  // comm_ when it is the CUDA one (residual_all_reduce)
   float* d_vocab_gather_ = nullptr;  // TP lm_head: [world][rows][vocab_ld_] logits of every rank
   RowMax* d_vocab_pairs_ = nullptr;  // TP greedy: [world][rows] row maxima of every rank
   // Experts whose weights this rank holds, [begin, end) (all but under --tp-expert-sharding expert).
@@ -281,6 +283,7 @@ CudaBackend::CudaBackend(const BackendOptions& opts) {
   mx_layers_ = parse_mxfp4_layers(opts.mxfp4_layers);
   tp_ = opts.tp_shard;
   comm_ = opts.comm;
+  cuda_comm_ = dynamic_cast<CudaCommunicator*>(comm_.get());
   if (tp_.active()) {
     if (!comm_ || comm_->world() != tp_.world || comm_->rank() != tp_.rank)
       throw Error("cuda backend: tensor-parallel rank " + std::to_string(tp_.rank) + " of " + std::to_string(tp_.world) +
@@ -797,8 +800,12 @@ void CudaBackend::run_pass(int n, const PassMeta& m, int n_rows, int nsplit) {
                 nsplit, partial_, attn_, stream_, inv ? AttentionPath::kFlash : AttentionPath::kAuto,
                 m.attn);
     mark("attention");
-    tp_zero_x_off_root(n);
-    if (!skip("dense")) linear(Wo, attn_, c.q_dim(), n, Epilogue{Epilogue::kAddF32, x_, H}, stream_, inv, blas_.get());
+    // Tensor-parallel: rank 0 adds its o_proj part to the residual, the others store theirs; the
+    // all-reduce sums them.
+    const bool o_store = tp_.active() && !tp_.root();
+    if (!skip("dense"))
+      linear(Wo, attn_, c.q_dim(), n, Epilogue{o_store ? Epilogue::kStoreF32 : Epilogue::kAddF32, x_, H}, stream_, inv,
+             blas_.get());
     tp_all_reduce_x(n);
     mark("o_proj");
     // The skinny kernels take fp16 activations (their MMA type for MXFP4): the router's fused
@@ -844,11 +851,16 @@ void CudaBackend::run_pass(int n, const PassMeta& m, int n_rows, int nsplit) {
     mark("down");
     const float* next_norm = li + 1 < layers_.size() ? layers_[li + 1].attn_norm : nullptr;
     if (tp_.active()) {
-      // The next layer's norm needs the whole residual: combine, all-reduce, then normalize.
-      tp_zero_x_off_root(n);
-      if (!skip("experts")) moe_combine(moe_y_, routing_, n, k, H, x_, nullptr, c.rms_eps, xn_, stream_, inv);
-      tp_all_reduce_x(n);
-      if (next_norm) rmsnorm(x_, next_norm, n, H, c.rms_eps, nullptr, xn_, stream_);
+      // Decode sizes: combine, all-reduce and the next norm in one peer-memory kernel
+      // (ll_allreduce.h); batch-invariant mode keeps the separate kernels at every size.
+      const ResidualAllReduce fused{x_, n, H, tp_.root(), moe_y_, routing_, k, next_norm, c.rms_eps, xn_};
+      if (inv || skip("experts") || !cuda_comm_ || !cuda_comm_->residual_all_reduce(fused, stream_)) {
+        // The next layer's norm needs the whole residual: combine, all-reduce, then normalize.
+        tp_zero_x_off_root(n);
+        if (!skip("experts")) moe_combine(moe_y_, routing_, n, k, H, x_, nullptr, c.rms_eps, xn_, stream_, inv);
+        tp_all_reduce_x(n);
+        if (next_norm) rmsnorm(x_, next_norm, n, H, c.rms_eps, nullptr, xn_, stream_);
+      }
     } else if (!skip("experts")) {
       moe_combine(moe_y_, routing_, n, k, H, x_, next_norm, c.rms_eps, xn_, stream_, inv);
     } else if (next_norm) {
