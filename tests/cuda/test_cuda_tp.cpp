@@ -361,6 +361,58 @@ TEST_F(CudaTp, AllGatherAndBroadcast) {
   }
 }
 
+// Small all-gathers (multiples of 8 bytes up to 16 KiB) take the LL kernel, the others NCCL: both
+// must lay every rank's part out in rank order, from aligned and unaligned buffers, with send
+// aliasing the rank's own part of recv, eager and from a graph replayed twice.
+TEST_F(CudaTp, AllGatherSmallAndLarge) {
+  const std::vector<size_t> sizes = {8, 16, 512, 4096, 16384, 16392, 12345, 100000};
+  const int world = 2;
+  for (size_t offset : {0, 3})
+    for (bool graph : {false, true}) {
+      std::vector<std::vector<std::vector<uint8_t>>> got(world);
+      run_ranks(world, [&](int rank, CudaCommunicator& c) {
+        cudaStream_t st;
+        GPTOSS_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+        for (size_t bytes : sizes) {
+          std::vector<uint8_t> mine(bytes);
+          for (size_t i = 0; i < bytes; ++i) mine[i] = uint8_t(i * 13 + rank * 71 + bytes);
+          Dev<uint8_t> recv(world * bytes + offset);
+          uint8_t* r = recv.p() + offset;
+          uint8_t* send = r + rank * bytes;  // in place, as vocab_parallel_argmax calls it
+          auto call = [&] { c.all_gather(send, r, bytes, st); };
+          GPTOSS_CUDA_CHECK(cudaMemcpyAsync(send, mine.data(), bytes, cudaMemcpyHostToDevice, st));
+          if (graph) {
+            cudaGraph_t g;
+            cudaGraphExec_t ge;
+            GPTOSS_CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+            call();
+            GPTOSS_CUDA_CHECK(cudaStreamEndCapture(st, &g));
+            GPTOSS_CUDA_CHECK(cudaGraphInstantiate(&ge, g, 0));
+            GPTOSS_CUDA_CHECK(cudaGraphLaunch(ge, st));
+            GPTOSS_CUDA_CHECK(cudaGraphLaunch(ge, st));
+            GPTOSS_CUDA_CHECK(cudaStreamSynchronize(st));
+            cudaGraphExecDestroy(ge);
+            cudaGraphDestroy(g);
+          } else {
+            call();
+          }
+          GPTOSS_CUDA_CHECK(cudaStreamSynchronize(st));
+          std::vector<uint8_t> all = recv.download();
+          got[rank].emplace_back(all.begin() + offset, all.end());
+        }
+        GPTOSS_CUDA_CHECK(cudaStreamDestroy(st));
+      });
+      for (int rank = 0; rank < world; ++rank)
+        for (size_t s = 0; s < sizes.size(); ++s) {
+          const size_t bytes = sizes[s];
+          size_t bad = 0;
+          for (int from = 0; from < world; ++from)
+            for (size_t i = 0; i < bytes; ++i) bad += got[rank][s][from * bytes + i] != uint8_t(i * 13 + from * 71 + bytes);
+          EXPECT_EQ(bad, 0u) << "rank " << rank << " bytes " << bytes << " offset " << offset << (graph ? " graph" : "");
+        }
+    }
+}
+
 // Vocab-parallel greedy (vocab_parallel_argmax): each rank holds its slice of the rows (uneven
 // split, odd row stride so the rows are unaligned), only (value, id) pairs cross; the ids must be
 // argmax_rows' over the whole rows, tie rule included: a tie across the slice boundary, a tie

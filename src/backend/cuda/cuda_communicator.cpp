@@ -165,6 +165,12 @@ class CudaCommunicatorImpl final : public CudaCommunicator {
 
   void all_gather(const void* send, void* recv, size_t bytes, void* stream) override {
     check_alive();
+    // Small gathers (the vocab-parallel greedy's pairs: 8 bytes a row) on the LL kernel; the
+    // choice depends on the size only, so every rank makes the same one.
+    if (oneshot_ && bytes % 8 == 0 && bytes <= kLLGatherMaxBytes) {
+      cuda::ll_all_gather(ll_, send, recv, bytes, cudaStream_t(stream));
+      return;
+    }
     enqueued(nccl().AllGather(send, recv, bytes, ncclUint8, comm_, cudaStream_t(stream)), "all_gather");
   }
 
@@ -322,6 +328,7 @@ class CudaCommunicatorImpl final : public CudaCommunicator {
   std::string async_error_;
   std::thread watchdog_;
   uint64_t timeout_ns_ = 0;
+  static constexpr size_t kLLGatherMaxBytes = 16 * 1024;
   size_t oneshot_max_bytes_ = 0, capacity_bytes_ = 0;
   bool oneshot_ = false;
   cuda::DeviceBuffer region_, ll_state_;

@@ -127,6 +127,61 @@ __global__ void __launch_bounds__(kFlatThreads) ll_all_reduce_kernel(LLPeers p, 
   ll_end(p, e.value);
 }
 
+// All-gather: slot u carries 8 bytes (as two words) of the sender's part; grid-stride.
+__device__ __forceinline__ uint2 load8(const unsigned char* p, bool aligned) {
+  if (aligned) return *reinterpret_cast<const uint2*>(p);
+  uint2 v;
+  unsigned char* d = reinterpret_cast<unsigned char*>(&v);
+  for (int i = 0; i < 8; ++i) d[i] = p[i];
+  return v;
+}
+__device__ __forceinline__ void store8(unsigned char* p, uint2 v, bool aligned) {
+  if (aligned) {
+    *reinterpret_cast<uint2*>(p) = v;
+    return;
+  }
+  const unsigned char* s = reinterpret_cast<const unsigned char*>(&v);
+  for (int i = 0; i < 8; ++i) p[i] = s[i];
+}
+
+__global__ void __launch_bounds__(kFlatThreads) ll_all_gather_kernel(LLPeers p, const unsigned char* send,
+                                                                     unsigned char* recv, size_t bytes) {
+  pdl_wait();
+  const Epoch e = ll_begin(p);
+  const size_t units = bytes / 8, stride = size_t(gridDim.x) * blockDim.x;
+  const size_t first = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  const bool aligned = ((reinterpret_cast<uintptr_t>(send) | reinterpret_cast<uintptr_t>(recv)) & 7) == 0;
+  for (size_t u = first; u < units; u += stride) {
+    const uint2 v = load8(send + 8 * u, aligned);
+    push(p, e, u, __uint_as_float(v.x), __uint_as_float(v.y));
+    store8(recv + size_t(p.rank) * bytes + 8 * u, v, aligned);  // send may alias this: same thread, read first
+  }
+  for (size_t u = first; u < units; u += stride) {
+#pragma unroll
+    for (int r = 0; r < kLLMaxRanks; ++r) {
+      if (r >= p.world) break;
+      if (r == p.rank) continue;
+      const uint4* q = slot_at(p.own, p.slots, e.parity, r, u);
+      uint4 v = load_slot(q);
+      if (v.y != e.value || v.w != e.value) {
+        const uint64_t t0 = global_timer_ns();
+        uint32_t spins = 0;
+        do {
+          if (++spins % 1024 == 0 && global_timer_ns() - t0 > p.timeout_ns) {
+            printf("gptoss: LL all-gather: rank %d waited %.0f s for rank %d (epoch %u); a peer is gone or stuck\n",
+                   p.rank, p.timeout_ns * 1e-9, r, e.value);
+            __trap();
+          }
+          v = load_slot(q);
+        } while (v.y != e.value || v.w != e.value);
+      }
+      store8(recv + size_t(r) * bytes + 8 * u, make_uint2(v.x, v.z), aligned);
+    }
+  }
+  pdl_trigger();
+  ll_end(p, e.value);
+}
+
 // Rows: a cluster of kRowBlocks blocks per row of H (as moe_combine), each over a slice of the
 // row; the combine's terms, the all-reduce, then the row's sum of squares met through
 // distributed shared memory for the norm. Slot u = (t * H + h) / 2.
@@ -212,6 +267,17 @@ void ll_all_reduce_f32(const LLPeers& peers, float* data, size_t n, cudaStream_t
   // About two slots a thread; every block resident at once (the peers' blocks wait on each other).
   const int blocks = int(std::clamp<size_t>((units + 2 * kFlatThreads - 1) / (2 * kFlatThreads), 1, kFlatMaxBlocks));
   launch_pdl(ll_all_reduce_kernel, dim3(blocks), dim3(kFlatThreads), 0, stream, peers, data, n);
+  GPTOSS_CUDA_LAUNCH_CHECK();
+}
+
+void ll_all_gather(const LLPeers& peers, const void* send, void* recv, size_t bytes, cudaStream_t stream) {
+  if (bytes == 0 || peers.world < 2) return;
+  if (bytes % 8 != 0 || bytes / 8 > peers.slots)
+    throw Error("LL all-gather: " + std::to_string(bytes) + " bytes (a multiple of 8 up to the receive area)");
+  const size_t units = bytes / 8;
+  const int blocks = int(std::clamp<size_t>((units + kFlatThreads - 1) / kFlatThreads, 1, kFlatMaxBlocks));
+  launch_pdl(ll_all_gather_kernel, dim3(blocks), dim3(kFlatThreads), 0, stream, peers,
+             static_cast<const unsigned char*>(send), static_cast<unsigned char*>(recv), bytes);
   GPTOSS_CUDA_LAUNCH_CHECK();
 }
 

@@ -62,6 +62,12 @@ struct ResidualAllReduce {
   float eps = 0.f;
   bf16_t* xn = nullptr;
 };
+// recv = every rank's `bytes` bytes at `send`, in rank order (recv holds world * bytes; send may
+// alias recv + rank * bytes): the same slots and epochs, 8 bytes a slot (bytes % 8 == 0,
+// bytes / 8 <= peers.slots; any alignment). For the small gathers of decode (the vocab-parallel
+// greedy's (value, id) pairs), where NCCL's latency is most of the cost.
+void ll_all_gather(const LLPeers& peers, const void* send, void* recv, size_t bytes, cudaStream_t stream);
+
 // Whether ll_residual_all_reduce takes `op` (sizes fit, H even, k small enough).
 bool ll_residual_fits(const LLPeers& peers, const ResidualAllReduce& op);
 void ll_residual_all_reduce(const LLPeers& peers, const ResidualAllReduce& op, cudaStream_t stream);
