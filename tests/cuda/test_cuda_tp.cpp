@@ -75,7 +75,7 @@ std::vector<float> expected_sum(size_t n, int world) {
   return s;
 }
 
-enum class Which { kAuto, kNccl, kOneShot, kLL };
+enum class Which { kAuto, kNccl, kOneShot, kLL, kTwoShot };
 
 void check_all_reduce(int world, const std::vector<size_t>& sizes, Which which, size_t offset_floats,
                       bool in_graph) {
@@ -84,8 +84,8 @@ void check_all_reduce(int world, const std::vector<size_t>& sizes, Which which, 
     cudaStream_t st;
     GPTOSS_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
     for (size_t n : sizes) {
-      const bool oneshot = which == Which::kOneShot, ll = which == Which::kLL;
-      if ((oneshot || ll) && n * 4 > c.peer_capacity_bytes()) {
+      const bool oneshot = which == Which::kOneShot, ll = which == Which::kLL, two = which == Which::kTwoShot;
+      if (((oneshot || ll) && n * 4 > c.peer_capacity_bytes()) || (two && n * 4 > c.twoshot_max_bytes())) {
         got[rank].push_back({});
         continue;
       }
@@ -96,6 +96,7 @@ void check_all_reduce(int world, const std::vector<size_t>& sizes, Which which, 
         if (which == Which::kNccl) c.nccl_all_reduce(p, n, st);
         else if (oneshot) c.oneshot_all_reduce(p, n, st);
         else if (ll) c.ll_all_reduce(p, n, st);
+        else if (two) c.twoshot_all_reduce(p, n, st);
         else c.all_reduce_sum(p, n, st);
       };
       if (in_graph) {
@@ -133,7 +134,7 @@ void check_all_reduce(int world, const std::vector<size_t>& sizes, Which which, 
       for (size_t i = 0; i < want.size(); ++i) bad += std::memcmp(&got[r][s][i], &want[i], 4) != 0;
       // World 2: a + b is the same float whatever the algorithm; beyond, NCCL's order may
       // differ from rank order but every rank still holds the same bits.
-      if (world == 2 || which == Which::kOneShot || which == Which::kLL)
+      if (world == 2 || which == Which::kOneShot || which == Which::kLL || which == Which::kTwoShot)
         EXPECT_EQ(bad, 0u) << "rank " << r << " n=" << sizes[s];
       else
         EXPECT_EQ(std::memcmp(got[r][s].data(), got[0][s].data(), want.size() * 4), 0) << "n=" << sizes[s];
@@ -154,6 +155,47 @@ TEST_F(CudaTp, AllReduceOneShot) { check_all_reduce(2, sizes_around_threshold(),
 TEST_F(CudaTp, AllReduceLL) { check_all_reduce(2, sizes_around_threshold(), Which::kLL, 0, false); }
 TEST_F(CudaTp, AllReduceLLUnalignedPointer) { check_all_reduce(2, {1, 5, 2881, 100001}, Which::kLL, 1, false); }
 TEST_F(CudaTp, AllReduceLLInCudaGraph) { check_all_reduce(2, {1, 2880, 2880 * 7 + 3, 200000}, Which::kLL, 0, true); }
+// The experimental two-shot kernel (GPTOSS_ALLREDUCE_TWOSHOT_MAX): odd sizes (shards that end
+// mid-float4, a last shard shorter or empty), unaligned, in graphs, and chained calls of
+// changing sizes; then all_reduce_sum's choice of it between the LL kernel and NCCL.
+TEST_F(CudaTp, AllReduceTwoShot) {
+  setenv("GPTOSS_ALLREDUCE_TWOSHOT_MAX", "33554432", 1);
+  setenv("GPTOSS_ALLREDUCE_ONESHOT_MAX", "65536", 1);
+  auto restore = [] {
+    unsetenv("GPTOSS_ALLREDUCE_TWOSHOT_MAX");
+    unsetenv("GPTOSS_ALLREDUCE_ONESHOT_MAX");
+  };
+  try {
+    const std::vector<size_t> sizes = {1, 3, 5, 7, 9, 2880, 1000003, 5898240, 8388608};
+    check_all_reduce(2, sizes, Which::kTwoShot, 0, false);
+    check_all_reduce(2, {1, 7, 100001, 1000003}, Which::kTwoShot, 1, false);
+    check_all_reduce(2, {5, 2880 * 7 + 3, 5898240}, Which::kTwoShot, 0, true);
+    check_all_reduce(2, {100, 16384, 16385, 1000003, 8388608, 8388609}, Which::kAuto, 0, false);
+    if (gpu_count() >= 4) check_all_reduce(4, {1, 5, 2881, 1000003}, Which::kTwoShot, 0, false);
+    // x -> 2x per call, sizes changing.
+    const std::vector<size_t> chain = {1000003, 5, 5898240, 64, 300001, 2};
+    const size_t n_max = 5898240;
+    std::vector<std::vector<float>> got(2);
+    run_ranks(2, [&](int rank, CudaCommunicator& c) {
+      Dev<float> d(n_max);
+      d.upload(std::vector<float>(n_max, 1.f));
+      for (int round = 0; round < 3; ++round)
+        for (size_t n : chain) c.twoshot_all_reduce(d.p(), n, nullptr);
+      got[rank] = d.download();
+    });
+    for (int r = 0; r < 2; ++r)
+      for (size_t i = 0; i < n_max; ++i) {
+        int calls = 0;
+        for (size_t n : chain) calls += i < n;
+        ASSERT_EQ(got[r][i], std::ldexp(1.f, 3 * calls)) << "rank " << r << " i=" << i;
+      }
+  } catch (...) {
+    restore();
+    throw;
+  }
+  restore();
+}
+
 TEST_F(CudaTp, AllReduceOneShotUnalignedPointer) {
   check_all_reduce(2, {1, 5, 2881, 100001}, Which::kOneShot, 1, false);
 }

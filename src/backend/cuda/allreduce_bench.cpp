@@ -17,7 +17,7 @@
 namespace gptoss::cuda {
 namespace {
 
-enum class Path { kNccl, kLL, kStaged, kRowsNorm, kAuto, kCount };
+enum class Path { kNccl, kLL, kStaged, kRowsNorm, kTwoShot, kAuto, kCount };
 constexpr int kRowH = 2880;  // gpt-oss hidden size: the residual rows of decode
 
 // Microseconds per all-reduce of `n` floats on `path` (rank 0's figure; -1 when unavailable).
@@ -27,6 +27,7 @@ double time_path(CudaCommunicator& comm, Path path, float* data, size_t n, float
                  cudaStream_t stream) {
   const bool peer = path == Path::kLL || path == Path::kStaged || path == Path::kRowsNorm;
   if (peer && n * 4 > comm.peer_capacity_bytes()) return -1;
+  if (path == Path::kTwoShot && n * 4 > comm.twoshot_max_bytes()) return -1;
   ResidualAllReduce rows{data, int(n / kRowH), kRowH, true, nullptr, {}, 0, aux, 1e-5f,
                          reinterpret_cast<bf16_t*>(aux + kRowH)};
   if (path == Path::kRowsNorm && (n % kRowH != 0 || n * 4 > comm.oneshot_max_bytes() ||
@@ -37,6 +38,7 @@ double time_path(CudaCommunicator& comm, Path path, float* data, size_t n, float
     else if (path == Path::kLL) comm.ll_all_reduce(data, n, stream);
     else if (path == Path::kStaged) comm.oneshot_all_reduce(data, n, stream);
     else if (path == Path::kRowsNorm) comm.residual_all_reduce(rows, stream);
+    else if (path == Path::kTwoShot) comm.twoshot_all_reduce(data, n, stream);
     else comm.all_reduce_sum(data, n, stream);
   };
   call();  // warm up outside the graph
@@ -81,8 +83,8 @@ int run_allreduce_bench(const AllReduceBenchOptions& o) {
   }
   // Decode's residual rows (2880 floats = 11.5 KB each) from 1 to 64 rows, a few sizes between,
   // and the prefill sizes NCCL serves.
-  const std::vector<size_t> bytes = {5760,   11520,  23040,   46080,   92160,   184320,  368640,
-                                     524288, 737280, 1 << 20, 2 << 20, 4 << 20, 16 << 20};
+  const std::vector<size_t> bytes = {5760,   11520,  23040,   46080,   92160,   184320,  368640,  524288,
+                                     737280, 1 << 20, 2 << 20, 4 << 20, 16 << 20, 23592960 /* 2048 rows */};
   const CommId id = cuda_new_comm_id();
   std::vector<std::vector<double>> table(bytes.size(), std::vector<double>(int(Path::kCount), -1));
   std::mutex err_mu;
@@ -119,8 +121,8 @@ int run_allreduce_bench(const AllReduceBenchOptions& o) {
   }
   std::printf("all-reduce fp32, %d GPUs (from %d), us per call, graph of %d calls, best of %d\n\n", o.tp,
               o.first_device, o.iters, o.reps);
-  std::printf("| bytes | NCCL | LL | staged one-shot | LL rows of 2880 + RMSNorm | all_reduce_sum (auto) |\n"
-              "|---:|---:|---:|---:|---:|---:|\n");
+  std::printf("| bytes | NCCL | LL | staged one-shot | LL rows of 2880 + RMSNorm | two-shot | all_reduce_sum (auto) |\n"
+              "|---:|---:|---:|---:|---:|---:|---:|\n");
   for (size_t s = 0; s < bytes.size(); ++s) {
     auto cell = [](double v) { return v < 0 ? std::string("-") : std::to_string(v).substr(0, 6); };
     std::printf("| %zu", bytes[s]);

@@ -20,6 +20,7 @@
 
 #include "backend/cuda/cuda_common.h"
 #include "backend/cuda/kernels/comm/oneshot_allreduce.h"
+#include "backend/cuda/kernels/comm/twoshot_allreduce.h"
 #include "backend/cuda/nccl_library.h"
 #include "common/error.h"
 
@@ -55,6 +56,7 @@ struct PeerInfo {
   uint64_t region = 0;               // device address of the rank's registered region
   uint64_t region_bytes = 0;         // its layout follows from its size: every rank's must match
   uint64_t oneshot_max = 0;          // the rank's GPTOSS_ALLREDUCE_ONESHOT_MAX: the group takes the least
+  uint64_t twoshot_max = 0;          // and GPTOSS_ALLREDUCE_TWOSHOT_MAX
   cudaIpcMemHandle_t ipc{};          // the same region for other processes
   int32_t device = 0;
   int32_t ok = 0;                    // this rank can use the one-shot path (second round)
@@ -92,6 +94,8 @@ class CudaCommunicatorImpl final : public CudaCommunicator {
     oneshot_max_bytes_ = env_size("GPTOSS_ALLREDUCE_ONESHOT_MAX", 512 * 1024);
     // The kernels take up to 1 MiB when called directly (bench-allreduce's table).
     capacity_bytes_ = std::max<size_t>(oneshot_max_bytes_, size_t(1) << 20);
+    // Experimental: the two-shot kernel above that, up to this size (0: NCCL there).
+    twoshot_max_bytes_ = env_size("GPTOSS_ALLREDUCE_TWOSHOT_MAX", 0);
     if (world_ > 1 && world_ <= cuda::kOneShotMaxRanks && world_ <= cuda::kLLMaxRanks && oneshot_max_bytes_ > 0)
       setup_oneshot();
     watchdog_ = std::thread([this] { watch(); });
@@ -132,7 +136,19 @@ class CudaCommunicatorImpl final : public CudaCommunicator {
       cuda::ll_all_reduce_f32(ll_, data, n, cudaStream_t(stream));
       return;
     }
+    if (oneshot_ && n * sizeof(float) <= twoshot_max_bytes_) {
+      cuda::twoshot_all_reduce_f32(two_, data, n, cudaStream_t(stream));
+      return;
+    }
     nccl_all_reduce(data, n, stream);
+  }
+
+  size_t twoshot_max_bytes() const override { return oneshot_ ? twoshot_max_bytes_ : 0; }
+  void twoshot_all_reduce(float* data, size_t n, void* stream) override {
+    if (!oneshot_ || n * sizeof(float) > twoshot_max_bytes_)
+      throw Error("two-shot all-reduce unavailable for " + std::to_string(n * 4) + " bytes");
+    check_alive();
+    cuda::twoshot_all_reduce_f32(two_, data, n, cudaStream_t(stream));
   }
 
   void ll_all_reduce(float* data, size_t n, void* stream) override {
@@ -262,15 +278,18 @@ class CudaCommunicatorImpl final : public CudaCommunicator {
     // [signals][staging (the staged kernel)][LL receive area]; flags and LL slots start at 0.
     const size_t ll_offset = cuda::kOneShotStagingOffset + (capacity_bytes_ + 255) / 256 * 256;
     const size_t cap_floats = capacity_bytes_ / sizeof(float);
-    const size_t region_bytes = ll_offset + cuda::ll_area_bytes(cap_floats, world_);
+    const size_t two_offset = ll_offset + (cuda::ll_area_bytes(cap_floats, world_) + 255) / 256 * 256;
+    const size_t two_floats = twoshot_max_bytes_ / sizeof(float);
+    const size_t region_bytes = two_offset + (two_floats ? cuda::twoshot_area_bytes(two_floats, world_) : 0);
     region_.alloc(region_bytes);
     GPTOSS_CUDA_CHECK(cudaMemset(region_.get(), 0, region_bytes));
-    ll_state_.alloc(2 * sizeof(uint32_t));
-    GPTOSS_CUDA_CHECK(cudaMemset(ll_state_.get(), 0, 2 * sizeof(uint32_t)));
+    ll_state_.alloc(4 * sizeof(uint32_t));  // [LL epoch, LL blocks done, two-shot epoch, two-shot blocks done]
+    GPTOSS_CUDA_CHECK(cudaMemset(ll_state_.get(), 0, 4 * sizeof(uint32_t)));
     GPTOSS_CUDA_CHECK(cudaDeviceSynchronize());
     PeerInfo mine;
     mine.region_bytes = region_bytes;
     mine.oneshot_max = oneshot_max_bytes_;
+    mine.twoshot_max = twoshot_max_bytes_;
     mine.host_hash = host_hash();
     mine.pid = uint64_t(getpid());
     mine.region = reinterpret_cast<uint64_t>(region_.get());
@@ -283,7 +302,10 @@ class CudaCommunicatorImpl final : public CudaCommunicator {
     auto all = gather_info(mine);
     // Every rank must pick the same path for the same call (a rank on NCCL and one on the LL
     // kernel would wait for each other forever).
-    for (const auto& p : all) oneshot_max_bytes_ = std::min<size_t>(oneshot_max_bytes_, p.oneshot_max);
+    for (const auto& p : all) {
+      oneshot_max_bytes_ = std::min<size_t>(oneshot_max_bytes_, p.oneshot_max);
+      twoshot_max_bytes_ = std::min<size_t>(twoshot_max_bytes_, p.twoshot_max);
+    }
 
     bool ok = true;
     // One host only, and the same layout everywhere (GPTOSS_ALLREDUCE_ONESHOT_MAX alike).
@@ -318,6 +340,13 @@ class CudaCommunicatorImpl final : public CudaCommunicator {
     ll_.rank = rank_;
     ll_.world = world_;
     ll_.timeout_ns = timeout_ns_;
+    for (int r = 0; oneshot_ && r < world_; ++r) two_.area[r] = peers_.region[r] + two_offset;
+    two_.own = two_.area[rank_];
+    two_.max_floats = two_floats;
+    two_.state = ll_state_.get<uint32_t>() + 2;
+    two_.rank = rank_;
+    two_.world = world_;
+    two_.timeout_ns = timeout_ns_;
     if (!oneshot_ && rank_ == 0)
       std::fprintf(stderr, "gptoss: the GPUs cannot map each other's memory (or span hosts): all-reduce via NCCL only\n");
   }
@@ -329,11 +358,12 @@ class CudaCommunicatorImpl final : public CudaCommunicator {
   std::thread watchdog_;
   uint64_t timeout_ns_ = 0;
   static constexpr size_t kLLGatherMaxBytes = 16 * 1024;
-  size_t oneshot_max_bytes_ = 0, capacity_bytes_ = 0;
+  size_t oneshot_max_bytes_ = 0, capacity_bytes_ = 0, twoshot_max_bytes_ = 0;
   bool oneshot_ = false;
   cuda::DeviceBuffer region_, ll_state_;
   cuda::OneShotPeers peers_{};
   cuda::LLPeers ll_{};
+  cuda::TwoShotPeers two_{};
   std::vector<void*> opened_ipc_;
 };
 

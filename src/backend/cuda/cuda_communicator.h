@@ -24,6 +24,11 @@ class CudaCommunicator : public Communicator {
   virtual void oneshot_all_reduce(float* data, size_t n, void* stream) = 0;
   // The LL kernel (kernels/comm/ll_allreduce.h); n * 4 <= peer_capacity_bytes().
   virtual void ll_all_reduce(float* data, size_t n, void* stream) = 0;
+  // The two-shot kernel for large messages (kernels/comm/twoshot_allreduce.h; experimental):
+  // all_reduce_sum takes it above oneshot_max_bytes() up to this many bytes (0: off, the
+  // default; GPTOSS_ALLREDUCE_TWOSHOT_MAX sets it).
+  virtual size_t twoshot_max_bytes() const = 0;
+  virtual void twoshot_all_reduce(float* data, size_t n, void* stream) = 0;  // n * 4 <= twoshot_max_bytes()
   // A row-parallel layer's residual update made whole, fused with the MoE combine and the next
   // RMSNorm as `op` asks (ll_allreduce.h). Returns false, having done nothing, when the
   // peer-memory path does not take the call (no peer memory, too many bytes, shape): the caller

@@ -9,6 +9,7 @@
 
 #include "backend/cuda/cuda_common.h"
 #include "backend/cuda/device_utils.cuh"
+#include "backend/cuda/kernels/comm/peer_sync.cuh"
 #include "common/error.h"
 
 namespace gptoss::cuda {
@@ -31,37 +32,20 @@ __device__ __forceinline__ uint4 load_slot(const uint4* p) {
                : "memory");
   return v;
 }
-__device__ __forceinline__ uint64_t global_timer_ns() {
-  uint64_t t;
-  asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
-  return t;
-}
 
-// Slot `u` of (parity, source rank) in the area at `area`.
-__device__ __forceinline__ uint4* slot_at(char* area, size_t slots, uint32_t parity, int src, size_t u) {
-  return reinterpret_cast<uint4*>(area) + (size_t(parity) * kLLMaxRanks + src) * slots + u;
+// Slot `u` of (parity, source rank) in the area at `area` (of a group of `world`).
+__device__ __forceinline__ uint4* slot_at(char* area, size_t slots, int world, uint32_t parity, int src, size_t u) {
+  return reinterpret_cast<uint4*>(area) + (size_t(parity) * world + src) * slots + u;
 }
 
 struct Epoch {
   uint32_t value, parity;
 };
-// Every thread of the call reads the same epoch: the last block to finish advances it (ll_end),
-// and the next call starts after this one has ended (stream order; pdl_wait first).
 __device__ __forceinline__ Epoch ll_begin(LLPeers p) {
-  const uint32_t e = *reinterpret_cast<volatile uint32_t*>(p.state) + 1;
+  const uint32_t e = epoch_begin(p.state);
   return Epoch{e, e & 1u};
 }
-__device__ __forceinline__ void ll_end(LLPeers p, uint32_t epoch) {
-  __syncthreads();  // every thread of the block has read the epoch
-  if (threadIdx.x == 0) {
-    __threadfence();
-    const uint32_t total = gridDim.x * gridDim.y * gridDim.z;
-    if (atomicAdd(&p.state[1], 1u) == total - 1) {
-      p.state[1] = 0;
-      p.state[0] = epoch;
-    }
-  }
-}
+__device__ __forceinline__ void ll_end(LLPeers p, uint32_t epoch) { epoch_end(p.state, epoch); }
 
 // This rank's contribution of two floats to every peer's slot u.
 // (Loops over ranks run to the constant kLLMaxRanks, unrolled, so `area` is indexed by constants
@@ -69,7 +53,7 @@ __device__ __forceinline__ void ll_end(LLPeers p, uint32_t epoch) {
 __device__ __forceinline__ void push(LLPeers p, Epoch e, size_t u, float a, float b) {
 #pragma unroll
   for (int r = 0; r < kLLMaxRanks; ++r)
-    if (r < p.world && r != p.rank) store_slot(slot_at(p.area[r], p.slots, e.parity, p.rank, u), a, b, e.value);
+    if (r < p.world && r != p.rank) store_slot(slot_at(p.area[r], p.slots, p.world, e.parity, p.rank, u), a, b, e.value);
 }
 
 // The sum in rank order of slot u's two floats, this rank's own (a, b) taken as they are.
@@ -81,17 +65,13 @@ __device__ __forceinline__ float2 gather_sum(LLPeers p, Epoch e, size_t u, float
     if (r >= p.world) break;
     float va = a, vb = b;
     if (r != p.rank) {
-      const uint4* q = slot_at(mine, p.slots, e.parity, r, u);
+      const uint4* q = slot_at(mine, p.slots, p.world, e.parity, r, u);
       uint4 v = load_slot(q);
       if (v.y != e.value || v.w != e.value) {
         const uint64_t t0 = global_timer_ns();
         uint32_t spins = 0;
         do {
-          if (++spins % 1024 == 0 && global_timer_ns() - t0 > p.timeout_ns) {
-            printf("gptoss: LL all-reduce: rank %d waited %.0f s for rank %d (epoch %u); a peer is gone or stuck\n",
-                   p.rank, p.timeout_ns * 1e-9, r, e.value);
-            __trap();
-          }
+          check_wait(spins, t0, p.timeout_ns, "LL all-reduce", p.rank, r, e.value);
           v = load_slot(q);
         } while (v.y != e.value || v.w != e.value);
       }
@@ -161,17 +141,13 @@ __global__ void __launch_bounds__(kFlatThreads) ll_all_gather_kernel(LLPeers p, 
     for (int r = 0; r < kLLMaxRanks; ++r) {
       if (r >= p.world) break;
       if (r == p.rank) continue;
-      const uint4* q = slot_at(p.own, p.slots, e.parity, r, u);
+      const uint4* q = slot_at(p.own, p.slots, p.world, e.parity, r, u);
       uint4 v = load_slot(q);
       if (v.y != e.value || v.w != e.value) {
         const uint64_t t0 = global_timer_ns();
         uint32_t spins = 0;
         do {
-          if (++spins % 1024 == 0 && global_timer_ns() - t0 > p.timeout_ns) {
-            printf("gptoss: LL all-gather: rank %d waited %.0f s for rank %d (epoch %u); a peer is gone or stuck\n",
-                   p.rank, p.timeout_ns * 1e-9, r, e.value);
-            __trap();
-          }
+          check_wait(spins, t0, p.timeout_ns, "LL all-gather", p.rank, r, e.value);
           v = load_slot(q);
         } while (v.y != e.value || v.w != e.value);
       }
@@ -256,8 +232,7 @@ __global__ void __cluster_dims__(kRowBlocks, 1, 1) __launch_bounds__(kRowThreads
 }  // namespace
 
 size_t ll_area_bytes(size_t max_floats, int world) {
-  (void)world;  // slots for every possible source rank: the layout does not depend on the group
-  return size_t(2) * kLLMaxRanks * ((max_floats + 1) / 2) * sizeof(uint4);
+  return size_t(2) * world * ((max_floats + 1) / 2) * sizeof(uint4);
 }
 
 void ll_all_reduce_f32(const LLPeers& peers, float* data, size_t n, cudaStream_t stream) {
