@@ -3,6 +3,7 @@
 // unaligned pointers, inside CUDA graphs). Every rank runs in its own thread, as TpBackend does.
 // Needs libnccl.so.2 on LD_LIBRARY_PATH (tools/gpu/tp_round.sh sets it).
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <exception>
 #include <functional>
@@ -453,6 +454,38 @@ TEST_F(CudaTp, AllGatherSmallAndLarge) {
           EXPECT_EQ(bad, 0u) << "rank " << rank << " bytes " << bytes << " offset " << offset << (graph ? " graph" : "");
         }
     }
+}
+
+// A rank waiting in a peer-memory kernel for a peer that never comes is released as soon as the
+// group is aborted (another rank failed: Communicator::abort raises the flag the kernel polls),
+// not after GPTOSS_TP_TIMEOUT_S: its stream reports an error. In a child process (the trap ends
+// the CUDA context): exit code 3 = released within 60 s of a 600 s timeout.
+[[noreturn]] void wait_for_a_peer_then_abort() {
+  setenv("GPTOSS_TP_TIMEOUT_S", "600", 1);
+  const CommId id = cuda_new_comm_id();
+  std::unique_ptr<Communicator> c0, c1;
+  std::thread t1([&] { c1 = make_cuda_communicator(id, 1, 2, 1); });
+  c0 = make_cuda_communicator(id, 0, 2, 0);
+  t1.join();
+  auto& cc = dynamic_cast<CudaCommunicator&>(*c0);
+  if (cc.peer_capacity_bytes() == 0) std::_Exit(6);  // no peer memory: nothing to test
+  GPTOSS_CUDA_CHECK(cudaSetDevice(0));
+  Dev<float> d(2880);
+  const auto t0 = std::chrono::steady_clock::now();
+  cc.ll_all_reduce(d.p(), 2880, nullptr);  // rank 1 never joins
+  std::thread aborter([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    c0->abort("test: a peer failed");
+  });
+  const cudaError_t e = cudaDeviceSynchronize();
+  aborter.join();
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::_Exit(e == cudaSuccess ? 4 : s < 60 ? 3 : 5);
+}
+
+TEST_F(CudaTp, AbortReleasesAWaitingPeerMemoryKernel) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(wait_for_a_peer_then_abort(), ::testing::ExitedWithCode(3), "");
 }
 
 // Vocab-parallel greedy (vocab_parallel_argmax): each rank holds its slice of the rows (uneven

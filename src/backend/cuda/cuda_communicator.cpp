@@ -106,6 +106,7 @@ class CudaCommunicatorImpl final : public CudaCommunicator {
     if (watchdog_.joinable()) watchdog_.join();
     // Peer regions of other processes were opened here; a thread peer's belong to its owner.
     for (void* p : opened_ipc_) cudaIpcCloseMemHandle(p);
+    if (abort_flag_) cudaFreeHost(const_cast<uint32_t*>(abort_flag_));
     if (comm_) {
       if (aborted_) {
       } else if (failed_) {
@@ -197,6 +198,7 @@ class CudaCommunicatorImpl final : public CudaCommunicator {
     if (aborted_.exchange(true)) return;
     async_error_ = why;
     failed_ = true;
+    raise_abort_flag();
     nccl().CommAbort(comm_);
   }
 
@@ -253,10 +255,16 @@ class CudaCommunicatorImpl final : public CudaCommunicator {
         async_error_ = nccl_error(s, comm_);
         std::fprintf(stderr, "gptoss: rank %d: NCCL error, aborting the group: %s\n", rank_, async_error_.c_str());
         failed_ = true;
+        raise_abort_flag();
         nccl().CommAbort(comm_);
         return;
       }
     }
+  }
+
+  // Releases this rank's peer-memory kernels from their waits (they trap; peer_sync.cuh).
+  void raise_abort_flag() {
+    if (abort_flag_) *abort_flag_ = 1;
   }
 
   // One small all_gather through NCCL at init (host values staged in device memory).
@@ -284,6 +292,11 @@ class CudaCommunicatorImpl final : public CudaCommunicator {
     region_.alloc(region_bytes);
     GPTOSS_CUDA_CHECK(cudaMemset(region_.get(), 0, region_bytes));
     ll_state_.alloc(4 * sizeof(uint32_t));  // [LL epoch, LL blocks done, two-shot epoch, two-shot blocks done]
+    // The abort flag: host memory the kernels read through the mapping (unified addressing).
+    void* flag = nullptr;
+    GPTOSS_CUDA_CHECK(cudaHostAlloc(&flag, sizeof(uint32_t), cudaHostAllocMapped | cudaHostAllocPortable));
+    abort_flag_ = static_cast<volatile uint32_t*>(flag);
+    *abort_flag_ = 0;
     GPTOSS_CUDA_CHECK(cudaMemset(ll_state_.get(), 0, 4 * sizeof(uint32_t)));
     GPTOSS_CUDA_CHECK(cudaDeviceSynchronize());
     PeerInfo mine;
@@ -340,6 +353,7 @@ class CudaCommunicatorImpl final : public CudaCommunicator {
     ll_.rank = rank_;
     ll_.world = world_;
     ll_.timeout_ns = timeout_ns_;
+    ll_.abort_flag = abort_flag_;
     for (int r = 0; oneshot_ && r < world_; ++r) two_.area[r] = peers_.region[r] + two_offset;
     two_.own = two_.area[rank_];
     two_.max_floats = two_floats;
@@ -347,6 +361,7 @@ class CudaCommunicatorImpl final : public CudaCommunicator {
     two_.rank = rank_;
     two_.world = world_;
     two_.timeout_ns = timeout_ns_;
+    two_.abort_flag = abort_flag_;
     if (!oneshot_ && rank_ == 0)
       std::fprintf(stderr, "gptoss: the GPUs cannot map each other's memory (or span hosts): all-reduce via NCCL only\n");
   }
@@ -365,6 +380,7 @@ class CudaCommunicatorImpl final : public CudaCommunicator {
   cuda::LLPeers ll_{};
   cuda::TwoShotPeers two_{};
   std::vector<void*> opened_ipc_;
+  volatile uint32_t* abort_flag_ = nullptr;  // pinned, mapped; freed in the destructor
 };
 
 }  // namespace

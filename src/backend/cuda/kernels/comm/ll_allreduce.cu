@@ -71,7 +71,7 @@ __device__ __forceinline__ float2 gather_sum(LLPeers p, Epoch e, size_t u, float
         const uint64_t t0 = global_timer_ns();
         uint32_t spins = 0;
         do {
-          check_wait(spins, t0, p.timeout_ns, "LL all-reduce", p.rank, r, e.value);
+          check_wait(spins, t0, p.timeout_ns, p.abort_flag, "LL all-reduce", p.rank, r, e.value);
           v = load_slot(q);
         } while (v.y != e.value || v.w != e.value);
       }
@@ -147,7 +147,7 @@ __global__ void __launch_bounds__(kFlatThreads) ll_all_gather_kernel(LLPeers p, 
         const uint64_t t0 = global_timer_ns();
         uint32_t spins = 0;
         do {
-          check_wait(spins, t0, p.timeout_ns, "LL all-gather", p.rank, r, e.value);
+          check_wait(spins, t0, p.timeout_ns, p.abort_flag, "LL all-gather", p.rank, r, e.value);
           v = load_slot(q);
         } while (v.y != e.value || v.w != e.value);
       }

@@ -37,6 +37,7 @@ struct LLPeers {
   uint32_t* state = nullptr;  // this rank's [epoch, blocks done], zero at first
   int rank = 0, world = 1;
   uint64_t timeout_ns = 0;  // a peer that never comes: the kernel traps after waiting this long
+  const volatile uint32_t* abort_flag = nullptr;  // host memory the device reads: nonzero = trap now
 };
 // Bytes of one rank's receive area for messages of up to `max_floats` floats.
 size_t ll_area_bytes(size_t max_floats, int world);

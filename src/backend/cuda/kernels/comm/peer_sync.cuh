@@ -41,11 +41,20 @@ __device__ __forceinline__ void epoch_end(uint32_t* state, uint32_t epoch) {
   }
 }
 
-// A peer that never comes: after `timeout_ns` of waiting, say who waited for whom and trap (a
-// launch error at the next synchronize instead of a hang).
-__device__ __forceinline__ void check_wait(uint32_t& spins, uint64_t t0, uint64_t timeout_ns, const char* what,
-                                           int rank, int peer, uint32_t epoch) {
-  if (++spins % 1024 == 0 && global_timer_ns() - t0 > timeout_ns) {
+// A peer that never comes: after `timeout_ns` of waiting, or as soon as the host raised the
+// group's abort flag (host memory mapped into the device, set by Communicator::abort: another
+// rank failed), say who waited for whom and trap (a launch error at the next synchronize instead
+// of a hang). Checked every 1024 spins: a wait that ends in microseconds never reads it.
+__device__ __forceinline__ void check_wait(uint32_t& spins, uint64_t t0, uint64_t timeout_ns,
+                                           const volatile uint32_t* abort_flag, const char* what, int rank, int peer,
+                                           uint32_t epoch) {
+  if (++spins % 1024 != 0) return;
+  if (abort_flag && *abort_flag) {
+    printf("gptoss: %s: rank %d stopped waiting for rank %d (epoch %u): the group was aborted\n", what, rank, peer,
+           epoch);
+    __trap();
+  }
+  if (global_timer_ns() - t0 > timeout_ns) {
     printf("gptoss: %s: rank %d waited %.0f s for rank %d (epoch %u); a peer is gone or stuck\n", what, rank,
            timeout_ns * 1e-9, peer, epoch);
     __trap();

@@ -44,7 +44,7 @@ __device__ __forceinline__ void block_barrier(const TwoShotPeers& p, int barrier
     const uint32_t* mine = flag_at(p.own, barrier, blockIdx.x, r);
     const uint64_t t0 = global_timer_ns();
     uint32_t spins = 0;
-    while (load_acquire_sys(mine) != epoch) check_wait(spins, t0, p.timeout_ns, "two-shot all-reduce", p.rank, r, epoch);
+    while (load_acquire_sys(mine) != epoch) check_wait(spins, t0, p.timeout_ns, p.abort_flag, "two-shot all-reduce", p.rank, r, epoch);
   }
   __syncthreads();
 }

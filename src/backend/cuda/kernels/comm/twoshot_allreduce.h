@@ -33,6 +33,7 @@ struct TwoShotPeers {
   uint32_t* state = nullptr;     // this rank's [epoch, blocks done], zero at first
   int rank = 0, world = 1;
   uint64_t timeout_ns = 0;
+  const volatile uint32_t* abort_flag = nullptr;  // as LLPeers'
 };
 size_t twoshot_area_bytes(size_t max_floats, int world);
 
