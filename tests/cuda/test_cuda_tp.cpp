@@ -478,8 +478,8 @@ TEST_F(CudaTp, AllGatherSmallAndLarge) {
     c0->abort("test: a peer failed");
   });
   const cudaError_t e = cudaDeviceSynchronize();
-  aborter.join();
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  // Out at once: the aborter may still be inside NCCL's abort on a context the trap has ended.
   std::_Exit(e == cudaSuccess ? 4 : s < 60 ? 3 : 5);
 }
 
