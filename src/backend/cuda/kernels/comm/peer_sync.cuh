@@ -29,10 +29,11 @@ __device__ __forceinline__ uint32_t load_acquire_sys(const uint32_t* p) {
 __device__ __forceinline__ uint32_t epoch_begin(const uint32_t* state) {
   return *reinterpret_cast<const volatile uint32_t*>(state) + 1;
 }
+// No fence before the count: every thread's epoch load has been consumed (its stores carry the
+// value) before the barrier, and a fence here would wait for the block's remote stores too.
 __device__ __forceinline__ void epoch_end(uint32_t* state, uint32_t epoch) {
   __syncthreads();  // every thread of the block has read the epoch
   if (threadIdx.x == 0) {
-    __threadfence();
     const uint32_t total = gridDim.x * gridDim.y * gridDim.z;
     if (atomicAdd(&state[1], 1u) == total - 1) {
       state[1] = 0;
