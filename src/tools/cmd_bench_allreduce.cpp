@@ -1,4 +1,4 @@
-// `gptoss bench-allreduce --gpus N`: NCCL vs the one-shot peer-memory all-reduce on this host's
+// `gptoss bench-allreduce --gpus N`: NCCL vs the peer-memory all-reduce kernels on this host's
 // GPUs (see backend/cuda/allreduce_bench.h). Needs libnccl.so.2 on LD_LIBRARY_PATH.
 #include <cstdio>
 
@@ -13,7 +13,7 @@ struct Args {
   int tp = 2, iters = 100, reps = 5, first_device = 0;
 };
 
-gptoss::tools::RegisterCommand reg({"bench-allreduce", "Time the tensor-parallel all-reduce, NCCL vs one-shot (CUDA)",
+gptoss::tools::RegisterCommand reg({"bench-allreduce", "Time the tensor-parallel all-reduce, NCCL vs the peer-memory kernels (CUDA)",
                                     [](CLI::App* app) {
   auto a = std::make_shared<Args>();
   app->add_option("--gpus", a->tp, "GPUs in the group (one rank each)")->capture_default_str()->check(CLI::Range(2, 8));

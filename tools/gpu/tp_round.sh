@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Issue 12 on the 2-GPU machine (NVLink): the tensor-parallel tests, the all-reduce latency table
-# (NCCL vs the one-shot peer-memory kernel), `gptoss bench` at TP=1 and TP=2 (both expert
+# (NCCL vs the peer-memory kernels), `gptoss bench` at TP=1 and TP=2 (both expert
 # shardings), and the same greedy tokens from TP=1, TP=2 in one process (threads), and TP=2 as two
 # processes bootstrapped from RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT with NCCL forced onto its
 # network transport (NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1; one-shot off) and with the one-shot
@@ -36,6 +36,11 @@ fi
 log "bench-allreduce --gpus 2"
 timeout 200 "$g" bench-allreduce --gpus 2 2>&1 | tee "$out/allreduce.md"
 status bench-allreduce "$([ ${PIPESTATUS[0]} = 0 ] && echo done || echo FAIL)"
+# Every peer-memory kernel over the whole range (LL and its fused row form to 1 MiB, the
+# experimental two-shot kernel to 32 MiB), to place the thresholds.
+GPTOSS_ALLREDUCE_ONESHOT_MAX=1048576 GPTOSS_ALLREDUCE_TWOSHOT_MAX=33554432 \
+  timeout 300 "$g" bench-allreduce --gpus 2 2>&1 | tee "$out/allreduce_all.md"
+status "bench-allreduce (all kernels)" "$([ ${PIPESTATUS[0]} = 0 ] && echo done || echo FAIL)"
 
 bench() {  # NAME FLAGS...
   local name=$1; shift
@@ -50,6 +55,7 @@ bench tp1
 bench tp2_intermediate --tp 2 --tp-expert-sharding intermediate
 bench tp2_expert --tp 2 --tp-expert-sharding expert
 GPTOSS_ALLREDUCE_ONESHOT_MAX=0 bench tp2_nccl_only --tp 2 --tp-expert-sharding intermediate
+GPTOSS_ALLREDUCE_TWOSHOT_MAX=33554432 bench tp2_twoshot --tp 2 --tp-expert-sharding intermediate
 
 # Greedy tokens: TP=1, TP=2 threads, TP=2 two processes (network transport, then IPC one-shot).
 gen=(generate --device cuda --random-weights 20b --weights-seed 3 --prompt-ids 1,2,3,4,5,6,7,8 --max-tokens 48

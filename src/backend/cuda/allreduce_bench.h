@@ -1,6 +1,9 @@
 #pragma once
 // `gptoss bench-allreduce`: latency of the tensor-parallel all-reduce on this host's GPUs, NCCL
-// against the one-shot peer-memory kernel, fp32 messages from 5.6 KB to 16 MB. Each rank runs in
+// against the peer-memory kernels (the LL kernel, the earlier staged one-shot kernel, and the LL
+// residual kernel on rows of 2880 with the RMSNorm after it, as TP decode runs it), fp32 messages
+// from 5.6 KB to 23.6 MB (2048 rows; the LL kernels up to 1 MB, the experimental two-shot kernel
+// up to GPTOSS_ALLREDUCE_TWOSHOT_MAX). Each rank runs in
 // its own thread; every measurement is a CUDA graph of `iters` back-to-back all-reduces (as a
 // decode step replays them), timed with events on rank 0. Prints a markdown table; never fails
 // on a number.

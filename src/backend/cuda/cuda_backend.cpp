@@ -17,6 +17,7 @@
 
 #include "backend/cuda/cublaslt_gemm.h"
 #include "backend/cuda/cuda_common.h"
+#include "backend/cuda/cuda_communicator.h"
 #include "backend/cuda/eagle3_head.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/kernels/eagle3/eagle3_kernels.h"
@@ -119,7 +120,17 @@ class CudaBackend final : public Backend {
     DecodeAttentionPlan attn_full, attn_sliding;
   };
   void run_pass(int n, const PassMeta& m, int n_rows, int nsplit);
+  // Tensor-parallel: lm_head leaves this rank's vocab slice in d_vocab_gather_; then either the
+  // greedy ids (tp_greedy: (value, id) pairs, no logits moved) or the full rows in d_logits_
+  // (tp_gather_logits: for the host's logits and for sampling).
   void lm_head(const int32_t* rows, int n_rows);
+  void tp_greedy(int n_rows, bool sampler_rule) {
+    vocab_parallel_argmax(*comm_, model_cfg_, tp_, d_vocab_gather_, vocab_ld_, n_rows, d_vocab_pairs_, d_greedy_, stream_,
+                          sampler_rule);
+  }
+  void tp_gather_logits(int n_rows) {
+    gather_vocab_logits(*comm_, model_cfg_, tp_, d_vocab_gather_, vocab_ld_, n_rows, d_logits_, stream_);
+  }
   int splits_for(int n) const;
 
   // Host staging of the metadata of one pass; returns its device view.
@@ -145,7 +156,9 @@ class CudaBackend final : public Backend {
   GptOssConfig cfg_;
   TpShard tp_;
   std::shared_ptr<Communicator> comm_;
+  CudaCommunicator* cuda_comm_ = nullptr;  // comm_ when it is the CUDA one (residual_all_reduce)
   float* d_vocab_gather_ = nullptr;  // TP lm_head: [world][rows][vocab_ld_] logits of every rank
+  RowMax* d_vocab_pairs_ = nullptr;  // TP greedy: [world][rows] row maxima of every rank
   // Experts whose weights this rank holds, [begin, end) (all but under --tp-expert-sharding expert).
   int experts_begin_ = 0, experts_end_ = 0;
   bool expert_parallel() const { return tp_.active() && tp_.experts == ExpertSharding::kExpertParallel; }
@@ -284,6 +297,7 @@ CudaBackend::CudaBackend(const BackendOptions& opts) {
   mx_layers_ = parse_mxfp4_layers(opts.mxfp4_layers);
   tp_ = opts.tp_shard;
   comm_ = opts.comm;
+  cuda_comm_ = dynamic_cast<CudaCommunicator*>(comm_.get());
   if (tp_.active()) {
     if (!comm_ || comm_->world() != tp_.world || comm_->rank() != tp_.rank)
       throw Error("cuda backend: tensor-parallel rank " + std::to_string(tp_.rank) + " of " + std::to_string(tp_.world) +
@@ -696,6 +710,7 @@ void CudaBackend::alloc_workspace() {
   if (tp_.active()) {
     vocab_ld_ = tp_max_vocab_slice(model_cfg_, tp_);
     d_vocab_gather_ = dalloc<float>(size_t(tp_.world) * kMaxLogitRows * vocab_ld_);
+    d_vocab_pairs_ = dalloc<RowMax>(size_t(tp_.world) * kMaxLogitRows);
   }
   d_greedy_ = dalloc<int32_t>(kMaxLogitRows);
   d_ticket_ = dalloc<int>(1);  // moe_router_route's last-block counter: zero between launches
@@ -793,13 +808,12 @@ CudaBackend::PassMeta CudaBackend::upload_meta(const Staged& st, int n, int n_ro
 
 void CudaBackend::lm_head(const int32_t* rows, int n_rows) {
   rmsnorm(x_, final_norm_, n_rows, cfg_.hidden, cfg_.rms_eps, rows, xn_, stream_);
-  // Tensor-parallel: this rank's vocab slice into its part of the gather buffer, then every
-  // rank's part into the full rows of d_logits_ (the same bits on every rank).
+  // Tensor-parallel: this rank's vocab slice into its part of the gather buffer (the caller
+  // follows with tp_greedy or tp_gather_logits).
   float* out = tp_.active() ? d_vocab_gather_ + size_t(tp_.rank) * n_rows * vocab_ld_ : d_logits_;
   Epilogue e{Epilogue::kStoreF32, out, tp_.active() ? vocab_ld_ : cfg_.vocab};
   const bool dec = lm_head_dec_.fmt != WeightMat::kBF16 && (n_rows <= kSkinnyMaxTokens || invariant_);
   linear(dec ? lm_head_dec_ : lm_head_, xn_, cfg_.hidden, n_rows, e, stream_, invariant_, blas_.get());
-  if (tp_.active()) gather_vocab_logits(*comm_, model_cfg_, tp_, d_vocab_gather_, vocab_ld_, n_rows, d_logits_, stream_);
 }
 
 void CudaBackend::run_pass(int n, const PassMeta& m, int n_rows, int nsplit) {
@@ -836,8 +850,12 @@ void CudaBackend::run_pass(int n, const PassMeta& m, int n_rows, int nsplit) {
                 m.attn);
     }
     mark("attention");
-    tp_zero_x_off_root(n);
-    if (!skip("dense")) linear(Wo, attn_, c.q_dim(), n, Epilogue{Epilogue::kAddF32, x_, H}, stream_, inv, blas_.get());
+    // Tensor-parallel: rank 0 adds its o_proj part to the residual, the others store theirs; the
+    // all-reduce sums them.
+    const bool o_store = tp_.active() && !tp_.root();
+    if (!skip("dense"))
+      linear(Wo, attn_, c.q_dim(), n, Epilogue{o_store ? Epilogue::kStoreF32 : Epilogue::kAddF32, x_, H}, stream_, inv,
+             blas_.get());
     tp_all_reduce_x(n);
     mark("o_proj");
     // The skinny kernels take fp16 activations (their MMA type for MXFP4): the router's fused
@@ -882,11 +900,16 @@ void CudaBackend::run_pass(int n, const PassMeta& m, int n_rows, int nsplit) {
     mark("down");
     const float* next_norm = li + 1 < layers_.size() ? layers_[li + 1].attn_norm : nullptr;
     if (tp_.active()) {
-      // The next layer's norm needs the whole residual: combine, all-reduce, then normalize.
-      tp_zero_x_off_root(n);
-      if (!skip("experts")) moe_combine(moe_y_, routing_, n, k, H, x_, nullptr, c.rms_eps, xn_, stream_, inv);
-      tp_all_reduce_x(n);
-      if (next_norm) rmsnorm(x_, next_norm, n, H, c.rms_eps, nullptr, xn_, stream_);
+      // Decode sizes: combine, all-reduce and the next norm in one peer-memory kernel
+      // (ll_allreduce.h); batch-invariant mode keeps the separate kernels at every size.
+      const ResidualAllReduce fused{x_, n, H, tp_.root(), moe_y_, routing_, k, next_norm, c.rms_eps, xn_};
+      if (inv || skip("experts") || !cuda_comm_ || !cuda_comm_->residual_all_reduce(fused, stream_)) {
+        // The next layer's norm needs the whole residual: combine, all-reduce, then normalize.
+        tp_zero_x_off_root(n);
+        if (!skip("experts")) moe_combine(moe_y_, routing_, n, k, H, x_, nullptr, c.rms_eps, xn_, stream_, inv);
+        tp_all_reduce_x(n);
+        if (next_norm) rmsnorm(x_, next_norm, n, H, c.rms_eps, nullptr, xn_, stream_);
+      }
     } else if (!skip("experts")) {
       moe_combine(moe_y_, routing_, n, k, H, x_, next_norm, c.rms_eps, xn_, stream_, inv);
     } else if (next_norm) {
@@ -1002,6 +1025,11 @@ void CudaBackend::run_batch_impl(const ForwardBatch& b, float* logits, int32_t* 
     }
   }
   const int V = cfg_.vocab;
+  // Tensor-parallel greedy rows (forward_greedy, or samples that are all at temperature 0, as the
+  // engine asks for greedy requests): the vocab-parallel argmax, no logits gathered.
+  const bool tp_pairs = tp_.active() && greedy &&
+                        (!how || std::all_of(how, how + b.logit_rows.size(),
+                                             [](const RowSampling& s) { return s.temperature < 1e-5f; }));
   if (decode) {
     int B = 1;
     while (B < M) B *= 2;
@@ -1046,7 +1074,7 @@ void CudaBackend::run_batch_impl(const ForwardBatch& b, float* logits, int32_t* 
       GPTOSS_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
       run_pass(B, pm, B, splits_for(B));
       tap_layers_ = nullptr;
-      argmax_rows(d_logits_, B, V, d_greedy_, stream_);
+      if (!tp_.active()) argmax_rows(d_logits_, B, V, d_greedy_, stream_);
       GPTOSS_CUDA_CHECK(cudaStreamEndCapture(stream_, &graph));
       cudaGraphExec_t exec;
       GPTOSS_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
@@ -1055,7 +1083,11 @@ void CudaBackend::run_batch_impl(const ForwardBatch& b, float* logits, int32_t* 
     }
     GPTOSS_CUDA_CHECK(cudaGraphLaunch(it->second, stream_));
     if (taps_dev) last_taps_ = DeviceTaps{graph_taps_, M};
-    if (how) {
+    // Tensor-parallel: the graph ends at each rank's vocab slice; greedy exchanges row maxima,
+    // logits and sampling gather the rows (queued while the graph runs).
+    if (tp_pairs) tp_greedy(B, how != nullptr);
+    else if (tp_.active()) tp_gather_logits(B);
+    if (how && !tp_pairs) {
       std::vector<RowSampling> per(B);  // padding rows draw too, harmlessly
       for (size_t i = 0; i < b.logit_rows.size(); ++i) per[row_of[b.logit_rows[i]]] = how[i];
       sample_on_device(per, B);
@@ -1147,12 +1179,14 @@ void CudaBackend::run_batch_impl(const ForwardBatch& b, float* logits, int32_t* 
         GPTOSS_CUDA_CHECK(cudaMemcpyAsync(drows, h_meta_, cnt * 4, cudaMemcpyHostToDevice, stream_));
         lm_head(drows, cnt);
       }
+      if (tp_pairs) tp_greedy(cnt, how != nullptr);
+      else if (tp_.active()) tp_gather_logits(cnt);
       if (greedy) {
-        if (how) {
+        if (how && !tp_pairs) {
           std::vector<RowSampling> per(cnt);
           for (int i = 0; i < cnt; ++i) per[i] = how[outs[done + i]];
           sample_on_device(per, cnt);
-        } else {
+        } else if (!tp_.active()) {
           argmax_rows(d_logits_, cnt, V, d_greedy_, stream_);
         }
         std::vector<int32_t> ids(cnt);

@@ -1,10 +1,13 @@
-// The CUDA communicator: NCCL (loaded at run time) for every collective, plus the one-shot
-// peer-memory all-reduce (kernels/comm/oneshot_allreduce.h) for messages up to a threshold when
-// every rank is on this host and the GPUs can address each other's memory.
+// The CUDA communicator: NCCL (loaded at run time) for every collective, plus the peer-memory
+// all-reduce kernels (kernels/comm/ll_allreduce.h, the one all_reduce_sum and the residual
+// all-reduce use; kernels/comm/oneshot_allreduce.h, the earlier staged one, kept for the bench)
+// for messages up to a threshold when every rank is on this host and the GPUs can address each
+// other's memory.
 #include "backend/cuda/cuda_communicator.h"
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -17,6 +20,7 @@
 
 #include "backend/cuda/cuda_common.h"
 #include "backend/cuda/kernels/comm/oneshot_allreduce.h"
+#include "backend/cuda/kernels/comm/twoshot_allreduce.h"
 #include "backend/cuda/nccl_library.h"
 #include "common/error.h"
 
@@ -50,6 +54,9 @@ struct PeerInfo {
   uint64_t host_hash = 0;
   uint64_t pid = 0;
   uint64_t region = 0;               // device address of the rank's registered region
+  uint64_t region_bytes = 0;         // its layout follows from its size: every rank's must match
+  uint64_t oneshot_max = 0;          // the rank's GPTOSS_ALLREDUCE_ONESHOT_MAX: the group takes the least
+  uint64_t twoshot_max = 0;          // and GPTOSS_ALLREDUCE_TWOSHOT_MAX
   cudaIpcMemHandle_t ipc{};          // the same region for other processes
   int32_t device = 0;
   int32_t ok = 0;                    // this rank can use the one-shot path (second round)
@@ -81,10 +88,16 @@ class CudaCommunicatorImpl final : public CudaCommunicator {
                   ", GPU " + std::to_string(device) + "): " + nccl_error(r, nullptr));
     wait_ready("init");
     timeout_ns_ = timeout_seconds() * 1000000000ull;
-    // The one-shot kernel only wins below ~8 KB on two NVLinked H200s (bench-allreduce: 6.40 vs
-    // 6.52 us at 5.6 KB, 7.78 vs 7.07 us at 11.5 KB; docs/BENCHMARKS.md): NCCL above that.
-    oneshot_max_bytes_ = env_size("GPTOSS_ALLREDUCE_ONESHOT_MAX", 8 * 1024);
-    if (world_ > 1 && world_ <= cuda::kOneShotMaxRanks && oneshot_max_bytes_ > 0) setup_oneshot();
+    // all_reduce_sum's peer-memory (LL) path up to this size, NCCL above. The earlier staged
+    // one-shot kernel only beat NCCL below ~8 KB on two NVLinked H200s (docs/BENCHMARKS.md);
+    // 512 KiB (decode up to 45 rows of 2880) for the LL kernel is to be confirmed by bench-allreduce.
+    oneshot_max_bytes_ = env_size("GPTOSS_ALLREDUCE_ONESHOT_MAX", 512 * 1024);
+    // The kernels take up to 1 MiB when called directly (bench-allreduce's table).
+    capacity_bytes_ = std::max<size_t>(oneshot_max_bytes_, size_t(1) << 20);
+    // Experimental: the two-shot kernel above that, up to this size (0: NCCL there).
+    twoshot_max_bytes_ = env_size("GPTOSS_ALLREDUCE_TWOSHOT_MAX", 0);
+    if (world_ > 1 && world_ <= cuda::kOneShotMaxRanks && world_ <= cuda::kLLMaxRanks && oneshot_max_bytes_ > 0)
+      setup_oneshot();
     watchdog_ = std::thread([this] { watch(); });
   }
 
@@ -93,6 +106,7 @@ class CudaCommunicatorImpl final : public CudaCommunicator {
     if (watchdog_.joinable()) watchdog_.join();
     // Peer regions of other processes were opened here; a thread peer's belong to its owner.
     for (void* p : opened_ipc_) cudaIpcCloseMemHandle(p);
+    if (abort_flag_) cudaFreeHost(const_cast<uint32_t*>(abort_flag_));
     if (comm_) {
       if (aborted_) {
       } else if (failed_) {
@@ -114,15 +128,44 @@ class CudaCommunicatorImpl final : public CudaCommunicator {
   int world() const override { return world_; }
 
   size_t oneshot_max_bytes() const override { return oneshot_ ? oneshot_max_bytes_ : 0; }
+  size_t peer_capacity_bytes() const override { return oneshot_ ? capacity_bytes_ : 0; }
 
   void all_reduce_sum(float* data, size_t n, void* stream) override {
     if (world_ == 1 || n == 0) return;
     check_alive();
     if (oneshot_ && n * sizeof(float) <= oneshot_max_bytes_) {
-      cuda::oneshot_all_reduce_f32(peers_, rank_, world_, data, n, timeout_ns_, cudaStream_t(stream));
+      cuda::ll_all_reduce_f32(ll_, data, n, cudaStream_t(stream));
+      return;
+    }
+    if (oneshot_ && n * sizeof(float) <= twoshot_max_bytes_) {
+      cuda::twoshot_all_reduce_f32(two_, data, n, cudaStream_t(stream));
       return;
     }
     nccl_all_reduce(data, n, stream);
+  }
+
+  size_t twoshot_max_bytes() const override { return oneshot_ ? twoshot_max_bytes_ : 0; }
+  void twoshot_all_reduce(float* data, size_t n, void* stream) override {
+    if (!oneshot_ || n * sizeof(float) > twoshot_max_bytes_)
+      throw Error("two-shot all-reduce unavailable for " + std::to_string(n * 4) + " bytes");
+    check_alive();
+    cuda::twoshot_all_reduce_f32(two_, data, n, cudaStream_t(stream));
+  }
+
+  void ll_all_reduce(float* data, size_t n, void* stream) override {
+    if (!oneshot_ || n * sizeof(float) > capacity_bytes_)
+      throw Error("LL all-reduce unavailable for " + std::to_string(n * 4) + " bytes");
+    check_alive();
+    cuda::ll_all_reduce_f32(ll_, data, n, cudaStream_t(stream));
+  }
+
+  bool residual_all_reduce(const cuda::ResidualAllReduce& op, void* stream) override {
+    if (world_ == 1 || !oneshot_ || size_t(op.n) * op.H * sizeof(float) > oneshot_max_bytes_ ||
+        !cuda::ll_residual_fits(ll_, op))
+      return false;
+    check_alive();
+    cuda::ll_residual_all_reduce(ll_, op, cudaStream_t(stream));
+    return true;
   }
 
   // NCCL only (the bench compares both paths).
@@ -132,13 +175,19 @@ class CudaCommunicatorImpl final : public CudaCommunicator {
   }
   // One-shot only; n * 4 <= oneshot_max_bytes().
   void oneshot_all_reduce(float* data, size_t n, void* stream) override {
-    if (!oneshot_ || n * sizeof(float) > oneshot_max_bytes_)
+    if (!oneshot_ || n * sizeof(float) > capacity_bytes_)
       throw Error("one-shot all-reduce unavailable for " + std::to_string(n * 4) + " bytes");
     cuda::oneshot_all_reduce_f32(peers_, rank_, world_, data, n, timeout_ns_, cudaStream_t(stream));
   }
 
   void all_gather(const void* send, void* recv, size_t bytes, void* stream) override {
     check_alive();
+    // Small gathers (the vocab-parallel greedy's pairs: 8 bytes a row) on the LL kernel; the
+    // choice depends on the size only, so every rank makes the same one.
+    if (oneshot_ && bytes % 8 == 0 && bytes <= kLLGatherMaxBytes) {
+      cuda::ll_all_gather(ll_, send, recv, bytes, cudaStream_t(stream));
+      return;
+    }
     enqueued(nccl().AllGather(send, recv, bytes, ncclUint8, comm_, cudaStream_t(stream)), "all_gather");
   }
 
@@ -149,6 +198,7 @@ class CudaCommunicatorImpl final : public CudaCommunicator {
     if (aborted_.exchange(true)) return;
     async_error_ = why;
     failed_ = true;
+    raise_abort_flag();
     nccl().CommAbort(comm_);
   }
 
@@ -205,10 +255,16 @@ class CudaCommunicatorImpl final : public CudaCommunicator {
         async_error_ = nccl_error(s, comm_);
         std::fprintf(stderr, "gptoss: rank %d: NCCL error, aborting the group: %s\n", rank_, async_error_.c_str());
         failed_ = true;
+        raise_abort_flag();
         nccl().CommAbort(comm_);
         return;
       }
     }
+  }
+
+  // Releases this rank's peer-memory kernels from their waits (they trap; peer_sync.cuh).
+  void raise_abort_flag() {
+    if (abort_flag_) *abort_flag_ = 1;
   }
 
   // One small all_gather through NCCL at init (host values staged in device memory).
@@ -227,11 +283,26 @@ class CudaCommunicatorImpl final : public CudaCommunicator {
   // CUDA IPC for other processes of this host). Every rank takes the same decision: the
   // one-shot path is used only when all of them managed to map all peers.
   void setup_oneshot() {
-    const size_t region_bytes = cuda::kOneShotStagingOffset + (oneshot_max_bytes_ + 255) / 256 * 256;
+    // [signals][staging (the staged kernel)][LL receive area]; flags and LL slots start at 0.
+    const size_t ll_offset = cuda::kOneShotStagingOffset + (capacity_bytes_ + 255) / 256 * 256;
+    const size_t cap_floats = capacity_bytes_ / sizeof(float);
+    const size_t two_offset = ll_offset + (cuda::ll_area_bytes(cap_floats, world_) + 255) / 256 * 256;
+    const size_t two_floats = twoshot_max_bytes_ / sizeof(float);
+    const size_t region_bytes = two_offset + (two_floats ? cuda::twoshot_area_bytes(two_floats, world_) : 0);
     region_.alloc(region_bytes);
-    GPTOSS_CUDA_CHECK(cudaMemset(region_.get(), 0, cuda::kOneShotStagingOffset));
+    GPTOSS_CUDA_CHECK(cudaMemset(region_.get(), 0, region_bytes));
+    ll_state_.alloc(4 * sizeof(uint32_t));  // [LL epoch, LL blocks done, two-shot epoch, two-shot blocks done]
+    // The abort flag: host memory the kernels read through the mapping (unified addressing).
+    void* flag = nullptr;
+    GPTOSS_CUDA_CHECK(cudaHostAlloc(&flag, sizeof(uint32_t), cudaHostAllocMapped | cudaHostAllocPortable));
+    abort_flag_ = static_cast<volatile uint32_t*>(flag);
+    *abort_flag_ = 0;
+    GPTOSS_CUDA_CHECK(cudaMemset(ll_state_.get(), 0, 4 * sizeof(uint32_t)));
     GPTOSS_CUDA_CHECK(cudaDeviceSynchronize());
     PeerInfo mine;
+    mine.region_bytes = region_bytes;
+    mine.oneshot_max = oneshot_max_bytes_;
+    mine.twoshot_max = twoshot_max_bytes_;
     mine.host_hash = host_hash();
     mine.pid = uint64_t(getpid());
     mine.region = reinterpret_cast<uint64_t>(region_.get());
@@ -242,9 +313,16 @@ class CudaCommunicatorImpl final : public CudaCommunicator {
       mine.ipc = cudaIpcMemHandle_t{};
     }
     auto all = gather_info(mine);
+    // Every rank must pick the same path for the same call (a rank on NCCL and one on the LL
+    // kernel would wait for each other forever).
+    for (const auto& p : all) {
+      oneshot_max_bytes_ = std::min<size_t>(oneshot_max_bytes_, p.oneshot_max);
+      twoshot_max_bytes_ = std::min<size_t>(twoshot_max_bytes_, p.twoshot_max);
+    }
 
     bool ok = true;
-    for (const auto& p : all) ok = ok && p.host_hash == mine.host_hash;  // one host only
+    // One host only, and the same layout everywhere (GPTOSS_ALLREDUCE_ONESHOT_MAX alike).
+    for (const auto& p : all) ok = ok && p.host_hash == mine.host_hash && p.region_bytes == mine.region_bytes;
     for (int r = 0; ok && r < world_; ++r) {
       if (r == rank_) { peers_.region[r] = region_.get<char>(); continue; }
       if (all[r].pid == mine.pid) {
@@ -268,6 +346,22 @@ class CudaCommunicatorImpl final : public CudaCommunicator {
     bool all_ok = true;
     for (const auto& p : all) all_ok = all_ok && p.ok;
     oneshot_ = all_ok;
+    for (int r = 0; oneshot_ && r < world_; ++r) ll_.area[r] = peers_.region[r] + ll_offset;
+    ll_.own = ll_.area[rank_];
+    ll_.slots = (cap_floats + 1) / 2;
+    ll_.state = ll_state_.get<uint32_t>();
+    ll_.rank = rank_;
+    ll_.world = world_;
+    ll_.timeout_ns = timeout_ns_;
+    ll_.abort_flag = abort_flag_;
+    for (int r = 0; oneshot_ && r < world_; ++r) two_.area[r] = peers_.region[r] + two_offset;
+    two_.own = two_.area[rank_];
+    two_.max_floats = two_floats;
+    two_.state = ll_state_.get<uint32_t>() + 2;
+    two_.rank = rank_;
+    two_.world = world_;
+    two_.timeout_ns = timeout_ns_;
+    two_.abort_flag = abort_flag_;
     if (!oneshot_ && rank_ == 0)
       std::fprintf(stderr, "gptoss: the GPUs cannot map each other's memory (or span hosts): all-reduce via NCCL only\n");
   }
@@ -278,11 +372,15 @@ class CudaCommunicatorImpl final : public CudaCommunicator {
   std::string async_error_;
   std::thread watchdog_;
   uint64_t timeout_ns_ = 0;
-  size_t oneshot_max_bytes_ = 0;
+  static constexpr size_t kLLGatherMaxBytes = 16 * 1024;
+  size_t oneshot_max_bytes_ = 0, capacity_bytes_ = 0, twoshot_max_bytes_ = 0;
   bool oneshot_ = false;
-  cuda::DeviceBuffer region_;
+  cuda::DeviceBuffer region_, ll_state_;
   cuda::OneShotPeers peers_{};
+  cuda::LLPeers ll_{};
+  cuda::TwoShotPeers two_{};
   std::vector<void*> opened_ipc_;
+  volatile uint32_t* abort_flag_ = nullptr;  // pinned, mapped; freed in the destructor
 };
 
 }  // namespace

@@ -315,8 +315,23 @@ int combine_variant();
 void set_combine_variant(int v);
 const char* combine_variant_name(int v);
 
-// out[i] = argmax of row i of logits [n, V].
+// out[i] = argmax of row i of logits [n, V] (ties to the lowest index; 0 for a row of NaNs).
 void argmax_rows(const float* logits, int n, int V, int32_t* out, cudaStream_t s);
+// Vocab-parallel greedy (tensor parallelism): a row's largest logit in one rank's vocab slice
+// and its vocabulary id.
+struct RowMax {
+  float value;
+  int32_t id;  // INT32_MAX: none (the slice is empty or all NaN)
+};
+// out[i] = (max, slice column + id0) of row i of one rank's slice logits [n][ld], V columns,
+// by argmax_rows' rule.
+void argmax_rows_slice(const float* logits, int n, int V, int ld, int id0, RowMax* out, cudaStream_t s);
+// ids[i] = the id of the best of parts[r * n + i] over ranks r < world: with the parts of
+// disjoint slices covering the row, exactly argmax_rows of the whole row; with sampler_rule,
+// exactly sample_rows' pick at temperature 0 (the same but for a row whose largest logit is
+// -inf: id 0, where argmax_rows takes the first -inf past any NaNs).
+void argmax_merge_parts(const RowMax* parts, int world, int n, int32_t* ids, cudaStream_t s,
+                        bool sampler_rule = false);
 
 // out[i] = the token drawn from row i by how[i] (backend.h's RowSampling rule; how is device
 // memory). Overwrites the rows with their unnormalized probabilities.

@@ -54,4 +54,14 @@ void gather_vocab_logits(Communicator& comm, const GptOssConfig& full, const TpS
   }
 }
 
+void vocab_parallel_argmax(Communicator& comm, const GptOssConfig& full, const TpShard& shard, const float* gather,
+                           int ld, int n_rows, RowMax* pairs, int32_t* ids, cudaStream_t stream, bool sampler_rule) {
+  if (n_rows <= 0) return;
+  const IndexRange v = shard.vocab(full);
+  RowMax* mine = pairs + size_t(shard.rank) * n_rows;
+  argmax_rows_slice(gather + size_t(shard.rank) * n_rows * ld, n_rows, v.size(), ld, v.begin, mine, stream);
+  comm.all_gather(mine, pairs, size_t(n_rows) * sizeof(RowMax), stream);
+  argmax_merge_parts(pairs, shard.world, n_rows, ids, stream, sampler_rule);
+}
+
 }  // namespace gptoss::cuda

@@ -5,6 +5,7 @@
 
 #include <cstddef>
 
+#include "backend/cuda/kernels.h"
 #include "backend/parallel/communicator.h"
 #include "backend/parallel/tp_shard.h"
 #include "model/config.h"
@@ -31,6 +32,14 @@ GptOssConfig tp_local_config(const GptOssConfig& full, const TpShard& shard);
 // and lays the full rows out in `logits` ([n_rows][vocab]). All on `stream` (capturable).
 void gather_vocab_logits(Communicator& comm, const GptOssConfig& full, const TpShard& shard, float* gather, int ld,
                          int n_rows, float* logits, cudaStream_t stream);
+// Vocab-parallel greedy without gathering the logits: each rank's row maxima over its slice
+// (`gather + rank * n_rows * ld`, as lm_head left them) as (value, id) pairs, 8 bytes a row,
+// all-gathered into `pairs` ([world][n_rows]) and merged in rank order into ids[0, n_rows): the
+// ids argmax_rows picks from the gathered rows (sampler_rule: sample_rows' at temperature 0),
+// the same on every rank. On `stream` (capturable).
+void vocab_parallel_argmax(Communicator& comm, const GptOssConfig& full, const TpShard& shard, const float* gather,
+                           int ld, int n_rows, RowMax* pairs, int32_t* ids, cudaStream_t stream,
+                           bool sampler_rule = false);
 // The widest vocab slice of the group (the gather's row stride).
 int tp_max_vocab_slice(const GptOssConfig& full, const TpShard& shard);
 
