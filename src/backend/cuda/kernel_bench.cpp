@@ -214,16 +214,15 @@ int run_kernel_bench(const KernelBenchOptions& o) {
     set_linear_path(0);
     // Prefill: the grouped expert GEMM, version 1 (gemm_kernel) against version 2 (tall tiles,
     // 4-stage pipeline, weights decoded into the MMA registers) and, on Hopper, version 3 (wgmma,
-    // weights decoded into shared memory) and version 4 (wgmma with the weights decoded into its
-    // A registers, tokens on the N side, a producer warpgroup), on the checkpoint layout and on
+    // weights decoded into shared memory), on the checkpoint layout and on
     // the fragment layout; gate_up with the SwiGLU epilogue and down storing f32 rows as the
     // backend runs them. TFLOP/s count 2 * pairs * N * K.
     auto* y2 = M > kSkinnyMaxTokens ? dev_alloc<float>(size_t(P) * H, owned) : nullptr;
     auto prefill_versions = [&](const WeightMat& gw, const WeightMat& dw, const char* layout) {
       if (M <= kSkinnyMaxTokens) return;
       set_linear_path(2);
-      for (int version : {1, 2, 3, 4}) {
-        if (version >= 3 && !expert_gemm_v3_available()) continue;  // Hopper wgmma only
+      for (int version : {1, 2, 3}) {
+        if (version == 3 && !expert_gemm_v3_available()) continue;  // Hopper wgmma only
         set_expert_gemm_version(version);
         const double us_gu = timer.us(o.iters, [&](int i) { linear_grouped(gw, xb, H, P, E, true, routes[i % R], g, s, M); });
         const double us_dn = timer.us(o.iters, [&](int i) {

@@ -98,7 +98,7 @@ void linear_grouped(const WeightMat& W, const void* A, int lda, int pairs, int E
 // Prefill expert GEMM versions (kernels/moe/expert_gemm_mxfp4_bf16.cu): linear_grouped's GEMM
 // path over MXFP4 experts (checkpoint or fragment layout) runs version 1 (gemm_kernel, gemv_gemm.cu)
 // or version 2 (tall tiles, 4-stage cp.async, weights decoded into the MMA's registers). Chosen by
-// GPTOSS_EXPERT_GEMM=v1|v2|v3|v4 (read once; default v3 = Hopper wgmma, below, v2 where unavailable) or
+// GPTOSS_EXPERT_GEMM=v1|v2|v3 (read once; default v3 = Hopper wgmma, below, v2 where unavailable) or
 // set_expert_gemm_version (tests, bench; 0 = back to the environment's choice).
 int expert_gemm_version();
 void set_expert_gemm_version(int v);
@@ -114,12 +114,6 @@ void expert_gemm_v2(const WeightMat& W, const bf16_t* A, int lda, int pairs, int
 bool expert_gemm_v3_available();
 bool expert_gemm_v3_supports(const WeightMat& W, const void* A, int lda, int a_rows, const Epilogue& epi);
 void expert_gemm_v3(const WeightMat& W, const bf16_t* A, int lda, int pairs, int E, bool gather_a, const MoeRouting& r,
-                    const Epilogue& epi, cudaStream_t s);
-// Version 4 (kernels/moe/expert_gemm_wgmma_v4.cu): Hopper wgmma with the weights decoded into the
-// MMA's A registers (tokens on the N side, tiles of 16..128 pairs), a producer warpgroup filling an
-// mbarrier ring. Available where version 3 is; takes what version 3 takes.
-bool expert_gemm_v4_supports(const WeightMat& W, const void* A, int lda, int a_rows, const Epilogue& epi);
-void expert_gemm_v4(const WeightMat& W, const bf16_t* A, int lda, int pairs, int E, bool gather_a, const MoeRouting& r,
                     const Epilogue& epi, cudaStream_t s);
 // Test hook for version 3's shared-memory layout and descriptors: C [64][128] f32 = A [64][K] .
 // B [128][K]^T (bf16, row-major, K % 64 == 0) through one warpgroup's wgmma.

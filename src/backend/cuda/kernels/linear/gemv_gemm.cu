@@ -993,11 +993,7 @@ void linear_grouped(const WeightMat& W, const void* A, int lda, int pairs, int E
   if (a_f16) throw Error("linear_grouped: fp16 activations only on the skinny kernels");
   const bool mx = k == LinearKernel::kGemmMma && (W.fmt == WeightMat::kMXFP4 || W.fmt == WeightMat::kFragMXFP4);
   const int a_rows = gather_a ? tokens : pairs;
-  // Version 3 or 4 (Hopper wgmma) where the GPU and the build have it; version 2 otherwise.
-  if (mx && expert_gemm_version() == 4 && expert_gemm_v4_supports(W, A, lda, a_rows, epi)) {
-    expert_gemm_v4(W, static_cast<const bf16_t*>(A), lda, pairs, E, gather_a, r, epi, s);
-    return;
-  }
+  // Version 3 (Hopper wgmma) where the GPU and the build have it; version 2 otherwise.
   if (mx && expert_gemm_version() == 3 && expert_gemm_v3_supports(W, A, lda, a_rows, epi)) {
     expert_gemm_v3(W, static_cast<const bf16_t*>(A), lda, pairs, E, gather_a, r, epi, s);
     return;

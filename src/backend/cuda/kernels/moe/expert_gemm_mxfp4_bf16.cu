@@ -321,16 +321,14 @@ int expert_gemm_version() {
       g_version = 2;
     else if (s.empty() || s == "v3" || s == "3")
       g_version = 3;
-    else if (s == "v4" || s == "4")
-      g_version = 4;
     else
-      throw Error("GPTOSS_EXPERT_GEMM=" + s + ": expected v1, v2, v3 or v4");
+      throw Error("GPTOSS_EXPERT_GEMM=" + s + ": expected v1, v2 or v3");
   }
   return g_version;
 }
 
 void set_expert_gemm_version(int v) {
-  if (v < 0 || v > 4) throw Error("set_expert_gemm_version: expected 0 (environment), 1, 2, 3 or 4");
+  if (v < 0 || v > 3) throw Error("set_expert_gemm_version: expected 0 (environment), 1, 2 or 3");
   g_version = v == 0 ? -1 : v;
 }
 
