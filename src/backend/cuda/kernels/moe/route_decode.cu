@@ -29,7 +29,9 @@ namespace cg = cooperative_groups;
 // ---- variants ----
 const char* const kRouterNames[kRouterVariants] = {"auto", "old", "c8", "c16", "c8x", "c8s", "c16s"};
 const char* const kCombineNames[kCombineVariants] = {"auto", "old", "c1", "c2", "c4", "c8"};
-constexpr int kRouterDefault = 2, kCombineDefault = 4;
+// Defaults from the H200 (sixth session, docs/BENCHMARKS.md): router c16s (120b tg64 365.8 against c8 355.9
+// in the step), combine c8 (3.09 us at 1 token against c4 3.65).
+constexpr int kRouterDefault = 6, kCombineDefault = 5;
 int g_router_set = 0, g_combine_set = 0;  // set_*_variant; 0: the environment's choice
 int g_router_env = -1, g_combine_env = -1;
 
