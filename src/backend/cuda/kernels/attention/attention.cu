@@ -439,16 +439,6 @@ template <int D, AttnMode MODE>
 void launch_decode(const uint16_t* q, int n, int Hq, int Hkv, int window, const float* sinks, const float* inv_freq,
                    float scaling, const TokenMeta& tm, const KvLayer& kv, int nsplit, float* partial, uint16_t* o,
                    cudaStream_t s) {
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(n, Hkv, nsplit);
-  cfg.blockDim = dim3(kWarps * 32);
-  cfg.dynamicSmemBytes = 0;
-  cfg.stream = s;
-  cudaLaunchAttribute attr[2];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
   if (MODE == AttnMode::kFusedCluster && nsplit > 8) {
     // Clusters past the portable 8 blocks are an opt-in per kernel and device.
     static std::atomic<uint64_t> allowed{0};
@@ -460,15 +450,9 @@ void launch_decode(const uint16_t* q, int n, int Hq, int Hkv, int window, const 
       allowed.fetch_or(bit);
     }
   }
-  if (MODE == AttnMode::kFusedCluster && nsplit > 1) {
-    attr[1].id = cudaLaunchAttributeClusterDimension;
-    attr[1].val.clusterDim.x = 1;
-    attr[1].val.clusterDim.y = 1;
-    attr[1].val.clusterDim.z = unsigned(nsplit);
-    cfg.numAttrs = 2;
-  }
-  GPTOSS_CUDA_CHECK(cudaLaunchKernelEx(&cfg, attention_kernel<D, MODE>, q, Hq, Hkv, window, tm, kv, nsplit, partial,
-                                       n, 0, inv_freq, scaling, sinks, o));
+  const dim3 cluster(1, 1, MODE == AttnMode::kFusedCluster ? unsigned(nsplit) : 1u);
+  launch_pdl_cluster(attention_kernel<D, MODE>, dim3(n, Hkv, nsplit), dim3(kWarps * 32), 0, cluster, s, q, Hq, Hkv,
+                     window, tm, kv, nsplit, partial, n, 0, inv_freq, scaling, sinks, o);
   GPTOSS_CUDA_LAUNCH_CHECK();
   if (MODE == AttnMode::kFusedPartial)
     launch_pdl(attention_combine_kernel<D>, dim3(n, (Hq + 1) / 2), dim3(64), 0, s, static_cast<const float*>(partial),

@@ -166,4 +166,51 @@ __device__ __forceinline__ void store_val(const Epilogue& e, int row, int n, flo
   }
 }
 
+// A lane's two output rows of a finished 16-row tile (rows g, g + 8, in the checkpoint's order)
+// with their fp8 row scales and biases, for tile_store.
+struct TileRows {
+  int lr0, lr1;
+  float sc0 = 1.f, sc1 = 1.f, b0 = 0.f, b1 = 0.f;
+};
+template <int FMT>
+__device__ __forceinline__ TileRows tile_rows(const SkinnyArgs& a, int expert, int tile, int g) {
+  const int N = a.W.N;
+  const bool sw = a.W.swiglu_rows;
+  TileRows t;
+  t.lr0 = frag::tile_row(tile, g, sw);
+  t.lr1 = frag::tile_row(tile, g + 8, sw);
+  if (FMT == WeightMat::kFragFP8) {
+    t.sc0 = a.W.row_scale[size_t(expert) * N + t.lr0];
+    t.sc1 = a.W.row_scale[size_t(expert) * N + t.lr1];
+  }
+  if (a.W.bias) {
+    t.b0 = a.W.bias[size_t(expert) * N + t.lr0];
+    t.b1 = a.W.bias[size_t(expert) * N + t.lr1];
+  }
+  return t;
+}
+
+// The epilogue of one n-tile of a finished tile: fin holds rows g, g + 8 x tokens p0 + 2 tq,
+// p0 + 2 tq + 1 (tokens at or past row_end are not stored).
+__device__ __forceinline__ void tile_store(const SkinnyArgs& a, const TileRows& t, int tile, int g, int tq, int p0,
+                                           int row_end, const float (&fin)[4]) {
+#pragma unroll
+  for (int cc = 0; cc < 2; ++cc) {
+    const int p = p0 + 2 * tq + cc;
+    if (p >= row_end) continue;
+    const float v0 = fin[cc] * t.sc0 + t.b0, v1 = fin[2 + cc] * t.sc1 + t.b1;
+    if (a.epi.mode == Epilogue::kSwiGLU) {
+      const float y = swiglu_f(v0, v1, a.epi.swiglu_limit);
+      const size_t o = size_t(p) * a.epi.ldo + tile * 8 + g;
+      if (a.epi.out_f16)
+        static_cast<__half*>(a.epi.out)[o] = __float2half_rn(y);
+      else
+        static_cast<uint16_t*>(a.epi.out)[o] = f32_to_bf16_bits(y);
+    } else {
+      store_val(a.epi, p, t.lr0, v0);
+      store_val(a.epi, p, t.lr1, v1);
+    }
+  }
+}
+
 }  // namespace gptoss::cuda::skinny

@@ -184,36 +184,9 @@ __global__ void __launch_bounds__(KS * 32, skinny_min_blocks(NT, KS, RT)) skinny
         fin[i][v] = sum;
       }
     // Epilogue: rows g, g + 8 of the tile; tokens 2 tq, 2 tq + 1 of each n-tile.
-    const bool sw = a.W.swiglu_rows;
-    const int lr0 = frag::tile_row(tile, g, sw), lr1 = frag::tile_row(tile, g + 8, sw);
-    float sc0 = 1.f, sc1 = 1.f, b0 = 0.f, b1 = 0.f;
-    if (FMT == WeightMat::kFragFP8) {
-      sc0 = a.W.row_scale[size_t(expert) * N + lr0];
-      sc1 = a.W.row_scale[size_t(expert) * N + lr1];
-    }
-    if (a.W.bias) {
-      b0 = a.W.bias[size_t(expert) * N + lr0];
-      b1 = a.W.bias[size_t(expert) * N + lr1];
-    }
+    const TileRows tr = tile_rows<FMT>(a, expert, tile, g);
 #pragma unroll
-    for (int i = 0; i < NT; ++i)
-#pragma unroll
-      for (int cc = 0; cc < 2; ++cc) {
-        const int p = tok0 + 8 * i + 2 * tq + cc;
-        if (p >= row_end) continue;
-        const float v0 = fin[i][cc] * sc0 + b0, v1 = fin[i][2 + cc] * sc1 + b1;
-        if (a.epi.mode == Epilogue::kSwiGLU) {
-          const float y = swiglu_f(v0, v1, a.epi.swiglu_limit);
-          const size_t o = size_t(p) * a.epi.ldo + tile * 8 + g;
-          if (a.epi.out_f16)
-            static_cast<__half*>(a.epi.out)[o] = __float2half_rn(y);
-          else
-            static_cast<uint16_t*>(a.epi.out)[o] = f32_to_bf16_bits(y);
-        } else {
-          store_val(a.epi, p, lr0, v0);
-          store_val(a.epi, p, lr1, v1);
-        }
-      }
+    for (int i = 0; i < NT; ++i) tile_store(a, tr, tile, g, tq, tok0 + 8 * i, row_end, fin[i]);
   }
 }
 

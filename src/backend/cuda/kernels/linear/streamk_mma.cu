@@ -143,35 +143,7 @@ __device__ __forceinline__ int warp_of_item(long long i, int nw, long long W) { 
 template <int FMT>
 __device__ __forceinline__ void job_epilogue(const SkinnyArgs& a, const Job& jb, const float (&fin)[4]) {
   const int lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
-  const int N = a.W.N;
-  const bool sw = a.W.swiglu_rows;
-  const int lr0 = frag::tile_row(jb.tile, g, sw), lr1 = frag::tile_row(jb.tile, g + 8, sw);
-  float sc0 = 1.f, sc1 = 1.f, b0 = 0.f, b1 = 0.f;
-  if (FMT == WeightMat::kFragFP8) {
-    sc0 = a.W.row_scale[size_t(jb.expert) * N + lr0];
-    sc1 = a.W.row_scale[size_t(jb.expert) * N + lr1];
-  }
-  if (a.W.bias) {
-    b0 = a.W.bias[size_t(jb.expert) * N + lr0];
-    b1 = a.W.bias[size_t(jb.expert) * N + lr1];
-  }
-#pragma unroll
-  for (int c = 0; c < 2; ++c) {
-    const int p = jb.tok0 + 2 * tq + c;
-    if (p >= jb.tok_end) continue;
-    const float v0 = fin[c] * sc0 + b0, v1 = fin[2 + c] * sc1 + b1;
-    if (a.epi.mode == Epilogue::kSwiGLU) {
-      const float y = swiglu_f(v0, v1, a.epi.swiglu_limit);
-      const size_t o = size_t(p) * a.epi.ldo + jb.tile * 8 + g;
-      if (a.epi.out_f16)
-        static_cast<__half*>(a.epi.out)[o] = __float2half_rn(y);
-      else
-        static_cast<uint16_t*>(a.epi.out)[o] = f32_to_bf16_bits(y);
-    } else {
-      store_val(a.epi, p, lr0, v0);
-      store_val(a.epi, p, lr1, v1);
-    }
-  }
+  tile_store(a, tile_rows<FMT>(a, jb.expert, jb.tile, g), jb.tile, g, tq, jb.tok0, jb.tok_end, fin);
 }
 
 // A split job's last warp to arrive (its ticket says so) sums every warp's partial in warp order

@@ -128,18 +128,7 @@ void moe_route(const float* logits, int n, int E, int k, const MoeRouting& r, cu
 // that block for the next launch) reads all logits back and runs top-k and the sort of
 // moe_route_small_kernel. One launch and one dependent round trip less per layer than
 // linear_rmsnorm + moe_route.
-struct RouterRouteArgs {
-  const uint16_t* w;  // [E, K] bf16 router rows
-  const float* bias;  // [E] or null
-  const float* x;     // [n, K] f32 residual rows
-  const float* norm_w;
-  float eps;
-  int n, K, E, k;
-  void* xn;  // [n, K] normalized rows (bf16, or fp16 if xn_f16); null: not wanted
-  bool xn_f16;
-  float* logits;  // [n, E]
-  MoeRouting r;
-  int eb, ee;
+struct RouterRouteArgs : RouterIo {
   int* ticket;
 };
 
@@ -265,14 +254,14 @@ void moe_router_route(const bf16_t* w, const float* bias, int E, int K, const fl
                       cudaStream_t s, int eb, int ee) {
   if (ee < 0) ee = E;
   if (eb < 0 || eb >= ee || ee > E) throw Error("moe_router_route: bad expert range");
-  if (router_v2_route(w, bias, E, K, x, norm_w, eps, n, xn, xn_f16, logits, k, r, s, eb, ee)) return;
+  const RouterIo io{reinterpret_cast<const uint16_t*>(w), bias, x, norm_w, eps, n, K, E, k, xn, xn_f16, logits, r, eb, ee};
+  if (router_v2_route(io, s)) return;
   if (!router_route_v1_fuses(n, K, E, k))
     throw Error("moe_router_route: shape not supported (see router_route_fuses)");
   const int threads = E <= 128 ? 128 : 256;  // moe_sort_block: a thread per expert
   const int blocks = (E + threads / 32 - 1) / (threads / 32);
   const size_t smem = std::max(size_t(n) * K * 2, (5 * size_t(E) + size_t(n) * E) * 4);
-  RouterRouteArgs a{reinterpret_cast<const uint16_t*>(w), bias, x, norm_w, eps, n, K, E, k, xn, xn_f16, logits, r,
-                    eb, ee, ticket};
+  RouterRouteArgs a{io, ticket};
   auto go = [&](auto kernel) {
     if (smem > 48 * 1024)
       GPTOSS_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));

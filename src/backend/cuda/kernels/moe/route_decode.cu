@@ -103,18 +103,7 @@ constexpr int kRouterMaxChunks = 6;  // 32-column chunks per warp (registers: 2 
 constexpr int kRedundantSsTokens = 4;
 constexpr int kXLoads = 4;           // float4 loads per lane and token row of a slice (<= 128 columns / lane)
 
-struct RouterV2Args {
-  const uint16_t* w;  // [E, K] bf16 router rows
-  const float* bias;  // [E] or null
-  const float* x;     // [n, K] f32 residual rows
-  const float* norm_w;
-  float eps;
-  int n, K, E, k;
-  void* xn;  // [n, K] normalized rows (bf16, or fp16 if xn_f16); null: not wanted
-  bool xn_f16;
-  float* logits;  // [n, E]
-  MoeRouting r;
-  int eb, ee;
+struct RouterV2Args : RouterIo {
   // Shape, planned on the host (router_v2_plan).
   int nc;             // K / 32 chunks
   int sw;             // columns of the widest block slice
@@ -467,21 +456,7 @@ void launch_router_v2(const RouterV2Plan& p, cudaStream_t s) {
   if (C > 8) GPTOSS_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
   if (p.smem > 48 * 1024)
     GPTOSS_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(p.smem)));
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(C);
-  cfg.blockDim = dim3(NW * 32);
-  cfg.dynamicSmemBytes = p.smem;
-  cfg.stream = s;
-  cudaLaunchAttribute attr[2];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  attr[1].id = cudaLaunchAttributeClusterDimension;
-  attr[1].val.clusterDim.x = C;
-  attr[1].val.clusterDim.y = 1;
-  attr[1].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 2;
-  GPTOSS_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, p.a));
+  launch_pdl_cluster(kernel, dim3(C), dim3(NW * 32), p.smem, dim3(C), s, p.a);
 }
 
 // ---- combine ----
@@ -572,21 +547,8 @@ template <int C>
 void launch_combine_v2(const float* y, const MoeRouting& r, int n, int k, int H, float* x, const float* norm_w,
                        float eps, bf16_t* xn, cudaStream_t s) {
   const int per = (H / 4 + C - 1) / C;
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(n * C);
-  cfg.blockDim = dim3((per + 31) / 32 * 32);
-  cfg.stream = s;
-  cudaLaunchAttribute attr[2];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  attr[1].id = cudaLaunchAttributeClusterDimension;
-  attr[1].val.clusterDim.x = C;
-  attr[1].val.clusterDim.y = 1;
-  attr[1].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = C > 1 ? 2 : 1;
-  GPTOSS_CUDA_CHECK(cudaLaunchKernelEx(&cfg, combine_v2_kernel<C>, y, r, k, H, x, norm_w, eps,
-                                       reinterpret_cast<uint16_t*>(xn)));
+  launch_pdl_cluster(combine_v2_kernel<C>, dim3(n * C), dim3((per + 31) / 32 * 32), 0, dim3(C), s, y, r, k, H, x,
+                     norm_w, eps, reinterpret_cast<uint16_t*>(xn));
 }
 
 }  // namespace
@@ -619,23 +581,11 @@ bool router_v2_fuses(int n, int K, int E, int k) {
   return router_v2_plan(router_variant(), n, K, E, k, &p);
 }
 
-bool router_v2_route(const bf16_t* w, const float* bias, int E, int K, const float* x, const float* norm_w, float eps,
-                     int n, void* xn, bool xn_f16, float* logits, int k, const MoeRouting& r, cudaStream_t s, int eb,
-                     int ee) {
+bool router_v2_route(const RouterIo& io, cudaStream_t s) {
+  const int n = io.n;
   RouterV2Plan p;
-  if (!router_v2_plan(router_variant(), n, K, E, k, &p)) return false;
-  RouterV2Args& a = p.a;
-  a.w = reinterpret_cast<const uint16_t*>(w);
-  a.bias = bias;
-  a.x = x;
-  a.norm_w = norm_w;
-  a.eps = eps;
-  a.n = n, a.K = K, a.E = E, a.k = k;
-  a.xn = xn;
-  a.xn_f16 = xn_f16;
-  a.logits = logits;
-  a.r = r;
-  a.eb = eb, a.ee = ee;
+  if (!router_v2_plan(router_variant(), n, io.K, io.E, io.k, &p)) return false;
+  static_cast<RouterIo&>(p.a) = io;
   // One MMA column tile up to 8 tokens: fewer registers held, more room beside the kernel before.
   const bool one = n <= 8, smw = p.smw;
   constexpr int NT = kRouterV2MaxTokens / 8;

@@ -10,11 +10,24 @@
 
 namespace gptoss::cuda {
 
+// What a decode router launch reads and writes (both versions: route.cu, route_decode.cu).
+struct RouterIo {
+  const uint16_t* w;  // [E, K] bf16 router rows
+  const float* bias;  // [E] or null
+  const float* x;     // [n, K] f32 residual rows
+  const float* norm_w;
+  float eps;
+  int n, K, E, k;
+  void* xn;  // [n, K] normalized rows (bf16, or fp16 if xn_f16); null: not wanted
+  bool xn_f16;
+  float* logits;  // [n, E]
+  MoeRouting r;
+  int eb, ee;
+};
+
 // Router version 2 takes (n, K, E, k) under the current router variant.
 bool router_v2_fuses(int n, int K, int E, int k);
-bool router_v2_route(const bf16_t* w, const float* bias, int E, int K, const float* x, const float* norm_w, float eps,
-                     int n, void* xn, bool xn_f16, float* logits, int k, const MoeRouting& r, cudaStream_t s, int eb,
-                     int ee);
+bool router_v2_route(const RouterIo& io, cudaStream_t s);
 // Combine version 2 (n <= kSkinnyMaxTokens, or any n when invariant: one cluster shape at every
 // size then, so a token's sums do not depend on its batch).
 bool combine_v2(const float* y, const MoeRouting& r, int n, int k, int H, float* x, const float* norm_w, float eps,
