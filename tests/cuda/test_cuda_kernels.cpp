@@ -616,6 +616,14 @@ TEST_F(Kernels, MoeMxfp4Fragments) {
   }
 }
 
+// The one-n-tile decode shapes alone (1, 2 and 8 tokens at the real widths: compile-time chunk
+// counts, activation rows staged before the routing is read), small enough for compute-sanitizer.
+TEST_F(Kernels, MoeMxfp4FragmentsDecode) {
+  cuda::set_decode_kernel_choice(1);
+  for (int n : {1, 2, 8}) check_moe({n, 128, 4, 2880, 2880}, 3);
+  cuda::set_decode_kernel_choice(0);
+}
+
 // Exact router ties go to the lower expert index on the device too (as cpu::router_topk and
 // torch.topk in transformers): tie blocks on and across the top-k boundary, for the small-batch
 // kernel (n <= 64) and the large one, at the tiny, 20b and 120b expert counts.

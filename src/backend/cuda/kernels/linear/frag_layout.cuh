@@ -46,7 +46,7 @@ __host__ __device__ inline int chunk_k(int j, int tq, int r, int e) {
 // 15/31 and the magnitude bits (m, e0, e1) at 9..11 / 25..27. Register r takes its sign bits from
 // rotl(word, sign_rot(r)) and its magnitude bits from rotl(word, mag_rot(r)); the four patterns
 // tile the 32 bits (found by exhaustive search: no tiling needs fewer than 11 ops), so decoding a
-// word is 5 rotates and 6 LOP3s instead of 15 shift-and-mask ops.
+// word is 5 shifts and 6 LOP3s instead of 15 shift-and-mask ops.
 __host__ __device__ constexpr int sign_rot(int r) { return r; }                    // 0, 1, 2, 3
 __host__ __device__ constexpr int mag_rot(int r) { return r == 1 ? 6 : r == 2 ? 9 : r; }  // 0, 6, 9, 3
 
@@ -59,15 +59,18 @@ __host__ __device__ inline int mx_bit_pos(int r, int hi, int bit) {
 }
 
 #ifdef __CUDACC__
-__device__ __forceinline__ uint32_t rotl(uint32_t x, int n) { return n ? __funnelshift_l(x, x, n) : x; }
 // One word -> the four f16x2 A registers of its k-step (exact: e2m1 x 2^-14; the subnormal code
-// 0.5 lands on fp16's subnormal 2^-15).
+// 0.5 lands on fp16's subnormal 2^-15). No masked bit of a rotation wraps around (sources: bits
+// 14/30 and 3-5/19-21 for r = 1, 13/29 and 0-2/16-18 for r = 2, 12/28 and 6-8/22-24 for r = 3),
+// so the rotations are plain left shifts, which ptxas may run on the FMA pipe (IMAD.SHL) beside
+// the LOP3s on the integer pipe: at one token the decode's integer ops were the kernel's busiest
+// pipe (Nsight Compute, H200).
 __device__ __forceinline__ void mx_word_to_f16x2(uint32_t q, uint32_t* a) {
   constexpr uint32_t kS = 0x80008000u, kM = 0x0E000E00u;
   a[0] = q & (kS | kM);
-  a[1] = (rotl(q, 1) & kS) | (rotl(q, 6) & kM);
-  a[2] = (rotl(q, 2) & kS) | (rotl(q, 9) & kM);
-  a[3] = rotl(q, 3) & (kS | kM);
+  a[1] = ((q << 1) & kS) | ((q << 6) & kM);
+  a[2] = ((q << 2) & kS) | ((q << 9) & kM);
+  a[3] = (q << 3) & (kS | kM);
 }
 #endif
 

@@ -23,6 +23,12 @@ struct SkinnyArgs {
   Epilogue epi;
 };
 
+// Bytes of one tile-chunk (16 rows x 64 K) of a fragment format.
+template <int FMT>
+constexpr size_t chunk_bytes() {
+  return FMT == WeightMat::kFragMXFP4 ? 512 : FMT == WeightMat::kFragFP8 ? 1024 : 2048;
+}
+
 using ptx::mma_f16_16816;
 
 // e8m0 byte -> 2^(s - 127 + 14) as float bits: s * 2^23 + 14 * 2^23 (one IMAD; s <= 240 checked

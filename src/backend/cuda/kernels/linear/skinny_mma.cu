@@ -13,6 +13,8 @@
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
+#include <cstdlib>
+
 #include "backend/cuda/device_utils.cuh"
 #include "backend/cuda/tensor_core_ptx.cuh"
 #include "backend/cuda/kernels.h"
@@ -32,13 +34,16 @@ constexpr int skinny_min_blocks(int NT, int KS, int RT) {
   const int warps = NT == 1 && RT <= 4 ? 24 : 16;
   return warps / KS > 0 ? warps / KS : 1;
 }
-template <int FMT, int NT, int KS, int RT, int PF, bool XF16>
+// CC: the chunks of a row (K / 64) at compile time, or 0 for any K. With CC, every weight and
+// scale load is a lane pointer plus an immediate offset (the pointers advance once per PF
+// chunks), and the host launches it only where the row tiles fill every block (no tail checks).
+template <int FMT, int NT, int KS, int RT, int PF, bool XF16, int CC>
 __global__ void __launch_bounds__(KS * 32, skinny_min_blocks(NT, KS, RT)) skinny_mma_kernel(SkinnyArgs a) {
   static_assert(PF >= 1 && RT <= KS, "prefetch depth; one finishing warp per row tile");
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
-  const int N = a.W.N, C = a.W.K / 64, T = N / 16;
+  const int N = a.W.N, C = CC > 0 ? CC : a.W.K / 64, T = N / 16;
   const int tile0 = blockIdx.x * RT;
-  const int nrt = min(RT, T - tile0);  // row tiles of this block (the last block may have fewer)
+  const int nrt = CC > 0 ? RT : min(RT, T - tile0);  // row tiles of this block (the last block may have fewer)
   // Shared memory: the partial sums [KS][RT][NT][4][32] f32, then (one n-tile: XS) the block's
   // up to 8 activation rows, K + 8 halves each (the pad spreads the rows over the banks), so the
   // B fragments are shared-memory reads and the registers hold only weights in flight.
@@ -54,14 +59,45 @@ __global__ void __launch_bounds__(KS * 32, skinny_min_blocks(NT, KS, RT)) skinny
   WChunk<FMT> wbuf[PF][RT];
   const int my_n = C > warp ? (C - 1 - warp) / KS + 1 : 0;  // chunks of this warp
   size_t tc0 = size_t(tile0) * C;
-  auto load_chunk_w = [&](int u, int it) {
-    const int c = warp + it * KS;
+  // With CC: this lane's weight and scale pointers (wl, sl) at its next chunk group; chunk
+  // (rel, r) of the group is at + (r CC + rel KS) chunks, an immediate offset, and the pointers
+  // advance by PF KS chunks a group: no address arithmetic per load.
+  const uint4* wl = nullptr;
+  const uint32_t* sl = nullptr;
+  auto set_lane_ptrs = [&]() {
+    wl = static_cast<const uint4*>(a.W.w) + (tc0 + warp) * (chunk_bytes<FMT>() / 16) + lane;
+    if constexpr (FMT == WeightMat::kFragMXFP4) sl = reinterpret_cast<const uint32_t*>(a.W.scales) + (tc0 + warp) * 8 + g;
+  };
+  auto load_rel = [&](int u, int rel) {
 #pragma unroll
-    for (int r = 0; r < RT; ++r)
-      if (r < nrt) load_w<FMT>(a, tc0 + size_t(r) * C + c, lane, wbuf[u][r]);
+    for (int r = 0; r < RT; ++r) {
+      const int off = r * CC + rel * KS;  // chunks
+      WChunk<FMT>& w = wbuf[u][r];
+      if constexpr (FMT == WeightMat::kFragMXFP4) {
+        w.q = __ldg(wl + off * 32);
+        w.s = __ldg(sl + off * 8);
+      } else if constexpr (FMT == WeightMat::kFragFP8) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) w.q[h] = __ldg(wl + (off * 2 + h) * 32);
+      } else {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) w.q[j] = __ldg(wl + (off * 4 + j) * 32);
+      }
+    }
+  };
+  auto load_chunk_w = [&](int u, int it) {
+    if constexpr (CC > 0) {
+      load_rel(u, it);  // it < PF: the first group (wl not advanced yet)
+    } else {
+      const int c = warp + it * KS;
+#pragma unroll
+      for (int r = 0; r < RT; ++r)
+        if (r < nrt) load_w<FMT>(a, tc0 + size_t(r) * C + c, lane, wbuf[u][r]);
+    }
   };
   if (!a.grouped) {
     // Weights depend on no earlier kernel: the first chunks load before the wait.
+    if constexpr (CC > 0) set_lane_ptrs();
 #pragma unroll
     for (int u = 0; u < PF; ++u)
       if (u < my_n) load_chunk_w(u, u);
@@ -77,6 +113,7 @@ __global__ void __launch_bounds__(KS * 32, skinny_min_blocks(NT, KS, RT)) skinny
     expert = a.r.group_expert[gi];
     if (gi >= ngroups) { pdl_trigger(); return; }  // uniform over the block
     tc0 = (size_t(expert) * T + tile0) * C;
+    if constexpr (CC > 0) set_lane_ptrs();
   }
   pdl_trigger();
   const char* A = static_cast<const char*>(a.A);
@@ -126,9 +163,10 @@ __global__ void __launch_bounds__(KS * 32, skinny_min_blocks(NT, KS, RT)) skinny
 #pragma unroll
           for (int i = 0; i < NT; ++i) load_x<XF16>(a, xrow[i], warp + u * KS, tq, xbuf[u][i]);
     }
+    const uint16_t* xs_lane = xs + size_t(g) * xs_ld + 8 * tq;
     auto x_from_smem = [&](int c, uint4 (&x)[NT][2]) {
       if (g < ntok) {
-        const uint4* p = reinterpret_cast<const uint4*>(xs + size_t(g) * xs_ld + c * 64 + 8 * tq);
+        const uint4* p = reinterpret_cast<const uint4*>(xs_lane + c * 64);
         x[0][0] = p[0];
         x[0][1] = p[4];
       } else {
@@ -141,26 +179,42 @@ __global__ void __launch_bounds__(KS * 32, skinny_min_blocks(NT, KS, RT)) skinny
     for (int r = 0; r < RT; ++r)
 #pragma unroll
       for (int i = 0; i < NT; ++i) acc[r][i][0] = acc[r][i][1] = acc[r][i][2] = acc[r][i][3] = 0.f;
-    for (int base = 0; base < my_n; base += PF) {
+    auto step = [&](int base, int u) {
+      if (base + u < my_n) {
+        const int xu = XS ? 0 : u;
+        // (Reading the next chunk's activations a chunk ahead was measured: no faster.)
+        if constexpr (XS) x_from_smem(warp + (base + u) * KS, xbuf[0]);
 #pragma unroll
-      for (int u = 0; u < PF; ++u) {
-        if (base + u < my_n) {
-          const int xu = XS ? 0 : u;
-          // (Reading the next chunk's activations a chunk ahead was measured: no faster.)
-          if constexpr (XS) x_from_smem(warp + (base + u) * KS, xbuf[0]);
-#pragma unroll
-          for (int r = 0; r < RT; ++r)
-            if (r < nrt) chunk_mma<FMT, NT, kChunkF16>(wbuf[u][r], xbuf[xu], acc[r]);
-          const int nxt = base + u + PF;
-          if (nxt < my_n) {
+        for (int r = 0; r < RT; ++r)
+          if (r < nrt) chunk_mma<FMT, NT, kChunkF16>(wbuf[u][r], xbuf[xu], acc[r]);
+        const int nxt = base + u + PF;
+        if (nxt < my_n) {
+          if constexpr (CC > 0) {
+            // A compiler barrier: the loads go after this chunk's MMAs, which free the registers
+            // they land in (the shape measured on the H200).
+            asm volatile("" ::: "memory");
+            load_rel(u, u + PF);  // relative to this group's pointers
+          } else {
             load_chunk_w(u, nxt);
-            if constexpr (!XS)
-#pragma unroll
-              for (int i = 0; i < NT; ++i) load_x<XF16>(a, xrow[i], warp + nxt * KS, tq, xbuf[xu][i]);
           }
+          if constexpr (!XS)
+#pragma unroll
+            for (int i = 0; i < NT; ++i) load_x<XF16>(a, xrow[i], warp + nxt * KS, tq, xbuf[xu][i]);
         }
       }
+    };
+    const uint4* wl0 = wl;
+    const uint32_t* sl0 = sl;
+    for (int base = 0; base < my_n; base += PF) {
+#pragma unroll
+      for (int u = 0; u < PF; ++u) step(base, u);
+      if constexpr (CC > 0) {
+        wl += PF * KS * (chunk_bytes<FMT>() / 16);
+        if constexpr (FMT == WeightMat::kFragMXFP4) sl += PF * KS * 8;
+      }
     }
+    wl = wl0;  // the next token pass starts over
+    sl = sl0;
 
     // K slices meet in shared memory; warp r finishes row tile r, adding the slices in warp order.
     __syncthreads();  // red is free (previous token pass done)
@@ -190,14 +244,33 @@ __global__ void __launch_bounds__(KS * 32, skinny_min_blocks(NT, KS, RT)) skinny
   }
 }
 
+// GPTOSS_SKINNY_OPT=0 (bench comparisons) turns the compile-time chunk counts (CC) off.
+int skinny_opt() {
+  static const int v = [] {
+    const char* e = std::getenv("GPTOSS_SKINNY_OPT");
+    return e && *e ? std::atoi(e) : 1;
+  }();
+  return v;
+}
+
 // Kernel shapes (warps splitting K, row tiles whose blocks share the activation loads, chunks
-// in flight), by the tokens an n-tile pass covers; `ks` picks among the measured ones.
-template <int FMT, int NT, int KS, int RT, int PF, bool XF16>
+// in flight), by the tokens an n-tile pass covers; `ks` picks among the measured ones. TRY_CC:
+// use the compile-time chunk count for gpt-oss's K (2880, 4096) where the tiles fill every block.
+template <int FMT, int NT, int KS, int RT, int PF, bool XF16, bool TRY_CC = false>
 void launch_shape(const SkinnyArgs& a, int tiles, int groups, cudaStream_t s) {
-  const size_t smem = size_t(KS) * RT * NT * 4 * 32 * sizeof(float) + (NT == 1 ? size_t(8) * (a.W.K + 8) * 2 : 0);
-  auto k = skinny_mma_kernel<FMT, NT, KS, RT, PF, XF16>;
-  if (smem > 48 * 1024) GPTOSS_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-  launch_pdl(k, dim3((tiles + RT - 1) / RT, groups), dim3(KS * 32), smem, s, a);
+  const size_t smem = size_t(KS) * RT * NT * 4 * 32 * sizeof(float) +
+                      (NT == 1 ? size_t(8) * (a.W.K + 8) * 2 : 0);
+  auto go = [&](auto k) {
+    if (smem > 48 * 1024) GPTOSS_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    launch_pdl(k, dim3((tiles + RT - 1) / RT, groups), dim3(KS * 32), smem, s, a);
+  };
+  if constexpr (TRY_CC) {
+    if ((skinny_opt() & 1) && tiles % RT == 0) {
+      if (a.W.K == 2880) return go(skinny_mma_kernel<FMT, NT, KS, RT, PF, XF16, 45>);
+      if (a.W.K == 4096) return go(skinny_mma_kernel<FMT, NT, KS, RT, PF, XF16, 64>);
+    }
+  }
+  go(skinny_mma_kernel<FMT, NT, KS, RT, PF, XF16, 0>);
 }
 
 int g_skinny_variant = 0;  // bench-kernels: other MXFP4 one-n-tile shapes (set_skinny_variant)
@@ -206,25 +279,25 @@ template <int FMT, int NT, bool XF16>
 void launch_fmt(const SkinnyArgs& a, int tiles, int groups, int ks, cudaStream_t s) {
   if constexpr (FMT == WeightMat::kFragMXFP4 && NT == 1) {
     switch (g_skinny_variant) {  // KS warps x RT row tiles x PF chunks in flight
-      case 1: return launch_shape<FMT, NT, 8, 4, 2, XF16>(a, tiles, groups, s);
-      case 2: return launch_shape<FMT, NT, 16, 2, 3, XF16>(a, tiles, groups, s);
-      case 3: return launch_shape<FMT, NT, 8, 1, 4, XF16>(a, tiles, groups, s);
-      case 4: return launch_shape<FMT, NT, 16, 1, 4, XF16>(a, tiles, groups, s);
-      case 5: return launch_shape<FMT, NT, 8, 2, 4, XF16>(a, tiles, groups, s);
-      case 6: return launch_shape<FMT, NT, 4, 2, 4, XF16>(a, tiles, groups, s);
-      case 7: return launch_shape<FMT, NT, 16, 4, 2, XF16>(a, tiles, groups, s);
-      case 8: return launch_shape<FMT, NT, 8, 8, 1, XF16>(a, tiles, groups, s);
-      case 9: return launch_shape<FMT, NT, 4, 4, 2, XF16>(a, tiles, groups, s);
-      case 10: return launch_shape<FMT, NT, 16, 8, 1, XF16>(a, tiles, groups, s);
+      case 1: return launch_shape<FMT, NT, 8, 4, 2, XF16, true>(a, tiles, groups, s);
+      case 2: return launch_shape<FMT, NT, 16, 2, 3, XF16, true>(a, tiles, groups, s);
+      case 3: return launch_shape<FMT, NT, 8, 1, 4, XF16, true>(a, tiles, groups, s);
+      case 4: return launch_shape<FMT, NT, 16, 1, 4, XF16, true>(a, tiles, groups, s);
+      case 5: return launch_shape<FMT, NT, 8, 2, 4, XF16, true>(a, tiles, groups, s);
+      case 6: return launch_shape<FMT, NT, 4, 2, 4, XF16, true>(a, tiles, groups, s);
+      case 7: return launch_shape<FMT, NT, 16, 4, 2, XF16, true>(a, tiles, groups, s);
+      case 8: return launch_shape<FMT, NT, 8, 8, 1, XF16, true>(a, tiles, groups, s);
+      case 9: return launch_shape<FMT, NT, 4, 4, 2, XF16, true>(a, tiles, groups, s);
+      case 10: return launch_shape<FMT, NT, 8, 4, 1, XF16, true>(a, tiles, groups, s);
       default: break;
     }
   }
   if constexpr (FMT == WeightMat::kFragBF16 && NT == 1) {
     switch (g_skinny_variant) {  // dense bf16 decode copies (q/k/v/o, lm_head)
-      case 1: return launch_shape<FMT, NT, 16, 1, 1, XF16>(a, tiles, groups, s);
-      case 2: return launch_shape<FMT, NT, 16, 1, 2, XF16>(a, tiles, groups, s);
-      case 3: return launch_shape<FMT, NT, 8, 1, 2, XF16>(a, tiles, groups, s);
-      case 4: return launch_shape<FMT, NT, 16, 2, 1, XF16>(a, tiles, groups, s);
+      case 1: return launch_shape<FMT, NT, 16, 1, 1, XF16, true>(a, tiles, groups, s);
+      case 2: return launch_shape<FMT, NT, 16, 1, 2, XF16, true>(a, tiles, groups, s);
+      case 3: return launch_shape<FMT, NT, 8, 1, 2, XF16, true>(a, tiles, groups, s);
+      case 4: return launch_shape<FMT, NT, 16, 2, 1, XF16, true>(a, tiles, groups, s);
       default: break;
     }
   }
@@ -237,21 +310,21 @@ void launch_fmt(const SkinnyArgs& a, int tiles, int groups, int ks, cudaStream_t
   // Two row tiles a block halve the activation reads; one keeps small grids (o_proj's 180 tiles,
   // qkv's 320) covering the SMs.
   const bool one_tile = size_t(tiles) * groups < size_t(8 * 132);
-  // MXFP4 with one n-tile over large grids: four row tiles a block, two chunks in flight
-  // (bench-kernels, H200: 120b gate_up 23.6 -> 21.2 us at 1 token, 382 -> 307 us at 32 tokens;
-  // down at 1 token, 720 tiles, is faster with one).
+  // MXFP4 with one n-tile over large grids (1,400 or more (tile, expert) pairs): four row tiles
+  // a block, one chunk in flight (bench-kernels, H200, seventh session, 120b: gate_up at 1 token
+  // 18.9 -> 16.8 us against two in flight; down at 32 tokens 124 -> 114 us against eight row
+  // tiles). Grouped launches below that (down at 1 token: 720 pairs): two row tiles, four chunks
+  // in flight (13.3 -> 11.6 us against one row tile, three in flight).
   if constexpr (FMT == WeightMat::kFragMXFP4 && NT == 1) {
-    // Eight row tiles, one chunk in flight, past ~30 blocks an SM (120b at 32 tokens: gate_up
-    // 309 -> 267 us, down 159 -> 139 us; at 1 token four row tiles stay faster).
-    if (ks == 8 && size_t(tiles) * groups >= 4096) return launch_shape<FMT, NT, 8, 8, 1, XF16>(a, tiles, groups, s);
-    if (ks == 8 && size_t(tiles) * groups >= 1400) return launch_shape<FMT, NT, 8, 4, 2, XF16>(a, tiles, groups, s);
+    if (ks == 8 && size_t(tiles) * groups >= 1400) return launch_shape<FMT, NT, 8, 4, 1, XF16, true>(a, tiles, groups, s);
+    if (ks == 8 && a.grouped && size_t(tiles) * groups >= 512) return launch_shape<FMT, NT, 8, 2, 4, XF16, true>(a, tiles, groups, s);
   }
   if (ks == 4)
     launch_shape<FMT, NT, 4, 2, kPF, XF16>(a, tiles, groups, s);
   else if (one_tile)
-    launch_shape<FMT, NT, 8, 1, kPF, XF16>(a, tiles, groups, s);
+    launch_shape<FMT, NT, 8, 1, kPF, XF16, NT == 1>(a, tiles, groups, s);
   else
-    launch_shape<FMT, NT, 8, 2, kPF, XF16>(a, tiles, groups, s);
+    launch_shape<FMT, NT, 8, 2, kPF, XF16, NT == 1>(a, tiles, groups, s);
 }
 
 // Diagnostic (bench-kernels): the same grid reading the same bytes of the routed experts with
@@ -287,9 +360,9 @@ void launch_nt(const SkinnyArgs& a, int max_tokens, int tiles, int groups, int k
 
 void set_skinny_variant(int v) { g_skinny_variant = v; }
 const char* skinny_variant_name(int v) {
-  static const char* names[] = {"ks8 rt1-2 pf3 (default)", "ks8 rt4 pf2", "ks16 rt2 pf3", "ks8 rt1 pf4",
+  static const char* names[] = {"default (by grid)", "ks8 rt4 pf2", "ks16 rt2 pf3", "ks8 rt1 pf4",
                                 "ks16 rt1 pf4", "ks8 rt2 pf4", "ks4 rt2 pf4", "ks16 rt4 pf2",
-                                "ks8 rt8 pf1", "ks4 rt4 pf2", "ks16 rt8 pf1"};
+                                "ks8 rt8 pf1", "ks4 rt4 pf2", "ks8 rt4 pf1"};
   return v >= 0 && v < kSkinnyVariants ? names[v] : "?";
 }
 
