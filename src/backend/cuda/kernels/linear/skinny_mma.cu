@@ -190,9 +190,9 @@ __global__ void __launch_bounds__(KS * 32, skinny_min_blocks(NT, KS, RT)) skinny
         const int nxt = base + u + PF;
         if (nxt < my_n) {
           if constexpr (CC > 0) {
-            // A compiler barrier: the loads go after this chunk's MMAs, which free the registers
-            // they land in (the shape measured on the H200).
-            asm volatile("" ::: "memory");
+            // At four row tiles a compiler barrier keeps these loads after this chunk's MMAs,
+            // which free the registers they land in (without it ptxas spills at 80 registers).
+            if constexpr (RT == 4) asm volatile("" ::: "memory");
             load_rel(u, u + PF);  // relative to this group's pointers
           } else {
             load_chunk_w(u, nxt);
