@@ -128,6 +128,7 @@ int run_kernel_bench(const KernelBenchOptions& o) {
     // model runs qkv's decode copy on rows the previous layer's combine already normalized, so
     // qkv is timed here without the norm; the router keeps its fused norm.
     if (M <= kSkinnyMaxTokens && (!d.norm || d.N == QKV) && frag_packable(ws[0])) {
+      const char* sname = d.norm ? "qkv (rows normalized before)" : d.name;
       for (auto fmt : {WeightMat::kFragBF16, WeightMat::kFragFP8}) {
         std::vector<WeightMat> ps;
         auto* flag = dev_alloc<int>(1, owned);
@@ -141,14 +142,14 @@ int run_kernel_bench(const KernelBenchOptions& o) {
           linear(ps[i % copies], xb, d.K, M, Epilogue{Epilogue::kStoreF32, out, d.N}, s);
         });
         set_decode_kernel_choice(0);
-        row(d.name, shape, (std::string("skinny_mma ") + fname).c_str(), us, double(frag_weight_bytes(fmt, 1, d.N, d.K)));
+        row(sname, shape, (std::string("skinny_mma ") + fname).c_str(), us, double(frag_weight_bytes(fmt, 1, d.N, d.K)));
         if (M <= 8)
           for (int v = 0; v < kStreamKVariants; ++v) {
             set_streamk_variant(v);
             double uv = timer.us(o.iters, [&](int i) {
               linear(ps[i % copies], xb, d.K, M, Epilogue{Epilogue::kStoreF32, out, d.N}, s);
             });
-            row(d.name, shape, (std::string("streamk ") + fname + " " + streamk_variant_name(fmt, v)).c_str(), uv,
+            row(sname, shape, (std::string("streamk ") + fname + " " + streamk_variant_name(fmt, v)).c_str(), uv,
                 double(frag_weight_bytes(fmt, 1, d.N, d.K)));
           }
         set_streamk_variant(0);
@@ -161,7 +162,7 @@ int run_kernel_bench(const KernelBenchOptions& o) {
             double uv = timer.us(o.iters, [&](int i) {
               linear(ps[i % copies], xb, d.K, M, Epilogue{Epilogue::kStoreF32, out, d.N}, s);
             });
-            row(d.name, shape, (std::string("skinny_mma bf16 ") + names[v]).c_str(), uv,
+            row(sname, shape, (std::string("skinny_mma bf16 ") + names[v]).c_str(), uv,
                 double(frag_weight_bytes(fmt, 1, d.N, d.K)));
           }
           set_skinny_variant(0);
