@@ -21,6 +21,7 @@ struct SkinnyArgs {
   bool grouped, gather_a;
   MoeRouting r;
   Epilogue epi;
+  int xs_rows = 8;  // one n-tile: activation rows a pass stages in shared memory (min(M, 8))
 };
 
 // Bytes of one tile-chunk (16 rows x 64 K) of a fragment format.

@@ -13,6 +13,7 @@
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
+#include <algorithm>
 #include <cstdlib>
 
 #include "backend/cuda/device_utils.cuh"
@@ -259,7 +260,7 @@ int skinny_opt() {
 template <int FMT, int NT, int KS, int RT, int PF, bool XF16, bool TRY_CC = false>
 void launch_shape(const SkinnyArgs& a, int tiles, int groups, cudaStream_t s) {
   const size_t smem = size_t(KS) * RT * NT * 4 * 32 * sizeof(float) +
-                      (NT == 1 ? size_t(8) * (a.W.K + 8) * 2 : 0);
+                      (NT == 1 ? size_t(a.xs_rows) * (a.W.K + 8) * 2 : 0);
   auto go = [&](auto k) {
     if (smem > 48 * 1024) GPTOSS_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     launch_pdl(k, dim3((tiles + RT - 1) / RT, groups), dim3(KS * 32), smem, s, a);
@@ -380,6 +381,7 @@ void skinny_linear(const WeightMat& W, const void* A, bool a_f16, int lda, int M
   const bool want_f16 = W.fmt != WeightMat::kFragBF16;
   if (a_f16 && !want_f16) throw Error("skinny_linear: bf16 weights need bf16 activations");
   SkinnyArgs a{W, A, lda, M, grouped, gather_a, r, epi};
+  a.xs_rows = std::min(M, 8);  // a one-n-tile pass stages at most min(M, 8) rows (a group has <= M)
   const int tiles = W.N / 16;
   const int groups = grouped ? moe_max_groups(pairs, E) : 1;
   // Tokens an n-tile pass covers: dense, all M; grouped, sized by the mean group (pairs over the
