@@ -46,8 +46,8 @@ __global__ void __launch_bounds__(KS * 32, skinny_min_blocks(NT, KS, RT)) skinny
   const int tile0 = blockIdx.x * RT;
   const int nrt = CC > 0 ? RT : min(RT, T - tile0);  // row tiles of this block (the last block may have fewer)
   // Shared memory: the partial sums [KS][RT][NT][4][32] f32, then (one n-tile: XS) the block's
-  // up to 8 activation rows, K + 8 halves each (the pad spreads the rows over the banks), so the
-  // B fragments are shared-memory reads and the registers hold only weights in flight.
+  // a.xs_rows (min(M, 8)) activation rows, K + 8 halves each (the pad spreads the rows over the
+  // banks), so the B fragments are shared-memory reads and the registers hold only weights in flight.
   constexpr bool XS = NT == 1;
   // MXFP4 and fp8 weights multiply fp16 activations: bf16 ones are converted while staged.
   constexpr bool kStageF16 = XS && !XF16 && FMT != WeightMat::kFragBF16;
