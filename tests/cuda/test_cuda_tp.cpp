@@ -78,6 +78,36 @@ std::vector<float> expected_sum(size_t n, int world) {
 
 enum class Which { kAuto, kNccl, kOneShot, kLL, kTwoShot };
 
+// A graph of what body() queues on st (thread-local capture), instantiated; destroyed with it.
+struct CapturedGraph {
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  CapturedGraph(cudaStream_t st, const std::function<void()>& body) {
+    GPTOSS_CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+    body();
+    GPTOSS_CUDA_CHECK(cudaStreamEndCapture(st, &graph));
+    GPTOSS_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  }
+  void launch(cudaStream_t st) { GPTOSS_CUDA_CHECK(cudaGraphLaunch(exec, st)); }
+  ~CapturedGraph() {
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+  }
+  CapturedGraph(const CapturedGraph&) = delete;
+  CapturedGraph& operator=(const CapturedGraph&) = delete;
+};
+
+// The x -> 2x chains: every rank starts from ones, and element i doubles in each of `rounds`
+// passes over `sizes` whose size exceeds i.
+void expect_doubled(const std::vector<std::vector<float>>& got, const std::vector<size_t>& sizes, int rounds) {
+  for (size_t r = 0; r < got.size(); ++r)
+    for (size_t i = 0; i < got[r].size(); ++i) {
+      int calls = 0;
+      for (size_t n : sizes) calls += i < n;
+      ASSERT_EQ(got[r][i], std::ldexp(1.f, rounds * calls)) << "rank " << r << " i=" << i;
+    }
+}
+
 void check_all_reduce(int world, const std::vector<size_t>& sizes, Which which, size_t offset_floats,
                       bool in_graph) {
   std::vector<std::vector<std::vector<float>>> got(world);  // [rank][size]
@@ -102,19 +132,12 @@ void check_all_reduce(int world, const std::vector<size_t>& sizes, Which which, 
       };
       if (in_graph) {
         // Capture once, replay twice from fresh inputs: the epoch flags must carry over.
-        cudaGraph_t g;
-        cudaGraphExec_t ge;
-        GPTOSS_CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
-        call();
-        GPTOSS_CUDA_CHECK(cudaStreamEndCapture(st, &g));
-        GPTOSS_CUDA_CHECK(cudaGraphInstantiate(&ge, g, 0));
+        CapturedGraph graph(st, call);
         for (int rep = 0; rep < 2; ++rep) {
           GPTOSS_CUDA_CHECK(cudaMemcpyAsync(p, host.data(), n * 4, cudaMemcpyHostToDevice, st));
-          GPTOSS_CUDA_CHECK(cudaGraphLaunch(ge, st));
+          graph.launch(st);
         }
         GPTOSS_CUDA_CHECK(cudaStreamSynchronize(st));
-        cudaGraphExecDestroy(ge);
-        cudaGraphDestroy(g);
       } else {
         GPTOSS_CUDA_CHECK(cudaMemcpyAsync(p, host.data(), n * 4, cudaMemcpyHostToDevice, st));
         call();
@@ -184,12 +207,7 @@ TEST_F(CudaTp, AllReduceTwoShot) {
         for (size_t n : chain) c.twoshot_all_reduce(d.p(), n, nullptr);
       got[rank] = d.download();
     });
-    for (int r = 0; r < 2; ++r)
-      for (size_t i = 0; i < n_max; ++i) {
-        int calls = 0;
-        for (size_t n : chain) calls += i < n;
-        ASSERT_EQ(got[r][i], std::ldexp(1.f, 3 * calls)) << "rank " << r << " i=" << i;
-      }
+    expect_doubled(got, chain, 3);
   } catch (...) {
     restore();
     throw;
@@ -228,27 +246,17 @@ TEST_F(CudaTp, LLManyCallsOfChangingSizes) {
       for (size_t n : sizes) c.ll_all_reduce(d.p(), n, st);
     };
     for (int i = 0; i < 3; ++i) step();
-    cudaGraph_t g;
-    cudaGraphExec_t ge;
-    GPTOSS_CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
-    step();
-    GPTOSS_CUDA_CHECK(cudaStreamEndCapture(st, &g));
-    GPTOSS_CUDA_CHECK(cudaGraphInstantiate(&ge, g, 0));
-    for (int i = 0; i < 2; ++i) GPTOSS_CUDA_CHECK(cudaGraphLaunch(ge, st));
-    step();
-    GPTOSS_CUDA_CHECK(cudaStreamSynchronize(st));
-    cudaGraphExecDestroy(ge);
-    cudaGraphDestroy(g);
+    {
+      CapturedGraph graph(st, step);
+      for (int i = 0; i < 2; ++i) graph.launch(st);
+      step();
+      GPTOSS_CUDA_CHECK(cudaStreamSynchronize(st));
+    }
     GPTOSS_CUDA_CHECK(cudaStreamDestroy(st));
     got[rank] = d.download();
   });
   // Element i took part in every call whose size exceeds i, 6 rounds of the sizes.
-  for (int r = 0; r < 2; ++r)
-    for (size_t i = 0; i < n_max; ++i) {
-      int calls = 0;
-      for (size_t n : sizes) calls += i < n;
-      ASSERT_EQ(got[r][i], std::ldexp(1.f, 6 * calls)) << "rank " << r << " i=" << i;
-    }
+  expect_doubled(got, sizes, 6);
 }
 
 // The residual all-reduce of TP decode (combine + all-reduce + the next RMSNorm in one LL
@@ -302,19 +310,12 @@ TEST_F(CudaTp, ResidualAllReduceEqualsUnfusedSteps) {
                                    reinterpret_cast<cuda::bf16_t*>(xn.p())};
         bool took = false;
         if (cs.graph) {
-          cudaGraph_t gr;
-          cudaGraphExec_t ge;
-          GPTOSS_CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
-          took = c.residual_all_reduce(op, st);
-          GPTOSS_CUDA_CHECK(cudaStreamEndCapture(st, &gr));
-          GPTOSS_CUDA_CHECK(cudaGraphInstantiate(&ge, gr, 0));
-          GPTOSS_CUDA_CHECK(cudaGraphLaunch(ge, st));
+          CapturedGraph graph(st, [&] { took = c.residual_all_reduce(op, st); });
+          graph.launch(st);
           GPTOSS_CUDA_CHECK(cudaStreamSynchronize(st));
           dx.upload(x0);  // replay from fresh inputs: the epoch must carry over
-          GPTOSS_CUDA_CHECK(cudaGraphLaunch(ge, st));
+          graph.launch(st);
           GPTOSS_CUDA_CHECK(cudaStreamSynchronize(st));
-          cudaGraphExecDestroy(ge);
-          cudaGraphDestroy(gr);
         } else {
           took = c.residual_all_reduce(op, st);
         }
@@ -425,17 +426,10 @@ TEST_F(CudaTp, AllGatherSmallAndLarge) {
           auto call = [&] { c.all_gather(send, r, bytes, st); };
           GPTOSS_CUDA_CHECK(cudaMemcpyAsync(send, mine.data(), bytes, cudaMemcpyHostToDevice, st));
           if (graph) {
-            cudaGraph_t g;
-            cudaGraphExec_t ge;
-            GPTOSS_CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
-            call();
-            GPTOSS_CUDA_CHECK(cudaStreamEndCapture(st, &g));
-            GPTOSS_CUDA_CHECK(cudaGraphInstantiate(&ge, g, 0));
-            GPTOSS_CUDA_CHECK(cudaGraphLaunch(ge, st));
-            GPTOSS_CUDA_CHECK(cudaGraphLaunch(ge, st));
+            CapturedGraph graph(st, call);
+            graph.launch(st);
+            graph.launch(st);
             GPTOSS_CUDA_CHECK(cudaStreamSynchronize(st));
-            cudaGraphExecDestroy(ge);
-            cudaGraphDestroy(g);
           } else {
             call();
           }

@@ -84,22 +84,8 @@ __device__ __forceinline__ void pdl_begin() {
   pdl_trigger();
 }
 
-template <typename... KArgs, typename... Args>
-void launch_pdl(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, Args&&... args) {
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = grid;
-  cfg.blockDim = block;
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = s;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  GPTOSS_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
-}
-
-// launch_pdl with the grid's blocks in thread-block clusters of `cluster` (all 1: no clusters).
+// Launches with programmatic stream serialization (see pdl_wait), the grid's blocks in
+// thread-block clusters of `cluster` (all 1: no clusters).
 template <typename... KArgs, typename... Args>
 void launch_pdl_cluster(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, dim3 cluster, cudaStream_t s,
                         Args&&... args) {
@@ -118,6 +104,11 @@ void launch_pdl_cluster(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t 
   cfg.attrs = attr;
   cfg.numAttrs = cluster.x * cluster.y * cluster.z > 1 ? 2 : 1;
   GPTOSS_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
+}
+
+template <typename... KArgs, typename... Args>
+void launch_pdl(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, Args&&... args) {
+  launch_pdl_cluster(kernel, grid, block, smem, dim3(1, 1, 1), s, std::forward<Args>(args)...);
 }
 
 }  // namespace gptoss::cuda

@@ -1,12 +1,11 @@
 // LL all-reduce over peer memory: see ll_allreduce.h for the protocol.
 #include "backend/cuda/kernels/comm/ll_allreduce.h"
 
-#include <cooperative_groups.h>
-
 #include <algorithm>
 #include <cstdio>
 #include <string>
 
+#include "backend/cuda/cluster_sum.cuh"
 #include "backend/cuda/cuda_common.h"
 #include "backend/cuda/device_utils.cuh"
 #include "backend/cuda/kernels/comm/peer_sync.cuh"
@@ -41,6 +40,21 @@ __device__ __forceinline__ uint4* slot_at(char* area, size_t slots, int world, u
 struct Epoch {
   uint32_t value, parity;
 };
+
+// Slot q from rank `src` once both its flags carry this call's epoch (`what` names the
+// collective in check_wait's message).
+__device__ __forceinline__ uint4 wait_slot(const uint4* q, Epoch e, LLPeers p, int src, const char* what) {
+  uint4 v = load_slot(q);
+  if (v.y != e.value || v.w != e.value) {
+    const uint64_t t0 = global_timer_ns();
+    uint32_t spins = 0;
+    do {
+      check_wait(spins, t0, p.timeout_ns, p.abort_flag, what, p.rank, src, e.value);
+      v = load_slot(q);
+    } while (v.y != e.value || v.w != e.value);
+  }
+  return v;
+}
 __device__ __forceinline__ Epoch ll_begin(LLPeers p) {
   const uint32_t e = epoch_begin(p.state);
   return Epoch{e, e & 1u};
@@ -65,16 +79,7 @@ __device__ __forceinline__ float2 gather_sum(LLPeers p, Epoch e, size_t u, float
     if (r >= p.world) break;
     float va = a, vb = b;
     if (r != p.rank) {
-      const uint4* q = slot_at(mine, p.slots, p.world, e.parity, r, u);
-      uint4 v = load_slot(q);
-      if (v.y != e.value || v.w != e.value) {
-        const uint64_t t0 = global_timer_ns();
-        uint32_t spins = 0;
-        do {
-          check_wait(spins, t0, p.timeout_ns, p.abort_flag, "LL all-reduce", p.rank, r, e.value);
-          v = load_slot(q);
-        } while (v.y != e.value || v.w != e.value);
-      }
+      const uint4 v = wait_slot(slot_at(mine, p.slots, p.world, e.parity, r, u), e, p, r, "LL all-reduce");
       va = __uint_as_float(v.x);
       vb = __uint_as_float(v.z);
     }
@@ -141,16 +146,7 @@ __global__ void __launch_bounds__(kFlatThreads) ll_all_gather_kernel(LLPeers p, 
     for (int r = 0; r < kLLMaxRanks; ++r) {
       if (r >= p.world) break;
       if (r == p.rank) continue;
-      const uint4* q = slot_at(p.own, p.slots, p.world, e.parity, r, u);
-      uint4 v = load_slot(q);
-      if (v.y != e.value || v.w != e.value) {
-        const uint64_t t0 = global_timer_ns();
-        uint32_t spins = 0;
-        do {
-          check_wait(spins, t0, p.timeout_ns, p.abort_flag, "LL all-gather", p.rank, r, e.value);
-          v = load_slot(q);
-        } while (v.y != e.value || v.w != e.value);
-      }
+      const uint4 v = wait_slot(slot_at(p.own, p.slots, p.world, e.parity, r, u), e, p, r, "LL all-gather");
       store8(recv + size_t(r) * bytes + 8 * u, make_uint2(v.x, v.z), aligned);
     }
   }
@@ -208,19 +204,7 @@ __global__ void __cluster_dims__(kRowBlocks, 1, 1) __launch_bounds__(kRowThreads
   }
   pdl_trigger();
   if (op.norm_w) {  // uniform over the grid
-    __shared__ float red[kRowThreads / 32];
-    __shared__ float block_ss;
-    ss = warp_sum(ss);
-    if ((threadIdx.x & 31) == 0) red[threadIdx.x / 32] = ss;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      float b = 0.f;
-      for (int i = 0; i < kRowThreads / 32; ++i) b += red[i];
-      block_ss = b;
-    }
-    cluster.sync();  // every block's partial sum is in its block_ss
-    float total = 0.f;
-    for (int b = 0; b < kRowBlocks; ++b) total += *cluster.map_shared_rank(&block_ss, b);  // same order everywhere
+    const float total = cluster_sum<kRowThreads, kRowBlocks>(cluster, ss);
     const float inv = 1.0f / sqrtf(total / float(H) + op.eps);
     uint16_t* xn = reinterpret_cast<uint16_t*>(op.xn) + size_t(t) * H;
     for (int h = h0 + int(threadIdx.x); h < h1; h += kRowThreads) xn[h] = f32_to_bf16_bits(xr[h] * inv * op.norm_w[h]);

@@ -4,24 +4,10 @@
 #include <algorithm>
 
 #include "backend/cuda/cuda_common.h"
+#include "backend/cuda/kernels/comm/peer_sync.cuh"
 
 namespace gptoss::cuda {
 namespace {
-
-// Flags are read and written at system scope: the peers are other GPUs.
-__device__ __forceinline__ void store_release_sys(uint32_t* p, uint32_t v) {
-  asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
-}
-__device__ __forceinline__ uint32_t load_acquire_sys(const uint32_t* p) {
-  uint32_t v;
-  asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-__device__ __forceinline__ uint64_t global_timer_ns() {
-  uint64_t t;
-  asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
-  return t;
-}
 
 // Block `blockIdx.x` of every rank meets here: thread r (< world) tells rank r that this rank's
 // block has reached epoch `epoch`, then waits until rank r's block has told this rank the same.

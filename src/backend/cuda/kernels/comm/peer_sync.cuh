@@ -1,6 +1,7 @@
 #pragma once
-// Device helpers the peer-memory collectives share (ll_allreduce.cu, twoshot_allreduce.cu): the
-// GPU clock for their timeouts, system-scope flags, and the call epoch kept in device memory.
+// Device helpers the peer-memory collectives share (ll_allreduce.cu, twoshot_allreduce.cu,
+// oneshot_allreduce.cu): the GPU clock for their timeouts, system-scope flags, and the call epoch
+// kept in device memory.
 #include <cuda_runtime.h>
 
 #include <cstdint>

@@ -60,19 +60,45 @@ struct WChunk<WeightMat::kFragBF16> {
   uint4 q[4];
 };
 
-template <int FMT>
-__device__ __forceinline__ void load_w(const SkinnyArgs& a, size_t tc, int lane, WChunk<FMT>& w) {
-  const uint4* base = static_cast<const uint4*>(a.W.w);
+// Weights are read once: 16-byte loads that skip L1 (the activations, read by every warp of the
+// SM, keep it).
+__device__ __forceinline__ uint4 ld_stream(const uint4* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
+
+// A lane's weights of the chunk `off` chunks past its pointers: wl at its 16-byte word of a chunk
+// (W.w as uint4 + chunk * chunk_bytes / 16 + lane), sl (MXFP4) at its scale word (W.scales as
+// uint32 + chunk * 8 + lane / 4). STREAM: weight loads that skip L1 (ld_stream).
+template <int FMT, bool STREAM = false>
+__device__ __forceinline__ void load_w_at(const uint4* wl, const uint32_t* sl, size_t off, WChunk<FMT>& w) {
+  auto ld = [](const uint4* p) {
+    if constexpr (STREAM)
+      return ld_stream(p);
+    else
+      return __ldg(p);
+  };
   if constexpr (FMT == WeightMat::kFragMXFP4) {
-    w.q = __ldg(base + tc * 32 + lane);
-    w.s = __ldg(reinterpret_cast<const uint32_t*>(a.W.scales) + tc * 8 + lane / 4);
+    w.q = ld(wl + off * 32);
+    w.s = __ldg(sl + off * 8);
   } else if constexpr (FMT == WeightMat::kFragFP8) {
 #pragma unroll
-    for (int h = 0; h < 2; ++h) w.q[h] = __ldg(base + (tc * 2 + h) * 32 + lane);
+    for (int h = 0; h < 2; ++h) w.q[h] = ld(wl + (off * 2 + h) * 32);
   } else {
 #pragma unroll
-    for (int j = 0; j < 4; ++j) w.q[j] = __ldg(base + (tc * 4 + j) * 32 + lane);
+    for (int j = 0; j < 4; ++j) w.q[j] = ld(wl + (off * 4 + j) * 32);
   }
+}
+
+// Tile-chunk tc of the weights (chunks counted from the start of W).
+template <int FMT, bool STREAM = false>
+__device__ __forceinline__ void load_w(const SkinnyArgs& a, size_t tc, int lane, WChunk<FMT>& w) {
+  const uint32_t* sl = nullptr;
+  if constexpr (FMT == WeightMat::kFragMXFP4) sl = reinterpret_cast<const uint32_t*>(a.W.scales) + lane / 4;
+  load_w_at<FMT, STREAM>(static_cast<const uint4*>(a.W.w) + lane, sl, tc, w);
 }
 
 // The lane's activations of one chunk for n-tile i: 8 consecutive elements at 8 tq and 32 + 8 tq.

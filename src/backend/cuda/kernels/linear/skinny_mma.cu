@@ -71,20 +71,7 @@ __global__ void __launch_bounds__(KS * 32, skinny_min_blocks(NT, KS, RT)) skinny
   };
   auto load_rel = [&](int u, int rel) {
 #pragma unroll
-    for (int r = 0; r < RT; ++r) {
-      const int off = r * CC + rel * KS;  // chunks
-      WChunk<FMT>& w = wbuf[u][r];
-      if constexpr (FMT == WeightMat::kFragMXFP4) {
-        w.q = __ldg(wl + off * 32);
-        w.s = __ldg(sl + off * 8);
-      } else if constexpr (FMT == WeightMat::kFragFP8) {
-#pragma unroll
-        for (int h = 0; h < 2; ++h) w.q[h] = __ldg(wl + (off * 2 + h) * 32);
-      } else {
-#pragma unroll
-        for (int j = 0; j < 4; ++j) w.q[j] = __ldg(wl + (off * 4 + j) * 32);
-      }
-    }
+    for (int r = 0; r < RT; ++r) load_w_at<FMT>(wl, sl, r * CC + rel * KS, wbuf[u][r]);
   };
   auto load_chunk_w = [&](int u, int it) {
     if constexpr (CC > 0) {
@@ -246,12 +233,12 @@ __global__ void __launch_bounds__(KS * 32, skinny_min_blocks(NT, KS, RT)) skinny
 }
 
 // GPTOSS_SKINNY_OPT=0 (bench comparisons) turns the compile-time chunk counts (CC) off.
-int skinny_opt() {
-  static const int v = [] {
+bool skinny_cc_enabled() {
+  static const bool on = [] {
     const char* e = std::getenv("GPTOSS_SKINNY_OPT");
-    return e && *e ? std::atoi(e) : 1;
+    return !(e && *e) || (std::atoi(e) & 1) != 0;
   }();
-  return v;
+  return on;
 }
 
 // Kernel shapes (warps splitting K, row tiles whose blocks share the activation loads, chunks
@@ -266,7 +253,7 @@ void launch_shape(const SkinnyArgs& a, int tiles, int groups, cudaStream_t s) {
     launch_pdl(k, dim3((tiles + RT - 1) / RT, groups), dim3(KS * 32), smem, s, a);
   };
   if constexpr (TRY_CC) {
-    if ((skinny_opt() & 1) && tiles % RT == 0) {
+    if (skinny_cc_enabled() && tiles % RT == 0) {
       if (a.W.K == 2880) return go(skinny_mma_kernel<FMT, NT, KS, RT, PF, XF16, 45>);
       if (a.W.K == 4096) return go(skinny_mma_kernel<FMT, NT, KS, RT, PF, XF16, 64>);
     }

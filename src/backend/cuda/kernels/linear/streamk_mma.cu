@@ -110,29 +110,6 @@ __device__ void fill_job_table(const SkinnyArgs& a, int T, JobTable& jt) {
   }
 }
 
-// Weights are read once: 16-byte loads that skip L1 (the activations, read by every warp of the
-// SM, keep it).
-__device__ __forceinline__ uint4 ld_stream(const uint4* p) {
-  uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p));
-  return v;
-}
-template <int FMT>
-__device__ __forceinline__ void load_w_stream(const SkinnyArgs& a, size_t tc, int lane, WChunk<FMT>& w) {
-  const uint4* base = static_cast<const uint4*>(a.W.w);
-  if constexpr (FMT == WeightMat::kFragMXFP4) {
-    w.q = ld_stream(base + tc * 32 + lane);
-    w.s = __ldg(reinterpret_cast<const uint32_t*>(a.W.scales) + tc * 8 + lane / 4);
-  } else if constexpr (FMT == WeightMat::kFragFP8) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) w.q[h] = ld_stream(base + (tc * 2 + h) * 32 + lane);
-  } else {
-#pragma unroll
-    for (int j = 0; j < 4; ++j) w.q[j] = ld_stream(base + (tc * 4 + j) * 32 + lane);
-  }
-}
 
 // Warp w of nw covers items [lo(w), lo(w + 1)), lo(w) = floor(W w / nw); with nw <= W every warp
 // has one at least, so the warps sharing a job are consecutive: the warp of item i is the largest
@@ -252,7 +229,7 @@ __global__ void __launch_bounds__(kSkWarps * 32, MINB) streamk_mma_kernel(const 
 #pragma unroll
     for (int u = 0; u < PF; ++u)
       if (lo + u < hi) {
-        load_w_stream<FMT>(a, lw + lc, lane, wb[u]);
+        load_w<FMT, true>(a, lw + lc, lane, wb[u]);
         advance(false);
       }
     pdl_wait();
@@ -272,7 +249,7 @@ __global__ void __launch_bounds__(kSkWarps * 32, MINB) streamk_mma_kernel(const 
 #pragma unroll
     for (int u = 0; u < PF; ++u)
       if (lo + u < hi) {
-        load_w_stream<FMT>(a, lw + lc, lane, wb[u]);
+        load_w<FMT, true>(a, lw + lc, lane, wb[u]);
         xoff[u] = x_of();
         advance(true);
       }
@@ -295,7 +272,7 @@ __global__ void __launch_bounds__(kSkWarps * 32, MINB) streamk_mma_kernel(const 
         if (i + 1 < hi) load_x((u + 1) % PF, (u + 1) & 1);
         chunk_mma<FMT, 1, XF16>(wb[u], xb[u & 1], acc);
         if (i + PF < hi) {
-          load_w_stream<FMT>(a, lw + lc, lane, wb[u]);
+          load_w<FMT, true>(a, lw + lc, lane, wb[u]);
           xoff[u] = x_of();
           advance(true);
         }

@@ -1,11 +1,10 @@
 // MoE routing (top-k, softmax, pairs sorted by expert) and the fixed-order weighted sum of
 // the experts' outputs (moe_combine).
-#include <cooperative_groups.h>
-
 #include <algorithm>
 #include <cstdio>
 #include <string>
 
+#include "backend/cuda/cluster_sum.cuh"
 #include "backend/cuda/cuda_common.h"
 #include "backend/cuda/device_utils.cuh"
 #include "backend/cuda/kernels.h"
@@ -316,19 +315,7 @@ __global__ void __cluster_dims__(kCombineBlocks, 1, 1) __launch_bounds__(kCombin
   float* xr = x + size_t(t) * H;
   float ss = combine_slice(y, r, t, k, H, xr, h0, h1);
   if (!norm_w) return;  // uniform over the cluster
-  __shared__ float red[kCombineThreads / 32];
-  __shared__ float block_ss;
-  ss = warp_sum(ss);
-  if ((threadIdx.x & 31) == 0) red[threadIdx.x / 32] = ss;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    float b = 0.f;
-    for (int i = 0; i < kCombineThreads / 32; ++i) b += red[i];
-    block_ss = b;
-  }
-  cluster.sync();  // every block's partial sum is in its block_ss
-  float total = 0.f;
-  for (int b = 0; b < kCombineBlocks; ++b) total += *cluster.map_shared_rank(&block_ss, b);  // same order everywhere
+  const float total = cluster_sum<kCombineThreads, kCombineBlocks>(cluster, ss);
   const float inv = 1.0f / sqrtf(total / float(H) + eps);
   for (int h = h0 + threadIdx.x; h < h1; h += blockDim.x) xn[size_t(t) * H + h] = f32_to_bf16_bits(xr[h] * inv * norm_w[h]);
   cluster.sync();  // the others' shared memory stays alive until all have read it

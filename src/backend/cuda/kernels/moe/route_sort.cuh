@@ -12,6 +12,37 @@ namespace gptoss::cuda {
 constexpr int kMaxExpertsPerLane = 8;  // E <= 256
 constexpr int kMaxTopK = 8;
 
+// Steps the sorts share: count each expert's pairs into cnt[E] (shared memory)...
+__device__ __forceinline__ void count_expert_pairs(int P, int E, const int32_t* idx, int32_t* cnt) {
+  for (int e = threadIdx.x; e < E; e += blockDim.x) cnt[e] = 0;
+  __syncthreads();
+  for (int p = threadIdx.x; p < P; p += blockDim.x) atomicAdd(&cnt[idx[p]], 1);
+  __syncthreads();
+}
+// ... write held expert `held`'s group g (c pairs from sorted slot off) and its nt GEMM row tiles
+// from tile t0 ...
+__device__ __forceinline__ void write_group(const MoeRouting& r, int g, int held, int off, int c, int t0, int nt) {
+  r.group_expert[g] = held;
+  r.group_start[g] = off;
+  r.group_end[g] = off + c;
+  for (int i = 0; i < nt; ++i) {
+    r.tile_group[t0 + i] = g;
+    r.tile_row[t0 + i] = off + i * kGemmBM;
+  }
+}
+// ... and, once cursor[e] holds each expert's first sorted slot, give every pair its slot (pairs
+// of one expert take its slots in atomic order).
+__device__ __forceinline__ void scatter_pairs(int P, int k, const MoeRouting& r, const int32_t* idx, const float* wts,
+                                              int32_t* cursor) {
+  for (int p = threadIdx.x; p < P; p += blockDim.x) {
+    const int e = idx[p];
+    const int dst = atomicAdd(&cursor[e], 1);
+    r.pair_token[dst] = p / k;
+    r.pair_weight[dst] = wts[p];
+    r.slot_pair[p] = dst;
+  }
+}
+
 // One block (blockDim.x >= E): counts per expert, exclusive scans for the sorted offsets, the
 // groups of the held experts [eb, ee) and their GEMM row tiles, then each pair's slot (pairs of
 // one expert take its slots in atomic order). sm: 5 * E ints of shared memory.
@@ -19,10 +50,7 @@ __device__ inline void moe_sort_block(int P, int E, int k, const MoeRouting& r, 
                                       const int32_t* idx, const float* wts, int32_t* sm) {
   int32_t* cnt = sm;         // [E]
   int32_t* cursor = sm + E;  // [E]
-  for (int e = threadIdx.x; e < E; e += blockDim.x) cnt[e] = 0;
-  __syncthreads();
-  for (int p = threadIdx.x; p < P; p += blockDim.x) atomicAdd(&cnt[idx[p]], 1);
-  __syncthreads();
+  count_expert_pairs(P, E, idx, cnt);
   // Exclusive scans over experts (one thread each, E <= 1024): row offsets, group slots of
   // the non-empty experts, GEMM row tiles.
   int32_t* s_off = sm + 2 * E;    // [E]
@@ -45,28 +73,14 @@ __device__ inline void moe_sort_block(int P, int E, int k, const MoeRouting& r, 
   if (e < E) {
     int off = s_off[e] - c_all, g = s_grp[e] - (c > 0), t0 = s_tile[e] - nt;
     cursor[e] = off;
-    if (c > 0) {
-      r.group_expert[g] = e - eb;
-      r.group_start[g] = off;
-      r.group_end[g] = off + c;
-      for (int i = 0; i < nt; ++i) {
-        r.tile_group[t0 + i] = g;
-        r.tile_row[t0 + i] = off + i * kGemmBM;
-      }
-    }
+    if (c > 0) write_group(r, g, e - eb, off, c, t0, nt);
     if (e == E - 1) {
       r.counts[0] = s_grp[e];
       r.counts[1] = s_tile[e];
     }
   }
   __syncthreads();
-  for (int p = threadIdx.x; p < P; p += blockDim.x) {
-    int e = idx[p];
-    int dst = atomicAdd(&cursor[e], 1);
-    r.pair_token[dst] = p / k;
-    r.pair_weight[dst] = wts[p];
-    r.slot_pair[p] = dst;
-  }
+  scatter_pairs(P, k, r, idx, wts, cursor);
 }
 
 // moe_sort_block's result with the scans over experts done by one warp (a run of E / 32 experts
@@ -76,10 +90,7 @@ __device__ inline void moe_sort_block_warp_scan(int P, int E, int k, const MoeRo
                                                 const int32_t* idx, const float* wts, int32_t* sm) {
   int32_t* cnt = sm;         // [E]
   int32_t* cursor = sm + E;  // [E]
-  for (int e = threadIdx.x; e < E; e += blockDim.x) cnt[e] = 0;
-  __syncthreads();
-  for (int p = threadIdx.x; p < P; p += blockDim.x) atomicAdd(&cnt[idx[p]], 1);
-  __syncthreads();
+  count_expert_pairs(P, E, idx, cnt);
   if (threadIdx.x < 32) {
     const int lane = threadIdx.x, per = (E + 31) / 32, e0 = lane * per;
     // This lane's totals: sorted rows of all its experts, groups and GEMM tiles of the held ones.
@@ -107,13 +118,7 @@ __device__ inline void moe_sort_block_warp_scan(int P, int E, int k, const MoeRo
         const int c_all = cnt[e], c = e >= eb && e < ee ? c_all : 0, nt = (c + kGemmBM - 1) / kGemmBM;
         cursor[e] = xo;
         if (c > 0) {
-          r.group_expert[xg] = e - eb;
-          r.group_start[xg] = xo;
-          r.group_end[xg] = xo + c;
-          for (int j = 0; j < nt; ++j) {
-            r.tile_group[xt + j] = xg;
-            r.tile_row[xt + j] = xo + j * kGemmBM;
-          }
+          write_group(r, xg, e - eb, xo, c, xt, nt);
           ++xg;
         }
         xo += c_all;
@@ -126,13 +131,7 @@ __device__ inline void moe_sort_block_warp_scan(int P, int E, int k, const MoeRo
     }
   }
   __syncthreads();
-  for (int p = threadIdx.x; p < P; p += blockDim.x) {
-    const int e = idx[p];
-    const int dst = atomicAdd(&cursor[e], 1);
-    r.pair_token[dst] = p / k;
-    r.pair_weight[dst] = wts[p];
-    r.slot_pair[p] = dst;
-  }
+  scatter_pairs(P, k, r, idx, wts, cursor);
 }
 
 // moe_sort_block's result for at most 32 pairs, by one warp and without shared memory or
@@ -161,14 +160,7 @@ __device__ inline void moe_sort_warp(int P, int k, const MoeRouting& r, int eb, 
     r.pair_token[slot] = lane / k;
     r.pair_weight[slot] = wgt;
     r.slot_pair[lane] = slot;
-    if ((firsts >> lane) & 1u) {
-      const int g = groups_before;
-      r.group_expert[g] = e - eb;
-      r.group_start[g] = before;
-      r.group_end[g] = before + same;
-      r.tile_group[g] = g;
-      r.tile_row[g] = before;
-    }
+    if ((firsts >> lane) & 1u) write_group(r, groups_before, e - eb, before, same, groups_before, 1);
   }
   if (lane == 0) {
     r.counts[0] = groups;
