@@ -90,13 +90,17 @@ int run_kernel_bench(const KernelBenchOptions& o) {
   };
 
   // Dense bf16 GEMVs: weights rotated over copies.
+  // decode_copy: the name of the skinny rows, which time the model's decode copy (qkv's runs on rows
+  // the previous layer's combine already normalized); null: the layer has none (the router).
   struct Dense {
     const char* name;
     int N, K;
     bool norm;
+    const char* decode_copy;
   };
-  for (const Dense& d : {Dense{"qkv (+rmsnorm)", QKV, H, true}, Dense{"o_proj", H, c.q_dim(), false},
-                         Dense{"router (+rmsnorm)", E, H, true}, Dense{"lm_head", c.vocab, H, false}}) {
+  for (const Dense& d : {Dense{"qkv (+rmsnorm)", QKV, H, true, "qkv (rows normalized before)"},
+                         Dense{"o_proj", H, c.q_dim(), false, "o_proj"}, Dense{"router (+rmsnorm)", E, H, true, nullptr},
+                         Dense{"lm_head", c.vocab, H, false, "lm_head"}}) {
     const size_t bytes = size_t(d.N) * d.K * 2;
     const int copies = int(std::max<size_t>(1, (kRotateBytes + bytes - 1) / bytes));
     std::vector<WeightMat> ws;
@@ -124,11 +128,9 @@ int run_kernel_bench(const KernelBenchOptions& o) {
     }
     set_gemv_variant(0);
     set_linear_path(0);
-    // The tensor-core decode kernels over the fragment layout (bf16 and fp8 decode copies). The
-    // model runs qkv's decode copy on rows the previous layer's combine already normalized, so
-    // qkv is timed here without the norm; the router keeps its fused norm.
-    if (M <= kSkinnyMaxTokens && (!d.norm || d.N == QKV) && frag_packable(ws[0])) {
-      const char* sname = d.norm ? "qkv (rows normalized before)" : d.name;
+    // The tensor-core decode kernels over the fragment layout (bf16 and fp8 decode copies).
+    if (M <= kSkinnyMaxTokens && d.decode_copy && frag_packable(ws[0])) {
+      const char* sname = d.decode_copy;
       for (auto fmt : {WeightMat::kFragBF16, WeightMat::kFragFP8}) {
         std::vector<WeightMat> ps;
         auto* flag = dev_alloc<int>(1, owned);
