@@ -359,7 +359,10 @@ void check_moe(const MoeCase& c, int path) {
     ge.out_f16 = skinny;
     Dev<float> y(size_t(P) * H);
     cuda::linear_grouped(pgu, dx.p(), H, P, E, true, rt, ge, 0, n);
-    cuda::linear_grouped(pdn, act.p(), I, P, E, false, rt, Epilogue{Epilogue::kStoreF32, y.p(), H}, 0, n, skinny);
+    // As in the model: down's routing is two launches old, read before its wait.
+    cuda::MoeRouting settled = rt;
+    settled.settled = true;
+    cuda::linear_grouped(pdn, act.p(), I, P, E, false, settled, Epilogue{Epilogue::kStoreF32, y.p(), H}, 0, n, skinny);
     cuda::moe_combine(y.p(), rt, n, k, H, out.p(), nullptr, 1e-5f, nullptr, 0);
     GPTOSS_CUDA_CHECK(cudaDeviceSynchronize());
     EXPECT_EQ(flag.download()[0], 0);
@@ -622,6 +625,74 @@ TEST_F(Kernels, MoeMxfp4FragmentsDecode) {
   cuda::set_decode_kernel_choice(1);
   for (int n : {1, 2, 8}) check_moe({n, 128, 4, 2880, 2880}, 3);
   cuda::set_decode_kernel_choice(0);
+}
+
+// The unit-walking grouped kernel (a GPU-sized grid walking (group, pass, row-tile block) units)
+// against the one-block-per-(group, row-tile block) kernel with the same K split (8 warps): the same sums in the
+// same order, so equal bit for bit. 2, 8 and 33 tokens over 128 experts, 17 over 32, and 40
+// over 128 with half the tokens on experts 0-3 (groups of ~22 tokens: three passes beside groups
+// of one), 120b widths; gate_up (SwiGLU, gathered rows) and down (its routing settled: read
+// before the wait), every unit-kernel shape.
+TEST_F(Kernels, SkinnyUnitsKernelMatchesBlockPerTile) {
+  struct Case {
+    int n, E;
+    bool skewed;
+  };
+  std::vector<Case> cases = {{2, 128, false}, {8, 128, false}, {33, 128, false}, {17, 32, false}, {40, 128, true}};
+  if (small_mode()) cases = {{8, 128, false}, {40, 128, true}};
+  const int H = 2880, I = 2880, k = 4;
+  for (const Case& c : cases) {
+    const uint64_t seed = fresh_seed();
+    const int n = c.n, E = c.E, P = n * k;
+    FastRng r(seed);
+    const size_t gu_bytes = size_t(E) * 2 * I * H / 2, dn_bytes = size_t(E) * H * I / 2;
+    Dev<uint8_t> gu_b(gu_bytes), gu_s(gu_bytes / 16), dn_b(dn_bytes), dn_s(dn_bytes / 16);
+    cuda::fill_random_u8(gu_b.p(), gu_bytes, seed + 1, 0, 255, 0);
+    cuda::fill_random_u8(gu_s.p(), gu_bytes / 16, seed + 2, 118, 121, 0);
+    cuda::fill_random_u8(dn_b.p(), dn_bytes, seed + 3, 0, 255, 0);
+    cuda::fill_random_u8(dn_s.p(), dn_bytes / 16, seed + 4, 118, 121, 0);
+    Dev<float> gub(rand_f32(size_t(E) * 2 * I, r, 0.1f)), dnb(rand_f32(size_t(E) * H, r, 0.1f));
+    auto hl = rand_f32(size_t(n) * E, r);
+    if (c.skewed)
+      for (int tok = 0; tok < n; tok += 2)
+        for (int e = 0; e < 4; ++e) hl[size_t(tok) * E + e] += 10.f;
+    Dev<float> logits(hl);
+    Dev<uint16_t> x(to_bf16(round_bf16(rand_f32(size_t(n) * H, r))));
+    Dev<uint8_t> fgu(gu_bytes), fgus(gu_bytes / 16), fdn(dn_bytes), fdns(dn_bytes / 16);
+    Dev<int> flag(std::vector<int>{0});
+    const WeightMat gu{WeightMat::kMXFP4, gu_b.p(), gu_s.p(), gub.p(), 2 * I, H};
+    const WeightMat dn{WeightMat::kMXFP4, dn_b.p(), dn_s.p(), dnb.p(), H, I};
+    const WeightMat pgu = cuda::pack_frag(gu, E, true, WeightMat::kFragMXFP4, fgu.p(), fgus.p(), flag.p(), 0);
+    const WeightMat pdn = cuda::pack_frag(dn, E, false, WeightMat::kFragMXFP4, fdn.p(), fdns.p(), flag.p(), 0);
+    Dev<uint8_t> rmem(cuda::moe_routing_bytes(P, E));
+    cuda::MoeRouting rt = cuda::moe_routing_carve(rmem.p(), P, E);
+    cuda::moe_route(logits.p(), n, E, k, rt, 0);
+    cuda::MoeRouting settled = rt;
+    settled.settled = true;
+    auto run = [&](int variant, Dev<uint16_t>& act, Dev<float>& y, const Dev<uint16_t>& act_in) {
+      cuda::set_skinny_variant(variant);
+      Epilogue ge{Epilogue::kSwiGLU, act.p(), I};
+      ge.out_f16 = true;
+      cuda::skinny_linear(pgu, x.p(), false, H, n, P, E, true, true, rt, ge, 8, 0);
+      cuda::skinny_linear(pdn, act_in.p(), true, I, n, P, E, true, false, settled, Epilogue{Epilogue::kStoreF32, y.p(), H},
+                          8, 0);
+      GPTOSS_CUDA_CHECK(cudaDeviceSynchronize());
+    };
+    Dev<uint16_t> act_ref(size_t(P) * I);
+    Dev<float> y_ref(size_t(P) * H);
+    run(10, act_ref, y_ref, act_ref);  // ks8 rt4 pf1 of skinny_mma_kernel (down reads gate_up's output)
+    const auto a_ref = act_ref.download();
+    const auto yr = y_ref.download();
+    for (int v = 11; v < cuda::kSkinnyVariants; ++v) {
+      Dev<uint16_t> act(size_t(P) * I);
+      Dev<float> y(size_t(P) * H);
+      run(v, act, y, act_ref);
+      EXPECT_TRUE(act.download() == a_ref) << "gate_up, " << cuda::skinny_variant_name(v) << ", n=" << n << " E=" << E;
+      EXPECT_TRUE(y.download() == yr) << "down, " << cuda::skinny_variant_name(v) << ", n=" << n << " E=" << E;
+    }
+    cuda::set_skinny_variant(0);
+    EXPECT_EQ(flag.download()[0], 0);
+  }
 }
 
 // Exact router ties go to the lower expert index on the device too (as cpu::router_topk and

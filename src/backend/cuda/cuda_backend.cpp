@@ -894,9 +894,13 @@ void CudaBackend::run_pass(int n, const PassMeta& m, int n_rows, int nsplit) {
     gu.out_f16 = skinny;
     if (!skip("experts")) linear_grouped(Wgu, xn_, H, n * k, E, true, routing_, gu, stream_, n, xn_f16, inv);
     mark("gate_up");
+    // The routing came two launches back (gate_up ran between): down reads it, and issues its
+    // first weight loads, before waiting on gate_up (MoeRouting::settled).
+    MoeRouting routing_settled = routing_;
+    routing_settled.settled = true;
     if (!skip("experts"))
-      linear_grouped(Wdn, act_, c.intermediate, n * k, E, false, routing_, Epilogue{Epilogue::kStoreF32, moe_y_, H},
-                     stream_, n, skinny, inv);
+      linear_grouped(Wdn, act_, c.intermediate, n * k, E, false, routing_settled,
+                     Epilogue{Epilogue::kStoreF32, moe_y_, H}, stream_, n, skinny, inv);
     mark("down");
     const float* next_norm = li + 1 < layers_.size() ? layers_[li + 1].attn_norm : nullptr;
     if (tp_.active()) {

@@ -1,6 +1,7 @@
 // Host helpers of cuda_common.h: error reporting, device buffers, device presence.
 #include <cooperative_groups.h>
 
+#include <atomic>
 #include <cstdio>
 #include <string>
 
@@ -41,6 +42,20 @@ bool cuda_device_available() {
     return false;
   }
   return n > 0;
+}
+
+int sm_count() {
+  static std::atomic<int> sms[64];  // by device ordinal; TP ranks in one process each have theirs
+  int dev = 0;
+  cudaGetDevice(&dev);
+  if (dev < 0 || dev >= 64) dev = 0;
+  int n = sms[dev].load(std::memory_order_relaxed);
+  if (!n) {
+    cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev);
+    if (n <= 0) n = 132;
+    sms[dev].store(n, std::memory_order_relaxed);
+  }
+  return n;
 }
 
 }  // namespace gptoss::cuda

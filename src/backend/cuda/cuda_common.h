@@ -48,4 +48,8 @@ class DeviceBuffer {
 // True when a CUDA device is usable (tests skip otherwise).
 bool cuda_device_available();
 
+// Streaming multiprocessors of the current device (read once per device; kernels that size
+// their grid to the GPU).
+int sm_count();
+
 }  // namespace gptoss::cuda

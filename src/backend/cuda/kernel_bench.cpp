@@ -198,6 +198,10 @@ int run_kernel_bench(const KernelBenchOptions& o) {
       moe_route(logits, M, E, k, rt, s);
       routes.push_back(rt);
     }
+    // down runs two launches after the routing in the model (gate_up between), so it may read it
+    // before its wait (MoeRouting::settled); timed the same way here.
+    std::vector<MoeRouting> down_routes = routes;
+    for (MoeRouting& rt : down_routes) rt.settled = true;
     auto* act = dev_alloc<bf16_t>(size_t(P) * I, owned);
     Epilogue g{Epilogue::kSwiGLU, act, I};
     g.swiglu_limit = c.swiglu_limit;
@@ -211,7 +215,7 @@ int run_kernel_bench(const KernelBenchOptions& o) {
       row("experts gate_up (mxfp4)", shape + ", " + std::to_string(2 * I) + "x" + std::to_string(H), vn, us,
           double(P) * 2 * I * H * 17 / 32);
       us = timer.us(o.iters, [&](int i) {
-        linear_grouped(dn, act, I, P, E, false, routes[i % R], Epilogue{Epilogue::kScatterAdd, out, H}, s);
+        linear_grouped(dn, act, I, P, E, false, down_routes[i % R], Epilogue{Epilogue::kScatterAdd, out, H}, s);
       });
       row("experts down (mxfp4)", shape + ", " + std::to_string(H) + "x" + std::to_string(I), vn, us,
           double(P) * H * I * 17 / 32);
@@ -231,7 +235,7 @@ int run_kernel_bench(const KernelBenchOptions& o) {
         set_expert_gemm_version(version);
         const double us_gu = timer.us(o.iters, [&](int i) { linear_grouped(gw, xb, H, P, E, true, routes[i % R], g, s, M); });
         const double us_dn = timer.us(o.iters, [&](int i) {
-          linear_grouped(dw, act, I, P, E, false, routes[i % R], Epilogue{Epilogue::kStoreF32, y2, H}, s, M);
+          linear_grouped(dw, act, I, P, E, false, down_routes[i % R], Epilogue{Epilogue::kStoreF32, y2, H}, s, M);
         });
         const double tf_gu = 2.0 * P * 2 * I * H / us_gu / 1e6, tf_dn = 2.0 * P * H * I / us_dn / 1e6;
         const std::string v = "expert GEMM v" + std::to_string(version) + " " + layout;
@@ -286,7 +290,7 @@ int run_kernel_bench(const KernelBenchOptions& o) {
           std::string v = "skinny ks=" + std::to_string(ks) + (M <= 8 ? " fp16 act" : " bf16 act");
           row("experts gate_up (mxfp4)", shape, v.c_str(), us, touched * 2 * I * H * 17 / 32);
           us = timer.us(o.iters, [&](int i) {
-            skinny_linear(pdn, act, true, I, M, P, E, true, false, routes[i % R], Epilogue{Epilogue::kStoreF32, y, H}, ks, s);
+            skinny_linear(pdn, act, true, I, M, P, E, true, false, down_routes[i % R], Epilogue{Epilogue::kStoreF32, y, H}, ks, s);
           });
           v = "skinny ks=" + std::to_string(ks);
           row("experts down (mxfp4)", shape, v.c_str(), us, touched * H * I * 17 / 32);
@@ -302,7 +306,7 @@ int run_kernel_bench(const KernelBenchOptions& o) {
           set_streamk_variant(v);
           double ug = timer.us(o.iters, [&](int i) { linear_grouped(pgu, xh, H, P, E, true, routes[i % R], gh, s, M, true); });
           double ud = timer.us(o.iters, [&](int i) {
-            linear_grouped(pdn, act, I, P, E, false, routes[i % R], Epilogue{Epilogue::kStoreF32, y, H}, s, M, true);
+            linear_grouped(pdn, act, I, P, E, false, down_routes[i % R], Epilogue{Epilogue::kStoreF32, y, H}, s, M, true);
           });
           std::string v_name = std::string("streamk fp16 act ") + streamk_variant_name(WeightMat::kFragMXFP4, v);
           row("experts gate_up (mxfp4)", shape, v_name.c_str(), ug, touched * 2 * I * H * 17 / 32);
@@ -318,7 +322,7 @@ int run_kernel_bench(const KernelBenchOptions& o) {
           set_skinny_variant(v);
           double ug = timer.us(o.iters, [&](int i) { linear_grouped(pgu, xb, H, P, E, true, routes[i % R], gf, s, M); });
           double ud = timer.us(o.iters, [&](int i) {
-            linear_grouped(pdn, act, I, P, E, false, routes[i % R], Epilogue{Epilogue::kStoreF32, y, H}, s, M, sk);
+            linear_grouped(pdn, act, I, P, E, false, down_routes[i % R], Epilogue{Epilogue::kStoreF32, y, H}, s, M, sk);
           });
           std::string v_name = std::string("skinny ") + skinny_variant_name(v);
           row("experts gate_up (mxfp4)", shape, v_name.c_str(), ug, touched * 2 * I * H * 17 / 32);
@@ -331,7 +335,7 @@ int run_kernel_bench(const KernelBenchOptions& o) {
       row("experts gate_up (mxfp4)", shape + ", " + std::to_string(2 * I) + "x" + std::to_string(H), vn.c_str(),
           us_gu, touched * 2 * I * H * 17 / 32);
       double us_dn = timer.us(o.iters, [&](int i) {
-        linear_grouped(pdn, act, I, P, E, false, routes[i % R], Epilogue{Epilogue::kStoreF32, y, H}, s, M, sk);
+        linear_grouped(pdn, act, I, P, E, false, down_routes[i % R], Epilogue{Epilogue::kStoreF32, y, H}, s, M, sk);
       });
       row("experts down (mxfp4)", shape + ", " + std::to_string(H) + "x" + std::to_string(I), vn.c_str(), us_dn,
           touched * H * I * 17 / 32);

@@ -61,6 +61,11 @@ struct MoeRouting {
   int32_t* topk_idx = nullptr;      // [max_pairs] token order: expert of (t, j)
   float* topk_w = nullptr;          // [max_pairs]
   int32_t* slot_pair = nullptr;     // [max_pairs] token order: sorted pair of (t, j)
+  // Set by the caller when the routing was written by a kernel at least two launches back in the
+  // stream (down after gate_up, not gate_up after the router): that kernel completed before the
+  // previous one passed its griddepcontrol.wait, so a PDL kernel may read the routing (through
+  // L2, __ldcg) and issue its first weight loads before its own wait.
+  bool settled = false;
 };
 constexpr int kGemmBM = 64;
 inline int moe_max_tiles(int pairs, int E) { return (pairs + kGemmBM - 1) / kGemmBM + (pairs < E ? pairs : E); }
@@ -190,7 +195,7 @@ void set_linear_path(int path);
 // Picks a dense GEMV kernel (benchmarks and tests): 0 = best known, 1 = the row-pair GEMV for all.
 void set_gemv_variant(int v);
 // bench-kernels: the MXFP4 skinny kernel's shape for one n-tile (0 = the default; 1..kSkinnyVariants-1 others).
-constexpr int kSkinnyVariants = 11;
+constexpr int kSkinnyVariants = 15;
 void set_skinny_variant(int v);
 const char* skinny_variant_name(int v);
 

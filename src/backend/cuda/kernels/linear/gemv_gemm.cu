@@ -808,16 +808,6 @@ void check_args(const WeightMat& W, const Epilogue& epi) {
   if (epi.mode == Epilogue::kSwiGLU && W.N % 2 != 0) throw Error("linear: SwiGLU needs an even N");
 }
 
-int sm_count() {
-  static int sms = [] {
-    int d = 0, n = 0;
-    cudaGetDevice(&d);
-    cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, d);
-    return n > 0 ? n : 132;
-  }();
-  return sms;
-}
-
 void launch(const LinArgs& a, int path, int grid_y, cudaStream_t s, const FusedNorm& fn = FusedNorm{}) {
   if (grid_y <= 0) return;
   if (path == 1) {

@@ -22,6 +22,7 @@ struct SkinnyArgs {
   MoeRouting r;
   Epilogue epi;
   int xs_rows = 8;  // one n-tile: activation rows a pass stages in shared memory (min(M, 8))
+  int groups = 1;   // grouped: the grid rows (the host's bound on the routing's groups)
 };
 
 // Bytes of one tile-chunk (16 rows x 64 K) of a fragment format.
@@ -221,6 +222,19 @@ __device__ __forceinline__ TileRows tile_rows(const SkinnyArgs& a, int expert, i
     t.b1 = a.W.bias[size_t(expert) * N + t.lr1];
   }
   return t;
+}
+
+// Asks for a lane's tile_rows values early (prefetch into this SM's L1: no registers held over
+// the K loop, where the kernels sit at their register limit), so the epilogue does not wait on
+// DRAM for them.
+template <int FMT>
+__device__ __forceinline__ void prefetch_tile_rows(const SkinnyArgs& a, int expert, int tile, int g) {
+  const int N = a.W.N;
+  const bool sw = a.W.swiglu_rows;
+  const size_t r0 = size_t(expert) * N + frag::tile_row(tile, g, sw), r1 = size_t(expert) * N + frag::tile_row(tile, g + 8, sw);
+  auto pf = [](const float* p) { asm volatile("prefetch.global.L1 [%0];" ::"l"(p)); };
+  if (FMT == WeightMat::kFragFP8) { pf(a.W.row_scale + r0); pf(a.W.row_scale + r1); }
+  if (a.W.bias) { pf(a.W.bias + r0); pf(a.W.bias + r1); }
 }
 
 // The epilogue of one n-tile of a finished tile: fin holds rows g, g + 8 x tokens p0 + 2 tq,

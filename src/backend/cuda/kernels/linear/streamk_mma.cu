@@ -336,16 +336,6 @@ Workspace g_ws[kMaxDevices];
 std::mutex g_ws_mutex;
 int g_decode_kernel = -1;  // -1: not read yet; 0 stream-K, 1 block-per-tile skinny (the default)
 
-int device_sms(int dev) {
-  static int sms[kMaxDevices] = {};
-  if (!sms[dev]) {
-    int n = 0;
-    cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev);
-    sms[dev] = n > 0 ? n : 132;
-  }
-  return sms[dev];
-}
-
 const Workspace& workspace(cudaStream_t s) {
   int dev = 0;
   GPTOSS_CUDA_CHECK(cudaGetDevice(&dev));
@@ -359,7 +349,7 @@ const Workspace& workspace(cudaStream_t s) {
       if (st != cudaStreamCaptureStatusNone)
         throw Error("stream-K: workspace not prepared before a graph capture (call streamk_prepare)");
     }
-    ws.max_warps = device_sms(dev) * kSkMaxWarpsPerSm;
+    ws.max_warps = sm_count() * kSkMaxWarpsPerSm;
     GPTOSS_CUDA_CHECK(cudaMalloc(&ws.partial, size_t(ws.max_warps) * 2 * kSkSlotFloats * sizeof(float)));
     GPTOSS_CUDA_CHECK(cudaMalloc(&ws.counters, size_t(kSkMaxJobs) * sizeof(int)));
     GPTOSS_CUDA_CHECK(cudaMemset(ws.counters, 0, size_t(kSkMaxJobs) * sizeof(int)));
@@ -376,9 +366,7 @@ void launch_streamk(const StreamKArgs& sa, int max_warps, cudaStream_t s) {
     GPTOSS_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, k, kSkWarps * 32, 0));
     return b > 0 ? b : 1;
   }();
-  int dev = 0;
-  GPTOSS_CUDA_CHECK(cudaGetDevice(&dev));
-  const int blocks = std::min(device_sms(dev) * per_sm, max_warps / kSkWarps);
+  const int blocks = std::min(sm_count() * per_sm, max_warps / kSkWarps);
   launch_pdl(k, dim3(blocks), dim3(kSkWarps * 32), 0, s, sa);
 }
 
