@@ -16,9 +16,19 @@ __device__ __forceinline__ float bf16_bits_to_f32(uint16_t b) { return __uint_as
 __device__ __forceinline__ uint16_t f32_to_bf16_bits(float f) {
   return __bfloat16_as_ushort(__float2bfloat16_rn(f));
 }
+// Two floats -> two bf16 (round to nearest even) packed in a word, low half first.
+__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
+  return uint32_t(f32_to_bf16_bits(lo)) | (uint32_t(f32_to_bf16_bits(hi)) << 16);
+}
 // Two bf16 packed in a word -> two floats (low half first).
 __device__ __forceinline__ float2 bf16x2_to_f32x2(uint32_t w) {
   return make_float2(__uint_as_float(w << 16), __uint_as_float(w & 0xffff0000u));
+}
+// Two bf16 -> two fp16 in a word (rounded; exact for normalized activations).
+__device__ __forceinline__ uint32_t bf16x2_to_f16x2(uint32_t w) {
+  const float2 f = bf16x2_to_f32x2(w);
+  __half2 h = __floats2half2_rn(f.x, f.y);
+  return *reinterpret_cast<uint32_t*>(&h);
 }
 // Eight bf16 -> eight fp16 (exact for normalized activations; tiny values go subnormal).
 __device__ __forceinline__ uint4 bf16x8_to_f16x8(uint4 v) {

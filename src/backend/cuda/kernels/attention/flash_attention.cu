@@ -50,9 +50,6 @@ __device__ __forceinline__ float fast_exp2(float x) {
   asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
   return y;
 }
-__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
-  return uint32_t(f32_to_bf16_bits(lo)) | (uint32_t(f32_to_bf16_bits(hi)) << 16);
-}
 // Byte offset of (row, 16-byte chunk) in a [rows][64] bf16 tile: 128-byte rows whose chunks are
 // XOR-swizzled by the row, so the 8 rows an ldmatrix phase reads hit 8 different bank groups.
 __device__ __forceinline__ uint32_t swz(int row, int chunk) { return uint32_t(row * 128 + ((chunk ^ (row & 7)) << 4)); }

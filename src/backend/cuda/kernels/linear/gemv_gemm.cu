@@ -577,10 +577,6 @@ __device__ __forceinline__ void cp_async_wait1() { ptx::cp_async_wait<1>(); }
 __device__ __forceinline__ void mma_bf16(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
   ptx::mma_bf16_16816(c, a, b0, b1);
 }
-__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
-  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<uint32_t*>(&v);
-}
 
 template <int FMT>
 __global__ void __launch_bounds__(128) gemm_kernel(LinArgs a) {

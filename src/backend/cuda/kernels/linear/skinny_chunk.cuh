@@ -39,11 +39,6 @@ __device__ __forceinline__ float mx_scale14(uint32_t w, int byte) {
   return __uint_as_float(__byte_perm(w, 0u, 0x4440u + byte) * 0x800000u + 0x7000000u);
 }
 
-__device__ __forceinline__ uint32_t bf16x2_to_f16x2(uint32_t v) {
-  float2 f = bf16x2_to_f32x2(v);
-  __half2 h = __floats2half2_rn(f.x, f.y);
-  return *reinterpret_cast<uint32_t*>(&h);
-}
 
 template <int FMT>
 struct WChunk;  // one chunk's weights for one lane

@@ -445,6 +445,12 @@ bool launch_units(const SkinnyArgs& a, int tiles, int groups, double min_fill, c
   return a.W.K == 2880 ? go(skinny_units_kernel<KS, RT, PF, XF16, 45>) : go(skinny_units_kernel<KS, RT, PF, XF16, 64>);
 }
 
+// The unit-walking kernel's shape by the grid (see launch_fmt); false if it takes no shape.
+template <bool XF16>
+bool launch_units_auto(const SkinnyArgs& a, int tiles, int groups, cudaStream_t s) {
+  return launch_units<8, 4, 1, XF16>(a, tiles, groups, 0.5, s) || launch_units<8, 2, 2, XF16>(a, tiles, groups, 0, s);
+}
+
 template <int FMT, int NT, int KS, int RT, int PF, bool XF16, bool TRY_CC = false>
 void launch_shape(const SkinnyArgs& a, int tiles, int groups, cudaStream_t s) {
   const size_t smem = size_t(KS) * RT * NT * 4 * 32 * sizeof(float) +
@@ -512,10 +518,7 @@ void launch_fmt(const SkinnyArgs& a, int tiles, int groups, int ks, cudaStream_t
     // Grouped: the unit-walking kernel, four row tiles with one chunk in flight where that fills
     // half the GPU's blocks or more, else two with two (down at one token: 180 against 360 units;
     // bench-kernels, H200, eighth session: 10.5 -> 8.6 us against skinny_mma_kernel).
-    if (ks == 8 && skinny_units_enabled()) {
-      if (launch_units<8, 4, 1, XF16>(a, tiles, groups, 0.5, s)) return;
-      if (launch_units<8, 2, 2, XF16>(a, tiles, groups, 0, s)) return;
-    }
+    if (ks == 8 && skinny_units_enabled() && launch_units_auto<XF16>(a, tiles, groups, s)) return;
     if (ks == 8 && size_t(tiles) * groups >= 1400) return launch_shape<FMT, NT, 8, 4, 1, XF16, true>(a, tiles, groups, s);
     if (ks == 8 && a.grouped && size_t(tiles) * groups >= 512) return launch_shape<FMT, NT, 8, 2, 4, XF16, true>(a, tiles, groups, s);
   }

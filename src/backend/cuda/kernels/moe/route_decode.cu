@@ -62,14 +62,6 @@ __device__ __forceinline__ T* in_block(T* p, int rank) {
   return cg::this_cluster().map_shared_rank(p, rank);
 }
 
-__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
-  return uint32_t(f32_to_bf16_bits(lo)) | (uint32_t(f32_to_bf16_bits(hi)) << 16);
-}
-__device__ __forceinline__ uint32_t bf16x2_to_f16x2(uint32_t w) {
-  const float2 f = bf16x2_to_f32x2(w);
-  __half2 h = __floats2half2_rn(f.x, f.y);
-  return *reinterpret_cast<uint32_t*>(&h);
-}
 
 // Floats -> unsigned keys in the same order (-0 taken as +0, as float compares do; NaN lowest,
 // never chosen while a number is left), so a warp's maximum is one redux instruction.
