@@ -522,6 +522,11 @@ void launch_fmt(const SkinnyArgs& a, int tiles, int groups, int ks, cudaStream_t
     if (ks == 8 && size_t(tiles) * groups >= 1400) return launch_shape<FMT, NT, 8, 4, 1, XF16, true>(a, tiles, groups, s);
     if (ks == 8 && a.grouped && size_t(tiles) * groups >= 512) return launch_shape<FMT, NT, 8, 2, 4, XF16, true>(a, tiles, groups, s);
   }
+  if constexpr (FMT == WeightMat::kFragBF16 && NT == 1) {
+    // bf16 at K = 2880 (qkv's decode copy): two chunks in flight (bench-kernels, H200, eighth
+    // session: 120b qkv at 1 token 11.67 -> 10.66 us; o_proj's K = 4096 was slower so: 9.09 -> 9.51).
+    if (ks != 4 && one_tile && a.W.K == 2880) return launch_shape<FMT, NT, 8, 1, 2, XF16, true>(a, tiles, groups, s);
+  }
   if (ks == 4)
     launch_shape<FMT, NT, 4, 2, kPF, XF16>(a, tiles, groups, s);
   else if (one_tile)
