@@ -624,7 +624,6 @@ TEST_F(Kernels, MoeMxfp4Fragments) {
 TEST_F(Kernels, MoeMxfp4FragmentsDecode) {
   cuda::set_decode_kernel_choice(1);
   for (int n : {1, 2, 8}) check_moe({n, 128, 4, 2880, 2880}, 3);
-  cuda::set_decode_kernel_choice(0);
 }
 
 // The unit-walking grouped kernel (a GPU-sized grid walking (group, pass, row-tile block) units)

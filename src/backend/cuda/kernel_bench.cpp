@@ -143,7 +143,7 @@ int run_kernel_bench(const KernelBenchOptions& o) {
         double us = timer.us(o.iters, [&](int i) {
           linear(ps[i % copies], xb, d.K, M, Epilogue{Epilogue::kStoreF32, out, d.N}, s);
         });
-        set_decode_kernel_choice(0);
+        set_decode_kernel_choice(0);  // stream-K for its shapes below
         row(sname, shape, (std::string("skinny_mma ") + fname).c_str(), us, double(frag_weight_bytes(fmt, 1, d.N, d.K)));
         if (M <= 8)
           for (int v = 0; v < kStreamKVariants; ++v) {
@@ -155,6 +155,7 @@ int run_kernel_bench(const KernelBenchOptions& o) {
                 double(frag_weight_bytes(fmt, 1, d.N, d.K)));
           }
         set_streamk_variant(0);
+        set_decode_kernel_choice(-1);  // back to GPTOSS_DECODE_KERNEL's choice
         if (fmt == WeightMat::kFragBF16 && M <= 8) {
           // Other shapes of the one-n-tile bf16 kernel (warps splitting K, row tiles, chunks in flight).
           static const char* names[] = {"", "ks16 rt1 pf1", "ks16 rt1 pf2", "ks8 rt1 pf2", "ks16 rt2 pf1"};
@@ -168,7 +169,7 @@ int run_kernel_bench(const KernelBenchOptions& o) {
                 double(frag_weight_bytes(fmt, 1, d.N, d.K)));
           }
           set_skinny_variant(0);
-          set_decode_kernel_choice(0);
+          set_decode_kernel_choice(-1);  // back to GPTOSS_DECODE_KERNEL's choice
         }
       }
     }
@@ -260,7 +261,9 @@ int run_kernel_bench(const KernelBenchOptions& o) {
       WeightMat pdn = pack_frag(dn, E, false, WeightMat::kFragMXFP4, dev_alloc<uint8_t>(dn_bytes, owned),
                                 dev_alloc<uint8_t>(dn_bytes / 16, owned), flag, s);
       prefill_versions(pgu, pdn, "fragments");
-      const LinearKernel kk = choose_linear_kernel({pgu.fmt, P, M, pgu.N, pgu.K, true, 0});
+      LinearProblem kp{pgu.fmt, P, M, pgu.N, pgu.K, true, 0};
+      kp.decode_kernel = decode_kernel_choice();  // the family the model runs (GPTOSS_DECODE_KERNEL)
+      const LinearKernel kk = choose_linear_kernel(kp);
       const bool sk = is_skinny_family(kk);
       Epilogue gf = g;
       gf.out_f16 = sk;
@@ -297,7 +300,10 @@ int run_kernel_bench(const KernelBenchOptions& o) {
         }
       }
       // Stream-K's shapes (fp16 activations, as in the model), at <= 8 tokens an expert.
-      if (kk == LinearKernel::kStreamK) {
+      LinearProblem kp_sk = kp;
+      kp_sk.decode_kernel = 0;
+      if (choose_linear_kernel(kp_sk) == LinearKernel::kStreamK) {
+        set_decode_kernel_choice(0);
         auto* xh = dev_alloc<bf16_t>(size_t(M) * H, owned);
         fill_random_bf16(xh, size_t(M) * H, 77, 0.f, 0.5f, s);
         Epilogue gh = g;
@@ -314,6 +320,7 @@ int run_kernel_bench(const KernelBenchOptions& o) {
           std::printf("| experts gate_up + down | %s | %s | %.2f | |\n", shape.c_str(), v_name.c_str(), ug + ud);
         }
         set_streamk_variant(0);
+        set_decode_kernel_choice(-1);
       }
       // Other shapes of the one-n-tile MXFP4 kernel (warps splitting K, row tiles, chunks in flight).
       set_decode_kernel_choice(1);
@@ -330,7 +337,7 @@ int run_kernel_bench(const KernelBenchOptions& o) {
         }
         set_skinny_variant(0);
       }
-      set_decode_kernel_choice(0);
+      set_decode_kernel_choice(-1);  // back to GPTOSS_DECODE_KERNEL's choice
       double us_gu = timer.us(o.iters, [&](int i) { linear_grouped(pgu, xb, H, P, E, true, routes[i % R], gf, s, M); });
       row("experts gate_up (mxfp4)", shape + ", " + std::to_string(2 * I) + "x" + std::to_string(H), vn.c_str(),
           us_gu, touched * 2 * I * H * 17 / 32);
