@@ -72,11 +72,28 @@ int32_t sample_row(const float* logits, int V, const RowSampling& s, std::vector
   return last >= 0 ? last : argmax();
 }
 
-void Backend::forward_sample(const ForwardBatch& batch, const RowSampling* rows, int32_t* tokens_out) {
+double row_logsumexp(const float* logits, int vocab) {
+  float mx = -std::numeric_limits<float>::infinity();
+  for (int i = 0; i < vocab; ++i)
+    if (!std::isnan(logits[i])) mx = std::max(mx, logits[i]);
+  double s = 0;
+  for (int i = 0; i < vocab; ++i)
+    if (!std::isnan(logits[i])) s += std::exp(double(logits[i]) - mx);
+  return double(mx) + std::log(s);
+}
+
+float clamp_logprob(double v) { return std::isnan(v) ? -9999.0f : float(std::max(v, -9999.0)); }
+
+void Backend::forward_sample(const ForwardBatch& batch, const RowSampling* rows, int32_t* tokens_out,
+                             float* logprobs_out) {
   const int V = config().vocab;
   std::vector<float> logits(batch.logit_rows.size() * size_t(V)), scratch;
   forward(batch, logits.data());
-  for (size_t r = 0; r < batch.logit_rows.size(); ++r) tokens_out[r] = sample_row(logits.data() + r * V, V, rows[r], scratch);
+  for (size_t r = 0; r < batch.logit_rows.size(); ++r) {
+    const float* row = logits.data() + r * V;
+    tokens_out[r] = sample_row(row, V, rows[r], scratch);
+    if (logprobs_out) logprobs_out[r] = clamp_logprob(double(row[tokens_out[r]]) - row_logsumexp(row, V));
+  }
 }
 
 void Backend::forward_greedy(const ForwardBatch& batch, int32_t* tokens_out) {

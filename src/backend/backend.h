@@ -74,6 +74,11 @@ struct RowSampling {
 // The host implementation of that rule (the reference the CUDA sampler is tested against).
 // `scratch` avoids reallocations.
 int32_t sample_row(const float* logits, int vocab, const RowSampling& s, std::vector<float>& scratch);
+// log(sum_i exp(logits[i])) over the row's numbers (NaNs left out; max + log of a double sum):
+// a token's logprob is its logit minus this (the model's distribution, before any sampling rule).
+double row_logsumexp(const float* logits, int vocab);
+// The logprob a response reports: logit - lse, clamped to -9999 (JSON has no -inf); NaN -> -9999.
+float clamp_logprob(double v);
 
 class Backend {
  public:
@@ -92,7 +97,14 @@ class Backend {
   virtual void forward_greedy(const ForwardBatch& batch, int32_t* tokens_out);
   // The same pass, drawing the token of each logit row by rows[i] (see RowSampling). The CUDA
   // backend samples on the device; the default runs forward() and sample_row() on the host.
-  virtual void forward_sample(const ForwardBatch& batch, const RowSampling* rows, int32_t* tokens_out);
+  // logprobs_out (when given and samples_logprobs()): each drawn token's logprob under the row's
+  // logits (logit - row_logsumexp, clamped as clamp_logprob), so a request asking only for its
+  // tokens' logprobs needs no [rows, vocab] copy to the host.
+  virtual void forward_sample(const ForwardBatch& batch, const RowSampling* rows, int32_t* tokens_out,
+                              float* logprobs_out = nullptr);
+  // Whether forward_sample fills logprobs_out (the default and one CUDA GPU do; a tensor-parallel
+  // group, whose vocabulary is split over the ranks, does not).
+  virtual bool samples_logprobs() const { return true; }
   // Whether forward() fills ForwardBatch::tap_out (Eagle3 drafts need it).
   virtual bool supports_hidden_taps() const { return false; }
   // An Eagle3 draft head run by this backend itself (the CUDA backend: on its GPU, with the taps

@@ -555,10 +555,11 @@ std::unique_ptr<Engine::Launched> Engine::launch(Planned planned) {
       batch.tap_out = l->taps.data();
     }
   }
-  // When no row needs its logits on the host (logprobs, prompt logprobs, penalties, logit_bias,
+  // When no row needs its logits on the host (top logprobs, prompt logprobs, penalties, logit_bias,
   // an active structured-output constraint: its state already took every earlier token, since
   // a pass launches after the previous one completed), the backend draws the tokens itself (on the device for CUDA: ids come back instead of
-  // [rows, vocab] logits), with this step's uniform from each request's generator, as
+  // [rows, vocab] logits, and the drawn tokens' logprobs where a row asks for them without a top
+  // list and the backend gives them), with this step's uniform from each request's generator, as
   // sample_token would use it. Batch-invariant mode: a non-greedy row is always drawn on the host (the device sampler
   // agrees with the host only up to float rounding), so which path draws a row's token never
   // depends on its companions; greedy rows are an exact argmax on either path.
@@ -571,7 +572,8 @@ std::unique_ptr<Engine::Launched> Engine::launch(Planned planned) {
   l->toks.resize(rows);
   l->backend_samples =
       rows > 0 && l->prompt_rows.empty() && std::all_of(l->row_seq.begin(), l->row_seq.end(), [&](const Sequence* s) {
-        return s->sp.logprobs < 0 && s->sp.presence_penalty == 0.0f && s->sp.frequency_penalty == 0.0f &&
+        return (s->sp.logprobs < 0 || (s->sp.logprobs == 0 && backend_.samples_logprobs())) &&
+               s->sp.presence_penalty == 0.0f && s->sp.frequency_penalty == 0.0f &&
                s->sp.logit_bias.empty() && (!cfg_.batch_invariant || s->sp.temperature < 1e-5f) &&
                !(s->sp.constraint && s->sp.constraint->active());
       });
@@ -580,6 +582,8 @@ std::unique_ptr<Engine::Launched> Engine::launch(Planned planned) {
     // drawn from a copy of the generator: complete() advances the request's own generator by
     // the tokens actually emitted (a rejected draft's later rows take no draw).
     l->how.resize(rows);
+    if (std::any_of(l->row_seq.begin(), l->row_seq.end(), [](const Sequence* s) { return s->sp.logprobs == 0; }))
+      l->lps.assign(size_t(rows), 0.0f);
     for (int r = 0; r < rows;) {
       Sequence* s = l->row_seq[r];
       std::mt19937_64 peek = s->rng;
@@ -602,7 +606,7 @@ void Engine::run_forward(Launched& l) {
   }
   try {
     if (l.backend_samples)
-      backend_.forward_sample(l.batch, l.how.data(), l.toks.data());
+      backend_.forward_sample(l.batch, l.how.data(), l.toks.data(), l.lps.empty() ? nullptr : l.lps.data());
     else
       backend_.forward(l.batch, logits_.data());
   } catch (...) {
@@ -669,7 +673,12 @@ void Engine::complete(Launched& l) {
         if (j > 0) ++s.counts[s.draft[j - 1]];
         l.toks[r] = sample_token(row, vocab_, s.sp, s.counts, s.rng, scratch, idx);
       }
-      if (host && s.sp.logprobs >= 0) lps[r] = compute_logprobs(row, vocab_, l.toks[r], s.sp.logprobs);
+      if (host && s.sp.logprobs >= 0) {
+        lps[r] = compute_logprobs(row, vocab_, l.toks[r], s.sp.logprobs);
+      } else if (s.sp.logprobs >= 0) {  // logprobs == 0: the backend's, for the token it drew
+        lps[r].token = l.toks[r];
+        lps[r].logprob = l.lps[size_t(r)];
+      }
       if (j == n_rows - 1 || l.toks[r] != s.draft[j]) break;
     }
     emitted[g] = j + 1;

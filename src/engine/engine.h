@@ -230,6 +230,9 @@ class Engine {
     std::vector<std::vector<int32_t>> tables;  // page tables the batch points into
     std::vector<RowSampling> how;
     std::vector<int32_t> toks;
+    // backend_samples with a row asking for its token's logprob (and no top list): the backend's
+    // logprob of each drawn token (Backend::forward_sample), else empty.
+    std::vector<float> lps;
     struct PromptRow {  // a prompt-logprob row: logits at `pos` score prompt token pos + 1
       Sequence* s;
       int32_t pos, batch_index;

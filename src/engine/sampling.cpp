@@ -34,17 +34,8 @@ int32_t sample_token(const float* logits, int vocab, const SamplingParams& sp,
 }
 
 TokenLogprob compute_logprobs(const float* logits, int vocab, int32_t chosen, int top_n) {
-  float mx = -std::numeric_limits<float>::infinity();
-  for (int i = 0; i < vocab; ++i)
-    if (!std::isnan(logits[i])) mx = std::max(mx, logits[i]);
-  double s = 0;
-  for (int i = 0; i < vocab; ++i)
-    if (!std::isnan(logits[i])) s += std::exp(double(logits[i]) - mx);
-  const double lse = double(mx) + std::log(s);
-  auto lp = [&](int i) {
-    float v = std::isnan(logits[i]) ? -std::numeric_limits<float>::infinity() : float(logits[i] - lse);
-    return std::max(v, -9999.0f);  // JSON has no -inf
-  };
+  const double lse = row_logsumexp(logits, vocab);
+  auto lp = [&](int i) { return clamp_logprob(double(logits[i]) - lse); };
   TokenLogprob out;
   out.token = chosen;
   out.logprob = lp(chosen);

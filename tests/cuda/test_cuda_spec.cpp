@@ -11,6 +11,7 @@
 // verify rows are checked within rounding only.
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 
 #include "backend/backend_factory.h"
@@ -92,6 +93,25 @@ void check_verify_pass(bool invariant) {
   std::vector<RowSampling> how(M);
   for (auto& h : how) h.temperature = 0.f;
   gpu->forward_sample(vb, how.data(), sampled.data());
+  // The drawn tokens' logprobs from the device (greedy rows, then sampled ones) against the host's
+  // log-softmax of the same rows (Backend::forward_sample's logprobs_out).
+  ASSERT_TRUE(gpu->samples_logprobs());
+  for (float temp : {0.0f, 0.8f}) {
+    std::vector<RowSampling> hw(M);
+    for (int i = 0; i < M; ++i) {
+      hw[i].temperature = temp;
+      hw[i].u = float(i * 37 % 100) / 100.0f;
+    }
+    std::vector<int32_t> ids(M);
+    std::vector<float> lps(M, 1.0f);
+    gpu->forward_sample(vb, hw.data(), ids.data(), lps.data());
+    for (int i = 0; i < M; ++i) {
+      const float* row = lv.data() + size_t(i) * V;
+      const double want = double(row[ids[i]]) - row_logsumexp(row, V);
+      EXPECT_NEAR(lps[i], want, 1e-4 + 1e-5 * std::fabs(want)) << "row " << i << " T=" << temp;
+      if (temp == 0.0f) EXPECT_EQ(ids[i], greedy[i]) << "row " << i;
+    }
+  }
   for (int s = 0; s < S; ++s) {
     auto alone = make(invariant);
     SoloSequence solo(*alone, maxlen);

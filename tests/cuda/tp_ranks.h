@@ -56,7 +56,8 @@ class TpRanks final : public Backend {
   void forward_greedy(const ForwardBatch& b, int32_t* ids) override {
     run<int32_t>(b.logit_rows.size(), ids, [&](int r, int32_t* out) { ranks_[r]->forward_greedy(b, out); });
   }
-  void forward_sample(const ForwardBatch& b, const RowSampling* how, int32_t* ids) override {
+  bool samples_logprobs() const override { return false; }  // as the tensor-parallel backend
+  void forward_sample(const ForwardBatch& b, const RowSampling* how, int32_t* ids, float* = nullptr) override {
     run<int32_t>(b.logit_rows.size(), ids, [&](int r, int32_t* out) { ranks_[r]->forward_sample(b, how, out); });
   }
   int rank_mismatches() const { return mismatches_; }

@@ -38,9 +38,11 @@ class FakeBackend : public Backend {
 
   // Counts the passes that asked for sampled ids only (the default draws them from forward()).
   int sample_calls = 0;
-  void forward_sample(const ForwardBatch& b, const RowSampling* rows, int32_t* out) override {
+  bool sampled_logprobs = true;  // false: as a backend that gives no logprobs from forward_sample
+  bool samples_logprobs() const override { return sampled_logprobs; }
+  void forward_sample(const ForwardBatch& b, const RowSampling* rows, int32_t* out, float* lp = nullptr) override {
     ++sample_calls;
-    Backend::forward_sample(b, rows, out);
+    Backend::forward_sample(b, rows, out, lp);
   }
   void forward(const ForwardBatch& b, float* logits) override {
     ++forward_calls;

@@ -368,9 +368,10 @@ TEST(Engine, KvCacheBytesBudget) {
   EXPECT_GT(kc.num_pages[0], 100);
 }
 
-// Rows that need no logits on the host let the backend draw the tokens (forward_sample);
-// logprobs or penalties keep sampling on the host, and a seeded request gets the same tokens
-// either way.
+// Rows that need no logits on the host let the backend draw the tokens (forward_sample), and
+// a request asking only for its tokens' logprobs (no top list) takes them from the backend too
+// where it gives them (Backend::samples_logprobs); top logprobs or penalties keep sampling on the
+// host. A seeded request gets the same tokens every way, and the same logprobs.
 TEST(Engine, BackendSamplesUnlessLogitsAreNeeded) {
   for (float temperature : {0.0f, 0.9f}) {
     SamplingParams plain;
@@ -380,24 +381,36 @@ TEST(Engine, BackendSamplesUnlessLogitsAreNeeded) {
     plain.max_tokens = 6;
     SamplingParams with_lp = plain;
     with_lp.logprobs = 0;
+    SamplingParams with_top = plain;
+    with_top.logprobs = 1;
     auto prompt = prompt_of(7, 3);
-    FakeBackend a, b;
-    Result ra, rb;
-    {
-      Engine e(a, small_cfg());
-      auto s = e.submit(prompt, plain);
+    auto run = [&](FakeBackend& be, const SamplingParams& sp) {
+      Engine e(be, small_cfg());
+      auto s = e.submit(prompt, sp);
       run_idle(e);
-      ra = collect(*s);
-    }
-    {
-      Engine e(b, small_cfg());
-      auto s = e.submit(prompt, with_lp);
-      run_idle(e);
-      rb = collect(*s);
-    }
+      return collect(*s);
+    };
+    FakeBackend a, b, c, d;
+    d.sampled_logprobs = false;  // as a tensor-parallel group
+    const Result ra = run(a, plain), rb = run(b, with_lp), rc = run(c, with_top), rd = run(d, with_lp);
     EXPECT_EQ(a.sample_calls, 6) << temperature;
-    EXPECT_EQ(b.sample_calls, 0) << temperature;
+    EXPECT_EQ(b.sample_calls, 6) << temperature;
+    EXPECT_EQ(c.sample_calls, 0) << temperature;
+    EXPECT_EQ(d.sample_calls, 0) << temperature;
     EXPECT_EQ(ra.tokens, rb.tokens) << temperature;
+    EXPECT_EQ(ra.tokens, rc.tokens) << temperature;
+    EXPECT_EQ(ra.tokens, rd.tokens) << temperature;
+    ASSERT_EQ(rb.logprobs.size(), 6u);
+    ASSERT_EQ(rc.logprobs.size(), 6u);
+    ASSERT_EQ(rd.logprobs.size(), 6u);
+    for (size_t i = 0; i < 6; ++i) {
+      EXPECT_EQ(rb.logprobs[i].token, ra.tokens[i]);
+      EXPECT_EQ(rb.logprobs[i].logprob, rc.logprobs[i].logprob) << i;  // the same row_logsumexp
+      EXPECT_EQ(rd.logprobs[i].logprob, rc.logprobs[i].logprob) << i;
+      EXPECT_LT(rb.logprobs[i].logprob, 0.0f);
+      EXPECT_TRUE(rb.logprobs[i].top.empty());
+      EXPECT_EQ(rc.logprobs[i].top.size(), 1u);
+    }
   }
 }
 

@@ -65,7 +65,10 @@ class CudaBackend final : public Backend {
   const KvCacheConfig& kv_config() const override { return kvc_; }
   void forward(const ForwardBatch& batch, float* logits) override;
   void forward_greedy(const ForwardBatch& batch, int32_t* tokens_out) override;
-  void forward_sample(const ForwardBatch& batch, const RowSampling* rows, int32_t* tokens_out) override;
+  void forward_sample(const ForwardBatch& batch, const RowSampling* rows, int32_t* tokens_out,
+                      float* logprobs_out = nullptr) override;
+  // One GPU: the sampler leaves each drawn token's logprob; tensor-parallel ranks hold a vocab slice.
+  bool samples_logprobs() const override { return !tp_.active(); }
   size_t kv_memory_available() const override;
   bool supports_hidden_taps() const override { return true; }
   std::unique_ptr<Eagle3Head> make_eagle3_head(std::shared_ptr<const Eagle3Weights> head) override;
@@ -205,6 +208,8 @@ class CudaBackend final : public Backend {
   float* d_logits_ = nullptr;
   int32_t* d_greedy_ = nullptr;
   int* d_ticket_ = nullptr;  // moe_router_route: blocks done (the last one routes)
+  float* d_lp_ = nullptr;    // [kMaxLogitRows] the drawn tokens' logprobs (sample_rows)
+  float* lp_out_ = nullptr;  // forward_sample's logprobs_out, for the pass it runs
   RowSampling* d_how_ = nullptr;
   DeviceBuffer meta_;
   size_t meta_cap_ = 0;  // int32 entries
@@ -713,6 +718,7 @@ void CudaBackend::alloc_workspace() {
     d_vocab_pairs_ = dalloc<RowMax>(size_t(tp_.world) * kMaxLogitRows);
   }
   d_greedy_ = dalloc<int32_t>(kMaxLogitRows);
+  d_lp_ = dalloc<float>(kMaxLogitRows);
   d_ticket_ = dalloc<int>(1);  // moe_router_route's last-block counter: zero between launches
   GPTOSS_CUDA_CHECK(cudaMemsetAsync(d_ticket_, 0, sizeof(int), stream_));
   d_how_ = dalloc<RowSampling>(kMaxLogitRows);
@@ -983,7 +989,7 @@ void CudaBackend::stage_chunk(const ForwardBatch& b, int t0, int t1, Staged* st,
 
 void CudaBackend::sample_on_device(const std::vector<RowSampling>& per, int n) {
   GPTOSS_CUDA_CHECK(cudaMemcpyAsync(d_how_, per.data(), n * sizeof(RowSampling), cudaMemcpyHostToDevice, stream_));
-  sample_rows(d_logits_, n, cfg_.vocab, d_how_, d_greedy_, stream_);
+  sample_rows(d_logits_, n, cfg_.vocab, d_how_, d_greedy_, stream_, lp_out_ ? d_lp_ : nullptr);
 }
 
 void CudaBackend::run_batch(const ForwardBatch& b, float* logits, int32_t* greedy, const RowSampling* how) {
@@ -1096,9 +1102,14 @@ void CudaBackend::run_batch_impl(const ForwardBatch& b, float* logits, int32_t* 
       for (size_t i = 0; i < b.logit_rows.size(); ++i) per[row_of[b.logit_rows[i]]] = how[i];
       sample_on_device(per, B);
       std::vector<int32_t> ids(B);
+      std::vector<float> lps(lp_out_ ? B : 0);
       GPTOSS_CUDA_CHECK(cudaMemcpyAsync(ids.data(), d_greedy_, B * 4, cudaMemcpyDeviceToHost, stream_));
+      if (lp_out_) GPTOSS_CUDA_CHECK(cudaMemcpyAsync(lps.data(), d_lp_, B * 4, cudaMemcpyDeviceToHost, stream_));
       GPTOSS_CUDA_CHECK(cudaStreamSynchronize(stream_));
-      for (size_t i = 0; i < b.logit_rows.size(); ++i) greedy[i] = ids[row_of[b.logit_rows[i]]];
+      for (size_t i = 0; i < b.logit_rows.size(); ++i) {
+        greedy[i] = ids[row_of[b.logit_rows[i]]];
+        if (lp_out_) lp_out_[i] = lps[row_of[b.logit_rows[i]]];
+      }
     } else if (greedy) {
       std::vector<int32_t> ids(B);
       GPTOSS_CUDA_CHECK(cudaMemcpyAsync(ids.data(), d_greedy_, B * 4, cudaMemcpyDeviceToHost, stream_));
@@ -1194,9 +1205,14 @@ void CudaBackend::run_batch_impl(const ForwardBatch& b, float* logits, int32_t* 
           argmax_rows(d_logits_, cnt, V, d_greedy_, stream_);
         }
         std::vector<int32_t> ids(cnt);
+        std::vector<float> lps(lp_out_ && how && !tp_pairs ? cnt : 0);
         GPTOSS_CUDA_CHECK(cudaMemcpyAsync(ids.data(), d_greedy_, cnt * 4, cudaMemcpyDeviceToHost, stream_));
+        if (!lps.empty())
+          GPTOSS_CUDA_CHECK(cudaMemcpyAsync(lps.data(), d_lp_, cnt * 4, cudaMemcpyDeviceToHost, stream_));
         GPTOSS_CUDA_CHECK(cudaStreamSynchronize(stream_));
         for (int i = 0; i < cnt; ++i) greedy[outs[done + i]] = ids[i];
+        if (!lps.empty())
+          for (int i = 0; i < cnt; ++i) lp_out_[outs[done + i]] = lps[i];
       } else {
         for (int i = 0; i < cnt; ++i)
           GPTOSS_CUDA_CHECK(cudaMemcpyAsync(logits + size_t(outs[done + i]) * V, d_logits_ + size_t(i) * V,
@@ -1214,8 +1230,18 @@ void CudaBackend::forward_greedy(const ForwardBatch& batch, int32_t* tokens_out)
   run_batch(batch, nullptr, tokens_out);
 }
 
-void CudaBackend::forward_sample(const ForwardBatch& batch, const RowSampling* rows, int32_t* tokens_out) {
-  run_batch(batch, nullptr, tokens_out, rows);
+void CudaBackend::forward_sample(const ForwardBatch& batch, const RowSampling* rows, int32_t* tokens_out,
+                                 float* logprobs_out) {
+  if (logprobs_out && !samples_logprobs())
+    throw Error("cuda backend: a tensor-parallel rank gives no logprobs from forward_sample");
+  lp_out_ = logprobs_out;
+  try {
+    run_batch(batch, nullptr, tokens_out, rows);
+  } catch (...) {
+    lp_out_ = nullptr;
+    throw;
+  }
+  lp_out_ = nullptr;
 }
 
 std::unique_ptr<Eagle3Head> CudaBackend::make_eagle3_head(std::shared_ptr<const Eagle3Weights> head) {

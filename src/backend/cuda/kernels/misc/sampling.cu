@@ -44,9 +44,16 @@ __device__ float block_max(float v, float* red) {
   return warp_max(t);
 }
 
+// lp_out (optional): the drawn token's logprob under the row's logits, logit - (max + log sum
+// exp(logit - max)) with the sum in double over the numbers (NaNs left out), as the host's
+// row_logsumexp, clamped at -9999 (NaN -> -9999). A sampled row's logits are overwritten by
+// their weights, so its token's logit is taken back from its weight (max + T log p: float
+// rounding of exp and log, ~1e-6 absolute).
+__device__ __forceinline__ float clamp_lp(double v) { return isnan(v) ? -9999.0f : float(fmax(v, -9999.0)); }
+
 __global__ void __launch_bounds__(kThreads) sample_kernel(float* __restrict__ logits, int V,
                                                           const RowSampling* __restrict__ how,
-                                                          int32_t* __restrict__ out) {
+                                                          int32_t* __restrict__ out, float* __restrict__ lp_out) {
   __shared__ float red[32];
   __shared__ double redd[32];
   __shared__ double prefix[kThreads];
@@ -69,14 +76,27 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(float* __restrict__ lo
     // lowest id holding the maximum
     float fbi = float(bi);  // ids < 2^24 are exact in float
     float lowest = -block_max(-fbi, red);
-    if (tid == 0) out[blockIdx.x] = lowest >= float(V) ? 0 : int32_t(lowest);
+    const int32_t id = lowest >= float(V) ? 0 : int32_t(lowest);
+    if (lp_out) {
+      double se = 0;
+      for (int i = tid; i < V; i += kThreads) {
+        const float v = p[i];
+        if (!isnan(v)) se += exp(double(v) - double(mx));
+      }
+      se = block_sum_d(se, redd);
+      if (tid == 0) lp_out[blockIdx.x] = clamp_lp(double(p[id]) - (double(mx) + log(se)));
+    }
+    if (tid == 0) out[blockIdx.x] = id;
     return;
   }
   const float inv_t = 1.0f / s.temperature;
+  double se = 0;  // lp_out: sum exp(logit - max) at temperature 1
   for (int i = tid; i < V; i += kThreads) {
     float v = p[i];
+    if (lp_out && !isnan(v)) se += exp(double(v) - double(mx));
     p[i] = isnan(v) ? 0.0f : expf((v - mx) * inv_t);  // accurate exp: the host rule uses std::exp
   }
+  if (lp_out) se = block_sum_d(se, redd);
   __syncthreads();
 
   auto count = [&](float t) {
@@ -146,14 +166,17 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(float* __restrict__ lo
     chosen = pick;  // one range holds the target (ranges are disjoint in [start, start + local))
   }
   __syncthreads();
-  if (tid == 0) out[blockIdx.x] = chosen;
+  if (tid == 0) {
+    out[blockIdx.x] = chosen;
+    if (lp_out) lp_out[blockIdx.x] = clamp_lp(double(logf(p[chosen])) * double(s.temperature) - log(se));
+  }
 }
 
 }  // namespace
 
-void sample_rows(float* logits, int n, int V, const RowSampling* how, int32_t* out, cudaStream_t s) {
+void sample_rows(float* logits, int n, int V, const RowSampling* how, int32_t* out, cudaStream_t s, float* lp_out) {
   if (n <= 0) return;
-  sample_kernel<<<n, kThreads, 0, s>>>(logits, V, how, out);
+  sample_kernel<<<n, kThreads, 0, s>>>(logits, V, how, out, lp_out);
   GPTOSS_CUDA_LAUNCH_CHECK();
 }
 
