@@ -992,7 +992,8 @@ TEST_F(Kernels, Argmax) {
 }
 
 // Device sampling against the host rule (sample_row) on fresh logits: greedy exactly; sampled
-// draws equal but for float rounding at a boundary (a few in a thousand at most).
+// draws equal but for float rounding at a boundary (a few in a thousand at most); the drawn
+// tokens' logprobs within float rounding of the host's log-softmax.
 TEST_F(Kernels, SampleRowsMatchHostRule) {
   FastRng r(fresh_seed());
   const int V = small_mode() ? 1000 : 201088;
@@ -1014,14 +1015,20 @@ TEST_F(Kernels, SampleRowsMatchHostRule) {
   Dev<float> dl(l);
   Dev<RowSampling> dh(how);
   Dev<int32_t> out(n);
-  cuda::sample_rows(dl.p(), n, V, dh.p(), out.p(), 0);
+  Dev<float> lp(n);
+  cuda::sample_rows(dl.p(), n, V, dh.p(), out.p(), 0, lp.p());
   auto got = out.download();
+  const auto got_lp = lp.download();
   std::vector<float> scratch;
   int differ = 0;
   for (int i = 0; i < n; ++i) {
-    int32_t want = sample_row(l.data() + size_t(i) * V, V, how[i], scratch);
+    const float* row = l.data() + size_t(i) * V;
+    int32_t want = sample_row(row, V, how[i], scratch);
     ASSERT_GE(got[i], 0);
     ASSERT_LT(got[i], V);
+    // The drawn token's logprob (whichever token the device drew) against the host's log-softmax.
+    const double want_lp = double(row[got[i]]) - row_logsumexp(row, V);
+    EXPECT_NEAR(got_lp[i], want_lp, 1e-4 + 1e-5 * std::fabs(want_lp)) << "row " << i;
     if (how[i].temperature == 0.0f) EXPECT_EQ(got[i], want) << "greedy row " << i;
     else differ += got[i] != want;
   }
