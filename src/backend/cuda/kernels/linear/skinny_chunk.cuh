@@ -1,7 +1,9 @@
 #pragma once
 // One chunk (16 weight rows x 64 K) of the tensor-core decode kernels, shared by the block-per-tile
-// kernel (skinny_mma.cu) and the stream-K kernel (streamk_mma.cu): the kernels' arguments, a
-// lane's weight loads per fragment format, the chunk's MMAs, and the epilogue's stores.
+// kernel (skinny_mma.cu), the unit-walking grouped kernel (skinny_units.cu) and the stream-K kernel
+// (streamk_mma.cu): the kernels' arguments, a lane's weight loads per fragment format, the chunk's
+// MMAs, the epilogue's stores, and the block-level steps the first two share (activation staging,
+// the K slices' reduction).
 // Fragment layout and formats: frag_layout.cuh and the head of skinny_mma.cu.
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
@@ -253,6 +255,68 @@ __device__ __forceinline__ void tile_store(const SkinnyArgs& a, const TileRows& 
       store_val(a.epi, p, t.lr1, v1);
     }
   }
+}
+
+// The kernels' occupancy target: 24 warps an SM with one n-tile (activations in shared memory), 16 with more
+// (their activations sit in registers). Four row tiles at 24 warps spill 12 bytes and were still
+// faster than at 16 warps (bench-kernels, H200).
+constexpr int skinny_min_blocks(int NT, int KS, int RT) {
+  const int warps = NT == 1 && RT <= 4 ? 24 : 16;
+  return warps / KS > 0 ? warps / KS : 1;
+}
+// Stages the activation rows of pairs tok0 .. tok0 + ntok - 1 (gathered through pair_token when
+// a.gather_a) into xs, K + 8 halves a row; bf16 rows become fp16 here when F16 (once per block
+// rather than per chunk and row tile in chunk_mma: the same rounding, so the same numbers).
+// Every thread of the block takes part; the caller brackets it with __syncthreads.
+template <bool F16>
+__device__ __forceinline__ void stage_rows(const SkinnyArgs& a, int tok0, int ntok, uint16_t* xs, int xs_ld) {
+  const char* A = static_cast<const char*>(a.A);
+  const int vecs = a.W.K / 8;
+  for (int i = threadIdx.x; i < ntok * vecs; i += blockDim.x) {
+    const int t = i / vecs, v = i % vecs;
+    const int p = tok0 + t;
+    const int ar = a.gather_a ? a.r.pair_token[p] : p;
+    uint4 x = __ldg(reinterpret_cast<const uint4*>(A + size_t(ar) * a.lda * 2) + v);
+    if constexpr (F16) {
+      x.x = bf16x2_to_f16x2(x.x);
+      x.y = bf16x2_to_f16x2(x.y);
+      x.z = bf16x2_to_f16x2(x.z);
+      x.w = bf16x2_to_f16x2(x.w);
+    }
+    *reinterpret_cast<uint4*>(xs + size_t(t) * xs_ld + v * 8) = x;
+  }
+}
+
+// The K slices of a block's row tiles meet in shared memory (red: [KS][RT][NT][4][32] f32) and
+// warp r < nrt finishes row tile tile0 + r, adding the slices in warp order (fixed: the result
+// does not depend on the grid), then stores it.
+template <int FMT, int NT, int KS, int RT>
+__device__ __forceinline__ void finish_tiles(const SkinnyArgs& a, float* red, const float (&acc)[RT][NT][4], int nrt,
+                                             int tile0, int expert, int tok0, int row_end) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
+  __syncthreads();  // red is free (the previous pass's finishing warps are done)
+#pragma unroll
+  for (int r = 0; r < RT; ++r)
+#pragma unroll
+    for (int i = 0; i < NT; ++i)
+#pragma unroll
+      for (int v = 0; v < 4; ++v) red[(((warp * RT + r) * NT + i) * 4 + v) * 32 + lane] = acc[r][i][v];
+  __syncthreads();
+  if (warp >= nrt) return;
+  float fin[NT][4];
+#pragma unroll
+  for (int i = 0; i < NT; ++i)
+#pragma unroll
+    for (int v = 0; v < 4; ++v) {
+      float sum = 0.f;
+#pragma unroll
+      for (int w = 0; w < KS; ++w) sum += red[(((w * RT + warp) * NT + i) * 4 + v) * 32 + lane];
+      fin[i][v] = sum;
+    }
+  // Rows g, g + 8 of the tile; tokens 2 tq, 2 tq + 1 of each n-tile.
+  const TileRows tr = tile_rows<FMT>(a, expert, tile0 + warp, g);
+#pragma unroll
+  for (int i = 0; i < NT; ++i) tile_store(a, tr, tile0 + warp, g, tq, tok0 + 8 * i, row_end, fin[i]);
 }
 
 }  // namespace gptoss::cuda::skinny

@@ -1,0 +1,223 @@
+// The unit-walking grouped decode kernel: MXFP4 experts at 1-64 tokens (one n-tile: <= 8 of a
+// group's tokens a pass), over a grid the size of the GPU. See skinny_units_kernel below; the
+// per-chunk math is skinny_chunk.cuh's, shared with skinny_mma.cu, so each row's sums match the
+// block-per-tile kernel's bit for bit.
+#include "backend/cuda/kernels/linear/skinny_units.h"
+
+#include <algorithm>
+
+#include "backend/cuda/device_utils.cuh"
+#include "backend/cuda/kernels.h"
+#include "backend/cuda/kernels/linear/frag_layout.cuh"
+#include "backend/cuda/tensor_core_ptx.cuh"
+
+namespace gptoss::cuda {
+
+namespace {
+
+using namespace skinny;
+
+// Grouped MXFP4 launches past one wave of blocks (2-64 tokens touch 8-111 experts: 720-10,000
+// (group, row-tile block) pairs at 120b's gate_up). The work is cut into units of one pass (<= 8
+// of a group's tokens) over one block of RT row tiles, in (group, pass, row-tile block) order,
+// and a grid of as many blocks as the GPU holds at once takes a contiguous, equal run each (a
+// group of 17 tokens is three passes, so three times the units: blocks stay balanced whatever
+// the groups' sizes). Against one block a (group, row-tile block), as skinny_mma_kernel runs it:
+//  - the routing is read once a block, all groups at once, not once a (group, row-tile block);
+//  - the next unit's first weight loads go out before the current unit's reduction and stores,
+//    so a block never starts a unit on an empty pipe;
+//  - a pass's activation rows are staged once for all the block's units of that pass.
+// Each row's sums run in the same order as in skinny_mma_kernel with the same KS (chunks per
+// warp, warps added in order): the two agree bit for bit. K = 64 CC, T % RT == 0, at most
+// KS * 32 - 1 groups (a thread each in the scan).
+template <int KS, int RT, int PF, bool XF16, int CC>
+__global__ void __launch_bounds__(KS * 32, skinny_min_blocks(1, KS, RT)) skinny_units_kernel(SkinnyArgs a) {
+  constexpr int FMT = WeightMat::kFragMXFP4, C = CC, kMaxGroups = KS * 32;
+  static_assert(PF >= 1 && RT <= KS && CC > 0, "prefetch depth; one finishing warp per row tile; fixed K");
+  const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, g = lane >> 2;
+  const int T = a.W.N / 16, TB = T / RT;  // row-tile blocks an expert
+  extern __shared__ __align__(16) float red[];
+  uint16_t* xs = reinterpret_cast<uint16_t*>(red + KS * RT * 4 * 32);
+  const int xs_ld = C * 64 + 8;
+  const int my_n = C > warp ? (C - 1 - warp) / KS + 1 : 0;
+  // Per group: its first unit (then the total at [ngroups]), expert and sorted rows.
+  __shared__ int s_unit0[kMaxGroups], s_expert[kMaxGroups], s_start[kMaxGroups], s_end[kMaxGroups];
+  __shared__ int s_warp_passes[KS];
+
+  // The routing, every group in one L2 round trip (the group arrays have an entry for each of
+  // the a.groups grid rows, so reading past ngroups is in bounds), and the units by a scan of
+  // the groups' passes.
+  if (!a.r.settled) pdl_wait();
+  const int t = threadIdx.x;
+  const int ngroups = __ldcg(a.r.counts);
+  int gs = 0, ge = 0, gx = 0;
+  if (t < a.groups) {
+    gs = __ldcg(a.r.group_start + t);
+    ge = __ldcg(a.r.group_end + t);
+    gx = __ldcg(a.r.group_expert + t);
+  }
+  const int passes = t < ngroups ? (ge - gs + 7) / 8 : 0;
+  int incl = passes;
+#pragma unroll
+  for (int d = 1; d < 32; d *= 2) {
+    const int y = __shfl_up_sync(0xffffffffu, incl, d);
+    if (lane >= d) incl += y;
+  }
+  if (lane == 31) s_warp_passes[warp] = incl;
+  __syncthreads();
+  int total = 0;
+#pragma unroll
+  for (int w = 0; w < KS; ++w) {
+    const int c = s_warp_passes[w];
+    if (w < warp) incl += c;
+    total += c;
+  }
+  if (t < ngroups) {
+    s_unit0[t] = (incl - passes) * TB;
+    s_expert[t] = gx;
+    s_start[t] = gs;
+    s_end[t] = ge;
+  }
+  if (t == ngroups) s_unit0[t] = total * TB;
+  __syncthreads();
+  const int units = total * TB;
+  const int u0 = int(int64_t(blockIdx.x) * units / gridDim.x);
+  const int u1 = int(int64_t(blockIdx.x + 1) * units / gridDim.x);
+  if (u0 >= u1) { pdl_trigger(); return; }  // uniform over the block
+
+  struct Unit {
+    int group, tile0, expert, tok0, tok_end;
+  };
+  int cursor = 0;  // the group of the last unit decoded (units only grow within a block)
+  auto unit_at = [&](int u) {
+    while (s_unit0[cursor + 1] <= u) ++cursor;
+    Unit x;
+    x.group = cursor;
+    const int rel = u - s_unit0[cursor], pass = rel / TB;
+    x.tile0 = (rel - pass * TB) * RT;
+    x.expert = s_expert[cursor];
+    x.tok0 = s_start[cursor] + 8 * pass;
+    x.tok_end = min(x.tok0 + 8, s_end[cursor]);
+    return x;
+  };
+  WChunk<FMT> wbuf[PF][RT];
+  const uint4* wl = nullptr;
+  const uint32_t* sl = nullptr;
+  // This lane's weight and scale pointers at its first chunk of a unit, and the unit's first PF chunks.
+  auto load_first = [&](const Unit& x) {
+    const size_t tc0 = (size_t(x.expert) * T + x.tile0) * C + warp;
+    wl = static_cast<const uint4*>(a.W.w) + tc0 * (chunk_bytes<FMT>() / 16) + lane;
+    sl = reinterpret_cast<const uint32_t*>(a.W.scales) + tc0 * 8 + g;
+#pragma unroll
+    for (int u = 0; u < PF; ++u)
+      if (u < my_n)
+#pragma unroll
+        for (int r = 0; r < RT; ++r) load_w_at<FMT>(wl, sl, r * CC + u * KS, wbuf[u][r]);
+  };
+  Unit cur = unit_at(u0);
+  load_first(cur);
+  if (a.r.settled) pdl_wait();
+  pdl_trigger();
+
+  int staged_tok0 = -1;  // the pass whose rows xs holds (its first sorted pair)
+  for (int u = u0; u < u1; ++u) {
+    if (warp < RT) prefetch_tile_rows<FMT>(a, cur.expert, cur.tile0 + warp, g);
+    const int ntok = cur.tok_end - cur.tok0;
+    if (cur.tok0 != staged_tok0) {
+      __syncthreads();  // every warp is done reading xs
+      stage_rows<!XF16>(a, cur.tok0, ntok, xs, xs_ld);
+      __syncthreads();
+      staged_tok0 = cur.tok0;
+    }
+    const uint16_t* xs_lane = xs + size_t(g) * xs_ld + 8 * (lane & 3);
+    float acc[RT][1][4];
+#pragma unroll
+    for (int r = 0; r < RT; ++r) acc[r][0][0] = acc[r][0][1] = acc[r][0][2] = acc[r][0][3] = 0.f;
+    for (int base = 0; base < my_n; base += PF) {
+#pragma unroll
+      for (int v = 0; v < PF; ++v) {
+        if (base + v < my_n) {
+          uint4 x[1][2];
+          if (g < ntok) {
+            const uint4* p = reinterpret_cast<const uint4*>(xs_lane + (warp + (base + v) * KS) * 64);
+            x[0][0] = p[0];
+            x[0][1] = p[4];
+          } else {
+            x[0][0] = x[0][1] = make_uint4(0, 0, 0, 0);
+          }
+#pragma unroll
+          for (int r = 0; r < RT; ++r) chunk_mma<FMT, 1, true>(wbuf[v][r], x, acc[r]);
+          if (base + v + PF < my_n) {
+            // As in skinny_mma_kernel: the loads after this chunk's MMAs, which free their registers.
+            if constexpr (RT == 4) asm volatile("" ::: "memory");
+#pragma unroll
+            for (int r = 0; r < RT; ++r) load_w_at<FMT>(wl, sl, r * CC + (v + PF) * KS, wbuf[v][r]);
+          }
+        }
+      }
+      wl += PF * KS * (chunk_bytes<FMT>() / 16);
+      sl += PF * KS * 8;
+    }
+    const Unit done = cur;
+    if (u + 1 < u1) {
+      // The next unit's first weights go out now; this unit's reduction and stores run under them.
+      cur = unit_at(u + 1);
+      load_first(cur);
+    }
+    finish_tiles<FMT, 1, KS, RT>(a, red, acc, RT, done.tile0, done.expert, done.tok0, done.tok_end);
+  }
+}
+
+// The unit-walking grouped kernel (skinny_units_kernel) for this launch, if it takes it (K of
+// 2880 or 4096, whole row-tile blocks, fewer groups than threads) and its units (at least one a
+// (group, row-tile block)) fill at least `min_fill` of the blocks the GPU holds at once. The
+// grid: every block the GPU holds at once, or one per unit of the host's bound if fewer.
+template <int KS, int RT, int PF, bool XF16>
+bool launch_units(const SkinnyArgs& a, int tiles, int groups, double min_fill, cudaStream_t s) {
+  if (!a.grouped || !skinny_cc_enabled() || tiles % RT != 0 || (a.W.K != 2880 && a.W.K != 4096) ||
+      groups >= KS * 32)
+    return false;
+  const size_t smem = size_t(KS) * RT * 4 * 32 * sizeof(float) + size_t(a.xs_rows) * (a.W.K + 8) * 2;
+  auto go = [&](auto k) {
+    // Blocks an SM holds at this shared-memory size (cached per thread: TP ranks may share a process).
+    thread_local size_t cached_smem = 0;
+    thread_local int cached_blocks = 0;
+    if (cached_smem != smem) {
+      if (smem > 48 * 1024) GPTOSS_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+      int b = 0;
+      GPTOSS_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, k, KS * 32, smem));
+      cached_smem = smem;
+      cached_blocks = std::max(b, 1);
+    }
+    const size_t resident = size_t(sm_count()) * cached_blocks, units = size_t(tiles / RT) * groups;
+    if (double(units) < min_fill * double(resident)) return false;
+    launch_pdl(k, dim3(unsigned(std::min(resident, units))), dim3(KS * 32), smem, s, a);
+    return true;
+  };
+  return a.W.K == 2880 ? go(skinny_units_kernel<KS, RT, PF, XF16, 45>) : go(skinny_units_kernel<KS, RT, PF, XF16, 64>);
+}
+
+}  // namespace
+
+namespace skinny {
+
+bool launch_skinny_units(const SkinnyArgs& a, int tiles, int groups, bool xf16, int shape, cudaStream_t s) {
+  auto run = [&](auto f16) {
+    constexpr bool X = decltype(f16)::value;
+    switch (shape) {
+      case 1: return launch_units<8, 4, 1, X>(a, tiles, groups, 0, s);
+      case 2: return launch_units<8, 1, 4, X>(a, tiles, groups, 0, s);
+      case 3: return launch_units<8, 2, 2, X>(a, tiles, groups, 0, s);
+      case 4: return launch_units<8, 2, 4, X>(a, tiles, groups, 0, s);
+      // Four row tiles with one chunk in flight where that fills half the GPU's blocks or more,
+      // else two with two (down at one token: 180 against 360 units; bench-kernels, H200, eighth
+      // session: 10.5 -> 8.6 us against skinny_mma_kernel).
+      default: return launch_units<8, 4, 1, X>(a, tiles, groups, 0.5, s) || launch_units<8, 2, 2, X>(a, tiles, groups, 0, s);
+    }
+  };
+  return xf16 ? run(std::true_type{}) : run(std::false_type{});
+}
+
+}  // namespace skinny
+
+}  // namespace gptoss::cuda

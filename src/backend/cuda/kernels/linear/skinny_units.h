@@ -1,0 +1,22 @@
+#pragma once
+// The unit-walking grouped decode kernel (skinny_units.cu) as skinny_mma.cu's launcher sees it,
+// and the GPTOSS_SKINNY_OPT switches both files read.
+#include <cuda_runtime.h>
+
+#include "backend/cuda/kernels/linear/skinny_chunk.cuh"
+
+namespace gptoss::cuda::skinny {
+
+// GPTOSS_SKINNY_OPT (bench comparisons; unset = all on): bit 0 the compile-time chunk counts
+// (CC), bit 1 the unit-walking grouped kernel (which needs CC). 0 turns both off, 1 keeps CC only.
+bool skinny_cc_enabled();
+bool skinny_units_enabled();
+
+// Launches skinny_units_kernel for a grouped one-n-tile MXFP4 problem (activations fp16 if xf16,
+// else bf16 converted while staged) and returns true, or returns false without launching where it
+// does not take the problem. shape 0: four row tiles with one chunk in flight where that fills half
+// the GPU's blocks or more, else two with two; 1-4 (bench-kernels) force rt4 pf1, rt1 pf4, rt2 pf2,
+// rt2 pf4 wherever the kernel takes the problem.
+bool launch_skinny_units(const SkinnyArgs& a, int tiles, int groups, bool xf16, int shape, cudaStream_t s);
+
+}  // namespace gptoss::cuda::skinny
