@@ -122,6 +122,7 @@ ChatOutputMapper::ChatOutputMapper(const Tokenizer& tok, bool plain_text) : tok_
 
 void ChatOutputMapper::start_message(const harmony::ParsedHeader& h, ChatDelta& d) {
   msg_streamed_.clear();
+  any_message_ = true;
   if (h.recipient && *h.recipient != "all" && !h.recipient->empty() && h.role == Role::Assistant) {
     kind_ = Kind::Tool;
     std::string name = *h.recipient;
@@ -310,8 +311,10 @@ ChatDelta ChatOutputMapper::finish() {
     content_ += s;
     d.content += s;
   }
-  if (!any_output_ && !tokens_.empty()) {
-    // Nothing well-formed came out: answer the decoded text of the ordinary tokens.
+  if (!any_output_ && !any_message_ && !tokens_.empty()) {
+    // Nothing well-formed came out: answer the decoded text of the ordinary tokens. (A parsed
+    // header with no text after it, as when max_tokens cuts right after <|message|>, is an empty
+    // message: its header words are not content.)
     std::vector<TokenId> ids;
     for (TokenId t : tokens_)
       if (t >= 0 && size_t(t) < tok_.vocab_size() && !tok_.is_special(t)) ids.push_back(t);

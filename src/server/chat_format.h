@@ -77,6 +77,7 @@ class ChatOutputMapper {
   std::string content_, reasoning_;
   std::vector<ToolCall> calls_;
   bool any_output_ = false;
+  bool any_message_ = false;  // a header was parsed: the output is harmony, even if every message is empty
 };
 
 // Stop strings on a stream of text (chat content): feed() returns what is safe to show, holding

@@ -80,6 +80,13 @@ TEST(ChatFormat, TwoToolCallsAndPreamble) {
 TEST(ChatFormat, TruncatedByLength) {
   auto r = run("<|channel|>final<|message|>Partial answ");
   EXPECT_EQ(r.content, "Partial answ");
+  // Cut right after a header (max_tokens 3): an empty message, not the header's words as content.
+  for (const char* cut : {"<|channel|>analysis<|message|>", "<|channel|>final<|message|>"}) {
+    auto h = run(cut);
+    EXPECT_EQ(h.content, "") << cut;
+    EXPECT_EQ(h.reasoning, "") << cut;
+    EXPECT_EQ(h.streamed.content, "") << cut;
+  }
 }
 
 TEST(ChatFormat, GarbageNeverThrows) {
