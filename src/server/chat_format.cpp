@@ -311,10 +311,12 @@ ChatDelta ChatOutputMapper::finish() {
     content_ += s;
     d.content += s;
   }
-  if (!any_output_ && !any_message_ && !tokens_.empty()) {
-    // Nothing well-formed came out: answer the decoded text of the ordinary tokens. (A parsed
-    // header with no text after it, as when max_tokens cuts right after <|message|>, is an empty
-    // message: its header words are not content.)
+  // A stream that ends inside a header gpt-oss could be writing (max_tokens cut it after
+  // "<|channel|>analysis", say) or right after one (an empty message) said nothing: its header
+  // words are not content.
+  const bool truncated_header = parser_ && !header_tokens_.empty() && plausible_header_tokens();
+  if (!any_output_ && !any_message_ && !truncated_header && !tokens_.empty()) {
+    // Nothing well-formed came out: answer the decoded text of the ordinary tokens.
     std::vector<TokenId> ids;
     for (TokenId t : tokens_)
       if (t >= 0 && size_t(t) < tok_.vocab_size() && !tok_.is_special(t)) ids.push_back(t);

@@ -80,8 +80,12 @@ TEST(ChatFormat, TwoToolCallsAndPreamble) {
 TEST(ChatFormat, TruncatedByLength) {
   auto r = run("<|channel|>final<|message|>Partial answ");
   EXPECT_EQ(r.content, "Partial answ");
-  // Cut right after a header (max_tokens 3): an empty message, not the header's words as content.
-  for (const char* cut : {"<|channel|>analysis<|message|>", "<|channel|>final<|message|>"}) {
+  // A model that writes no harmony at all still answers its words, even ones a header could hold.
+  for (const char* plain : {"analysis", "final answer", "commentary"}) EXPECT_EQ(run(plain).content, plain) << plain;
+  // Cut inside or right after a header (max_tokens 2 or 3): nothing said, not the header's words
+  // as content.
+  for (const char* cut : {"<|channel|>analysis<|message|>", "<|channel|>final<|message|>", "<|channel|>analysis",
+                          "<|channel|>commentary to=functions.get"}) {
     auto h = run(cut);
     EXPECT_EQ(h.content, "") << cut;
     EXPECT_EQ(h.reasoning, "") << cut;
