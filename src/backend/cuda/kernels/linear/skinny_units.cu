@@ -17,8 +17,8 @@ namespace {
 
 using namespace skinny;
 
-// Grouped MXFP4 launches past one wave of blocks (2-64 tokens touch 8-111 experts: 720-10,000
-// (group, row-tile block) pairs at 120b's gate_up). The work is cut into units of one pass (<= 8
+// Grouped one-n-tile MXFP4 launches (1-64 tokens touch 4-111 experts: 360-10,000 (group, row-tile
+// block) pairs at 120b's gate_up with four row tiles a block). The work is cut into units of one pass (<= 8
 // of a group's tokens) over one block of RT row tiles, in (group, pass, row-tile block) order,
 // and a grid of as many blocks as the GPU holds at once takes a contiguous, equal run each (a
 // group of 17 tokens is three passes, so three times the units: blocks stay balanced whatever
