@@ -165,6 +165,34 @@ __device__ __forceinline__ void find_row_tile(const MoeRouting& r, int tile, int
   }
 }
 
+// Version 2's and version 3's arguments (one layout: the launchers fill them alike).
+struct ExpertGemmArgs {
+  const uint8_t* w;       // [E][N][K / 2] codes (checkpoint layout), or kFragMXFP4 tile-chunks
+  const uint8_t* scales;  // [E][N][K / 32] e8m0, or kFragMXFP4 scale words
+  const float* bias;      // [E][N] or null
+  int N, K;
+  const uint16_t* A;  // bf16 rows (token rows if gather_a, else sorted-pair rows)
+  int lda;
+  bool gather_a;
+  MoeRouting r;
+  Epilogue epi;
+  bool swiglu_rows;  // kFragMXFP4: gate/up rows paired inside each 16-row tile
+};
+
+// The rows of a row tile find_row_tile found (group grp >= 0, tile `within` of it): the group's
+// expert and its sorted rows [row0, row_end).
+struct RowTile {
+  int expert, row0, row_end;
+};
+template <int BM>
+__device__ __forceinline__ RowTile row_tile_rows(const MoeRouting& r, int grp, int within) {
+  RowTile t;
+  t.expert = r.group_expert[grp];
+  t.row0 = r.group_start[grp] + within * BM;
+  t.row_end = min(r.group_end[grp], t.row0 + BM);
+  return t;
+}
+
 // Both GEMMs' CTAs: 128 threads over 128 weight rows (from n0), 64 K a step.
 constexpr int kTileWeightRows = 128, kTileThreads = 128, kTileKStep = 64;
 

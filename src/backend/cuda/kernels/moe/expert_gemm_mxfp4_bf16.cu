@@ -58,19 +58,6 @@ constexpr int kMaxGroups = kMoeMaxGroups;
 
 size_t smem_bytes(int K) { return size_t(kStages) * (kAStageBytes + kBStageBytes) + size_t(kBN) * (K / 32); }
 
-struct V2Args {
-  const uint8_t* w;       // [E][N][K / 2] codes (checkpoint layout), or kFragMXFP4 tile-chunks
-  const uint8_t* scales;  // [E][N][K / 32] e8m0, or kFragMXFP4 scale words
-  const float* bias;      // [E][N] or null
-  int N, K;
-  const uint16_t* A;  // bf16 rows (token rows if gather_a, else sorted-pair rows)
-  int lda;
-  bool gather_a;
-  MoeRouting r;
-  Epilogue epi;
-  bool swiglu_rows;  // kFragMXFP4: gate/up rows paired inside each 16-row tile
-};
-
 using ptx::cp_async16;
 using ptx::cp_async_commit;
 using ptx::cp_async_wait;
@@ -87,7 +74,7 @@ __device__ __forceinline__ void mma_bf16(float* c, uint32_t a0, uint32_t a1, uin
 // FRAG: the weights are in the fragment layout (16-row tiles 2 w, 2 w + 1 of the CTA's eight; n8
 // tile t = 2 tt + half is rows 8 half .. + 7 of tile tt, in the tile's row order).
 template <bool FRAG>
-__global__ void __launch_bounds__(kThreads, 2) expert_gemm_mxfp4_bf16_kernel(V2Args a) {
+__global__ void __launch_bounds__(kThreads, 2) expert_gemm_mxfp4_bf16_kernel(ExpertGemmArgs a) {
   extern __shared__ __align__(128) uint8_t smem[];
   pdl_begin();
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
@@ -96,9 +83,7 @@ __global__ void __launch_bounds__(kThreads, 2) expert_gemm_mxfp4_bf16_kernel(V2A
   int grp, within;
   find_row_tile<kBM>(a.r, int(blockIdx.y), lane, grp, within);
   if (grp < 0) return;
-  const int expert = a.r.group_expert[grp];
-  const int row0 = a.r.group_start[grp] + within * kBM;
-  const int row_end = min(a.r.group_end[grp], row0 + kBM);
+  const auto [expert, row0, row_end] = row_tile_rows<kBM>(a.r, grp, within);
   const int m_slices = (row_end - row0 + 15) >> 4;  // live m16 slices (1..8)
   const int N = a.N, K = a.K, kb = K / 32, KT = K / kBK;
   const int n0 = blockIdx.x * kBN;
@@ -353,7 +338,7 @@ void expert_gemm_v2(const WeightMat& W, const bf16_t* A, int lda, int pairs, int
   auto kernel = frag ? expert_gemm_mxfp4_bf16_kernel<true> : expert_gemm_mxfp4_bf16_kernel<false>;
   static std::atomic<uint64_t> attr_set{0};
   opt_in_smem_once_per_device(attr_set, smem_bytes(kMaxK), expert_gemm_mxfp4_bf16_kernel<true>, expert_gemm_mxfp4_bf16_kernel<false>);
-  V2Args a{static_cast<const uint8_t*>(W.w), W.scales, W.bias, W.N, W.K, A, lda, gather_a, r, epi, W.swiglu_rows};
+  ExpertGemmArgs a{static_cast<const uint8_t*>(W.w), W.scales, W.bias, W.N, W.K, A, lda, gather_a, r, epi, W.swiglu_rows};
   const int max_tiles = (pairs + kBM - 1) / kBM + std::min(pairs, E);
   if (max_tiles > 65535) throw Error("expert_gemm_v2: too many row tiles (" + std::to_string(max_tiles) + ")");
   const dim3 grid((W.N + kBN - 1) / kBN, max_tiles);

@@ -71,19 +71,6 @@ constexpr int kScaleOff = kRawOff + kStages * kRawStageBytes;
 // + 1 KB: the dynamic shared memory is aligned up to 1024 bytes in the kernel.
 size_t smem_bytes(int K) { return size_t(kScaleOff) + size_t(kBN) * (K / 32) + 1024; }
 
-struct V3Args {
-  const uint8_t* w;
-  const uint8_t* scales;
-  const float* bias;
-  int N, K;
-  const uint16_t* A;
-  int lda;
-  bool gather_a;
-  MoeRouting r;
-  Epilogue epi;
-  bool swiglu_rows;
-};
-
 #ifdef SM90A_WGMMA
 __device__ __forceinline__ uint8_t* align1024(uint8_t* p) {
   const uint32_t s = ptx::smem_addr(p);
@@ -92,7 +79,7 @@ __device__ __forceinline__ uint8_t* align1024(uint8_t* p) {
 #endif
 
 template <bool FRAG>
-__global__ void __launch_bounds__(kThreads, 2) expert_gemm_wgmma_kernel(V3Args a) {
+__global__ void __launch_bounds__(kThreads, 2) expert_gemm_wgmma_kernel(ExpertGemmArgs a) {
 #ifdef SM90A_WGMMA
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   pdl_begin();
@@ -100,9 +87,7 @@ __global__ void __launch_bounds__(kThreads, 2) expert_gemm_wgmma_kernel(V3Args a
   int grp, within;
   find_row_tile<kBM>(a.r, int(blockIdx.y), lane, grp, within);
   if (grp < 0) return;
-  const int expert = a.r.group_expert[grp];
-  const int row0 = a.r.group_start[grp] + within * kBM;
-  const int row_end = min(a.r.group_end[grp], row0 + kBM);
+  const auto [expert, row0, row_end] = row_tile_rows<kBM>(a.r, grp, within);
   const int N = a.N, K = a.K, kb = K / 32, KT = K / kBK;
   const int n0 = blockIdx.x * kBN;
   const int T = N / 16, C = K / 64, tile0 = n0 / 16;  // FRAG geometry
@@ -392,7 +377,7 @@ void expert_gemm_v3(const WeightMat& W, const bf16_t* A, int lda, int pairs, int
   auto kernel = frag ? expert_gemm_wgmma_kernel<true> : expert_gemm_wgmma_kernel<false>;
   static std::atomic<uint64_t> attr_set{0};
   opt_in_smem_once_per_device(attr_set, smem_bytes(kMaxK), expert_gemm_wgmma_kernel<true>, expert_gemm_wgmma_kernel<false>);
-  V3Args a{static_cast<const uint8_t*>(W.w), W.scales, W.bias, W.N, W.K, A, lda, gather_a, r, epi, W.swiglu_rows};
+  ExpertGemmArgs a{static_cast<const uint8_t*>(W.w), W.scales, W.bias, W.N, W.K, A, lda, gather_a, r, epi, W.swiglu_rows};
   const int max_tiles = (pairs + kBM - 1) / kBM + std::min(pairs, E);
   if (max_tiles > 65535) throw Error("expert_gemm_v3: too many row tiles (" + std::to_string(max_tiles) + ")");
   const dim3 grid((W.N + kBN - 1) / kBN, max_tiles);
