@@ -73,6 +73,25 @@ constexpr int kGemvWarps = 8;
 constexpr int kGemvRowsPerWarp = 2;
 constexpr int kGemvRowsPerBlock = kGemvWarps * kGemvRowsPerWarp;
 constexpr int kGemvMT = 4;  // tokens per pass over the weights
+
+// A GEMV's finish for lane `lane`: token row rb + lane of the row pair (n0, n0 + 1) gets its
+// sums plus bias through the epilogue (the loop keeps acc's indices compile-time).
+__device__ __forceinline__ void lane_token_store(const LinArgs& a, int rb, int n0, int lane, bool has1, const float* acc0,
+                                                 const float* acc1, float bias0, float bias1) {
+#pragma unroll
+  for (int m = 0; m < kGemvMT; ++m) {
+    if (m != lane) continue;
+    const int row = rb + m;
+    const float v0 = acc0[m] + bias0, v1 = acc1[m] + bias1;
+    if (a.epi.mode == Epilogue::kSwiGLU) {
+      epi_swiglu(a, row, n0, v0, v1);
+    } else {
+      epi_store(a, row, n0, v0);
+      if (has1) epi_store(a, row, n0 + 1, v1);
+    }
+  }
+}
+
 constexpr int kGemvMaxM = 8;  // the auto path uses GEMV up to this many rows (per group)
 
 // RMSNorm fused into a bf16 GEMV (decode): A is the f32 residual stream, normalized on the fly,
@@ -246,18 +265,7 @@ __global__ void __launch_bounds__(256, 3) gemv_bf16_kernel(LinArgs a, FusedNorm 
     }
     if (live && ks == 0 && lane < mt) {
       // Each of the first mt lanes finishes one token (compile-time indices via the loop).
-#pragma unroll
-      for (int m = 0; m < kGemvMT; ++m) {
-        if (m != lane) continue;
-        int row = rb + m;
-        float v0 = acc0[m] + bias0, v1 = acc1[m] + bias1;
-        if (a.epi.mode == Epilogue::kSwiGLU) {
-          epi_swiglu(a, row, n0, v0, v1);
-        } else {
-          epi_store(a, row, n0, v0);
-          if (has1) epi_store(a, row, n0 + 1, v1);
-        }
-      }
+      lane_token_store(a, rb, n0, lane, has1, acc0, acc1, bias0, bias1);
     }
   }
 }
@@ -491,18 +499,7 @@ __device__ __forceinline__ void mx_pair_finish(const LinArgs& a, int expert, int
       bias0 = a.W.bias[size_t(expert) * N + n0];
       if (has1) bias1 = a.W.bias[size_t(expert) * N + n0 + 1];
     }
-#pragma unroll
-    for (int m = 0; m < kGemvMT; ++m) {
-      if (m != lane) continue;
-      int row = rb + m;
-      float v0 = acc0[m] + bias0, v1 = acc1[m] + bias1;
-      if (a.epi.mode == Epilogue::kSwiGLU) {
-        epi_swiglu(a, row, n0, v0, v1);
-      } else {
-        epi_store(a, row, n0, v0);
-        if (has1) epi_store(a, row, n0 + 1, v1);
-      }
-    }
+    lane_token_store(a, rb, n0, lane, has1, acc0, acc1, bias0, bias1);
   }
 }
 
