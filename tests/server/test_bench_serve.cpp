@@ -6,7 +6,7 @@
 #include <thread>
 
 #include "common/error.h"
-#include "fake_backend.h"
+#include "http_fixture.h"
 #include "server/bench_depth.h"
 #include "server/bench_serve.h"
 #include "server/server.h"
@@ -108,26 +108,13 @@ TEST(BenchServe, PercentilesAndGoodput) {
 // A run against the HTTP server on the fake backend: random-token prompts of exact lengths and
 // output lengths from a range (ignore_eos), at a Poisson rate.
 TEST(BenchServe, RandomPromptsAgainstTheServer) {
-  static const Tokenizer tok = Tokenizer::o200k_harmony();
-  gptoss::testing::FakeBackend backend{201088, 16};
   EngineConfig ec;
   ec.max_num_seqs = 8;
-  ec.max_model_len = 512;
-  ec.kv_cache_tokens = 16384;
-  ec.stop_token_ids = default_stop_tokens(tok, backend.config());
-  ec.token_text = token_text_fn(tok);
-  Engine engine(backend, ec);
-  engine.start();
-  ServerOptions so;
-  so.port = 0;
-  so.served_model_name = "m";
-  Server server(engine, tok, so);
-  server.bind();
-  std::thread th([&] { server.run(); });
+  auto live = std::make_unique<httptest::Fixture>(ec);
 
   BenchOptions o;
-  o.base_url = "http://127.0.0.1:" + std::to_string(server.port());
-  o.model = "m";
+  o.base_url = "http://127.0.0.1:" + std::to_string(live->port);
+  o.model = "test-model";
   o.requests = 12;
   o.request_rate = 200;
   o.seed = 3;
@@ -141,9 +128,7 @@ TEST(BenchServe, RandomPromptsAgainstTheServer) {
   one.request_rate = 0;
   one.concurrency = 1;
   BenchReport rep1 = run_bench(one);
-  server.shutdown();
-  th.join();
-  engine.stop();
+  live.reset();  // server and engine stopped before the checks
 
   ASSERT_EQ(rep.ok, 12) << rep.to_text();
   EXPECT_EQ(rep.good, 12);
@@ -262,25 +247,10 @@ TEST(BenchServeDepth, RowsFromRuns) {
 // prompts are exactly depth + pp tokens and whose outputs are exactly tg tokens, in
 // llama-benchy's order (depth, then pp, then tg); every latency mode works.
 TEST(BenchServeDepth, AgainstTheServer) {
-  static const Tokenizer tok = Tokenizer::o200k_harmony();
-  gptoss::testing::FakeBackend backend{201088, 16};
-  EngineConfig ec;
-  ec.max_num_seqs = 4;
-  ec.max_model_len = 512;
-  ec.kv_cache_tokens = 16384;
-  ec.stop_token_ids = default_stop_tokens(tok, backend.config());
-  ec.token_text = token_text_fn(tok);
-  Engine engine(backend, ec);
-  engine.start();
-  ServerOptions so;
-  so.port = 0;
-  so.served_model_name = "m";
-  Server server(engine, tok, so);
-  server.bind();
-  std::thread th([&] { server.run(); });
+  auto live = std::make_unique<httptest::Fixture>();  // four sequences at once
 
   BenchOptions o;
-  o.base_url = "http://127.0.0.1:" + std::to_string(server.port());
+  o.base_url = "http://127.0.0.1:" + std::to_string(live->port);
   DepthBenchOptions d;
   d.depths = {0, 64, 200};
   d.pp = {16, 32};
@@ -299,13 +269,11 @@ TEST(BenchServeDepth, AgainstTheServer) {
   DepthReport partial = run_depth_bench(o, too_long);
   d.latency_mode = "ping";
   EXPECT_THROW(run_depth_bench(o, d), Error);
-  server.shutdown();
-  th.join();
-  engine.stop();
+  live.reset();  // server and engine stopped before the checks
 
   for (const auto& rep : reps) {
     SCOPED_TRACE(rep.latency_mode);
-    EXPECT_EQ(rep.model, "m");  // asked of /v1/models when --model is not given
+    EXPECT_EQ(rep.model, "test-model");  // asked of /v1/models when --model is not given
     EXPECT_EQ(rep.ok, 12);
     EXPECT_EQ(rep.failed, 0);
     if (rep.latency_mode == "none") {
@@ -333,7 +301,8 @@ TEST(BenchServeDepth, AgainstTheServer) {
     EXPECT_EQ(names, (std::vector<std::string>{"pp16", "pp32", "pp16 @ d64", "pp32 @ d64", "pp16 @ d200", "pp32 @ d200"}));
     std::string md = rep.to_markdown();
     EXPECT_NE(md.find(" tg8 @ d200 |"), std::string::npos) << md;
-    EXPECT_NE(md.find("\n| m     | "), std::string::npos) << md;
+    EXPECT_NE(md.find("| model      |"), std::string::npos) << md;  // the column as wide as its widest cell
+    EXPECT_NE(md.find("\n| test-model | "), std::string::npos) << md;
     EXPECT_NE(md.find("latency mode: " + rep.latency_mode), std::string::npos) << md;
   }
   const DepthReport& none = reps[2];
