@@ -10,7 +10,7 @@
 #include <thread>
 
 #include "sse_events.h"
-#include "fake_backend.h"
+#include "http_fixture.h"
 #include "json_schema_oracle.h"
 #include "server/chat_format.h"
 #include "server/server.h"
@@ -26,34 +26,18 @@ const Tokenizer& tok() {
   return t;
 }
 
-struct Fixture {
-  gptoss::testing::FakeBackend backend{201088, 16};
-  std::unique_ptr<Engine> engine;
-  std::unique_ptr<Server> server;
-  std::thread th;
-  int port = 0;
-
-  explicit Fixture(ServerOptions so = {}, int max_model_len = 512, int max_num_seqs = 4) {
+// httptest::Fixture with a 1 MB request-body cap (the size tests need a small one).
+struct Fixture : httptest::Fixture {
+  explicit Fixture(ServerOptions so = {}, int max_model_len = 512, int max_num_seqs = 4)
+      : httptest::Fixture(engine_config(max_num_seqs), capped(so), max_model_len) {}
+  static EngineConfig engine_config(int max_num_seqs) {
     EngineConfig ec;
     ec.max_num_seqs = max_num_seqs;
-    ec.max_model_len = max_model_len;
-    ec.kv_cache_tokens = 16384;
-    ec.stop_token_ids = default_stop_tokens(tok(), backend.config());
-    ec.token_text = token_text_fn(tok());
-    engine = std::make_unique<Engine>(backend, ec);
-    engine->start();
-    so.port = 0;
-    so.served_model_name = "test-model";
-    so.max_body_bytes = 1 << 20;
-    server = std::make_unique<Server>(*engine, tok(), so);
-    server->bind();
-    port = server->port();
-    th = std::thread([this] { server->run(); });
+    return ec;
   }
-  ~Fixture() {
-    server->shutdown();
-    th.join();
-    engine->stop();
+  static ServerOptions capped(ServerOptions so) {
+    so.max_body_bytes = 1 << 20;
+    return so;
   }
   httplib::Client client() {
     httplib::Client c("127.0.0.1", port);

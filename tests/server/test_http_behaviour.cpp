@@ -15,7 +15,7 @@
 
 #include "prometheus_text.h"
 #include "sse_events.h"
-#include "fake_backend.h"
+#include "http_fixture.h"
 #include "server/server.h"
 
 using namespace gptoss;
@@ -31,34 +31,14 @@ const Tokenizer& tok() {
 
 const char* kModel = "test-model";
 
-struct Served {
-  gptoss::testing::FakeBackend backend{201088, 16};
-  std::unique_ptr<Engine> engine;
-  std::unique_ptr<Server> server;
-  std::thread th;
-  int port = 0;
-
-  explicit Served(ServerOptions so = {}, int fail_at_output_token = 0) {
+// httptest::Fixture, optionally failing the generation at an output token.
+struct Served : httptest::Fixture {
+  explicit Served(ServerOptions so = {}, int fail_at_output_token = 0)
+      : httptest::Fixture(engine_config(fail_at_output_token), so) {}
+  static EngineConfig engine_config(int fail_at_output_token) {
     EngineConfig ec;
-    ec.max_num_seqs = 4;
-    ec.max_model_len = 512;
-    ec.kv_cache_tokens = 16384;
-    ec.stop_token_ids = default_stop_tokens(tok(), backend.config());
-    ec.token_text = token_text_fn(tok());
     ec.test_fail_at_output_token = fail_at_output_token;
-    engine = std::make_unique<Engine>(backend, ec);
-    engine->start();
-    so.port = 0;
-    so.served_model_name = kModel;
-    server = std::make_unique<Server>(*engine, tok(), so);
-    server->bind();
-    port = server->port();
-    th = std::thread([this] { server->run(); });
-  }
-  ~Served() {
-    server->shutdown();
-    th.join();
-    engine->stop();
+    return ec;
   }
   httplib::Client client() {
     httplib::Client c("127.0.0.1", port);
