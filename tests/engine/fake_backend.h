@@ -92,6 +92,15 @@ class FakeBackend : public Backend {
 
   // Optional: changes a row's logits given every token of its sequence so far (a scripted model).
   std::function<void(const std::vector<int32_t>& context, float* logits)> shape_logits;
+  // A shape_logits that makes the output follow `script` once the context is past `prompt_len`
+  // tokens (the script's g-th token wins step g by a margin no hash reaches).
+  static std::function<void(const std::vector<int32_t>&, float*)> scripted(std::vector<int32_t> script,
+                                                                            size_t prompt_len) {
+    return [script = std::move(script), prompt_len](const std::vector<int32_t>& ctx, float* logits) {
+      const size_t g = ctx.size() - prompt_len;  // tokens generated so far
+      if (ctx.size() >= prompt_len && g < script.size()) logits[script[g]] += 100.0f;
+    };
+  }
   int forward_calls = 0;
   int64_t forwarded_tokens = 0;  // tokens of every forward pass (prefill rows computed, decodes)
   int delay_us = 0;  // per forward: makes streams slow enough to interrupt

@@ -811,10 +811,7 @@ TEST(Http, StructuredOutputOnlyInTheFinalChannelAndToolArguments) {
              : "<|channel|>analysis<|message|>I think {not json} here.<|end|><|start|>assistant<|channel|>final"
                "<|message|>Sure";
     const std::vector<int32_t> script = tok().encode(script_text, true);
-    f.backend.shape_logits = [script, prompt_len](const std::vector<int32_t>& ctx, float* logits) {
-      size_t g = ctx.size() - prompt_len;  // tokens generated so far
-      if (ctx.size() >= prompt_len && g < script.size()) logits[script[g]] += 100.0f;
-    };
+    f.backend.shape_logits = gptoss::testing::FakeBackend::scripted(script, prompt_len);
     for (uint64_t seed = 1; seed <= 4; ++seed) {
       body["seed"] = seed;
       auto r = f.post("/v1/chat/completions", body.dump());

@@ -479,10 +479,7 @@ TEST(ResponsesRoute, TextFormatOnlyInTheFinalChannelAndToolArguments) {
              : "<|channel|>analysis<|message|>I think {not json} here.<|end|><|start|>assistant<|channel|>final"
                "<|message|>Sure";
     const std::vector<int32_t> script = tok().encode(script_text, true);
-    f.backend.shape_logits = [script, prompt_len](const std::vector<int32_t>& ctx, float* logits) {
-      size_t g = ctx.size() - prompt_len;  // tokens generated so far
-      if (ctx.size() >= prompt_len && g < script.size()) logits[script[g]] += 100.0f;
-    };
+    f.backend.shape_logits = gptoss::testing::FakeBackend::scripted(script, prompt_len);
     for (uint64_t run = 1; run <= 4; ++run) {
       body["stream"] = run % 2 == 0;
       json resp = run_response(f, body);
