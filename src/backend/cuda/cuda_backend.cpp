@@ -223,7 +223,8 @@ class CudaBackend final : public Backend {
   Mxfp4Layers mx_layers_;  // dense layers stored as MXFP4 (--mxfp4-layers)
 
   // GPTOSS_CUDA_PROFILE=1: decode steps run eagerly with an event after every op; the time per
-  // op kind (summed over layers and steps) is printed when the backend goes away.
+  // op kind (summed over layers and steps) is printed when the backend goes away, apart for
+  // decode-size passes (<= kSkinnyMaxTokens tokens) and larger ones (prefill, mixed steps).
   bool profile_ = false;
   // Eagle3 hidden-state taps of the pass being run (ForwardBatch::tap_layers): run_pass copies the
   // residual stream after each tapped layer, [n, H] per tap slot, into tap_stage_.
@@ -246,7 +247,8 @@ class CudaBackend final : public Backend {
   std::string skip_;
   bool skip(const char* what) const { return !skip_.empty() && skip_.find(what) != std::string::npos; }
   std::vector<std::pair<const char*, cudaEvent_t>> prof_marks_;
-  std::map<std::string, std::pair<double, int>> prof_;
+  std::map<std::string, std::pair<double, int>> prof_[2];  // [0] decode-size passes, [1] larger ones
+  int prof_class_ = 0;                                       // the running pass's
   cudaEvent_t prof_start_ = nullptr;
   void mark(const char* what) {
     if (!profile_) return;
@@ -262,7 +264,7 @@ class CudaBackend final : public Backend {
     for (auto& [what, e] : prof_marks_) {
       float ms = 0;
       GPTOSS_CUDA_CHECK(cudaEventElapsedTime(&ms, prev, e));
-      auto& slot = prof_[what];
+      auto& slot = prof_[prof_class_][what];
       slot.first += ms;
       slot.second += 1;
       if (prev != prof_start_) cudaEventDestroy(prev);
@@ -359,11 +361,16 @@ CudaBackend::CudaBackend(const BackendOptions& opts) {
 
 CudaBackend::~CudaBackend() {
   cudaSetDevice(device_);  // frees below (and the buffers after) belong to this backend's device
-  if (profile_ && !prof_.empty()) {
+  for (int cls = 0; cls < 2 && profile_; ++cls) {
+    if (prof_[cls].empty()) continue;
     double total = 0;
-    for (auto& [k, v] : prof_) total += v.first;
-    std::fprintf(stderr, "cuda profile (eager passes, events between ops):\n");
-    for (auto& [k, v] : prof_)
+    for (auto& [k, v] : prof_[cls]) total += v.first;
+    if (cls == 0)
+      std::fprintf(stderr, "cuda profile, decode-size passes (<= %d tokens; eager, events between ops):\n",
+                   kSkinnyMaxTokens);
+    else
+      std::fprintf(stderr, "cuda profile, larger passes (prefill, mixed steps; eager, events between ops):\n");
+    for (auto& [k, v] : prof_[cls])
       std::fprintf(stderr, "  %-14s %10.3f ms  %5.1f%%  (%d ops)\n", k.c_str(), v.first, 100 * v.first / total, v.second);
   }
   if (prof_start_) cudaEventDestroy(prof_start_);
@@ -825,7 +832,10 @@ void CudaBackend::lm_head(const int32_t* rows, int n_rows) {
 void CudaBackend::run_pass(int n, const PassMeta& m, int n_rows, int nsplit) {
   const GptOssConfig& c = cfg_;
   const int H = c.hidden, QKV = c.q_dim() + 2 * c.kv_dim(), E = c.num_experts, k = c.experts_per_token;
-  if (profile_) GPTOSS_CUDA_CHECK(cudaEventRecord(prof_start_, stream_));
+  if (profile_) {
+    prof_class_ = n <= kSkinnyMaxTokens ? 0 : 1;
+    GPTOSS_CUDA_CHECK(cudaEventRecord(prof_start_, stream_));
+  }
   embed(embed_, m.tokens, n, H, x_, stream_);
   // Each layer's input norm comes with the residual update that precedes it: the first here,
   // the others from the previous layer's MoE combine.
