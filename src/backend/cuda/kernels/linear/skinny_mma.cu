@@ -28,7 +28,7 @@ namespace gptoss::cuda {
 
 namespace skinny {
 
-int skinny_opt_bits() {
+static int skinny_opt_bits() {  // GPTOSS_SKINNY_OPT, read once (skinny_units.h)
   static const int bits = [] {
     const char* e = std::getenv("GPTOSS_SKINNY_OPT");
     return e && *e ? std::atoi(e) : 3;
@@ -207,6 +207,9 @@ __global__ void __launch_bounds__(KS * 32, skinny_min_blocks(NT, KS, RT)) skinny
   }
 }
 
+// Kernel shapes (warps splitting K, row tiles whose blocks share the activation loads, chunks
+// in flight), by the tokens an n-tile pass covers; `ks` picks among the measured ones. TRY_CC:
+// use the compile-time chunk count for gpt-oss's K (2880, 4096) where the tiles fill every block.
 template <int FMT, int NT, int KS, int RT, int PF, bool XF16, bool TRY_CC = false>
 void launch_shape(const SkinnyArgs& a, int tiles, int groups, cudaStream_t s) {
   const size_t smem = size_t(KS) * RT * NT * 4 * 32 * sizeof(float) +
@@ -265,13 +268,14 @@ void launch_fmt(const SkinnyArgs& a, int tiles, int groups, int ks, cudaStream_t
   // Two row tiles a block halve the activation reads; one keeps small grids (o_proj's 180 tiles,
   // qkv's 320) covering the SMs.
   const bool one_tile = size_t(tiles) * groups < size_t(8 * 132);
-  // MXFP4 with one n-tile over large grids (1,400 or more (tile, expert) pairs): four row tiles
-  // a block, one chunk in flight (bench-kernels, H200, seventh session, 120b: gate_up at 1 token
-  // 18.9 -> 16.8 us against two in flight; down at 32 tokens 124 -> 114 us against eight row
-  // tiles). Grouped launches below that (down at 1 token: 720 pairs): two row tiles, four chunks
-  // in flight (13.3 -> 11.6 us against one row tile, three in flight).
+  // MXFP4 with one n-tile: grouped launches take the unit-walking kernel (skinny_units.cu)
+  // wherever it takes the problem. The block-per-tile shapes below serve the rest (dense MXFP4
+  // layers, and grouped launches with GPTOSS_SKINNY_OPT=1): over large grids (1,400 or more
+  // (tile, expert) pairs) four row tiles a block, one chunk in flight (bench-kernels, H200,
+  // seventh session, 120b: gate_up at 1 token 18.9 -> 16.8 us against two in flight; down at 32
+  // tokens 124 -> 114 us against eight row tiles); grouped launches below that (down at 1 token:
+  // 720 pairs) two row tiles, four chunks in flight (13.3 -> 11.6 us against one row tile, three).
   if constexpr (FMT == WeightMat::kFragMXFP4 && NT == 1) {
-    // Grouped: the unit-walking kernel (skinny_units.cu) wherever it takes the problem.
     if (ks == 8 && skinny_units_enabled() && launch_skinny_units(a, tiles, groups, XF16, 0, s)) return;
     if (ks == 8 && size_t(tiles) * groups >= 1400) return launch_shape<FMT, NT, 8, 4, 1, XF16, true>(a, tiles, groups, s);
     if (ks == 8 && a.grouped && size_t(tiles) * groups >= 512) return launch_shape<FMT, NT, 8, 2, 4, XF16, true>(a, tiles, groups, s);
