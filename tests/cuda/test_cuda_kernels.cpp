@@ -1234,12 +1234,15 @@ std::vector<std::vector<AttnSeq>> decode_batches() {
 
 // attention_decode (RoPE + K/V store + attention in one kernel) against the CPU: every plan
 // shape (a cluster of 1, 2, 4, 8 or 16 splits merged in the cluster; 1, 5 or 32 splits merged by the
-// second launch; decode_attention_plan's choice), bf16 and fp8 KV, full and sliding layers,
-// page sizes 16 and 7, and the tiny preset's head_dim 32 with 2 query heads a kv head.
+// second launch; decode_attention_plan's choice), on CUDA cores and on tensor cores, bf16 and fp8
+// KV, full and sliding layers, page sizes 16 and 7, the tiny preset's head_dim 32 with 2 query
+// heads a kv head (the tensor-core plan falls back), and head_dim 64 with 4 query heads a kv head.
 TEST_F(Kernels, AttentionDecodeFused) {
   const int Hq = small_mode() ? 8 : 64, Hkv = small_mode() ? 1 : 8;
-  const std::vector<cuda::DecodeAttentionPlan> plans = {{1, true},  {2, true}, {4, true},  {8, true},
-                                                        {16, true}, {1, false}, {5, false}, {32, false}};
+  const std::vector<cuda::DecodeAttentionPlan> plans = {
+      {1, true},        {2, true},       {4, true},        {8, true},        {16, true},      {1, false},
+      {5, false},       {32, false},     {1, true, true},  {2, true, true},  {8, true, true}, {16, true, true},
+      {1, false, true}, {5, false, true}, {32, false, true}};
   int k = 0;
   for (auto& b : decode_batches())
     for (int window : {0, 128})
@@ -1264,10 +1267,17 @@ TEST_F(Kernels, AttentionDecodeFused) {
   AttnRun tiny;
   tiny.fused = true;
   for (auto plan : {cuda::DecodeAttentionPlan{1, true}, cuda::DecodeAttentionPlan{4, true},
-                    cuda::DecodeAttentionPlan{3, false}}) {
+                    cuda::DecodeAttentionPlan{3, false}, cuda::DecodeAttentionPlan{2, true, true}}) {
     tiny.plan = plan;
     check_attention({{30, 1}, {3, 1}, {17, 1}}, 16, false, 1, 4, 2, 32, tiny);
     check_attention({{40, 1}, {0, 1}}, 0, true, 1, 4, 2, 32, tiny);
+  }
+  // The tensor-core kernel with fewer query heads than its 8 rows (the tiny fixture's 4 a kv head).
+  for (auto plan : {cuda::DecodeAttentionPlan{1, true, true}, cuda::DecodeAttentionPlan{4, true, true},
+                    cuda::DecodeAttentionPlan{3, false, true}}) {
+    tiny.plan = plan;
+    check_attention({{130, 1}, {3, 1}, {64, 1}, {63, 1}}, 128, false, 1, 4, 1, 64, tiny);
+    check_attention({{200, 1}, {0, 1}}, 0, true, 1, 8, 2, 64, tiny);
   }
 }
 
@@ -1308,7 +1318,8 @@ TEST(DecodeAttentionPlan, ClustersWithinAWaveSplitsForLongContexts) {
 
 // The fused kernel against rope_kv_store + attention with the same splits: the same output bits
 // and the same K/V bytes in the pages (both round k and v the same way and share the split
-// boundaries, the per-tile arithmetic and the merge code, the cluster merge included).
+// boundaries, the per-tile arithmetic and the merge code, the cluster merge included). The
+// tensor-core kernel stores the same K/V bytes and gives outputs within bf16 rounding of them.
 TEST_F(Kernels, AttentionDecodeFusedMatchesTwoKernels) {
   const int Hq = small_mode() ? 8 : 64, Hkv = small_mode() ? 1 : 8;
   const uint64_t seed = fresh_seed() | 1;
@@ -1316,7 +1327,8 @@ TEST_F(Kernels, AttentionDecodeFusedMatchesTwoKernels) {
     for (int window : {0, 128})
       for (bool fp8 : {false, true})
         for (auto plan : {cuda::DecodeAttentionPlan{1, true}, cuda::DecodeAttentionPlan{8, true},
-                          cuda::DecodeAttentionPlan{16, true}, cuda::DecodeAttentionPlan{5, false}}) {
+                          cuda::DecodeAttentionPlan{16, true}, cuda::DecodeAttentionPlan{5, false},
+                          cuda::DecodeAttentionPlan{2, true, true}, cuda::DecodeAttentionPlan{5, false, true}}) {
           std::vector<uint8_t> pool_two, pool_fused;
           AttnRun two{cuda::AttentionPath::kPerToken, 16, seed, {}};
           two.pool_after = &pool_two;
@@ -1330,9 +1342,13 @@ TEST_F(Kernels, AttentionDecodeFusedMatchesTwoKernels) {
                                  " fp8=" + std::to_string(fp8) + " nsplit=" + std::to_string(plan.nsplit) +
                                  (plan.cluster ? " cluster" : " split");
           ASSERT_EQ(a.size(), f.size()) << at;
-          size_t differ = 0;
-          for (size_t i = 0; i < a.size(); ++i) differ += std::memcmp(&a[i], &f[i], 4) != 0;
-          EXPECT_EQ(differ, 0u) << at << ": output elements differing";
+          if (plan.mma) {  // other arithmetic (bf16 P, tensor-core sums): close, not equal
+            EXPECT_LE(rel_err(f, a), 1e-2) << at << " mma";
+          } else {
+            size_t differ = 0;
+            for (size_t i = 0; i < a.size(); ++i) differ += std::memcmp(&a[i], &f[i], 4) != 0;
+            EXPECT_EQ(differ, 0u) << at << ": output elements differing";
+          }
           EXPECT_TRUE(pool_two == pool_fused) << at << ": KV pages differ";
         }
 }

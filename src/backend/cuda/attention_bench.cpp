@@ -4,7 +4,8 @@
 // (the flash output against the per-token kernel's, max abs difference printed) and prints
 // microseconds and TFLOP/s (FLOPs: 4 Hq D per visible (query, key) pair, QK^T and PV).
 // Decode: rope_kv_store + attention (three launches) against attention_decode (RoPE and the K/V
-// store folded in) with the same splits and with decode_attention_plan's cluster merge.
+// store folded in) with the same splits and with decode_attention_plan's cluster merge, on CUDA
+// cores and on tensor cores.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -185,6 +186,9 @@ void bench_decode_attention(const GptOssConfig& c, int tokens, int iters) {
         std::vector<DecodeAttentionPlan> plans = {DecodeAttentionPlan{split_nsplit, false},
                                                   DecodeAttentionPlan{split_nsplit, false}};
         for (int cs = 1; cs <= kDecodeClusterMax; cs *= 2) plans.push_back(DecodeAttentionPlan{cs, true});
+        // The same on tensor cores (attention_decode_mma.cu).
+        plans.push_back(DecodeAttentionPlan{split_nsplit, false, true});
+        for (int cs = 1; cs <= kDecodeClusterMax; cs *= 2) plans.push_back(DecodeAttentionPlan{cs, true, true});
         const DecodeAttentionPlan chosen = decode_attention_plan(n, Hkv, keys, split_nsplit);
         // rope_kv_store rotates qkv in place: the outputs compared start from the unrotated copy;
         // timed launches rotate over and over with the YaRN scaling at 1 (values stay bounded).
@@ -231,9 +235,10 @@ void bench_decode_attention(const GptOssConfig& c, int tokens, int iters) {
           }
           const DecodeAttentionPlan& p = plans[k];
           std::string kern = k == 0 ? "rope_kv + attention + merge, " + std::to_string(p.nsplit) + " splits"
-                                    : "fused, " + std::to_string(p.nsplit) +
+                                    : std::string(p.mma ? "fused mma, " : "fused, ") + std::to_string(p.nsplit) +
                                           (p.cluster ? " splits in a cluster" : " splits + merge");
-          if (k > 0 && p.nsplit == chosen.nsplit && p.cluster == chosen.cluster) kern += " (plan)";
+          if (k > 0 && p.nsplit == chosen.nsplit && p.cluster == chosen.cluster && p.mma == chosen.mma)
+            kern += " (plan)";
           std::printf("| attention | %s | %s | %s | %.2f | %g |\n", shape.c_str(), layer, kern.c_str(), us, diff);
           std::fflush(stdout);
         }

@@ -185,6 +185,8 @@ class CudaBackend final : public Backend {
   // to 16), kSplit = attention_decode with the split-and-merge launches at splits_for(n), kOff =
   // rope_kv_store + attention.
   enum class DecodeAttn { kAuto, kAuto16, kSplit, kOff } decode_attn_ = DecodeAttn::kAuto;
+  // GPTOSS_DECODE_ATTENTION_MMA=0: the decode plans take the CUDA-core kernel, not the tensor-core one.
+  bool decode_attn_mma_ = true;
   // --dense-gemm: prefill GEMMs of the bf16 dense layers on cuBLASLt (null: our own kernels).
   std::unique_ptr<CublasLtGemm> blas_;
   WeightMat::Format dense_dec_ = WeightMat::kFragBF16;  // --dense-dtype
@@ -356,6 +358,7 @@ CudaBackend::CudaBackend(const BackendOptions& opts) {
     else
       throw Error("GPTOSS_DECODE_ATTENTION=" + v + ": expected auto, auto16, split or off");
   }
+  if (const char* mma = std::getenv("GPTOSS_DECODE_ATTENTION_MMA")) decode_attn_mma_ = std::string(mma) != "0";
   if (profile_) GPTOSS_CUDA_CHECK(cudaEventCreate(&prof_start_));
 }
 
@@ -778,13 +781,14 @@ int CudaBackend::plan_decode_attention(const Staged& st, int n, bool one_each, P
   const int full_keys = max_pos + 1;
   const int sliding_keys = cfg_.sliding_window > 0 ? std::min(full_keys, cfg_.sliding_window) : full_keys;
   if (decode_attn_ == DecodeAttn::kSplit) {
-    m->attn_full = m->attn_sliding = DecodeAttentionPlan{splits_for(n), false};
+    m->attn_full = m->attn_sliding = DecodeAttentionPlan{splits_for(n), false, true};
   } else {
     const int most = decode_attn_ == DecodeAttn::kAuto16 ? 16 : 8;
     m->attn_full = decode_attention_plan(n, cfg_.num_kv_heads, full_keys, splits_for(n), most);
     m->attn_sliding = decode_attention_plan(n, cfg_.num_kv_heads, sliding_keys, splits_for(n), most);
   }
-  auto code = [](const DecodeAttentionPlan& p) { return p.nsplit * 2 + (p.cluster ? 1 : 0); };
+  m->attn_full.mma = m->attn_sliding.mma = decode_attn_mma_;
+  auto code = [](const DecodeAttentionPlan& p) { return (p.nsplit * 2 + (p.cluster ? 1 : 0)) * 2 + (p.mma ? 1 : 0); };
   return 1 + code(m->attn_full) * 1000 + code(m->attn_sliding);
 }
 

@@ -259,9 +259,13 @@ void attention(const bf16_t* qkv, int n, int Hq, int Hkv, int D, int window, con
 // through distributed shared memory (one launch); else plan.nsplit (<= 32) splits go through
 // `partial` and the merge kernel, as attention().
 constexpr int kDecodeClusterMax = 16;
+// plan.mma: the tensor-core kernel (attention_decode_mma.cu) where the shape allows it (head_dim
+// 64, <= 8 query heads a kv head); else the CUDA-core kernel, whose results equal rope_kv_store +
+// attention's bit for bit.
 struct DecodeAttentionPlan {
   int nsplit = 1;
   bool cluster = true;
+  bool mma = false;
 };
 // The plan for n tokens whose longest key range (positions seen) is max_keys: a cluster of as
 // many splits as the launch has room for (at most max_cluster; 8 is the portable size, 16 needs

@@ -18,8 +18,10 @@
 #include "backend/cuda/cuda_common.h"
 #include "backend/cuda/device_utils.cuh"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/kernels/attention/attention_decode_mma.h"
 #include "backend/cuda/kernels/attention/flash_blocks.cuh"
 #include "backend/cuda/kernels/attention/rope_math.cuh"
+#include "backend/cuda/kernels/attention/split_merge.cuh"
 #include "backend/kv_layout.h"
 
 namespace gptoss::cuda {
@@ -55,40 +57,6 @@ __device__ __forceinline__ void widen8(const uint4& raw, bool fp8, float* dst) {
       dst[2 * i + 1] = f.y;
     }
   }
-}
-
-// Merges one (token, query head)'s split partials (split s's row at row(s): running max, sum,
-// then D output floats) with the sink and stores the bf16 output row; one warp. Lane s reads
-// split s's max and sum, so the weights come from two warp reductions instead of a serial walk;
-// the output rows are then summed in split order, skipping splits that saw no keys (weight 0).
-// The combine kernel and the cluster merge of the decode kernel both run this code, so they give
-// the same bits for the same partials.
-template <int D, class RowOf>
-__device__ __forceinline__ void merge_splits(RowOf row, int nsplit, float sink, uint16_t* __restrict__ dst,
-                                             int lane) {
-  constexpr int DPL = D / 32;
-  float ms = -INFINITY, ls = 0.f;
-  if (lane < nsplit) {
-    ms = row(lane)[0];
-    ls = row(lane)[1];
-  }
-  const float M = fmaxf(warp_max(ms), sink);
-  const float w = lane < nsplit ? __expf(ms - M) : 0.f;  // empty split: m = -inf, w = 0
-  const float denom = __expf(sink - M) + warp_sum(ls * w);
-  float acc[DPL];
-#pragma unroll
-  for (int i = 0; i < DPL; ++i) acc[i] = 0.f;
-#pragma unroll 4
-  for (int s = 0; s < nsplit; ++s) {
-    const float ws = __shfl_sync(0xffffffffu, w, s);
-    if (ws == 0.f) continue;  // uniform over the warp
-    const float* ps = row(s) + 2 + lane * DPL;
-#pragma unroll
-    for (int i = 0; i < DPL; ++i) acc[i] += ps[i] * ws;
-  }
-  const float inv = 1.f / denom;
-#pragma unroll
-  for (int i = 0; i < DPL; ++i) dst[lane * DPL + i] = f32_to_bf16_bits(acc[i] * inv);
 }
 
 // Where a block's keys come from and where its result goes.
@@ -428,8 +396,8 @@ DecodeAttentionPlan decode_attention_plan(int n, int Hkv, int max_keys, int spli
   max_cluster = std::clamp(max_cluster, 1, kDecodeClusterMax);
   while (2 * c <= max_cluster && n * Hkv * c * 2 <= kDecodeBlockBudget) c *= 2;
   const int tiles = (std::max(max_keys, 1) + kTile - 1) / kTile;
-  if ((tiles + c - 1) / c > kClusterMaxTiles && split_nsplit > c) return DecodeAttentionPlan{split_nsplit, false};
-  return DecodeAttentionPlan{c, true};
+  if ((tiles + c - 1) / c > kClusterMaxTiles && split_nsplit > c) return DecodeAttentionPlan{split_nsplit, false, true};
+  return DecodeAttentionPlan{c, true, true};
 }
 
 namespace {
@@ -473,7 +441,13 @@ void attention_decode(const bf16_t* qkv, int n, int Hq, int Hkv, int D, int wind
                 std::to_string(kDecodeClusterMax) + " merged in a cluster");
   auto* q = reinterpret_cast<const uint16_t*>(qkv);
   auto* o = reinterpret_cast<uint16_t*>(out);
-  if (D == 64) {
+  if (plan.mma && attention_decode_mma_supported(Hq, Hkv, D)) {
+    attention_decode_mma(q, n, Hq, Hkv, window, sinks, inv_freq, attn_scaling, tm, kv, plan.nsplit, plan.cluster,
+                         partial, o, s);
+    if (!plan.cluster)
+      launch_pdl(attention_combine_kernel<64>, dim3(n, (Hq + 1) / 2), dim3(64), 0, s,
+                 static_cast<const float*>(partial), Hq, plan.nsplit, sinks, o, tm.pt_off, n, 0);
+  } else if (D == 64) {
     if (plan.cluster)
       launch_decode<64, AttnMode::kFusedCluster>(q, n, Hq, Hkv, window, sinks, inv_freq, attn_scaling, tm, kv,
                                                  plan.nsplit, partial, o, s);

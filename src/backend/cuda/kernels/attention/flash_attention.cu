@@ -26,6 +26,7 @@
 #include "backend/cuda/tensor_core_ptx.cuh"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/kernels/attention/flash_blocks.cuh"
+#include "backend/cuda/kernels/attention/kv_tile.cuh"
 #include "backend/kv_layout.h"
 
 namespace gptoss::cuda {
@@ -39,20 +40,13 @@ constexpr int kThreads = 256; // 8 warps x 16 rows
 constexpr int kTileBytes = kKeys * kD * 2;      // one bf16 K or V tile: 8 KiB
 constexpr int kStageBytes = 2 * kTileBytes;     // K + V
 constexpr int kSmemBytes = 2 * kStageBytes;     // 32 KiB (both dtypes)
-constexpr float kLog2e = 1.4426950408889634f;
 
 using ptx::cp_async16;
 using ptx::cp_async_commit;
 using ptx::cp_async_wait;
 using ptx::smem_addr;
-__device__ __forceinline__ float fast_exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
-// Byte offset of (row, 16-byte chunk) in a [rows][64] bf16 tile: 128-byte rows whose chunks are
-// XOR-swizzled by the row, so the 8 rows an ldmatrix phase reads hit 8 different bank groups.
-__device__ __forceinline__ uint32_t swz(int row, int chunk) { return uint32_t(row * 128 + ((chunk ^ (row & 7)) << 4)); }
+// Byte offset of (row, 16-byte chunk) in a [rows][64] bf16 tile (kv_tile.cuh).
+__device__ __forceinline__ uint32_t swz(int row, int chunk) { return kv_tile_swz(row, chunk); }
 
 template <bool FP8>
 __global__ void __launch_bounds__(kThreads, 2)
@@ -204,16 +198,7 @@ __global__ void __launch_bounds__(kThreads, 2)
 #pragma unroll
           for (int half = 0; half < 2; ++half) {  // 8 fp8 values -> one 16-byte bf16 chunk
             const uint2 v = *reinterpret_cast<const uint2*>(raw + c * 16 + half * 8);
-            const uint32_t x[2] = {v.x, v.y};
-            uint32_t w[4];
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-              const __half2_raw h2 = __nv_cvt_fp8x2_to_halfraw2(
-                  __nv_fp8x2_storage_t((x[e >> 1] >> (16 * (e & 1))) & 0xffffu), __NV_E4M3);
-              const float2 f = __half22float2(__half2(h2));
-              w[e] = pack_bf16x2(f.x, f.y);
-            }
-            *reinterpret_cast<uint4*>(base + swz(j, 2 * ch + half)) = make_uint4(w[0], w[1], w[2], w[3]);
+            *reinterpret_cast<uint4*>(base + swz(j, 2 * ch + half)) = widen_fp8x8_to_bf16(v);
           }
         }
         __syncthreads();

@@ -1,0 +1,410 @@
+// Decode attention on tensor cores: one new token a sequence, gpt-oss attention (sinks, GQA,
+// optional sliding window) over the paged KV cache, RoPE and the new token's K/V store folded in
+// (the same job and the same splits as attention.cu's fused modes, which stay for other shapes).
+//
+// Why: attention.cu's decode kernel runs the 8 query heads of a kv head as CUDA-core dot
+// products over keys staged as floats; at 32 sequences x 512 keys it reads its K/V at 0.7-0.9
+// TB/s, issue-bound on shared-memory loads and FMAs. Here a block's query heads are the M side of
+// mma.sync m16n8k16 (rows 0..G-1 of 16, the rest zero), keys the N side of S = Q K^T and the K side
+// of O = P V, exactly as the prefill flash kernel lays out its rows: a 64-key tile costs a warp
+// 16 MMAs and 8 ldmatrix instead of thousands of FMAs.
+//
+// Work: block (token t, kv head, split) of 4 warps. The split's keys [lo, pos] go in 64-key
+// tiles (split boundaries as in attention.cu, in these tiles) through a 3-stage cp.async ring
+// (bf16 pages: K and V straight into swizzled tiles, kv_tile.cuh; fp8 pages: raw bytes, widened to
+// one bf16 tile). Warp w takes keys 16 w .. 16 w + 15 of every tile with its own online softmax
+// (log2 domain) over all G heads; after the last tile the 4 warps' (m, l, O) merge in shared
+// memory into one partial row per head, which leaves as attention.cu's do: to `partial` for the
+// merge launch, or merged across the cluster of splits (split_merge.cuh, the same code).
+//
+// Fused K/V store: the block whose split holds the last tile ropes k, stores k and v (bf16 or
+// fp8, rounded as rope_kv_store does) and writes the stored values into its tile's row for `pos`
+// (which the loads skip: no block reads a K/V row this launch writes). Everything read before
+// the programmatic-launch wait (positions, page tables, pages of earlier positions) was written
+// before the previous kernel started.
+#include <cooperative_groups.h>
+
+#include <atomic>
+
+#include "backend/cuda/cuda_common.h"
+#include "backend/cuda/device_utils.cuh"
+#include "backend/cuda/kernels.h"
+#include "backend/cuda/kernels/attention/attention_decode_mma.h"
+#include "backend/cuda/kernels/attention/kv_tile.cuh"
+#include "backend/cuda/kernels/attention/rope_math.cuh"
+#include "backend/cuda/kernels/attention/split_merge.cuh"
+#include "backend/cuda/tensor_core_ptx.cuh"
+#include "backend/kv_layout.h"
+
+namespace gptoss::cuda {
+
+namespace cg = cooperative_groups;
+
+namespace {
+
+constexpr int kD = 64;          // head_dim
+constexpr int kHalf = kD / 2;   // RoPE pairs
+constexpr int kMaxG = 8;        // query heads a kv head (M rows used of 16)
+constexpr int kKeys = 64;       // keys a tile
+constexpr int kWarps = 4;       // 16 keys of a tile each
+constexpr int kThreads = kWarps * 32;
+constexpr int kStages = 3;
+constexpr int kTileBytes = kKeys * kD * 2;  // one bf16 K or V tile: 8 KiB
+constexpr int kRawBytes = kKeys * kD;       // one fp8 K or V tile: 4 KiB
+// bf16: stage s at s * 16 KiB (K, then V). fp8: raw stages at s * 8 KiB, the widened bf16 tile
+// after them. After the loop the warps' outputs reuse the start.
+constexpr int kSmemBf16 = kStages * 2 * kTileBytes;
+constexpr int kSmemFp8 = kStages * 2 * kRawBytes + 2 * kTileBytes;
+constexpr float kLn2 = 0.6931471805599453f;
+constexpr int kOStride = kD + 8;  // floats a row of the warps' outputs: fewer bank conflicts on their stores
+
+using ptx::cp_async16;
+
+template <bool FP8, bool CLUSTER>
+__global__ void __launch_bounds__(kThreads) attention_decode_mma_kernel(
+    const uint16_t* __restrict__ qkv, int Hq, int Hkv, int window, TokenMeta tm, KvLayer kv, int nsplit,
+    float* __restrict__ partial, const float* __restrict__ inv_freq, float rope_scaling,
+    const float* __restrict__ sinks, uint16_t* __restrict__ out) {
+  extern __shared__ __align__(128) uint8_t smem[];
+  __shared__ __align__(16) uint16_t q_s[kMaxG][kD];  // roped q, bf16 bits; rows >= G zero
+  __shared__ __align__(16) uint16_t kv_new[2][kD];    // the token's own k and v as stored (bf16 bits)
+  __shared__ float rope_c[kHalf], rope_s[kHalf];
+  __shared__ float warp_m[kWarps][kMaxG], warp_l[kWarps][kMaxG];
+  __shared__ float merge_rows[kMaxG][kD + 2];  // the block's partial row a head (m, l, O)
+
+  const int t = blockIdx.x, kvh = blockIdx.y, split = blockIdx.z;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid & 31;
+  const int G = Hq / Hkv;
+  const int pos = tm.pos[t];
+  const int lo = window > 0 ? max(0, pos - window + 1) : 0;
+  const int ntiles = (pos - lo + kKeys) / kKeys;
+  const int per = (ntiles + nsplit - 1) / nsplit;
+  const int tile0 = min(ntiles, split * per), tile1 = min(ntiles, tile0 + per);
+  const int32_t* pt = tm.pt + tm.pt_off[t];
+  const int ps = kv.page_size;
+  const PagedKvLayout layout{ps, Hkv, kD};
+  const uint32_t sbase = ptx::smem_addr(smem);
+  const uint16_t* row = qkv + size_t(t) * (Hq + 2 * Hkv) * kD;
+
+  // Tile `tile` into stage `stage`, one cp.async group (empty past the split: the ring's
+  // accounting stays uniform). Keys past pos - 1 are zero-filled: pos is this launch's to write.
+  auto load_tile = [&](int tile, int stage) {
+    if (tile < tile1) {
+      const int k0 = lo + tile * kKeys;
+      if constexpr (!FP8) {
+        const uint32_t dst0 = sbase + stage * 2 * kTileBytes;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          const int c = tid + i * kThreads;  // 1024 chunks: (K/V, key, 16-byte chunk)
+          const int which = c >> 9, j = (c >> 3) & 63, ch = c & 7;
+          const int p = k0 + j;
+          const bool ok = p < pos;
+          const uint16_t* src = static_cast<const uint16_t*>(kv.base);
+          if (ok) src += layout.offset(pt[p / ps], which, p % ps, kvh, ch * 8);
+          cp_async16(dst0 + which * kTileBytes + kv_tile_swz(j, ch), src, ok);
+        }
+      } else {
+        const uint32_t dst0 = sbase + stage * 2 * kRawBytes;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int c = tid + i * kThreads;  // 512 chunks: (K/V, key, 16 fp8 values)
+          const int which = c >> 8, j = (c >> 2) & 63, ch = c & 3;
+          const int p = k0 + j;
+          const bool ok = p < pos;
+          const uint8_t* src = static_cast<const uint8_t*>(kv.base);
+          if (ok) src += layout.offset(pt[p / ps], which, p % ps, kvh, ch * 16);
+          cp_async16(dst0 + c * 16, src, ok);  // raw layout [K/V][key][64 bytes]
+        }
+      }
+    }
+    ptx::cp_async_commit();
+  };
+
+  // Before the wait: nothing here depends on the previous kernel (the qkv projection).
+  if (tid < kHalf) rope_cos_sin(pos, inv_freq[tid], rope_scaling, &rope_c[tid], &rope_s[tid]);
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) load_tile(tile0 + s, s);
+  pdl_begin();
+  __syncthreads();  // rope_c / rope_s
+  // q of the group's heads: rotated, rounded to bf16 (the values rope_kv_store would store).
+  for (int i = tid; i < kMaxG * kHalf; i += kThreads) {
+    const int g = i / kHalf, j = i % kHalf;
+    uint16_t a = 0, b = 0;
+    if (g < G) {
+      const uint16_t* hp = row + size_t(kvh * G + g) * kD;
+      const float2 r = rope_rotate(bf16_bits_to_f32(hp[j]), bf16_bits_to_f32(hp[j + kHalf]), rope_c[j], rope_s[j]);
+      a = f32_to_bf16_bits(r.x);
+      b = f32_to_bf16_bits(r.y);
+    }
+    q_s[g][j] = a;
+    q_s[g][j + kHalf] = b;
+  }
+  // The split that holds the last tile holds the token's position: it stores k and v.
+  const bool stores = tile0 < tile1 && tile1 == ntiles;
+  if (stores) {
+    const int page = pt[pos / ps], slot = pos % ps;
+    if (tid < kHalf) {  // k: rotate, round to bf16 (and fp8), store
+      const uint16_t* kp = row + size_t(Hq + kvh) * kD;
+      const float2 r = rope_rotate(bf16_bits_to_f32(kp[tid]), bf16_bits_to_f32(kp[tid + kHalf]), rope_c[tid],
+                                   rope_s[tid]);
+      const float r1 = round_to_bf16(r.x), r2 = round_to_bf16(r.y);
+      const size_t o = layout.offset(page, 0, slot, kvh, tid);
+      if (kv.fp8) {
+        uint8_t* b = static_cast<uint8_t*>(kv.base);
+        const uint8_t b1 = f32_to_fp8_bits(r1), b2 = f32_to_fp8_bits(r2);
+        b[o] = b1;
+        b[o + kHalf] = b2;
+        kv_new[0][tid] = f32_to_bf16_bits(fp8_bits_to_f32(b1));
+        kv_new[0][tid + kHalf] = f32_to_bf16_bits(fp8_bits_to_f32(b2));
+      } else {
+        uint16_t* b = static_cast<uint16_t*>(kv.base);
+        b[o] = f32_to_bf16_bits(r1);
+        b[o + kHalf] = f32_to_bf16_bits(r2);
+        kv_new[0][tid] = f32_to_bf16_bits(r1);
+        kv_new[0][tid + kHalf] = f32_to_bf16_bits(r2);
+      }
+    } else if (tid >= 64) {  // v: stored as is (fp8: rounded)
+      const int i = tid - 64;
+      const uint16_t* vp = row + size_t(Hq + Hkv + kvh) * kD;
+      const size_t o = layout.offset(page, 1, slot, kvh, i);
+      if (kv.fp8) {
+        const uint8_t b = f32_to_fp8_bits(bf16_bits_to_f32(vp[i]));
+        static_cast<uint8_t*>(kv.base)[o] = b;
+        kv_new[1][i] = f32_to_bf16_bits(fp8_bits_to_f32(b));
+      } else {
+        static_cast<uint16_t*>(kv.base)[o] = vp[i];
+        kv_new[1][i] = vp[i];
+      }
+    }
+  }
+  __syncthreads();  // q_s, kv_new
+
+  // Q as A fragments (m16n8k16, row = head): a0 row g cols 2q..2q+1, a2 the same 8 columns on;
+  // a1 and a3 are rows 8..15, always zero.
+  const int gr = lane >> 2, qc = 2 * (lane & 3);
+  uint32_t qa[4][4];
+#pragma unroll
+  for (int ks = 0; ks < 4; ++ks) {
+    qa[ks][0] = *reinterpret_cast<const uint32_t*>(&q_s[gr][16 * ks + qc]);
+    qa[ks][2] = *reinterpret_cast<const uint32_t*>(&q_s[gr][16 * ks + 8 + qc]);
+    qa[ks][1] = qa[ks][3] = 0u;
+  }
+  const float sc = rsqrtf(float(kD)) * kLog2e;
+  float m = -INFINITY, l = 0.f;  // row gr's running max (log2 units) and this thread's part of the sum
+  float o[8][2];                 // row gr, dims 8 nb + qc + {0, 1}
+#pragma unroll
+  for (int nb = 0; nb < 8; ++nb) o[nb][0] = o[nb][1] = 0.f;
+
+  for (int tile = tile0; tile < tile1; ++tile) {
+    const int it = tile - tile0, stage = it % kStages;
+    load_tile(tile + kStages - 1, (it + kStages - 1) % kStages);
+    ptx::cp_async_wait<kStages - 1>();
+    __syncthreads();
+    const int k0 = lo + tile * kKeys;
+    uint32_t kt;  // byte address of the bf16 K tile (V follows)
+    if constexpr (FP8) {
+      // Widen the raw stage to the bf16 tile (e4m3 values are exact in bf16); pos's row from kv_new.
+      const uint8_t* raw = smem + stage * 2 * kRawBytes;
+      uint8_t* dst = smem + kStages * 2 * kRawBytes;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int c = tid + i * kThreads;
+        const int which = c >> 8, j = (c >> 2) & 63, ch = c & 3;
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int chunk = 2 * ch + half;
+          const uint4 v = k0 + j == pos ? *reinterpret_cast<const uint4*>(&kv_new[which][chunk * 8])
+                                        : widen_fp8x8_to_bf16(*reinterpret_cast<const uint2*>(raw + c * 16 + half * 8));
+          *reinterpret_cast<uint4*>(dst + which * kTileBytes + kv_tile_swz(j, chunk)) = v;
+        }
+      }
+      kt = sbase + kStages * 2 * kRawBytes;
+      __syncthreads();
+    } else {
+      kt = sbase + stage * 2 * kTileBytes;
+      if (k0 + kKeys > pos) {  // the tile holding pos (block-uniform): its row from kv_new
+        if (tid < 16) {
+          const int which = tid >> 3, ch = tid & 7;
+          *reinterpret_cast<uint4*>(smem + stage * 2 * kTileBytes + which * kTileBytes + kv_tile_swz(pos - k0, ch)) =
+              *reinterpret_cast<const uint4*>(&kv_new[which][ch * 8]);
+        }
+        __syncthreads();
+      }
+    }
+    const uint32_t vt = kt + kTileBytes;
+    const int kw = k0 + 16 * warp;  // the warp's first key
+    if (kw <= pos) {                // warp-uniform: a slice past pos is an exact no-op
+      float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+#pragma unroll
+      for (int ks = 0; ks < 4; ++ks) {
+        uint32_t b[4];
+        ptx::ldmatrix_x4(b, kt + kv_tile_swz(16 * warp + (lane & 7) + (lane >> 4) * 8, 2 * ks + ((lane >> 3) & 1)));
+        ptx::mma_bf16_16816(s[0], qa[ks], b[0], b[1]);
+        ptx::mma_bf16_16816(s[1], qa[ks], b[2], b[3]);
+      }
+      // Row gr's elements: (nb, e) is key kw + 8 nb + qc + e (e < 2; e >= 2 are the zero rows).
+      float mx = -INFINITY;
+#pragma unroll
+      for (int nb = 0; nb < 2; ++nb)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const float v = kw + 8 * nb + qc + e <= pos ? s[nb][e] * sc : -INFINITY;
+          s[nb][e] = v;
+          mx = fmaxf(mx, v);
+        }
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float mnew = fmaxf(m, mx);  // finite: the slice's first key is <= pos
+      const float corr = fast_exp2(m - mnew);
+      m = mnew;
+      const float p00 = fast_exp2(s[0][0] - mnew), p01 = fast_exp2(s[0][1] - mnew);
+      const float p10 = fast_exp2(s[1][0] - mnew), p11 = fast_exp2(s[1][1] - mnew);
+      l = l * corr + (p00 + p01 + p10 + p11);
+      const uint32_t pa[4] = {pack_bf16x2(p00, p01), 0u, pack_bf16x2(p10, p11), 0u};
+#pragma unroll
+      for (int nb = 0; nb < 8; ++nb) {
+        o[nb][0] *= corr;
+        o[nb][1] *= corr;
+      }
+#pragma unroll
+      for (int dp = 0; dp < 4; ++dp) {
+        uint32_t b[4];
+        ptx::ldmatrix_x4_trans(b, vt + kv_tile_swz(16 * warp + (lane & 7) + ((lane >> 3) & 1) * 8, 2 * dp + (lane >> 4)));
+        float c0[4] = {o[2 * dp][0], o[2 * dp][1], 0.f, 0.f};
+        float c1[4] = {o[2 * dp + 1][0], o[2 * dp + 1][1], 0.f, 0.f};
+        ptx::mma_bf16_16816(c0, pa, b[0], b[1]);
+        ptx::mma_bf16_16816(c1, pa, b[2], b[3]);
+        o[2 * dp][0] = c0[0];
+        o[2 * dp][1] = c0[1];
+        o[2 * dp + 1][0] = c1[0];
+        o[2 * dp + 1][1] = c1[1];
+      }
+    }
+    __syncthreads();  // the stage is free for the load kStages - 1 tiles ahead
+  }
+  ptx::cp_async_wait<0>();  // the ring's trailing (empty) groups
+  __syncthreads();
+
+  // The 4 warps' states -> one partial row a head. l: the quad's four parts.
+  l += __shfl_xor_sync(0xffffffffu, l, 1);
+  l += __shfl_xor_sync(0xffffffffu, l, 2);
+  float* warp_o = reinterpret_cast<float*>(smem);  // [warp][head][kOStride], over the dead stages
+  if (gr < G) {
+    if ((lane & 3) == 0) {
+      warp_m[warp][gr] = m;
+      warp_l[warp][gr] = l;
+    }
+#pragma unroll
+    for (int nb = 0; nb < 8; ++nb)
+      *reinterpret_cast<float2*>(&warp_o[(warp * kMaxG + gr) * kOStride + 8 * nb + qc]) = make_float2(o[nb][0], o[nb][1]);
+  }
+  __syncthreads();
+  {
+    const int g = tid / 16, d0 = (tid % 16) * 4;  // 16 threads a head, 4 dims each
+    if (g < G) {
+      float M = -INFINITY;
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) M = fmaxf(M, warp_m[w][g]);
+      float L = 0.f, acc[4] = {0.f, 0.f, 0.f, 0.f};
+      if (M != -INFINITY) {
+#pragma unroll
+        for (int w = 0; w < kWarps; ++w) {
+          const float f = fast_exp2(warp_m[w][g] - M);  // a warp without keys: 2^-inf = 0
+          L += warp_l[w][g] * f;
+          const float4 v = *reinterpret_cast<const float4*>(&warp_o[(w * kMaxG + g) * kOStride + d0]);
+          acc[0] += v.x * f;
+          acc[1] += v.y * f;
+          acc[2] += v.z * f;
+          acc[3] += v.w * f;
+        }
+      }
+      if (d0 == 0) {
+        merge_rows[g][0] = M * kLn2;  // natural-log units, as split_merge.cuh expects
+        merge_rows[g][1] = L;
+      }
+#pragma unroll
+      for (int i = 0; i < 4; ++i) merge_rows[g][2 + d0 + i] = acc[i];
+    }
+  }
+  if constexpr (!CLUSTER) {
+    __syncthreads();
+    for (int i = tid; i < G * (kD + 2); i += kThreads) {
+      const int g = i / (kD + 2), e = i % (kD + 2);
+      partial[((size_t(t) * Hq + kvh * G + g) * nsplit + split) * (kD + 2) + e] = merge_rows[g][e];
+    }
+  } else {
+    // The nsplit (= gridDim.z = cluster size) blocks of this (token, kv head) merge through
+    // distributed shared memory: block r merges the heads g with g % nsplit == r.
+    if (nsplit == 1) {
+      __syncthreads();
+      for (int g = warp; g < G; g += kWarps)
+        merge_splits<kD>([&](int) { return &merge_rows[g][0]; }, 1, sinks[kvh * G + g],
+                         out + (size_t(t) * Hq + kvh * G + g) * kD, lane);
+    } else {
+      cg::cluster_group cluster = cg::this_cluster();
+      cluster.sync();  // every split's rows are in its shared memory
+      for (int g = warp; g < G; g += kWarps)
+        if (g % nsplit == int(cluster.block_rank())) {
+          float* mine = &merge_rows[g][0];
+          merge_splits<kD>([&](int s) { return static_cast<const float*>(cluster.map_shared_rank(mine, s)); },
+                           nsplit, sinks[kvh * G + g], out + (size_t(t) * Hq + kvh * G + g) * kD, lane);
+        }
+      cluster.sync();  // the others' shared memory stays alive until every block has read it
+    }
+  }
+}
+
+// Shared memory past the 48 KiB default is an opt-in per kernel and device; clusters past the
+// portable 8 blocks too.
+template <bool FP8, bool CLUSTER>
+void opt_in(int nsplit) {
+  static std::atomic<uint64_t> done{0}, big_cluster{0};
+  int dev = 0;
+  GPTOSS_CUDA_CHECK(cudaGetDevice(&dev));
+  const uint64_t bit = uint64_t(1) << (dev & 63);
+  auto* k = attention_decode_mma_kernel<FP8, CLUSTER>;
+  if (!(done.load() & bit)) {
+    GPTOSS_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, FP8 ? kSmemFp8 : kSmemBf16));
+    done.fetch_or(bit);
+  }
+  if (CLUSTER && nsplit > 8 && !(big_cluster.load() & bit)) {
+    GPTOSS_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+    big_cluster.fetch_or(bit);
+  }
+}
+
+template <bool FP8, bool CLUSTER>
+void launch(const uint16_t* q, int n, int Hq, int Hkv, int window, const float* sinks, const float* inv_freq,
+            float scaling, const TokenMeta& tm, const KvLayer& kv, int nsplit, float* partial, uint16_t* o,
+            cudaStream_t s) {
+  opt_in<FP8, CLUSTER>(nsplit);
+  const dim3 cluster(1, 1, CLUSTER ? unsigned(nsplit) : 1u);
+  launch_pdl_cluster(attention_decode_mma_kernel<FP8, CLUSTER>, dim3(n, Hkv, nsplit), dim3(kThreads),
+                     FP8 ? kSmemFp8 : kSmemBf16, cluster, s, q, Hq, Hkv, window, tm, kv, nsplit, partial, inv_freq,
+                     scaling, sinks, o);
+  GPTOSS_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace
+
+bool attention_decode_mma_supported(int Hq, int Hkv, int D) {
+  return D == kD && Hkv > 0 && Hq % Hkv == 0 && Hq / Hkv <= kMaxG;
+}
+
+void attention_decode_mma(const uint16_t* q, int n, int Hq, int Hkv, int window, const float* sinks,
+                          const float* inv_freq, float scaling, const TokenMeta& tm, const KvLayer& kv, int nsplit,
+                          bool cluster, float* partial, uint16_t* out, cudaStream_t s) {
+  if (kv.fp8) {
+    if (cluster)
+      launch<true, true>(q, n, Hq, Hkv, window, sinks, inv_freq, scaling, tm, kv, nsplit, partial, out, s);
+    else
+      launch<true, false>(q, n, Hq, Hkv, window, sinks, inv_freq, scaling, tm, kv, nsplit, partial, out, s);
+  } else {
+    if (cluster)
+      launch<false, true>(q, n, Hq, Hkv, window, sinks, inv_freq, scaling, tm, kv, nsplit, partial, out, s);
+    else
+      launch<false, false>(q, n, Hq, Hkv, window, sinks, inv_freq, scaling, tm, kv, nsplit, partial, out, s);
+  }
+}
+
+}  // namespace gptoss::cuda
