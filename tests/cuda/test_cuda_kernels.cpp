@@ -1289,7 +1289,7 @@ TEST(DecodeAttentionPlan, ClustersWithinAWaveSplitsForLongContexts) {
   for (int Hkv : {1, 4, 8})
     for (int n = 1; n <= 64; ++n) {
       const int split = std::clamp((264 + n * Hkv - 1) / (n * Hkv), 1, 32);  // CudaBackend::splits_for
-      const cuda::DecodeAttentionPlan shortp = cuda::decode_attention_plan(n, Hkv, 100, split);
+      const cuda::DecodeAttentionPlan shortp = cuda::decode_attention_plan(n, Hkv, 100, split, 8, false);
       const std::string at = "n=" + std::to_string(n) + " Hkv=" + std::to_string(Hkv);
       ASSERT_TRUE(shortp.cluster) << at;
       EXPECT_EQ(shortp.nsplit & (shortp.nsplit - 1), 0) << at;
@@ -1297,7 +1297,7 @@ TEST(DecodeAttentionPlan, ClustersWithinAWaveSplitsForLongContexts) {
       EXPECT_TRUE(shortp.nsplit == 1 || n * Hkv * shortp.nsplit <= 528) << at;
       EXPECT_TRUE(shortp.nsplit == 8 || n * Hkv * shortp.nsplit * 2 > 528) << at << ": room for more splits";
       for (int keys : {1, 128, 576, 2048, 4096, 32768, 131072}) {
-        const cuda::DecodeAttentionPlan p = cuda::decode_attention_plan(n, Hkv, keys, split);
+        const cuda::DecodeAttentionPlan p = cuda::decode_attention_plan(n, Hkv, keys, split, 8, false);
         const int tiles = (keys + 31) / 32;
         if (p.cluster) {
           EXPECT_EQ(p.nsplit, shortp.nsplit) << at << " keys=" << keys;
@@ -1311,9 +1311,45 @@ TEST(DecodeAttentionPlan, ClustersWithinAWaveSplitsForLongContexts) {
     }
   // gpt-oss at one sequence: 8 splits in a cluster at short context, 32 through the merge kernel
   // past 2048 keys.
-  EXPECT_TRUE(cuda::decode_attention_plan(1, 8, 576, 32).cluster);
-  EXPECT_EQ(cuda::decode_attention_plan(1, 8, 576, 32).nsplit, 8);
-  EXPECT_FALSE(cuda::decode_attention_plan(1, 8, 4096, 32).cluster);
+  EXPECT_TRUE(cuda::decode_attention_plan(1, 8, 576, 32, 8, false).cluster);
+  EXPECT_EQ(cuda::decode_attention_plan(1, 8, 576, 32, 8, false).nsplit, 8);
+  EXPECT_FALSE(cuda::decode_attention_plan(1, 8, 4096, 32, 8, false).cluster);
+}
+
+// The tensor-core kernel's plan (host only): always plan.mma; one split up to 3 tiles of 64 keys
+// (the sliding layers); clusters of a power of two, at most one split a tile and within a wave;
+// split-and-merge for long contexts. The gpt-oss choices measured best on the H200.
+TEST(DecodeAttentionPlan, TensorCorePlan) {
+  auto plan = [](int n, int keys) {
+    const int split = std::clamp((264 + n * 8 - 1) / (n * 8), 1, 32);  // CudaBackend::splits_for
+    return cuda::decode_attention_plan(n, 8, keys, split);
+  };
+  for (int n = 1; n <= 64; ++n)
+    for (int keys : {1, 64, 128, 192, 256, 512, 2048, 4096, 32768, 131072}) {
+      const cuda::DecodeAttentionPlan p = plan(n, keys);
+      const std::string at = "n=" + std::to_string(n) + " keys=" + std::to_string(keys);
+      EXPECT_TRUE(p.mma) << at;
+      EXPECT_GE(p.nsplit, 1) << at;
+      EXPECT_LE(p.nsplit, 32) << at;
+      if (keys <= 192) EXPECT_EQ(p.nsplit, 1) << at;
+      if (p.cluster) {
+        EXPECT_EQ(p.nsplit & (p.nsplit - 1), 0) << at;
+        EXPECT_LE(p.nsplit, 8) << at;
+        EXPECT_LE(p.nsplit, (keys + 63) / 64) << at;
+        EXPECT_TRUE(p.nsplit == 1 || n * 8 * p.nsplit <= 528) << at;
+      }
+    }
+  auto same = [](cuda::DecodeAttentionPlan p, int nsplit, bool cluster) {
+    return p.nsplit == nsplit && p.cluster == cluster;
+  };
+  EXPECT_TRUE(same(plan(1, 128), 1, true));    // sliding layer
+  EXPECT_TRUE(same(plan(1, 512), 8, true));    // a split a tile
+  EXPECT_TRUE(same(plan(1, 4096), 32, false)); // long: 32 splits and the merge launch
+  EXPECT_TRUE(same(plan(8, 512), 4, true));    // clusters of 8 would not fit a wave whole
+  EXPECT_TRUE(same(plan(32, 512), 2, true));
+  EXPECT_TRUE(same(plan(32, 4096), 2, false));
+  EXPECT_TRUE(same(plan(64, 512), 1, true));
+  EXPECT_TRUE(same(plan(64, 4096), 1, false));
 }
 
 // The fused kernel against rope_kv_store + attention with the same splits: the same output bits

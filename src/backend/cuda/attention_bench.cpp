@@ -190,6 +190,10 @@ void bench_decode_attention(const GptOssConfig& c, int tokens, int iters) {
         plans.push_back(DecodeAttentionPlan{split_nsplit, false, true});
         for (int cs = 1; cs <= kDecodeClusterMax; cs *= 2) plans.push_back(DecodeAttentionPlan{cs, true, true});
         const DecodeAttentionPlan chosen = decode_attention_plan(n, Hkv, keys, split_nsplit);
+        bool listed = false;
+        for (size_t k = 1; k < plans.size(); ++k)
+          listed |= plans[k].nsplit == chosen.nsplit && plans[k].cluster == chosen.cluster && plans[k].mma == chosen.mma;
+        if (!listed) plans.push_back(chosen);
         // rope_kv_store rotates qkv in place: the outputs compared start from the unrotated copy;
         // timed launches rotate over and over with the YaRN scaling at 1 (values stay bounded).
         auto launch = [&](size_t k, bf16_t* o, float scaling) {

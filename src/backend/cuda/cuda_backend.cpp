@@ -784,8 +784,8 @@ int CudaBackend::plan_decode_attention(const Staged& st, int n, bool one_each, P
     m->attn_full = m->attn_sliding = DecodeAttentionPlan{splits_for(n), false, true};
   } else {
     const int most = decode_attn_ == DecodeAttn::kAuto16 ? 16 : 8;
-    m->attn_full = decode_attention_plan(n, cfg_.num_kv_heads, full_keys, splits_for(n), most);
-    m->attn_sliding = decode_attention_plan(n, cfg_.num_kv_heads, sliding_keys, splits_for(n), most);
+    m->attn_full = decode_attention_plan(n, cfg_.num_kv_heads, full_keys, splits_for(n), most, decode_attn_mma_);
+    m->attn_sliding = decode_attention_plan(n, cfg_.num_kv_heads, sliding_keys, splits_for(n), most, decode_attn_mma_);
   }
   m->attn_full.mma = m->attn_sliding.mma = decode_attn_mma_;
   auto code = [](const DecodeAttentionPlan& p) { return (p.nsplit * 2 + (p.cluster ? 1 : 0)) * 2 + (p.mma ? 1 : 0); };

@@ -270,8 +270,10 @@ struct DecodeAttentionPlan {
 // The plan for n tokens whose longest key range (positions seen) is max_keys: a cluster of as
 // many splits as the launch has room for (at most max_cluster; 8 is the portable size, 16 needs
 // Hopper's opt-in), unless the context is long enough that split_nsplit (the backend's splits for
-// split-and-merge, more than a cluster) walks fewer tiles a block.
-DecodeAttentionPlan decode_attention_plan(int n, int Hkv, int max_keys, int split_nsplit, int max_cluster = 8);
+// split-and-merge, more than a cluster) walks fewer tiles a block. mma: the tensor-core kernel's
+// plan (attention_decode_mma.h: fewer, longer splits), with plan.mma set.
+DecodeAttentionPlan decode_attention_plan(int n, int Hkv, int max_keys, int split_nsplit, int max_cluster = 8,
+                                          bool mma = true);
 void attention_decode(const bf16_t* qkv, int n, int Hq, int Hkv, int D, int window, const float* sinks,
                       const float* inv_freq, float attn_scaling, const TokenMeta& tm, const KvLayer& kv,
                       const DecodeAttentionPlan& plan, float* partial, bf16_t* out, cudaStream_t s);

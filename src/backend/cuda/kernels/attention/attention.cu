@@ -389,15 +389,16 @@ void attention(const bf16_t* qkv, int n, int Hq, int Hkv, int D, int window, con
   GPTOSS_CUDA_LAUNCH_CHECK();
 }
 
-DecodeAttentionPlan decode_attention_plan(int n, int Hkv, int max_keys, int split_nsplit, int max_cluster) {
-  // As many cluster splits as the block budget allows (empty splits cost a block that only
+DecodeAttentionPlan decode_attention_plan(int n, int Hkv, int max_keys, int split_nsplit, int max_cluster, bool mma) {
+  if (mma) return decode_attention_mma_plan(n, Hkv, max_keys, split_nsplit, max_cluster);
+  // The CUDA-core kernel: as many cluster splits as the block budget allows (empty splits cost a block that only
   // syncs: the plan does not follow the context, so a captured graph serves every step).
   int c = 1;
   max_cluster = std::clamp(max_cluster, 1, kDecodeClusterMax);
   while (2 * c <= max_cluster && n * Hkv * c * 2 <= kDecodeBlockBudget) c *= 2;
   const int tiles = (std::max(max_keys, 1) + kTile - 1) / kTile;
-  if ((tiles + c - 1) / c > kClusterMaxTiles && split_nsplit > c) return DecodeAttentionPlan{split_nsplit, false, true};
-  return DecodeAttentionPlan{c, true, true};
+  if ((tiles + c - 1) / c > kClusterMaxTiles && split_nsplit > c) return DecodeAttentionPlan{split_nsplit, false};
+  return DecodeAttentionPlan{c, true};
 }
 
 namespace {

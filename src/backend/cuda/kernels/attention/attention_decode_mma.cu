@@ -24,6 +24,7 @@
 // before the previous kernel started.
 #include <cooperative_groups.h>
 
+#include <algorithm>
 #include <atomic>
 
 #include "backend/cuda/cuda_common.h"
@@ -386,6 +387,18 @@ void launch(const uint16_t* q, int n, int Hq, int Hkv, int window, const float* 
 }
 
 }  // namespace
+
+DecodeAttentionPlan decode_attention_mma_plan(int n, int Hkv, int max_keys, int split_nsplit, int max_cluster) {
+  constexpr int kWave = 528, kWaveBigClusters = 396;
+  const int tiles = (std::max(max_keys, 1) + kKeys - 1) / kKeys;
+  const int most = std::min(std::clamp(max_cluster, 1, kDecodeClusterMax), tiles <= 3 ? 1 : tiles);
+  int c = 1;
+  while (2 * c <= most && n * Hkv * 2 * c <= (2 * c >= 4 ? kWaveBigClusters : kWave)) c *= 2;
+  const int per = (tiles + c - 1) / c;  // tiles a cluster split walks
+  if (split_nsplit > c && per > 4) return DecodeAttentionPlan{std::min(split_nsplit, 32), false, true};
+  if (per > 8) return DecodeAttentionPlan{c, false, true};
+  return DecodeAttentionPlan{c, true, true};
+}
 
 bool attention_decode_mma_supported(int Hq, int Hkv, int D) {
   return D == kD && Hkv > 0 && Hq % Hkv == 0 && Hq / Hkv <= kMaxG;
