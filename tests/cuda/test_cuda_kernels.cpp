@@ -399,16 +399,39 @@ TEST_F(Kernels, MoeMxfp4ExpertGemmV2) {
       if (path == 2 || c.n > cuda::kSkinnyMaxTokens) check_moe(c, path);
 }
 
-// The MoE block through expert GEMM version 3 (Hopper wgmma), both layouts; skipped elsewhere.
+// The MoE block through expert GEMM version 3 (Hopper wgmma), both layouts, 64-row tiles (one
+// warpgroup a CTA) and 128-row tiles (two sharing the decoded weights); skipped elsewhere.
 TEST_F(Kernels, MoeMxfp4ExpertGemmV3) {
   if (!cuda::expert_gemm_v3_available()) GTEST_SKIP() << "expert GEMM v3 needs sm_90a (Hopper)";
   std::vector<MoeCase> cases = {{1, 128, 4, 2880, 2880}, {33, 128, 4, 2880, 2880}, {129, 32, 4, 2880, 2880},
                                 {2049, 32, 4, 256, 256}, {7, 8, 2, 64, 64}};
   if (small_mode()) cases = {{1, 8, 2, 64, 64}, {33, 8, 4, 128, 64}};
   cuda::set_expert_gemm_version(3);
-  for (auto& c : cases)
-    for (int path : {2, 3})
-      if (path == 2 || c.n > cuda::kSkinnyMaxTokens) check_moe(c, path);
+  for (int tile_rows : {64, 128}) {
+    cuda::set_expert_gemm_v3_tile_rows(tile_rows);
+    SCOPED_TRACE("v3 tile rows " + std::to_string(tile_rows));
+    for (auto& c : cases)
+      for (int path : {2, 3})
+        if (path == 2 || c.n > cuda::kSkinnyMaxTokens) check_moe(c, path);
+  }
+  cuda::set_expert_gemm_v3_tile_rows(-1);
+  cuda::set_expert_gemm_version(0);
+}
+
+// Version 3's tile height rule: 128-row tiles once the experts average 48 pairs or more (120b and
+// 20b at 2048 tokens), 64-row ones below; GPTOSS_EXPERT_GEMM_TILE_M's values only.
+TEST_F(Kernels, ExpertGemmV3TileRows) {
+  EXPECT_EQ(cuda::expert_gemm_v3_auto_tile_rows(2048 * 4, 128), 128);
+  EXPECT_EQ(cuda::expert_gemm_v3_auto_tile_rows(2048 * 4, 32), 128);
+  EXPECT_EQ(cuda::expert_gemm_v3_auto_tile_rows(48 * 128, 128), 128);
+  EXPECT_EQ(cuda::expert_gemm_v3_auto_tile_rows(48 * 128 - 1, 128), 64);
+  EXPECT_EQ(cuda::expert_gemm_v3_auto_tile_rows(512 * 4, 128), 64);
+  EXPECT_THROW(cuda::set_expert_gemm_v3_tile_rows(96), Error);
+  cuda::set_expert_gemm_v3_tile_rows(128);
+  EXPECT_EQ(cuda::expert_gemm_v3_tile_rows(), 128);
+  cuda::set_expert_gemm_v3_tile_rows(0);
+  EXPECT_EQ(cuda::expert_gemm_v3_tile_rows(), 0);
+  cuda::set_expert_gemm_v3_tile_rows(-1);
 }
 
 // Version 3's shared-memory layout and wgmma descriptors on one dense tile, C = A . B^T with A
@@ -549,15 +572,22 @@ void check_expert_gemm(const std::vector<int>& counts, int n_tokens, int H, int 
   ASSERT_EQ(flag.download()[0], 0);
   ASSERT_TRUE(cuda::expert_gemm_v2_supports(pgu, dx.p(), H, n_tokens, Epilogue{Epilogue::kSwiGLU, nullptr, I}));
   cuda::set_linear_path(2);
-  // Versions 1, 2 and (on Hopper) 3, each on both layouts.
-  const int versions = cuda::expert_gemm_v3_available() ? 3 : 2;
-  for (int run = 0; run < 2 * versions; ++run) {
-    const int version = 1 + run % versions;
-    const bool frag = run >= versions;
+  // Versions 1, 2 and (on Hopper) 3 with 64-row and with 128-row tiles, each on both layouts.
+  struct Run {
+    int version, tile_rows;
+  };
+  std::vector<Run> configs = {{1, 0}, {2, 0}};
+  if (cuda::expert_gemm_v3_available()) configs.insert(configs.end(), {{3, 64}, {3, 128}});
+  const int nc = int(configs.size());
+  for (int run = 0; run < 2 * nc; ++run) {
+    const int version = configs[run % nc].version, tile_rows = configs[run % nc].tile_rows;
+    const bool frag = run >= nc;
     const WeightMat& gu_w = frag ? pgu : gu;
     const WeightMat& dn_w = frag ? pdn : dn;
-    const char* layout = frag ? "fragments" : "checkpoint";
+    const std::string layout = std::string(frag ? "fragments" : "checkpoint") +
+                               (tile_rows ? ", " + std::to_string(tile_rows) + "-row tiles" : "");
     cuda::set_expert_gemm_version(version);
+    if (tile_rows) cuda::set_expert_gemm_v3_tile_rows(tile_rows);
     Dev<uint16_t> act(size_t(P) * I);
     Dev<float> y(size_t(P) * H), out(std::vector<float>(size_t(n_tokens) * H, 0.f));
     cuda::linear_grouped(gu_w, dx.p(), H, P, E, true, rt.r, Epilogue{Epilogue::kSwiGLU, act.p(), I}, 0, n_tokens);
@@ -585,19 +615,22 @@ void check_expert_gemm(const std::vector<int>& counts, int n_tokens, int H, int 
         out_ref[size_t(rt.pair_token[p]) * H + h] += rt.pair_weight[p] * y_ref[size_t(p) * H + h];
     EXPECT_LE(rel_err(gout, out_ref), 1e-3) << "scatter-add v" << version << " " << layout;
     std::printf("expert gemm v%d %s: %d pairs over %d experts, H=%d I=%d: worst rel err gate_up %.3g down %.3g\n",
-                version, layout, P, E, H, I, worst_act, worst_y);
+                version, layout.c_str(), P, E, H, I, worst_act, worst_y);
   }
+  cuda::set_expert_gemm_v3_tile_rows(-1);
+  cuda::set_expert_gemm_version(0);
 }
 
-// Pairs per expert 0, 1, 63, 64, 65, 127-129, 255-257 and 2048 (8192 pairs in all) at small
-// widths (tail column tiles in both GEMMs); 120b/20b widths (2880) with 1..130 pairs per expert
-// at expert indices up to 31; a single pair.
+// Pairs per expert 0, 1, 63, 64, 65, 127-129, 192, 255-257 and 2048 at small widths (tail column
+// tiles in both GEMMs; for 128-row tiles: a second warpgroup with no rows, one row, a full 64, a
+// last tile of 64 rows); 120b/20b widths (2880) with 1..130 pairs per expert at expert indices up
+// to 31; a single pair.
 TEST_F(Kernels, ExpertGemmAwkwardGroups) {
   if (small_mode()) {
     check_expert_gemm({0, 1, 63, 64, 65, 0, 130, 2}, 200, 128, 64);
     return;
   }
-  check_expert_gemm({0, 1, 63, 64, 65, 2048, 0, 128, 129, 255, 256, 257, 2048, 2048, 830, 0}, 2048, 320, 192);
+  check_expert_gemm({0, 1, 63, 64, 65, 127, 2048, 0, 128, 129, 192, 255, 256, 257, 2048, 2048, 830, 0}, 2048, 320, 192);
   std::vector<int> real(32, 0);
   real[0] = 1, real[3] = 63, real[17] = 65, real[30] = 64, real[31] = 130;
   check_expert_gemm(real, 300, 2880, 2880);

@@ -3,6 +3,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <functional>
 #include <random>
@@ -224,22 +225,29 @@ int run_kernel_bench(const KernelBenchOptions& o) {
     set_linear_path(0);
     // Prefill: the grouped expert GEMM, version 1 (gemm_kernel) against version 2 (tall tiles,
     // 4-stage pipeline, weights decoded into the MMA registers) and, on Hopper, version 3 (wgmma,
-    // weights decoded into shared memory), on the checkpoint layout and on
+    // weights decoded into shared memory) with 64-row and with 128-row tiles (its automatic
+    // choice here is named in the row), on the checkpoint layout and on
     // the fragment layout; gate_up with the SwiGLU epilogue and down storing f32 rows as the
     // backend runs them. TFLOP/s count 2 * pairs * N * K.
     auto* y2 = M > kSkinnyMaxTokens ? dev_alloc<float>(size_t(P) * H, owned) : nullptr;
     auto prefill_versions = [&](const WeightMat& gw, const WeightMat& dw, const char* layout) {
       if (M <= kSkinnyMaxTokens) return;
       set_linear_path(2);
-      for (int version : {1, 2, 3}) {
+      const int auto_rows = expert_gemm_v3_auto_tile_rows(P, E);
+      for (int config = 0; config < 4; ++config) {
+        const int version = std::min(config + 1, 3), tile_rows = config == 2 ? 64 : config == 3 ? 128 : 0;
         if (version == 3 && !expert_gemm_v3_available()) continue;  // Hopper wgmma only
         set_expert_gemm_version(version);
+        if (tile_rows) set_expert_gemm_v3_tile_rows(tile_rows);
         const double us_gu = timer.us(o.iters, [&](int i) { linear_grouped(gw, xb, H, P, E, true, routes[i % R], g, s, M); });
         const double us_dn = timer.us(o.iters, [&](int i) {
           linear_grouped(dw, act, I, P, E, false, down_routes[i % R], Epilogue{Epilogue::kStoreF32, y2, H}, s, M);
         });
         const double tf_gu = 2.0 * P * 2 * I * H / us_gu / 1e6, tf_dn = 2.0 * P * H * I / us_dn / 1e6;
-        const std::string v = "expert GEMM v" + std::to_string(version) + " " + layout;
+        std::string v = "expert GEMM v" + std::to_string(version);
+        if (tile_rows)
+          v += " m" + std::to_string(tile_rows) + (tile_rows == auto_rows ? " (auto)" : "");
+        v += std::string(" ") + layout;
         const std::string vg = v + ", " + std::to_string(int(tf_gu)) + " TFLOP/s";
         const std::string vd = v + ", " + std::to_string(int(tf_dn)) + " TFLOP/s";
         row("experts gate_up (mxfp4, swiglu)", shape + ", " + std::to_string(2 * I) + "x" + std::to_string(H),
@@ -249,6 +257,7 @@ int run_kernel_bench(const KernelBenchOptions& o) {
         std::printf("| experts gate_up + down | %s | %s | %.2f | |\n", shape.c_str(), v.c_str(), us_gu + us_dn);
       }
       set_expert_gemm_version(0);  // back to GPTOSS_EXPERT_GEMM's choice
+      set_expert_gemm_v3_tile_rows(-1);  // and GPTOSS_EXPERT_GEMM_TILE_M's
       set_linear_path(0);
     };
     prefill_versions(gu, dn, "checkpoint");

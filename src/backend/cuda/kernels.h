@@ -118,8 +118,16 @@ void expert_gemm_v2(const WeightMat& W, const bf16_t* A, int lda, int pairs, int
 // elsewhere linear_grouped falls back to version 2. Takes what version 2 takes.
 bool expert_gemm_v3_available();
 bool expert_gemm_v3_supports(const WeightMat& W, const void* A, int lda, int a_rows, const Epilogue& epi);
+// Row tiles of 64 sorted pairs (one warpgroup a CTA) or 128 (two warpgroups sharing each decoded
+// weight tile), picked per launch by expert_gemm_v3_auto_tile_rows(pairs, E) unless forced:
+// GPTOSS_EXPERT_GEMM_TILE_M=64|128|auto (read once) or set_expert_gemm_v3_tile_rows (tests,
+// bench: 64, 128, 0 = auto, -1 = back to the environment's choice). expert_gemm_v3_tile_rows():
+// the forced height, 0 when automatic.
 void expert_gemm_v3(const WeightMat& W, const bf16_t* A, int lda, int pairs, int E, bool gather_a, const MoeRouting& r,
                     const Epilogue& epi, cudaStream_t s);
+int expert_gemm_v3_tile_rows();
+void set_expert_gemm_v3_tile_rows(int rows);
+int expert_gemm_v3_auto_tile_rows(int pairs, int E);
 // Test hook for version 3's shared-memory layout and descriptors: C [64][128] f32 = A [64][K] .
 // B [128][K]^T (bf16, row-major, K % 64 == 0) through one warpgroup's wgmma.
 void wgmma_dense_tile_selfcheck(const bf16_t* A, const bf16_t* B, float* C, int K, cudaStream_t s);

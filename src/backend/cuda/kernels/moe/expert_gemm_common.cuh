@@ -199,8 +199,9 @@ constexpr int kTileWeightRows = 128, kTileThreads = 128, kTileKStep = 64;
 // The CTA's scales, once, into shared memory at dst (cp.async, left for the caller's commit):
 // checkpoint rows n0 .. n0 + 127 (K / 32 bytes each; the launchers check N * K / 32 % 16 == 0, so
 // the span is whole 16-byte chunks), or the fragment layout's [8 tiles][K / 64 chunks][8 g] words
-// (32 bytes a tile-chunk). Both are 128 * K / 32 bytes.
-template <bool FRAG>
+// (32 bytes a tile-chunk). Both are 128 * K / 32 bytes. THREADS: the CTA's threads that share the
+// copy (version 3's 128-row tiles have 256).
+template <bool FRAG, int THREADS = kTileThreads>
 __device__ __forceinline__ void copy_tile_scales(const uint8_t* scales, int expert, int N, int K, int n0, uint32_t dst,
                                                  int tid) {
   int span;
@@ -214,7 +215,7 @@ __device__ __forceinline__ void copy_tile_scales(const uint8_t* scales, int expe
     span = min(kTileWeightRows, N - n0) * kb;
     src = scales + (size_t(expert) * N + n0) * kb;
   }
-  for (int i = tid * 16; i < span; i += kTileThreads * 16) ptx::cp_async16(dst + i, src + i, true);
+  for (int i = tid * 16; i < span; i += THREADS * 16) ptx::cp_async16(dst + i, src + i, true);
 }
 
 // This thread's two 16-byte copies of the CTA's codes a K step. Checkpoint: the two chunks (scale

@@ -1,15 +1,35 @@
 // Grouped MoE expert GEMM for prefill, version 3: MXFP4 weights x bf16 activations on Hopper's
-// warpgroup MMA (wgmma.mma_async, sm_90a only; other targets keep version 2). One CTA of one
-// warpgroup (128 threads) computes a tile of 64 sorted pairs (token rows, the wgmma M side, A)
-// x 128 weight rows (the N side, B) of one expert, K in steps of 64.
+// warpgroup MMA (wgmma.mma_async, sm_90a only; other targets keep version 2). A CTA computes a
+// tile of sorted pairs (token rows, the wgmma M side, A) x 128 weight rows (the N side, B) of one
+// expert, K in steps of 64, with one or two consumer warpgroups (NWG, a template parameter):
+// - NWG = 1: 64-row tiles, 128 threads, 2 CTAs an SM;
+// - NWG = 2: 128-row tiles, 256 threads: warpgroup wg issues wgmma for rows 64 wg .. 64 wg + 63
+//   (its own A tile) against the SAME decoded B tile, and all 256 threads share the copies and
+//   the decode (a thread decodes one 16-byte piece a step instead of two).
+// Why two warpgroups: the kernel is bound by the e2m1 -> bf16 decode of B and its pipeline, not
+// by the tensor cores (Nsight Compute, 120b gate_up at 2048 tokens with NWG = 1: 46% issue
+// slots busy, the top stalls on the decode's shared loads and the fences around it, DRAM 16%).
+// A 64-row tile spends one B decode on 64 x 128 x 64 MACs; a 128-row tile spends it on twice as
+// many, and an expert with 65..128 pairs (most of 120b's at 2048 tokens: 64 on average) decodes
+// its weights once instead of twice. 1 CTA an SM of 8 warps keeps the warps per SM of 2 x 4.
+// Shared memory (K = 2880, both 120b/20b GEMMs): NWG = 1: A 4 x 8 KB + B 3 x 16 KB + codes
+// 4 x 4 KB + scales 11.25 KB + 1 KB alignment = 108.25 KB (2 CTAs an SM); NWG = 2: A 4 x 16 KB,
+// the rest the same, 140.25 KB (1 CTA an SM; 145 KB at kMaxK = 4096, under the 227 KB a CTA may
+// opt into). Registers (ptxas, sm_90a): 157 / 128 (checkpoint / fragments) with NWG = 1, 155 /
+// 134 with NWG = 2 (launch bounds 256 threads x 1 CTA), no spills.
+// Tile height at launch (expert_gemm_v3): 128 when pairs >= 48 x E (the experts average 48 pairs
+// or more, so many need two 64-row tiles: 120b's and 20b's 2048-token prefill), else 64 (most
+// experts fit one 64-row tile, where 128-row tiles only idle the second warpgroup's MMAs);
+// GPTOSS_EXPERT_GEMM_TILE_M=64|128 forces one. The host knows pairs and E without a sync.
 //
 // Per K step, in shared memory (layouts: wgmma_ptx.cuh, "K-major, 128-byte swizzle"):
-// - A: the step's 64 x 64 bf16 activations, gathered by pair_token with cp.async straight into
-//   the swizzled layout (8 KB a stage, rows past the group's end zero-filled);
+// - A: the step's 64 NWG x 64 bf16 activations, gathered by pair_token with cp.async straight
+//   into the swizzled layout (8 KB a warpgroup a stage, rows past the group's end zero-filled);
 // - the raw weights: the 128 rows' e2m1 codes as stored (4 KB a stage), with cp.async;
 // - B: the codes decoded exactly to bf16 (value x 2^(scale - 127): bf16 has fp32's exponent
-//   range) by all 128 threads with ordinary 16-byte stores into the swizzled 128 x 64 tile
-//   (16 KB), then fence.proxy.async so the tensor cores see them.
+//   range) by all the CTA's threads with ordinary 16-byte stores into the swizzled 128 x 64 tile
+//   (16 KB), then fence.proxy.async so the tensor cores see them; a warpgroup whose 64 rows are
+//   all past the group's end (NWG = 2, groups of <= 64 pairs) issues no wgmma.
 // The scales of the CTA's 128 rows are copied once (K / 32 bytes a row). Each step is four
 // wgmma m64n128k16 (one per 16-wide K slice), f32 accumulators in registers (64 a thread).
 //
@@ -21,20 +41,21 @@
 //      (kt + 3) % 4);
 //   4. decode the codes of kt + 1 into B tile (kt + 1) % 3, fence.proxy.async;
 //   5. wgmma wait until at most one group (step kt's) is in flight.
-// Reuse is safe across the whole warpgroup because every slot rewritten at step kt was last
-// read by step kt - 2's wgmmas (or decoded at step kt - 2), which every thread waited for in
-// step kt - 1 before the barrier of step kt. The decode of step kt + 1 overlaps step kt's
-// wgmmas on the tensor cores, and two CTAs share an SM (~108 KB of shared memory each at
-// K = 2880), so one CTA's decode also overlaps the other's MMAs.
+// Reuse is safe across the whole CTA because every slot rewritten at step kt was last read by
+// step kt - 2's wgmmas (or decoded at step kt - 2), which every thread waited for (its own
+// warpgroup's) in step kt - 1 before the barrier of step kt. The decode of step kt + 1 overlaps
+// step kt's wgmmas on the tensor cores; with NWG = 1 two CTAs share an SM, so one CTA's decode
+// also overlaps the other's MMAs.
 //
 // Weights in either layout: the checkpoint's ([E][N][K / 2] codes, [E][N][K / 32] scales: a
-// thread decodes one weight row) or the load-time fragment layout (kFragMXFP4,
-// kernels/linear/frag_layout.cuh: a thread decodes one lane's 16 bytes of a 16-row tile-chunk,
+// thread decodes one weight row, NWG = 2 half of one) or the load-time fragment layout
+// (kFragMXFP4, kernels/linear/frag_layout.cuh: a thread decodes one lane's 16 bytes of a 16-row tile-chunk,
 // rows g and g + 8 of the tile at K 8 tq + [0, 8) and 32 + 8 tq + [0, 8)). B's row n of the CTA
 // is the n-th stored row: natural order for the checkpoint, the tile's row order (gate/up pairs
 // for gate_up) for fragments; the epilogue maps columns back to logical rows as version 2 does.
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
 #include <string>
 
 #include "backend/cuda/cuda_common.h"
@@ -52,24 +73,35 @@ namespace {
 using namespace moe_gemm;
 using ptx::sw128_offset;
 
-constexpr int kBM = 64;   // sorted pairs a CTA tile (wgmma M)
 constexpr int kBN = 128;  // weight rows a CTA tile (wgmma N)
 constexpr int kBK = 64;   // K a step (one 128-byte swizzle row of bf16)
 constexpr int kStages = 4;
 constexpr int kBTiles = 3;
-constexpr int kThreads = 128;
-static_assert(kBN == kTileWeightRows && kThreads == kTileThreads && kBK == kTileKStep, "copy_tile_scales, code_copies");
-constexpr int kAStageBytes = kBM * kBK * 2;     // 8 KB
-constexpr int kRawStageBytes = kBN * kBK / 2;   // 4 KB
-constexpr int kBTileBytes = kBN * kBK * 2;      // 16 KB
+constexpr int kWgRows = 64;       // token rows a warpgroup (wgmma M)
+constexpr int kWgThreads = 128;   // threads a warpgroup
+static_assert(kBN == kTileWeightRows && kWgThreads == kTileThreads && kBK == kTileKStep, "copy_tile_scales, code_copies");
+constexpr int kWgAStageBytes = kWgRows * kBK * 2;  // 8 KB: one warpgroup's A tile a stage
+constexpr int kRawStageBytes = kBN * kBK / 2;      // 4 KB
+constexpr int kBTileBytes = kBN * kBK * 2;         // 16 KB
 constexpr int kMaxK = 4096;
-constexpr int kAOff = 0;
-constexpr int kBOff = kAOff + kStages * kAStageBytes;
-constexpr int kRawOff = kBOff + kBTiles * kBTileBytes;
-constexpr int kScaleOff = kRawOff + kStages * kRawStageBytes;
 
-// + 1 KB: the dynamic shared memory is aligned up to 1024 bytes in the kernel.
-size_t smem_bytes(int K) { return size_t(kScaleOff) + size_t(kBN) * (K / 32) + 1024; }
+// The CTA shape and shared-memory layout of NWG consumer warpgroups (1: 64-row tiles, 2: 128-row
+// tiles; each warpgroup's A rows a contiguous 64-row swizzled tile of the stage, one decoded B).
+template <int NWG>
+struct Cta {
+  static constexpr int kThreads = kWgThreads * NWG;
+  static constexpr int kBM = kWgRows * NWG;  // sorted pairs a CTA tile
+  static constexpr int kAStageBytes = kWgAStageBytes * NWG;
+  static constexpr int kAOff = 0;
+  static constexpr int kBOff = kAOff + kStages * kAStageBytes;
+  static constexpr int kRawOff = kBOff + kBTiles * kBTileBytes;
+  static constexpr int kScaleOff = kRawOff + kStages * kRawStageBytes;
+  // + 1 KB: the dynamic shared memory is aligned up to 1024 bytes in the kernel.
+  static size_t smem_bytes(int K) { return size_t(kScaleOff) + size_t(kBN) * (K / 32) + 1024; }
+};
+// 227 KB is the most a CTA may opt into on sm_90 (at K = 2880, 2 CTAs of one warpgroup or 1 of
+// two share an SM's 228 KB).
+static_assert(Cta<2>::kScaleOff + kBN * (kMaxK / 32) + 1024 <= 227 * 1024, "128-row tiles fit at K = kMaxK");
 
 #ifdef SM90A_WGMMA
 __device__ __forceinline__ uint8_t* align1024(uint8_t* p) {
@@ -78,59 +110,79 @@ __device__ __forceinline__ uint8_t* align1024(uint8_t* p) {
 }
 #endif
 
-template <bool FRAG>
-__global__ void __launch_bounds__(kThreads, 2) expert_gemm_wgmma_kernel(ExpertGemmArgs a) {
+// NWG consumer warpgroups (1 or 2) over one decoded B tile: warpgroup wg owns the tile's rows
+// 64 wg .. 64 wg + 63 (its own A tile a stage, its own 64 accumulators a thread); every thread
+// shares the copies and the decode.
+template <bool FRAG, int NWG>
+__global__ void __launch_bounds__(Cta<NWG>::kThreads, NWG == 1 ? 2 : 1) expert_gemm_wgmma_kernel(ExpertGemmArgs a) {
 #ifdef SM90A_WGMMA
+  using L = Cta<NWG>;
+  constexpr int kThreads = L::kThreads, kBM = L::kBM;
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   pdl_begin();
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int wg = NWG == 1 ? 0 : tid >> 7, wtid = NWG == 1 ? tid : tid & 127;  // warpgroup, thread in it
   int grp, within;
   find_row_tile<kBM>(a.r, int(blockIdx.y), lane, grp, within);
   if (grp < 0) return;
   const auto [expert, row0, row_end] = row_tile_rows<kBM>(a.r, grp, within);
+  // A warpgroup whose 64 rows are all past the group's end issues no wgmma (it still decodes).
+  const bool wg_rows = NWG == 1 || row0 + kWgRows * wg < row_end;
   const int N = a.N, K = a.K, kb = K / 32, KT = K / kBK;
   const int n0 = blockIdx.x * kBN;
   const int T = N / 16, C = K / 64, tile0 = n0 / 16;  // FRAG geometry
 
   uint8_t* smem = align1024(smem_raw);
   const uint32_t s_base = ptx::smem_addr(smem);
-  const uint8_t* sc_smem = smem + kScaleOff;
+  const uint8_t* sc_smem = smem + L::kScaleOff;
 
   // The tile's scales, once (part of cp.async group 0).
-  copy_tile_scales<FRAG>(a.scales, expert, N, K, n0, s_base + kScaleOff, tid);
+  copy_tile_scales<FRAG, kThreads>(a.scales, expert, N, K, n0, s_base + L::kScaleOff, tid);
 
-  // A: this thread copies 16-byte chunk c = tid % 8 (K 8c .. 8c + 7) of rows tid / 8 + 16 i.
+  // A: this thread copies 16-byte chunk c = tid % 8 (K 8c .. 8c + 7) of rows tid / 8 + (threads /
+  // 8) i; rows 64 .. 127 (NWG = 2) land 8 KB on, the second warpgroup's tile.
   const int a_chunk = tid & 7;
   uint32_t a_off[4], a_dst[4];
   bool a_ok[4];
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    const int r = (tid >> 3) + 16 * i, p = row0 + r;
+    const int r = (tid >> 3) + (kThreads / 8) * i, p = row0 + r;
     a_ok[i] = p < row_end;
     const int ar = a_ok[i] ? (a.gather_a ? a.r.pair_token[p] : p) : 0;
     a_off[i] = uint32_t(ar) * uint32_t(a.lda) + uint32_t(a_chunk * 8);
     a_dst[i] = sw128_offset(r, a_chunk * 8);
   }
-  const CodeCopies codes = code_copies<FRAG>(a.w, expert, N, K, n0, tid);
+  // Codes: both of thread wtid's two copies (NWG = 1), or copy wg of them (NWG = 2).
+  constexpr int kCodeCopies = 2 / NWG;
+  const CodeCopies codes = code_copies<FRAG>(a.w, expert, N, K, n0, wtid);
+  const bool code_ok = wg ? codes.ok[1] : codes.ok[0];
+  const uint8_t* const code_src = wg ? codes.src[1] : codes.src[0];
+  const uint32_t code_dst = wg ? codes.dst[1] : codes.dst[0];
   auto load_a = [&](int kt) {
-    const uint32_t d = s_base + kAOff + (kt % kStages) * kAStageBytes;
+    const uint32_t d = s_base + L::kAOff + (kt % kStages) * L::kAStageBytes;
 #pragma unroll
     for (int i = 0; i < 4; ++i) ptx::cp_async16(d + a_dst[i], a.A + a_off[i] + kt * kBK, a_ok[i]);
   };
   auto load_codes = [&](int kt) {
-    const uint32_t d = s_base + kRawOff + (kt % kStages) * kRawStageBytes;
+    const uint32_t d = s_base + L::kRawOff + (kt % kStages) * kRawStageBytes;
+    if constexpr (NWG == 1) {
 #pragma unroll
-    for (int c = 0; c < 2; ++c) ptx::cp_async16(d + codes.dst[c], codes.src[c] + size_t(kt) * codes.step, codes.ok[c]);
+      for (int c = 0; c < 2; ++c) ptx::cp_async16(d + codes.dst[c], codes.src[c] + size_t(kt) * codes.step, codes.ok[c]);
+    } else {
+      ptx::cp_async16(d + code_dst, code_src + size_t(kt) * codes.step, code_ok);
+    }
   };
 
-  // Decode of step kt's codes into B tile bt: plain shared loads and 16-byte stores.
+  // Decode of step kt's codes into B tile bt: plain shared loads and 16-byte stores. 256 pieces of
+  // 16 bytes a step: a thread takes two (NWG = 1) or one (NWG = 2: piece tid, or half wg of row
+  // wtid); within a warp the pattern (and so the bank spread) is the same either way.
   auto decode = [&](int kt, int bt) {
-    const uint8_t* raw = smem + kRawOff + (kt % kStages) * kRawStageBytes;
-    uint8_t* bt_smem = smem + kBOff + bt * kBTileBytes;
+    const uint8_t* raw = smem + L::kRawOff + (kt % kStages) * kRawStageBytes;
+    uint8_t* bt_smem = smem + L::kBOff + bt * kBTileBytes;
     if constexpr (FRAG) {
       const int g = (tid & 31) >> 2, tq = tid & 3;
 #pragma unroll
-      for (int c = 0; c < 2; ++c) {
+      for (int c = 0; c < kCodeCopies; ++c) {
         const int piece = tid + 128 * c, tl = piece >> 5;
         const uint4 q = *reinterpret_cast<const uint4*>(raw + piece * 16);
         // Scale bytes of rows g / g + 8, blocks 0 / 1 (as two bf16 power-of-two factors).
@@ -162,18 +214,19 @@ __global__ void __launch_bounds__(kThreads, 2) expert_gemm_wgmma_kernel(ExpertGe
         }
       }
     } else {
-      // Row n = tid: scale bytes of blocks 2 kt, 2 kt + 1 (kb is even, so 2-byte aligned).
-      const uint32_t cs = *reinterpret_cast<const uint16_t*>(sc_smem + tid * kb + 2 * kt);
+      // Row n = wtid: scale bytes of blocks 2 kt, 2 kt + 1 (kb is even, so 2-byte aligned).
+      const uint32_t cs = *reinterpret_cast<const uint16_t*>(sc_smem + wtid * kb + 2 * kt);
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const uint4 q = *reinterpret_cast<const uint4*>(raw + tid * 32 + ((h ^ ((tid >> 2) & 1)) << 4));
+      for (int hc = 0; hc < kCodeCopies; ++hc) {
+        const int h = NWG == 1 ? hc : wg;
+        const uint4 q = *reinterpret_cast<const uint4*>(raw + wtid * 32 + ((h ^ ((wtid >> 2) & 1)) << 4));
         const uint32_t sc = e8m0_bf16x2((cs >> (8 * h)) & 255u);
         const uint32_t wq[4] = {q.x, q.y, q.z, q.w};
 #pragma unroll
         for (int w = 0; w < 4; ++w) {
           uint4 v;
           mx_word_to_bf16x2(wq[w], sc, &v.x);
-          *reinterpret_cast<uint4*>(bt_smem + sw128_offset(tid, 32 * h + 8 * w)) = v;
+          *reinterpret_cast<uint4*>(bt_smem + sw128_offset(wtid, 32 * h + 8 * w)) = v;
         }
       }
     }
@@ -200,9 +253,9 @@ __global__ void __launch_bounds__(kThreads, 2) expert_gemm_wgmma_kernel(ExpertGe
     ptx::cp_async_wait<1>();  // group kt: A of kt, codes of kt + 1
     ptx::fence_proxy_async();
     __syncthreads();
-    {
-      const uint32_t a_tile = s_base + kAOff + (kt % kStages) * kAStageBytes;
-      const uint32_t b_tile = s_base + kBOff + (kt % kBTiles) * kBTileBytes;
+    if (wg_rows) {
+      const uint32_t a_tile = s_base + L::kAOff + (kt % kStages) * L::kAStageBytes + wg * kWgAStageBytes;
+      const uint32_t b_tile = s_base + L::kBOff + (kt % kBTiles) * kBTileBytes;
 #pragma unroll
       for (int i = 0; i < 64; ++i) ptx::fence_operand(acc[i]);
       ptx::wgmma_fence();
@@ -229,7 +282,8 @@ __global__ void __launch_bounds__(kThreads, 2) expert_gemm_wgmma_kernel(ExpertGe
   for (int i = 0; i < 64; ++i) ptx::fence_operand(acc[i]);
   ptx::cp_async_wait<0>();
 
-  // Epilogue, straight from the accumulators: acc[i] is tile row 16 warp + g + 8 ((i >> 1) & 1),
+  // Epilogue, straight from the accumulators: acc[i] is tile row 16 warp + g + 8 ((i >> 1) & 1)
+  // (warp 4 wg + w of warpgroup wg: row 64 wg + 16 w + ..., its own A tile's row 16 w + ...),
   // column 8 (i >> 2) + 2 tq + (i & 1) (wgmma_ptx.cuh). Column n of the tile is stored row n of
   // the CTA's 128: logical row n0 + n (checkpoint), or tile_row of fragment tile n / 16.
   const int g = lane >> 2, tq = lane & 3;
@@ -294,23 +348,23 @@ __global__ void __launch_bounds__(kThreads, 2) expert_gemm_wgmma_kernel(ExpertGe
 
 // The dense self-check (identity/random tests): C [64][128] f32 = A [64][K] . B [128][K]^T, bf16,
 // one warpgroup, one K step of 64 at a time through the same swizzled layout and descriptors.
-__global__ void __launch_bounds__(kThreads, 1) wgmma_dense_tile_kernel(const uint16_t* A, const uint16_t* B, float* Cm,
+__global__ void __launch_bounds__(kWgThreads, 1) wgmma_dense_tile_kernel(const uint16_t* A, const uint16_t* B, float* Cm,
                                                                        int K) {
 #ifdef SM90A_WGMMA
-  __shared__ __align__(1024) uint8_t s_buf[kAStageBytes + kBTileBytes + 1024];
+  __shared__ __align__(1024) uint8_t s_buf[kWgAStageBytes + kBTileBytes + 1024];
   uint8_t* s_a = align1024(s_buf);
-  uint8_t* s_b = s_a + kAStageBytes;
+  uint8_t* s_b = s_a + kWgAStageBytes;
   const int tid = threadIdx.x;
   float acc[64];
 #pragma unroll
   for (int i = 0; i < 64; ++i) acc[i] = 0.f;
   for (int k0 = 0; k0 < K; k0 += kBK) {
-    for (int c = tid; c < kBM * 8; c += kThreads) {  // 16-byte chunk c % 8 of row c / 8
+    for (int c = tid; c < kWgRows * 8; c += kWgThreads) {  // 16-byte chunk c % 8 of row c / 8
       const int r = c >> 3, k = (c & 7) * 8;
       *reinterpret_cast<uint4*>(s_a + sw128_offset(r, k)) =
           *reinterpret_cast<const uint4*>(A + size_t(r) * K + k0 + k);
     }
-    for (int c = tid; c < kBN * 8; c += kThreads) {
+    for (int c = tid; c < kBN * 8; c += kWgThreads) {
       const int r = c >> 3, k = (c & 7) * 8;
       *reinterpret_cast<uint4*>(s_b + sw128_offset(r, k)) =
           *reinterpret_cast<const uint4*>(B + size_t(r) * K + k0 + k);
@@ -341,6 +395,28 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_dense_tile_kernel(const uin
 #endif
 }
 
+// Pairs per expert (on average) from which expert_gemm_v3 takes 128-row tiles by default.
+constexpr int kTall128MinRows = 48;
+
+int g_tile_rows = -1;  // expert_gemm_v3_tile_rows: -1 not read yet, 0 auto, 64 or 128
+
+template <int NWG>
+void launch_v3(const WeightMat& W, const bf16_t* A, int lda, int pairs, int E, bool gather_a, const MoeRouting& r,
+               const Epilogue& epi, cudaStream_t s) {
+  using L = Cta<NWG>;
+  const bool frag = W.fmt == WeightMat::kFragMXFP4;
+  auto kernel = frag ? expert_gemm_wgmma_kernel<true, NWG> : expert_gemm_wgmma_kernel<false, NWG>;
+  static std::atomic<uint64_t> attr_set{0};
+  opt_in_smem_once_per_device(attr_set, L::smem_bytes(kMaxK), expert_gemm_wgmma_kernel<true, NWG>,
+                              expert_gemm_wgmma_kernel<false, NWG>);
+  ExpertGemmArgs a{static_cast<const uint8_t*>(W.w), W.scales, W.bias, W.N, W.K, A, lda, gather_a, r, epi, W.swiglu_rows};
+  const int max_tiles = (pairs + L::kBM - 1) / L::kBM + std::min(pairs, E);
+  if (max_tiles > 65535) throw Error("expert_gemm_v3: too many row tiles (" + std::to_string(max_tiles) + ")");
+  const dim3 grid((W.N + kBN - 1) / kBN, max_tiles);
+  launch_pdl(kernel, grid, dim3(L::kThreads), L::smem_bytes(W.K), s, a);
+  GPTOSS_CUDA_LAUNCH_CHECK();
+}
+
 }  // namespace
 
 bool expert_gemm_v3_available() {
@@ -366,6 +442,35 @@ bool expert_gemm_v3_supports(const WeightMat& W, const void* A, int lda, int a_r
   return expert_gemm_v3_available() && W.K <= kMaxK && expert_gemm_v2_supports(W, A, lda, a_rows, epi);
 }
 
+int expert_gemm_v3_tile_rows() {
+  if (g_tile_rows < 0) {
+    const char* v = std::getenv("GPTOSS_EXPERT_GEMM_TILE_M");
+    const std::string s = v ? v : "";
+    if (s.empty() || s == "auto")
+      g_tile_rows = 0;
+    else if (s == "64" || s == "128")
+      g_tile_rows = std::stoi(s);
+    else
+      throw Error("GPTOSS_EXPERT_GEMM_TILE_M=" + s + ": expected 64, 128 or auto");
+  }
+  return g_tile_rows;
+}
+
+void set_expert_gemm_v3_tile_rows(int rows) {
+  if (rows != -1 && rows != 0 && rows != 64 && rows != 128)
+    throw Error("set_expert_gemm_v3_tile_rows: expected -1 (environment), 0 (auto), 64 or 128");
+  g_tile_rows = rows;
+}
+
+int expert_gemm_v3_auto_tile_rows(int pairs, int E) {
+  // 128-row tiles once the experts average kTall128MinRows pairs or more: from there on many
+  // experts need two 64-row tiles, i.e. their weights decoded twice (the decode, not the tensor
+  // cores, bounds the kernel), and one 128-row tile decodes them once with twice the threads.
+  // Below it most experts fit one 64-row tile either way, and 64-row CTAs (2 an SM) keep the
+  // second warpgroup's MMAs on real rows.
+  return pairs >= kTall128MinRows * std::max(E, 1) ? 128 : 64;
+}
+
 void expert_gemm_v3(const WeightMat& W, const bf16_t* A, int lda, int pairs, int E, bool gather_a, const MoeRouting& r,
                     const Epilogue& epi, cudaStream_t s) {
   if (pairs <= 0) return;
@@ -373,22 +478,18 @@ void expert_gemm_v3(const WeightMat& W, const bf16_t* A, int lda, int pairs, int
     throw Error("expert_gemm_v3: MXFP4 weights only (checkpoint or fragment layout)");
   if (E > kMoeMaxGroups) throw Error("expert_gemm_v3: at most " + std::to_string(kMoeMaxGroups) + " experts");
   if (!expert_gemm_v3_available()) throw Error("expert_gemm_v3: needs sm_90a code and a compute capability 9.0 GPU");
-  const bool frag = W.fmt == WeightMat::kFragMXFP4;
-  auto kernel = frag ? expert_gemm_wgmma_kernel<true> : expert_gemm_wgmma_kernel<false>;
-  static std::atomic<uint64_t> attr_set{0};
-  opt_in_smem_once_per_device(attr_set, smem_bytes(kMaxK), expert_gemm_wgmma_kernel<true>, expert_gemm_wgmma_kernel<false>);
-  ExpertGemmArgs a{static_cast<const uint8_t*>(W.w), W.scales, W.bias, W.N, W.K, A, lda, gather_a, r, epi, W.swiglu_rows};
-  const int max_tiles = (pairs + kBM - 1) / kBM + std::min(pairs, E);
-  if (max_tiles > 65535) throw Error("expert_gemm_v3: too many row tiles (" + std::to_string(max_tiles) + ")");
-  const dim3 grid((W.N + kBN - 1) / kBN, max_tiles);
-  launch_pdl(kernel, grid, dim3(kThreads), smem_bytes(W.K), s, a);
-  GPTOSS_CUDA_LAUNCH_CHECK();
+  const int forced = expert_gemm_v3_tile_rows();
+  const int rows = forced ? forced : expert_gemm_v3_auto_tile_rows(pairs, E);
+  if (rows == 128)
+    launch_v3<2>(W, A, lda, pairs, E, gather_a, r, epi, s);
+  else
+    launch_v3<1>(W, A, lda, pairs, E, gather_a, r, epi, s);
 }
 
 void wgmma_dense_tile_selfcheck(const bf16_t* A, const bf16_t* B, float* C, int K, cudaStream_t s) {
   if (K <= 0 || K % kBK != 0) throw Error("wgmma_dense_tile_selfcheck: K must be a positive multiple of 64");
   if (!expert_gemm_v3_available()) throw Error("wgmma_dense_tile_selfcheck: needs sm_90a code and a 9.0 GPU");
-  wgmma_dense_tile_kernel<<<1, kThreads, 0, s>>>(A, B, C, K);
+  wgmma_dense_tile_kernel<<<1, kWgThreads, 0, s>>>(A, B, C, K);
   GPTOSS_CUDA_LAUNCH_CHECK();
 }
 
