@@ -57,6 +57,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <string>
+#include <type_traits>
 
 #include "backend/cuda/cuda_common.h"
 #include "backend/cuda/device_utils.cuh"
@@ -190,28 +191,42 @@ __global__ void __launch_bounds__(Cta<NWG>::kThreads, NWG == 1 ? 2 : 1) expert_g
         const uint32_t fs_hi = __vminu4(fs, 0x80808080u) + 0x7E7E7E7Eu;
         const uint32_t fs_lo = __vmaxu4(fs, 0x80808080u) - 0x01010101u;
         const uint32_t wq[4] = {q.x, q.y, q.z, q.w};
+        // value = code x 2^-126 x hi x lo (frag_scale_pair). With every scale byte <= 128 (gpt-oss's
+        // sit near 127) lo is 1, and one multiply gives the same bits as two: a branch per piece,
+        // uniform over the warp unless its rows' scales straddle 2^1.
+        auto store_piece = [&](auto one_factor) {
+          constexpr bool kOne = decltype(one_factor)::value;
 #pragma unroll
-        for (int s = 0; s < 2; ++s) {
-          // Half h of the chunk (scale block h); odd g stores the other half first so that the
-          // 8 lanes of a store phase (g = 2m, 2m + 1) hit 8 distinct 16-byte bank groups.
-          const int h = s ^ (g & 1);
-          uint32_t r0[4], r1[4];
-          frag_word_to_bf16x2(h ? wq[2] : wq[0], r0);  // k-step 2h: K 32h + 8tq + [0, 4)
-          frag_word_to_bf16x2(h ? wq[3] : wq[1], r1);  // k-step 2h + 1: K 32h + 8tq + [4, 8)
-          const uint32_t hi_g = frag_scale_pair(fs_hi, h), lo_g = frag_scale_pair(fs_lo, h);
-          const uint32_t hi_g8 = frag_scale_pair(fs_hi, 2 + h), lo_g8 = frag_scale_pair(fs_lo, 2 + h);
-          uint4 vg, vg8;
-          vg.x = bf16x2_mul(bf16x2_mul(r0[0], hi_g), lo_g);
-          vg.y = bf16x2_mul(bf16x2_mul(r0[2], hi_g), lo_g);
-          vg.z = bf16x2_mul(bf16x2_mul(r1[0], hi_g), lo_g);
-          vg.w = bf16x2_mul(bf16x2_mul(r1[2], hi_g), lo_g);
-          vg8.x = bf16x2_mul(bf16x2_mul(r0[1], hi_g8), lo_g8);
-          vg8.y = bf16x2_mul(bf16x2_mul(r0[3], hi_g8), lo_g8);
-          vg8.z = bf16x2_mul(bf16x2_mul(r1[1], hi_g8), lo_g8);
-          vg8.w = bf16x2_mul(bf16x2_mul(r1[3], hi_g8), lo_g8);
-          *reinterpret_cast<uint4*>(bt_smem + sw128_offset(16 * tl + g, 32 * h + 8 * tq)) = vg;
-          *reinterpret_cast<uint4*>(bt_smem + sw128_offset(16 * tl + g + 8, 32 * h + 8 * tq)) = vg8;
-        }
+          for (int s = 0; s < 2; ++s) {
+            // Half h of the chunk (scale block h); odd g stores the other half first so that the
+            // 8 lanes of a store phase (g = 2m, 2m + 1) hit 8 distinct 16-byte bank groups.
+            const int h = s ^ (g & 1);
+            uint32_t r0[4], r1[4];
+            frag_word_to_bf16x2(h ? wq[2] : wq[0], r0);  // k-step 2h: K 32h + 8tq + [0, 4)
+            frag_word_to_bf16x2(h ? wq[3] : wq[1], r1);  // k-step 2h + 1: K 32h + 8tq + [4, 8)
+            const uint32_t hi_g = frag_scale_pair(fs_hi, h), hi_g8 = frag_scale_pair(fs_hi, 2 + h);
+            const uint32_t lo_g = kOne ? 0u : frag_scale_pair(fs_lo, h);
+            const uint32_t lo_g8 = kOne ? 0u : frag_scale_pair(fs_lo, 2 + h);
+            auto scaled = [&](uint32_t v, uint32_t hi, uint32_t lo) {
+              return kOne ? bf16x2_mul(v, hi) : bf16x2_mul(bf16x2_mul(v, hi), lo);
+            };
+            uint4 vg, vg8;
+            vg.x = scaled(r0[0], hi_g, lo_g);
+            vg.y = scaled(r0[2], hi_g, lo_g);
+            vg.z = scaled(r1[0], hi_g, lo_g);
+            vg.w = scaled(r1[2], hi_g, lo_g);
+            vg8.x = scaled(r0[1], hi_g8, lo_g8);
+            vg8.y = scaled(r0[3], hi_g8, lo_g8);
+            vg8.z = scaled(r1[1], hi_g8, lo_g8);
+            vg8.w = scaled(r1[3], hi_g8, lo_g8);
+            *reinterpret_cast<uint4*>(bt_smem + sw128_offset(16 * tl + g, 32 * h + 8 * tq)) = vg;
+            *reinterpret_cast<uint4*>(bt_smem + sw128_offset(16 * tl + g + 8, 32 * h + 8 * tq)) = vg8;
+          }
+        };
+        if (fs_lo == 0x7F7F7F7Fu)  // max(s, 128) - 1 = 127 in all four bytes: s <= 128
+          store_piece(std::true_type{});
+        else
+          store_piece(std::false_type{});
       }
     } else {
       // Row n = wtid: scale bytes of blocks 2 kt, 2 kt + 1 (kb is even, so 2-byte aligned).
