@@ -28,18 +28,20 @@
 // - the raw weights: the 128 rows' e2m1 codes as stored (4 KB a stage), with cp.async;
 // - B: the codes decoded exactly to bf16 (value x 2^(scale - 127): bf16 has fp32's exponent
 //   range) by all the CTA's threads with ordinary 16-byte stores into the swizzled 128 x 64 tile
-//   (16 KB), then fence.proxy.async so the tensor cores see them; a warpgroup whose 64 rows are
-//   all past the group's end (NWG = 2, groups of <= 64 pairs) issues no wgmma.
+//   (16 KB), then (at the next step's top) fence.proxy.async so the tensor cores see them; a
+//   warpgroup whose 64 rows are all past the group's end (NWG = 2, groups of <= 64 pairs) issues
+//   no wgmma.
 // The scales of the CTA's 128 rows are copied once (K / 32 bytes a row). Each step is four
 // wgmma m64n128k16 (one per 16-wide K slice), f32 accumulators in registers (64 a thread).
 //
 // Pipeline (one barrier a step; stage kt's A and the codes of step kt + 1 travel in cp.async
 // group kt, issued two steps ahead; 4 A/code slots, 3 decoded B tiles). Step kt:
-//   1. wait for group kt (A of kt, codes of kt + 1), fence, __syncthreads;
+//   1. wait for group kt (A of kt, codes of kt + 1), fence.proxy.async (one for both A and the
+//      B tile this thread decoded in step kt - 1), __syncthreads;
 //   2. issue the wgmmas of step kt (A slot kt % 4, B tile kt % 3), commit;
 //   3. issue group kt + 2 (A of kt + 2 into slot (kt + 2) % 4, codes of kt + 3 into slot
 //      (kt + 3) % 4);
-//   4. decode the codes of kt + 1 into B tile (kt + 1) % 3, fence.proxy.async;
+//   4. decode the codes of kt + 1 into B tile (kt + 1) % 3 (no fence of its own: step kt + 1's);
 //   5. wgmma wait until at most one group (step kt's) is in flight.
 // Reuse is safe across the whole CTA because every slot rewritten at step kt was last read by
 // step kt - 2's wgmmas (or decoded at step kt - 2), which every thread waited for (its own
@@ -80,7 +82,8 @@ constexpr int kStages = 4;
 constexpr int kBTiles = 3;
 constexpr int kWgRows = 64;       // token rows a warpgroup (wgmma M)
 constexpr int kWgThreads = 128;   // threads a warpgroup
-static_assert(kBN == kTileWeightRows && kWgThreads == kTileThreads && kBK == kTileKStep, "copy_tile_scales, code_copies");
+static_assert(kBN == kTileWeightRows && kWgThreads == kTileThreads && kBK == kTileKStep,
+              "copy_tile_scales, code_copies");
 constexpr int kWgAStageBytes = kWgRows * kBK * 2;  // 8 KB: one warpgroup's A tile a stage
 constexpr int kRawStageBytes = kBN * kBK / 2;      // 4 KB
 constexpr int kBTileBytes = kBN * kBK * 2;         // 16 KB
@@ -168,7 +171,8 @@ __global__ void __launch_bounds__(Cta<NWG>::kThreads, NWG == 1 ? 2 : 1) expert_g
     const uint32_t d = s_base + L::kRawOff + (kt % kStages) * kRawStageBytes;
     if constexpr (NWG == 1) {
 #pragma unroll
-      for (int c = 0; c < 2; ++c) ptx::cp_async16(d + codes.dst[c], codes.src[c] + size_t(kt) * codes.step, codes.ok[c]);
+      for (int c = 0; c < 2; ++c)
+        ptx::cp_async16(d + codes.dst[c], codes.src[c] + size_t(kt) * codes.step, codes.ok[c]);
     } else {
       ptx::cp_async16(d + code_dst, code_src + size_t(kt) * codes.step, code_ok);
     }
@@ -257,8 +261,7 @@ __global__ void __launch_bounds__(Cta<NWG>::kThreads, NWG == 1 ? 2 : 1) expert_g
   ptx::cp_async_commit();
   ptx::cp_async_wait<1>();
   __syncthreads();
-  decode(0, 0);
-  ptx::fence_proxy_async();
+  decode(0, 0);  // made visible to the tensor cores by step 0's fence
 
   float acc[64];
 #pragma unroll
@@ -266,7 +269,7 @@ __global__ void __launch_bounds__(Cta<NWG>::kThreads, NWG == 1 ? 2 : 1) expert_g
 
   for (int kt = 0; kt < KT; ++kt) {
     ptx::cp_async_wait<1>();  // group kt: A of kt, codes of kt + 1
-    ptx::fence_proxy_async();
+    ptx::fence_proxy_async();  // A of kt and this thread's decode of kt (last step) -> the tensor cores
     __syncthreads();
     if (wg_rows) {
       const uint32_t a_tile = s_base + L::kAOff + (kt % kStages) * L::kAStageBytes + wg * kWgAStageBytes;
@@ -284,10 +287,7 @@ __global__ void __launch_bounds__(Cta<NWG>::kThreads, NWG == 1 ? 2 : 1) expert_g
     if (kt + 2 < KT) load_a(kt + 2);
     if (kt + 3 < KT) load_codes(kt + 3);
     ptx::cp_async_commit();
-    if (kt + 1 < KT) {
-      decode(kt + 1, (kt + 1) % kBTiles);
-      ptx::fence_proxy_async();
-    }
+    if (kt + 1 < KT) decode(kt + 1, (kt + 1) % kBTiles);
     ptx::wgmma_wait<1>();
 #pragma unroll
     for (int i = 0; i < 64; ++i) ptx::fence_operand(acc[i]);
