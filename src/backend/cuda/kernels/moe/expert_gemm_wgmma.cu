@@ -13,10 +13,11 @@
 // many, and an expert with 65..128 pairs (most of 120b's at 2048 tokens: 64 on average) decodes
 // its weights once instead of twice. 1 CTA an SM of 8 warps keeps the warps per SM of 2 x 4.
 // Shared memory (K = 2880, both 120b/20b GEMMs): NWG = 1: A 4 x 8 KB + B 3 x 16 KB + codes
-// 4 x 4 KB + scales 11.25 KB + 1 KB alignment = 108.25 KB (2 CTAs an SM); NWG = 2: A 4 x 16 KB,
-// the rest the same, 140.25 KB (1 CTA an SM; 145 KB at kMaxK = 4096, under the 227 KB a CTA may
-// opt into). Registers (ptxas, sm_90a): 157 / 128 (checkpoint / fragments) with NWG = 1, 155 /
-// 134 with NWG = 2 (launch bounds 256 threads x 1 CTA), no spills.
+// 4 x 4 KB + scales 11.25 KB + 1 KB alignment = 108.25 KB (2 CTAs an SM); NWG = 2 (one pipeline
+// step deeper, below): A 5 x 16 KB + B 3 x 16 KB + codes 5 x 4 KB + scales + 1 KB = 160.25 KB (1
+// CTA an SM either way: with NWG = 1's depth it would be 140.25 KB; 165 KB at kMaxK = 4096,
+// under the 227 KB a CTA may opt into). Registers (ptxas, sm_90a; checkpoint / fragments):
+// 157 / 137 with NWG = 1, 155 / 134 with NWG = 2 (launch bounds 256 threads x 1 CTA), no spills.
 // Tile height at launch (expert_gemm_v3): 128 when pairs >= 48 x E (the experts average 48 pairs
 // or more, so many need two 64-row tiles: 120b's and 20b's 2048-token prefill), else 64 (most
 // experts fit one 64-row tile, where 128-row tiles only idle the second warpgroup's MMAs);
@@ -35,24 +36,26 @@
 // wgmma m64n128k16 (one per 16-wide K slice), f32 accumulators in registers (64 a thread).
 //
 // Pipeline (one barrier a step; stage kt's A and the codes of step kt + 1 travel in cp.async
-// group kt, issued two steps ahead; 4 A/code slots, 3 decoded B tiles). Step kt:
+// group kt, issued D = kLead steps ahead: D = 2 for NWG = 1, 3 for NWG = 2, whose single CTA an
+// SM has no neighbour to hide the loads' latency; S = D + 2 A/code slots, 3 decoded B tiles).
+// Step kt:
 //   1. wait for group kt (A of kt, codes of kt + 1), fence.proxy.async (one for both A and the
 //      B tile this thread decoded in step kt - 1), __syncthreads;
-//   2. issue the wgmmas of step kt (A slot kt % 4, B tile kt % 3), commit;
-//   3. issue group kt + 2 (A of kt + 2 into slot (kt + 2) % 4, codes of kt + 3 into slot
-//      (kt + 3) % 4);
+//   2. issue the wgmmas of step kt (A slot kt % S, B tile kt % 3), commit;
+//   3. issue group kt + D (A of kt + D into slot (kt + D) % S = (kt - 2) % S, codes of
+//      kt + D + 1 into slot (kt - 1) % S);
 //   4. decode the codes of kt + 1 into B tile (kt + 1) % 3 (no fence of its own: step kt + 1's);
 //   5. wgmma wait until at most one group (step kt's) is in flight.
 // Reuse is safe across the whole CTA because every slot rewritten at step kt was last read by
-// step kt - 2's wgmmas (or decoded at step kt - 2), which every thread waited for (its own
-// warpgroup's) in step kt - 1 before the barrier of step kt. The decode of step kt + 1 overlaps
-// step kt's wgmmas on the tensor cores; with NWG = 1 two CTAs share an SM, so one CTA's decode
-// also overlaps the other's MMAs.
+// step kt - 2's wgmmas (A; B tile (kt + 1) % 3) or decoded at step kt - 2 (codes of kt - 1),
+// which every thread waited for (its own warpgroup's) in step kt - 1 before the barrier of
+// step kt. The decode of step kt + 1 overlaps step kt's wgmmas on the tensor cores; with
+// NWG = 1 two CTAs share an SM, so one CTA's decode also overlaps the other's MMAs.
 //
 // Weights in either layout: the checkpoint's ([E][N][K / 2] codes, [E][N][K / 32] scales: a
 // thread decodes one weight row, NWG = 2 half of one) or the load-time fragment layout
-// (kFragMXFP4, kernels/linear/frag_layout.cuh: a thread decodes one lane's 16 bytes of a 16-row tile-chunk,
-// rows g and g + 8 of the tile at K 8 tq + [0, 8) and 32 + 8 tq + [0, 8)). B's row n of the CTA
+// (kFragMXFP4, kernels/linear/frag_layout.cuh: a thread decodes one lane's 16 bytes of a 16-row
+// tile-chunk, rows g and g + 8 of the tile at K 8 tq + [0, 8) and 32 + 8 tq + [0, 8)). B's row n of the CTA
 // is the n-th stored row: natural order for the checkpoint, the tile's row order (gate/up pairs
 // for gate_up) for fragments; the epilogue maps columns back to logical rows as version 2 does.
 #include <algorithm>
@@ -78,7 +81,6 @@ using ptx::sw128_offset;
 
 constexpr int kBN = 128;  // weight rows a CTA tile (wgmma N)
 constexpr int kBK = 64;   // K a step (one 128-byte swizzle row of bf16)
-constexpr int kStages = 4;
 constexpr int kBTiles = 3;
 constexpr int kWgRows = 64;       // token rows a warpgroup (wgmma M)
 constexpr int kWgThreads = 128;   // threads a warpgroup
@@ -95,6 +97,12 @@ template <int NWG>
 struct Cta {
   static constexpr int kThreads = kWgThreads * NWG;
   static constexpr int kBM = kWgRows * NWG;  // sorted pairs a CTA tile
+  // Steps a cp.async group travels before its wait (A of step kt and the codes of kt + 1 are
+  // issued at step kt - kLead), and the A / code slots that takes (kLead + 2: a slot is rewritten
+  // two steps after its last reader). 1 CTA an SM of 128-row tiles has no second CTA to cover
+  // the loads' latency, and has the shared memory for one step more.
+  static constexpr int kLead = NWG == 1 ? 2 : 3;
+  static constexpr int kStages = kLead + 2;
   static constexpr int kAStageBytes = kWgAStageBytes * NWG;
   static constexpr int kAOff = 0;
   static constexpr int kBOff = kAOff + kStages * kAStageBytes;
@@ -163,12 +171,12 @@ __global__ void __launch_bounds__(Cta<NWG>::kThreads, NWG == 1 ? 2 : 1) expert_g
   const uint8_t* const code_src = wg ? codes.src[1] : codes.src[0];
   const uint32_t code_dst = wg ? codes.dst[1] : codes.dst[0];
   auto load_a = [&](int kt) {
-    const uint32_t d = s_base + L::kAOff + (kt % kStages) * L::kAStageBytes;
+    const uint32_t d = s_base + L::kAOff + (kt % L::kStages) * L::kAStageBytes;
 #pragma unroll
     for (int i = 0; i < 4; ++i) ptx::cp_async16(d + a_dst[i], a.A + a_off[i] + kt * kBK, a_ok[i]);
   };
   auto load_codes = [&](int kt) {
-    const uint32_t d = s_base + L::kRawOff + (kt % kStages) * kRawStageBytes;
+    const uint32_t d = s_base + L::kRawOff + (kt % L::kStages) * kRawStageBytes;
     if constexpr (NWG == 1) {
 #pragma unroll
       for (int c = 0; c < 2; ++c)
@@ -182,7 +190,7 @@ __global__ void __launch_bounds__(Cta<NWG>::kThreads, NWG == 1 ? 2 : 1) expert_g
   // 16 bytes a step: a thread takes two (NWG = 1) or one (NWG = 2: piece tid, or half wg of row
   // wtid); within a warp the pattern (and so the bank spread) is the same either way.
   auto decode = [&](int kt, int bt) {
-    const uint8_t* raw = smem + L::kRawOff + (kt % kStages) * kRawStageBytes;
+    const uint8_t* raw = smem + L::kRawOff + (kt % L::kStages) * kRawStageBytes;
     uint8_t* bt_smem = smem + L::kBOff + bt * kBTileBytes;
     if constexpr (FRAG) {
       const int g = (tid & 31) >> 2, tq = tid & 3;
@@ -251,15 +259,20 @@ __global__ void __launch_bounds__(Cta<NWG>::kThreads, NWG == 1 ? 2 : 1) expert_g
     }
   };
 
-  // Prologue: group 0 = scales, codes of steps 0 and 1, A of step 0; group 1 = A 1, codes 2.
+  // Prologue: group 0 = scales, codes of steps 0 and 1, A of step 0; group g < kLead = A g,
+  // codes g + 1.
+  constexpr int kLead = L::kLead;
   load_codes(0);
   if (KT > 1) load_codes(1);
   load_a(0);
   ptx::cp_async_commit();
-  if (KT > 1) load_a(1);
-  if (KT > 2) load_codes(2);
-  ptx::cp_async_commit();
-  ptx::cp_async_wait<1>();
+#pragma unroll
+  for (int g = 1; g < kLead; ++g) {
+    if (KT > g) load_a(g);
+    if (KT > g + 1) load_codes(g + 1);
+    ptx::cp_async_commit();
+  }
+  ptx::cp_async_wait<kLead - 1>();
   __syncthreads();
   decode(0, 0);  // made visible to the tensor cores by step 0's fence
 
@@ -268,11 +281,11 @@ __global__ void __launch_bounds__(Cta<NWG>::kThreads, NWG == 1 ? 2 : 1) expert_g
   for (int i = 0; i < 64; ++i) acc[i] = 0.f;
 
   for (int kt = 0; kt < KT; ++kt) {
-    ptx::cp_async_wait<1>();  // group kt: A of kt, codes of kt + 1
+    ptx::cp_async_wait<kLead - 1>();  // group kt: A of kt, codes of kt + 1
     ptx::fence_proxy_async();  // A of kt and this thread's decode of kt (last step) -> the tensor cores
     __syncthreads();
     if (wg_rows) {
-      const uint32_t a_tile = s_base + L::kAOff + (kt % kStages) * L::kAStageBytes + wg * kWgAStageBytes;
+      const uint32_t a_tile = s_base + L::kAOff + (kt % L::kStages) * L::kAStageBytes + wg * kWgAStageBytes;
       const uint32_t b_tile = s_base + L::kBOff + (kt % kBTiles) * kBTileBytes;
 #pragma unroll
       for (int i = 0; i < 64; ++i) ptx::fence_operand(acc[i]);
@@ -284,8 +297,8 @@ __global__ void __launch_bounds__(Cta<NWG>::kThreads, NWG == 1 ? 2 : 1) expert_g
 #pragma unroll
       for (int i = 0; i < 64; ++i) ptx::fence_operand(acc[i]);
     }
-    if (kt + 2 < KT) load_a(kt + 2);
-    if (kt + 3 < KT) load_codes(kt + 3);
+    if (kt + kLead < KT) load_a(kt + kLead);
+    if (kt + kLead + 1 < KT) load_codes(kt + kLead + 1);
     ptx::cp_async_commit();
     if (kt + 1 < KT) decode(kt + 1, (kt + 1) % kBTiles);
     ptx::wgmma_wait<1>();
