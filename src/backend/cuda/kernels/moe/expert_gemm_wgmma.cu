@@ -17,7 +17,7 @@
 // step deeper, below): A 5 x 16 KB + B 3 x 16 KB + codes 5 x 4 KB + scales + 1 KB = 160.25 KB (1
 // CTA an SM either way: with NWG = 1's depth it would be 140.25 KB; 165 KB at kMaxK = 4096,
 // under the 227 KB a CTA may opt into). Registers (ptxas, sm_90a; checkpoint / fragments):
-// 157 / 137 with NWG = 1, 155 / 134 with NWG = 2 (launch bounds 256 threads x 1 CTA), no spills.
+// 157 / 128 with NWG = 1, 155 / 128 with NWG = 2 (launch bounds 256 threads x 1 CTA), no spills.
 // Tile height at launch (expert_gemm_v3): 128 when pairs >= 48 x E (the experts average 48 pairs
 // or more, so many need two 64-row tiles: 120b's and 20b's 2048-token prefill), else 64 (most
 // experts fit one 64-row tile, where 128-row tiles only idle the second warpgroup's MMAs);
@@ -200,13 +200,11 @@ __global__ void __launch_bounds__(Cta<NWG>::kThreads, NWG == 1 ? 2 : 1) expert_g
         const uint4 q = *reinterpret_cast<const uint4*>(raw + piece * 16);
         // Scale bytes of rows g / g + 8, blocks 0 / 1 (as two bf16 power-of-two factors).
         const uint32_t fs = *reinterpret_cast<const uint32_t*>(sc_smem + (tl * C + kt) * 32 + 4 * g);
-        const uint32_t fs_hi = __vminu4(fs, 0x80808080u) + 0x7E7E7E7Eu;
-        const uint32_t fs_lo = __vmaxu4(fs, 0x80808080u) - 0x01010101u;
         const uint32_t wq[4] = {q.x, q.y, q.z, q.w};
         // value = code x 2^-126 x hi x lo (frag_scale_pair). With every scale byte <= 128 (gpt-oss's
         // sit near 127) lo is 1, and one multiply gives the same bits as two: a branch per piece,
         // uniform over the warp unless its rows' scales straddle 2^1.
-        auto store_piece = [&](auto one_factor) {
+        auto store_piece = [&](auto one_factor, uint32_t fs_hi, uint32_t fs_lo) {
           constexpr bool kOne = decltype(one_factor)::value;
 #pragma unroll
           for (int s = 0; s < 2; ++s) {
@@ -235,10 +233,14 @@ __global__ void __launch_bounds__(Cta<NWG>::kThreads, NWG == 1 ? 2 : 1) expert_g
             *reinterpret_cast<uint4*>(bt_smem + sw128_offset(16 * tl + g + 8, 32 * h + 8 * tq)) = vg8;
           }
         };
-        if (fs_lo == 0x7F7F7F7Fu)  // max(s, 128) - 1 = 127 in all four bytes: s <= 128
-          store_piece(std::true_type{});
+        // Every s <= 128: the bytes with bit 7 set have no other bit. Then min(s, 128) + 126 is
+        // s + 126 in every byte (no carries), and no byte-wise min / max is needed.
+        const uint32_t big = (fs >> 7) & 0x01010101u;
+        if ((fs & (big * 0x7Fu)) == 0u)
+          store_piece(std::true_type{}, fs + 0x7E7E7E7Eu, 0u);
         else
-          store_piece(std::false_type{});
+          store_piece(std::false_type{}, __vminu4(fs, 0x80808080u) + 0x7E7E7E7Eu,
+                      __vmaxu4(fs, 0x80808080u) - 0x01010101u);
       }
     } else {
       // Row n = wtid: scale bytes of blocks 2 kt, 2 kt + 1 (kb is even, so 2-byte aligned).
