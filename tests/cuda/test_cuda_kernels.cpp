@@ -421,10 +421,9 @@ TEST_F(Kernels, MoeMxfp4ExpertGemmV3) {
 // Version 3's tile height rule: 128-row tiles once the experts average 48 pairs or more (120b and
 // 20b at 2048 tokens), 64-row ones below; GPTOSS_EXPERT_GEMM_TILE_M's values only.
 TEST_F(Kernels, ExpertGemmV3TileRows) {
-  EXPECT_EQ(cuda::expert_gemm_v3_auto_tile_rows(2048 * 4, 128), 128);
-  EXPECT_EQ(cuda::expert_gemm_v3_auto_tile_rows(2048 * 4, 32), 128);
-  EXPECT_EQ(cuda::expert_gemm_v3_auto_tile_rows(48 * 128, 128), 128);
-  EXPECT_EQ(cuda::expert_gemm_v3_auto_tile_rows(48 * 128 - 1, 128), 64);
+  // 64-row tiles by default at every size (128-row tiles measured slower on the H200).
+  EXPECT_EQ(cuda::expert_gemm_v3_auto_tile_rows(2048 * 4, 128), 64);
+  EXPECT_EQ(cuda::expert_gemm_v3_auto_tile_rows(2048 * 4, 32), 64);
   EXPECT_EQ(cuda::expert_gemm_v3_auto_tile_rows(512 * 4, 128), 64);
   EXPECT_THROW(cuda::set_expert_gemm_v3_tile_rows(96), Error);
   cuda::set_expert_gemm_v3_tile_rows(128);

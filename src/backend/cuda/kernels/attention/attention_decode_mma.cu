@@ -87,34 +87,50 @@ __global__ void __launch_bounds__(kThreads) attention_decode_mma_kernel(
   const uint32_t sbase = ptx::smem_addr(smem);
   const uint16_t* row = qkv + size_t(t) * (Hq + 2 * Hkv) * kD;
 
+  // A thread's share of a tile: one 16-byte column (ch) of kKeys / kRowsPerPass keys, their K
+  // and V rows. Address math is most of this kernel's instructions (Nsight Compute: IMAD, and
+  // the signed division by the page size, outnumbered the MMAs 15 to 1 with a division a chunk),
+  // so a key's page and slot are found once for K and V, by shift and mask when the page size is
+  // a power of two (block-uniform), and the V row is the K row plus page_size rows.
+  constexpr int kLanesPerKey = FP8 ? 4 : 8;              // 16-byte chunks a K or V row
+  constexpr int kRowsPerPass = kThreads / kLanesPerKey;  // keys the block covers a pass
+  const int my_key = tid / kLanesPerKey, my_ch = tid % kLanesPerKey;
+  const size_t row_elems = size_t(Hkv) * kD;
+  const size_t v_off = size_t(ps) * row_elems;  // K row -> V row of the same slot
+  const size_t col = size_t(kvh) * kD + size_t(my_ch) * (FP8 ? 16 : 8);
+  const bool ps_pow2 = (ps & (ps - 1)) == 0;
+  const int ps_shift = __ffs(ps) - 1;
   // Tile `tile` into stage `stage`, one cp.async group (empty past the split: the ring's
   // accounting stays uniform). Keys past pos - 1 are zero-filled: pos is this launch's to write.
   auto load_tile = [&](int tile, int stage) {
     if (tile < tile1) {
       const int k0 = lo + tile * kKeys;
-      if constexpr (!FP8) {
-        const uint32_t dst0 = sbase + stage * 2 * kTileBytes;
 #pragma unroll
-        for (int i = 0; i < 8; ++i) {
-          const int c = tid + i * kThreads;  // 1024 chunks: (K/V, key, 16-byte chunk)
-          const int which = c >> 9, j = (c >> 3) & 63, ch = c & 7;
-          const int p = k0 + j;
-          const bool ok = p < pos;
-          const uint16_t* src = static_cast<const uint16_t*>(kv.base);
-          if (ok) src += layout.offset(pt[p / ps], which, p % ps, kvh, ch * 8);
-          cp_async16(dst0 + which * kTileBytes + kv_tile_swz(j, ch), src, ok);
+      for (int r = 0; r < kKeys / kRowsPerPass; ++r) {
+        const int j = my_key + r * kRowsPerPass, p = k0 + j;
+        const bool ok = p < pos;
+        size_t off = 0;  // element offset of the key's K row, this thread's column
+        if (ok) {
+          int page_idx, slot;
+          if (ps_pow2) {
+            page_idx = p >> ps_shift;
+            slot = p & (ps - 1);
+          } else {
+            page_idx = int(unsigned(p) / unsigned(ps));
+            slot = p - page_idx * ps;
+          }
+          off = (size_t(pt[page_idx]) * 2 * ps + slot) * row_elems + col;
         }
-      } else {
-        const uint32_t dst0 = sbase + stage * 2 * kRawBytes;
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const int c = tid + i * kThreads;  // 512 chunks: (K/V, key, 16 fp8 values)
-          const int which = c >> 8, j = (c >> 2) & 63, ch = c & 3;
-          const int p = k0 + j;
-          const bool ok = p < pos;
-          const uint8_t* src = static_cast<const uint8_t*>(kv.base);
-          if (ok) src += layout.offset(pt[p / ps], which, p % ps, kvh, ch * 16);
-          cp_async16(dst0 + c * 16, src, ok);  // raw layout [K/V][key][64 bytes]
+        if constexpr (!FP8) {
+          const uint16_t* src = static_cast<const uint16_t*>(kv.base) + off;
+          const uint32_t dst = sbase + stage * 2 * kTileBytes + kv_tile_swz(j, my_ch);
+          cp_async16(dst, src, ok);
+          cp_async16(dst + kTileBytes, ok ? src + v_off : src, ok);
+        } else {  // raw layout [K/V][key][64 bytes]
+          const uint8_t* src = static_cast<const uint8_t*>(kv.base) + off;
+          const uint32_t dst = sbase + stage * 2 * kRawBytes + (j * kLanesPerKey + my_ch) * 16;
+          cp_async16(dst, src, ok);
+          cp_async16(dst + kRawBytes, ok ? src + v_off : src, ok);
         }
       }
     }

@@ -18,10 +18,9 @@
 // CTA an SM either way: with NWG = 1's depth it would be 140.25 KB; 165 KB at kMaxK = 4096,
 // under the 227 KB a CTA may opt into). Registers (ptxas, sm_90a; checkpoint / fragments):
 // 157 / 128 with NWG = 1, 155 / 128 with NWG = 2 (launch bounds 256 threads x 1 CTA), no spills.
-// Tile height at launch (expert_gemm_v3): 128 when pairs >= 48 x E (the experts average 48 pairs
-// or more, so many need two 64-row tiles: 120b's and 20b's 2048-token prefill), else 64 (most
-// experts fit one 64-row tile, where 128-row tiles only idle the second warpgroup's MMAs);
-// GPTOSS_EXPERT_GEMM_TILE_M=64|128 forces one. The host knows pairs and E without a sync.
+// Tile height at launch (expert_gemm_v3): 64 rows. The 128-row tiles lost on the H200 at every
+// size measured (one CTA an SM: nothing hides a CTA's start, barriers and tail; numbers at
+// expert_gemm_v3_auto_tile_rows); GPTOSS_EXPERT_GEMM_TILE_M=128 keeps them to measure.
 //
 // Per K step, in shared memory (layouts: wgmma_ptx.cuh, "K-major, 128-byte swizzle"):
 // - A: the step's 64 NWG x 64 bf16 activations, gathered by pair_token with cp.async straight
@@ -425,9 +424,6 @@ __global__ void __launch_bounds__(kWgThreads, 1) wgmma_dense_tile_kernel(const u
 #endif
 }
 
-// Pairs per expert (on average) from which expert_gemm_v3 takes 128-row tiles by default.
-constexpr int kTall128MinRows = 48;
-
 int g_tile_rows = -1;  // expert_gemm_v3_tile_rows: -1 not read yet, 0 auto, 64 or 128
 
 template <int NWG>
@@ -493,12 +489,15 @@ void set_expert_gemm_v3_tile_rows(int rows) {
 }
 
 int expert_gemm_v3_auto_tile_rows(int pairs, int E) {
-  // 128-row tiles once the experts average kTall128MinRows pairs or more: from there on many
-  // experts need two 64-row tiles, i.e. their weights decoded twice (the decode, not the tensor
-  // cores, bounds the kernel), and one 128-row tile decodes them once with twice the threads.
-  // Below it most experts fit one 64-row tile either way, and 64-row CTAs (2 an SM) keep the
-  // second warpgroup's MMAs on real rows.
-  return pairs >= kTall128MinRows * std::max(E, 1) ? 128 : 64;
+  // 64 rows everywhere. 128-row tiles decode each expert's weights once for up to 128 pairs
+  // (twice the MMAs a decode), but at one CTA an SM nothing hides a CTA's start, its barriers
+  // and its tail, and on the H200 they lost at every size measured (bench-kernels, 2048 tokens,
+  // gate_up + down a layer, fragments: 120b 2589.85 us against 2077.51; 20b 1705.63 against
+  // 1599.53; pp2048 120b 18354.91 tok/s against 21925.01). GPTOSS_EXPERT_GEMM_TILE_M=128 keeps
+  // them to measure.
+  (void)pairs;
+  (void)E;
+  return 64;
 }
 
 void expert_gemm_v3(const WeightMat& W, const bf16_t* A, int lda, int pairs, int E, bool gather_a, const MoeRouting& r,
