@@ -1387,7 +1387,8 @@ TEST(DecodeAttentionPlan, TensorCorePlan) {
 // The fused kernel against rope_kv_store + attention with the same splits: the same output bits
 // and the same K/V bytes in the pages (both round k and v the same way and share the split
 // boundaries, the per-tile arithmetic and the merge code, the cluster merge included). The
-// tensor-core kernel stores the same K/V bytes and gives outputs within bf16 rounding of them.
+// tensor-core kernel stores the same K/V bytes and gives outputs within bf16 output rounding of
+// theirs (its P is two bf16 parts, ~16 bits).
 TEST_F(Kernels, AttentionDecodeFusedMatchesTwoKernels) {
   const int Hq = small_mode() ? 8 : 64, Hkv = small_mode() ? 1 : 8;
   const uint64_t seed = fresh_seed() | 1;
@@ -1410,8 +1411,10 @@ TEST_F(Kernels, AttentionDecodeFusedMatchesTwoKernels) {
                                  " fp8=" + std::to_string(fp8) + " nsplit=" + std::to_string(plan.nsplit) +
                                  (plan.cluster ? " cluster" : " split");
           ASSERT_EQ(a.size(), f.size()) << at;
-          if (plan.mma) {  // other arithmetic (bf16 P, tensor-core sums): close, not equal
-            EXPECT_LE(rel_err(f, a), 1e-2) << at << " mma";
+          if (plan.mma) {  // other sums (tensor cores, P in two bf16 parts): within bf16 output rounding
+            const double e = rel_err(f, a);
+            std::printf("attention decode mma vs CUDA cores, %s: rel err %.3g\n", at.c_str(), e);
+            EXPECT_LE(e, 2e-3) << at << " mma";
           } else {
             size_t differ = 0;
             for (size_t i = 0; i < a.size(); ++i) differ += std::memcmp(&a[i], &f[i], 4) != 0;

@@ -7,7 +7,7 @@
 // TB/s, issue-bound on shared-memory loads and FMAs. Here a block's query heads are the M side of
 // mma.sync m16n8k16 (rows 0..G-1 of 16, the rest zero), keys the N side of S = Q K^T and the K side
 // of O = P V, exactly as the prefill flash kernel lays out its rows: a 64-key tile costs a warp
-// 16 MMAs and 8 ldmatrix instead of thousands of FMAs.
+// 24 MMAs (P in two bf16 parts) and 8 ldmatrix instead of thousands of FMAs.
 //
 // Work: block (token t, kv head, split) of 4 warps. The split's keys [lo, pos] go in 64-key
 // tiles (split boundaries as in attention.cu, in these tiles) through a 3-stage cp.async ring
@@ -277,7 +277,18 @@ __global__ void __launch_bounds__(kThreads) attention_decode_mma_kernel(
       const float p00 = fast_exp2(s[0][0] - mnew), p01 = fast_exp2(s[0][1] - mnew);
       const float p10 = fast_exp2(s[1][0] - mnew), p11 = fast_exp2(s[1][1] - mnew);
       l = l * corr + (p00 + p01 + p10 + p11);
-      const uint32_t pa[4] = {pack_bf16x2(p00, p01), 0u, pack_bf16x2(p10, p11), 0u};
+      // P as two bf16 A fragments, p = hi + lo (lo: the rounding residual, exact in fp32, itself
+      // rounded to bf16): O = hi V + lo V keeps ~16 bits of each p, as the fp32 P of the CUDA-core
+      // kernel does to within fp32 sums. bf16 P alone (the prefill flash kernel's) moved decode
+      // logits enough to flip greedy steps against the CPU sooner on random weights.
+      uint32_t pa[4] = {0u, 0u, 0u, 0u}, pl[4] = {0u, 0u, 0u, 0u};
+      pa[0] = pack_bf16x2(p00, p01);
+      pa[2] = pack_bf16x2(p10, p11);
+      {
+        const float2 h0 = bf16x2_to_f32x2(pa[0]), h1 = bf16x2_to_f32x2(pa[2]);
+        pl[0] = pack_bf16x2(p00 - h0.x, p01 - h0.y);
+        pl[2] = pack_bf16x2(p10 - h1.x, p11 - h1.y);
+      }
 #pragma unroll
       for (int nb = 0; nb < 8; ++nb) {
         o[nb][0] *= corr;
@@ -291,6 +302,8 @@ __global__ void __launch_bounds__(kThreads) attention_decode_mma_kernel(
         float c1[4] = {o[2 * dp + 1][0], o[2 * dp + 1][1], 0.f, 0.f};
         ptx::mma_bf16_16816(c0, pa, b[0], b[1]);
         ptx::mma_bf16_16816(c1, pa, b[2], b[3]);
+        ptx::mma_bf16_16816(c0, pl, b[0], b[1]);
+        ptx::mma_bf16_16816(c1, pl, b[2], b[3]);
         o[2 * dp][0] = c0[0];
         o[2 * dp][1] = c0[1];
         o[2 * dp + 1][0] = c1[0];
