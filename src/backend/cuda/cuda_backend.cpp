@@ -147,11 +147,15 @@ class CudaBackend final : public Backend {
   int plan_decode_attention(const Staged& st, int n, bool one_each, PassMeta* m) const;
   void stage_chunk(const ForwardBatch& b, int t0, int t1, Staged* st, std::vector<int>* out_index);
   void run_graph_step(const ForwardBatch& b);
-  // Exactly one of logits (copy them back), greedy (argmax ids) or `how` with ids (sample).
-  void run_batch(const ForwardBatch& b, float* logits, int32_t* greedy, const RowSampling* how = nullptr);
-  void run_batch_impl(const ForwardBatch& b, float* logits, int32_t* greedy, const RowSampling* how);
-  // Draws rows [0, n) of d_logits_ by per[i] on the device; ids land in d_greedy_.
-  void sample_on_device(const std::vector<RowSampling>& per, int n);
+  // Exactly one of logits (copy them back), greedy (argmax ids) or `how` with ids (sample; with
+  // `logprobs`, also each drawn token's logprob).
+  void run_batch(const ForwardBatch& b, float* logits, int32_t* greedy, const RowSampling* how = nullptr,
+                 float* logprobs = nullptr);
+  void run_batch_impl(const ForwardBatch& b, float* logits, int32_t* greedy, const RowSampling* how,
+                      float* logprobs);
+  // Draws rows [0, n) of d_logits_ by per[i] on the device; ids land in d_greedy_ (and with
+  // logprobs, the drawn tokens' logprobs in d_lp_).
+  void sample_on_device(const std::vector<RowSampling>& per, int n, bool logprobs);
 
   // The model as the engine sees it (config()), and the shape this rank computes with: the same
   // unless tensor-parallel, when cfg_ holds the rank's heads and intermediate slice.
@@ -211,7 +215,6 @@ class CudaBackend final : public Backend {
   int32_t* d_greedy_ = nullptr;
   int* d_ticket_ = nullptr;  // moe_router_route: blocks done (the last one routes)
   float* d_lp_ = nullptr;    // [kMaxLogitRows] the drawn tokens' logprobs (sample_rows)
-  float* lp_out_ = nullptr;  // forward_sample's logprobs_out, for the pass it runs
   RowSampling* d_how_ = nullptr;
   DeviceBuffer meta_;
   size_t meta_cap_ = 0;  // int32 entries
@@ -1001,20 +1004,22 @@ void CudaBackend::stage_chunk(const ForwardBatch& b, int t0, int t1, Staged* st,
   (void)seq_of;
 }
 
-void CudaBackend::sample_on_device(const std::vector<RowSampling>& per, int n) {
+void CudaBackend::sample_on_device(const std::vector<RowSampling>& per, int n, bool logprobs) {
   GPTOSS_CUDA_CHECK(cudaMemcpyAsync(d_how_, per.data(), n * sizeof(RowSampling), cudaMemcpyHostToDevice, stream_));
-  sample_rows(d_logits_, n, cfg_.vocab, d_how_, d_greedy_, stream_, lp_out_ ? d_lp_ : nullptr);
+  sample_rows(d_logits_, n, cfg_.vocab, d_how_, d_greedy_, stream_, logprobs ? d_lp_ : nullptr);
 }
 
-void CudaBackend::run_batch(const ForwardBatch& b, float* logits, int32_t* greedy, const RowSampling* how) {
+void CudaBackend::run_batch(const ForwardBatch& b, float* logits, int32_t* greedy, const RowSampling* how,
+                            float* logprobs) {
   // Several backends (tensor-parallel ranks) may share a process; the current device is per thread.
   GPTOSS_CUDA_CHECK(cudaSetDevice(device_));
   timeline_.begin(stream_);
-  run_batch_impl(b, logits, greedy, how);
+  run_batch_impl(b, logits, greedy, how, logprobs);
   timeline_.end(stream_);
 }
 
-void CudaBackend::run_batch_impl(const ForwardBatch& b, float* logits, int32_t* greedy, const RowSampling* how) {
+void CudaBackend::run_batch_impl(const ForwardBatch& b, float* logits, int32_t* greedy, const RowSampling* how,
+                                 float* logprobs) {
   const int M = int(b.tokens.size());
   if (kvc_.num_pages[0] + kvc_.num_pages[1] == 0) throw Error("cuda backend: init_kv_cache first");
   tap_layers_ = nullptr;
@@ -1114,15 +1119,15 @@ void CudaBackend::run_batch_impl(const ForwardBatch& b, float* logits, int32_t* 
     if (how && !tp_pairs) {
       std::vector<RowSampling> per(B);  // padding rows draw too, harmlessly
       for (size_t i = 0; i < b.logit_rows.size(); ++i) per[row_of[b.logit_rows[i]]] = how[i];
-      sample_on_device(per, B);
+      sample_on_device(per, B, logprobs != nullptr);
       std::vector<int32_t> ids(B);
-      std::vector<float> lps(lp_out_ ? B : 0);
+      std::vector<float> lps(logprobs ? B : 0);
       GPTOSS_CUDA_CHECK(cudaMemcpyAsync(ids.data(), d_greedy_, B * 4, cudaMemcpyDeviceToHost, stream_));
-      if (lp_out_) GPTOSS_CUDA_CHECK(cudaMemcpyAsync(lps.data(), d_lp_, B * 4, cudaMemcpyDeviceToHost, stream_));
+      if (logprobs) GPTOSS_CUDA_CHECK(cudaMemcpyAsync(lps.data(), d_lp_, B * 4, cudaMemcpyDeviceToHost, stream_));
       GPTOSS_CUDA_CHECK(cudaStreamSynchronize(stream_));
       for (size_t i = 0; i < b.logit_rows.size(); ++i) {
         greedy[i] = ids[row_of[b.logit_rows[i]]];
-        if (lp_out_) lp_out_[i] = lps[row_of[b.logit_rows[i]]];
+        if (logprobs) logprobs[i] = lps[row_of[b.logit_rows[i]]];
       }
     } else if (greedy) {
       std::vector<int32_t> ids(B);
@@ -1214,19 +1219,19 @@ void CudaBackend::run_batch_impl(const ForwardBatch& b, float* logits, int32_t* 
         if (how && !tp_pairs) {
           std::vector<RowSampling> per(cnt);
           for (int i = 0; i < cnt; ++i) per[i] = how[outs[done + i]];
-          sample_on_device(per, cnt);
+          sample_on_device(per, cnt, logprobs != nullptr);
         } else if (!tp_.active()) {
           argmax_rows(d_logits_, cnt, V, d_greedy_, stream_);
         }
         std::vector<int32_t> ids(cnt);
-        std::vector<float> lps(lp_out_ && how && !tp_pairs ? cnt : 0);
+        std::vector<float> lps(logprobs && how && !tp_pairs ? cnt : 0);
         GPTOSS_CUDA_CHECK(cudaMemcpyAsync(ids.data(), d_greedy_, cnt * 4, cudaMemcpyDeviceToHost, stream_));
         if (!lps.empty())
           GPTOSS_CUDA_CHECK(cudaMemcpyAsync(lps.data(), d_lp_, cnt * 4, cudaMemcpyDeviceToHost, stream_));
         GPTOSS_CUDA_CHECK(cudaStreamSynchronize(stream_));
         for (int i = 0; i < cnt; ++i) greedy[outs[done + i]] = ids[i];
         if (!lps.empty())
-          for (int i = 0; i < cnt; ++i) lp_out_[outs[done + i]] = lps[i];
+          for (int i = 0; i < cnt; ++i) logprobs[outs[done + i]] = lps[i];
       } else {
         for (int i = 0; i < cnt; ++i)
           GPTOSS_CUDA_CHECK(cudaMemcpyAsync(logits + size_t(outs[done + i]) * V, d_logits_ + size_t(i) * V,
@@ -1248,14 +1253,7 @@ void CudaBackend::forward_sample(const ForwardBatch& batch, const RowSampling* r
                                  float* logprobs_out) {
   if (logprobs_out && !samples_logprobs())
     throw Error("cuda backend: a tensor-parallel rank gives no logprobs from forward_sample");
-  lp_out_ = logprobs_out;
-  try {
-    run_batch(batch, nullptr, tokens_out, rows);
-  } catch (...) {
-    lp_out_ = nullptr;
-    throw;
-  }
-  lp_out_ = nullptr;
+  run_batch(batch, nullptr, tokens_out, rows, logprobs_out);
 }
 
 std::unique_ptr<Eagle3Head> CudaBackend::make_eagle3_head(std::shared_ptr<const Eagle3Weights> head) {

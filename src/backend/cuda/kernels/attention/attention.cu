@@ -194,35 +194,13 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel(const uint16_t* 
         const uint16_t* kp = row + size_t(Hq + kvh) * D;
         const float2 r = rope_rotate(bf16_bits_to_f32(kp[lane]), bf16_bits_to_f32(kp[lane + HALF]), rope_c[lane],
                                      rope_s[lane]);
-        const float r1 = round_to_bf16(r.x), r2 = round_to_bf16(r.y);
         const size_t o = layout.offset(page, 0, slot, kvh, lane);
-        if (kv.fp8) {
-          uint8_t* b = static_cast<uint8_t*>(kv.base);
-          const uint8_t b1 = f32_to_fp8_bits(r1), b2 = f32_to_fp8_bits(r2);
-          b[o] = b1;
-          b[o + HALF] = b2;
-          k_new[lane] = fp8_bits_to_f32(b1);
-          k_new[lane + HALF] = fp8_bits_to_f32(b2);
-        } else {
-          uint16_t* b = static_cast<uint16_t*>(kv.base);
-          b[o] = f32_to_bf16_bits(r1);
-          b[o + HALF] = f32_to_bf16_bits(r2);
-          k_new[lane] = r1;
-          k_new[lane + HALF] = r2;
-        }
+        k_new[lane] = store_kv_value(kv, o, round_to_bf16(r.x));
+        k_new[lane + HALF] = store_kv_value(kv, o + HALF, round_to_bf16(r.y));
       } else if (warp == kWarps - 1) {  // v: stored as is (fp8: rounded)
         const uint16_t* vp = row + size_t(Hq + Hkv + kvh) * D;
-        for (int i = lane; i < D; i += 32) {
-          const size_t o = layout.offset(page, 1, slot, kvh, i);
-          if (kv.fp8) {
-            const uint8_t b = f32_to_fp8_bits(bf16_bits_to_f32(vp[i]));
-            static_cast<uint8_t*>(kv.base)[o] = b;
-            v_new[i] = fp8_bits_to_f32(b);
-          } else {
-            static_cast<uint16_t*>(kv.base)[o] = vp[i];
-            v_new[i] = bf16_bits_to_f32(vp[i]);
-          }
-        }
+        for (int i = lane; i < D; i += 32)
+          v_new[i] = store_kv_value(kv, layout.offset(page, 1, slot, kvh, i), bf16_bits_to_f32(vp[i]));
       }
     }
     __syncthreads();  // q_s, k_new, v_new

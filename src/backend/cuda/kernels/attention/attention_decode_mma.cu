@@ -164,34 +164,14 @@ __global__ void __launch_bounds__(kThreads) attention_decode_mma_kernel(
       const uint16_t* kp = row + size_t(Hq + kvh) * kD;
       const float2 r = rope_rotate(bf16_bits_to_f32(kp[tid]), bf16_bits_to_f32(kp[tid + kHalf]), rope_c[tid],
                                    rope_s[tid]);
-      const float r1 = round_to_bf16(r.x), r2 = round_to_bf16(r.y);
       const size_t o = layout.offset(page, 0, slot, kvh, tid);
-      if (kv.fp8) {
-        uint8_t* b = static_cast<uint8_t*>(kv.base);
-        const uint8_t b1 = f32_to_fp8_bits(r1), b2 = f32_to_fp8_bits(r2);
-        b[o] = b1;
-        b[o + kHalf] = b2;
-        kv_new[0][tid] = f32_to_bf16_bits(fp8_bits_to_f32(b1));
-        kv_new[0][tid + kHalf] = f32_to_bf16_bits(fp8_bits_to_f32(b2));
-      } else {
-        uint16_t* b = static_cast<uint16_t*>(kv.base);
-        b[o] = f32_to_bf16_bits(r1);
-        b[o + kHalf] = f32_to_bf16_bits(r2);
-        kv_new[0][tid] = f32_to_bf16_bits(r1);
-        kv_new[0][tid + kHalf] = f32_to_bf16_bits(r2);
-      }
+      kv_new[0][tid] = f32_to_bf16_bits(store_kv_value(kv, o, round_to_bf16(r.x)));
+      kv_new[0][tid + kHalf] = f32_to_bf16_bits(store_kv_value(kv, o + kHalf, round_to_bf16(r.y)));
     } else if (tid >= 64) {  // v: stored as is (fp8: rounded)
       const int i = tid - 64;
       const uint16_t* vp = row + size_t(Hq + Hkv + kvh) * kD;
-      const size_t o = layout.offset(page, 1, slot, kvh, i);
-      if (kv.fp8) {
-        const uint8_t b = f32_to_fp8_bits(bf16_bits_to_f32(vp[i]));
-        static_cast<uint8_t*>(kv.base)[o] = b;
-        kv_new[1][i] = f32_to_bf16_bits(fp8_bits_to_f32(b));
-      } else {
-        static_cast<uint16_t*>(kv.base)[o] = vp[i];
-        kv_new[1][i] = vp[i];
-      }
+      const float stored = store_kv_value(kv, layout.offset(page, 1, slot, kvh, i), bf16_bits_to_f32(vp[i]));
+      kv_new[1][i] = f32_to_bf16_bits(stored);
     }
   }
   __syncthreads();  // q_s, kv_new

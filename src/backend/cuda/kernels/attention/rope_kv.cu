@@ -45,27 +45,14 @@ __global__ void rope_kv_kernel(uint16_t* __restrict__ qkv, int Hq, int Hkv, int 
     } else {
       int kh = h - Hq;
       // Round through bf16 first so the cache holds what a bf16 k would be.
-      const float r1 = round_to_bf16(o1), r2 = round_to_bf16(o2);
-      size_t o = kv_offset(page, 0, slot, kh, j, kv.page_size, Hkv, D);
-      if (kv.fp8) {
-        uint8_t* b = static_cast<uint8_t*>(kv.base);
-        b[o] = f32_to_fp8_bits(r1);
-        b[o + half] = f32_to_fp8_bits(r2);
-      } else {
-        uint16_t* b = static_cast<uint16_t*>(kv.base);
-        b[o] = f32_to_bf16_bits(r1);
-        b[o + half] = f32_to_bf16_bits(r2);
-      }
+      const size_t o = kv_offset(page, 0, slot, kh, j, kv.page_size, Hkv, D);
+      store_kv_value(kv, o, round_to_bf16(o1));
+      store_kv_value(kv, o + half, round_to_bf16(o2));
     }
   }
   const uint16_t* v = row + size_t(Hq + Hkv) * D;
-  for (int i = threadIdx.x; i < Hkv * D; i += blockDim.x) {
-    size_t o = kv_offset(page, 1, slot, i / D, i % D, kv.page_size, Hkv, D);
-    if (kv.fp8)
-      static_cast<uint8_t*>(kv.base)[o] = f32_to_fp8_bits(bf16_bits_to_f32(v[i]));
-    else
-      static_cast<uint16_t*>(kv.base)[o] = v[i];
-  }
+  for (int i = threadIdx.x; i < Hkv * D; i += blockDim.x)
+    store_kv_value(kv, kv_offset(page, 1, slot, i / D, i % D, kv.page_size, Hkv, D), bf16_bits_to_f32(v[i]));
 }
 
 void rope_kv_store(bf16_t* qkv, int n, int Hq, int Hkv, int D, const float* inv_freq, float attn_scaling,

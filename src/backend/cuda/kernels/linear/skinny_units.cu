@@ -86,13 +86,12 @@ __global__ void __launch_bounds__(KS * 32, skinny_min_blocks(1, KS, RT)) skinny_
   if (u0 >= u1) { pdl_trigger(); return; }  // uniform over the block
 
   struct Unit {
-    int group, tile0, expert, tok0, tok_end;
+    int tile0, expert, tok0, tok_end;
   };
   int cursor = 0;  // the group of the last unit decoded (units only grow within a block)
   auto unit_at = [&](int u) {
     while (s_unit0[cursor + 1] <= u) ++cursor;
     Unit x;
-    x.group = cursor;
     const int rel = u - s_unit0[cursor], pass = rel / TB;
     x.tile0 = (rel - pass * TB) * RT;
     x.expert = s_expert[cursor];
