@@ -261,7 +261,9 @@ void attention(const bf16_t* qkv, int n, int Hq, int Hkv, int D, int window, con
 // rope_kv_store + attention in one launch. Each (token, kv head, split) block ropes its query
 // heads, and the block whose split holds the token's position ropes k and stores k and v into the
 // pages (bf16 or fp8), using the stored values for that key directly. qkv is only read (q and k
-// stay unrotated there). Same result bits as rope_kv_store + attention with the same splits.
+// stay unrotated there). The same K/V bytes as rope_kv_store; with plan.mma false (the CUDA-core
+// kernel) the same result bits as rope_kv_store + attention with the same splits, with plan.mma
+// (tensor cores, attention_decode_mma.cu) results within bf16 output rounding of them.
 // plan.cluster: the plan.nsplit (a power of two <= kDecodeClusterMax; past 8 Hopper's
 // non-portable cluster sizes) splits of a (token, kv head) form a thread-block cluster and merge
 // through distributed shared memory (one launch); else plan.nsplit (<= 32) splits go through
