@@ -190,10 +190,7 @@ void bench_decode_attention(const GptOssConfig& c, int tokens, int iters) {
         plans.push_back(DecodeAttentionPlan{split_nsplit, false, true});
         for (int cs = 1; cs <= kDecodeClusterMax; cs *= 2) plans.push_back(DecodeAttentionPlan{cs, true, true});
         const DecodeAttentionPlan chosen = decode_attention_plan(n, Hkv, keys, split_nsplit);
-        bool listed = false;
-        for (size_t k = 1; k < plans.size(); ++k)
-          listed |= plans[k].nsplit == chosen.nsplit && plans[k].cluster == chosen.cluster && plans[k].mma == chosen.mma;
-        if (!listed) plans.push_back(chosen);
+        if (std::find(plans.begin() + 1, plans.end(), chosen) == plans.end()) plans.push_back(chosen);
         // rope_kv_store rotates qkv in place: the outputs compared start from the unrotated copy;
         // timed launches rotate over and over with the YaRN scaling at 1 (values stay bounded).
         auto launch = [&](size_t k, bf16_t* o, float scaling) {
@@ -241,8 +238,7 @@ void bench_decode_attention(const GptOssConfig& c, int tokens, int iters) {
           std::string kern = k == 0 ? "rope_kv + attention + merge, " + std::to_string(p.nsplit) + " splits"
                                     : std::string(p.mma ? "fused mma, " : "fused, ") + std::to_string(p.nsplit) +
                                           (p.cluster ? " splits in a cluster" : " splits + merge");
-          if (k > 0 && p.nsplit == chosen.nsplit && p.cluster == chosen.cluster && p.mma == chosen.mma)
-            kern += " (plan)";
+          if (k > 0 && p == chosen) kern += " (plan)";
           std::printf("| attention | %s | %s | %s | %.2f | %g |\n", shape.c_str(), layer, kern.c_str(), us, diff);
           std::fflush(stdout);
         }

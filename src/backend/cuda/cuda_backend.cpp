@@ -784,13 +784,12 @@ int CudaBackend::plan_decode_attention(const Staged& st, int n, bool one_each, P
   const int full_keys = max_pos + 1;
   const int sliding_keys = cfg_.sliding_window > 0 ? std::min(full_keys, cfg_.sliding_window) : full_keys;
   if (decode_attn_ == DecodeAttn::kSplit) {
-    m->attn_full = m->attn_sliding = DecodeAttentionPlan{splits_for(n), false, true};
+    m->attn_full = m->attn_sliding = DecodeAttentionPlan{splits_for(n), false, decode_attn_mma_};
   } else {
     const int most = decode_attn_ == DecodeAttn::kAuto16 ? 16 : 8;
     m->attn_full = decode_attention_plan(n, cfg_.num_kv_heads, full_keys, splits_for(n), most, decode_attn_mma_);
     m->attn_sliding = decode_attention_plan(n, cfg_.num_kv_heads, sliding_keys, splits_for(n), most, decode_attn_mma_);
   }
-  m->attn_full.mma = m->attn_sliding.mma = decode_attn_mma_;
   auto code = [](const DecodeAttentionPlan& p) { return (p.nsplit * 2 + (p.cluster ? 1 : 0)) * 2 + (p.mma ? 1 : 0); };
   return 1 + code(m->attn_full) * 1000 + code(m->attn_sliding);
 }

@@ -2,7 +2,9 @@
 // Error checking and small RAII helpers shared by the CUDA backend's host code and tests.
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstddef>
+#include <cstdint>
 #include <string>
 
 #include "common/error.h"
@@ -51,5 +53,18 @@ bool cuda_device_available();
 // Streaming multiprocessors of the current device (read once per device; kernels that size
 // their grid to the GPU).
 int sm_count();
+
+// Runs set() once per device for the flag word `done` (a bit a device ordinal): kernel attributes
+// (the shared-memory and cluster-size opt-ins) hold per kernel and device, and tensor-parallel
+// ranks in one process each drive their own device.
+template <class F>
+void once_per_device(std::atomic<uint64_t>& done, F&& set) {
+  int dev = 0;
+  GPTOSS_CUDA_CHECK(cudaGetDevice(&dev));
+  const uint64_t bit = uint64_t(1) << (dev & 63);
+  if (done.load() & bit) return;
+  set();
+  done.fetch_or(bit);
+}
 
 }  // namespace gptoss::cuda

@@ -276,6 +276,7 @@ struct DecodeAttentionPlan {
   int nsplit = 1;
   bool cluster = true;
   bool mma = false;
+  bool operator==(const DecodeAttentionPlan&) const = default;
 };
 // The plan for n tokens whose longest key range (positions seen) is max_keys: a cluster of as
 // many splits as the launch has room for (at most max_cluster; 8 is the portable size, 16 needs

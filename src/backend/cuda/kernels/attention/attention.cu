@@ -389,13 +389,9 @@ void launch_decode(const uint16_t* q, int n, int Hq, int Hkv, int window, const 
   if (MODE == AttnMode::kFusedCluster && nsplit > 8) {
     // Clusters past the portable 8 blocks are an opt-in per kernel and device.
     static std::atomic<uint64_t> allowed{0};
-    int dev = 0;
-    GPTOSS_CUDA_CHECK(cudaGetDevice(&dev));
-    const uint64_t bit = uint64_t(1) << (dev & 63);
-    if (!(allowed.load() & bit)) {
+    once_per_device(allowed, [] {
       GPTOSS_CUDA_CHECK(cudaFuncSetAttribute(attention_kernel<D, MODE>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
-      allowed.fetch_or(bit);
-    }
+    });
   }
   const dim3 cluster(1, 1, MODE == AttnMode::kFusedCluster ? unsigned(nsplit) : 1u);
   launch_pdl_cluster(attention_kernel<D, MODE>, dim3(n, Hkv, nsplit), dim3(kWarps * 32), 0, cluster, s, q, Hq, Hkv,

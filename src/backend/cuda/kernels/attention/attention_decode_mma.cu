@@ -368,19 +368,15 @@ __global__ void __launch_bounds__(kThreads) attention_decode_mma_kernel(
 // portable 8 blocks too.
 template <bool FP8, bool CLUSTER>
 void opt_in(int nsplit) {
-  static std::atomic<uint64_t> done{0}, big_cluster{0};
-  int dev = 0;
-  GPTOSS_CUDA_CHECK(cudaGetDevice(&dev));
-  const uint64_t bit = uint64_t(1) << (dev & 63);
+  static std::atomic<uint64_t> smem{0}, big_cluster{0};
   auto* k = attention_decode_mma_kernel<FP8, CLUSTER>;
-  if (!(done.load() & bit)) {
+  once_per_device(smem, [&] {
     GPTOSS_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, FP8 ? kSmemFp8 : kSmemBf16));
-    done.fetch_or(bit);
-  }
-  if (CLUSTER && nsplit > 8 && !(big_cluster.load() & bit)) {
-    GPTOSS_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
-    big_cluster.fetch_or(bit);
-  }
+  });
+  if (CLUSTER && nsplit > 8)
+    once_per_device(big_cluster, [&] {
+      GPTOSS_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+    });
 }
 
 template <bool FP8, bool CLUSTER>

@@ -45,8 +45,6 @@ using ptx::cp_async16;
 using ptx::cp_async_commit;
 using ptx::cp_async_wait;
 using ptx::smem_addr;
-// Byte offset of (row, 16-byte chunk) in a [rows][64] bf16 tile (kv_tile.cuh).
-__device__ __forceinline__ uint32_t swz(int row, int chunk) { return kv_tile_swz(row, chunk); }
 
 template <bool FP8>
 __global__ void __launch_bounds__(kThreads, 2)
@@ -87,7 +85,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     const int r = c / 8, ch = c % 8, g = r / TQ, tok = r % TQ;
     const bool ok = tok < ntok;
     const uint16_t* src = ok ? qkv + size_t(t0 + tok) * row_len + size_t(kvh * G + g) * kD + ch * 8 : qkv;
-    cp_async16(q_base + swz(r, ch), src, ok);
+    cp_async16(q_base + kv_tile_swz(r, ch), src, ok);
   }
   cp_async_commit();
   cp_async_wait<0>();
@@ -97,7 +95,7 @@ __global__ void __launch_bounds__(kThreads, 2)
 #pragma unroll
   for (int ks = 0; ks < 4; ++ks) {
     const int r = warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
-    ptx::ldmatrix_x4(qf[ks], q_base + swz(r, 2 * ks + (lane >> 4)));
+    ptx::ldmatrix_x4(qf[ks], q_base + kv_tile_swz(r, 2 * ks + (lane >> 4)));
   }
   __syncthreads();  // the Q staging area is a K/V stage from here on
 
@@ -156,7 +154,7 @@ __global__ void __launch_bounds__(kThreads, 2)
           ok = ok && page >= 0;
           const uint16_t* src = static_cast<const uint16_t*>(kv.base);
           if (ok) src += lay.offset(page, which, p % ps, kvh, ch * 8);
-          cp_async16(dst0 + which * kTileBytes + swz(j, ch), src, ok);
+          cp_async16(dst0 + which * kTileBytes + kv_tile_swz(j, ch), src, ok);
         }
       } else {
         const uint32_t dst0 = sbase + stage * (kStageBytes / 2);
@@ -198,7 +196,7 @@ __global__ void __launch_bounds__(kThreads, 2)
 #pragma unroll
           for (int half = 0; half < 2; ++half) {  // 8 fp8 values -> one 16-byte bf16 chunk
             const uint2 v = *reinterpret_cast<const uint2*>(raw + c * 16 + half * 8);
-            *reinterpret_cast<uint4*>(base + swz(j, 2 * ch + half)) = widen_fp8x8_to_bf16(v);
+            *reinterpret_cast<uint4*>(base + kv_tile_swz(j, 2 * ch + half)) = widen_fp8x8_to_bf16(v);
           }
         }
         __syncthreads();
@@ -222,7 +220,7 @@ __global__ void __launch_bounds__(kThreads, 2)
 #pragma unroll
           for (int np = 0; np < 4; ++np) {
             uint32_t b[4];
-            ptx::ldmatrix_x4(b, kt + swz(16 * np + (lane & 7) + (lane >> 4) * 8, 2 * ks + ((lane >> 3) & 1)));
+            ptx::ldmatrix_x4(b, kt + kv_tile_swz(16 * np + (lane & 7) + (lane >> 4) * 8, 2 * ks + ((lane >> 3) & 1)));
             ptx::mma_bf16_16816(s[2 * np], qf[ks], b[0], b[1]);
             ptx::mma_bf16_16816(s[2 * np + 1], qf[ks], b[2], b[3]);
           }
@@ -277,7 +275,8 @@ __global__ void __launch_bounds__(kThreads, 2)
 #pragma unroll
           for (int dp = 0; dp < 4; ++dp) {
             uint32_t b[4];
-            ptx::ldmatrix_x4_trans(b, vt + swz(16 * kk + (lane & 7) + ((lane >> 3) & 1) * 8, 2 * dp + (lane >> 4)));
+            ptx::ldmatrix_x4_trans(b,
+                                   vt + kv_tile_swz(16 * kk + (lane & 7) + ((lane >> 3) & 1) * 8, 2 * dp + (lane >> 4)));
             ptx::mma_bf16_16816(o[2 * dp], pa[kk], b[0], b[1]);
             ptx::mma_bf16_16816(o[2 * dp + 1], pa[kk], b[2], b[3]);
           }

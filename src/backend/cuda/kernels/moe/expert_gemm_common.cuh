@@ -255,13 +255,10 @@ __device__ __forceinline__ CodeCopies code_copies(const uint8_t* w, int expert, 
 // per device.
 template <class... Kernels>
 inline void opt_in_smem_once_per_device(std::atomic<uint64_t>& done, size_t bytes, Kernels... kernels) {
-  int dev = 0;
-  GPTOSS_CUDA_CHECK(cudaGetDevice(&dev));
-  const uint64_t bit = uint64_t(1) << (dev & 63);
-  if (done.load() & bit) return;
-  for (const void* k : {reinterpret_cast<const void*>(kernels)...})
-    GPTOSS_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
-  done.fetch_or(bit);
+  once_per_device(done, [&] {
+    for (const void* k : {reinterpret_cast<const void*>(kernels)...})
+      GPTOSS_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
+  });
 }
 
 }  // namespace gptoss::cuda::moe_gemm
