@@ -157,16 +157,18 @@ int run_kernel_bench(const KernelBenchOptions& o) {
           }
         set_streamk_variant(0);
         set_decode_kernel_choice(-1);  // back to GPTOSS_DECODE_KERNEL's choice
-        if (fmt == WeightMat::kFragBF16 && M <= 8) {
-          // Other shapes of the one-n-tile bf16 kernel (warps splitting K, row tiles, chunks in flight).
-          static const char* names[] = {"", "ks16 rt1 pf1", "ks16 rt1 pf2", "ks8 rt1 pf2", "ks16 rt2 pf1"};
+        if (M <= 8) {
+          // Other shapes of the one-n-tile kernel (warps splitting K, row tiles, chunks in flight).
+          static const char* bf16_names[] = {"", "ks16 rt1 pf1", "ks16 rt1 pf2", "ks8 rt1 pf2", "ks16 rt2 pf1"};
+          static const char* fp8_names[] = {"", "ks8 rt1 pf4", "ks8 rt1 pf3", "ks16 rt1 pf2", "ks16 rt2 pf1"};
+          const char* const* names = fmt == WeightMat::kFragBF16 ? bf16_names : fp8_names;
           set_decode_kernel_choice(1);
           for (int v = 1; v <= 4; ++v) {
             set_skinny_variant(v);
             double uv = timer.us(o.iters, [&](int i) {
               linear(ps[i % copies], xb, d.K, M, Epilogue{Epilogue::kStoreF32, out, d.N}, s);
             });
-            row(sname, shape, (std::string("skinny_mma bf16 ") + names[v]).c_str(), uv,
+            row(sname, shape, (std::string("skinny_mma ") + fname + " " + names[v]).c_str(), uv,
                 double(frag_weight_bytes(fmt, 1, d.N, d.K)));
           }
           set_skinny_variant(0);

@@ -928,7 +928,8 @@ void linear(const WeightMat& W, const bf16_t* A, int lda, int M, const Epilogue&
     k = pick(W, M, M, false, invariant);  // cuBLASLt has no algorithm for it: our own kernel
   }
   if (k == LinearKernel::kSkinnyMma) {
-    skinny_linear(W, A, false, lda, M, 0, 1, false, false, MoeRouting{}, epi, 0, s);
+    // Batch-invariant: 8 warps over K at every M (the shapes chosen by speed differ by M).
+    skinny_linear(W, A, false, lda, M, 0, 1, false, false, MoeRouting{}, epi, invariant ? 8 : 0, s);
     return;
   }
   if (k == LinearKernel::kStreamK) {

@@ -250,6 +250,15 @@ void launch_fmt(const SkinnyArgs& a, int tiles, int groups, int ks, cudaStream_t
       default: break;
     }
   }
+  if constexpr (FMT == WeightMat::kFragFP8 && NT == 1) {
+    switch (g_skinny_variant) {  // dense fp8 decode copies (q/k/v/o, lm_head)
+      case 1: return launch_shape<FMT, NT, 8, 1, 4, XF16, true>(a, tiles, groups, s);
+      case 2: return launch_shape<FMT, NT, 8, 1, 3, XF16, true>(a, tiles, groups, s);
+      case 3: return launch_shape<FMT, NT, 16, 1, 2, XF16, true>(a, tiles, groups, s);
+      case 4: return launch_shape<FMT, NT, 16, 2, 1, XF16, true>(a, tiles, groups, s);
+      default: break;
+    }
+  }
   if constexpr (FMT == WeightMat::kFragBF16 && NT == 1) {
     switch (g_skinny_variant) {  // dense bf16 decode copies (q/k/v/o, lm_head)
       case 1: return launch_shape<FMT, NT, 16, 1, 1, XF16, true>(a, tiles, groups, s);
@@ -276,14 +285,24 @@ void launch_fmt(const SkinnyArgs& a, int tiles, int groups, int ks, cudaStream_t
   // tokens 124 -> 114 us against eight row tiles); grouped launches below that (down at 1 token:
   // 720 pairs) two row tiles, four chunks in flight (13.3 -> 11.6 us against one row tile, three).
   if constexpr (FMT == WeightMat::kFragMXFP4 && NT == 1) {
-    if (ks == 8 && skinny_units_enabled() && launch_skinny_units(a, tiles, groups, XF16, 0, s)) return;
-    if (ks == 8 && size_t(tiles) * groups >= 1400) return launch_shape<FMT, NT, 8, 4, 1, XF16, true>(a, tiles, groups, s);
-    if (ks == 8 && a.grouped && size_t(tiles) * groups >= 512) return launch_shape<FMT, NT, 8, 2, 4, XF16, true>(a, tiles, groups, s);
+    if (ks != 4 && skinny_units_enabled() && launch_skinny_units(a, tiles, groups, XF16, 0, s)) return;
+    if (ks != 4 && size_t(tiles) * groups >= 1400) return launch_shape<FMT, NT, 8, 4, 1, XF16, true>(a, tiles, groups, s);
+    if (ks != 4 && a.grouped && size_t(tiles) * groups >= 512) return launch_shape<FMT, NT, 8, 2, 4, XF16, true>(a, tiles, groups, s);
   }
   if constexpr (FMT == WeightMat::kFragBF16 && NT == 1) {
     // bf16 at K = 2880 (qkv's decode copy): two chunks in flight (bench-kernels, H200, eighth
     // session: 120b qkv at 1 token 11.67 -> 10.66 us; o_proj's K = 4096 was slower so: 9.09 -> 9.51).
     if (ks != 4 && one_tile && a.W.K == 2880) return launch_shape<FMT, NT, 8, 1, 2, XF16, true>(a, tiles, groups, s);
+  }
+  if constexpr ((FMT == WeightMat::kFragBF16 || FMT == WeightMat::kFragFP8) && NT == 1) {
+    // o_proj (K = 4096): 16 warps over K and two row tiles a block, so each block stages the
+    // activation rows once for two tiles (bench-kernels, H200, tenth session, 120b, us: bf16 9.04
+    // -> 8.71 at 1 token, 12.37 -> 10.40 at 8; fp8 7.13 -> 6.02, 10.94 -> 8.06). qkv (K = 2880)
+    // and lm_head were slower so.
+    // Only where the shape is ours to choose (ks 0): the batch-invariant mode asks for 8 warps
+    // over K at every batch size (the same sums for a row whatever M).
+    if (ks == 0 && one_tile && !a.grouped && a.W.K == 4096)
+      return launch_shape<FMT, NT, 16, 2, 1, XF16, true>(a, tiles, groups, s);
   }
   if (ks == 4)
     launch_shape<FMT, NT, 4, 2, kPF, XF16>(a, tiles, groups, s);
@@ -358,8 +377,9 @@ void skinny_linear(const WeightMat& W, const void* A, bool a_f16, int lda, int M
   // activation loads on all of them (120b at 32 tokens: ~1.6 tokens per touched expert).
   const int max_tokens = grouped ? (pairs + groups - 1) / groups : M;
   // Warps splitting K (bench-kernels, 120b experts, H200, shared-memory activations): 8 was the
-  // fastest or within 5% at 1 and 8 tokens (gate_up 23.7 vs 26.8 us at 4; 133.9 vs 140.2).
-  const int ks = ks_override ? ks_override : 8;
+  // fastest or within 5% at 1 and 8 tokens (gate_up 23.7 vs 26.8 us at 4; 133.9 vs 140.2). 0
+  // (no override): 8, or another shape where one measured faster (launch_fmt); 8 forces it.
+  const int ks = ks_override;
   switch (W.fmt) {
     case WeightMat::kFragMXFP4:
       if (a_f16) launch_nt<WeightMat::kFragMXFP4, true>(a, max_tokens, tiles, groups, ks, s);
