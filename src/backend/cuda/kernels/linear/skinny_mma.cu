@@ -38,6 +38,19 @@ static int skinny_opt_bits() {  // GPTOSS_SKINNY_OPT, read once (skinny_units.h)
 bool skinny_cc_enabled() { return (skinny_opt_bits() & 1) != 0; }
 bool skinny_units_enabled() { return (skinny_opt_bits() & 3) == 3; }
 
+// GPTOSS_DENSE_TWO_TILE (bench comparisons), read once: which dense one-n-tile launches take the
+// 16-warp, two-tile shape (launch_fmt). Bit 0: bf16 and fp8 at K = 4096 (o_proj), bit 1: MXFP4 at
+// K = 4096 (`--mxfp4-layers all`: 120b tg64 494.18 -> 501.61, 20b 660.02 -> 659.55; H200, tenth
+// session), both on by default; bit 2: also K = 2048 (o_proj's row slice at TP=2: tg128 464.21
+// -> 467.75 ± 4.39, x32 3477.52 -> 3507.30, within the noise: off).
+static int dense_two_tile_bits() {
+  static const int bits = [] {
+    const char* e = std::getenv("GPTOSS_DENSE_TWO_TILE");
+    return e && *e ? std::atoi(e) : 3;
+  }();
+  return bits;
+}
+
 }  // namespace skinny
 
 namespace {
@@ -294,15 +307,19 @@ void launch_fmt(const SkinnyArgs& a, int tiles, int groups, int ks, cudaStream_t
     // session: 120b qkv at 1 token 11.67 -> 10.66 us; o_proj's K = 4096 was slower so: 9.09 -> 9.51).
     if (ks != 4 && one_tile && a.W.K == 2880) return launch_shape<FMT, NT, 8, 1, 2, XF16, true>(a, tiles, groups, s);
   }
-  if constexpr ((FMT == WeightMat::kFragBF16 || FMT == WeightMat::kFragFP8) && NT == 1) {
+  if constexpr (NT == 1) {
     // o_proj (K = 4096): 16 warps over K and two row tiles a block, so each block stages the
     // activation rows once for two tiles (bench-kernels, H200, tenth session, 120b, us: bf16 9.04
     // -> 8.71 at 1 token, 12.37 -> 10.40 at 8; fp8 7.13 -> 6.02, 10.94 -> 8.06). qkv (K = 2880)
-    // and lm_head were slower so.
-    // Only where the shape is ours to choose (ks 0): the batch-invariant mode asks for 8 warps
-    // over K at every batch size (the same sums for a row whatever M).
-    if (ks == 0 && one_tile && !a.grouped && a.W.K == 4096)
-      return launch_shape<FMT, NT, 16, 2, 1, XF16, true>(a, tiles, groups, s);
+    // and lm_head were slower so. Only where the shape is ours to choose (ks 0): the
+    // batch-invariant mode asks for 8 warps over K at every batch size (the same sums for a row
+    // whatever M).
+    if (ks == 0 && one_tile && !a.grouped) {
+      const int b = dense_two_tile_bits();
+      const bool k_ok = a.W.K == 4096 || (a.W.K == 2048 && (b & 4));
+      const bool fmt_ok = (b & (FMT == WeightMat::kFragMXFP4 ? 2 : 1)) != 0;
+      if (k_ok && fmt_ok) return launch_shape<FMT, NT, 16, 2, FMT == WeightMat::kFragMXFP4 ? 3 : 1, XF16, true>(a, tiles, groups, s);
+    }
   }
   if (ks == 4)
     launch_shape<FMT, NT, 4, 2, kPF, XF16>(a, tiles, groups, s);
