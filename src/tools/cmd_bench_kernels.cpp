@@ -11,7 +11,7 @@ namespace {
 
 struct Args {
   std::string model = "120b";
-  int iters = 200, tokens = 1;
+  int iters = 200, tokens = 1, tp = 1, tp_rank = 0;
   bool attention_only = false;
 };
 
@@ -24,6 +24,10 @@ gptoss::tools::RegisterCommand reg({"bench-kernels", "Time each decode kernel (a
                   "Batch (tokens): decode sizes up to 64; past 64 the prefill expert GEMMs (v1/v2, v3 on Hopper) are timed too")
       ->capture_default_str()
       ->check(CLI::Range(1, 8192));
+  app->add_option("--tp", a->tp, "Time the shapes of one tensor-parallel rank of this many (experts split on the intermediate)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 8));
+  app->add_option("--tp-rank", a->tp_rank, "The rank whose shapes --tp times")->capture_default_str()->check(CLI::Range(0, 7));
   app->add_flag("--attention-only", a->attention_only, "Only the attention rows (decode: three launches vs the fused kernel; prefill: per-token vs flash kernel)");
   return [a]() {
 #ifdef GPTOSS_HAVE_CUDA
@@ -32,6 +36,8 @@ gptoss::tools::RegisterCommand reg({"bench-kernels", "Time each decode kernel (a
     o.iters = a->iters;
     o.tokens = a->tokens;
     o.attention_only = a->attention_only;
+    o.tp = a->tp;
+    o.tp_rank = a->tp_rank;
     return gptoss::cuda::run_kernel_bench(o);
 #else
     std::fprintf(stderr, "bench-kernels: this build has no CUDA backend\n");

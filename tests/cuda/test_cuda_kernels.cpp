@@ -241,6 +241,10 @@ TEST_F(Kernels, SkinnyDense) {
     cases.push_back({M, 5120, 2880});
     cases.push_back({M, 2880, 4096});
   }
+  for (int M : {1, 8}) {  // one rank's qkv and o_proj at TP=2 (o_proj's K = 2048 has its own chunk count)
+    cases.push_back({M, 2560, 2880});
+    cases.push_back({M, 2880, 2048});
+  }
   cases.push_back({3, 48, 128});
   cases.push_back({64, 16, 64});
   // Stream-K at <= 8 tokens: jobs split over many warps (few tiles, as 48 x 128), a job per
@@ -656,6 +660,11 @@ TEST_F(Kernels, MoeMxfp4Fragments) {
 TEST_F(Kernels, MoeMxfp4FragmentsDecode) {
   cuda::set_decode_kernel_choice(1);
   for (int n : {1, 2, 8}) check_moe({n, 128, 4, 2880, 2880}, 3);
+  // One rank's experts at TP=2 (the intermediate split 1472 + 1408: down's K).
+  for (int n : {1, 8}) {
+    check_moe({n, 128, 4, 2880, 1472}, 3);
+    check_moe({n, 128, 4, 2880, 1408}, 3);
+  }
 }
 
 // The unit-walking grouped kernel (a GPU-sized grid walking (group, pass, row-tile block) units)
@@ -668,11 +677,14 @@ TEST_F(Kernels, SkinnyUnitsKernelMatchesBlockPerTile) {
   struct Case {
     int n, E;
     bool skewed;
+    int I = 2880;  // 1472, 1408: one rank's intermediate slice at TP=2
   };
-  std::vector<Case> cases = {{2, 128, false}, {8, 128, false}, {33, 128, false}, {17, 32, false}, {40, 128, true}};
+  std::vector<Case> cases = {{2, 128, false},       {8, 128, false},       {33, 128, false}, {17, 32, false},
+                             {40, 128, true},       {8, 128, false, 1472}, {33, 128, false, 1408}};
   if (small_mode()) cases = {{8, 128, false}, {40, 128, true}};
-  const int H = 2880, I = 2880, k = 4;
+  const int H = 2880, k = 4;
   for (const Case& c : cases) {
+    const int I = c.I;
     const uint64_t seed = fresh_seed();
     const int n = c.n, E = c.E, P = n * k;
     FastRng r(seed);
@@ -718,8 +730,8 @@ TEST_F(Kernels, SkinnyUnitsKernelMatchesBlockPerTile) {
       Dev<uint16_t> act(size_t(P) * I);
       Dev<float> y(size_t(P) * H);
       run(v, act, y, act_ref);
-      EXPECT_TRUE(act.download() == a_ref) << "gate_up, " << cuda::skinny_variant_name(v) << ", n=" << n << " E=" << E;
-      EXPECT_TRUE(y.download() == yr) << "down, " << cuda::skinny_variant_name(v) << ", n=" << n << " E=" << E;
+      EXPECT_TRUE(act.download() == a_ref) << "gate_up, " << cuda::skinny_variant_name(v) << ", n=" << n << " E=" << E << " I=" << I;
+      EXPECT_TRUE(y.download() == yr) << "down, " << cuda::skinny_variant_name(v) << ", n=" << n << " E=" << E << " I=" << I;
     }
     cuda::set_skinny_variant(0);
     EXPECT_EQ(flag.download()[0], 0);

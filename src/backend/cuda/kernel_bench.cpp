@@ -12,6 +12,7 @@
 #include "backend/cuda/cuda_common.h"
 #include "common/error.h"
 #include "backend/cuda/kernels.h"
+#include "backend/parallel/tp_shard.h"
 #include "model/config.h"
 
 namespace gptoss::cuda {
@@ -57,7 +58,19 @@ T* dev_alloc(size_t n, std::vector<void*>& owned) {
 
 int run_kernel_bench(const KernelBenchOptions& o) {
   if (!cuda_device_available()) throw Error("bench-kernels: no CUDA device is available");
-  const GptOssConfig c = GptOssConfig::preset(o.model);
+  GptOssConfig c = GptOssConfig::preset(o.model);
+  if (o.tp > 1) {  // one rank's shard (Megatron style, experts split on the intermediate dimension)
+    if (o.tp_rank < 0 || o.tp_rank >= o.tp) throw Error("bench-kernels: --tp-rank must be in [0, --tp)");
+    const TpShard sh{o.tp_rank, o.tp, ExpertSharding::kIntermediate};
+    const int q = sh.q_heads(c).size(), kv = sh.kv_heads(c).size(), inter = sh.intermediate(c).size(),
+              vocab = sh.vocab(c).size();
+    c.num_heads = q;
+    c.num_kv_heads = kv;
+    c.intermediate = inter;
+    c.vocab = vocab;
+    std::printf("rank %d of %d: %d q heads, %d kv heads, intermediate %d, vocab %d\n", o.tp_rank, o.tp, q, kv, inter,
+                vocab);
+  }
   if (o.attention_only) {
     bench_decode_attention(c, o.tokens, o.iters);
     bench_prefill_attention(c, o.iters);

@@ -13,6 +13,7 @@ struct KernelBenchOptions {
   int iters = 200;             // timed launches per kernel
   int tokens = 1;              // decode batch
   bool attention_only = false; // only the attention rows (bench_prefill_attention, bench_decode_attention)
+  int tp = 1, tp_rank = 0;     // tp > 1: the shapes one tensor-parallel rank runs (experts split on the intermediate)
 };
 
 int run_kernel_bench(const KernelBenchOptions& opts);

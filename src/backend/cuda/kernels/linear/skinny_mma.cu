@@ -31,12 +31,13 @@ namespace skinny {
 static int skinny_opt_bits() {  // GPTOSS_SKINNY_OPT, read once (skinny_units.h)
   static const int bits = [] {
     const char* e = std::getenv("GPTOSS_SKINNY_OPT");
-    return e && *e ? std::atoi(e) : 3;
+    return e && *e ? std::atoi(e) : 7;
   }();
   return bits;
 }
 bool skinny_cc_enabled() { return (skinny_opt_bits() & 1) != 0; }
 bool skinny_units_enabled() { return (skinny_opt_bits() & 3) == 3; }
+bool skinny_tp_cc_enabled() { return (skinny_opt_bits() & 5) == 5; }
 
 // GPTOSS_DENSE_TWO_TILE (bench comparisons), read once: which dense one-n-tile launches take the
 // 16-warp, two-tile shape (launch_fmt). Bit 0: bf16 and fp8 at K = 4096 (o_proj), bit 1: MXFP4 at
@@ -235,6 +236,9 @@ void launch_shape(const SkinnyArgs& a, int tiles, int groups, cudaStream_t s) {
     if (skinny_cc_enabled() && tiles % RT == 0) {
       if (a.W.K == 2880) return go(skinny_mma_kernel<FMT, NT, KS, RT, PF, XF16, 45>);
       if (a.W.K == 4096) return go(skinny_mma_kernel<FMT, NT, KS, RT, PF, XF16, 64>);
+      // o_proj's row slice at TP=2 (K = 2048), in the default one-tile shape only.
+      if constexpr (NT == 1 && KS == 8 && RT == 1)
+        if (a.W.K == 2048 && skinny_tp_cc_enabled()) return go(skinny_mma_kernel<FMT, NT, KS, RT, PF, XF16, 32>);
     }
   }
   go(skinny_mma_kernel<FMT, NT, KS, RT, PF, XF16, 0>);

@@ -173,7 +173,10 @@ __global__ void __launch_bounds__(KS * 32, skinny_min_blocks(1, KS, RT)) skinny_
 // grid: every block the GPU holds at once, or one per unit of the host's bound if fewer.
 template <int KS, int RT, int PF, bool XF16>
 bool launch_units(const SkinnyArgs& a, int tiles, int groups, double min_fill, cudaStream_t s) {
-  if (!a.grouped || !skinny_cc_enabled() || tiles % RT != 0 || (a.W.K != 2880 && a.W.K != 4096) ||
+  // K: gpt-oss's 2880 and 4096, and the intermediate slices of down at TP=2 (1472 + 1408).
+  const int K = a.W.K;
+  const bool tp_k = skinny_tp_cc_enabled() && (K == 1472 || K == 1408);
+  if (!a.grouped || !skinny_cc_enabled() || tiles % RT != 0 || (K != 2880 && K != 4096 && !tp_k) ||
       groups >= KS * 32)
     return false;
   const size_t smem = size_t(KS) * RT * 4 * 32 * sizeof(float) + size_t(a.xs_rows) * (a.W.K + 8) * 2;
@@ -193,7 +196,12 @@ bool launch_units(const SkinnyArgs& a, int tiles, int groups, double min_fill, c
     launch_pdl(k, dim3(unsigned(std::min(resident, units))), dim3(KS * 32), smem, s, a);
     return true;
   };
-  return a.W.K == 2880 ? go(skinny_units_kernel<KS, RT, PF, XF16, 45>) : go(skinny_units_kernel<KS, RT, PF, XF16, 64>);
+  switch (K) {
+    case 2880: return go(skinny_units_kernel<KS, RT, PF, XF16, 45>);
+    case 4096: return go(skinny_units_kernel<KS, RT, PF, XF16, 64>);
+    case 1472: return go(skinny_units_kernel<KS, RT, PF, XF16, 23>);
+    default: return go(skinny_units_kernel<KS, RT, PF, XF16, 22>);
+  }
 }
 
 }  // namespace

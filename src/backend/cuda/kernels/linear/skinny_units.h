@@ -8,9 +8,12 @@
 namespace gptoss::cuda::skinny {
 
 // GPTOSS_SKINNY_OPT (bench comparisons; unset = all on): bit 0 the compile-time chunk counts
-// (CC), bit 1 the unit-walking grouped kernel (which needs CC). 0 turns both off, 1 keeps CC only.
+// (CC), bit 1 the unit-walking grouped kernel (which needs CC), bit 2 CC for the TP=2 slices too
+// (K = 2048 in o_proj, 1472 and 1408 in down, which the unit-walking kernel then takes). 0 turns
+// all off, 1 keeps CC for gpt-oss's own K only, 3 adds the units kernel there.
 bool skinny_cc_enabled();
 bool skinny_units_enabled();
+bool skinny_tp_cc_enabled();
 
 // Launches skinny_units_kernel for a grouped one-n-tile MXFP4 problem (activations fp16 if xf16,
 // else bf16 converted while staged) and returns true, or returns false without launching where it
