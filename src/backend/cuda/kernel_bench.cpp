@@ -62,14 +62,13 @@ int run_kernel_bench(const KernelBenchOptions& o) {
   if (o.tp > 1) {  // one rank's shard (Megatron style, experts split on the intermediate dimension)
     if (o.tp_rank < 0 || o.tp_rank >= o.tp) throw Error("bench-kernels: --tp-rank must be in [0, --tp)");
     const TpShard sh{o.tp_rank, o.tp, ExpertSharding::kIntermediate};
-    const int q = sh.q_heads(c).size(), kv = sh.kv_heads(c).size(), inter = sh.intermediate(c).size(),
-              vocab = sh.vocab(c).size();
-    c.num_heads = q;
-    c.num_kv_heads = kv;
-    c.intermediate = inter;
-    c.vocab = vocab;
-    std::printf("rank %d of %d: %d q heads, %d kv heads, intermediate %d, vocab %d\n", o.tp_rank, o.tp, q, kv, inter,
-                vocab);
+    const GptOssConfig full = c;
+    c.num_heads = sh.q_heads(full).size();
+    c.num_kv_heads = sh.kv_heads(full).size();
+    c.intermediate = sh.intermediate(full).size();
+    c.vocab = sh.vocab(full).size();
+    std::printf("rank %d of %d: %d q heads, %d kv heads, intermediate %d, vocab %d\n", o.tp_rank, o.tp, c.num_heads,
+                c.num_kv_heads, c.intermediate, c.vocab);
   }
   if (o.attention_only) {
     bench_decode_attention(c, o.tokens, o.iters);

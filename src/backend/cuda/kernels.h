@@ -163,7 +163,8 @@ const char* linear_kernel_name(LinearKernel k);
 // grouped; more loop). A: bf16 or fp16 (a_f16) rows; fp16 suits kFragFP8/kFragMXFP4 (bf16 is
 // converted in registers), kFragBF16 needs bf16. Grouped: `pairs` sorted pairs of routing r, M =
 // the batch's tokens (bounds the tokens of one group). Epilogues: store f32/bf16/fp16, add f32,
-// SwiGLU (paired rows). ks_override: warps per row tile (0 = auto; 4 or 8).
+// SwiGLU (paired rows). ks_override: warps per row tile (0 = auto: 8, or another shape
+// where one measured faster; 4 or 8 force that count, as the batch-invariant mode does with 8).
 void skinny_linear(const WeightMat& W, const void* A, bool a_f16, int lda, int M, int pairs, int E, bool grouped,
                    bool gather_a, const MoeRouting& r, const Epilogue& epi, int ks_override, cudaStream_t s);
 // The stream-K decode kernel (kernels/linear/streamk_mma.cu): what skinny_linear computes for

@@ -28,27 +28,26 @@ namespace gptoss::cuda {
 
 namespace skinny {
 
+// An integer switch from the environment (unset or empty: dflt); callers keep it in a static.
+static int env_int(const char* name, int dflt) {
+  const char* e = std::getenv(name);
+  return e && *e ? std::atoi(e) : dflt;
+}
+
 static int skinny_opt_bits() {  // GPTOSS_SKINNY_OPT, read once (skinny_units.h)
-  static const int bits = [] {
-    const char* e = std::getenv("GPTOSS_SKINNY_OPT");
-    return e && *e ? std::atoi(e) : 7;
-  }();
+  static const int bits = env_int("GPTOSS_SKINNY_OPT", 7);
   return bits;
 }
 bool skinny_cc_enabled() { return (skinny_opt_bits() & 1) != 0; }
 bool skinny_units_enabled() { return (skinny_opt_bits() & 3) == 3; }
 bool skinny_tp_cc_enabled() { return (skinny_opt_bits() & 5) == 5; }
 
-// GPTOSS_DENSE_TWO_TILE (bench comparisons), read once: which dense one-n-tile launches take the
-// 16-warp, two-tile shape (launch_fmt). Bit 0: bf16 and fp8 at K = 4096 (o_proj), bit 1: MXFP4 at
-// K = 4096 (`--mxfp4-layers all`: 120b tg64 494.18 -> 501.61, 20b 660.02 -> 659.55; H200, tenth
-// session), both on by default; bit 2: also K = 2048 (o_proj's row slice at TP=2: tg128 464.21
-// -> 467.75 ± 4.39, x32 3477.52 -> 3507.30, within the noise: off).
+// GPTOSS_DENSE_TWO_TILE (bench comparisons), read once: which o_proj launches (K = 4096) take the
+// 16-warp, two-tile shape (launch_fmt). Bit 0: bf16 and fp8, bit 1: MXFP4 (`--mxfp4-layers all`:
+// 120b tg64 494.18 -> 501.61, 20b 660.02 -> 659.55; H200, tenth session); both on by default.
+// (o_proj's row slice at TP=2, K = 2048, measured within the noise: tg128 464.21 -> 467.75.)
 static int dense_two_tile_bits() {
-  static const int bits = [] {
-    const char* e = std::getenv("GPTOSS_DENSE_TWO_TILE");
-    return e && *e ? std::atoi(e) : 3;
-  }();
+  static const int bits = env_int("GPTOSS_DENSE_TWO_TILE", 3);
   return bits;
 }
 
@@ -318,12 +317,9 @@ void launch_fmt(const SkinnyArgs& a, int tiles, int groups, int ks, cudaStream_t
     // and lm_head were slower so. Only where the shape is ours to choose (ks 0): the
     // batch-invariant mode asks for 8 warps over K at every batch size (the same sums for a row
     // whatever M).
-    if (ks == 0 && one_tile && !a.grouped) {
-      const int b = dense_two_tile_bits();
-      const bool k_ok = a.W.K == 4096 || (a.W.K == 2048 && (b & 4));
-      const bool fmt_ok = (b & (FMT == WeightMat::kFragMXFP4 ? 2 : 1)) != 0;
-      if (k_ok && fmt_ok) return launch_shape<FMT, NT, 16, 2, FMT == WeightMat::kFragMXFP4 ? 3 : 1, XF16, true>(a, tiles, groups, s);
-    }
+    const int fmt_bit = FMT == WeightMat::kFragMXFP4 ? 2 : 1;
+    if (ks == 0 && one_tile && !a.grouped && a.W.K == 4096 && (dense_two_tile_bits() & fmt_bit))
+      return launch_shape<FMT, NT, 16, 2, FMT == WeightMat::kFragMXFP4 ? 3 : 1, XF16, true>(a, tiles, groups, s);
   }
   if (ks == 4)
     launch_shape<FMT, NT, 4, 2, kPF, XF16>(a, tiles, groups, s);

@@ -200,7 +200,7 @@ bool launch_units(const SkinnyArgs& a, int tiles, int groups, double min_fill, c
     case 2880: return go(skinny_units_kernel<KS, RT, PF, XF16, 45>);
     case 4096: return go(skinny_units_kernel<KS, RT, PF, XF16, 64>);
     case 1472: return go(skinny_units_kernel<KS, RT, PF, XF16, 23>);
-    default: return go(skinny_units_kernel<KS, RT, PF, XF16, 22>);
+    default: return go(skinny_units_kernel<KS, RT, PF, XF16, 22>);  // 1408 (the only K left past the check above)
   }
 }
 
