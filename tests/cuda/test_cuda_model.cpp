@@ -123,10 +123,12 @@ TEST_F(CudaModel, TinyFixtureMatchesCpu) {
 
 // Several sequences decoding in one batch (a graph bucket with padding) give each sequence's
 // logits alone: within rounding by default (a prompt prefilled in a mixed batch takes other
-// kernels than alone), bit for bit with --batch-invariant.
-void check_batched_decode(bool invariant) {
+// kernels than alone), bit for bit with --batch-invariant. S sequences: 3, or 40, whose decode
+// pass runs the dense layers on cuBLASLt (cublas_min_rows) where alone they take the skinny
+// kernels over the decode copies.
+void check_batched_decode(bool invariant, int S = 3) {
   auto gpu = make("cuda", kFixture, "experts", invariant);
-  const int V = gpu->config().vocab, ps = 16, S = 3, maxlen = 64;
+  const int V = gpu->config().vocab, ps = 16, maxlen = 64;
   KvCacheConfig kv;
   kv.page_size = ps;
   kv.num_pages[0] = kv.num_pages[1] = S * maxlen / ps;
@@ -136,6 +138,8 @@ void check_batched_decode(bool invariant) {
     for (int i = 0; i < maxlen / ps; ++i) pages[s].push_back(s + S * i);  // interleaved pages
   FastRng r(fresh_seed());
   std::vector<int> lens = {5, 17, 40};
+  while (int(lens.size()) < S) lens.push_back(2 + int(r.next() % 50));
+  lens.resize(S);
   // Prefill all three in one mixed batch.
   ForwardBatch fb;
   std::vector<std::vector<int32_t>> toks(S);
@@ -190,6 +194,7 @@ void check_batched_decode(bool invariant) {
 
 TEST_F(CudaModel, BatchedDecodeEqualsAlone) { check_batched_decode(false); }
 TEST_F(CudaModel, BatchInvariantDecodeIsExact) { check_batched_decode(true); }
+TEST_F(CudaModel, WideBatchedDecodeEqualsAlone) { check_batched_decode(false, 40); }
 
 // --mxfp4-layers all (q/k/v, o and lm_head quantized to MXFP4 at load) on a copy of the fixture
 // whose dense weights were first quantized and dequantized back into bf16: they are MXFP4 values

@@ -1,11 +1,11 @@
 #pragma once
-// Dense prefill GEMMs (qkv, o_proj, the router) through cuBLASLt: out = A . W^T + bias with the
-// epilogues prefill uses on bf16 row-major weights (kernels.h's WeightMat kBF16, Epilogue
-// kStoreBF16 / kStoreF32 / kAddF32). One per backend: a handle, a workspace and the heuristic's
-// algorithm per problem, all used on the caller's stream. linear() runs it when
-// choose_linear_kernel() picks LinearKernel::kCublasLt (bf16 weights, more than
-// kSkinnyMaxTokens rows, not batch-invariant); it declines problems it cannot do exactly, and
-// linear() then runs our own GEMM.
+// Dense GEMMs (qkv, o_proj, lm_head; the router at prefill sizes) through cuBLASLt: out = A . W^T
+// + bias with the epilogues the model uses on bf16 row-major weights (kernels.h's WeightMat
+// kBF16, Epilogue kStoreBF16 / kStoreF32 / kAddF32). One per backend: a handle, a workspace and
+// the heuristic's algorithm per problem, all used on the caller's stream. linear() runs it when
+// choose_linear_kernel() picks LinearKernel::kCublasLt (bf16 weights, cublas_min_rows() rows or
+// more: prefill, and decode passes of 17-64 tokens; not batch-invariant); it declines problems it
+// cannot do exactly, and linear() then runs our own GEMM.
 #include <cuda_runtime.h>
 
 #include <cstdint>

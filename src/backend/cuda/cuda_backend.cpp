@@ -831,7 +831,8 @@ void CudaBackend::lm_head(const int32_t* rows, int n_rows) {
   // follows with tp_greedy or tp_gather_logits).
   float* out = tp_.active() ? d_vocab_gather_ + size_t(tp_.rank) * n_rows * vocab_ld_ : d_logits_;
   Epilogue e{Epilogue::kStoreF32, out, tp_.active() ? vocab_ld_ : cfg_.vocab};
-  const bool dec = lm_head_dec_.fmt != WeightMat::kBF16 && (n_rows <= kSkinnyMaxTokens || invariant_);
+  const bool dec = lm_head_dec_.fmt != WeightMat::kBF16 &&
+                   (invariant_ || (n_rows <= kSkinnyMaxTokens && (!blas_ || n_rows < cublas_min_rows())));
   linear(dec ? lm_head_dec_ : lm_head_, xn_, cfg_.hidden, n_rows, e, stream_, invariant_, blas_.get());
 }
 
@@ -848,6 +849,10 @@ void CudaBackend::run_pass(int n, const PassMeta& m, int n_rows, int nsplit) {
   if (!layers_.empty()) rmsnorm(x_, layers_[0].attn_norm, n, H, c.rms_eps, nullptr, xn_, stream_);
   mark("embed");
   const bool small = n <= kSkinnyMaxTokens || invariant_;
+  // From cublas_min_rows() tokens on, qkv and o_proj take cuBLASLt over the bf16 weights rather
+  // than the skinny kernels over their decode copies (which pass over the weights once per 32
+  // tokens).
+  const bool dense_decode_copy = small && (invariant_ || !blas_ || n < cublas_min_rows());
   const bool inv = invariant_;
   for (size_t li = 0; li < layers_.size(); ++li) {
     const Layer& L = layers_[li];
@@ -855,8 +860,8 @@ void CudaBackend::run_pass(int n, const PassMeta& m, int n_rows, int nsplit) {
     KvLayer kv{static_cast<uint8_t*>(kv_pool_[g].get()) + kv_layer_bytes_[g] * L.group_index,
                kvc_.dtype == DType::F8_E4M3, kvc_.page_size};
     TokenMeta tm{m.pos, m.pt_off[g], m.pt};
-    const WeightMat& Wqkv = small && L.qkv_dec.fmt != WeightMat::kBF16 ? L.qkv_dec : L.qkv;
-    const WeightMat& Wo = small && L.o_dec.fmt != WeightMat::kBF16 ? L.o_dec : L.o;
+    const WeightMat& Wqkv = dense_decode_copy && L.qkv_dec.fmt != WeightMat::kBF16 ? L.qkv_dec : L.qkv;
+    const WeightMat& Wo = dense_decode_copy && L.o_dec.fmt != WeightMat::kBF16 ? L.o_dec : L.o;
     if (!skip("dense")) linear(Wqkv, xn_, H, n, Epilogue{Epilogue::kStoreBF16, qkv_, QKV}, stream_, inv, blas_.get());
     mark("qkv");
     if (!skip("attn") && m.decode_attn) {

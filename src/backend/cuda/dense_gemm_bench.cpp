@@ -35,7 +35,7 @@ std::vector<float> download(const void* p, size_t n, bool bf16) {
 }  // namespace
 
 void bench_prefill_dense(const GptOssConfig& c, int M, int iters) {
-  if (M <= kSkinnyMaxTokens) return;
+  if (M < 16) return;
   std::string why;
   const CublasLtLibrary* lib = cublaslt(&why);
   std::unique_ptr<CublasLtGemm> blas;
@@ -56,7 +56,8 @@ void bench_prefill_dense(const GptOssConfig& c, int M, int iters) {
   };
   const Layer layers[] = {{"qkv", QKV, c.hidden, Epilogue::kStoreBF16, "bf16 store + bias"},
                           {"o_proj", c.hidden, c.q_dim(), Epilogue::kAddF32, "f32 residual add + bias"},
-                          {"router", c.num_experts, c.hidden, Epilogue::kStoreF32, "f32 store + bias"}};
+                          {"router", c.num_experts, c.hidden, Epilogue::kStoreF32, "f32 store + bias"},
+                          {"lm_head", c.vocab, c.hidden, Epilogue::kStoreF32, "f32 store"}};
   for (const Layer& l : layers) {
     std::vector<DeviceBuffer> owned;
     auto alloc = [&](size_t bytes) {
@@ -71,7 +72,12 @@ void bench_prefill_dense(const GptOssConfig& c, int M, int iters) {
       auto* b = static_cast<float*>(alloc(size_t(l.N) * 4));
       fill_random_bf16(w, size_t(l.N) * l.K, 300 + i, 0.f, 0.02f, s);
       fill_random_f32(b, l.N, 400 + i, 0.f, 0.1f, s);
-      ws.push_back(WeightMat{WeightMat::kBF16, w, nullptr, b, l.N, l.K});
+      // As the model runs them: bf16 bias values (qkv's bf16 store takes them in the GEMM), and
+      // no bias on lm_head.
+      round_f32_to_bf16_values(b, l.N, s);
+      const bool lm = std::string(l.name) == "lm_head";
+      if (blas && l.mode == Epilogue::kStoreBF16) blas->prepare_bf16_bias(b, l.N, s);
+      ws.push_back(WeightMat{WeightMat::kBF16, w, nullptr, lm ? nullptr : b, l.N, l.K});
     }
     auto* a = static_cast<bf16_t*>(alloc(size_t(M) * l.K * 2));
     fill_random_bf16(a, size_t(M) * l.K, 500, 0.f, 1.f, s);
@@ -87,7 +93,13 @@ void bench_prefill_dense(const GptOssConfig& c, int M, int iters) {
       const LinearKernel k = choose_linear_kernel(
           {WeightMat::kBF16, M, M, l.N, l.K, false, path == 0 ? 2 : 0, false,
            g && CublasLtGemm::supports(ws[0], l.K, Epilogue{l.mode, out[path], l.N})});
-      auto call = [&](int i) { linear(ws[i % copies], a, l.K, M, Epilogue{l.mode, out[path], l.N}, s, false, g); };
+      // cuBLASLt directly (linear() may keep decode sizes off it: cublas_min_rows).
+      auto call = [&](int i) {
+        if (g)
+          g->run(ws[i % copies], a, l.K, M, Epilogue{l.mode, out[path], l.N}, s);
+        else
+          linear(ws[i % copies], a, l.K, M, Epilogue{l.mode, out[path], l.N}, s);
+      };
       // One call from zeros for the comparison, then the timing (a residual add keeps adding).
       GPTOSS_CUDA_CHECK(cudaMemsetAsync(out[path], 0, out_bytes, s));
       if (g && !g->run(ws[0], a, l.K, M, Epilogue{l.mode, out[path], l.N}, s)) {

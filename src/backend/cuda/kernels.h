@@ -76,7 +76,7 @@ MoeRouting moe_routing_carve(void* mem, int max_pairs, int E);
 
 // out = A . W^T + bias, with the epilogue. Dense: A [M, K] bf16 (row stride lda), rows 0..M-1.
 // Picks a CUDA-core GEMV for small M and an mma.sync GEMM otherwise, or cuBLASLt (blas, when
-// given and it takes the problem: bf16 weights past kSkinnyMaxTokens rows, see
+// given and it takes the problem: bf16 weights from cublas_min_rows() rows, see
 // choose_linear_kernel; our GEMM when it declines).
 // invariant: the batch-invariant choice (--batch-invariant): one kernel family at every M, so
 // a row's numerics do not depend on its batch companions (see choose_linear_kernel).
@@ -148,8 +148,8 @@ struct LinearProblem {
   // (the router) the K-split GEMV; other weights have no batch-invariant kernel (kNone).
   bool invariant = false;
   // A cuBLASLt GEMM is offered for this (dense) problem (CublasLtGemm::supports): bf16 weights
-  // past kSkinnyMaxTokens rows take it unless invariant (its algorithm may change with M) or a
-  // path is forced. Decode sizes never do, so the CUDA graphs (at most 64 rows) hold none.
+  // from cublas_min_rows() rows take it unless invariant (its algorithm may change with M) or a
+  // path is forced. The decode graphs of 17-64 rows hold such calls (captured like any kernel).
   bool cublas = false;
   int experts = 0;  // grouped: experts the pairs can touch (0: unknown, `tokens` bounds a group)
   // Decode kernel family for fragment weights at <= 8 tokens a group: 0 = stream-K (opt-in,
@@ -159,6 +159,15 @@ struct LinearProblem {
 };
 LinearKernel choose_linear_kernel(const LinearProblem& p);
 const char* linear_kernel_name(LinearKernel k);
+// Rows from which a dense bf16 layer offered cuBLASLt takes it (choose_linear_kernel) and the
+// backend runs qkv, o_proj and lm_head over their bf16 weights instead of the decode copies: 17,
+// or GPTOSS_CUBLAS_MIN_ROWS (read once; 65 = only past the skinny kernels' range). The skinny
+// kernels pass over the weights once per 32 tokens, so 33-64 tokens read them twice
+// (bench-kernels, H200, 20b, us, skinny bf16 -> cuBLASLt: qkv 16.79 -> 11.41 at 32 tokens,
+// 28.65 -> 11.44 at 64; lm_head 300.79 -> 280.77, 560.22 -> 308.64). o_proj measured slower on
+// cuBLASLt alone at 32 and 48 tokens (10.99 -> 17.70, 17.48 -> 20.60) and faster in the step
+// (20b tg64 x32 6212 with it on the skinny kernel, 6528 on cuBLASLt; eleventh session).
+int cublas_min_rows();
 // Tensor-core decode kernels over fragment-layout weights (kFrag*), 1-64 tokens (per group when
 // grouped; more loop). A: bf16 or fp16 (a_f16) rows; fp16 suits kFragFP8/kFragMXFP4 (bf16 is
 // converted in registers), kFragBF16 needs bf16. Grouped: `pairs` sorted pairs of routing r, M =

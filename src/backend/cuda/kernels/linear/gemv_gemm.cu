@@ -5,6 +5,7 @@
 // size their grids from host-known upper bounds and read the real group/tile counts on the
 // device, so they capture in CUDA graphs.
 #include <algorithm>
+#include <cstdlib>
 
 #include "backend/cuda/cuda_common.h"
 #include <cuda_fp16.h>
@@ -847,6 +848,14 @@ void launch(const LinArgs& a, int path, int grid_y, cudaStream_t s, const FusedN
 
 }  // namespace
 
+int cublas_min_rows() {
+  static const int rows = [] {
+    const char* e = std::getenv("GPTOSS_CUBLAS_MIN_ROWS");
+    return e && *e ? std::max(1, std::atoi(e)) : 17;
+  }();
+  return rows;
+}
+
 LinearKernel choose_linear_kernel(const LinearProblem& p) {
   const bool frag = p.fmt == WeightMat::kFragBF16 || p.fmt == WeightMat::kFragFP8 || p.fmt == WeightMat::kFragMXFP4;
   if (p.invariant) {
@@ -854,9 +863,10 @@ LinearKernel choose_linear_kernel(const LinearProblem& p) {
     if (p.fmt == WeightMat::kBF16 && !p.grouped && p.N <= 512) return LinearKernel::kGemvBf16;
     return LinearKernel::kNone;
   }
-  // Prefill-sized dense bf16 layers (qkv, o_proj, the router) on cuBLASLt when offered: ~3x our
-  // mma.sync GEMM on the H200 (bench-kernels prints both).
-  if (p.cublas && p.fmt == WeightMat::kBF16 && !p.grouped && p.force_path == 0 && p.rows > kSkinnyMaxTokens)
+  // Dense bf16 layers (qkv, o_proj, lm_head; the router past the GEMV's range) from
+  // cublas_min_rows() rows on cuBLASLt when offered: ~3x our mma.sync GEMM at prefill sizes, and
+  // ahead of the skinny kernels past 16 tokens (bench-kernels prints both).
+  if (p.cublas && p.fmt == WeightMat::kBF16 && !p.grouped && p.force_path == 0 && p.rows >= cublas_min_rows())
     return LinearKernel::kCublasLt;
   if (frag) {
     // Decode batches (tokens per group <= 64) ride the tensor-core "skinny" kernels; prefill
