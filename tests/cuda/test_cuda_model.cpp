@@ -10,6 +10,7 @@
 #include <functional>
 
 #include "backend/backend_factory.h"
+#include "backend/cuda/cublaslt_gemm.h"
 #include "backend/solo_sequence.h"
 #include "model/make_model.h"
 #include "checkpoint_patch.h"
@@ -195,6 +196,13 @@ void check_batched_decode(bool invariant, int S = 3) {
 TEST_F(CudaModel, BatchedDecodeEqualsAlone) { check_batched_decode(false); }
 TEST_F(CudaModel, BatchInvariantDecodeIsExact) { check_batched_decode(true); }
 TEST_F(CudaModel, WideBatchedDecodeEqualsAlone) { check_batched_decode(false, 40); }
+// The same with qkv's bf16 store staged through f32 rows (as when the biases are not bf16
+// values): the staging the decode graphs capture is reserved at start-up.
+TEST_F(CudaModel, WideBatchedDecodeStagedStore) {
+  cuda::CublasLtGemm::set_force_staging(true);
+  check_batched_decode(false, 40);
+  cuda::CublasLtGemm::set_force_staging(false);
+}
 
 // --mxfp4-layers all (q/k/v, o and lm_head quantized to MXFP4 at load) on a copy of the fixture
 // whose dense weights were first quantized and dequantized back into bf16: they are MXFP4 values

@@ -152,6 +152,10 @@ CublasLtGemm::CublasLtGemm(const CublasLtLibrary& lib) : lib_(lib), impl_(std::m
 
 CublasLtGemm::~CublasLtGemm() = default;
 
+void CublasLtGemm::reserve_staging(size_t bytes) {
+  if (impl_->staging.bytes() < bytes) impl_->staging.alloc(bytes);
+}
+
 std::string CublasLtGemm::describe() const {
   const size_t v = lib_.version;
   return "cuBLASLt " + std::to_string(v / 10000) + "." + std::to_string(v / 100 % 100) + "." +
@@ -222,7 +226,8 @@ bool CublasLtGemm::run(const WeightMat& W, const bf16_t* A, int lda, int M, cons
   if (p.staged) {
     const size_t need = size_t(M) * W.N * sizeof(float);
     if (impl_->staging.bytes() < need) {
-      // Work queued on s may still read the old buffer. (Prefill sizes only: never in a graph.)
+      // Work queued on s may still read the old buffer. (Past the decode sizes the backend
+      // reserves, so never in a graph capture.)
       GPTOSS_CUDA_CHECK(cudaStreamSynchronize(s));
       impl_->staging.alloc(need);
     }
@@ -269,7 +274,7 @@ std::unique_ptr<CublasLtGemm> make_dense_gemm(const std::string& choice, bool in
   auto g = std::make_unique<CublasLtGemm>(*lib);
   static std::once_flag said;
   std::call_once(said, [&] {
-    std::fprintf(stderr, "gptoss: dense prefill GEMMs (qkv, o_proj, router) on %s\n", g->describe().c_str());
+    std::fprintf(stderr, "gptoss: dense GEMMs (qkv, o_proj, lm_head from 17 tokens; the router at prefill) on %s\n", g->describe().c_str());
   });
   return g;
 }

@@ -44,6 +44,9 @@ class CublasLtGemm {
   // Tests: every bf16 store takes the staged route (f32 rows, then rounded; see the .cpp) for
   // problems first seen while set.
   static void set_force_staging(bool on);
+  // Sizes the staged route's f32 rows for bf16 outputs up to `bytes` now: run() grows them with a
+  // stream sync and an allocation, which a CUDA graph capture (decode passes) must not meet.
+  void reserve_staging(size_t bytes);
 
   const CublasLtLibrary& library() const { return lib_; }
   // "cuBLASLt 13.0.2 (/path/libcublasLt.so.13)", for start-up lines and bench-kernels.

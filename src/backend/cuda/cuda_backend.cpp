@@ -169,6 +169,10 @@ class CudaBackend final : public Backend {
   // Experts whose weights this rank holds, [begin, end) (all but under --tp-expert-sharding expert).
   int experts_begin_ = 0, experts_end_ = 0;
   bool expert_parallel() const { return tp_.active() && tp_.experts == ExpertSharding::kExpertParallel; }
+  // Whether a decode-sized pass of n tokens runs the dense bf16 layers (qkv, o_proj, lm_head) on
+  // cuBLASLt rather than the skinny kernels over their decode copies: from cublas_min_rows()
+  // tokens, on one GPU, outside the batch-invariant mode (whose kernels must not change with n).
+  bool cublas_on_decode(int n) const { return blas_ && !invariant_ && !tp_.active() && n >= cublas_min_rows(); }
   int vocab_ld_ = 0;
   YarnTables yarn_;
   int device_ = 0;
@@ -342,9 +346,13 @@ CudaBackend::CudaBackend(const BackendOptions& opts) {
   }
   alloc_workspace();
   blas_ = make_dense_gemm(opts.dense_gemm, invariant_);
-  if (blas_)  // qkv's bf16 store with its bias in one cuBLASLt call (the biases are bf16 values)
+  if (blas_) {
+    // qkv's bf16 store with its bias in one cuBLASLt call (the biases are bf16 values), and the
+    // staged route's rows for the decode passes (captured in graphs) in case they are not.
     for (const Layer& L : layers_)
       if (L.qkv.fmt == WeightMat::kBF16) blas_->prepare_bf16_bias(L.qkv.bias, L.qkv.N, stream_);
+    blas_->reserve_staging(size_t(kSkinnyMaxTokens) * (cfg_.q_dim() + 2 * cfg_.kv_dim()) * sizeof(float));
+  }
   GPTOSS_CUDA_CHECK(cudaStreamSynchronize(stream_));
   profile_ = std::getenv("GPTOSS_CUDA_PROFILE") != nullptr;
   if (const char* sk = std::getenv("GPTOSS_CUDA_SKIP")) skip_ = sk;
@@ -832,7 +840,7 @@ void CudaBackend::lm_head(const int32_t* rows, int n_rows) {
   float* out = tp_.active() ? d_vocab_gather_ + size_t(tp_.rank) * n_rows * vocab_ld_ : d_logits_;
   Epilogue e{Epilogue::kStoreF32, out, tp_.active() ? vocab_ld_ : cfg_.vocab};
   const bool dec = lm_head_dec_.fmt != WeightMat::kBF16 &&
-                   (invariant_ || (n_rows <= kSkinnyMaxTokens && (!blas_ || n_rows < cublas_min_rows())));
+                   (invariant_ || (n_rows <= kSkinnyMaxTokens && !cublas_on_decode(n_rows)));
   linear(dec ? lm_head_dec_ : lm_head_, xn_, cfg_.hidden, n_rows, e, stream_, invariant_, blas_.get());
 }
 
@@ -851,8 +859,9 @@ void CudaBackend::run_pass(int n, const PassMeta& m, int n_rows, int nsplit) {
   const bool small = n <= kSkinnyMaxTokens || invariant_;
   // From cublas_min_rows() tokens on, qkv and o_proj take cuBLASLt over the bf16 weights rather
   // than the skinny kernels over their decode copies (which pass over the weights once per 32
-  // tokens).
-  const bool dense_decode_copy = small && (invariant_ || !blas_ || n < cublas_min_rows());
+  // tokens). Tensor-parallel ranks keep the decode copies up to 64 tokens: their slices' shapes
+  // were not measured on two GPUs (cublas_on_decode()).
+  const bool dense_decode_copy = small && !cublas_on_decode(n);
   const bool inv = invariant_;
   for (size_t li = 0; li < layers_.size(); ++li) {
     const Layer& L = layers_[li];

@@ -1,4 +1,4 @@
-// See kernel_bench.h: the dense prefill GEMMs on our mma.sync GEMM against cuBLASLt.
+// See kernel_bench.h: the dense GEMMs on our mma.sync GEMM against cuBLASLt.
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -40,7 +40,7 @@ void bench_prefill_dense(const GptOssConfig& c, int M, int iters) {
   const CublasLtLibrary* lib = cublaslt(&why);
   std::unique_ptr<CublasLtGemm> blas;
   if (lib) blas = std::make_unique<CublasLtGemm>(*lib);
-  std::printf("\nDense prefill GEMMs at %d tokens: gptoss's mma.sync GEMM against %s\n\n", M,
+  std::printf("\nDense GEMMs at %d tokens: gptoss's mma.sync GEMM against %s\n\n", M,
               blas ? blas->describe().c_str() : ("no cuBLASLt: " + why).c_str());
   std::printf("| layer | MxNxK | epilogue | kernel | us/launch | TFLOP/s | rel. diff to own |\n|---|---|---|---|---|---|---|\n");
   cudaStream_t s;

@@ -35,9 +35,10 @@ void bench_prefill_attention(const GptOssConfig& c, int iters);
 // attention + merge against attention_decode with the same splits and with its plan; prints us
 // per step and the largest difference from the three-launch output.
 void bench_decode_attention(const GptOssConfig& c, int tokens, int iters);
-// The dense prefill GEMMs (qkv, o_proj, router) at M tokens (M > kSkinnyMaxTokens; else
-// nothing) on our mma.sync GEMM and on cuBLASLt when it loads (dense_gemm_bench.cpp): us,
-// TFLOP/s and cuBLASLt's relative difference to ours.
+// The dense GEMMs (qkv, o_proj, router, lm_head) at M tokens (M >= 16; else nothing) on our
+// mma.sync GEMM and on cuBLASLt when it loads (dense_gemm_bench.cpp): us, TFLOP/s and cuBLASLt's
+// relative difference to ours. (At decode sizes the model runs the skinny kernels below
+// cublas_min_rows(); bench-kernels' main table times those.)
 void bench_prefill_dense(const GptOssConfig& c, int M, int iters);
 
 }  // namespace gptoss::cuda

@@ -15,7 +15,7 @@ namespace gptoss::cuda {
 
 using bf16_t = uint16_t;  // bf16 bits; kernels reinterpret as __nv_bfloat16
 
-class CublasLtGemm;  // cublaslt_gemm.h: dense prefill GEMMs through cuBLASLt, one per backend
+class CublasLtGemm;  // cublaslt_gemm.h: dense GEMMs through cuBLASLt, one per backend
 
 // A weight matrix [N, K] (output rows, input columns), optionally one per expert.
 struct WeightMat {
