@@ -1,4 +1,4 @@
-// Dense prefill GEMMs through cuBLASLt (backend/cuda/cublaslt_gemm.h): the loader and the kernel
+// Dense GEMMs through cuBLASLt (backend/cuda/cublaslt_gemm.h): the loader and the kernel
 // choice without a GPU (what happens when the library is absent, or the mode keeps our own
 // kernels), and the GEMM itself against the CPU reference at gpt-oss shapes (qkv 5120x2880,
 // o_proj 2880x4096, router 128x2880) and awkward ones, every epilogue prefill uses, with and
@@ -29,11 +29,18 @@ LinearProblem dense(WeightMat::Format fmt, int M, int N, int K, bool cublas) {
   return LinearProblem{fmt, M, M, N, K, false, 0, false, cublas};
 }
 
-TEST(DenseGemmChoice, CublasOnlyForBf16PrefillWhenOffered) {
+TEST(DenseGemmChoice, CublasForBf16FromMinRowsWhenOffered) {
+  const int min_rows = cuda::cublas_min_rows();
+  if (!std::getenv("GPTOSS_CUBLAS_MIN_ROWS")) EXPECT_EQ(min_rows, 17);
   EXPECT_EQ(cuda::choose_linear_kernel(dense(WeightMat::kBF16, 65, 5120, 2880, true)), LinearKernel::kCublasLt);
   EXPECT_EQ(cuda::choose_linear_kernel(dense(WeightMat::kBF16, 4096, 128, 2880, true)), LinearKernel::kCublasLt);
-  // Decode sizes (and so every CUDA graph) keep our kernels.
-  EXPECT_NE(cuda::choose_linear_kernel(dense(WeightMat::kBF16, 64, 5120, 2880, true)), LinearKernel::kCublasLt);
+  // Decode passes from min_rows tokens take it too (the skinny kernels pass over the weights once
+  // per 32 tokens); smaller ones keep our kernels.
+  for (int M : {17, 33, 64})
+    EXPECT_EQ(cuda::choose_linear_kernel(dense(WeightMat::kBF16, M, 5120, 2880, true)) == LinearKernel::kCublasLt,
+              M >= min_rows)
+        << "M=" << M;
+  EXPECT_NE(cuda::choose_linear_kernel(dense(WeightMat::kBF16, min_rows - 1, 5120, 2880, true)), LinearKernel::kCublasLt);
   EXPECT_NE(cuda::choose_linear_kernel(dense(WeightMat::kBF16, 1, 5120, 2880, true)), LinearKernel::kCublasLt);
   // Not offered (library absent, --dense-gemm own, an epilogue it does not take): our GEMM.
   EXPECT_EQ(cuda::choose_linear_kernel(dense(WeightMat::kBF16, 2048, 5120, 2880, false)), LinearKernel::kGemmMma);
@@ -284,9 +291,9 @@ TEST_F(CublasLt, CapturesIntoAGraph) {
   cudaStreamDestroy(s);
 }
 
-// linear() with a cuBLASLt GEMM at hand: decode sizes and batch-invariant mode give the same bits
-// as without it (our kernels), prefill sizes the bits of cuBLASLt itself.
-TEST_F(CublasLt, LinearUsesItOnlyPastDecodeSizes) {
+// linear() with a cuBLASLt GEMM at hand: below cublas_min_rows() rows, and in batch-invariant
+// mode, the same bits as without it (our kernels); from there on the bits of cuBLASLt itself.
+TEST_F(CublasLt, LinearUsesItFromMinRows) {
   const int N = 640, K = 2880;
   FastRng r(fresh_seed());
   auto wb = to_bf16(rand_f32(size_t(N) * K, r, 0.02f));
@@ -294,15 +301,16 @@ TEST_F(CublasLt, LinearUsesItOnlyPastDecodeSizes) {
   Dev<uint16_t> dw(wb);
   Dev<float> db(bias);
   const WeightMat W{WeightMat::kBF16, dw.p(), nullptr, db.p(), N, K};
-  for (int M : {1, 33, 64, 65, 200}) {
+  const int min_rows = cuda::cublas_min_rows();
+  for (int M : {1, min_rows - 1, min_rows, 33, 64, 65, 200}) {
     Dev<uint16_t> dx(to_bf16(round_bf16(rand_f32(size_t(M) * K, r))));
     Dev<float> a(size_t(M) * N), b(size_t(M) * N), c(size_t(M) * N), d(size_t(M) * N);
     cuda::linear(W, dx.p(), K, M, Epilogue{Epilogue::kStoreF32, a.p(), N}, 0, false, gemm.get());
     cuda::linear(W, dx.p(), K, M, Epilogue{Epilogue::kStoreF32, b.p(), N}, 0, false, nullptr);
     ASSERT_TRUE(gemm->run(W, dx.p(), K, M, Epilogue{Epilogue::kStoreF32, c.p(), N}, 0));
     const auto ha = a.download(), hb = b.download(), hc = c.download();
-    EXPECT_EQ(ha, M > cuda::kSkinnyMaxTokens ? hc : hb) << "M=" << M;
-    if (M > cuda::kSkinnyMaxTokens) {
+    EXPECT_EQ(ha, M >= min_rows ? hc : hb) << "M=" << M;
+    if (M >= min_rows) {
       EXPECT_LE(rel_err(ha, hb), 2e-3) << "M=" << M;  // the two agree closely
     }
   }
