@@ -54,6 +54,9 @@ void check_options(const BackendOptions& o) {
     throw Error("--tensor-parallel-size must be 1, 2, 4 or 8 (got " + std::to_string(n) + ")");
   for (int d : o.device_indices)
     if (d < 0) throw Error("--device-index: a device ordinal is 0 or more (got " + std::to_string(d) + ")");
+  if (o.random_loop_tokens > 0 && o.random_weights.empty())
+    throw Error("--random-loop-tokens shapes --random-weights (with --model, write the loop model with "
+                "`gptoss make-model --loop-tokens N`)");
   if (o.device == "cpu") {
     if (!o.random_weights.empty())
       throw Error("--random-weights builds weights on the GPU; on the CPU, write a model with "

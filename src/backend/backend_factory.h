@@ -18,6 +18,7 @@ struct BackendOptions {
   std::string model_dir;             // a Hugging Face checkpoint directory, or
   std::string random_weights;        // a preset ("120b", "20b", "tiny") whose random weights the backend builds itself (cuda)
   uint64_t seed = 0;                 // for random weights
+  int random_loop_tokens = 0;        // random weights as a loop model of this cycle (model/make_model.h LoopSpec)
   std::string mxfp4_layers = "experts";  // see parse_mxfp4_layers (cuda)
   std::string mxfp4_backend = "auto";    // MXFP4 kernel family (cuda): auto, mma (tensor-core skinny + GEMM), gemv (CUDA-core GEMV + GEMM)
   std::string dense_dtype = "bf16";      // cuda decode copies of q/k/v/o and lm_head: bf16 (exact) or fp8 (e4m3, scale per row)

@@ -62,7 +62,26 @@ void fill_tensor(const TensorSpec& s, uint8_t* out, uint64_t seed, Kind kind, fl
 
 }  // namespace
 
-void make_random_model(const GptOssConfig& c, const std::string& out_dir, uint64_t seed, size_t shard_bytes) {
+void LoopSpec::check(const GptOssConfig& c) const {
+  if (tokens < 1 || tokens > c.hidden)
+    throw Error("loop model: the cycle needs 1 to " + std::to_string(c.hidden) + " tokens (hidden size), not " +
+                std::to_string(tokens));
+  if (first_id < 0 || int64_t(first_id) + tokens > c.vocab)
+    throw Error("loop model: token ids " + std::to_string(first_id) + ".." + std::to_string(first_id + tokens - 1) +
+                " are not all in the vocabulary (" + std::to_string(c.vocab) + ")");
+}
+
+void LoopSpec::rows(int hidden, bool lm_head, const std::function<void(int64_t, const std::vector<uint16_t>&)>& set_row) const {
+  for (int i = 0; i < tokens; ++i) {
+    std::vector<uint16_t> v(size_t(hidden), 0);
+    v[size_t(i)] = f32_to_bf16(lm_head ? head_scale : embed_scale);
+    set_row(first_id + (lm_head ? (i + 1) % tokens : i), v);
+  }
+}
+
+void make_random_model(const GptOssConfig& c, const std::string& out_dir, uint64_t seed, size_t shard_bytes,
+                       const LoopSpec& loop) {
+  if (loop.active()) loop.check(c);
   std::error_code ec;
   fs::create_directories(out_dir, ec);
   if (ec) throw Error(out_dir + ": cannot create directory: " + ec.message());
@@ -131,6 +150,11 @@ void make_random_model(const GptOssConfig& c, const std::string& out_dir, uint64
     write_safetensors((fs::path(out_dir) / fn).string(), specs, [&](const TensorSpec& s, uint8_t* out) {
       for (auto* e : shards[si])
         if (e->spec.name == s.name) fill_tensor(s, out, seed, e->kind, e->std_, r);
+      const bool head = s.name == "lm_head.weight";
+      if (loop.active() && (head || s.name == "model.embed_tokens.weight"))
+        loop.rows(int(H), head, [&](int64_t row, const std::vector<uint16_t>& v) {
+          std::memcpy(out + size_t(row) * H * 2, v.data(), v.size() * 2);
+        });
     });
   }
   nlohmann::ordered_json index = {{"metadata", {{"total_size", total}}}, {"weight_map", wmap}};

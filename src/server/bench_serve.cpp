@@ -99,8 +99,12 @@ Url parse_url(const std::string& u) {
   return r;
 }
 
-std::vector<std::string> load_prompts(const std::string& path) {
-  std::vector<std::string> out;
+// A prompts file's line: text (a chat prompt), or {"prompt": "text"}, or {"prompt": [token ids]}
+// (sent to /v1/completions as they are: exact token prompts such as a loop model's cycle).
+using PromptText = std::variant<std::string, std::vector<int32_t>>;
+
+std::vector<PromptText> load_prompts(const std::string& path) {
+  std::vector<PromptText> out;
   if (path.empty()) {
     out = {"Explain how a transformer language model generates text, step by step.",
            "Write a short poem about the sea at night.",
@@ -118,13 +122,28 @@ std::vector<std::string> load_prompts(const std::string& path) {
   while (std::getline(f, line)) {
     if (line.empty()) continue;
     if (line[0] == '{') {
+      json j;
       try {
-        json j = json::parse(line);
-        if (j.contains("prompt") && j["prompt"].is_string()) {
-          out.push_back(j["prompt"].get<std::string>());
+        j = json::parse(line);
+      } catch (const std::exception&) {
+        j = nullptr;  // not JSON: the line is the prompt's text
+      }
+      if (j.is_object() && j.contains("prompt")) {
+        const json& p = j["prompt"];
+        if (p.is_string()) {
+          out.push_back(p.get<std::string>());
           continue;
         }
-      } catch (const std::exception&) {
+        if (p.is_array() && !p.empty()) {
+          std::vector<int32_t> ids;
+          for (const auto& v : p) {
+            if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > INT32_MAX)
+              throw Error("prompts file " + path + ": a token-id prompt holds integers from 0 to 2^31 - 1: " + line);
+            ids.push_back(int32_t(v.get<int64_t>()));
+          }
+          out.push_back(std::move(ids));
+          continue;
+        }
       }
     }
     out.push_back(line);
@@ -291,7 +310,7 @@ std::vector<RequestSpec> make_specs(const BenchOptions& o) {
   LengthRange out = o.output_len.empty() ? LengthRange{o.max_tokens, o.max_tokens} : parse_length_range(o.output_len, "--output-len");
   std::vector<RequestSpec> specs(o.requests);
   if (o.input_len.empty()) {
-    std::vector<std::string> prompts = load_prompts(o.prompts_file);
+    std::vector<PromptText> prompts = load_prompts(o.prompts_file);
     for (int i = 0; i < o.requests; ++i) specs[i].prompt = prompts[i % prompts.size()];
   } else {
     LengthRange in = parse_length_range(o.input_len, "--input-len");

@@ -29,7 +29,7 @@ struct BenchOptions {
   // ids to /v1/completions, so the prefill size is exact. "": chat prompts (prompts_file or
   // built-in questions) to /v1/chat/completions.
   std::string input_len;
-  std::string prompts_file;  // one prompt a line (plain text, or JSON objects with "prompt")
+  std::string prompts_file;  // one prompt a line: plain text, or {"prompt": "text"} or {"prompt": [token ids]}
   double temperature = 0.0;
   bool ignore_eos = false;
   int timeout_s = 600;       // per request

@@ -53,7 +53,7 @@ gptoss::tools::RegisterCommand reg({"bench-serve", "Load-test an OpenAI-compatib
                                     "Random-token prompts of N or A:B (uniform) tokens, sent as ids to /v1/completions");
   auto* goodput = app->add_option("--goodput", a->o.goodput, "SLO for goodput in ms, e.g. ttft:300,tpot:50,e2e:5000");
   auto* outputs = app->add_option("--outputs", a->outputs_out, "Write each request's text to this file (JSON lines, request order)");
-  auto* prompts = app->add_option("--prompts", a->o.prompts_file, "File with one prompt a line (text or {\"prompt\": ...})");
+  auto* prompts = app->add_option("--prompts", a->o.prompts_file, "File with one prompt a line: text, {\"prompt\": \"text\"} or {\"prompt\": [token ids]} (sent to /v1/completions as they are)");
   // llama-benchy's report: one request at a time, random-token prompts of depth + pp tokens.
   auto* depth = app->add_option("--depth", a->depth,
                                 "llama-benchy's pp/tg report at these context depths, comma-separated (e.g. 0,4096,16384): "

@@ -127,6 +127,11 @@ void add_backend_options(CLI::App* app, BackendOptions& o) {
   app->add_option("--weights-seed", o.seed, "Seed of --random-weights (same seed, same weights)")
       ->capture_default_str()
       ->check(seed_value());
+  app->add_option("--random-loop-tokens", o.random_loop_tokens,
+                  "With --random-weights: make them a loop model whose greedy continuation of token 1000 + i is "
+                  "1000 + (i + 1) % N (speculative-decoding benchmarks at real shapes; `gptoss make-model "
+                  "--loop-tokens N` writes the same)")
+      ->check(int_range(1, 1 << 20));
   app->add_option("--mxfp4-layers", o.mxfp4_layers,
                   "Layers held in MXFP4 (CUDA): experts (the default: only the experts, MXFP4 as published), all, "
                   "or a comma list of qkv, o, lm_head, which are quantized to MXFP4 when the model loads "

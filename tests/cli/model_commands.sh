@@ -88,6 +88,12 @@ check "help COMMAND" '"$bin" help serve | grep -q -- "--max-model-len"'
 "$bin" make-model --preset tiny --layers 3 --out "$tmp/l3" --seed 1 >/dev/null
 check "make-model --layers 3 writes 3 layers" 'grep -q "\"num_hidden_layers\": 3" "$tmp/l3/config.json" && "$bin" generate --model "$tmp/l3" --prompt-ids 1 --max-tokens 1 >/dev/null 2>&1'
 
+# A loop model (make-model --loop-tokens): greedy generation walks the cycle of ids 1000..1005.
+"$bin" make-model --preset tiny --loop-tokens 6 --out "$tmp/loop" --seed 2 >/dev/null
+got=$("$bin" generate --model "$tmp/loop" --prompt-ids 1000,1001,1002 --max-tokens 8 --ignore-eos --print-ids 2>/dev/null | tr -s ' \n,' ' ' | sed 's/ *$//')
+check "make-model --loop-tokens 6 cycles ($got)" '[ "$got" = "1003 1004 1005 1000 1001 1002 1003 1004" ]'
+check "--random-loop-tokens needs --random-weights" 'err "$bin" generate --model "$tmp/loop" --random-loop-tokens 4 --prompt-ids 1 && grep -q "random-loop-tokens" "$tmp/err"'
+
 # --random-weights with --prompt tokenizes with o200k_harmony (as serve does); on the CPU the
 # error is then the backend's, not a missing tokenizer.
 check "--random-weights --prompt gets to the backend" 'err "$bin" generate --random-weights tiny --prompt hi && grep -q "GPU" "$tmp/err" && ! grep -qi "tokenizer" "$tmp/err"'

@@ -67,7 +67,7 @@ TEST(Cli, EveryOptionHasOneDescriptionAcrossCommands) {
 
 TEST(Cli, ModelCommandsTakeTheSameBackendOptions) {
   App a;
-  for (const char* opt : {"--model", "--device", "--random-weights", "--weights-seed", "--mxfp4-layers",
+  for (const char* opt : {"--model", "--device", "--random-weights", "--weights-seed", "--random-loop-tokens", "--mxfp4-layers",
                           "--mxfp4-backend", "--dense-dtype", "--dense-gemm", "--threads", "--device-index", "--batch-invariant",
                           "--tensor-parallel-size", "--tp-expert-sharding"})
     for (const char* cmd : {"serve", "generate", "logits", "bench"})
@@ -132,6 +132,8 @@ TEST(Cli, OutOfRangeValuesAreUsageErrors) {
   EXPECT_EQ(bad({"make-model", "--layers", "0"}), 2);
   EXPECT_EQ(bad({"make-model", "--shard-gb", "0"}), 2);
   EXPECT_EQ(bad({"make-model", "--preset", "7b"}), 2);
+  EXPECT_EQ(bad({"make-model", "--loop-tokens", "0"}), 2);
+  EXPECT_EQ(bad({"serve", "--random-loop-tokens", "0"}), 2);
   EXPECT_EQ(bad({"bench"}), 1);
   EXPECT_EQ(bad({"bench", "--pp", "abc"}), 2);
   EXPECT_EQ(bad({"bench", "--pp", "0"}), 2);

@@ -209,6 +209,26 @@ TEST_F(CudaModel, WideBatchedDecodeStagedStore) {
 // already, so the GPU's quantization at load is lossless and its logits must match the CPU's on
 // that same checkpoint as closely as with bf16 dense layers. A wrong layout, scale or kernel
 // would show as a large error.
+// `--random-weights` as a loop model (`--random-loop-tokens`, model/make_model.h LoopSpec): greedy
+// decoding on the GPU walks the cycle, as on a make-model loop checkpoint on the CPU.
+TEST_F(CudaModel, RandomLoopModelWalksTheCycle) {
+  BackendOptions o;
+  o.device = "cuda";
+  o.random_weights = "tiny";
+  o.random_loop_tokens = 8;
+  auto gpu = create_backend(o);
+  const LoopSpec loop{8};
+  SoloSequence seq(*gpu, 64);
+  auto logits = seq.append({5, 77, loop.first_id + 3}, false);
+  int expect = loop.first_id + 4;
+  for (int step = 0; step < 24; ++step) {
+    const int got = argmax(logits);
+    ASSERT_EQ(got, expect) << "step " << step;
+    logits = seq.append({got}, false);
+    expect = loop.first_id + (got - loop.first_id + 1) % loop.tokens;
+  }
+}
+
 TEST_F(CudaModel, Mxfp4DenseLayersMatchCpu) {
   namespace fs = std::filesystem;
   auto dir = (fs::temp_directory_path() / ("gptoss-cuda-mx-" + std::to_string(::getpid()))).string();

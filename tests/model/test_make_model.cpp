@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -57,6 +58,35 @@ TEST(MakeModel, LoadsAndRuns) {
     ss += double(v) * v;
   }
   EXPECT_GT(ss, 0.0);
+}
+
+// A loop model (LoopSpec): greedy decoding walks the cycle from wherever it enters it, on top of
+// random layers; the cycle must fit the hidden size and the vocabulary.
+TEST(MakeModel, LoopModelGreedyWalksTheCycle) {
+  auto d = test::temp_dir("mm-loop");
+  LoopSpec loop;
+  loop.tokens = 8;
+  make_random_model(GptOssConfig::preset("tiny"), d, 11, size_t(4) << 30, loop);
+  auto be = make_cpu_backend(ModelWeights::load(d));
+  SoloSequence seq(*be, 64);
+  const int first = loop.first_id, n = loop.tokens;
+  // Enter the cycle mid-way, after unrelated tokens.
+  auto logits = seq.append({5, 77, 123, first + 5}, false);
+  int expect = first + 6;
+  for (int step = 0; step < 24; ++step) {
+    const int got = int(std::max_element(logits.begin(), logits.end()) - logits.begin());
+    ASSERT_EQ(got, expect) << "step " << step;
+    logits = seq.append({got}, false);
+    expect = first + (got - first + 1) % n;
+  }
+  GptOssConfig c = GptOssConfig::preset("tiny");
+  LoopSpec too_long;
+  too_long.tokens = c.hidden + 1;
+  EXPECT_THROW(too_long.check(c), Error);
+  LoopSpec past_vocab;
+  past_vocab.tokens = 8;
+  past_vocab.first_id = c.vocab - 4;
+  EXPECT_THROW(past_vocab.check(c), Error);
 }
 
 TEST(MakeModel, ConfigRoundTrips) {

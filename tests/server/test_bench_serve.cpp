@@ -3,7 +3,11 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 #include <thread>
+
+#include <unistd.h>
 
 #include "common/error.h"
 #include "http_fixture.h"
@@ -167,6 +171,33 @@ TEST(BenchServe, RandomPromptsAgainstTheServer) {
 
   o.input_len = "0";
   EXPECT_THROW(run_bench(o), Error);
+}
+
+// A prompts file mixes text lines and token-id prompts ({"prompt": [ids]}, sent to
+// /v1/completions as they are: a loop model's cycle, say); a bad id is an error, not text.
+TEST(BenchServe, PromptsFileTakesTokenIds) {
+  EngineConfig ec;
+  ec.max_num_seqs = 4;
+  auto live = std::make_unique<httptest::Fixture>(ec);
+  const auto dir = std::filesystem::temp_directory_path() / ("gptoss-bench-prompts-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const std::string file = (dir / "prompts.jsonl").string();
+  std::ofstream(file) << "{\"prompt\": [1000, 1001, 1002, 1003, 1000, 1001, 1002]}\n";
+  BenchOptions o;
+  o.base_url = "http://127.0.0.1:" + std::to_string(live->port);
+  o.model = "test-model";
+  o.requests = 3;
+  o.concurrency = 1;
+  o.prompts_file = file;
+  o.output_len = "4";
+  o.ignore_eos = true;
+  BenchReport rep = run_bench(o);
+  ASSERT_EQ(rep.ok, 3) << rep.to_text();
+  for (const auto& r : rep.results) EXPECT_EQ(r.prompt_tokens, 7);
+  std::ofstream(file) << "{\"prompt\": [1000, -1]}\n";
+  EXPECT_THROW(run_bench(o), Error);
+  live.reset();
+  std::filesystem::remove_all(dir);
 }
 
 // ---------------------------------------------------------------------------- --depth report

@@ -92,7 +92,7 @@ class CudaBackend final : public Backend {
   // Rows of the bf16 tensors `parts` stacked ([sum of rows, K]) and quantized to MXFP4 on the host.
   WeightMat upload_mxfp4(const std::vector<const TensorView*>& parts, const float* bias);
   void load_checkpoint(const std::string& dir, const LoadProgressFn& progress);
-  void build_random(const std::string& preset, uint64_t seed);
+  void build_random(const std::string& preset, uint64_t seed, int loop_tokens);
   void alloc_workspace();
   // Tensor parallelism: after a loader built a layer (or lm_head) whole, keep this rank's slice
   // (tp_slices.h) and free the rest, so a rank never holds more than one whole layer.
@@ -325,7 +325,7 @@ CudaBackend::CudaBackend(const BackendOptions& opts) {
   if (!opts.model_dir.empty())
     load_checkpoint(opts.model_dir, opts.load_progress);
   else if (!opts.random_weights.empty())
-    build_random(opts.random_weights, opts.seed);
+    build_random(opts.random_weights, opts.seed, opts.random_loop_tokens);
   else
     throw Error("cuda backend: give a model directory or a random-weights preset");
   model_cfg_ = cfg_;
@@ -513,8 +513,14 @@ void CudaBackend::load_checkpoint(const std::string& dir, const LoadProgressFn& 
   if (progress) progress("uploading", up_total, up_total);
 }
 
-void CudaBackend::build_random(const std::string& preset, uint64_t seed) {
+void CudaBackend::build_random(const std::string& preset, uint64_t seed, int loop_tokens) {
   cfg_ = GptOssConfig::preset(preset);
+  LoopSpec loop;
+  loop.tokens = loop_tokens;
+  if (loop.active()) {
+    loop.check(cfg_);
+    if (mx_layers_.lm_head) throw Error("--random-loop-tokens needs a bf16 lm_head (not --mxfp4-layers lm_head)");
+  }
   if (tp_.active()) check_tp_shardable(cfg_, tp_.world, tp_.experts);
   const int H = cfg_.hidden, E = cfg_.num_experts, I = cfg_.intermediate, V = cfg_.vocab;
   const int qd = cfg_.q_dim(), kvd = cfg_.kv_dim(), QKV = qd + 2 * kvd;
@@ -547,6 +553,14 @@ void CudaBackend::build_random(const std::string& preset, uint64_t seed) {
     return WeightMat{WeightMat::kMXFP4, u8(size_t(N) * K / 2, 0, 255), u8(size_t(N) * K / 32, slo, shi), bias, N, K};
   };
   lm_head_ = mx_layers_.lm_head ? mx(V, H, nullptr) : WeightMat{WeightMat::kBF16, bf(size_t(V) * H, ds), nullptr, nullptr, V, H};
+  // A loop model (make_model.h's LoopSpec, as make-model writes it): the cycle's rows replaced.
+  for (bool head : {false, true})
+    if (loop.active())
+      loop.rows(H, head, [&](int64_t row, const std::vector<uint16_t>& v) {
+        bf16_t* base = const_cast<bf16_t*>(head ? static_cast<const bf16_t*>(lm_head_.w) : embed_);
+        GPTOSS_CUDA_CHECK(cudaMemcpyAsync(base + size_t(row) * H, v.data(), v.size() * 2, cudaMemcpyHostToDevice, stream_));
+        GPTOSS_CUDA_CHECK(cudaStreamSynchronize(stream_));  // v is gone after the call
+      });
   shard_lm_head();
   for (int l = 0; l < cfg_.num_layers; ++l) {
     Layer L{};

@@ -1,0 +1,35 @@
+# Sourced by a round script (bash, from the repository root on the GPU machine, prebuilt binaries
+# unpacked into .gpu-carry/): the environment every round sets and the helpers they share.
+#   ts MSG                         a timestamped line in the summary
+#   t NAME SECONDS BINARY ARGS...  a gtest binary under a timeout; rc and failures in the summary
+#   srv PORT MODEL FLAGS... -- C...  a `serve` on random weights, `bench-serve` at each concurrency C
+#                                  (2C requests, 512 in / 256 out), the timeline line at the end
+# The summary is $OUT/summary.txt ($S); logs go beside it. Rounds of sessions 7-11 spell this out
+# in each script; later ones source it.
+set -uo pipefail
+bin=$PWD/.gpu-carry; out=$OUT
+nccl_lib=/opt/torch/.venv/lib/python3.12/site-packages/nvidia/nccl/lib
+export LD_LIBRARY_PATH="$bin/lib:$nccl_lib:/usr/local/cuda-13.0/targets/x86_64-linux/lib"
+export GPTOSS_TEST_DATA_DIR="$bin/data" GPTOSS_TIKTOKEN="$bin/o200k_base.tiktoken"
+export NCCL_NVLS_ENABLE=0  # never NVLink SHARP / multicast on the shared machines
+g=$bin/gptoss; K=$bin/test_cuda_kernels; S=$out/summary.txt
+T0=$SECONDS
+ts() { echo "[t=$((SECONDS-T0))s] $*" >> $S; }
+t() {
+  local name=$1 to=$2; shift 2
+  timeout $to "$@" --gtest_color=no > $out/$name.log 2>&1; echo "$name rc=$?" >> $S
+  grep -E "^\[  FAILED|PASSED|Failure|exception|Expected|actual" $out/$name.log | head -8 >> $S
+}
+srv() {
+  local port=$1 m=$2; shift 2; local flags=(); while [ "$1" != "--" ]; do flags+=("$1"); shift; done; shift
+  GPTOSS_CUDA_TIMELINE=1 $g serve --device cuda --random-weights $m --port $port --max-model-len 8192 --max-num-seqs 64 \
+    "${flags[@]}" > $out/serve_${m}_$port.log 2>&1 &
+  local pid=$!
+  for _ in $(seq 150); do curl -sf localhost:$port/health >/dev/null && break; sleep 1; done
+  for c in "$@"; do
+    ts "serve $m ${flags[*]} $c streams"
+    timeout 120 $g bench-serve --base-url http://127.0.0.1:$port --requests $((c * 2)) --concurrency $c --input-len 512 \
+      --output-len 256 --ignore-eos 2>&1 | grep -E "^TTFT|^TPOT|^aggregate|first error" >> $S
+  done
+  kill -INT $pid; wait $pid; grep -E "cuda timeline" $out/serve_${m}_$port.log >> $S
+}
