@@ -22,7 +22,9 @@ namespace gptoss {
 struct LoopSpec {
   int tokens = 0;  // cycle length; 0: an ordinary random model
   int first_id = 1000;
-  float embed_scale = 1024.f;
+  // The random layers' outputs add up over depth (~1e3 in norm at 120b's 36 layers, by a rough
+  // estimate); 4096 keeps the cycle's direction dominant there too.
+  float embed_scale = 4096.f;
   float head_scale = 1.f;
   bool active() const { return tokens > 0; }
   // Throws unless 1 <= tokens <= hidden and the cycle's ids are in the vocabulary.
