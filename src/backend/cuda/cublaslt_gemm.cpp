@@ -49,6 +49,10 @@ struct CublasLtGemm::Impl {
   cublasLtHandle_t handle = nullptr;
   DeviceBuffer workspace;
   DeviceBuffer staging;  // f32 [M][N] of a staged bf16 store; grows to the largest one seen
+  // The same for stores that fit the size reserve_staging asked for (decode passes, which CUDA
+  // graphs capture): never reallocated, so a captured call's rows stay valid whatever `staging`
+  // grows to later.
+  DeviceBuffer fixed_staging;
   struct Plan {
     bool ok = false;
     bool staged = false;  // D is f32 rows in `staging`, rounded to bf16 after
@@ -153,7 +157,7 @@ CublasLtGemm::CublasLtGemm(const CublasLtLibrary& lib) : lib_(lib), impl_(std::m
 CublasLtGemm::~CublasLtGemm() = default;
 
 void CublasLtGemm::reserve_staging(size_t bytes) {
-  if (impl_->staging.bytes() < bytes) impl_->staging.alloc(bytes);
+  if (impl_->fixed_staging.bytes() < bytes) impl_->fixed_staging.alloc(bytes);
 }
 
 std::string CublasLtGemm::describe() const {
@@ -225,13 +229,17 @@ bool CublasLtGemm::run(const WeightMat& W, const bf16_t* A, int lda, int M, cons
   void* d = epi.out;
   if (p.staged) {
     const size_t need = size_t(M) * W.N * sizeof(float);
-    if (impl_->staging.bytes() < need) {
-      // Work queued on s may still read the old buffer. (Past the decode sizes the backend
-      // reserves, so never in a graph capture.)
-      GPTOSS_CUDA_CHECK(cudaStreamSynchronize(s));
-      impl_->staging.alloc(need);
+    if (need <= impl_->fixed_staging.bytes()) {
+      d = impl_->fixed_staging.get();
+    } else {
+      if (impl_->staging.bytes() < need) {
+        // Work queued on s may still read the old buffer. (Past the reserved size: prefill, never
+        // a graph capture.)
+        GPTOSS_CUDA_CHECK(cudaStreamSynchronize(s));
+        impl_->staging.alloc(need);
+      }
+      d = impl_->staging.get();
     }
-    d = impl_->staging.get();
   }
   if (W.bias) {
     const void* bp = p.bias_bf16 ? impl_->bf16_bias(W.bias) : static_cast<const void*>(W.bias);
@@ -248,7 +256,7 @@ bool CublasLtGemm::run(const WeightMat& W, const bf16_t* A, int lda, int M, cons
     return false;
   }
   impl_->check(st, "cublasLtMatmul");
-  if (p.staged) f32_rows_to_bf16(impl_->staging.get<float>(), M, W.N, static_cast<bf16_t*>(epi.out), epi.ldo, s);
+  if (p.staged) f32_rows_to_bf16(static_cast<const float*>(d), M, W.N, static_cast<bf16_t*>(epi.out), epi.ldo, s);
   return true;
 }
 

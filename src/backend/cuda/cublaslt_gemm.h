@@ -44,8 +44,10 @@ class CublasLtGemm {
   // Tests: every bf16 store takes the staged route (f32 rows, then rounded; see the .cpp) for
   // problems first seen while set.
   static void set_force_staging(bool on);
-  // Sizes the staged route's f32 rows for bf16 outputs up to `bytes` now: run() grows them with a
-  // stream sync and an allocation, which a CUDA graph capture (decode passes) must not meet.
+  // Reserves the staged route's f32 rows for bf16 outputs of up to `bytes` in a buffer of their
+  // own that never moves: larger stores grow another buffer (a stream sync and an allocation,
+  // which a CUDA graph capture must not meet, and which would leave a captured call's pointer
+  // dangling). The backend reserves its decode passes' size.
   void reserve_staging(size_t bytes);
 
   const CublasLtLibrary& library() const { return lib_; }
