@@ -3,21 +3,27 @@
 # speculative greedy decoding equals plain greedy (test_cuda_spec), then for each model the
 # single-stream decode speed of `gptoss serve --speculative-config` (n-gram, K = 1..4) against
 # plain serving, driven by bench-serve:
+#   loop     token-id prompts of two turns of the served loop model's cycle, greedy, 256 tokens,
+#            one request at a time: text the drafter predicts (acceptance near 100%)
 #   rep      a repetitive chat prompt, greedy (temperature 0), 256 tokens, one request at a time
 #   rep-c8   the same, 8 requests in flight
 #   nomatch  random-token prompts sampled at temperature 1 (drafts almost never match): the cost
 #            of speculation when it does not pay
 # What the figures mean with random weights: the n-gram drafter proposes continuations of
 # n-grams already in the prompt + output. Random weights do not copy the prompt, so a
-# "repeat this JSON" prompt does not help by itself; what the drafter finds is the loops that
-# greedy decoding of random weights falls into. The acceptance rate bench-serve prints says how
-# much there was to find; real checkpoints on repetitive text (code edits, repeated JSON) need
-# their own run.
+# "repeat this JSON" prompt does not help by itself; what the drafter finds in `rep` is the
+# loops that greedy decoding of random weights falls into. The served model is a loop model
+# (`--random-loop-tokens`, LoopSpec in model/make_model.h): random weights but for LOOP
+# embedding and lm_head rows, so that greedy decoding walks the cycle of ids 1000..1000+LOOP-1;
+# the `loop` workload is the upper bound of what n-gram speculation buys at real shapes (every
+# draft right), the other workloads behave as on plain random weights. Real checkpoints on
+# repetitive text (code edits, repeated JSON) need their own run.
 #
 #   tools/gpu/spec_round.sh                 # builds build-gpu/ (gptoss, test_cuda_spec)
 #   tools/gpu/spec_round.sh --prebuilt DIR  # DIR: gptoss, test_cuda_spec, lib/, data/tiny-gptoss
 # Environment: MODELS (default "20b 120b"; one model per device call keeps it under 10 minutes),
-# KS (default "1 2 3 4"). Logs go to $OUT.
+# KS (default "1 2 3 4"), LOOP (the loop model's cycle, default 64; 0: plain random weights and
+# no `loop` workload). Logs go to $OUT.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
@@ -47,21 +53,37 @@ for i in 1 2 3 4; do
   echo "Repeat this JSON object exactly 20 times, one per line, nothing else: $json (copy $i)"
 done >"$prompts"
 
+LOOP=${LOOP:-64}
+loop_flags=()
+workloads="rep rep-c8 nomatch"
+if [ "$LOOP" -gt 0 ]; then
+  loop_flags=(--random-loop-tokens "$LOOP")
+  workloads="loop $workloads"
+  # Four prompts, each two turns of the cycle from another starting point, as token ids.
+  loop_prompts=$out/spec_loop_prompts.jsonl
+  for s in 0 1 2 3; do
+    ids=""
+    for j in $(seq 0 $((2 * LOOP - 1))); do ids="$ids${ids:+, }$((1000 + (s * 16 + j) % LOOP))"; done
+    echo "{\"prompt\": [$ids]}"
+  done >"$loop_prompts"
+fi
+
 port=18300
 # Serves model $1 with extra flags $3..; name $2. Prints one summary line per workload.
 run_config() {
   local m=$1 name=$2
   shift 2
-  "$gptoss" serve --device cuda --random-weights "$m" --port $port --served-model-name m --max-model-len 4096 \
-    --max-num-seqs 8 "$@" >"$out/serve_${m}_$name.log" 2>&1 &
+  "$gptoss" serve --device cuda --random-weights "$m" "${loop_flags[@]}" --port $port --served-model-name m \
+    --max-model-len 4096 --max-num-seqs 8 "$@" >"$out/serve_${m}_$name.log" 2>&1 &
   local pid=$!
   for _ in $(seq 300); do curl -sf localhost:$port/health >/dev/null && break; sleep 1; done
   if ! curl -sf localhost:$port/health >/dev/null; then
     echo "$m $name: server did not come up"; tail -5 "$out/serve_${m}_$name.log"; kill $pid; wait $pid; return
   fi
   local B="$gptoss bench-serve --base-url http://127.0.0.1:$port --model m --max-tokens 256 --ignore-eos --no-token-timing"
-  for w in rep rep-c8 nomatch; do
+  for w in $workloads; do
     case $w in
+      loop) args="--prompts $loop_prompts --requests 4 --concurrency 1 --temperature 0" ;;
       rep) args="--prompts $prompts --requests 4 --concurrency 1 --temperature 0" ;;
       rep-c8) args="--prompts $prompts --requests 16 --concurrency 8 --temperature 0" ;;
       nomatch) args="--input-len 128 --requests 4 --concurrency 1 --temperature 1 --seed 5" ;;
