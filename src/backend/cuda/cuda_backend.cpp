@@ -169,10 +169,16 @@ class CudaBackend final : public Backend {
   // Experts whose weights this rank holds, [begin, end) (all but under --tp-expert-sharding expert).
   int experts_begin_ = 0, experts_end_ = 0;
   bool expert_parallel() const { return tp_.active() && tp_.experts == ExpertSharding::kExpertParallel; }
-  // Whether a decode-sized pass of n tokens runs the dense bf16 layers (qkv, o_proj, lm_head) on
-  // cuBLASLt rather than the skinny kernels over their decode copies: from cublas_min_rows()
-  // tokens, on one GPU, outside the batch-invariant mode (whose kernels must not change with n).
-  bool cublas_on_decode(int n) const { return blas_ && !invariant_ && !tp_.active() && n >= cublas_min_rows(); }
+  // Whether a pass of n tokens runs the dense layers (qkv, o_proj, lm_head) over their decode
+  // copies (the skinny kernels): up to kSkinnyMaxTokens, or at every size in batch-invariant
+  // mode; but from cublas_min_rows() tokens on one GPU, cuBLASLt over the bf16 weights instead
+  // (tensor-parallel slices were not measured on two GPUs; batch-invariant kernels must not
+  // change with n).
+  bool dense_decode_copies(int n) const {
+    if (invariant_) return true;
+    const bool cublas = blas_ && !tp_.active() && n >= cublas_min_rows();
+    return n <= kSkinnyMaxTokens && !cublas;
+  }
   int vocab_ld_ = 0;
   YarnTables yarn_;
   int device_ = 0;
@@ -853,8 +859,7 @@ void CudaBackend::lm_head(const int32_t* rows, int n_rows) {
   // follows with tp_greedy or tp_gather_logits).
   float* out = tp_.active() ? d_vocab_gather_ + size_t(tp_.rank) * n_rows * vocab_ld_ : d_logits_;
   Epilogue e{Epilogue::kStoreF32, out, tp_.active() ? vocab_ld_ : cfg_.vocab};
-  const bool dec = lm_head_dec_.fmt != WeightMat::kBF16 &&
-                   (invariant_ || (n_rows <= kSkinnyMaxTokens && !cublas_on_decode(n_rows)));
+  const bool dec = lm_head_dec_.fmt != WeightMat::kBF16 && dense_decode_copies(n_rows);
   linear(dec ? lm_head_dec_ : lm_head_, xn_, cfg_.hidden, n_rows, e, stream_, invariant_, blas_.get());
 }
 
@@ -871,11 +876,7 @@ void CudaBackend::run_pass(int n, const PassMeta& m, int n_rows, int nsplit) {
   if (!layers_.empty()) rmsnorm(x_, layers_[0].attn_norm, n, H, c.rms_eps, nullptr, xn_, stream_);
   mark("embed");
   const bool small = n <= kSkinnyMaxTokens || invariant_;
-  // From cublas_min_rows() tokens on, qkv and o_proj take cuBLASLt over the bf16 weights rather
-  // than the skinny kernels over their decode copies (which pass over the weights once per 32
-  // tokens). Tensor-parallel ranks keep the decode copies up to 64 tokens: their slices' shapes
-  // were not measured on two GPUs (cublas_on_decode()).
-  const bool dense_decode_copy = small && !cublas_on_decode(n);
+  const bool dense_decode_copy = dense_decode_copies(n);
   const bool inv = invariant_;
   for (size_t li = 0; li < layers_.size(); ++li) {
     const Layer& L = layers_[li];

@@ -5,11 +5,19 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 
 #include "common/error.h"
 
 namespace gptoss::cuda {
+
+// An integer switch from the environment (unset or empty: dflt), for the kernels' bench and
+// comparison switches (GPTOSS_SKINNY_OPT, GPTOSS_CUBLAS_MIN_ROWS, ...); callers keep it in a static.
+inline int env_int(const char* name, int dflt) {
+  const char* e = std::getenv(name);
+  return e && *e ? std::atoi(e) : dflt;
+}
 
 [[noreturn]] void throw_cuda_error(cudaError_t e, const char* what, const char* file, int line);
 

@@ -5,7 +5,6 @@
 // size their grids from host-known upper bounds and read the real group/tile counts on the
 // device, so they capture in CUDA graphs.
 #include <algorithm>
-#include <cstdlib>
 
 #include "backend/cuda/cuda_common.h"
 #include <cuda_fp16.h>
@@ -849,10 +848,7 @@ void launch(const LinArgs& a, int path, int grid_y, cudaStream_t s, const FusedN
 }  // namespace
 
 int cublas_min_rows() {
-  static const int rows = [] {
-    const char* e = std::getenv("GPTOSS_CUBLAS_MIN_ROWS");
-    return e && *e ? std::max(1, std::atoi(e)) : 17;
-  }();
+  static const int rows = std::max(1, env_int("GPTOSS_CUBLAS_MIN_ROWS", 17));
   return rows;
 }
 

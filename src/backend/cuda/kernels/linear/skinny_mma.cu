@@ -15,8 +15,8 @@
 #include <cuda_fp8.h>
 
 #include <algorithm>
-#include <cstdlib>
 
+#include "backend/cuda/cuda_common.h"
 #include "backend/cuda/device_utils.cuh"
 #include "backend/cuda/tensor_core_ptx.cuh"
 #include "backend/cuda/kernels.h"
@@ -27,12 +27,6 @@
 namespace gptoss::cuda {
 
 namespace skinny {
-
-// An integer switch from the environment (unset or empty: dflt); callers keep it in a static.
-static int env_int(const char* name, int dflt) {
-  const char* e = std::getenv(name);
-  return e && *e ? std::atoi(e) : dflt;
-}
 
 static int skinny_opt_bits() {  // GPTOSS_SKINNY_OPT, read once (skinny_units.h)
   static const int bits = env_int("GPTOSS_SKINNY_OPT", 7);
