@@ -422,6 +422,35 @@ TEST_F(Kernels, MoeMxfp4ExpertGemmV3) {
   cuda::set_expert_gemm_version(0);
 }
 
+// Version 5 (weights as wgmma's register A, activations stored in the fragment K order) on the
+// fragment layout at real and awkward shapes, against the CPU.
+TEST_F(Kernels, MoeMxfp4ExpertGemmV5) {
+  if (!cuda::expert_gemm_v3_available()) GTEST_SKIP() << "expert GEMM v5 needs sm_90a (Hopper)";
+  std::vector<MoeCase> cases = {{1, 128, 4, 2880, 2880}, {33, 128, 4, 2880, 2880}, {129, 32, 4, 2880, 2880},
+                                {2049, 32, 4, 256, 256},  {600, 128, 4, 2880, 2880}, {7, 8, 2, 64, 64}};
+  if (small_mode()) cases = {{1, 8, 2, 64, 64}, {33, 8, 4, 128, 64}, {100, 8, 4, 64, 128}};
+  cuda::set_expert_gemm_version(5);
+  for (int pairs : {64, 128}) {
+    cuda::set_expert_gemm_v5_tile_pairs(pairs);
+    SCOPED_TRACE("v5 tile pairs " + std::to_string(pairs));
+    for (auto& c : cases)
+      if (c.n > cuda::kSkinnyMaxTokens) check_moe(c, 3);
+  }
+  cuda::set_expert_gemm_v5_tile_pairs(-1);
+  cuda::set_expert_gemm_version(0);
+}
+
+// The automatic prefill GEMM choice: version 5 up to 64 pairs an expert on average (120b at
+// 2048 tokens: 8192 pairs over 128 experts), version 3 above (20b at 2048 tokens: 256 an expert).
+TEST_F(Kernels, ExpertGemmV5Preferred) {
+  EXPECT_TRUE(cuda::expert_gemm_v5_preferred(2048 * 4, 128));
+  EXPECT_TRUE(cuda::expert_gemm_v5_preferred(512 * 4, 32));
+  EXPECT_FALSE(cuda::expert_gemm_v5_preferred(2048 * 4, 32));
+  EXPECT_FALSE(cuda::expert_gemm_v5_preferred(4096 * 4, 128));
+  EXPECT_TRUE(cuda::expert_gemm_v5_preferred(65, 128));  // 65 experts of one pair each
+  EXPECT_FALSE(cuda::expert_gemm_v5_preferred(0, 128));
+}
+
 // Version 3's tile height rule: 128-row tiles once the experts average 48 pairs or more (120b and
 // 20b at 2048 tokens), 64-row ones below; GPTOSS_EXPERT_GEMM_TILE_M's values only.
 TEST_F(Kernels, ExpertGemmV3TileRows) {
@@ -580,7 +609,9 @@ void check_expert_gemm(const std::vector<int>& counts, int n_tokens, int H, int 
     int version, tile_rows;
   };
   std::vector<Run> configs = {{1, 0}, {2, 0}};
-  if (cuda::expert_gemm_v3_available()) configs.insert(configs.end(), {{3, 64}, {3, 128}});
+  // Version 5 (64- and 128-pair tiles) takes the fragment layout only (the checkpoint layout
+  // falls back to version 3).
+  if (cuda::expert_gemm_v3_available()) configs.insert(configs.end(), {{3, 64}, {3, 128}, {5, 64}, {5, 128}});
   const int nc = int(configs.size());
   for (int run = 0; run < 2 * nc; ++run) {
     const int version = configs[run % nc].version, tile_rows = configs[run % nc].tile_rows;
@@ -590,7 +621,10 @@ void check_expert_gemm(const std::vector<int>& counts, int n_tokens, int H, int 
     const std::string layout = std::string(frag ? "fragments" : "checkpoint") +
                                (tile_rows ? ", " + std::to_string(tile_rows) + "-row tiles" : "");
     cuda::set_expert_gemm_version(version);
-    if (tile_rows) cuda::set_expert_gemm_v3_tile_rows(tile_rows);
+    if (tile_rows && version == 5)
+      cuda::set_expert_gemm_v5_tile_pairs(tile_rows);
+    else if (tile_rows)
+      cuda::set_expert_gemm_v3_tile_rows(tile_rows);
     Dev<uint16_t> act(size_t(P) * I);
     Dev<float> y(size_t(P) * H), out(std::vector<float>(size_t(n_tokens) * H, 0.f));
     cuda::linear_grouped(gu_w, dx.p(), H, P, E, true, rt.r, Epilogue{Epilogue::kSwiGLU, act.p(), I}, 0, n_tokens);
@@ -621,6 +655,7 @@ void check_expert_gemm(const std::vector<int>& counts, int n_tokens, int H, int 
                 version, layout.c_str(), P, E, H, I, worst_act, worst_y);
   }
   cuda::set_expert_gemm_v3_tile_rows(-1);
+  cuda::set_expert_gemm_v5_tile_pairs(-1);
   cuda::set_expert_gemm_version(0);
 }
 

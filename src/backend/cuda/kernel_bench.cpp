@@ -248,18 +248,26 @@ int run_kernel_bench(const KernelBenchOptions& o) {
       if (M <= kSkinnyMaxTokens) return;
       set_linear_path(2);
       const int auto_rows = expert_gemm_v3_auto_tile_rows(P, E);
-      for (int config = 0; config < 4; ++config) {
-        const int version = std::min(config + 1, 3), tile_rows = config == 2 ? 64 : config == 3 ? 128 : 0;
-        if (version == 3 && !expert_gemm_v3_available()) continue;  // Hopper wgmma only
+      for (int config = 0; config < 6; ++config) {
+        // v1, v2, v3 with 64- and 128-row tiles, v5 with 64- and 128-pair tiles.
+        const int version = config >= 4 ? 5 : std::min(config + 1, 3);
+        const int tile_rows = config == 2 || config == 4 ? 64 : config == 3 || config == 5 ? 128 : 0;
+        if (version >= 3 && !expert_gemm_v3_available()) continue;  // Hopper wgmma only
+        if (version == 5 && gw.fmt != WeightMat::kFragMXFP4) continue;  // fragment layout only
         set_expert_gemm_version(version);
-        if (tile_rows) set_expert_gemm_v3_tile_rows(tile_rows);
+        if (version == 5)
+          set_expert_gemm_v5_tile_pairs(tile_rows);
+        else if (tile_rows)
+          set_expert_gemm_v3_tile_rows(tile_rows);
         const double us_gu = timer.us(o.iters, [&](int i) { linear_grouped(gw, xb, H, P, E, true, routes[i % R], g, s, M); });
         const double us_dn = timer.us(o.iters, [&](int i) {
           linear_grouped(dw, act, I, P, E, false, down_routes[i % R], Epilogue{Epilogue::kStoreF32, y2, H}, s, M);
         });
         const double tf_gu = 2.0 * P * 2 * I * H / us_gu / 1e6, tf_dn = 2.0 * P * H * I / us_dn / 1e6;
         std::string v = "expert GEMM v" + std::to_string(version);
-        if (tile_rows)
+        if (version == 5)
+          v += " n" + std::to_string(tile_rows);
+        else if (tile_rows)
           v += " m" + std::to_string(tile_rows) + (tile_rows == auto_rows ? " (auto)" : "");
         v += std::string(" ") + layout;
         const std::string vg = v + ", " + std::to_string(int(tf_gu)) + " TFLOP/s";
@@ -272,6 +280,7 @@ int run_kernel_bench(const KernelBenchOptions& o) {
       }
       set_expert_gemm_version(0);  // back to GPTOSS_EXPERT_GEMM's choice
       set_expert_gemm_v3_tile_rows(-1);  // and GPTOSS_EXPERT_GEMM_TILE_M's
+      set_expert_gemm_v5_tile_pairs(-1);  // and GPTOSS_EXPERT_GEMM_V5_N's
       set_linear_path(0);
     };
     prefill_versions(gu, dn, "checkpoint");

@@ -103,8 +103,10 @@ void linear_grouped(const WeightMat& W, const void* A, int lda, int pairs, int E
 // Prefill expert GEMM versions (kernels/moe/expert_gemm_mxfp4_bf16.cu): linear_grouped's GEMM
 // path over MXFP4 experts (checkpoint or fragment layout) runs version 1 (gemm_kernel, gemv_gemm.cu)
 // or version 2 (tall tiles, 4-stage cp.async, weights decoded into the MMA's registers). Chosen by
-// GPTOSS_EXPERT_GEMM=v1|v2|v3 (read once; default v3 = Hopper wgmma, below, v2 where unavailable) or
-// set_expert_gemm_version (tests, bench; 0 = back to the environment's choice).
+// GPTOSS_EXPERT_GEMM=v1|v2|v3|v5|auto (read once; default auto: version 5 where
+// expert_gemm_v5_preferred, else version 3 = Hopper wgmma, below; version 2 where those are
+// unavailable) or set_expert_gemm_version (tests, bench; 0 = back to the environment's choice).
+constexpr int kExpertGemmAuto = 10;
 int expert_gemm_version();
 void set_expert_gemm_version(int v);
 // Whether version 2 takes this problem (MXFP4, K % 64 == 0, K <= 4096, N * K / 32 % 16 == 0,
@@ -128,6 +130,21 @@ void expert_gemm_v3(const WeightMat& W, const bf16_t* A, int lda, int pairs, int
 int expert_gemm_v3_tile_rows();
 void set_expert_gemm_v3_tile_rows(int rows);
 int expert_gemm_v3_auto_tile_rows(int pairs, int E);
+// Version 5 (kernels/moe/expert_gemm_wgmma_wa.cu): Hopper wgmma with the weights as the A operand,
+// decoded from the fragment layout straight into registers, the activations as B in shared memory
+// (stored in the fragment layout's K order). Fragment layout, N % 64 == 0, and where version 3 is
+// available; linear_grouped falls back to version 3 elsewhere.
+bool expert_gemm_v5_supports(const WeightMat& W, const void* A, int lda, int a_rows, const Epilogue& epi);
+void expert_gemm_v5(const WeightMat& W, const bf16_t* A, int lda, int pairs, int E, bool gather_a, const MoeRouting& r,
+                    const Epilogue& epi, cudaStream_t s);
+// Pairs a version 5 tile: 64, 128, or 0 (auto: 128 once the experts average 96 pairs or more).
+// GPTOSS_EXPERT_GEMM_V5_N (read once) or set_expert_gemm_v5_tile_pairs (tests, bench; -1 = back
+// to the environment's choice).
+int expert_gemm_v5_tile_pairs();
+void set_expert_gemm_v5_tile_pairs(int pairs);
+// The automatic choice: version 5 (64-pair tiles) where the experts average at most 64 pairs
+// (120b up to 2048 tokens a pass, 20b up to 512), version 3 above.
+bool expert_gemm_v5_preferred(int pairs, int E);
 // Test hook for version 3's shared-memory layout and descriptors: C [64][128] f32 = A [64][K] .
 // B [128][K]^T (bf16, row-major, K % 64 == 0) through one warpgroup's wgmma.
 void wgmma_dense_tile_selfcheck(const bf16_t* A, const bf16_t* B, float* C, int K, cudaStream_t s);

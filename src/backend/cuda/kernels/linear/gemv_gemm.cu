@@ -983,12 +983,19 @@ void linear_grouped(const WeightMat& W, const void* A, int lda, int pairs, int E
   if (a_f16) throw Error("linear_grouped: fp16 activations only on the skinny kernels");
   const bool mx = k == LinearKernel::kGemmMma && (W.fmt == WeightMat::kMXFP4 || W.fmt == WeightMat::kFragMXFP4);
   const int a_rows = gather_a ? tokens : pairs;
-  // Version 3 (Hopper wgmma) where the GPU and the build have it; version 2 otherwise.
-  if (mx && expert_gemm_version() == 3 && expert_gemm_v3_supports(W, A, lda, a_rows, epi)) {
+  // Version 5 (weights as wgmma's register A) where asked for and it takes the problem; version 3
+  // (Hopper wgmma) where the GPU and the build have it; version 2 otherwise.
+  const int version = expert_gemm_version();
+  const bool v5 = version == 5 || (version == kExpertGemmAuto && expert_gemm_v5_preferred(pairs, E));
+  if (mx && v5 && expert_gemm_v5_supports(W, A, lda, a_rows, epi)) {
+    expert_gemm_v5(W, static_cast<const bf16_t*>(A), lda, pairs, E, gather_a, r, epi, s);
+    return;
+  }
+  if (mx && version >= 3 && expert_gemm_v3_supports(W, A, lda, a_rows, epi)) {
     expert_gemm_v3(W, static_cast<const bf16_t*>(A), lda, pairs, E, gather_a, r, epi, s);
     return;
   }
-  if (mx && expert_gemm_version() >= 2 && expert_gemm_v2_supports(W, A, lda, a_rows, epi)) {
+  if (mx && version >= 2 && expert_gemm_v2_supports(W, A, lda, a_rows, epi)) {
     expert_gemm_v2(W, static_cast<const bf16_t*>(A), lda, pairs, E, gather_a, r, epi, s);
     return;
   }

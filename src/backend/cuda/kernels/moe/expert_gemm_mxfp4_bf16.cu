@@ -297,23 +297,28 @@ int expert_gemm_version() {
   if (g_version < 0) {
     const char* v = std::getenv("GPTOSS_EXPERT_GEMM");
     const std::string s = v ? v : "";
-    // v3 (Hopper wgmma, expert_gemm_wgmma.cu) by default, v2 where it is unavailable: H200, 120b
-    // pp2048 19.8k tok/s vs 19.1k with v2, 20b 35.0k vs 31.4k (v2 itself: 16.0k vs v1's 10.6k;
-    // docs/BENCHMARKS.md).
+    // auto by default: v5 or v3 by the pairs per expert (expert_gemm_v5_preferred), v2 where
+    // neither is available. v3 against v2: H200, 120b pp2048 19.8k tok/s vs 19.1k, 20b 35.0k vs
+    // 31.4k (v2 itself: 16.0k vs v1's 10.6k; docs/BENCHMARKS.md).
     if (s == "v1" || s == "1")
       g_version = 1;
     else if (s == "v2" || s == "2")
       g_version = 2;
-    else if (s.empty() || s == "v3" || s == "3")
+    else if (s == "v3" || s == "3")
       g_version = 3;
+    else if (s == "v5" || s == "5")
+      g_version = 5;
+    else if (s.empty() || s == "auto")
+      g_version = kExpertGemmAuto;
     else
-      throw Error("GPTOSS_EXPERT_GEMM=" + s + ": expected v1, v2 or v3");
+      throw Error("GPTOSS_EXPERT_GEMM=" + s + ": expected v1, v2, v3, v5 or auto");
   }
   return g_version;
 }
 
 void set_expert_gemm_version(int v) {
-  if (v < 0 || v > 3) throw Error("set_expert_gemm_version: expected 0 (environment), 1, 2 or 3");
+  if (v != kExpertGemmAuto && (v < 0 || v > 5 || v == 4))
+    throw Error("set_expert_gemm_version: expected 0 (environment), 1, 2, 3, 5 or kExpertGemmAuto");
   g_version = v == 0 ? -1 : v;
 }
 

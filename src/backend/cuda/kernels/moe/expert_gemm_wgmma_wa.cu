@@ -1,0 +1,358 @@
+// Grouped MoE expert GEMM for prefill, version 5: MXFP4 weights as wgmma's A operand, decoded
+// straight into registers; bf16 activations as B from shared memory (Hopper, sm_90a only).
+//
+// Why: version 3 (expert_gemm_wgmma.cu) puts the tokens on wgmma's M side, so the weights must be
+// B, which wgmma reads only from shared memory: every K step its threads decode the e2m1 codes,
+// store the bf16 tile, fence the async proxy and meet at a barrier before the tensor cores may
+// read it (Nsight Compute, 120b gate_up at 2048 tokens: 46% of issue slots busy, the top stalls in
+// that decode and its fences; 2.08 ms a layer against issue 11's 1.5). wgmma takes A from
+// registers, and the fragment layout (frag_layout.cuh) already holds each lane's A registers of
+// a 16-row tile: a warp loads its tile's 512-byte chunk a K step (one 16-byte load a lane, plus
+// its scale word), decodes it exactly to bf16 (value x 2^(scale - 127), v3's decode) and issues
+// the MMAs. No weight tile passes through shared memory.
+//
+// The catch is the K order. The fragment layout permutes K inside each 64-wide chunk (k-step j
+// of lane quad tq holds natural K 32 (j / 2) + 8 tq + 4 (j % 2) + [0, 4)), and mma.sync's decode
+// kernels read the activations in that order from registers; wgmma reads B from shared memory in
+// stored order. So the activation rows are stored permuted: stored k16 slice j, position 2 q + e
+// holds natural K 32 (j / 2) + 8 (q % 4) + 4 (j % 2) + 2 (q / 4) + e. In 4-byte pairs that is a
+// 4 x 4 transpose inside each 64-byte half of a 128-byte row (natural 16-byte chunk c of half h,
+// pair m -> stored chunk 4 h + m, pair c % 4), which maps the half's four swizzled 16-byte slots
+// onto themselves: the thread that copied a half (cp.async, natural order) reads its four chunks
+// back and writes them transposed in place, moving words between registers and nothing else.
+//
+// CTA: 2 warpgroups over 128 weight rows (8 tiles; warp w of warpgroup wg owns tile 8 x + 4 wg + w)
+// x BN sorted pairs of one expert (wgmma N: 64, or 128 where the experts average 96 pairs or
+// more), sharing the activation tile; K in steps of 64 (one chunk a warp). Per step: 4 wgmma
+// m64nBNk16, A from registers. Every step's weights (each lane its own 16 bytes and scale word)
+// and activations (pair rows gathered by pair_token, each half-row copied by one thread) travel
+// in one cp.async group issued kLead steps ahead into a ring of stages (WaTile: 8 x 13 KB at 64
+// pairs, 4 x 21 KB at 128; 2 CTAs an SM), so a step waits on DRAM or L2 once, not every step (a
+// first version with two steps of lead and the weights in registers ran at ~1 us a step).
+// Activations are transposed one step ahead, by the thread that copied them.
+// Epilogue from the accumulators: rows are weight rows (gate g / up g + 8 of a tile for SwiGLU),
+// columns sorted pairs.
+//
+// Where it stands (H200, twelfth session; docs/BENCHMARKS.md): about version 3's speed at 2048
+// tokens (120b gate_up + down 2042 us against 2078; faster at 512 tokens, 1306 against 1498) and
+// issue-bound like it: Nsight Compute of 120b gate_up (64-pair tiles, lead 5) counted ~200 warp
+// instructions a warp a K step, half of them the e2m1 decode (~3 a weight a lane: rotates, LOP3s,
+// the bf16 scale multiply), with the tensor pipe 30% busy. A decoded weight feeds BN MMAs, so the
+// way on is wider pair tiles where the experts have the pairs (128: 20b's gate_up at 2048 tokens
+// 921 us against 994) and fewer instructions a step.
+#include <algorithm>
+#include <atomic>
+#include <string>
+
+#include "backend/cuda/cuda_common.h"
+#include "backend/cuda/device_utils.cuh"
+#include "backend/cuda/kernels.h"
+#include "backend/cuda/kernels/linear/frag_layout.cuh"
+#include "backend/cuda/kernels/moe/expert_gemm_common.cuh"
+#include "backend/cuda/tensor_core_ptx.cuh"
+#include "backend/cuda/wgmma_ptx.cuh"
+
+namespace gptoss::cuda {
+
+namespace {
+
+using namespace moe_gemm;
+using ptx::sw128_offset;
+
+constexpr int kWaTilesWg = 4;                  // 16-row weight tiles a warpgroup (wgmma M = 64)
+constexpr int kWaThreads = 256;                // two warpgroups
+constexpr int kWaTiles = kWaTilesWg * 2;       // weight tiles a CTA
+constexpr int kWaWBytes = kWaTiles * 32 * 16;  // a stage's weights: a 512-byte chunk a warp (4 KB)
+constexpr int kWaSBytes = kWaTiles * 32 * 4;   // its scales: a word a lane (1 KB)
+
+// The CTA shape of BN sorted pairs a tile (wgmma N = 64 or 128).
+template <int BN>
+struct WaTile {
+  // 64: A double-buffered (the decode of step kt + 1 overlaps step kt's MMAs), 6 steps of lead;
+  // 128: twice the accumulators, so one A buffer (a warpgroup decodes after its MMAs, the other
+  // warpgroups' MMAs fill the gap) and the shared memory for 2 steps of lead.
+  static constexpr int kABufs = BN == 64 ? 2 : 1;
+  static constexpr int kLead = BN == 64 ? 6 : 2;      // steps a cp.async group is issued ahead
+  static constexpr int kStages = kLead + 2;           // a stage is rewritten two steps after its last reader
+  static constexpr int kActBytes = BN * 128;          // a stage's activations: BN rows x 64 bf16
+  static constexpr int kStageBytes = kActBytes + kWaWBytes + kWaSBytes;
+  static constexpr size_t kSmem = size_t(kStages) * kStageBytes + 1024;
+  // Half-rows a step: 2 BN; with 64 pairs the warpgroups take alternate steps' copies.
+  static constexpr bool kAlternate = 2 * BN < kWaThreads;
+  static_assert((kStages & (kStages - 1)) == 0 && kStageBytes % 1024 == 0, "stage masks; aligned tiles");
+  static_assert(2 * kSmem <= 227 * 1024, "two CTAs an SM");
+};
+
+#ifdef SM90A_WGMMA
+__device__ __forceinline__ uint8_t* wa_align1024(uint8_t* p) {
+  const uint32_t s = ptx::smem_addr(p);
+  return p + ((1024u - (s & 1023u)) & 1023u);
+}
+
+// One lane's chunk (16 bytes: k-steps 0-3, rows g and g + 8) and its scale word (bytes: row g
+// block 0, row g block 1, row g + 8 block 0, row g + 8 block 1) -> the bf16 A registers of the
+// four k16 slices: A[4 j + r] (register r of slice j). Exact, as version 3's decode.
+__device__ __forceinline__ void wa_decode(const uint4& q, uint32_t fs, uint32_t (&A)[16]) {
+  const uint32_t wq[4] = {q.x, q.y, q.z, q.w};
+  auto run = [&](auto one_factor, uint32_t hi, uint32_t lo) {
+    constexpr bool kOne = decltype(one_factor)::value;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const uint32_t hg = frag_scale_pair(hi, h), hg8 = frag_scale_pair(hi, 2 + h);
+      const uint32_t lg = kOne ? 0u : frag_scale_pair(lo, h), lg8 = kOne ? 0u : frag_scale_pair(lo, 2 + h);
+#pragma unroll
+      for (int jj = 0; jj < 2; ++jj) {
+        const int j = 2 * h + jj;
+        uint32_t r[4];
+        frag_word_to_bf16x2(wq[j], r);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const uint32_t f = (i & 1) ? hg8 : hg;
+          uint32_t v = bf16x2_mul(r[i], f);
+          if constexpr (!kOne) v = bf16x2_mul(v, (i & 1) ? lg8 : lg);
+          A[4 * j + i] = v;
+        }
+      }
+    }
+  };
+  // Every scale byte <= 128 (gpt-oss's sit near 127): one factor gives the same bits as two.
+  const uint32_t big = (fs >> 7) & 0x01010101u;
+  if ((fs & (big * 0x7Fu)) == 0u)
+    run(std::true_type{}, fs + 0x7E7E7E7Eu, 0u);
+  else
+    run(std::false_type{}, __vminu4(fs, 0x80808080u) + 0x7E7E7E7Eu, __vmaxu4(fs, 0x80808080u) - 0x01010101u);
+}
+#endif
+
+template <int BN>
+__global__ void __launch_bounds__(kWaThreads, 2) expert_gemm_wa_kernel(ExpertGemmArgs a) {
+#ifdef SM90A_WGMMA
+  using L = WaTile<BN>;
+  extern __shared__ __align__(1024) uint8_t smem_raw[];
+  pdl_begin();
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2;
+  const int wg = tid >> 7, wtid = tid & 127;
+  int grp, within;
+  find_row_tile<BN>(a.r, int(blockIdx.y), lane, grp, within);
+  if (grp < 0) return;
+  const auto [expert, row0, row_end] = row_tile_rows<BN>(a.r, grp, within);
+  const int T = a.N / 16, C = a.K / 64;
+  const int tile = int(blockIdx.x) * kWaTiles + warp;  // this warp's weight tile (T % 4 == 0)
+  const bool wg_live = int(blockIdx.x) * kWaTiles + kWaTilesWg * wg < T;
+  uint8_t* smem = wa_align1024(smem_raw);
+  const uint32_t s_base = ptx::smem_addr(smem);
+
+  // Step kt's stage: activations (swizzled 64 x 128 B), then this CTA's weight chunks (warp w's
+  // 512 bytes at w x 512, lane order) and scale words (lane l of warp w at (32 w + l) x 4).
+  auto stage = [&](int kt) { return s_base + uint32_t(kt & (L::kStages - 1)) * L::kStageBytes; };
+  // Activations: thread t (64 pairs: thread wtid of the warpgroup that owns step kt, kt % 2) copies
+  // half h = t % 2 of row t / 2, in natural order.
+  const int a_t = L::kAlternate ? wtid : tid;
+  const int a_row = a_t >> 1, a_half = a_t & 1;
+  auto owns = [&](int kt) { return !L::kAlternate || (kt & 1) == wg; };
+  const int a_pair = row0 + a_row;
+  const bool a_ok = a_pair < row_end;
+  const uint16_t* a_src = a.A + size_t(a_ok ? (a.gather_a ? a.r.pair_token[a_pair] : a_pair) : 0) * a.lda + 32 * a_half;
+  uint32_t a_dst[4];
+#pragma unroll
+  for (int m = 0; m < 4; ++m) a_dst[m] = sw128_offset(a_row, 32 * a_half + 8 * m);
+  // Weights: this lane's 16 bytes and scale word of chunk kt of its tile. A warpgroup past the
+  // last tile (N % 128 == 64) runs on tile 0's weights and stores nothing: every warp issues the
+  // same wgmmas (a branch around them would make ptxas serialise them).
+  // A warpgroup past the last tile (N % 128 == 64) runs on tile 0's weights and stores nothing:
+  // every warp issues the same wgmmas (a branch around them made ptxas serialise them).
+  const size_t tc0 = (size_t(expert) * T + (wg_live ? tile : 0)) * C;
+  const uint8_t* w_src = a.w + (tc0 * 32 + lane) * 16;
+  const uint8_t* s_src = a.scales + (tc0 * 8 + g) * 4;
+  const uint32_t w_dst = L::kActBytes + uint32_t(warp * 32 + lane) * 16;
+  const uint32_t s_dst = L::kActBytes + kWaWBytes + uint32_t(warp * 32 + lane) * 4;
+  // One cp.async group a step, every thread (empty past the last step): step kt's weights (each
+  // lane its own bytes, so its own wait makes them readable) and activations (owner warpgroup).
+  auto copy_step = [&](int kt) {
+    if (kt < C) {
+      const uint32_t d = stage(kt);
+      ptx::cp_async16(d + w_dst, w_src + size_t(kt) * 512, true);
+      asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(d + s_dst), "l"(s_src + size_t(kt) * 32));
+      if (owns(kt))
+#pragma unroll
+        for (int m = 0; m < 4; ++m) ptx::cp_async16(d + a_dst[m], a_src + size_t(kt) * 64 + 8 * m, a_ok);
+    }
+    ptx::cp_async_commit();
+  };
+  // The owner's half-row of step kt, transposed in place into the fragment K order (see the head).
+  auto permute_act = [&](int kt) {
+    if (kt < C && owns(kt)) {
+      uint8_t* d = smem + (kt & (L::kStages - 1)) * L::kStageBytes;
+      uint4 in[4];
+#pragma unroll
+      for (int m = 0; m < 4; ++m) in[m] = *reinterpret_cast<const uint4*>(d + a_dst[m]);
+      const uint4 out[4] = {make_uint4(in[0].x, in[1].x, in[2].x, in[3].x), make_uint4(in[0].y, in[1].y, in[2].y, in[3].y),
+                            make_uint4(in[0].z, in[1].z, in[2].z, in[3].z), make_uint4(in[0].w, in[1].w, in[2].w, in[3].w)};
+#pragma unroll
+      for (int m = 0; m < 4; ++m) *reinterpret_cast<uint4*>(d + a_dst[m]) = out[m];
+    }
+  };
+
+  // Prologue: steps 0 .. kLead - 1 in flight; step 0's activations transposed.
+#pragma unroll
+  for (int kt = 0; kt < L::kLead; ++kt) copy_step(kt);
+  ptx::cp_async_wait<L::kLead - 1>();
+  permute_act(0);
+
+  constexpr int kAcc = BN / 2;
+  float acc[kAcc];
+#pragma unroll
+  for (int i = 0; i < kAcc; ++i) acc[i] = 0.f;
+  uint32_t A[L::kABufs][16];
+
+  for (int kt0 = 0; kt0 < C; kt0 += 2) {
+#pragma unroll
+    for (int v = 0; v < 2; ++v) {
+      const int kt = kt0 + v;
+      if (kt < C) {  // uniform over the CTA
+        // This thread's copies of steps kt and kt + 1 have landed (kt + 2 .. kt + kLead - 1 may not).
+        ptx::cp_async_wait<L::kLead - 2>();
+        permute_act(kt + 1);
+        // Decode step kt into A buffer v % kABufs (last read by step kt - kABufs's MMAs, waited for below).
+        uint32_t (&Av)[16] = A[v % L::kABufs];
+        {
+          const uint8_t* st = smem + (kt & (L::kStages - 1)) * L::kStageBytes;
+          const uint4 q = *reinterpret_cast<const uint4*>(st + w_dst);
+          const uint32_t fs = *reinterpret_cast<const uint32_t*>(st + s_dst);
+          wa_decode(q, fs, Av);
+        }
+        // Step kt's activations (transposed by their owners last step) -> the tensor cores.
+        ptx::fence_proxy_async();
+        __syncthreads();
+        const uint32_t b_tile = stage(kt);
+#pragma unroll
+        for (int i = 0; i < kAcc; ++i) ptx::fence_operand(acc[i]);
+        ptx::wgmma_fence();
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          if constexpr (BN == 64)
+            ptx::wgmma_m64n64k16_bf16_ra(acc, &Av[4 * j], ptx::sw128_desc(b_tile + 32 * j), 1);
+          else
+            ptx::wgmma_m64n128k16_bf16_ra(acc, &Av[4 * j], ptx::sw128_desc(b_tile + 32 * j), 1);
+        }
+        ptx::wgmma_commit();
+#pragma unroll
+        for (int i = 0; i < kAcc; ++i) ptx::fence_operand(acc[i]);
+        // Stage (kt + kLead) % kStages = (kt - 2) % kStages: last read by step kt - 2 (its MMAs,
+        // which every warp waited for before this step's barrier; its weight loads).
+        copy_step(kt + L::kLead);
+        ptx::wgmma_wait<L::kABufs - 1>();
+#pragma unroll
+        for (int i = 0; i < kAcc; ++i) ptx::fence_operand(acc[i]);
+      }
+    }
+  }
+  ptx::wgmma_wait<0>();
+#pragma unroll
+  for (int i = 0; i < kAcc; ++i) ptx::fence_operand(acc[i]);
+  ptx::cp_async_wait<0>();
+  if (!wg_live) return;
+
+  // Epilogue: acc[i] is weight row g + 8 ((i >> 1) & 1) of this warp's tile, sorted pair
+  // row0 + 8 (i >> 2) + 2 tq + (i & 1).
+  const int tq = lane & 3;
+  const int n_g = frag::tile_row(tile, g, a.swiglu_rows), n_g8 = frag::tile_row(tile, g + 8, a.swiglu_rows);
+  const float b_g = a.bias ? a.bias[size_t(expert) * a.N + n_g] : 0.f;
+  const float b_g8 = a.bias ? a.bias[size_t(expert) * a.N + n_g8] : 0.f;
+  if (a.swiglu_rows && a.epi.mode == Epilogue::kSwiGLU) {
+    // Gate (row g) and up (row g + 8) of output column 8 tile + g.
+    const int j = 8 * tile + g;
+#pragma unroll
+    for (int t8 = 0; t8 < BN / 8; ++t8)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int row = row0 + 8 * t8 + 2 * tq + e;
+        if (row >= row_end) continue;
+        const float gate = acc[4 * t8 + e] + b_g, up = acc[4 * t8 + 2 + e] + b_g8;
+        static_cast<uint16_t*>(a.epi.out)[size_t(row) * a.epi.ldo + j] =
+            to_half_bits(swiglu_dev(gate, up, a.epi.swiglu_limit), a.epi.out_f16);
+      }
+    return;
+  }
+#pragma unroll
+  for (int t8 = 0; t8 < BN / 8; ++t8)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int row = row0 + 8 * t8 + 2 * tq + e;
+      if (row >= row_end) continue;
+      store_pair(a.epi, a.r, row, n_g, acc[4 * t8 + e] + b_g, 0.f, false);
+      store_pair(a.epi, a.r, row, n_g8, acc[4 * t8 + 2 + e] + b_g8, 0.f, false);
+    }
+#else
+  __trap();  // launched only where expert_gemm_v3_available() (sm_90a code on a 9.0 device)
+#endif
+}
+
+}  // namespace
+
+bool expert_gemm_v5_supports(const WeightMat& W, const void* A, int lda, int a_rows, const Epilogue& epi) {
+  // Fragment layout only (the A registers come from it), whole warpgroups of tiles (N % 64), and
+  // SwiGLU only over paired rows (gate and up in one thread).
+  return W.fmt == WeightMat::kFragMXFP4 && W.N % (16 * kWaTilesWg) == 0 && expert_gemm_v3_supports(W, A, lda, a_rows, epi) &&
+         (epi.mode != Epilogue::kSwiGLU || W.swiglu_rows);
+}
+
+int g_v5_pairs = -1;  // expert_gemm_v5_tile_pairs: -1 not read yet, 0 auto, 64 or 128
+
+int expert_gemm_v5_tile_pairs() {
+  if (g_v5_pairs < 0) {
+    const int v = env_int("GPTOSS_EXPERT_GEMM_V5_N", 0);
+    if (v != 0 && v != 64 && v != 128) throw Error("GPTOSS_EXPERT_GEMM_V5_N: expected 64, 128 or 0 (auto)");
+    g_v5_pairs = v;
+  }
+  return g_v5_pairs;
+}
+
+void set_expert_gemm_v5_tile_pairs(int pairs) {
+  if (pairs != -1 && pairs != 0 && pairs != 64 && pairs != 128)
+    throw Error("set_expert_gemm_v5_tile_pairs: expected -1 (environment), 0 (auto), 64 or 128");
+  g_v5_pairs = pairs;
+}
+
+bool expert_gemm_v5_preferred(int pairs, int E) {
+  // H200, same binary (s12r6): bench-kernels gate_up + down a layer, 120b at 2048 tokens (64 pairs
+  // an expert) 2077.70 us (v3) -> 2042.19 (v5, 64-pair tiles), at 512 tokens 1497.52 -> 1305.62;
+  // pp512 8834.62 -> 9700.32 tok/s, pp2048 22011.82 -> 22592.22. 20b at 2048 tokens (256 pairs an
+  // expert): 1595.19 -> 1425.93 with 128-pair tiles in bench-kernels, but pp2048 38572.10 ->
+  // 38368.93 in the model, so version 3 keeps it.
+  return pairs > 0 && E > 0 && pairs <= 64 * std::min(pairs, E);
+}
+
+namespace {
+template <int BN>
+void launch_v5(const ExpertGemmArgs& a, int pairs, int E, cudaStream_t s) {
+  using L = WaTile<BN>;
+  static std::atomic<uint64_t> attr_set{0};
+  opt_in_smem_once_per_device(attr_set, L::kSmem, expert_gemm_wa_kernel<BN>);
+  const int max_tiles = (pairs + BN - 1) / BN + std::min(pairs, E);
+  if (max_tiles > 65535) throw Error("expert_gemm_v5: too many row tiles (" + std::to_string(max_tiles) + ")");
+  const int T = a.N / 16;
+  const dim3 grid((T + kWaTiles - 1) / kWaTiles, max_tiles);
+  launch_pdl(expert_gemm_wa_kernel<BN>, grid, dim3(kWaThreads), L::kSmem, s, a);
+  GPTOSS_CUDA_LAUNCH_CHECK();
+}
+}  // namespace
+
+void expert_gemm_v5(const WeightMat& W, const bf16_t* A, int lda, int pairs, int E, bool gather_a, const MoeRouting& r,
+                    const Epilogue& epi, cudaStream_t s) {
+  if (pairs <= 0) return;
+  if (W.fmt != WeightMat::kFragMXFP4) throw Error("expert_gemm_v5: MXFP4 weights in the fragment layout only");
+  if (E > kMoeMaxGroups) throw Error("expert_gemm_v5: at most " + std::to_string(kMoeMaxGroups) + " experts");
+  if (!expert_gemm_v3_available()) throw Error("expert_gemm_v5: needs sm_90a code and a compute capability 9.0 GPU");
+  ExpertGemmArgs a{static_cast<const uint8_t*>(W.w), W.scales, W.bias, W.N, W.K, A, lda, gather_a, r, epi, W.swiglu_rows};
+  // Auto: 128-pair tiles once the experts average 96 pairs or more (each decoded weight then
+  // feeds twice the MMAs), 64 below (a 128-pair tile of 64 pairs would be half empty).
+  int bn = expert_gemm_v5_tile_pairs();
+  if (bn == 0) bn = pairs >= 96 * std::min(pairs, E) ? 128 : 64;
+  if (bn == 128)
+    launch_v5<128>(a, pairs, E, s);
+  else
+    launch_v5<64>(a, pairs, E, s);
+}
+
+}  // namespace gptoss::cuda
