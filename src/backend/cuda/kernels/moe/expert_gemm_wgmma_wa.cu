@@ -142,7 +142,7 @@ __global__ void __launch_bounds__(kWaThreads, 2) expert_gemm_wa_kernel(ExpertGem
   uint8_t* smem = wa_align1024(smem_raw);
   const uint32_t s_base = ptx::smem_addr(smem);
 
-  // Step kt's stage: activations (swizzled 64 x 128 B), then this CTA's weight chunks (warp w's
+  // Step kt's stage: activations (swizzled BN x 128 B), then this CTA's weight chunks (warp w's
   // 512 bytes at w x 512, lane order) and scale words (lane l of warp w at (32 w + l) x 4).
   auto stage = [&](int kt) { return s_base + uint32_t(kt & (L::kStages - 1)) * L::kStageBytes; };
   // Activations: thread t (64 pairs: thread wtid of the warpgroup that owns step kt, kt % 2) copies
@@ -158,9 +158,7 @@ __global__ void __launch_bounds__(kWaThreads, 2) expert_gemm_wa_kernel(ExpertGem
   for (int m = 0; m < 4; ++m) a_dst[m] = sw128_offset(a_row, 32 * a_half + 8 * m);
   // Weights: this lane's 16 bytes and scale word of chunk kt of its tile. A warpgroup past the
   // last tile (N % 128 == 64) runs on tile 0's weights and stores nothing: every warp issues the
-  // same wgmmas (a branch around them would make ptxas serialise them).
-  // A warpgroup past the last tile (N % 128 == 64) runs on tile 0's weights and stores nothing:
-  // every warp issues the same wgmmas (a branch around them made ptxas serialise them).
+  // same wgmmas (a branch around them made ptxas serialise them).
   const size_t tc0 = (size_t(expert) * T + (wg_live ? tile : 0)) * C;
   const uint8_t* w_src = a.w + (tc0 * 32 + lane) * 16;
   const uint8_t* s_src = a.scales + (tc0 * 8 + g) * 4;
