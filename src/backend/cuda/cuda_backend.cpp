@@ -560,8 +560,8 @@ void CudaBackend::build_random(const std::string& preset, uint64_t seed, int loo
   };
   lm_head_ = mx_layers_.lm_head ? mx(V, H, nullptr) : WeightMat{WeightMat::kBF16, bf(size_t(V) * H, ds), nullptr, nullptr, V, H};
   // A loop model (make_model.h's LoopSpec, as make-model writes it): the cycle's rows replaced.
-  for (bool head : {false, true})
-    if (loop.active())
+  if (loop.active())
+    for (bool head : {false, true})
       loop.rows(H, head, [&](int64_t row, const std::vector<uint16_t>& v) {
         bf16_t* base = const_cast<bf16_t*>(head ? static_cast<const bf16_t*>(lm_head_.w) : embed_);
         GPTOSS_CUDA_CHECK(cudaMemcpyAsync(base + size_t(row) * H, v.data(), v.size() * 2, cudaMemcpyHostToDevice, stream_));

@@ -53,11 +53,12 @@ void bench_prefill_dense(const GptOssConfig& c, int M, int iters) {
     int N, K;
     Epilogue::Mode mode;
     const char* epi;
+    bool bias;  // as the model runs it: lm_head has none
   };
-  const Layer layers[] = {{"qkv", QKV, c.hidden, Epilogue::kStoreBF16, "bf16 store + bias"},
-                          {"o_proj", c.hidden, c.q_dim(), Epilogue::kAddF32, "f32 residual add + bias"},
-                          {"router", c.num_experts, c.hidden, Epilogue::kStoreF32, "f32 store + bias"},
-                          {"lm_head", c.vocab, c.hidden, Epilogue::kStoreF32, "f32 store"}};
+  const Layer layers[] = {{"qkv", QKV, c.hidden, Epilogue::kStoreBF16, "bf16 store + bias", true},
+                          {"o_proj", c.hidden, c.q_dim(), Epilogue::kAddF32, "f32 residual add + bias", true},
+                          {"router", c.num_experts, c.hidden, Epilogue::kStoreF32, "f32 store + bias", true},
+                          {"lm_head", c.vocab, c.hidden, Epilogue::kStoreF32, "f32 store", false}};
   for (const Layer& l : layers) {
     std::vector<DeviceBuffer> owned;
     auto alloc = [&](size_t bytes) {
@@ -72,12 +73,10 @@ void bench_prefill_dense(const GptOssConfig& c, int M, int iters) {
       auto* b = static_cast<float*>(alloc(size_t(l.N) * 4));
       fill_random_bf16(w, size_t(l.N) * l.K, 300 + i, 0.f, 0.02f, s);
       fill_random_f32(b, l.N, 400 + i, 0.f, 0.1f, s);
-      // As the model runs them: bf16 bias values (qkv's bf16 store takes them in the GEMM), and
-      // no bias on lm_head.
+      // As the model runs them: bf16 bias values (qkv's bf16 store takes them in the GEMM).
       round_f32_to_bf16_values(b, l.N, s);
-      const bool lm = std::string(l.name) == "lm_head";
       if (blas && l.mode == Epilogue::kStoreBF16) blas->prepare_bf16_bias(b, l.N, s);
-      ws.push_back(WeightMat{WeightMat::kBF16, w, nullptr, lm ? nullptr : b, l.N, l.K});
+      ws.push_back(WeightMat{WeightMat::kBF16, w, nullptr, l.bias ? b : nullptr, l.N, l.K});
     }
     auto* a = static_cast<bf16_t*>(alloc(size_t(M) * l.K * 2));
     fill_random_bf16(a, size_t(M) * l.K, 500, 0.f, 1.f, s);

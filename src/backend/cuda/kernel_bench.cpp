@@ -248,10 +248,11 @@ int run_kernel_bench(const KernelBenchOptions& o) {
       if (M <= kSkinnyMaxTokens) return;
       set_linear_path(2);
       const int auto_rows = expert_gemm_v3_auto_tile_rows(P, E);
-      for (int config = 0; config < 6; ++config) {
-        // v1, v2, v3 with 64- and 128-row tiles, v5 with 64- and 128-pair tiles.
-        const int version = config >= 4 ? 5 : std::min(config + 1, 3);
-        const int tile_rows = config == 2 || config == 4 ? 64 : config == 3 || config == 5 ? 128 : 0;
+      // v1, v2, v3 with 64- and 128-row tiles, v5 with 64- and 128-pair tiles.
+      static const struct {
+        int version, tile_rows;
+      } configs[] = {{1, 0}, {2, 0}, {3, 64}, {3, 128}, {5, 64}, {5, 128}};
+      for (const auto [version, tile_rows] : configs) {
         if (version >= 3 && !expert_gemm_v3_available()) continue;  // Hopper wgmma only
         if (version == 5 && gw.fmt != WeightMat::kFragMXFP4) continue;  // fragment layout only
         set_expert_gemm_version(version);
