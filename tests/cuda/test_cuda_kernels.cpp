@@ -440,13 +440,13 @@ TEST_F(Kernels, MoeMxfp4ExpertGemmV5) {
   cuda::set_expert_gemm_version(0);
 }
 
-// The automatic prefill GEMM choice: version 5 up to 64 pairs an expert on average (120b at
-// 2048 tokens: 8192 pairs over 128 experts), version 3 above (20b at 2048 tokens: 256 an expert).
+// The automatic prefill GEMM choice: version 5 at every size it takes (s13r1: faster than version
+// 3 from 16 to 256 pairs an expert), nothing for an empty pass.
 TEST_F(Kernels, ExpertGemmV5Preferred) {
   EXPECT_TRUE(cuda::expert_gemm_v5_preferred(2048 * 4, 128));
   EXPECT_TRUE(cuda::expert_gemm_v5_preferred(512 * 4, 32));
-  EXPECT_FALSE(cuda::expert_gemm_v5_preferred(2048 * 4, 32));
-  EXPECT_FALSE(cuda::expert_gemm_v5_preferred(4096 * 4, 128));
+  EXPECT_TRUE(cuda::expert_gemm_v5_preferred(2048 * 4, 32));   // 20b prefill: 256 pairs an expert
+  EXPECT_TRUE(cuda::expert_gemm_v5_preferred(4096 * 4, 128));
   EXPECT_TRUE(cuda::expert_gemm_v5_preferred(65, 128));  // 65 experts of one pair each
   EXPECT_FALSE(cuda::expert_gemm_v5_preferred(0, 128));
 }
@@ -1134,6 +1134,9 @@ struct AttnRun {
   // attention; the history is stored by rope_kv_store either way.
   bool fused = false;
   cuda::DecodeAttentionPlan plan;
+  // With fused: rope_kv_store first, then attention_decode in its stored mode (sequences may bring
+  // several tokens: speculative verify passes).
+  bool kv_stored = false;
   std::vector<uint8_t>* pool_after = nullptr;  // if set: the KV pages after the pass
   // Check against the CPU reference (false: only run the pass and return its rows, for tests that
   // compare two GPU paths each already checked against the CPU elsewhere).
@@ -1193,7 +1196,7 @@ std::vector<float> check_attention(const std::vector<AttnSeq>& seqs, int window,
     Dev<uint16_t> dq(to_bf16(rows));
     Dev<int32_t> dpos(pos), doff(off);
     cuda::TokenMeta tm{dpos.p(), doff.p(), dpt.p()};
-    if (history || !run.fused) cuda::rope_kv_store(dq.p(), n, Hq, Hkv, D, dinv.p(), yarn.attention_scaling, tm, kv, 0);
+    if (history || !run.fused || run.kv_stored) cuda::rope_kv_store(dq.p(), n, Hq, Hkv, D, dinv.p(), yarn.attention_scaling, tm, kv, 0);
     if (history) {
       GPTOSS_CUDA_CHECK(cudaDeviceSynchronize());
       return std::make_pair(std::vector<float>(), std::vector<float>());
@@ -1202,7 +1205,7 @@ std::vector<float> check_attention(const std::vector<AttnSeq>& seqs, int window,
     Dev<uint16_t> out(size_t(n) * Hq * D);
     if (run.fused)
       cuda::attention_decode(dq.p(), n, Hq, Hkv, D, window, dsinks.p(), dinv.p(), yarn.attention_scaling, tm, kv,
-                             run.plan, part.p(), out.p(), 0);
+                             run.plan, part.p(), out.p(), 0, run.kv_stored);
     else
       cuda::attention(dq.p(), n, Hq, Hkv, D, window, dsinks.p(), tm, kv, nsplit, part.p(), out.p(), 0, run.path,
                       run.info);
@@ -1255,9 +1258,12 @@ std::vector<float> check_attention(const std::vector<AttnSeq>& seqs, int window,
                      " ps=" + std::to_string(ps) + " Hq/Hkv=" + std::to_string(Hq) + "/" + std::to_string(Hkv) +
                      (run.path == cuda::AttentionPath::kFlash ? " flash" : "") +
                      (run.info.max_seq_tokens ? " auto max_seq_tokens=" + std::to_string(run.info.max_seq_tokens) : "") +
-                     (run.fused ? " fused plan=" + std::to_string(run.plan.nsplit) + (run.plan.cluster ? " cluster" : " split")
+                     (run.fused ? std::string(run.kv_stored ? " stored" : " fused") + " plan=" +
+                                      std::to_string(run.plan.nsplit) + (run.plan.cluster ? " cluster" : " split") +
+                                      (run.plan.mma ? " mma" : "")
                                 : "");
-  if (!run.fused) EXPECT_LE(rel_err(got_q, ref_q), 1e-2) << "rope: " << what;  // fused: q is left unrotated
+  if (!run.fused || run.kv_stored)  // fused: q is left unrotated
+    EXPECT_LE(rel_err(got_q, ref_q), 1e-2) << "rope: " << what;
   double e = rel_err(got, ref);
   EXPECT_LE(e, 1.5e-2) << what;
   // Token by token too, so one wrong row (a mask off by one at a tile or page edge) cannot hide
@@ -1363,6 +1369,78 @@ TEST_F(Kernels, AttentionDecodeFused) {
     check_attention({{130, 1}, {3, 1}, {64, 1}, {63, 1}}, 128, false, 1, 4, 1, 64, tiny);
     check_attention({{200, 1}, {0, 1}}, 0, true, 1, 8, 2, 64, tiny);
   }
+}
+
+// attention_decode's stored mode (rope_kv_store first; graphed speculative verify passes) against
+// the CPU: sequences of 1-8 tokens in one pass, crossing 64-key tiles, pages (16 and 7 slots) and
+// the 128-key window, bf16 and fp8 KV, cluster and split plans on tensor cores, and a plan without
+// them (attention()'s per-token kernel).
+TEST_F(Kernels, AttentionDecodeStored) {
+  const int Hq = small_mode() ? 8 : 64, Hkv = small_mode() ? 1 : 8;
+  std::vector<std::vector<AttnSeq>> batches = {
+      {{0, 4}},                                    // the first tokens, all in this pass
+      {{127, 3}, {5, 2}, {700, 5}},                // around the window and a long context
+      {{60, 8}, {0, 1}, {31, 3}, {128, 2}},        // a 64-key tile edge inside one sequence's run
+  };
+  std::vector<AttnSeq> verify16;  // 16 sequences x (1 + 3 drafts), as a K = 3 verify pass
+  for (int i = 0; i < 16; ++i) verify16.push_back({(i * 131 + 7) % 900, 4});
+  batches.push_back(verify16);
+  const std::vector<cuda::DecodeAttentionPlan> fixed = {{1, true, true}, {4, true, true}, {5, false, true},
+                                                       {2, true, false}};
+  int k = 0;
+  for (auto& b : batches)
+    for (int window : {0, 128})
+      for (bool fp8 : {false, true}) {
+        int max_keys = 0, n = 0;
+        for (auto& q : b) {
+          const int last = q.start + q.n;
+          max_keys = std::max(max_keys, window ? std::min(last, window) : last);
+          n += q.n;
+        }
+        std::vector<cuda::DecodeAttentionPlan> these = {cuda::decode_attention_plan(n, Hkv, max_keys, 32),
+                                                        fixed[k++ % fixed.size()]};
+        for (const auto& plan : these) {
+          AttnRun run;
+          run.page_size = (k++ % 2) ? 7 : 16;
+          run.fused = true;
+          run.kv_stored = true;
+          run.plan = plan;
+          check_attention(b, window, fp8, 1, Hq, Hkv, 64, run);
+        }
+      }
+}
+
+// On passes of one token a sequence, the stored mode (rope_kv_store, then attention_decode reading
+// every key from the pages) gives the fused mode's bits: the same pages after the pass and the same
+// output, for cluster and split plans, bf16 and fp8 KV, full and sliding layers.
+TEST_F(Kernels, AttentionDecodeStoredMatchesFused) {
+  const int Hq = small_mode() ? 8 : 64, Hkv = small_mode() ? 1 : 8;
+  const uint64_t seed = fresh_seed() | 1;
+  for (auto& b : decode_batches())
+    for (int window : {0, 128})
+      for (bool fp8 : {false, true})
+        for (auto plan : {cuda::DecodeAttentionPlan{1, true, true}, cuda::DecodeAttentionPlan{4, true, true},
+                          cuda::DecodeAttentionPlan{5, false, true}}) {
+          std::vector<uint8_t> pool_fused, pool_stored;
+          AttnRun fused{cuda::AttentionPath::kPerToken, 16, seed, {}};
+          fused.cpu_reference = false;  // both meet the CPU in AttentionDecodeFused / AttentionDecodeStored
+          fused.fused = true;
+          fused.plan = plan;
+          fused.pool_after = &pool_fused;
+          AttnRun stored = fused;
+          stored.kv_stored = true;
+          stored.pool_after = &pool_stored;
+          auto f = check_attention(b, window, fp8, plan.nsplit, Hq, Hkv, 64, fused);
+          auto g = check_attention(b, window, fp8, plan.nsplit, Hq, Hkv, 64, stored);
+          const std::string at = "seqs=" + std::to_string(b.size()) + " window=" + std::to_string(window) +
+                                 " fp8=" + std::to_string(fp8) + " nsplit=" + std::to_string(plan.nsplit) +
+                                 (plan.cluster ? " cluster" : " split");
+          ASSERT_EQ(f.size(), g.size()) << at;
+          size_t differ = 0;
+          for (size_t i = 0; i < f.size(); ++i) differ += std::memcmp(&f[i], &g[i], 4) != 0;
+          EXPECT_EQ(differ, 0u) << at << ": output elements differing";
+          EXPECT_TRUE(pool_fused == pool_stored) << at << ": KV pages differ";
+        }
 }
 
 // The decode plan (host only, runs without a GPU): a cluster of a power-of-two splits up to 8

@@ -121,6 +121,9 @@ class CudaBackend final : public Backend {
     // kernel (attention_decode), with these plans for full and sliding layers.
     bool decode_attn = false;
     DecodeAttentionPlan attn_full, attn_sliding;
+    // Sequences with several tokens in a graphed pass: rope_kv_store first, then attention_decode
+    // reads every token's K/V from the pages (its stored mode).
+    bool attn_kv_stored = false;
   };
   void run_pass(int n, const PassMeta& m, int n_rows, int nsplit);
   // Tensor-parallel: lm_head leaves this rank's vocab slice in d_vocab_gather_; then either the
@@ -142,9 +145,12 @@ class CudaBackend final : public Backend {
     AttentionPassInfo attn;
   };
   PassMeta upload_meta(const Staged& st, int n, int n_rows);
-  // Sets m's decode attention fields for a pass of n tokens staged in st (one_each: every
-  // sequence brings one token); returns a key for the graph cache (0: not fused).
-  int plan_decode_attention(const Staged& st, int n, bool one_each, PassMeta* m) const;
+  // Sets m's decode attention fields for a pass of n tokens staged in st; returns a key of the
+  // choice for the graph cache (0: attention() runs instead). one_each: every token the one new
+  // token of its sequence (the fused kernel); graphed: a graph bucket's pass, whose sequences may
+  // bring several tokens (speculative verify): rope_kv_store, then the tensor-core kernel in its
+  // stored mode.
+  int plan_decode_attention(const Staged& st, int n, bool one_each, bool graphed, PassMeta* m) const;
   void stage_chunk(const ForwardBatch& b, int t0, int t1, Staged* st, std::vector<int>* out_index);
   void run_graph_step(const ForwardBatch& b);
   // Exactly one of logits (copy them back), greedy (argmax ids) or `how` with ids (sample; with
@@ -701,10 +707,15 @@ void CudaBackend::repack_weights() {
     const WeightMat& d0 = layers_[0].down;
     const size_t per_layer = frag_weight_bytes(WeightMat::kFragMXFP4, E, g0.N, g0.K) * 17 / 16 +
                              frag_weight_bytes(WeightMat::kFragMXFP4, E, d0.N, d0.K) * 17 / 16;
-    copies = per_layer * layers_.size() <= total / 4 && frag_packable(g0) && frag_packable(d0);
-    // No room for a second copy (120b): the fragment layout alone. Decode batches of 8-64 tokens
-    // run ~2x faster on it (H200, 120b tg64 x32: 1447 vs 678 tok/s) for ~17% of prefill speed
-    // (pp2048: 7145 vs 8662 tok/s), and serving is mostly decode.
+    // Where the prefill GEMM's version 5 runs (Hopper), the fragment layout is the faster one for
+    // prefill too (H200, s13r1, 20b gate_up + down at 2048 tokens: 1315 us on it against 1689 for
+    // the best version on the checkpoint layout): one copy, in the fragment layout, serves both
+    // and leaves the memory of the second to the KV cache. Elsewhere a second copy where there is
+    // room (20b); without room (120b) the fragment layout alone, since decode batches of 8-64
+    // tokens run ~2x faster on it (H200, 120b tg64 x32: 1447 vs 678 tok/s) and serving is mostly
+    // decode.
+    copies = !expert_gemm_v3_available() && per_layer * layers_.size() <= total / 4 && frag_packable(g0) &&
+             frag_packable(d0);
     mma = !copies && frag_packable(g0) && frag_packable(d0);
   }
   for (Layer& L : layers_) {
@@ -804,8 +815,11 @@ int CudaBackend::splits_for(int n) const {
   return std::clamp(s, 1, kMaxSplits);
 }
 
-int CudaBackend::plan_decode_attention(const Staged& st, int n, bool one_each, PassMeta* m) const {
-  m->decode_attn = one_each && !invariant_ && decode_attn_ != DecodeAttn::kOff;
+int CudaBackend::plan_decode_attention(const Staged& st, int n, bool one_each, bool graphed, PassMeta* m) const {
+  // Stored mode only on tensor cores (the CUDA-core per-token kernel is attention()'s own path).
+  const bool stored = !one_each && graphed && decode_attn_mma_;
+  m->decode_attn = (one_each || stored) && !invariant_ && decode_attn_ != DecodeAttn::kOff;
+  m->attn_kv_stored = m->decode_attn && stored;
   if (!m->decode_attn) return 0;
   int max_pos = 0;
   for (int32_t p : st.pos) max_pos = std::max(max_pos, p);
@@ -819,7 +833,7 @@ int CudaBackend::plan_decode_attention(const Staged& st, int n, bool one_each, P
     m->attn_sliding = decode_attention_plan(n, cfg_.num_kv_heads, sliding_keys, splits_for(n), most, decode_attn_mma_);
   }
   auto code = [](const DecodeAttentionPlan& p) { return (p.nsplit * 2 + (p.cluster ? 1 : 0)) * 2 + (p.mma ? 1 : 0); };
-  return 1 + code(m->attn_full) * 1000 + code(m->attn_sliding);
+  return 1 + code(m->attn_full) * 1000 + code(m->attn_sliding) + (m->attn_kv_stored ? 1000000 : 0);
 }
 
 CudaBackend::PassMeta CudaBackend::upload_meta(const Staged& st, int n, int n_rows) {
@@ -889,9 +903,14 @@ void CudaBackend::run_pass(int n, const PassMeta& m, int n_rows, int nsplit) {
     if (!skip("dense")) linear(Wqkv, xn_, H, n, Epilogue{Epilogue::kStoreBF16, qkv_, QKV}, stream_, inv, blas_.get());
     mark("qkv");
     if (!skip("attn") && m.decode_attn) {
+      if (m.attn_kv_stored) {
+        rope_kv_store(qkv_, n, c.num_heads, c.num_kv_heads, c.head_dim, inv_freq_, yarn_.attention_scaling, tm, kv,
+                      stream_);
+        mark("rope_kv");
+      }
       attention_decode(qkv_, n, c.num_heads, c.num_kv_heads, c.head_dim, L.sliding ? c.sliding_window : 0, L.sinks,
                        inv_freq_, yarn_.attention_scaling, tm, kv, L.sliding ? m.attn_sliding : m.attn_full, partial_,
-                       attn_, stream_);
+                       attn_, stream_, m.attn_kv_stored);
     } else if (!skip("attn")) {
       rope_kv_store(qkv_, n, c.num_heads, c.num_kv_heads, c.head_dim, inv_freq_, yarn_.attention_scaling, tm, kv,
                     stream_);
@@ -1041,7 +1060,13 @@ void CudaBackend::run_batch(const ForwardBatch& b, float* logits, int32_t* greed
                             float* logprobs) {
   // Several backends (tensor-parallel ranks) may share a process; the current device is per thread.
   GPTOSS_CUDA_CHECK(cudaSetDevice(device_));
-  timeline_.begin(stream_);
+  if (timeline_.on()) {
+    int most = 0;
+    for (const SeqBatchInfo& q : b.seqs) most = std::max(most, int(q.n_tokens));
+    timeline_.begin(stream_, int(b.tokens.size()), most);
+  } else {
+    timeline_.begin(stream_, 0, 0);
+  }
   run_batch_impl(b, logits, greedy, how, logprobs);
   timeline_.end(stream_);
 }
@@ -1095,7 +1120,8 @@ void CudaBackend::run_batch_impl(const ForwardBatch& b, float* logits, int32_t* 
     const bool one_each = st.attn.max_seq_tokens == 1;
     // A graph is replayed for other batches of its bucket: attention's kernel choice must not
     // follow this batch's shape (a capture of 16-token sequences would hold only the flash
-    // kernel, wrong for a later decode step). The per-token kernel serves any pass.
+    // kernel, wrong for a later decode step). The fused decode kernel serves passes of one token
+    // a sequence, its stored mode (and the per-token kernel) any pass; the graph key says which.
     st.attn = AttentionPassInfo{};
     for (int i = M; i < B; ++i) {  // padding tokens: position 0 on the spare pages
       st.tokens.push_back(0);
@@ -1116,7 +1142,7 @@ void CudaBackend::run_batch_impl(const ForwardBatch& b, float* logits, int32_t* 
     PassMeta pm = upload_meta(st, B, B);
     // Graphs with device taps are their own (they hold the tap stores), per set of tapped layers;
     // decode passes (one token a sequence) have their own, per decode attention plan.
-    const int attn_key = plan_decode_attention(st, B, one_each, &pm);
+    const int attn_key = plan_decode_attention(st, B, one_each, true, &pm);
     const GraphKey key{B, attn_key, taps_dev ? b.tap_layers : std::vector<int32_t>{}};
     auto it = graphs_.find(key);
     if (it == graphs_.end()) {
@@ -1194,7 +1220,7 @@ void CudaBackend::run_batch_impl(const ForwardBatch& b, float* logits, int32_t* 
     int first = std::min<int>(kMaxLogitRows, outs.size());
     for (int i = 0; i < first; ++i) st.rows.push_back(row_of[b.logit_rows[outs[i]] - t0]);
     PassMeta pm = upload_meta(st, n, first);
-    plan_decode_attention(st, n, st.attn.max_seq_tokens == 1, &pm);
+    plan_decode_attention(st, n, st.attn.max_seq_tokens == 1, false, &pm);
     if (taps_dev) {
       // The whole batch's rows (chunks fill their parts); pass row -> batch token.
       if (t0 == 0 && dev_taps_.bytes() < size_t(M) * tap_width * sizeof(bf16_t))

@@ -142,8 +142,9 @@ void expert_gemm_v5(const WeightMat& W, const bf16_t* A, int lda, int pairs, int
 // to the environment's choice).
 int expert_gemm_v5_tile_pairs();
 void set_expert_gemm_v5_tile_pairs(int pairs);
-// The automatic choice: version 5 (64-pair tiles) where the experts average at most 64 pairs
-// (120b up to 2048 tokens a pass, 20b up to 512), version 3 above.
+// The automatic choice between versions 5 and 3 for a pass of `pairs` over E experts: version 5
+// at every size since the thirteenth session's measurements (the function keeps the rule and
+// its evidence in one place).
 bool expert_gemm_v5_preferred(int pairs, int E);
 // Test hook for version 3's shared-memory layout and descriptors: C [64][128] f32 = A [64][K] .
 // B [128][K]^T (bf16, row-major, K % 64 == 0) through one warpgroup's wgmma.
@@ -312,9 +313,15 @@ struct DecodeAttentionPlan {
 // plan (attention_decode_mma.h: fewer, longer splits), with plan.mma set.
 DecodeAttentionPlan decode_attention_plan(int n, int Hkv, int max_keys, int split_nsplit, int max_cluster = 8,
                                           bool mma = true);
+// kv_stored: rope_kv_store already ran over the pass (q rotated in qkv, every token's K/V in the
+// pages), so a sequence may bring several tokens (speculative verify passes): each token attends
+// to the pages up to its position, on the tensor-core kernel in its stored mode where plan.mma and
+// the shape allow (the same K/V bytes, so a pass of one token a sequence gives the fused mode's
+// bits), else attention()'s per-token kernel with plan.nsplit splits.
 void attention_decode(const bf16_t* qkv, int n, int Hq, int Hkv, int D, int window, const float* sinks,
                       const float* inv_freq, float attn_scaling, const TokenMeta& tm, const KvLayer& kv,
-                      const DecodeAttentionPlan& plan, float* partial, bf16_t* out, cudaStream_t s);
+                      const DecodeAttentionPlan& plan, float* partial, bf16_t* out, cudaStream_t s,
+                      bool kv_stored = false);
 // Flash attention on tensor cores (kernels/attention/flash_attention.cu) for passes of long
 // runs of tokens per sequence: same inputs and output as attention(), no KV splits. Shapes:
 // head_dim 64 and 1, 2, 4 or 8 query heads per kv head (flash_attention_supported). all_blocks

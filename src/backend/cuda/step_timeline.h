@@ -5,7 +5,9 @@
 // idle stream completes at once, so work(i + 1) - end(i) is the time the GPU waited for the host
 // between two passes, split into the engine's part (end(i) -> arrival(i + 1): sampling
 // bookkeeping, detokenization, planning, the hand-off between threads) and the backend's own
-// staging (arrival -> work). The summary prints when the backend goes away.
+// staging (arrival -> work). The summary prints when the backend goes away, with the GPU time
+// by kind of pass (decode: one token a sequence; short: at most 16 a sequence, e.g. speculative
+// verify; prefill: longer runs), which says how a serving run's time splits.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -29,9 +31,12 @@ class StepTimeline {
     }
   }
   bool on() const { return on_; }
-  void begin(cudaStream_t s) {
+  // tokens: the pass's tokens; max_seq_tokens: the most a sequence brings.
+  void begin(cudaStream_t s, int tokens, int max_seq_tokens) {
     if (!on_) return;
     Step st{};
+    st.tokens = tokens;
+    st.kind = max_seq_tokens <= 1 ? 0 : max_seq_tokens <= 16 ? 1 : 2;
     cudaEventCreate(&st.arrive);
     cudaEventCreate(&st.work);
     cudaEventCreate(&st.end);
@@ -54,6 +59,7 @@ class StepTimeline {
  private:
   struct Step {
     cudaEvent_t arrive, work, end;
+    int tokens, kind;  // kind: 0 decode, 1 short, 2 prefill
   };
   void report() {
     if (!on_ || steps_.size() < 2) return;
@@ -65,8 +71,14 @@ class StepTimeline {
     std::vector<float> gaps, engine_part, staging_part;
     double busy = 0;
     size_t long_gaps = 0;
+    double kind_ms[3] = {0, 0, 0}, kind_tokens[3] = {0, 0, 0};
+    size_t kind_n[3] = {0, 0, 0};
     for (size_t i = 0; i < steps_.size(); ++i) {
-      busy += std::max(0.f, ms(steps_[i].work, steps_[i].end));
+      const float b = std::max(0.f, ms(steps_[i].work, steps_[i].end));
+      busy += b;
+      kind_ms[steps_[i].kind] += b;
+      kind_tokens[steps_[i].kind] += steps_[i].tokens;
+      ++kind_n[steps_[i].kind];
       if (i == 0) continue;
       const float gap = ms(steps_[i - 1].end, steps_[i].work);
       if (gap < 0) continue;
@@ -87,6 +99,12 @@ class StepTimeline {
                  "median %.1f us; %zu gaps over 50 ms left out as waiting for requests)\n",
                  steps_.size(), busy, idle, 100.0 * idle / std::max(1e-9, busy + idle), median_us(gaps), p90_us(gaps),
                  median_us(engine_part), median_us(staging_part), long_gaps);
+    const char* names[3] = {"decode", "short (<= 16 a sequence)", "prefill"};
+    for (int k = 0; k < 3; ++k)
+      if (kind_n[k])
+        std::fprintf(stderr, "cuda timeline: %s passes %zu, GPU %.1f ms (%.1f%%), mean %.1f tokens %.3f ms a pass\n",
+                     names[k], kind_n[k], kind_ms[k], 100.0 * kind_ms[k] / std::max(1e-9, busy),
+                     kind_tokens[k] / kind_n[k], kind_ms[k] / kind_n[k]);
   }
   bool on_;
   bool work_marked_ = false;

@@ -22,10 +22,18 @@
 // (which the loads skip: no block reads a K/V row this launch writes). Everything read before
 // the programmatic-launch wait (positions, page tables, pages of earlier positions) was written
 // before the previous kernel started.
+//
+// Stored mode (STORED, for passes that bring several tokens of a sequence: speculative verify
+// passes, Eagle3 drafts): rope_kv_store ran first, so q is rotated in qkv and every token's K/V,
+// the pass's own included, is in the pages. A block then ropes and stores nothing and reads keys
+// lo..pos from the pages (after the programmatic-launch wait: the previous kernel wrote some of
+// them); the bytes are the ones the fused store would have written, so a one-token pass gives the
+// fused mode's bits.
 #include <cooperative_groups.h>
 
 #include <algorithm>
 #include <atomic>
+#include <type_traits>
 
 #include "backend/cuda/cuda_common.h"
 #include "backend/cuda/device_utils.cuh"
@@ -61,7 +69,7 @@ constexpr int kOStride = kD + 8;  // floats a row of the warps' outputs: fewer b
 
 using ptx::cp_async16;
 
-template <bool FP8, bool CLUSTER>
+template <bool FP8, bool CLUSTER, bool STORED>
 __global__ void __launch_bounds__(kThreads) attention_decode_mma_kernel(
     const uint16_t* __restrict__ qkv, int Hq, int Hkv, int window, TokenMeta tm, KvLayer kv, int nsplit,
     float* __restrict__ partial, const float* __restrict__ inv_freq, float rope_scaling,
@@ -101,14 +109,15 @@ __global__ void __launch_bounds__(kThreads) attention_decode_mma_kernel(
   const bool ps_pow2 = (ps & (ps - 1)) == 0;
   const int ps_shift = __ffs(ps) - 1;
   // Tile `tile` into stage `stage`, one cp.async group (empty past the split: the ring's
-  // accounting stays uniform). Keys past pos - 1 are zero-filled: pos is this launch's to write.
+  // accounting stays uniform). Keys past pos - 1 are zero-filled: pos is this launch's to write
+  // (stored mode: keys past pos; pos is in the pages).
   auto load_tile = [&](int tile, int stage) {
     if (tile < tile1) {
       const int k0 = lo + tile * kKeys;
 #pragma unroll
       for (int r = 0; r < kKeys / kRowsPerPass; ++r) {
         const int j = my_key + r * kRowsPerPass, p = k0 + j;
-        const bool ok = p < pos;
+        const bool ok = STORED ? p <= pos : p < pos;
         size_t off = 0;  // element offset of the key's K row, this thread's column
         if (ok) {
           int page_idx, slot;
@@ -137,27 +146,35 @@ __global__ void __launch_bounds__(kThreads) attention_decode_mma_kernel(
     ptx::cp_async_commit();
   };
 
-  // Before the wait: nothing here depends on the previous kernel (the qkv projection).
-  if (tid < kHalf) rope_cos_sin(pos, inv_freq[tid], rope_scaling, &rope_c[tid], &rope_s[tid]);
+  // Before the wait: nothing here depends on the previous kernel (the qkv projection); in stored
+  // mode the pages do (rope_kv_store), so the loads wait.
+  if (STORED) pdl_begin();
+  if (!STORED && tid < kHalf) rope_cos_sin(pos, inv_freq[tid], rope_scaling, &rope_c[tid], &rope_s[tid]);
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) load_tile(tile0 + s, s);
-  pdl_begin();
+  if (!STORED) pdl_begin();
   __syncthreads();  // rope_c / rope_s
-  // q of the group's heads: rotated, rounded to bf16 (the values rope_kv_store would store).
+  // q of the group's heads: rotated, rounded to bf16 (the values rope_kv_store would store; in
+  // stored mode, the values it stored).
   for (int i = tid; i < kMaxG * kHalf; i += kThreads) {
     const int g = i / kHalf, j = i % kHalf;
     uint16_t a = 0, b = 0;
     if (g < G) {
       const uint16_t* hp = row + size_t(kvh * G + g) * kD;
-      const float2 r = rope_rotate(bf16_bits_to_f32(hp[j]), bf16_bits_to_f32(hp[j + kHalf]), rope_c[j], rope_s[j]);
-      a = f32_to_bf16_bits(r.x);
-      b = f32_to_bf16_bits(r.y);
+      if constexpr (STORED) {
+        a = hp[j];
+        b = hp[j + kHalf];
+      } else {
+        const float2 r = rope_rotate(bf16_bits_to_f32(hp[j]), bf16_bits_to_f32(hp[j + kHalf]), rope_c[j], rope_s[j]);
+        a = f32_to_bf16_bits(r.x);
+        b = f32_to_bf16_bits(r.y);
+      }
     }
     q_s[g][j] = a;
     q_s[g][j + kHalf] = b;
   }
   // The split that holds the last tile holds the token's position: it stores k and v.
-  const bool stores = tile0 < tile1 && tile1 == ntiles;
+  const bool stores = !STORED && tile0 < tile1 && tile1 == ntiles;
   if (stores) {
     const int page = pt[pos / ps], slot = pos % ps;
     if (tid < kHalf) {  // k: rotate, round to bf16 (and fp8), store
@@ -210,7 +227,7 @@ __global__ void __launch_bounds__(kThreads) attention_decode_mma_kernel(
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
           const int chunk = 2 * ch + half;
-          const uint4 v = k0 + j == pos ? *reinterpret_cast<const uint4*>(&kv_new[which][chunk * 8])
+          const uint4 v = !STORED && k0 + j == pos ? *reinterpret_cast<const uint4*>(&kv_new[which][chunk * 8])
                                         : widen_fp8x8_to_bf16(*reinterpret_cast<const uint2*>(raw + c * 16 + half * 8));
           *reinterpret_cast<uint4*>(dst + which * kTileBytes + kv_tile_swz(j, chunk)) = v;
         }
@@ -219,7 +236,7 @@ __global__ void __launch_bounds__(kThreads) attention_decode_mma_kernel(
       __syncthreads();
     } else {
       kt = sbase + stage * 2 * kTileBytes;
-      if (k0 + kKeys > pos) {  // the tile holding pos (block-uniform): its row from kv_new
+      if (!STORED && k0 + kKeys > pos) {  // the tile holding pos (block-uniform): its row from kv_new
         if (tid < 16) {
           const int which = tid >> 3, ch = tid & 7;
           *reinterpret_cast<uint4*>(smem + stage * 2 * kTileBytes + which * kTileBytes + kv_tile_swz(pos - k0, ch)) =
@@ -366,10 +383,10 @@ __global__ void __launch_bounds__(kThreads) attention_decode_mma_kernel(
 
 // Shared memory past the 48 KiB default is an opt-in per kernel and device; clusters past the
 // portable 8 blocks too.
-template <bool FP8, bool CLUSTER>
+template <bool FP8, bool CLUSTER, bool STORED>
 void opt_in(int nsplit) {
   static std::atomic<uint64_t> smem{0}, big_cluster{0};
-  auto* k = attention_decode_mma_kernel<FP8, CLUSTER>;
+  auto* k = attention_decode_mma_kernel<FP8, CLUSTER, STORED>;
   once_per_device(smem, [&] {
     GPTOSS_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, FP8 ? kSmemFp8 : kSmemBf16));
   });
@@ -379,13 +396,13 @@ void opt_in(int nsplit) {
     });
 }
 
-template <bool FP8, bool CLUSTER>
+template <bool FP8, bool CLUSTER, bool STORED>
 void launch(const uint16_t* q, int n, int Hq, int Hkv, int window, const float* sinks, const float* inv_freq,
             float scaling, const TokenMeta& tm, const KvLayer& kv, int nsplit, float* partial, uint16_t* o,
             cudaStream_t s) {
-  opt_in<FP8, CLUSTER>(nsplit);
+  opt_in<FP8, CLUSTER, STORED>(nsplit);
   const dim3 cluster(1, 1, CLUSTER ? unsigned(nsplit) : 1u);
-  launch_pdl_cluster(attention_decode_mma_kernel<FP8, CLUSTER>, dim3(n, Hkv, nsplit), dim3(kThreads),
+  launch_pdl_cluster(attention_decode_mma_kernel<FP8, CLUSTER, STORED>, dim3(n, Hkv, nsplit), dim3(kThreads),
                      FP8 ? kSmemFp8 : kSmemBf16, cluster, s, q, Hq, Hkv, window, tm, kv, nsplit, partial, inv_freq,
                      scaling, sinks, o);
   GPTOSS_CUDA_LAUNCH_CHECK();
@@ -411,18 +428,28 @@ bool attention_decode_mma_supported(int Hq, int Hkv, int D) {
 
 void attention_decode_mma(const uint16_t* q, int n, int Hq, int Hkv, int window, const float* sinks,
                           const float* inv_freq, float scaling, const TokenMeta& tm, const KvLayer& kv, int nsplit,
-                          bool cluster, float* partial, uint16_t* out, cudaStream_t s) {
-  if (kv.fp8) {
-    if (cluster)
-      launch<true, true>(q, n, Hq, Hkv, window, sinks, inv_freq, scaling, tm, kv, nsplit, partial, out, s);
+                          bool cluster, bool kv_stored, float* partial, uint16_t* out, cudaStream_t s) {
+  // Eight instantiations: (fp8 pages, cluster merge, stored mode) as template flags.
+  auto go = [&](auto fp8, auto clu, auto stored) {
+    launch<decltype(fp8)::value, decltype(clu)::value, decltype(stored)::value>(
+        q, n, Hq, Hkv, window, sinks, inv_freq, scaling, tm, kv, nsplit, partial, out, s);
+  };
+  auto with_stored = [&](auto fp8, auto clu) {
+    if (kv_stored)
+      go(fp8, clu, std::true_type{});
     else
-      launch<true, false>(q, n, Hq, Hkv, window, sinks, inv_freq, scaling, tm, kv, nsplit, partial, out, s);
-  } else {
+      go(fp8, clu, std::false_type{});
+  };
+  auto with_cluster = [&](auto fp8) {
     if (cluster)
-      launch<false, true>(q, n, Hq, Hkv, window, sinks, inv_freq, scaling, tm, kv, nsplit, partial, out, s);
+      with_stored(fp8, std::true_type{});
     else
-      launch<false, false>(q, n, Hq, Hkv, window, sinks, inv_freq, scaling, tm, kv, nsplit, partial, out, s);
-  }
+      with_stored(fp8, std::false_type{});
+  };
+  if (kv.fp8)
+    with_cluster(std::true_type{});
+  else
+    with_cluster(std::false_type{});
 }
 
 }  // namespace gptoss::cuda

@@ -23,9 +23,10 @@ DecodeAttentionPlan decode_attention_mma_plan(int n, int Hkv, int max_keys, int 
 bool attention_decode_mma_supported(int Hq, int Hkv, int D);
 // attention_decode() on tensor cores: nsplit splits a (token, kv head), merged in a cluster of
 // nsplit blocks (cluster: a power of two <= kDecodeClusterMax) or written to `partial` for the
-// merge launch (which the caller runs).
+// merge launch (which the caller runs). kv_stored: rope_kv_store already ran over the pass (q
+// rotated in place, every token's K/V in the pages), so tokens of one sequence may share the pass.
 void attention_decode_mma(const uint16_t* q, int n, int Hq, int Hkv, int window, const float* sinks,
                           const float* inv_freq, float scaling, const TokenMeta& tm, const KvLayer& kv, int nsplit,
-                          bool cluster, float* partial, uint16_t* out, cudaStream_t s);
+                          bool cluster, bool kv_stored, float* partial, uint16_t* out, cudaStream_t s);
 
 }  // namespace gptoss::cuda

@@ -43,6 +43,7 @@
 #include <algorithm>
 #include <atomic>
 #include <string>
+#include <type_traits>
 
 #include "backend/cuda/cuda_common.h"
 #include "backend/cuda/device_utils.cuh"
@@ -89,38 +90,39 @@ __device__ __forceinline__ uint8_t* wa_align1024(uint8_t* p) {
   return p + ((1024u - (s & 1023u)) & 1023u);
 }
 
+// Every scale byte of the word <= 128 (gpt-oss's sit near 127): one bf16 factor a register
+// gives the same bits as two.
+__device__ __forceinline__ bool wa_one_factor(uint32_t fs) {
+  const uint32_t big = (fs >> 7) & 0x01010101u;
+  return (fs & (big * 0x7Fu)) == 0u;
+}
+
 // One lane's chunk (16 bytes: k-steps 0-3, rows g and g + 8) and its scale word (bytes: row g
 // block 0, row g block 1, row g + 8 block 0, row g + 8 block 1) -> the bf16 A registers of the
-// four k16 slices: A[4 j + r] (register r of slice j). Exact, as version 3's decode.
+// four k16 slices: A[4 j + r] (register r of slice j). Exact, as version 3's decode. kOne: every
+// scale of the CTA passed wa_one_factor (chosen once a CTA, so no branch a step).
+template <bool kOne>
 __device__ __forceinline__ void wa_decode(const uint4& q, uint32_t fs, uint32_t (&A)[16]) {
   const uint32_t wq[4] = {q.x, q.y, q.z, q.w};
-  auto run = [&](auto one_factor, uint32_t hi, uint32_t lo) {
-    constexpr bool kOne = decltype(one_factor)::value;
+  const uint32_t hi = kOne ? fs + 0x7E7E7E7Eu : __vminu4(fs, 0x80808080u) + 0x7E7E7E7Eu;
+  const uint32_t lo = kOne ? 0u : __vmaxu4(fs, 0x80808080u) - 0x01010101u;
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const uint32_t hg = frag_scale_pair(hi, h), hg8 = frag_scale_pair(hi, 2 + h);
-      const uint32_t lg = kOne ? 0u : frag_scale_pair(lo, h), lg8 = kOne ? 0u : frag_scale_pair(lo, 2 + h);
+  for (int h = 0; h < 2; ++h) {
+    const uint32_t hg = frag_scale_pair(hi, h), hg8 = frag_scale_pair(hi, 2 + h);
+    const uint32_t lg = kOne ? 0u : frag_scale_pair(lo, h), lg8 = kOne ? 0u : frag_scale_pair(lo, 2 + h);
 #pragma unroll
-      for (int jj = 0; jj < 2; ++jj) {
-        const int j = 2 * h + jj;
-        uint32_t r[4];
-        frag_word_to_bf16x2(wq[j], r);
+    for (int jj = 0; jj < 2; ++jj) {
+      const int j = 2 * h + jj;
+      uint32_t r[4];
+      frag_word_to_bf16x2(wq[j], r);
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const uint32_t f = (i & 1) ? hg8 : hg;
-          uint32_t v = bf16x2_mul(r[i], f);
-          if constexpr (!kOne) v = bf16x2_mul(v, (i & 1) ? lg8 : lg);
-          A[4 * j + i] = v;
-        }
+      for (int i = 0; i < 4; ++i) {
+        uint32_t v = bf16x2_mul(r[i], (i & 1) ? hg8 : hg);
+        if constexpr (!kOne) v = bf16x2_mul(v, (i & 1) ? lg8 : lg);
+        A[4 * j + i] = v;
       }
     }
-  };
-  // Every scale byte <= 128 (gpt-oss's sit near 127): one factor gives the same bits as two.
-  const uint32_t big = (fs >> 7) & 0x01010101u;
-  if ((fs & (big * 0x7Fu)) == 0u)
-    run(std::true_type{}, fs + 0x7E7E7E7Eu, 0u);
-  else
-    run(std::false_type{}, __vminu4(fs, 0x80808080u) + 0x7E7E7E7Eu, __vmaxu4(fs, 0x80808080u) - 0x01010101u);
+  }
 }
 #endif
 
@@ -144,7 +146,7 @@ __global__ void __launch_bounds__(kWaThreads, 2) expert_gemm_wa_kernel(ExpertGem
 
   // Step kt's stage: activations (swizzled BN x 128 B), then this CTA's weight chunks (warp w's
   // 512 bytes at w x 512, lane order) and scale words (lane l of warp w at (32 w + l) x 4).
-  auto stage = [&](int kt) { return s_base + uint32_t(kt & (L::kStages - 1)) * L::kStageBytes; };
+  auto stage_off = [&](int kt) { return uint32_t(kt & (L::kStages - 1)) * L::kStageBytes; };
   // Activations: thread t (64 pairs: thread wtid of the warpgroup that owns step kt, kt % 2) copies
   // half h = t % 2 of row t / 2, in natural order.
   const int a_t = L::kAlternate ? wtid : tid;
@@ -152,7 +154,6 @@ __global__ void __launch_bounds__(kWaThreads, 2) expert_gemm_wa_kernel(ExpertGem
   auto owns = [&](int kt) { return !L::kAlternate || (kt & 1) == wg; };
   const int a_pair = row0 + a_row;
   const bool a_ok = a_pair < row_end;
-  const uint16_t* a_src = a.A + size_t(a_ok ? (a.gather_a ? a.r.pair_token[a_pair] : a_pair) : 0) * a.lda + 32 * a_half;
   uint32_t a_dst[4];
 #pragma unroll
   for (int m = 0; m < 4; ++m) a_dst[m] = sw128_offset(a_row, 32 * a_half + 8 * m);
@@ -160,27 +161,44 @@ __global__ void __launch_bounds__(kWaThreads, 2) expert_gemm_wa_kernel(ExpertGem
   // last tile (N % 128 == 64) runs on tile 0's weights and stores nothing: every warp issues the
   // same wgmmas (a branch around them made ptxas serialise them).
   const size_t tc0 = (size_t(expert) * T + (wg_live ? tile : 0)) * C;
-  const uint8_t* w_src = a.w + (tc0 * 32 + lane) * 16;
-  const uint8_t* s_src = a.scales + (tc0 * 8 + g) * 4;
   const uint32_t w_dst = L::kActBytes + uint32_t(warp * 32 + lane) * 16;
   const uint32_t s_dst = L::kActBytes + kWaWBytes + uint32_t(warp * 32 + lane) * 4;
-  // One cp.async group a step, every thread (empty past the last step): step kt's weights (each
-  // lane its own bytes, so its own wait makes them readable) and activations (owner warpgroup).
-  auto copy_step = [&](int kt) {
-    if (kt < C) {
-      const uint32_t d = stage(kt);
-      ptx::cp_async16(d + w_dst, w_src + size_t(kt) * 512, true);
-      asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(d + s_dst), "l"(s_src + size_t(kt) * 32));
-      if (owns(kt))
+
+  // One factor a register for the whole CTA when every scale of its tiles allows it (the
+  // warpgroups' wgmmas need one code path); read once here instead of tested every step.
+  bool one = true;
+  {
+    const uint32_t* sc = reinterpret_cast<const uint32_t*>(a.scales) + tc0 * 8;
+    for (int i = lane; i < C * 8; i += 32) one &= wa_one_factor(__ldg(sc + i));
+  }
+  one = __syncthreads_and(one) != 0;
+
+  // One cp.async group a step, every thread (empty past the last step), steps in order from 0:
+  // step kt's weights (each lane its own bytes, so its own wait makes them readable) and
+  // activations (owner warpgroup). Running source pointers: no 64-bit index math a step.
+  int kt_cp = 0;
+  const uint8_t* w_cp = a.w + (tc0 * 32 + lane) * 16;
+  const uint8_t* s_cp = a.scales + (tc0 * 8 + g) * 4;
+  const uint16_t* a_cp = a.A + size_t(a_ok ? (a.gather_a ? a.r.pair_token[a_pair] : a_pair) : 0) * a.lda + 32 * a_half;
+  auto copy_next = [&]() {
+    if (kt_cp < C) {
+      const uint32_t d = s_base + stage_off(kt_cp);
+      ptx::cp_async16(d + w_dst, w_cp, true);
+      asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(d + s_dst), "l"(s_cp));
+      if (owns(kt_cp))
 #pragma unroll
-        for (int m = 0; m < 4; ++m) ptx::cp_async16(d + a_dst[m], a_src + size_t(kt) * 64 + 8 * m, a_ok);
+        for (int m = 0; m < 4; ++m) ptx::cp_async16(d + a_dst[m], a_cp + 8 * m, a_ok);
     }
     ptx::cp_async_commit();
+    ++kt_cp;
+    w_cp += 512;
+    s_cp += 32;
+    a_cp += 64;
   };
   // The owner's half-row of step kt, transposed in place into the fragment K order (see the head).
   auto permute_act = [&](int kt) {
     if (kt < C && owns(kt)) {
-      uint8_t* d = smem + (kt & (L::kStages - 1)) * L::kStageBytes;
+      uint8_t* d = smem + stage_off(kt);
       uint4 in[4];
 #pragma unroll
       for (int m = 0; m < 4; ++m) in[m] = *reinterpret_cast<const uint4*>(d + a_dst[m]);
@@ -190,58 +208,75 @@ __global__ void __launch_bounds__(kWaThreads, 2) expert_gemm_wa_kernel(ExpertGem
       for (int m = 0; m < 4; ++m) *reinterpret_cast<uint4*>(d + a_dst[m]) = out[m];
     }
   };
+  // This lane's weight chunk and scale word of step kt (landed: its own copies).
+  auto read_weights = [&](int kt, uint4& q, uint32_t& fs) {
+    const uint8_t* st = smem + stage_off(kt);
+    q = *reinterpret_cast<const uint4*>(st + w_dst);
+    fs = *reinterpret_cast<const uint32_t*>(st + s_dst);
+  };
+  // wgmma's B descriptor of stage 0; a stage or k16 slice further is its byte offset / 16 added to
+  // the start-address field (every shared address here is below 2^18, so the field never carries).
+  const uint64_t desc0 = ptx::sw128_desc(s_base);
 
-  // Prologue: steps 0 .. kLead - 1 in flight; step 0's activations transposed.
+  // Prologue: steps 0 .. kLead - 1 in flight; step 0's activations transposed, its weights read.
 #pragma unroll
-  for (int kt = 0; kt < L::kLead; ++kt) copy_step(kt);
+  for (int kt = 0; kt < L::kLead; ++kt) copy_next();
   ptx::cp_async_wait<L::kLead - 1>();
   permute_act(0);
+  uint4 q_next;
+  uint32_t fs_next;
+  read_weights(0, q_next, fs_next);
 
   constexpr int kAcc = BN / 2;
   float acc[kAcc];
 #pragma unroll
   for (int i = 0; i < kAcc; ++i) acc[i] = 0.f;
-  uint32_t A[L::kABufs][16];
 
-  for (int kt0 = 0; kt0 < C; kt0 += 2) {
+  {
+    uint32_t A[L::kABufs][16];
+    for (int kt0 = 0; kt0 < C; kt0 += 2) {
 #pragma unroll
-    for (int v = 0; v < 2; ++v) {
-      const int kt = kt0 + v;
-      if (kt < C) {  // uniform over the CTA
-        // This thread's copies of steps kt and kt + 1 have landed (kt + 2 .. kt + kLead - 1 may not).
-        ptx::cp_async_wait<L::kLead - 2>();
-        permute_act(kt + 1);
-        // Decode step kt into A buffer v % kABufs (last read by step kt - kABufs's MMAs, waited for below).
-        uint32_t (&Av)[16] = A[v % L::kABufs];
-        {
-          const uint8_t* st = smem + (kt & (L::kStages - 1)) * L::kStageBytes;
-          const uint4 q = *reinterpret_cast<const uint4*>(st + w_dst);
-          const uint32_t fs = *reinterpret_cast<const uint32_t*>(st + s_dst);
-          wa_decode(q, fs, Av);
-        }
-        // Step kt's activations (transposed by their owners last step) -> the tensor cores.
-        ptx::fence_proxy_async();
-        __syncthreads();
-        const uint32_t b_tile = stage(kt);
-#pragma unroll
-        for (int i = 0; i < kAcc; ++i) ptx::fence_operand(acc[i]);
-        ptx::wgmma_fence();
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          if constexpr (BN == 64)
-            ptx::wgmma_m64n64k16_bf16_ra(acc, &Av[4 * j], ptx::sw128_desc(b_tile + 32 * j), 1);
+      for (int v = 0; v < 2; ++v) {
+        const int kt = kt0 + v;
+        if (kt < C) {  // uniform over the CTA
+          // This thread's copies of steps kt and kt + 1 have landed (kt + 2 .. kt + kLead - 1 may not).
+          ptx::cp_async_wait<L::kLead - 2>();
+          // Step kt's weights were read a step ago; step kt + 1's are read now, their shared-memory
+          // latency hidden behind this step's decode.
+          const uint4 q = q_next;
+          const uint32_t fs = fs_next;
+          if (kt + 1 < C) read_weights(kt + 1, q_next, fs_next);
+          permute_act(kt + 1);
+          // Decode step kt into A buffer v % kABufs (last read by step kt - kABufs's MMAs, waited for below).
+          uint32_t (&Av)[16] = A[v % L::kABufs];
+          if (one)  // CTA-uniform
+            wa_decode<true>(q, fs, Av);
           else
-            ptx::wgmma_m64n128k16_bf16_ra(acc, &Av[4 * j], ptx::sw128_desc(b_tile + 32 * j), 1);
+            wa_decode<false>(q, fs, Av);
+          // Step kt's activations (transposed by their owners last step) -> the tensor cores.
+          ptx::fence_proxy_async();
+          __syncthreads();
+          const uint64_t desc = desc0 + (stage_off(kt) >> 4);
+#pragma unroll
+          for (int i = 0; i < kAcc; ++i) ptx::fence_operand(acc[i]);
+          ptx::wgmma_fence();
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            if constexpr (BN == 64)
+              ptx::wgmma_m64n64k16_bf16_ra(acc, &Av[4 * j], desc + 2 * j, 1);
+            else
+              ptx::wgmma_m64n128k16_bf16_ra(acc, &Av[4 * j], desc + 2 * j, 1);
+          }
+          ptx::wgmma_commit();
+#pragma unroll
+          for (int i = 0; i < kAcc; ++i) ptx::fence_operand(acc[i]);
+          // Step kt + kLead's stage, (kt - 2) % kStages: last read by step kt - 2 (its MMAs, which
+          // every warp waited for before this step's barrier; its weights, read at step kt - 3).
+          copy_next();
+          ptx::wgmma_wait<L::kABufs - 1>();
+#pragma unroll
+          for (int i = 0; i < kAcc; ++i) ptx::fence_operand(acc[i]);
         }
-        ptx::wgmma_commit();
-#pragma unroll
-        for (int i = 0; i < kAcc; ++i) ptx::fence_operand(acc[i]);
-        // Stage (kt + kLead) % kStages = (kt - 2) % kStages: last read by step kt - 2 (its MMAs,
-        // which every warp waited for before this step's barrier; its weight loads).
-        copy_step(kt + L::kLead);
-        ptx::wgmma_wait<L::kABufs - 1>();
-#pragma unroll
-        for (int i = 0; i < kAcc; ++i) ptx::fence_operand(acc[i]);
       }
     }
   }
@@ -313,12 +348,13 @@ void set_expert_gemm_v5_tile_pairs(int pairs) {
 }
 
 bool expert_gemm_v5_preferred(int pairs, int E) {
-  // H200, same binary (s12r6): bench-kernels gate_up + down a layer, 120b at 2048 tokens (64 pairs
-  // an expert) 2077.70 us (v3) -> 2042.19 (v5, 64-pair tiles), at 512 tokens 1497.52 -> 1305.62;
-  // pp512 8834.62 -> 9700.32 tok/s, pp2048 22011.82 -> 22592.22. 20b at 2048 tokens (256 pairs an
-  // expert): 1595.19 -> 1425.93 with 128-pair tiles in bench-kernels, but pp2048 38572.10 ->
-  // 38368.93 in the model, so version 3 keeps it.
-  return pairs > 0 && E > 0 && pairs <= 64 * std::min(pairs, E);
+  // H200, same binary (s13r1, bench-kernels gate_up + down a layer, fragment layout): 120b at 512
+  // tokens (16 pairs an expert) 1500.86 us (v3) -> 1204.52 (v5, 64-pair tiles), at 2048 (64 pairs)
+  // 2082.13 -> 1851.22; 20b at 2048 (256 pairs) 1596.49 -> 1315.12 (128-pair tiles). (The twelfth
+  // session's model runs of 20b saw no gain because its prefill read the checkpoint-layout copy,
+  // which version 5 does not take; CudaBackend::repack_weights now keeps the fragment layout alone
+  // where version 5 runs.) So version 5 at every size it takes.
+  return pairs > 0 && E > 0;
 }
 
 namespace {
