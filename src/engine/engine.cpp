@@ -470,6 +470,7 @@ Engine::Planned Engine::plan_next() {
     finish(*seqs[plan.fail], ev, FinishReason::kError);
     return out;
   }
+  if (cfg_.speculative.enabled() && cfg_.speculative.adaptive) gate_drafts_by_cost(seqs, view, plan);
   for (int v : plan.preempt) kv_->free(seqs[v]->id);
   for (const StepRow& r : plan.rows) {
     Sequence* s = seqs[r.seq];
@@ -494,6 +495,31 @@ Engine::Planned Engine::plan_next() {
   return out;
 }
 
+void Engine::gate_drafts_by_cost(const std::vector<Sequence*>& seqs, const std::vector<SchedSeq>& view,
+                                 StepPlan& plan) {
+  // Only steps of decoding sequences: next to a prefill chunk a few draft rows cost next to
+  // nothing (and such passes are not measured).
+  std::vector<int> drafts;
+  std::vector<double> accept;
+  int any = 0;
+  const double proposed = double(metrics_.spec_draft_tokens.load()), accepted = double(metrics_.spec_accepted_tokens.load());
+  const double engine_rate = (accepted + 1.0) / (proposed + 2.0);
+  for (const StepRow& r : plan.rows) {
+    if (!view[size_t(r.seq)].decoding()) return;
+    const Sequence& s = *seqs[size_t(r.seq)];
+    drafts.push_back(r.n_tokens - 1);
+    any += r.n_tokens - 1;
+    // Its own record, with two drafts' worth of the engine-wide rate as the prior.
+    accept.push_back((double(s.spec_accepted) + 2.0 * engine_rate) / (double(s.spec_proposed) + 2.0));
+  }
+  if (any == 0) return;
+  const std::vector<int> keep = drafts_worth_verifying(int(plan.rows.size()), drafts, accept, pass_cost_);
+  for (size_t i = 0; i < plan.rows.size(); ++i) {
+    metrics_.spec_gated_tokens += drafts[i] - keep[i];
+    plan.rows[i].n_tokens = 1 + keep[i];
+  }
+}
+
 std::unique_ptr<Engine::Launched> Engine::launch(Planned planned) {
   auto l = std::make_unique<Launched>();
   l->items = std::move(planned.items);
@@ -516,6 +542,7 @@ std::unique_ptr<Engine::Launched> Engine::launch(Planned planned) {
     }
     // A verify row (speculative decoding): the last sampled token, then the drafts.
     const int32_t real = n - int32_t(s->draft.size());
+    l->decode_only &= real == 1 && s->num_computed + 1 == int32_t(s->tokens.size());
     batch.tokens.insert(batch.tokens.end(), s->tokens.begin() + s->num_computed,
                         s->tokens.begin() + s->num_computed + real);
     batch.tokens.insert(batch.tokens.end(), s->draft.begin(), s->draft.end());
@@ -620,6 +647,7 @@ void Engine::complete(Launched& l) {
   if (l.error) std::rethrow_exception(l.error);
   last_forward_end_ = l.end;
   metrics_.step_forward_s.observe(std::chrono::duration<double>(l.end - l.begin).count());
+  if (l.decode_only) pass_cost_.record(int(l.batch.tokens.size()), std::chrono::duration<double>(l.end - l.begin).count());
   ++metrics_.steps;
   metrics_.prompt_tokens += l.prompt_tokens;
   // The pages this pass wrote are complete: offer them to the prefix cache. (A sequence
@@ -720,6 +748,8 @@ void Engine::complete(Launched& l) {
     if (drafts > 0) {
       metrics_.spec_draft_tokens += drafts;
       metrics_.spec_accepted_tokens += emitted[g] - 1;
+      s.spec_proposed += drafts;
+      s.spec_accepted += emitted[g] - 1;
       s.draft_len.update(drafts, emitted[g] - 1);
       // Roll back the KV of rejected drafts: positions from the last emitted token on are
       // recomputed by the next step (that token is its input), so K/V written there for

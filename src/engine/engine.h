@@ -207,6 +207,7 @@ class Engine {
     bool pending = false;         // that pass samples its next token (not appended yet)
     std::vector<int32_t> draft;   // speculative drafts verified by the pass planned/in flight
     AdaptiveDraftLength draft_len;
+    int64_t spec_proposed = 0, spec_accepted = 0;  // its drafts verified so far, and accepted
     std::unique_ptr<Eagle3Head::Seq> eagle;  // the Eagle3 head's cache for this sequence (method eagle3; null: nothing committed)
     int output_len() const { return int(tokens.size()) - prompt_len; }
   };
@@ -240,11 +241,15 @@ class Engine {
     std::vector<PromptRow> prompt_rows;  // logit rows after the sampled ones
     bool backend_samples = false;
     int64_t prompt_tokens = 0;
+    bool decode_only = true;  // every row one decoding sequence's token (+ its drafts): a cost sample
     Clock::time_point begin, end;
     std::exception_ptr error;
   };
   bool begin_iteration();
   Planned plan_next();
+  // Speculative decoding's cost gate: trims the drafts of `plan` (rows of `seqs`, their scheduler
+  // view `view`) to those worth their pass's cost (drafts_worth_verifying).
+  void gate_drafts_by_cost(const std::vector<Sequence*>& seqs, const std::vector<SchedSeq>& view, StepPlan& plan);
   std::unique_ptr<Launched> launch(Planned planned);
   void run_forward(Launched& l);
   void complete(Launched& l);
@@ -294,6 +299,7 @@ class Engine {
   mutable std::mutex stats_mu_;
   EngineStats stats_;
   EngineMetrics metrics_;
+  PassCostModel pass_cost_;  // decode/verify pass times by token count (speculative cost gate)
 };
 
 }  // namespace gptoss

@@ -35,10 +35,13 @@ struct EngineMetrics {
   std::atomic<int64_t> prefix_cache_queries{0};
   std::atomic<int64_t> prefix_cache_hits{0};
   std::atomic<int64_t> steps{0};
-  std::atomic<int64_t> overlapped_steps{0};
+  std::atomic<int64_t> overlapped_steps{0};  // steps planned while the previous forward ran
   // Speculative decoding: draft tokens verified, and those of them the target model accepted.
   std::atomic<int64_t> spec_draft_tokens{0};
-  std::atomic<int64_t> spec_accepted_tokens{0};  // steps planned while the previous forward ran
+  std::atomic<int64_t> spec_accepted_tokens{0};
+  // Drafts proposed but not verified because the rows would cost more than they return
+  // (the cost gate, drafts_worth_verifying).
+  std::atomic<int64_t> spec_gated_tokens{0};
   // Time the drafter took (proposals, and the Eagle3 head's commits), in microseconds: the
   // draft step's cost, which bench-serve reports per draft token.
   std::atomic<int64_t> spec_draft_us{0};

@@ -98,4 +98,53 @@ void AdaptiveDraftLength::update(int proposed, int accepted) {
     k_ = std::max(k_, std::min(k_max_, accepted + 1));
 }
 
+void PassCostModel::record(int tokens, double seconds) {
+  if (tokens <= 0 || !(seconds > 0)) return;
+  if (size_t(tokens) >= avg_.size()) avg_.resize(size_t(tokens) + 1, 0.0);
+  double& a = avg_[size_t(tokens)];
+  // Mostly the recent passes: the context (attention) and the GPU's clocks drift.
+  a = a > 0 ? 0.8 * a + 0.2 * seconds : seconds;
+}
+
+double PassCostModel::estimate(int tokens) const {
+  for (int n = std::min(tokens, int(avg_.size()) - 1); n > 0; --n)
+    if (avg_[size_t(n)] > 0) return avg_[size_t(n)];
+  return -1.0;
+}
+
+std::vector<int> drafts_worth_verifying(int base_tokens, const std::vector<int>& drafts,
+                                        const std::vector<double>& accept, const PassCostModel& cost) {
+  std::vector<int> keep(drafts.size(), 0);
+  const double base_cost = cost.estimate(base_tokens);
+  if (base_cost <= 0) return drafts;
+  // Every draft with its value (the chance it yields a token), best first; within a sequence the
+  // values fall with j (ties at accept 1 broken by j), so any prefix of this order keeps a prefix
+  // of each sequence's drafts.
+  struct Draft {
+    double value;
+    int seq, j;
+  };
+  std::vector<Draft> all;
+  for (size_t i = 0; i < drafts.size(); ++i) {
+    const double a = std::clamp(accept[i], 0.0, 1.0);
+    double v = 1.0;
+    for (int j = 1; j <= drafts[i]; ++j) all.push_back({v *= a, int(i), j});
+  }
+  std::stable_sort(all.begin(), all.end(), [](const Draft& x, const Draft& y) {
+    return x.value > y.value || (x.value == y.value && x.j < y.j);
+  });
+  double best_rate = double(base_tokens) / base_cost, expected = double(base_tokens);
+  size_t best_m = 0;
+  for (size_t m = 1; m <= all.size(); ++m) {
+    expected += all[m - 1].value;
+    const double c = cost.estimate(base_tokens + int(m));
+    if (c > 0 && expected / c > best_rate) {
+      best_rate = expected / c;
+      best_m = m;
+    }
+  }
+  for (size_t m = 0; m < best_m; ++m) keep[size_t(all[m].seq)] = std::max(keep[size_t(all[m].seq)], all[m].j);
+  return keep;
+}
+
 }  // namespace gptoss

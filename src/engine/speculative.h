@@ -33,7 +33,9 @@ struct SpeculativeConfig {
   int num_speculative_tokens = 0;   // K, the most drafts verified per step (1..16)
   int prompt_lookup_max = 4;        // longest suffix n-gram looked up
   int prompt_lookup_min = 1;        // shortest
-  bool adaptive = true;             // AdaptiveDraftLength per sequence (tests turn it off)
+  // AdaptiveDraftLength per sequence, and only the drafts worth their pass's cost verified
+  // (drafts_worth_verifying); tests turn it off to verify every draft.
+  bool adaptive = true;
   bool enabled() const { return !method.empty() && num_speculative_tokens > 0; }
 };
 
@@ -69,5 +71,32 @@ class AdaptiveDraftLength {
   int k_max_ = 0, k_ = 0;
   int pause_left_ = 0, pause_len_ = 0;
 };
+
+// What decode and verify passes cost by their token count, measured: an exponential average of
+// the pass's wall time per count (passes with prefill tokens are not recorded). Why: a verify
+// pass pays for every row its drafts add, and not in proportion: on the GPU a pass that crosses
+// a CUDA-graph bucket runs the next bucket's kernels (H200, 120b, 8 streams: 5.6 ms a pass of 8
+// tokens, 8.2 ms of 9), so one draft among 8 sequences costs more than it can return.
+class PassCostModel {
+ public:
+  void record(int tokens, double seconds);
+  // Seconds a pass of `tokens` takes: the average at that count, else at the nearest smaller
+  // count measured (an optimistic guess, so unmeasured sizes get tried once and measured), else
+  // < 0 (unknown).
+  double estimate(int tokens) const;
+
+ private:
+  std::vector<double> avg_;  // by token count; 0 = not measured
+};
+
+// Speculative decoding's cost gate: of the drafts a step could verify, which are worth it.
+// base_tokens: the step's tokens without drafts (one a decoding sequence); drafts[i]: drafts
+// granted to decoding sequence i, whose drafts are each accepted with probability accept[i]
+// (so its j-th draft yields a token with probability accept[i]^j). Returns the drafts to keep a
+// sequence: the first m of all drafts by that value (each sequence's kept drafts a prefix of its
+// own) for the m that maximizes expected tokens per second, (base + sum of the values) /
+// cost.estimate(base + m). Keeps everything when the cost of the base pass is unknown.
+std::vector<int> drafts_worth_verifying(int base_tokens, const std::vector<int>& drafts,
+                                        const std::vector<double>& accept, const PassCostModel& cost);
 
 }  // namespace gptoss

@@ -1000,6 +1000,9 @@ std::string Server::metrics_text() const {
         "counter");
   gauge("gptoss:spec_decode_num_accepted_tokens_total", "Speculative draft tokens accepted.",
         double(m.spec_accepted_tokens), "counter");
+  gauge("gptoss:spec_decode_num_gated_tokens_total",
+        "Speculative draft tokens proposed but not verified: their rows would cost the pass more than they return.",
+        double(m.spec_gated_tokens), "counter");
   gauge("gptoss:spec_decode_draft_seconds_total", "Time the drafter took (proposals and Eagle3 head commits).",
         double(m.spec_draft_us) * 1e-6, "counter");
   gauge("gptoss:http_requests_total", "HTTP API requests.", double(http_requests_), "counter");

@@ -202,6 +202,61 @@ TEST(AdaptiveDraftLength, BacksOffOnMissesAndRecovers) {
   EXPECT_EQ(a.next(), 4);
 }
 
+// The pass cost model: an average per token count (mostly the recent passes), and for a count not
+// measured the nearest smaller one's (so larger passes look no dearer until tried).
+TEST(PassCostModel, AveragesByCountAndGuessesUpward) {
+  PassCostModel c;
+  EXPECT_LT(c.estimate(8), 0.0);
+  c.record(8, 5.6e-3);
+  c.record(16, 8.2e-3);
+  EXPECT_DOUBLE_EQ(c.estimate(8), 5.6e-3);
+  EXPECT_DOUBLE_EQ(c.estimate(12), 5.6e-3);
+  EXPECT_DOUBLE_EQ(c.estimate(16), 8.2e-3);
+  EXPECT_DOUBLE_EQ(c.estimate(40), 8.2e-3);
+  EXPECT_LT(c.estimate(4), 0.0);
+  c.record(8, 6.6e-3);
+  EXPECT_NEAR(c.estimate(8), 0.8 * 5.6e-3 + 0.2 * 6.6e-3, 1e-12);
+  c.record(0, 1.0);   // ignored
+  c.record(5, -1.0);  // ignored
+  EXPECT_LT(c.estimate(5), 0.0);
+}
+
+// The cost gate with the H200's 120b figures at 8 streams (5.6 ms a pass of 8 tokens, 8.2 ms
+// from 9 to 16): one draft among 8 sequences costs more than it returns; a draft for each of
+// them pays; an unknown base cost keeps everything; an unmeasured larger pass is tried; and the
+// kept drafts are the best ones, a prefix of each sequence's.
+TEST(DraftsWorthVerifying, KeepsTheDraftsThatPayForTheirRows) {
+  PassCostModel c;
+  c.record(8, 5.6e-3);
+  for (int n = 9; n <= 16; ++n) c.record(n, 8.2e-3);
+  std::vector<int> one(8, 0);
+  one[3] = 1;
+  EXPECT_EQ(drafts_worth_verifying(8, one, std::vector<double>(8, 0.86), c), std::vector<int>(8, 0));
+  const std::vector<int> each(8, 1);
+  EXPECT_EQ(drafts_worth_verifying(8, each, std::vector<double>(8, 0.86), c), each);
+  // Low acceptance: (8 + 8 x 0.3) / 8.2 ms < 8 / 5.6 ms.
+  EXPECT_EQ(drafts_worth_verifying(8, each, std::vector<double>(8, 0.3), c), std::vector<int>(8, 0));
+
+  PassCostModel unknown;
+  EXPECT_EQ(drafts_worth_verifying(8, one, std::vector<double>(8, 0.1), unknown), one);
+  PassCostModel base_only;
+  base_only.record(8, 5.6e-3);
+  EXPECT_EQ(drafts_worth_verifying(8, each, std::vector<double>(8, 0.2), base_only), each);
+
+  // Two sequences of 3 drafts, accepted always / half the time; passes of 2-4 tokens cost 1,
+  // 5-8 cost 2: the two sure drafts of the first are worth it, nothing more.
+  PassCostModel steps;
+  for (int n = 2; n <= 4; ++n) steps.record(n, 1.0);
+  for (int n = 5; n <= 8; ++n) steps.record(n, 2.0);
+  EXPECT_EQ(drafts_worth_verifying(2, {3, 3}, {1.0, 0.5}, steps), (std::vector<int>{2, 0}));
+  // Costs flat to 8 tokens: all six, each sequence's in order.
+  PassCostModel flat;
+  for (int n = 2; n <= 8; ++n) flat.record(n, 1.0);
+  EXPECT_EQ(drafts_worth_verifying(2, {3, 3}, {1.0, 0.5}, flat), (std::vector<int>{3, 3}));
+  // No drafts: nothing to keep.
+  EXPECT_EQ(drafts_worth_verifying(2, {0, 0}, {1.0, 1.0}, flat), (std::vector<int>{0, 0}));
+}
+
 // Greedy: K = 1..4 give plain decoding's tokens, each request alone and all 16 in one batch,
 // and the drafts were really verified (some accepted, some rejected).
 TEST(SpeculativeEngineCpu, GreedyEqualsPlainAloneAndBatched) {

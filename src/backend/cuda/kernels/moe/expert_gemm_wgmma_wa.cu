@@ -154,9 +154,11 @@ __global__ void __launch_bounds__(kWaThreads, 2) expert_gemm_wa_kernel(ExpertGem
   auto owns = [&](int kt) { return !L::kAlternate || (kt & 1) == wg; };
   const int a_pair = row0 + a_row;
   const bool a_ok = a_pair < row_end;
-  uint32_t a_dst[4];
-#pragma unroll
-  for (int m = 0; m < 4; ++m) a_dst[m] = sw128_offset(a_row, 32 * a_half + 8 * m);
+  // The half-row's four 16-byte chunks: their swizzled slots differ only in bits 4-5 (chunk m of
+  // the half at slot (4 a_half + m) ^ row), so each is the first one's offset XOR 16 m, which
+  // costs one instruction where the compiler recomputes it instead of holding four registers.
+  const uint32_t a_dst0 = sw128_offset(a_row, 32 * a_half);
+  auto a_dst = [&](int m) { return a_dst0 ^ uint32_t(m << 4); };
   // Weights: this lane's 16 bytes and scale word of chunk kt of its tile. A warpgroup past the
   // last tile (N % 128 == 64) runs on tile 0's weights and stores nothing: every warp issues the
   // same wgmmas (a branch around them made ptxas serialise them).
@@ -175,25 +177,27 @@ __global__ void __launch_bounds__(kWaThreads, 2) expert_gemm_wa_kernel(ExpertGem
 
   // One cp.async group a step, every thread (empty past the last step), steps in order from 0:
   // step kt's weights (each lane its own bytes, so its own wait makes them readable) and
-  // activations (owner warpgroup). Running source pointers: no 64-bit index math a step.
-  int kt_cp = 0;
-  const uint8_t* w_cp = a.w + (tc0 * 32 + lane) * 16;
-  const uint8_t* s_cp = a.scales + (tc0 * 8 + g) * 4;
-  const uint16_t* a_cp = a.A + size_t(a_ok ? (a.gather_a ? a.r.pair_token[a_pair] : a_pair) : 0) * a.lda + 32 * a_half;
+  // activations (owner warpgroup). Running source pointers, advanced before their copies (a
+  // pointer register rewritten right after the copy that reads it waits for that copy's issue:
+  // Nsight Compute counted those waits), so no 64-bit index math a step.
+  int kt_cp = -1;
+  const uint8_t* w_cp = a.w + (tc0 * 32 + lane) * 16 - 512;
+  const uint8_t* s_cp = a.scales + (tc0 * 8 + g) * 4 - 32;
+  const uint16_t* a_cp = a.A + size_t(a_ok ? (a.gather_a ? a.r.pair_token[a_pair] : a_pair) : 0) * a.lda + 32 * a_half - 64;
   auto copy_next = [&]() {
+    ++kt_cp;
+    w_cp += 512;
+    s_cp += 32;
+    a_cp += 64;
     if (kt_cp < C) {
       const uint32_t d = s_base + stage_off(kt_cp);
       ptx::cp_async16(d + w_dst, w_cp, true);
       asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(d + s_dst), "l"(s_cp));
       if (owns(kt_cp))
 #pragma unroll
-        for (int m = 0; m < 4; ++m) ptx::cp_async16(d + a_dst[m], a_cp + 8 * m, a_ok);
+        for (int m = 0; m < 4; ++m) ptx::cp_async16(d + a_dst(m), a_cp + 8 * m, a_ok);
     }
     ptx::cp_async_commit();
-    ++kt_cp;
-    w_cp += 512;
-    s_cp += 32;
-    a_cp += 64;
   };
   // The owner's half-row of step kt, transposed in place into the fragment K order (see the head).
   auto permute_act = [&](int kt) {
@@ -201,11 +205,11 @@ __global__ void __launch_bounds__(kWaThreads, 2) expert_gemm_wa_kernel(ExpertGem
       uint8_t* d = smem + stage_off(kt);
       uint4 in[4];
 #pragma unroll
-      for (int m = 0; m < 4; ++m) in[m] = *reinterpret_cast<const uint4*>(d + a_dst[m]);
+      for (int m = 0; m < 4; ++m) in[m] = *reinterpret_cast<const uint4*>(d + a_dst(m));
       const uint4 out[4] = {make_uint4(in[0].x, in[1].x, in[2].x, in[3].x), make_uint4(in[0].y, in[1].y, in[2].y, in[3].y),
                             make_uint4(in[0].z, in[1].z, in[2].z, in[3].z), make_uint4(in[0].w, in[1].w, in[2].w, in[3].w)};
 #pragma unroll
-      for (int m = 0; m < 4; ++m) *reinterpret_cast<uint4*>(d + a_dst[m]) = out[m];
+      for (int m = 0; m < 4; ++m) *reinterpret_cast<uint4*>(d + a_dst(m)) = out[m];
     }
   };
   // This lane's weight chunk and scale word of step kt (landed: its own copies).
@@ -223,9 +227,12 @@ __global__ void __launch_bounds__(kWaThreads, 2) expert_gemm_wa_kernel(ExpertGem
   for (int kt = 0; kt < L::kLead; ++kt) copy_next();
   ptx::cp_async_wait<L::kLead - 1>();
   permute_act(0);
-  uint4 q_next;
-  uint32_t fs_next;
-  read_weights(0, q_next, fs_next);
+  if (owns(0)) ptx::fence_proxy_async();  // before step 0's barrier (the loop fences steps 1 on)
+  // Weights of steps of either parity (the step loop is unrolled by two, so these stay registers
+  // with no copies between steps).
+  uint4 qw[2];
+  uint32_t fw[2];
+  read_weights(0, qw[0], fw[0]);
 
   constexpr int kAcc = BN / 2;
   float acc[kAcc];
@@ -241,20 +248,20 @@ __global__ void __launch_bounds__(kWaThreads, 2) expert_gemm_wa_kernel(ExpertGem
         if (kt < C) {  // uniform over the CTA
           // This thread's copies of steps kt and kt + 1 have landed (kt + 2 .. kt + kLead - 1 may not).
           ptx::cp_async_wait<L::kLead - 2>();
-          // Step kt's weights were read a step ago; step kt + 1's are read now, their shared-memory
-          // latency hidden behind this step's decode.
-          const uint4 q = q_next;
-          const uint32_t fs = fs_next;
-          if (kt + 1 < C) read_weights(kt + 1, q_next, fs_next);
+          // Step kt's weights were read a step ago (kt % 2 == v); step kt + 1's are read now, their
+          // shared-memory latency hidden behind this step's decode.
+          if (kt + 1 < C) read_weights(kt + 1, qw[v ^ 1], fw[v ^ 1]);
           permute_act(kt + 1);
           // Decode step kt into A buffer v % kABufs (last read by step kt - kABufs's MMAs, waited for below).
           uint32_t (&Av)[16] = A[v % L::kABufs];
           if (one)  // CTA-uniform
-            wa_decode<true>(q, fs, Av);
+            wa_decode<true>(qw[v], fw[v], Av);
           else
-            wa_decode<false>(q, fs, Av);
-          // Step kt's activations (transposed by their owners last step) -> the tensor cores.
-          ptx::fence_proxy_async();
+            wa_decode<false>(qw[v], fw[v], Av);
+          // Step kt + 1's activations, transposed just now by their owners, to the async proxy
+          // before the barrier (only owners stored: the others skip the fence and its wait on
+          // their memory operations in flight); step kt's -> the tensor cores.
+          if (owns(kt + 1)) ptx::fence_proxy_async();
           __syncthreads();
           const uint64_t desc = desc0 + (stage_off(kt) >> 4);
 #pragma unroll
