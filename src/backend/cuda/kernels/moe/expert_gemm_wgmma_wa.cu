@@ -166,15 +166,6 @@ __global__ void __launch_bounds__(kWaThreads, 2) expert_gemm_wa_kernel(ExpertGem
   const uint32_t w_dst = L::kActBytes + uint32_t(warp * 32 + lane) * 16;
   const uint32_t s_dst = L::kActBytes + kWaWBytes + uint32_t(warp * 32 + lane) * 4;
 
-  // One factor a register for the whole CTA when every scale of its tiles allows it (the
-  // warpgroups' wgmmas need one code path); read once here instead of tested every step.
-  bool one = true;
-  {
-    const uint32_t* sc = reinterpret_cast<const uint32_t*>(a.scales) + tc0 * 8;
-    for (int i = lane; i < C * 8; i += 32) one &= wa_one_factor(__ldg(sc + i));
-  }
-  one = __syncthreads_and(one) != 0;
-
   // One cp.async group a step, every thread (empty past the last step), steps in order from 0:
   // step kt's weights (each lane its own bytes, so its own wait makes them readable) and
   // activations (owner warpgroup). Running source pointers, advanced before their copies (a
@@ -222,9 +213,36 @@ __global__ void __launch_bounds__(kWaThreads, 2) expert_gemm_wa_kernel(ExpertGem
   // the start-address field (every shared address here is below 2^18, so the field never carries).
   const uint64_t desc0 = ptx::sw128_desc(s_base);
 
+  // The epilogue's rows and biases, loaded now (in the epilogue their latency stood alone).
+  const int n_g = frag::tile_row(tile, g, a.swiglu_rows), n_g8 = frag::tile_row(tile, g + 8, a.swiglu_rows);
+  const float b_g = a.bias && wg_live ? __ldg(a.bias + size_t(expert) * a.N + n_g) : 0.f;
+  const float b_g8 = a.bias && wg_live ? __ldg(a.bias + size_t(expert) * a.N + n_g8) : 0.f;
+
   // Prologue: steps 0 .. kLead - 1 in flight; step 0's activations transposed, its weights read.
 #pragma unroll
   for (int kt = 0; kt < L::kLead; ++kt) copy_next();
+  // One factor a register for the whole CTA when every scale of its tiles allows it (the
+  // warpgroups' wgmmas need one code path); read once here, while the first copies fly, instead
+  // of tested every step. A tile's C x 8 scale words as 16-byte loads, all issued before any is
+  // used (Nsight Compute: a serial scan of 4-byte loads held ~5% of the samples).
+  bool one = true;
+  {
+    const uint4* sc = reinterpret_cast<const uint4*>(a.scales + tc0 * 32);
+    uint4 w[3];
+#pragma unroll
+    for (int r = 0; r < 3; ++r) {
+      const int i = lane + 32 * r;
+      w[r] = i < 2 * C ? __ldg(sc + i) : make_uint4(0, 0, 0, 0);
+    }
+    for (int i = lane + 96; i < 2 * C; i += 32) {  // K > 3072
+      const uint4 x = __ldg(sc + i);
+      one &= wa_one_factor(x.x) && wa_one_factor(x.y) && wa_one_factor(x.z) && wa_one_factor(x.w);
+    }
+#pragma unroll
+    for (int r = 0; r < 3; ++r)
+      one &= wa_one_factor(w[r].x) && wa_one_factor(w[r].y) && wa_one_factor(w[r].z) && wa_one_factor(w[r].w);
+  }
+  one = __syncthreads_and(one) != 0;
   ptx::cp_async_wait<L::kLead - 1>();
   permute_act(0);
   if (owns(0)) ptx::fence_proxy_async();  // before step 0's barrier (the loop fences steps 1 on)
@@ -296,9 +314,6 @@ __global__ void __launch_bounds__(kWaThreads, 2) expert_gemm_wa_kernel(ExpertGem
   // Epilogue: acc[i] is weight row g + 8 ((i >> 1) & 1) of this warp's tile, sorted pair
   // row0 + 8 (i >> 2) + 2 tq + (i & 1).
   const int tq = lane & 3;
-  const int n_g = frag::tile_row(tile, g, a.swiglu_rows), n_g8 = frag::tile_row(tile, g + 8, a.swiglu_rows);
-  const float b_g = a.bias ? a.bias[size_t(expert) * a.N + n_g] : 0.f;
-  const float b_g8 = a.bias ? a.bias[size_t(expert) * a.N + n_g8] : 0.f;
   if (a.swiglu_rows && a.epi.mode == Epilogue::kSwiGLU) {
     // Gate (row g) and up (row g + 8) of output column 8 tile + g.
     const int j = 8 * tile + g;
