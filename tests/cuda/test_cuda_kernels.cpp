@@ -1304,6 +1304,19 @@ TEST_F(Kernels, AttentionPaged) {
   check_attention({{30, 3}}, 16, false, 2, 4, 2, 32);
 }
 
+// Two same-sized outputs compared bit for bit: how many elements differ.
+size_t elements_differing(const std::vector<float>& a, const std::vector<float>& b) {
+  size_t differ = 0;
+  for (size_t i = 0; i < a.size() && i < b.size(); ++i) differ += std::memcmp(&a[i], &b[i], 4) != 0;
+  return differ;
+}
+
+// A decode attention case for failure messages.
+std::string decode_case(const std::vector<AttnSeq>& b, int window, bool fp8, const cuda::DecodeAttentionPlan& plan) {
+  return "seqs=" + std::to_string(b.size()) + " window=" + std::to_string(window) + " fp8=" + std::to_string(fp8) +
+         " nsplit=" + std::to_string(plan.nsplit) + (plan.cluster ? " cluster" : " split");
+}
+
 // Decode batches for the fused kernel: one new token a sequence at positions around the 128-key
 // window, the 32-key tiles and the pages (16 and 7 slots), 1, 7, 33 and 64 sequences of
 // different lengths.
@@ -1433,13 +1446,9 @@ TEST_F(Kernels, AttentionDecodeStoredMatchesFused) {
           stored.pool_after = &pool_stored;
           auto f = check_attention(b, window, fp8, plan.nsplit, Hq, Hkv, 64, fused);
           auto g = check_attention(b, window, fp8, plan.nsplit, Hq, Hkv, 64, stored);
-          const std::string at = "seqs=" + std::to_string(b.size()) + " window=" + std::to_string(window) +
-                                 " fp8=" + std::to_string(fp8) + " nsplit=" + std::to_string(plan.nsplit) +
-                                 (plan.cluster ? " cluster" : " split");
+          const std::string at = decode_case(b, window, fp8, plan);
           ASSERT_EQ(f.size(), g.size()) << at;
-          size_t differ = 0;
-          for (size_t i = 0; i < f.size(); ++i) differ += std::memcmp(&f[i], &g[i], 4) != 0;
-          EXPECT_EQ(differ, 0u) << at << ": output elements differing";
+          EXPECT_EQ(elements_differing(f, g), 0u) << at << ": output elements differing";
           EXPECT_TRUE(pool_fused == pool_stored) << at << ": KV pages differ";
         }
 }
@@ -1541,18 +1550,14 @@ TEST_F(Kernels, AttentionDecodeFusedMatchesTwoKernels) {
           fused.pool_after = &pool_fused;
           auto a = check_attention(b, window, fp8, plan.nsplit, Hq, Hkv, 64, two);
           auto f = check_attention(b, window, fp8, plan.nsplit, Hq, Hkv, 64, fused);
-          const std::string at = "seqs=" + std::to_string(b.size()) + " window=" + std::to_string(window) +
-                                 " fp8=" + std::to_string(fp8) + " nsplit=" + std::to_string(plan.nsplit) +
-                                 (plan.cluster ? " cluster" : " split");
+          const std::string at = decode_case(b, window, fp8, plan);
           ASSERT_EQ(a.size(), f.size()) << at;
           if (plan.mma) {  // other sums (tensor cores, P in two bf16 parts): within bf16 output rounding
             const double e = rel_err(f, a);
             std::printf("attention decode mma vs CUDA cores, %s: rel err %.3g\n", at.c_str(), e);
             EXPECT_LE(e, 2e-3) << at << " mma";
           } else {
-            size_t differ = 0;
-            for (size_t i = 0; i < a.size(); ++i) differ += std::memcmp(&a[i], &f[i], 4) != 0;
-            EXPECT_EQ(differ, 0u) << at << ": output elements differing";
+            EXPECT_EQ(elements_differing(a, f), 0u) << at << ": output elements differing";
           }
           EXPECT_TRUE(pool_two == pool_fused) << at << ": KV pages differ";
         }

@@ -33,13 +33,16 @@
 // Epilogue from the accumulators: rows are weight rows (gate g / up g + 8 of a tile for SwiGLU),
 // columns sorted pairs.
 //
-// Where it stands (H200, twelfth session; docs/BENCHMARKS.md): about version 3's speed at 2048
-// tokens (120b gate_up + down 2042 us against 2078; faster at 512 tokens, 1306 against 1498) and
-// issue-bound like it: Nsight Compute of 120b gate_up (64-pair tiles, lead 5) counted ~200 warp
-// instructions a warp a K step, half of them the e2m1 decode (~3 a weight a lane: rotates, LOP3s,
-// the bf16 scale multiply), with the tensor pipe 30% busy. A decoded weight feeds BN MMAs, so the
-// way on is wider pair tiles where the experts have the pairs (128: 20b's gate_up at 2048 tokens
-// 921 us against 994) and fewer instructions a step.
+// Where it stands (H200, thirteenth session; docs/BENCHMARKS.md): faster than version 3 at every
+// size measured (120b gate_up + down at 2048 tokens 1741 us against 2082, at 512 tokens 1118
+// against 1504; 20b at 2048 with 128-pair tiles 1334 against 1596), so the default everywhere on
+// Hopper. Still issue-bound: ~200 warp instructions a warp a K step, a third of them the e2m1
+// decode (rotates, LOP3s, the bf16 scale multiply); the thirteenth session took out what the SASS
+// showed around it (descriptors built from scratch each step, a per-step branch on the scale
+// bytes, 64-bit index math, a wait on the step's weights read just before their decode). Next:
+// the activation transpose (~9% of a step's instructions), which activations stored in the
+// fragment K order by their producer would remove.
+
 #include <algorithm>
 #include <atomic>
 #include <string>
