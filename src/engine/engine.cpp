@@ -151,6 +151,9 @@ Engine::~Engine() { stop(); }
 void Engine::start() {
   if (thread_.joinable()) return;
   stop_ = false;
+  deliver_quit_ = false;
+  deliver_async_ = true;
+  deliver_ = std::thread([this] { deliver_main(); });
   if (cfg_.async_scheduling) {
     worker_quit_ = false;
     worker_ = std::thread([this] { worker_main(); });
@@ -183,6 +186,16 @@ void Engine::stop() {
   waiting_.clear();
   flush_outbox();
   publish_stats();
+  // The delivery thread pushes what is queued (the aborts above included), then ends.
+  if (deliver_.joinable()) {
+    {
+      std::lock_guard<std::mutex> l(deliver_mu_);
+      deliver_quit_ = true;
+    }
+    deliver_cv_.notify_all();
+    deliver_.join();
+  }
+  deliver_async_ = false;
 }
 
 std::shared_ptr<RequestStream> Engine::submit(std::vector<int32_t> prompt, const SamplingParams& sp) {
@@ -902,11 +915,43 @@ void Engine::finish(Sequence& s, EngineEvent& ev, FinishReason r) {
 }
 
 void Engine::flush_outbox() {
-  for (auto& [stream, ev] : outbox_) {
+  if (outbox_.empty()) return;
+  if (!deliver_async_) {
+    push_events(outbox_);
+    outbox_.clear();
+    return;
+  }
+  {
+    std::lock_guard<std::mutex> l(deliver_mu_);
+    if (deliver_q_.empty()) {
+      deliver_q_.swap(outbox_);
+    } else {
+      for (auto& e : outbox_) deliver_q_.push_back(std::move(e));
+    }
+  }
+  deliver_cv_.notify_one();
+  outbox_.clear();
+}
+
+void Engine::push_events(std::vector<std::pair<std::shared_ptr<RequestStream>, EngineEvent>>& evs) {
+  for (auto& [stream, ev] : evs) {
     if (ev.finished) --active_;  // before the push: whoever sees the end also sees the count
     stream->push(std::move(ev));
   }
-  outbox_.clear();
+}
+
+void Engine::deliver_main() {
+  std::vector<std::pair<std::shared_ptr<RequestStream>, EngineEvent>> batch;
+  std::unique_lock<std::mutex> l(deliver_mu_);
+  while (true) {
+    deliver_cv_.wait(l, [&] { return deliver_quit_ || !deliver_q_.empty(); });
+    if (deliver_q_.empty()) return;  // quit, and nothing left to push
+    batch.swap(deliver_q_);
+    l.unlock();
+    push_events(batch);
+    batch.clear();
+    l.lock();
+  }
 }
 
 void Engine::publish_stats() {
