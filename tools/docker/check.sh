@@ -57,11 +57,11 @@ fi
 say "$(buildah --version)"
 
 # compose.yaml renders (every profile; docker-compose v1 checks it against the compose schema).
-for profile in plain spec cpu; do
+for profile in plain spec cpu tp; do
   docker-compose -f compose.yaml --profile "$profile" config -q ||
     fail "compose.yaml does not render with profile $profile"
 done
-say "compose.yaml renders (profiles plain, spec, cpu)"
+say "compose.yaml renders (profiles plain, spec, cpu, tp)"
 
 # --- 2. a Debian bookworm base image, made here --------------------------------------------
 # The first Debian archive (not the security one) that apt is configured with, in either the
