@@ -502,8 +502,8 @@ BenchReport run_bench(const BenchOptions& o) {
   std::condition_variable cv;
   int in_flight = 0;
   // The server's speculative-decoding counters around the run: the acceptance rate.
-  auto spec_counters = [&](double out[3]) {
-    out[0] = out[1] = out[2] = -1;
+  auto spec_counters = [&](double out[4]) {
+    out[0] = out[1] = out[2] = out[3] = -1;
     httplib::Client cli(url.scheme_host_port);
     cli.set_connection_timeout(5, 0);
     cli.set_read_timeout(10, 0);
@@ -512,9 +512,9 @@ BenchReport run_bench(const BenchOptions& o) {
     auto res = cli.Get("/metrics", h);
     if (!res || res->status != 200) return;
     // "NAME{labels} VALUE" or "NAME VALUE" on a line of its own
-    const char* names[3] = {"gptoss:spec_decode_num_draft_tokens_total", "gptoss:spec_decode_num_accepted_tokens_total",
-                            "gptoss:spec_decode_draft_seconds_total"};
-    for (int k = 0; k < 3; ++k) {
+    const char* names[4] = {"gptoss:spec_decode_num_draft_tokens_total", "gptoss:spec_decode_num_accepted_tokens_total",
+                            "gptoss:spec_decode_draft_seconds_total", "gptoss:spec_decode_num_gated_tokens_total"};
+    for (int k = 0; k < 4; ++k) {
       const std::string key = std::string("\n") + names[k];
       for (size_t at = res->body.find(key); at != std::string::npos; at = res->body.find(key, at + 1)) {
         const char c = res->body[at + key.size()];
@@ -525,7 +525,7 @@ BenchReport run_bench(const BenchOptions& o) {
       }
     }
   };
-  double spec_before[3];
+  double spec_before[4];
   spec_counters(spec_before);
   auto t0 = Clock::now();
   std::vector<std::thread> th;
@@ -551,13 +551,14 @@ BenchReport run_bench(const BenchOptions& o) {
   }
   for (auto& t : th) t.join();
   rep.total_s = std::chrono::duration<double>(Clock::now() - t0).count();
-  double spec_after[3];
+  double spec_after[4];
   spec_counters(spec_after);
   if (spec_before[0] >= 0 && spec_after[0] >= 0 && spec_before[1] >= 0 && spec_after[1] >= 0) {
     rep.spec_draft_tokens = int64_t(spec_after[0] - spec_before[0]);
     rep.spec_accepted_tokens = int64_t(spec_after[1] - spec_before[1]);
   }
   if (spec_before[2] >= 0 && spec_after[2] >= 0) rep.spec_draft_s = spec_after[2] - spec_before[2];
+  if (spec_before[3] >= 0 && spec_after[3] >= 0) rep.spec_gated_tokens = int64_t(spec_after[3] - spec_before[3]);
   summarize(rep);
   return rep;
 }
@@ -600,6 +601,7 @@ json BenchReport::to_json() const {
     j["spec_decode"] = {{"draft_tokens", spec_draft_tokens},
                         {"accepted_tokens", spec_accepted_tokens},
                         {"acceptance_rate", double(spec_accepted_tokens) / double(spec_draft_tokens)}};
+  if (spec_gated_tokens > 0) j["spec_decode"]["gated_tokens"] = spec_gated_tokens;
   if (spec_draft_tokens > 0 && spec_draft_s >= 0) {
     j["spec_decode"]["draft_seconds"] = spec_draft_s;
     j["spec_decode"]["draft_ms_per_draft_token"] = spec_draft_s * 1e3 / double(spec_draft_tokens);
@@ -648,10 +650,15 @@ std::string BenchReport::to_text() const {
                 (long long)prompt_tokens, total_s);
   s += buf;
   if (spec_draft_tokens > 0) {
-    std::snprintf(buf, sizeof buf, "speculative decoding: %lld draft tokens, %lld accepted (acceptance rate %.1f%%)\n",
+    std::snprintf(buf, sizeof buf, "speculative decoding: %lld draft tokens, %lld accepted (acceptance rate %.1f%%)",
                   (long long)spec_draft_tokens, (long long)spec_accepted_tokens,
                   100.0 * double(spec_accepted_tokens) / double(spec_draft_tokens));
     s += buf;
+    if (spec_gated_tokens > 0) {
+      std::snprintf(buf, sizeof buf, "; %lld more proposed but not verified (the cost gate)", (long long)spec_gated_tokens);
+      s += buf;
+    }
+    s += "\n";
     if (spec_draft_s >= 0) {
       std::snprintf(buf, sizeof buf, "draft step: %.3f s in the drafter, %.3f ms per draft token, %.3f ms per output token\n",
                     spec_draft_s, spec_draft_s * 1e3 / double(spec_draft_tokens),

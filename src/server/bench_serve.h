@@ -101,6 +101,7 @@ struct BenchReport {
   // Speculative decoding, from the server's /metrics before and after the run (-1: the server
   // does not report them or could not be asked).
   int64_t spec_draft_tokens = -1, spec_accepted_tokens = -1;
+  int64_t spec_gated_tokens = -1;  // drafts the server's cost gate did not verify (-1: unknown)
   double spec_draft_s = -1;  // the drafter's time over the run (gptoss:spec_decode_draft_seconds_total), -1: unknown
   nlohmann::json to_json() const;
   std::string to_text() const;
