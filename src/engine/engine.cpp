@@ -512,20 +512,22 @@ void Engine::gate_drafts_by_cost(const std::vector<Sequence*>& seqs, const std::
                                  StepPlan& plan) {
   // Only steps of decoding sequences: next to a prefill chunk a few draft rows cost next to
   // nothing (and such passes are not measured).
-  std::vector<int> drafts;
-  std::vector<double> accept;
   int any = 0;
-  const double proposed = double(metrics_.spec_draft_tokens.load()), accepted = double(metrics_.spec_accepted_tokens.load());
-  const double engine_rate = (accepted + 1.0) / (proposed + 2.0);
   for (const StepRow& r : plan.rows) {
     if (!view[size_t(r.seq)].decoding()) return;
+    any += r.n_tokens - 1;
+  }
+  if (any == 0) return;
+  const double proposed = double(metrics_.spec_draft_tokens.load()), accepted = double(metrics_.spec_accepted_tokens.load());
+  const double engine_rate = (accepted + 1.0) / (proposed + 2.0);
+  std::vector<int> drafts;
+  std::vector<double> accept;
+  for (const StepRow& r : plan.rows) {
     const Sequence& s = *seqs[size_t(r.seq)];
     drafts.push_back(r.n_tokens - 1);
-    any += r.n_tokens - 1;
     // Its own record, with two drafts' worth of the engine-wide rate as the prior.
     accept.push_back((double(s.spec_accepted) + 2.0 * engine_rate) / (double(s.spec_proposed) + 2.0));
   }
-  if (any == 0) return;
   const std::vector<int> keep = drafts_worth_verifying(int(plan.rows.size()), drafts, accept, pass_cost_);
   for (size_t i = 0; i < plan.rows.size(); ++i) {
     metrics_.spec_gated_tokens += drafts[i] - keep[i];

@@ -108,7 +108,7 @@ void PassCostModel::record(int tokens, double seconds) {
 
 double PassCostModel::estimate(int tokens) const {
   for (int n = std::min(tokens, int(avg_.size()) - 1); n > 0; --n)
-    if (avg_[size_t(n)] > 0) return avg_[size_t(n)];
+    if (measured(n) > 0) return measured(n);
   return -1.0;
 }
 
@@ -135,10 +135,11 @@ std::vector<int> drafts_worth_verifying(int base_tokens, const std::vector<int>&
   });
   double best_rate = double(base_tokens) / base_cost, expected = double(base_tokens);
   size_t best_m = 0;
+  double c = base_cost;  // estimate(base + m), kept as m grows (no rescan of smaller counts)
   for (size_t m = 1; m <= all.size(); ++m) {
     expected += all[m - 1].value;
-    const double c = cost.estimate(base_tokens + int(m));
-    if (c > 0 && expected / c > best_rate) {
+    if (const double at = cost.measured(base_tokens + int(m)); at > 0) c = at;
+    if (expected / c > best_rate) {
       best_rate = expected / c;
       best_m = m;
     }

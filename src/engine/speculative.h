@@ -84,6 +84,10 @@ class PassCostModel {
   // count measured (an optimistic guess, so unmeasured sizes get tried once and measured), else
   // < 0 (unknown).
   double estimate(int tokens) const;
+  // The average at exactly `tokens`, 0 when not measured.
+  double measured(int tokens) const {
+    return tokens > 0 && size_t(tokens) < avg_.size() ? avg_[size_t(tokens)] : 0.0;
+  }
 
  private:
   std::vector<double> avg_;  // by token count; 0 = not measured

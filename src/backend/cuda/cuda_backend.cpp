@@ -1064,8 +1064,6 @@ void CudaBackend::run_batch(const ForwardBatch& b, float* logits, int32_t* greed
     int most = 0;
     for (const SeqBatchInfo& q : b.seqs) most = std::max(most, int(q.n_tokens));
     timeline_.begin(stream_, int(b.tokens.size()), most);
-  } else {
-    timeline_.begin(stream_, 0, 0);
   }
   run_batch_impl(b, logits, greedy, how, logprobs);
   timeline_.end(stream_);

@@ -46,7 +46,6 @@
 #include <algorithm>
 #include <atomic>
 #include <string>
-#include <type_traits>
 
 #include "backend/cuda/cuda_common.h"
 #include "backend/cuda/device_utils.cuh"
