@@ -345,7 +345,7 @@ void check_moe(const MoeCase& c, int path) {
   cuda::moe_route(dlog.p(), n, E, k, rt, 0);
   WeightMat gu{WeightMat::kMXFP4, dgu_b.p(), dgu_s.p(), dgub.p(), 2 * I, H};
   WeightMat dn{WeightMat::kMXFP4, ddn_b.p(), ddn_s.p(), ddnb.p(), H, I};
-  if (path < 3) {
+  if (path < 3) {  // 0-2: linear paths on the checkpoint layout; 3: the backend's; 4: 3 with k-permuted hand-offs
     cuda::set_linear_path(path);
     cuda::linear_grouped(gu, dx.p(), H, P, E, true, rt, Epilogue{Epilogue::kSwiGLU, act.p(), I}, 0);
     cuda::linear_grouped(dn, act.p(), I, P, E, false, rt, Epilogue{Epilogue::kScatterAdd, out.p(), H}, 0);
@@ -362,11 +362,22 @@ void check_moe(const MoeCase& c, int path) {
     Epilogue ge{Epilogue::kSwiGLU, act.p(), I};
     ge.out_f16 = skinny;
     Dev<float> y(size_t(P) * H);
-    cuda::linear_grouped(pgu, dx.p(), H, P, E, true, rt, ge, 0, n);
+    const Epilogue de{Epilogue::kStoreF32, y.p(), H};
+    // path 4: gate_up reads the rows permuted into the fragment K order and stores SwiGLU that
+    // way, down reads it so (the backend's prefill on version 5).
+    const bool kperm = path == 4;
+    if (kperm) {
+      EXPECT_TRUE(cuda::expert_gemm_v5_runs(pgu, dx.p(), H, P, E, true, ge, n));
+      EXPECT_TRUE(cuda::expert_gemm_v5_runs(pdn, act.p(), I, P, E, false, de, n));
+    }
+    Dev<uint16_t> dxp(size_t(n) * H);
+    if (kperm) cuda::permute_rows_frag_k(reinterpret_cast<const cuda::bf16_t*>(dx.p()), n, H, reinterpret_cast<cuda::bf16_t*>(dxp.p()), 0);
+    ge.k_permuted = kperm;
+    cuda::linear_grouped(pgu, kperm ? dxp.p() : dx.p(), H, P, E, true, rt, ge, 0, n, false, false, kperm);
     // As in the model: down's routing is two launches old, read before its wait.
     cuda::MoeRouting settled = rt;
     settled.settled = true;
-    cuda::linear_grouped(pdn, act.p(), I, P, E, false, settled, Epilogue{Epilogue::kStoreF32, y.p(), H}, 0, n, skinny);
+    cuda::linear_grouped(pdn, act.p(), I, P, E, false, settled, de, 0, n, skinny, false, kperm);
     cuda::moe_combine(y.p(), rt, n, k, H, out.p(), nullptr, 1e-5f, nullptr, 0);
     GPTOSS_CUDA_CHECK(cudaDeviceSynchronize());
     EXPECT_EQ(flag.download()[0], 0);
@@ -430,11 +441,12 @@ TEST_F(Kernels, MoeMxfp4ExpertGemmV5) {
                                 {2049, 32, 4, 256, 256},  {600, 128, 4, 2880, 2880}, {7, 8, 2, 64, 64}};
   if (small_mode()) cases = {{1, 8, 2, 64, 64}, {33, 8, 4, 128, 64}, {100, 8, 4, 64, 128}};
   cuda::set_expert_gemm_version(5);
-  for (int pairs : {64, 128}) {
+  for (int pairs : {64, 80, 96, 128}) {
     cuda::set_expert_gemm_v5_tile_pairs(pairs);
     SCOPED_TRACE("v5 tile pairs " + std::to_string(pairs));
     for (auto& c : cases)
-      if (c.n > cuda::kSkinnyMaxTokens) check_moe(c, 3);
+      if (c.n > cuda::kSkinnyMaxTokens)
+        for (int path : {3, 4}) check_moe(c, path);  // transposed in the kernel; handed over permuted
   }
   cuda::set_expert_gemm_v5_tile_pairs(-1);
   cuda::set_expert_gemm_version(0);
@@ -609,9 +621,9 @@ void check_expert_gemm(const std::vector<int>& counts, int n_tokens, int H, int 
     int version, tile_rows;
   };
   std::vector<Run> configs = {{1, 0}, {2, 0}};
-  // Version 5 (64- and 128-pair tiles) takes the fragment layout only (the checkpoint layout
+  // Version 5 (64-, 80-, 96- and 128-pair tiles) takes the fragment layout only (the checkpoint layout
   // falls back to version 3).
-  if (cuda::expert_gemm_v3_available()) configs.insert(configs.end(), {{3, 64}, {3, 128}, {5, 64}, {5, 128}});
+  if (cuda::expert_gemm_v3_available()) configs.insert(configs.end(), {{3, 64}, {3, 128}, {5, 64}, {5, 80}, {5, 96}, {5, 128}});
   const int nc = int(configs.size());
   for (int run = 0; run < 2 * nc; ++run) {
     const int version = configs[run % nc].version, tile_rows = configs[run % nc].tile_rows;

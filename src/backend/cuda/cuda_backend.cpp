@@ -207,6 +207,9 @@ class CudaBackend final : public Backend {
   enum class DecodeAttn { kAuto, kAuto16, kSplit, kOff } decode_attn_ = DecodeAttn::kAuto;
   // GPTOSS_DECODE_ATTENTION_MMA=0: the decode plans take the CUDA-core kernel, not the tensor-core one.
   bool decode_attn_mma_ = true;
+  // Prefill on expert GEMM version 5: hand the activations over in the fragment K order (no
+  // transpose in either GEMM). GPTOSS_EXPERT_GEMM_KPERM=0 turns it off for comparisons.
+  bool expert_kperm_ = true;
   // --dense-gemm: prefill GEMMs of the bf16 dense layers on cuBLASLt (null: our own kernels).
   std::unique_ptr<CublasLtGemm> blas_;
   WeightMat::Format dense_dec_ = WeightMat::kFragBF16;  // --dense-dtype
@@ -382,6 +385,7 @@ CudaBackend::CudaBackend(const BackendOptions& opts) {
       throw Error("GPTOSS_DECODE_ATTENTION=" + v + ": expected auto, auto16, split or off");
   }
   if (const char* mma = std::getenv("GPTOSS_DECODE_ATTENTION_MMA")) decode_attn_mma_ = std::string(mma) != "0";
+  if (const char* kp = std::getenv("GPTOSS_EXPERT_GEMM_KPERM")) expert_kperm_ = std::string(kp) != "0";
   if (profile_) GPTOSS_CUDA_CHECK(cudaEventCreate(&prof_start_));
 }
 
@@ -962,15 +966,27 @@ void CudaBackend::run_pass(int n, const PassMeta& m, int n_rows, int nsplit) {
     Epilogue gu{Epilogue::kSwiGLU, act_, c.intermediate};
     gu.swiglu_limit = c.swiglu_limit;
     gu.out_f16 = skinny;
-    if (!skip("experts")) linear_grouped(Wgu, xn_, H, n * k, E, true, routing_, gu, stream_, n, xn_f16, inv);
+    const Epilogue dn{Epilogue::kStoreF32, moe_y_, H};
+    // Prefill on version 5 for both GEMMs: gate_up reads a copy of the normalized rows already in
+    // the fragment K order (in qkv_, free since o_proj) and stores its SwiGLU output in that order
+    // for down, so neither transposes its activations in shared memory.
+    const bool kperm = expert_kperm_ && !skinny && !inv && !skip("experts") && QKV >= H &&
+                       expert_gemm_v5_runs(Wgu, xn_, H, n * k, E, true, gu, n, inv) &&
+                       expert_gemm_v5_runs(Wdn, act_, c.intermediate, n * k, E, false, dn, n, inv);
+    const bf16_t* gu_in = xn_;
+    if (kperm) {
+      permute_rows_frag_k(xn_, n, H, qkv_, stream_);
+      gu_in = qkv_;
+      gu.k_permuted = true;
+    }
+    if (!skip("experts")) linear_grouped(Wgu, gu_in, H, n * k, E, true, routing_, gu, stream_, n, xn_f16, inv, kperm);
     mark("gate_up");
     // The routing came two launches back (gate_up ran between): down reads it, and issues its
     // first weight loads, before waiting on gate_up (MoeRouting::settled).
     MoeRouting routing_settled = routing_;
     routing_settled.settled = true;
     if (!skip("experts"))
-      linear_grouped(Wdn, act_, c.intermediate, n * k, E, false, routing_settled,
-                     Epilogue{Epilogue::kStoreF32, moe_y_, H}, stream_, n, skinny, inv);
+      linear_grouped(Wdn, act_, c.intermediate, n * k, E, false, routing_settled, dn, stream_, n, skinny, inv, kperm);
     mark("down");
     const float* next_norm = li + 1 < layers_.size() ? layers_[li + 1].attn_norm : nullptr;
     if (tp_.active()) {

@@ -248,26 +248,40 @@ int run_kernel_bench(const KernelBenchOptions& o) {
       if (M <= kSkinnyMaxTokens) return;
       set_linear_path(2);
       const int auto_rows = expert_gemm_v3_auto_tile_rows(P, E);
-      // v1, v2, v3 with 64- and 128-row tiles, v5 with 64- and 128-pair tiles.
+      // v1, v2, v3 with 64- and 128-row tiles, v5 with 64-, 80-, 96- and 128-pair tiles, and v5 with the
+      // activations handed over in the fragment K order (kperm: gate_up's input permuted by
+      // permute_rows_frag_k, timed with it; its SwiGLU output stored permuted for down).
       static const struct {
         int version, tile_rows;
-      } configs[] = {{1, 0}, {2, 0}, {3, 64}, {3, 128}, {5, 64}, {5, 128}};
-      for (const auto [version, tile_rows] : configs) {
+        bool kperm;
+      } configs[] = {{1, 0, false}, {2, 0, false}, {3, 64, false}, {3, 128, false},
+                     {5, 64, false}, {5, 80, false}, {5, 96, false}, {5, 128, false},
+                     {5, 64, true},  {5, 80, true},  {5, 96, true},  {5, 128, true}};
+      bf16_t* xperm = nullptr;
+      for (const auto [version, tile_rows, kperm] : configs) {
         if (version >= 3 && !expert_gemm_v3_available()) continue;  // Hopper wgmma only
         if (version == 5 && gw.fmt != WeightMat::kFragMXFP4) continue;  // fragment layout only
+        if (kperm && !xperm) xperm = dev_alloc<bf16_t>(size_t(M) * H, owned);
         set_expert_gemm_version(version);
         if (version == 5)
           set_expert_gemm_v5_tile_pairs(tile_rows);
         else if (tile_rows)
           set_expert_gemm_v3_tile_rows(tile_rows);
-        const double us_gu = timer.us(o.iters, [&](int i) { linear_grouped(gw, xb, H, P, E, true, routes[i % R], g, s, M); });
+        Epilogue gk = g;
+        gk.k_permuted = kperm;
+        const double us_gu = timer.us(o.iters, [&](int i) {
+          if (kperm) permute_rows_frag_k(xb, M, H, xperm, s);
+          linear_grouped(gw, kperm ? xperm : xb, H, P, E, true, routes[i % R], gk, s, M, false, false, kperm);
+        });
         const double us_dn = timer.us(o.iters, [&](int i) {
-          linear_grouped(dw, act, I, P, E, false, down_routes[i % R], Epilogue{Epilogue::kStoreF32, y2, H}, s, M);
+          linear_grouped(dw, act, I, P, E, false, down_routes[i % R], Epilogue{Epilogue::kStoreF32, y2, H}, s, M, false,
+                         false, kperm);
         });
         const double tf_gu = 2.0 * P * 2 * I * H / us_gu / 1e6, tf_dn = 2.0 * P * H * I / us_dn / 1e6;
         std::string v = "expert GEMM v" + std::to_string(version);
         if (version == 5)
-          v += " n" + std::to_string(tile_rows);
+          v += " n" + std::to_string(tile_rows) + (kperm ? " kperm" : "") +
+               (tile_rows == expert_gemm_v5_auto_tile_pairs(P, E) ? " (auto)" : "");
         else if (tile_rows)
           v += " m" + std::to_string(tile_rows) + (tile_rows == auto_rows ? " (auto)" : "");
         v += std::string(" ") + layout;

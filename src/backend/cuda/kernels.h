@@ -45,6 +45,10 @@ struct Epilogue {
   int ldo = 0;  // elements between output rows
   float swiglu_limit = 7.0f;
   bool out_f16 = false;  // kStoreBF16 / kSwiGLU: write fp16 instead of bf16 (skinny kernels only)
+  // kSwiGLU on expert GEMM version 5 only: output columns stored in the fragment layout's K order
+  // inside each 64-wide chunk, the order version 5 reads its activations in (the next GEMM, down,
+  // then skips its transpose: linear_grouped's a_k_permuted).
+  bool k_permuted = false;
 };
 
 // Device-side routing of a MoE layer: (token, expert) pairs sorted by expert. Filled by
@@ -96,9 +100,19 @@ inline bool linear_rmsnorm_fuses(const WeightMat& W, int M) { return W.fmt == We
 // gather_a: A row of pair p is pair_token[p] (else p). `pairs` is the host-known upper bound.
 // tokens: the batch's token count (a group has at most that many rows; 0 = pairs); a_f16: A
 // holds fp16 (skinny kernels only).
+// a_k_permuted: A's rows are stored in the fragment layout's K order inside each 64-wide chunk
+// (permute_rows_frag_k, or a k_permuted epilogue): only where expert_gemm_v5_runs() says version 5
+// takes this call (else an error), which then skips its own transpose.
 void linear_grouped(const WeightMat& W, const void* A, int lda, int pairs, int E, bool gather_a,
                     const MoeRouting& r, const Epilogue& epi, cudaStream_t s, int tokens = 0, bool a_f16 = false,
-                    bool invariant = false);
+                    bool invariant = false, bool a_k_permuted = false);
+// Whether linear_grouped with these arguments runs expert GEMM version 5 (so k-permuted
+// activations and epilogues may be used).
+bool expert_gemm_v5_runs(const WeightMat& W, const void* A, int lda, int pairs, int E, bool gather_a,
+                         const Epilogue& epi, int tokens = 0, bool invariant = false);
+// Rows [rows, K] bf16 (row stride K, K % 64 == 0) -> the same rows with each 64-wide chunk in the
+// fragment layout's K order (the order expert GEMM version 5 stores activations in).
+void permute_rows_frag_k(const bf16_t* src, int rows, int K, bf16_t* dst, cudaStream_t s);
 
 // Prefill expert GEMM versions (kernels/moe/expert_gemm_mxfp4_bf16.cu): linear_grouped's GEMM
 // path over MXFP4 experts (checkpoint or fragment layout) runs version 1 (gemm_kernel, gemv_gemm.cu)
@@ -135,13 +149,17 @@ int expert_gemm_v3_auto_tile_rows(int pairs, int E);
 // (stored in the fragment layout's K order). Fragment layout, N % 64 == 0, and where version 3 is
 // available; linear_grouped falls back to version 3 elsewhere.
 bool expert_gemm_v5_supports(const WeightMat& W, const void* A, int lda, int a_rows, const Epilogue& epi);
-void expert_gemm_v5(const WeightMat& W, const bf16_t* A, int lda, int pairs, int E, bool gather_a, const MoeRouting& r,
+void expert_gemm_v5(const WeightMat& W, const bf16_t* A, int lda, int pairs, int E, bool gather_a, bool a_k_permuted,
+                    const MoeRouting& r,
                     const Epilogue& epi, cudaStream_t s);
-// Pairs a version 5 tile: 64, 128, or 0 (auto: 128 once the experts average 96 pairs or more).
+// Pairs a version 5 tile (wgmma N): 64, 80, 96, 128, or 0 (auto: expert_gemm_v5_auto_tile_pairs).
 // GPTOSS_EXPERT_GEMM_V5_N (read once) or set_expert_gemm_v5_tile_pairs (tests, bench; -1 = back
 // to the environment's choice).
 int expert_gemm_v5_tile_pairs();
 void set_expert_gemm_v5_tile_pairs(int pairs);
+// The automatic width for `pairs` sorted pairs over E experts: the least expected decode work
+// (every tile decodes its CTA's weights once) under a cost a tile measured on the H200.
+int expert_gemm_v5_auto_tile_pairs(int pairs, int E);
 // The automatic choice between versions 5 and 3 for a pass of `pairs` over E experts: version 5
 // at every size since the thirteenth session's measurements (the function keeps the rule and
 // its evidence in one place).

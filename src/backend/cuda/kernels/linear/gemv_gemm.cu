@@ -963,12 +963,25 @@ void linear_rmsnorm(const WeightMat& W, const float* x, const float* norm_w, flo
   linear(W, xn, W.K, M, epi, s, false, blas);
 }
 
+bool expert_gemm_v5_runs(const WeightMat& W, const void* A, int lda, int pairs, int E, bool gather_a,
+                         const Epilogue& epi, int tokens, bool invariant) {
+  if (pairs <= 0) return false;
+  if (tokens <= 0) tokens = pairs;
+  const LinearKernel k = pick(W, pairs, tokens, true, invariant, false, E);
+  const bool mx = k == LinearKernel::kGemmMma && (W.fmt == WeightMat::kMXFP4 || W.fmt == WeightMat::kFragMXFP4);
+  const int version = expert_gemm_version();
+  const bool v5 = version == 5 || (version == kExpertGemmAuto && expert_gemm_v5_preferred(pairs, E));
+  return mx && v5 && expert_gemm_v5_supports(W, A, lda, gather_a ? tokens : pairs, epi);
+}
+
 void linear_grouped(const WeightMat& W, const void* A, int lda, int pairs, int E, bool gather_a,
                     const MoeRouting& r, const Epilogue& epi, cudaStream_t s, int tokens, bool a_f16,
-                    bool invariant) {
+                    bool invariant, bool a_k_permuted) {
   if (pairs <= 0) return;
   check_args(W, epi);
   if (tokens <= 0) tokens = pairs;
+  if ((a_k_permuted || epi.k_permuted) && !expert_gemm_v5_runs(W, A, lda, pairs, E, gather_a, epi, tokens, invariant))
+    throw Error("linear_grouped: k-permuted activations or output need expert GEMM version 5 (expert_gemm_v5_runs)");
   // Decode batches spread over many experts (few rows each): GEMV or tensor-core skinny kernel
   // per group. Prefill: GEMM tiles.
   const LinearKernel k = pick(W, pairs, tokens, true, invariant, false, E);
@@ -988,7 +1001,7 @@ void linear_grouped(const WeightMat& W, const void* A, int lda, int pairs, int E
   const int version = expert_gemm_version();
   const bool v5 = version == 5 || (version == kExpertGemmAuto && expert_gemm_v5_preferred(pairs, E));
   if (mx && v5 && expert_gemm_v5_supports(W, A, lda, a_rows, epi)) {
-    expert_gemm_v5(W, static_cast<const bf16_t*>(A), lda, pairs, E, gather_a, r, epi, s);
+    expert_gemm_v5(W, static_cast<const bf16_t*>(A), lda, pairs, E, gather_a, a_k_permuted, r, epi, s);
     return;
   }
   if (mx && version >= 3 && expert_gemm_v3_supports(W, A, lda, a_rows, epi)) {

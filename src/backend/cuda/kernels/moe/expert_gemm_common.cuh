@@ -177,6 +177,7 @@ struct ExpertGemmArgs {
   MoeRouting r;
   Epilogue epi;
   bool swiglu_rows;  // kFragMXFP4: gate/up rows paired inside each 16-row tile
+  bool a_k_permuted = false;  // version 5: A's rows already in the fragment K order (no transpose)
 };
 
 // The rows of a row tile find_row_tile found (group grp >= 0, tile `within` of it): the group's

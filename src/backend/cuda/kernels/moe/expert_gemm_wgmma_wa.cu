@@ -22,29 +22,27 @@
 // back and writes them transposed in place, moving words between registers and nothing else.
 //
 // CTA: 2 warpgroups over 128 weight rows (8 tiles; warp w of warpgroup wg owns tile 8 x + 4 wg + w)
-// x BN sorted pairs of one expert (wgmma N: 64, or 128 where the experts average 96 pairs or
-// more), sharing the activation tile; K in steps of 64 (one chunk a warp). Per step: 4 wgmma
-// m64nBNk16, A from registers. Every step's weights (each lane its own 16 bytes and scale word)
-// and activations (pair rows gathered by pair_token, each half-row copied by one thread) travel
-// in one cp.async group issued kLead steps ahead into a ring of stages (WaTile: 8 x 13 KB at 64
-// pairs, 4 x 21 KB at 128; 2 CTAs an SM), so a step waits on DRAM or L2 once, not every step (a
-// first version with two steps of lead and the weights in registers ran at ~1 us a step).
-// Activations are transposed one step ahead, by the thread that copied them.
+// x BN sorted pairs of one expert (wgmma N: 64, 80, 96 or 128, chosen per launch by
+// expert_gemm_v5_auto_tile_pairs), sharing the activation tile; K in steps of 64 (one chunk a
+// warp). Per step: 4 wgmma m64nBNk16, A from registers. Every step's weights (each lane its own 16
+// bytes and scale word) and activations (pair rows gathered by pair_token, each half-row copied by
+// one thread) travel in one cp.async group issued kLead steps ahead into a ring of stages (WaTile:
+// 8 x 13 KB at 64 pairs down to 4 x 21 KB at 128; 2 CTAs an SM), so a step waits on DRAM or L2
+// once, not every step. Activations arrive in the fragment K order when their producer stored them
+// so (a_k_permuted: permute_rows_frag_k for gate_up's input, a k_permuted SwiGLU epilogue for
+// down's); otherwise the thread that copied a half-row transposes it in place one step ahead.
 // Epilogue from the accumulators: rows are weight rows (gate g / up g + 8 of a tile for SwiGLU),
 // columns sorted pairs.
 //
-// Where it stands (H200, thirteenth session; docs/BENCHMARKS.md): faster than version 3 at every
-// size measured (120b gate_up + down at 2048 tokens 1741 us against 2082, at 512 tokens 1118
-// against 1504; 20b at 2048 with 128-pair tiles 1334 against 1596), so the default everywhere on
-// Hopper. Still issue-bound: ~200 warp instructions a warp a K step, a third of them the e2m1
-// decode (rotates, LOP3s, the bf16 scale multiply); the thirteenth session took out what the SASS
-// showed around it (descriptors built from scratch each step, a per-step branch on the scale
-// bytes, 64-bit index math, a wait on the step's weights read just before their decode). Next:
-// the activation transpose (~9% of a step's instructions), which activations stored in the
-// fragment K order by their producer would remove.
+// Where it stands (H200, fourteenth session; docs/BENCHMARKS.md): still issue-bound (~200 warp
+// instructions a warp a K step, a third of them the e2m1 decode), so the tile width matters most:
+// each tile decodes its CTA's weights once, and at 120b's 64 pairs an expert (2048 tokens) 64-pair
+// tiles decoded ~1.5 times a weight, 80-pair tiles ~1.0. 120b gate_up + down at 2048 tokens:
+// 1762 us (64 pairs, transposed here) -> 1401 (80 pairs, k-permuted); 20b 1362 -> 1120 (96).
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <string>
 
 #include "backend/cuda/cuda_common.h"
@@ -68,21 +66,35 @@ constexpr int kWaTiles = kWaTilesWg * 2;       // weight tiles a CTA
 constexpr int kWaWBytes = kWaTiles * 32 * 16;  // a stage's weights: a 512-byte chunk a warp (4 KB)
 constexpr int kWaSBytes = kWaTiles * 32 * 4;   // its scales: a word a lane (1 KB)
 
-// The CTA shape of BN sorted pairs a tile (wgmma N = 64 or 128).
+// Where natural K offset k (of a row of K, k % 64 = 32 h + 8 a + 4 b + 2 c + e) sits in the
+// fragment K order this kernel stores activations in: position 32 h + 16 b + 8 c + 2 a + e of its
+// 64-wide chunk (stored k16 slice j = 2 h + b, pair q = a + 4 c; the head's formula inverted).
+__host__ __device__ constexpr int wa_frag_k_pos(int k) {
+  const int n = k & 63;
+  return (k & ~63) | (n & 32) | ((n & 4) << 2) | ((n & 2) << 2) | ((n & 24) >> 2) | (n & 1);
+}
+static_assert(wa_frag_k_pos(4) == 16 && wa_frag_k_pos(2) == 8 && wa_frag_k_pos(8) == 2 && wa_frag_k_pos(65) == 65,
+              "the fragment K order's inverse");
+
+// The CTA shape of BN sorted pairs a tile (wgmma N = 64, 80, 96 or 128). An expert's pairs come
+// in tiles of BN, and every tile decodes all of the CTA's weights, so the width sets how often a
+// weight is decoded: 120b at 2048 tokens averages 64 pairs an expert (random routing: about half
+// the experts have 65-90), where 64-pair tiles decode ~1.5 times a weight and 80-pair tiles ~1.0.
 template <int BN>
 struct WaTile {
-  // 64: A double-buffered (the decode of step kt + 1 overlaps step kt's MMAs), 6 steps of lead;
-  // 128: twice the accumulators, so one A buffer (a warpgroup decodes after its MMAs, the other
-  // warpgroups' MMAs fill the gap) and the shared memory for 2 steps of lead.
-  static constexpr int kABufs = BN == 64 ? 2 : 1;
-  static constexpr int kLead = BN == 64 ? 6 : 2;      // steps a cp.async group is issued ahead
-  static constexpr int kStages = kLead + 2;           // a stage is rewritten two steps after its last reader
+  // 64-96: A double-buffered (the decode of step kt + 1 overlaps step kt's MMAs; 126 registers at
+  // 96, no spills); 128: the accumulators leave room for one A buffer (a warpgroup decodes after
+  // its MMAs, the other warpgroup's MMAs fill the gap). Stages: as many as two CTAs an SM take.
+  static constexpr int kABufs = BN <= 96 ? 2 : 1;
+  static constexpr int kStages = BN == 64 ? 8 : BN == 80 ? 7 : BN == 96 ? 6 : 4;
+  static constexpr int kLead = kStages - 2;           // a stage is rewritten two steps after its last reader
   static constexpr int kActBytes = BN * 128;          // a stage's activations: BN rows x 64 bf16
   static constexpr int kStageBytes = kActBytes + kWaWBytes + kWaSBytes;
   static constexpr size_t kSmem = size_t(kStages) * kStageBytes + 1024;
-  // Half-rows a step: 2 BN; with 64 pairs the warpgroups take alternate steps' copies.
-  static constexpr bool kAlternate = 2 * BN < kWaThreads;
-  static_assert((kStages & (kStages - 1)) == 0 && kStageBytes % 1024 == 0, "stage masks; aligned tiles");
+  // Half-rows a step: 2 BN. 64 pairs: the warpgroups take alternate steps' copies (128 threads,
+  // one half-row each); wider: every thread every step, those past 2 BN none.
+  static constexpr bool kAlternate = 2 * BN == kWaThreads / 2;
+  static_assert(2 * BN <= kWaThreads && kStageBytes % 1024 == 0, "a half-row a thread; aligned tiles");
   static_assert(2 * kSmem <= 227 * 1024, "two CTAs an SM");
 };
 
@@ -148,12 +160,13 @@ __global__ void __launch_bounds__(kWaThreads, 2) expert_gemm_wa_kernel(ExpertGem
 
   // Step kt's stage: activations (swizzled BN x 128 B), then this CTA's weight chunks (warp w's
   // 512 bytes at w x 512, lane order) and scale words (lane l of warp w at (32 w + l) x 4).
-  auto stage_off = [&](int kt) { return uint32_t(kt & (L::kStages - 1)) * L::kStageBytes; };
+  auto stage_off = [&](int kt) { return uint32_t(unsigned(kt) % unsigned(L::kStages)) * L::kStageBytes; };
   // Activations: thread t (64 pairs: thread wtid of the warpgroup that owns step kt, kt % 2) copies
   // half h = t % 2 of row t / 2, in natural order.
   const int a_t = L::kAlternate ? wtid : tid;
   const int a_row = a_t >> 1, a_half = a_t & 1;
-  auto owns = [&](int kt) { return !L::kAlternate || (kt & 1) == wg; };
+  const bool a_live = a_row < BN;  // (threads past 2 BN half-rows copy nothing: 80 and 96 pairs)
+  auto owns = [&](int kt) { return a_live && (!L::kAlternate || (kt & 1) == wg); };
   const int a_pair = row0 + a_row;
   const bool a_ok = a_pair < row_end;
   // The half-row's four 16-byte chunks: their swizzled slots differ only in bits 4-5 (chunk m of
@@ -194,7 +207,7 @@ __global__ void __launch_bounds__(kWaThreads, 2) expert_gemm_wa_kernel(ExpertGem
   };
   // The owner's half-row of step kt, transposed in place into the fragment K order (see the head).
   auto permute_act = [&](int kt) {
-    if (kt < C && owns(kt)) {
+    if (kt < C && owns(kt) && !a.a_k_permuted) {  // (k-permuted rows arrive in that order)
       uint8_t* d = smem + stage_off(kt);
       uint4 in[4];
 #pragma unroll
@@ -291,6 +304,10 @@ __global__ void __launch_bounds__(kWaThreads, 2) expert_gemm_wa_kernel(ExpertGem
           for (int j = 0; j < 4; ++j) {
             if constexpr (BN == 64)
               ptx::wgmma_m64n64k16_bf16_ra(acc, &Av[4 * j], desc + 2 * j, 1);
+            else if constexpr (BN == 80)
+              ptx::wgmma_m64n80k16_bf16_ra(acc, &Av[4 * j], desc + 2 * j, 1);
+            else if constexpr (BN == 96)
+              ptx::wgmma_m64n96k16_bf16_ra(acc, &Av[4 * j], desc + 2 * j, 1);
             else
               ptx::wgmma_m64n128k16_bf16_ra(acc, &Av[4 * j], desc + 2 * j, 1);
           }
@@ -317,8 +334,9 @@ __global__ void __launch_bounds__(kWaThreads, 2) expert_gemm_wa_kernel(ExpertGem
   // row0 + 8 (i >> 2) + 2 tq + (i & 1).
   const int tq = lane & 3;
   if (a.swiglu_rows && a.epi.mode == Epilogue::kSwiGLU) {
-    // Gate (row g) and up (row g + 8) of output column 8 tile + g.
-    const int j = 8 * tile + g;
+    // Gate (row g) and up (row g + 8) of output column 8 tile + g (k_permuted: stored where the
+    // next version 5 GEMM reads that K, wa_frag_k_pos).
+    const int j = a.epi.k_permuted ? wa_frag_k_pos(8 * tile + g) : 8 * tile + g;
 #pragma unroll
     for (int t8 = 0; t8 < BN / 8; ++t8)
 #pragma unroll
@@ -354,21 +372,51 @@ bool expert_gemm_v5_supports(const WeightMat& W, const void* A, int lda, int a_r
          (epi.mode != Epilogue::kSwiGLU || W.swiglu_rows);
 }
 
-int g_v5_pairs = -1;  // expert_gemm_v5_tile_pairs: -1 not read yet, 0 auto, 64 or 128
+int g_v5_pairs = -1;  // expert_gemm_v5_tile_pairs: -1 not read yet, 0 auto, else the width
+
+namespace {
+bool v5_width_ok(int pairs) { return pairs == 64 || pairs == 80 || pairs == 96 || pairs == 128; }
+}  // namespace
 
 int expert_gemm_v5_tile_pairs() {
   if (g_v5_pairs < 0) {
     const int v = env_int("GPTOSS_EXPERT_GEMM_V5_N", 0);
-    if (v != 0 && v != 64 && v != 128) throw Error("GPTOSS_EXPERT_GEMM_V5_N: expected 64, 128 or 0 (auto)");
+    if (v != 0 && !v5_width_ok(v)) throw Error("GPTOSS_EXPERT_GEMM_V5_N: expected 64, 80, 96, 128 or 0 (auto)");
     g_v5_pairs = v;
   }
   return g_v5_pairs;
 }
 
 void set_expert_gemm_v5_tile_pairs(int pairs) {
-  if (pairs != -1 && pairs != 0 && pairs != 64 && pairs != 128)
-    throw Error("set_expert_gemm_v5_tile_pairs: expected -1 (environment), 0 (auto), 64 or 128");
+  if (pairs != -1 && pairs != 0 && !v5_width_ok(pairs))
+    throw Error("set_expert_gemm_v5_tile_pairs: expected -1 (environment), 0 (auto), 64, 80, 96 or 128");
   g_v5_pairs = pairs;
+}
+
+int expert_gemm_v5_auto_tile_pairs(int pairs, int E) {
+  // The width with the least expected work: an expert's pairs taken as Poisson around the mean
+  // (what random routing gives), each tile costing kTileCost[width] of a 64-pair tile. The costs
+  // are what a tile took in bench-kernels (H200, s14r1, activations k-permuted; gate_up + down
+  // over the expected tile counts): 80 pairs 1.13-1.17x a 64-pair tile, 96 1.21-1.24x, 128
+  // 1.59-1.62x, at 120b and 20b shapes, 2048 tokens. The choice they give matched the fastest
+  // width measured at 512-4096 tokens on both models (within 0.4% where it did not).
+  static const int kWidths[] = {64, 80, 96, 128};
+  static const double kTileCost[] = {1.0, 1.15, 1.22, 1.6};
+  if (pairs <= 0 || E <= 0) return 64;
+  const double mean = double(pairs) / std::min(pairs, E);
+  if (mean < 24) return 64;  // nearly every expert fits one 64-pair tile
+  double best = 0;
+  int best_w = 64;
+  for (int i = 0; i < 4; ++i) {
+    const int w = kWidths[i];
+    double tiles = 0;  // E[ceil(n / w)], n ~ Poisson(mean)
+    const int hi = int(mean + 12 * std::sqrt(mean) + 16);
+    for (int n = 1; n <= hi; ++n)
+      tiles += std::exp(n * std::log(mean) - mean - std::lgamma(n + 1.0)) * ((n + w - 1) / w);
+    const double cost = tiles * kTileCost[i];
+    if (i == 0 || cost < best) best = cost, best_w = w;
+  }
+  return best_w;
 }
 
 bool expert_gemm_v5_preferred(int pairs, int E) {
@@ -396,21 +444,59 @@ void launch_v5(const ExpertGemmArgs& a, int pairs, int E, cudaStream_t s) {
 }
 }  // namespace
 
-void expert_gemm_v5(const WeightMat& W, const bf16_t* A, int lda, int pairs, int E, bool gather_a, const MoeRouting& r,
-                    const Epilogue& epi, cudaStream_t s) {
+void expert_gemm_v5(const WeightMat& W, const bf16_t* A, int lda, int pairs, int E, bool gather_a, bool a_k_permuted,
+                    const MoeRouting& r, const Epilogue& epi, cudaStream_t s) {
   if (pairs <= 0) return;
   if (W.fmt != WeightMat::kFragMXFP4) throw Error("expert_gemm_v5: MXFP4 weights in the fragment layout only");
   if (E > kMoeMaxGroups) throw Error("expert_gemm_v5: at most " + std::to_string(kMoeMaxGroups) + " experts");
   if (!expert_gemm_v3_available()) throw Error("expert_gemm_v5: needs sm_90a code and a compute capability 9.0 GPU");
-  ExpertGemmArgs a{static_cast<const uint8_t*>(W.w), W.scales, W.bias, W.N, W.K, A, lda, gather_a, r, epi, W.swiglu_rows};
-  // Auto: 128-pair tiles once the experts average 96 pairs or more (each decoded weight then
-  // feeds twice the MMAs), 64 below (a 128-pair tile of 64 pairs would be half empty).
+  if (epi.k_permuted && (epi.mode != Epilogue::kSwiGLU || (W.N / 2) % 64 != 0))
+    throw Error("expert_gemm_v5: a k-permuted output needs SwiGLU into rows of whole 64-wide chunks");
+  if (a_k_permuted && W.K % 64 != 0) throw Error("expert_gemm_v5: k-permuted activations need K % 64 == 0");
+  ExpertGemmArgs a{static_cast<const uint8_t*>(W.w), W.scales, W.bias, W.N, W.K, A, lda, gather_a, r, epi, W.swiglu_rows,
+                   a_k_permuted};
   int bn = expert_gemm_v5_tile_pairs();
-  if (bn == 0) bn = pairs >= 96 * std::min(pairs, E) ? 128 : 64;
-  if (bn == 128)
-    launch_v5<128>(a, pairs, E, s);
-  else
-    launch_v5<64>(a, pairs, E, s);
+  if (bn == 0) bn = expert_gemm_v5_auto_tile_pairs(pairs, E);
+  switch (bn) {
+    case 80: launch_v5<80>(a, pairs, E, s); break;
+    case 96: launch_v5<96>(a, pairs, E, s); break;
+    case 128: launch_v5<128>(a, pairs, E, s); break;
+    default: launch_v5<64>(a, pairs, E, s); break;
+  }
+}
+
+namespace {
+// One thread a 64-wide chunk of a row: eight 16-byte loads in natural order, the 4-byte pairs put
+// in place (a 4 x 4 transpose of pairs in each 64-byte half, as the kernel's permute_act), eight
+// 16-byte stores.
+__global__ void permute_rows_frag_k_kernel(const uint4* __restrict__ src, int total, uint4* __restrict__ dst) {
+  pdl_begin();  // src is the previous kernel's output
+  const int i = int(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= total) return;
+  const uint4* in = src + size_t(i) * 8;
+  uint4* out = dst + size_t(i) * 8;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    uint4 v[4];
+#pragma unroll
+    for (int m = 0; m < 4; ++m) v[m] = in[4 * h + m];
+    out[4 * h + 0] = make_uint4(v[0].x, v[1].x, v[2].x, v[3].x);
+    out[4 * h + 1] = make_uint4(v[0].y, v[1].y, v[2].y, v[3].y);
+    out[4 * h + 2] = make_uint4(v[0].z, v[1].z, v[2].z, v[3].z);
+    out[4 * h + 3] = make_uint4(v[0].w, v[1].w, v[2].w, v[3].w);
+  }
+}
+}  // namespace
+
+void permute_rows_frag_k(const bf16_t* src, int rows, int K, bf16_t* dst, cudaStream_t s) {
+  if (rows <= 0) return;
+  if (K % 64 != 0) throw Error("permute_rows_frag_k: K must be a multiple of 64");
+  if ((reinterpret_cast<uintptr_t>(src) | reinterpret_cast<uintptr_t>(dst)) & 15)
+    throw Error("permute_rows_frag_k: 16-byte aligned rows only");
+  const int total = rows * (K / 64);
+  launch_pdl(permute_rows_frag_k_kernel, dim3((total + 255) / 256), dim3(256), 0, s, reinterpret_cast<const uint4*>(src),
+             total, reinterpret_cast<uint4*>(dst));
+  GPTOSS_CUDA_LAUNCH_CHECK();
 }
 
 }  // namespace gptoss::cuda
