@@ -452,6 +452,24 @@ TEST_F(Kernels, MoeMxfp4ExpertGemmV5) {
   cuda::set_expert_gemm_version(0);
 }
 
+// Version 5's automatic tile width (host only): the width bench-kernels measured fastest on the
+// H200 at these sizes (s14r1, s14r2; gate_up + down with k-permuted activations), where the
+// experts average 16-1024 pairs. A changed cost model must still pick these.
+TEST(ExpertGemmV5Width, PicksTheWidthMeasuredFastest) {
+  struct Case {
+    int tokens, experts, width;
+  };
+  const Case cases[] = {{512, 128, 64},  {1024, 128, 64}, {2048, 128, 80}, {4096, 128, 80}, {8192, 128, 96},
+                        {512, 32, 80},   {1024, 32, 80},  {2048, 32, 96},  {4096, 32, 128}};
+  for (const Case& c : cases)
+    EXPECT_EQ(cuda::expert_gemm_v5_auto_tile_pairs(4 * c.tokens, c.experts), c.width)
+        << c.tokens << " tokens over " << c.experts << " experts";
+  // A few pairs (decode-sized groups), none, and more experts than pairs: 64.
+  EXPECT_EQ(cuda::expert_gemm_v5_auto_tile_pairs(40, 128), 64);
+  EXPECT_EQ(cuda::expert_gemm_v5_auto_tile_pairs(0, 128), 64);
+  EXPECT_EQ(cuda::expert_gemm_v5_auto_tile_pairs(100, 0), 64);
+}
+
 // The automatic prefill GEMM choice: version 5 at every size it takes (s13r1: faster than version
 // 3 from 16 to 256 pairs an expert), nothing for an empty pass.
 TEST_F(Kernels, ExpertGemmV5Preferred) {
