@@ -441,7 +441,7 @@ TEST_F(Kernels, MoeMxfp4ExpertGemmV5) {
                                 {2049, 32, 4, 256, 256},  {600, 128, 4, 2880, 2880}, {7, 8, 2, 64, 64}};
   if (small_mode()) cases = {{1, 8, 2, 64, 64}, {33, 8, 4, 128, 64}, {100, 8, 4, 64, 128}};
   cuda::set_expert_gemm_version(5);
-  for (int pairs : {64, 80, 96, 128}) {
+  for (int pairs : {32, 48, 64, 80, 96, 128}) {
     cuda::set_expert_gemm_v5_tile_pairs(pairs);
     SCOPED_TRACE("v5 tile pairs " + std::to_string(pairs));
     for (auto& c : cases)
@@ -453,19 +453,20 @@ TEST_F(Kernels, MoeMxfp4ExpertGemmV5) {
 }
 
 // Version 5's automatic tile width (host only): the width bench-kernels measured fastest on the
-// H200 at these sizes (s14r1, s14r2; gate_up + down with k-permuted activations), where the
-// experts average 16-1024 pairs. A changed cost model must still pick these.
+// H200 at these sizes (s14r1-r3; gate_up + down with k-permuted activations), where the experts
+// average 8-1024 pairs. A changed cost model must still pick these.
 TEST(ExpertGemmV5Width, PicksTheWidthMeasuredFastest) {
   struct Case {
     int tokens, experts, width;
   };
-  const Case cases[] = {{512, 128, 64},  {1024, 128, 64}, {2048, 128, 80}, {4096, 128, 80}, {8192, 128, 96},
-                        {512, 32, 80},   {1024, 32, 80},  {2048, 32, 96},  {4096, 32, 128}};
+  const Case cases[] = {{256, 128, 32}, {512, 128, 32}, {1024, 128, 48}, {2048, 128, 80}, {4096, 128, 80},
+                        {8192, 128, 96}, {256, 32, 48},  {512, 32, 80},   {1024, 32, 80},  {2048, 32, 96},
+                        {4096, 32, 128}};
   for (const Case& c : cases)
     EXPECT_EQ(cuda::expert_gemm_v5_auto_tile_pairs(4 * c.tokens, c.experts), c.width)
         << c.tokens << " tokens over " << c.experts << " experts";
-  // A few pairs (decode-sized groups), none, and more experts than pairs: 64.
-  EXPECT_EQ(cuda::expert_gemm_v5_auto_tile_pairs(40, 128), 64);
+  // A few pairs over many experts: the narrowest; nothing to do, or no experts: 64.
+  EXPECT_EQ(cuda::expert_gemm_v5_auto_tile_pairs(40, 128), 32);
   EXPECT_EQ(cuda::expert_gemm_v5_auto_tile_pairs(0, 128), 64);
   EXPECT_EQ(cuda::expert_gemm_v5_auto_tile_pairs(100, 0), 64);
 }
@@ -639,9 +640,9 @@ void check_expert_gemm(const std::vector<int>& counts, int n_tokens, int H, int 
     int version, tile_rows;
   };
   std::vector<Run> configs = {{1, 0}, {2, 0}};
-  // Version 5 (64-, 80-, 96- and 128-pair tiles) takes the fragment layout only (the checkpoint layout
+  // Version 5 (32- to 128-pair tiles) takes the fragment layout only (the checkpoint layout
   // falls back to version 3).
-  if (cuda::expert_gemm_v3_available()) configs.insert(configs.end(), {{3, 64}, {3, 128}, {5, 64}, {5, 80}, {5, 96}, {5, 128}});
+  if (cuda::expert_gemm_v3_available()) configs.insert(configs.end(), {{3, 64}, {3, 128}, {5, 32}, {5, 48}, {5, 64}, {5, 80}, {5, 96}, {5, 128}});
   const int nc = int(configs.size());
   for (int run = 0; run < 2 * nc; ++run) {
     const int version = configs[run % nc].version, tile_rows = configs[run % nc].tile_rows;

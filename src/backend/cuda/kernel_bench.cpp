@@ -248,15 +248,16 @@ int run_kernel_bench(const KernelBenchOptions& o) {
       if (M <= kSkinnyMaxTokens) return;
       set_linear_path(2);
       const int auto_rows = expert_gemm_v3_auto_tile_rows(P, E);
-      // v1, v2, v3 with 64- and 128-row tiles, v5 with 64-, 80-, 96- and 128-pair tiles, and v5 with the
+      // v1, v2, v3 with 64- and 128-row tiles, v5 with 32- to 128-pair tiles, and v5 with the
       // activations handed over in the fragment K order (kperm: gate_up's input permuted by
       // permute_rows_frag_k, timed with it; its SwiGLU output stored permuted for down).
       static const struct {
         int version, tile_rows;
         bool kperm;
       } configs[] = {{1, 0, false}, {2, 0, false}, {3, 64, false}, {3, 128, false},
-                     {5, 64, false}, {5, 80, false}, {5, 96, false}, {5, 128, false},
-                     {5, 64, true},  {5, 80, true},  {5, 96, true},  {5, 128, true}};
+                     {5, 32, false}, {5, 48, false}, {5, 64, false}, {5, 80, false}, {5, 96, false},
+                     {5, 128, false}, {5, 32, true}, {5, 48, true}, {5, 64, true}, {5, 80, true},
+                     {5, 96, true}, {5, 128, true}};
       bf16_t* xperm = nullptr;
       for (const auto [version, tile_rows, kperm] : configs) {
         if (version >= 3 && !expert_gemm_v3_available()) continue;  // Hopper wgmma only

@@ -22,7 +22,7 @@
 // back and writes them transposed in place, moving words between registers and nothing else.
 //
 // CTA: 2 warpgroups over 128 weight rows (8 tiles; warp w of warpgroup wg owns tile 8 x + 4 wg + w)
-// x BN sorted pairs of one expert (wgmma N: 64, 80, 96 or 128, chosen per launch by
+// x BN sorted pairs of one expert (wgmma N: 32, 48, 64, 80, 96 or 128, chosen per launch by
 // expert_gemm_v5_auto_tile_pairs), sharing the activation tile; K in steps of 64 (one chunk a
 // warp). Per step: 4 wgmma m64nBNk16, A from registers. Every step's weights (each lane its own 16
 // bytes and scale word) and activations (pair rows gathered by pair_token, each half-row copied by
@@ -76,17 +76,17 @@ __host__ __device__ constexpr int wa_frag_k_pos(int k) {
 static_assert(wa_frag_k_pos(4) == 16 && wa_frag_k_pos(2) == 8 && wa_frag_k_pos(8) == 2 && wa_frag_k_pos(65) == 65,
               "the fragment K order's inverse");
 
-// The CTA shape of BN sorted pairs a tile (wgmma N = 64, 80, 96 or 128). An expert's pairs come
+// The CTA shape of BN sorted pairs a tile (wgmma N = 32, 48, 64, 80, 96 or 128). An expert's pairs come
 // in tiles of BN, and every tile decodes all of the CTA's weights, so the width sets how often a
 // weight is decoded: 120b at 2048 tokens averages 64 pairs an expert (random routing: about half
 // the experts have 65-90), where 64-pair tiles decode ~1.5 times a weight and 80-pair tiles ~1.0.
 template <int BN>
 struct WaTile {
-  // 64-96: A double-buffered (the decode of step kt + 1 overlaps step kt's MMAs; 126 registers at
+  // 32-96: A double-buffered (the decode of step kt + 1 overlaps step kt's MMAs; 126 registers at
   // 96, no spills); 128: the accumulators leave room for one A buffer (a warpgroup decodes after
   // its MMAs, the other warpgroup's MMAs fill the gap). Stages: as many as two CTAs an SM take.
   static constexpr int kABufs = BN <= 96 ? 2 : 1;
-  static constexpr int kStages = BN == 64 ? 8 : BN == 80 ? 7 : BN == 96 ? 6 : 4;
+  static constexpr int kStages = BN <= 64 ? 8 : BN == 80 ? 7 : BN == 96 ? 6 : 4;
   static constexpr int kLead = kStages - 2;           // a stage is rewritten two steps after its last reader
   static constexpr int kActBytes = BN * 128;          // a stage's activations: BN rows x 64 bf16
   static constexpr int kStageBytes = kActBytes + kWaWBytes + kWaSBytes;
@@ -302,7 +302,11 @@ __global__ void __launch_bounds__(kWaThreads, 2) expert_gemm_wa_kernel(ExpertGem
           ptx::wgmma_fence();
 #pragma unroll
           for (int j = 0; j < 4; ++j) {
-            if constexpr (BN == 64)
+            if constexpr (BN == 32)
+              ptx::wgmma_m64n32k16_bf16_ra(acc, &Av[4 * j], desc + 2 * j, 1);
+            else if constexpr (BN == 48)
+              ptx::wgmma_m64n48k16_bf16_ra(acc, &Av[4 * j], desc + 2 * j, 1);
+            else if constexpr (BN == 64)
               ptx::wgmma_m64n64k16_bf16_ra(acc, &Av[4 * j], desc + 2 * j, 1);
             else if constexpr (BN == 80)
               ptx::wgmma_m64n80k16_bf16_ra(acc, &Av[4 * j], desc + 2 * j, 1);
@@ -375,13 +379,15 @@ bool expert_gemm_v5_supports(const WeightMat& W, const void* A, int lda, int a_r
 int g_v5_pairs = -1;  // expert_gemm_v5_tile_pairs: -1 not read yet, 0 auto, else the width
 
 namespace {
-bool v5_width_ok(int pairs) { return pairs == 64 || pairs == 80 || pairs == 96 || pairs == 128; }
+bool v5_width_ok(int pairs) {
+  return pairs == 32 || pairs == 48 || pairs == 64 || pairs == 80 || pairs == 96 || pairs == 128;
+}
 }  // namespace
 
 int expert_gemm_v5_tile_pairs() {
   if (g_v5_pairs < 0) {
     const int v = env_int("GPTOSS_EXPERT_GEMM_V5_N", 0);
-    if (v != 0 && !v5_width_ok(v)) throw Error("GPTOSS_EXPERT_GEMM_V5_N: expected 64, 80, 96, 128 or 0 (auto)");
+    if (v != 0 && !v5_width_ok(v)) throw Error("GPTOSS_EXPERT_GEMM_V5_N: expected 32, 48, 64, 80, 96, 128 or 0 (auto)");
     g_v5_pairs = v;
   }
   return g_v5_pairs;
@@ -389,25 +395,25 @@ int expert_gemm_v5_tile_pairs() {
 
 void set_expert_gemm_v5_tile_pairs(int pairs) {
   if (pairs != -1 && pairs != 0 && !v5_width_ok(pairs))
-    throw Error("set_expert_gemm_v5_tile_pairs: expected -1 (environment), 0 (auto), 64, 80, 96 or 128");
+    throw Error("set_expert_gemm_v5_tile_pairs: expected -1 (environment), 0 (auto), 32, 48, 64, 80, 96 or 128");
   g_v5_pairs = pairs;
 }
 
 int expert_gemm_v5_auto_tile_pairs(int pairs, int E) {
   // The width with the least expected work: an expert's pairs taken as Poisson around the mean
-  // (what random routing gives), each tile costing kTileCost[width] of a 64-pair tile. The costs
-  // are what a tile took in bench-kernels (H200, s14r1, activations k-permuted; gate_up + down
-  // over the expected tile counts): 80 pairs 1.13-1.17x a 64-pair tile, 96 1.21-1.24x, 128
-  // 1.59-1.62x, at 120b and 20b shapes, 2048 tokens. The choice they give matched the fastest
-  // width measured at 512-4096 tokens on both models (within 0.4% where it did not).
-  static const int kWidths[] = {64, 80, 96, 128};
-  static const double kTileCost[] = {1.0, 1.15, 1.22, 1.6};
+  // (what random routing gives), each tile costing kTileCost[width] of a 64-pair tile: the
+  // 80-128-pair costs are what a tile took in bench-kernels (H200, s14r1, gate_up + down over the
+  // expected tile counts at 2048 tokens: 80 pairs 1.13-1.17x a 64-pair tile, 96 1.21-1.24x, 128
+  // 1.59-1.62x), the 32 and 48 ones that line extended (where every width is one tile a group,
+  // s14r3 measured 0.86x and 0.92x: the tile's fixed cost weighs more when it is light). At every
+  // size measured (120b and 20b, 256-8192 tokens) the choice was the fastest width or within 0.4%.
+  static const int kWidths[] = {32, 48, 64, 80, 96, 128};
+  static const double kTileCost[] = {0.725, 0.8625, 1.0, 1.15, 1.22, 1.6};
   if (pairs <= 0 || E <= 0) return 64;
   const double mean = double(pairs) / std::min(pairs, E);
-  if (mean < 24) return 64;  // nearly every expert fits one 64-pair tile
   double best = 0;
   int best_w = 64;
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < 6; ++i) {
     const int w = kWidths[i];
     double tiles = 0;  // E[ceil(n / w)], n ~ Poisson(mean)
     const int hi = int(mean + 12 * std::sqrt(mean) + 16);
@@ -458,6 +464,8 @@ void expert_gemm_v5(const WeightMat& W, const bf16_t* A, int lda, int pairs, int
   int bn = expert_gemm_v5_tile_pairs();
   if (bn == 0) bn = expert_gemm_v5_auto_tile_pairs(pairs, E);
   switch (bn) {
+    case 32: launch_v5<32>(a, pairs, E, s); break;
+    case 48: launch_v5<48>(a, pairs, E, s); break;
     case 80: launch_v5<80>(a, pairs, E, s); break;
     case 96: launch_v5<96>(a, pairs, E, s); break;
     case 128: launch_v5<128>(a, pairs, E, s); break;
