@@ -164,6 +164,24 @@ __device__ __forceinline__ void wgmma_m64n96k16_bf16_ra(float* d, const uint32_t
         "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d));
 }
+// wgmma m64nNk16 (bf16, A from registers) for N = 32, 48, 64, 80, 96 or 128, by N: the expert
+// GEMM's tile widths (kernels/moe/expert_gemm_wgmma_wa.cu).
+template <int N>
+__device__ __forceinline__ void wgmma_bf16_ra(float* d, const uint32_t* a, uint64_t desc_b, int scale_d) {
+  static_assert(N == 32 || N == 48 || N == 64 || N == 80 || N == 96 || N == 128, "a width with a wrapper above");
+  if constexpr (N == 32)
+    wgmma_m64n32k16_bf16_ra(d, a, desc_b, scale_d);
+  else if constexpr (N == 48)
+    wgmma_m64n48k16_bf16_ra(d, a, desc_b, scale_d);
+  else if constexpr (N == 64)
+    wgmma_m64n64k16_bf16_ra(d, a, desc_b, scale_d);
+  else if constexpr (N == 80)
+    wgmma_m64n80k16_bf16_ra(d, a, desc_b, scale_d);
+  else if constexpr (N == 96)
+    wgmma_m64n96k16_bf16_ra(d, a, desc_b, scale_d);
+  else
+    wgmma_m64n128k16_bf16_ra(d, a, desc_b, scale_d);
+}
 #endif
 
 }  // namespace gptoss::cuda::ptx

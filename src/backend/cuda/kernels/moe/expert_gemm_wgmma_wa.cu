@@ -301,20 +301,7 @@ __global__ void __launch_bounds__(kWaThreads, 2) expert_gemm_wa_kernel(ExpertGem
           for (int i = 0; i < kAcc; ++i) ptx::fence_operand(acc[i]);
           ptx::wgmma_fence();
 #pragma unroll
-          for (int j = 0; j < 4; ++j) {
-            if constexpr (BN == 32)
-              ptx::wgmma_m64n32k16_bf16_ra(acc, &Av[4 * j], desc + 2 * j, 1);
-            else if constexpr (BN == 48)
-              ptx::wgmma_m64n48k16_bf16_ra(acc, &Av[4 * j], desc + 2 * j, 1);
-            else if constexpr (BN == 64)
-              ptx::wgmma_m64n64k16_bf16_ra(acc, &Av[4 * j], desc + 2 * j, 1);
-            else if constexpr (BN == 80)
-              ptx::wgmma_m64n80k16_bf16_ra(acc, &Av[4 * j], desc + 2 * j, 1);
-            else if constexpr (BN == 96)
-              ptx::wgmma_m64n96k16_bf16_ra(acc, &Av[4 * j], desc + 2 * j, 1);
-            else
-              ptx::wgmma_m64n128k16_bf16_ra(acc, &Av[4 * j], desc + 2 * j, 1);
-          }
+          for (int j = 0; j < 4; ++j) ptx::wgmma_bf16_ra<BN>(acc, &Av[4 * j], desc + 2 * j, 1);
           ptx::wgmma_commit();
 #pragma unroll
           for (int i = 0; i < kAcc; ++i) ptx::fence_operand(acc[i]);
