@@ -150,9 +150,8 @@ int expert_gemm_v3_auto_tile_rows(int pairs, int E);
 // available; linear_grouped falls back to version 3 elsewhere.
 bool expert_gemm_v5_supports(const WeightMat& W, const void* A, int lda, int a_rows, const Epilogue& epi);
 void expert_gemm_v5(const WeightMat& W, const bf16_t* A, int lda, int pairs, int E, bool gather_a, bool a_k_permuted,
-                    const MoeRouting& r,
-                    const Epilogue& epi, cudaStream_t s);
-// Pairs a version 5 tile (wgmma N): 64, 80, 96, 128, or 0 (auto: expert_gemm_v5_auto_tile_pairs).
+                    const MoeRouting& r, const Epilogue& epi, cudaStream_t s);
+// Pairs a version 5 tile (wgmma N): 32, 48, 64, 80, 96, 128, or 0 (auto: expert_gemm_v5_auto_tile_pairs).
 // GPTOSS_EXPERT_GEMM_V5_N (read once) or set_expert_gemm_v5_tile_pairs (tests, bench; -1 = back
 // to the environment's choice).
 int expert_gemm_v5_tile_pairs();

@@ -963,15 +963,24 @@ void linear_rmsnorm(const WeightMat& W, const float* x, const float* norm_w, flo
   linear(W, xn, W.K, M, epi, s, false, blas);
 }
 
+namespace {
+// Whether a grouped launch that picked kernel k runs expert GEMM version 5: MXFP4 on the GEMM
+// path, version 5 asked for (or automatic and preferred), and a problem it takes. The one rule
+// linear_grouped follows and expert_gemm_v5_runs reports.
+bool v5_takes(LinearKernel k, const WeightMat& W, const void* A, int lda, int pairs, int E, int a_rows,
+              const Epilogue& epi) {
+  const bool mx = k == LinearKernel::kGemmMma && (W.fmt == WeightMat::kMXFP4 || W.fmt == WeightMat::kFragMXFP4);
+  const int version = expert_gemm_version();
+  const bool v5 = version == 5 || (version == kExpertGemmAuto && expert_gemm_v5_preferred(pairs, E));
+  return mx && v5 && expert_gemm_v5_supports(W, A, lda, a_rows, epi);
+}
+}  // namespace
+
 bool expert_gemm_v5_runs(const WeightMat& W, const void* A, int lda, int pairs, int E, bool gather_a,
                          const Epilogue& epi, int tokens, bool invariant) {
   if (pairs <= 0) return false;
   if (tokens <= 0) tokens = pairs;
-  const LinearKernel k = pick(W, pairs, tokens, true, invariant, false, E);
-  const bool mx = k == LinearKernel::kGemmMma && (W.fmt == WeightMat::kMXFP4 || W.fmt == WeightMat::kFragMXFP4);
-  const int version = expert_gemm_version();
-  const bool v5 = version == 5 || (version == kExpertGemmAuto && expert_gemm_v5_preferred(pairs, E));
-  return mx && v5 && expert_gemm_v5_supports(W, A, lda, gather_a ? tokens : pairs, epi);
+  return v5_takes(pick(W, pairs, tokens, true, invariant, false, E), W, A, lda, pairs, E, gather_a ? tokens : pairs, epi);
 }
 
 void linear_grouped(const WeightMat& W, const void* A, int lda, int pairs, int E, bool gather_a,
@@ -980,11 +989,13 @@ void linear_grouped(const WeightMat& W, const void* A, int lda, int pairs, int E
   if (pairs <= 0) return;
   check_args(W, epi);
   if (tokens <= 0) tokens = pairs;
-  if ((a_k_permuted || epi.k_permuted) && !expert_gemm_v5_runs(W, A, lda, pairs, E, gather_a, epi, tokens, invariant))
-    throw Error("linear_grouped: k-permuted activations or output need expert GEMM version 5 (expert_gemm_v5_runs)");
   // Decode batches spread over many experts (few rows each): GEMV or tensor-core skinny kernel
   // per group. Prefill: GEMM tiles.
   const LinearKernel k = pick(W, pairs, tokens, true, invariant, false, E);
+  const int a_rows = gather_a ? tokens : pairs;
+  const bool v5 = v5_takes(k, W, A, lda, pairs, E, a_rows, epi);
+  if ((a_k_permuted || epi.k_permuted) && !v5)
+    throw Error("linear_grouped: k-permuted activations or output need expert GEMM version 5 (expert_gemm_v5_runs)");
   if (k == LinearKernel::kSkinnyMma) {
     skinny_linear(W, A, a_f16, lda, tokens, pairs, E, true, gather_a, r, epi, 0, s);
     return;
@@ -995,12 +1006,10 @@ void linear_grouped(const WeightMat& W, const void* A, int lda, int pairs, int E
   }
   if (a_f16) throw Error("linear_grouped: fp16 activations only on the skinny kernels");
   const bool mx = k == LinearKernel::kGemmMma && (W.fmt == WeightMat::kMXFP4 || W.fmt == WeightMat::kFragMXFP4);
-  const int a_rows = gather_a ? tokens : pairs;
   // Version 5 (weights as wgmma's register A) where asked for and it takes the problem; version 3
   // (Hopper wgmma) where the GPU and the build have it; version 2 otherwise.
   const int version = expert_gemm_version();
-  const bool v5 = version == 5 || (version == kExpertGemmAuto && expert_gemm_v5_preferred(pairs, E));
-  if (mx && v5 && expert_gemm_v5_supports(W, A, lda, a_rows, epi)) {
+  if (v5) {
     expert_gemm_v5(W, static_cast<const bf16_t*>(A), lda, pairs, E, gather_a, a_k_permuted, r, epi, s);
     return;
   }

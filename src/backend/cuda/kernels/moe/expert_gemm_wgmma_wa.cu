@@ -43,6 +43,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <iterator>
 #include <string>
 #include <unordered_map>
 
@@ -76,6 +77,15 @@ __host__ __device__ constexpr int wa_frag_k_pos(int k) {
 }
 static_assert(wa_frag_k_pos(4) == 16 && wa_frag_k_pos(2) == 8 && wa_frag_k_pos(8) == 2 && wa_frag_k_pos(65) == 65,
               "the fragment K order's inverse");
+
+// One 64-byte half of a 128-byte activation row (four 16-byte chunks in natural order) -> the
+// same half in the fragment K order: a 4 x 4 transpose of its 4-byte pairs (see the head).
+__device__ __forceinline__ void wa_transpose_half(const uint4 (&in)[4], uint4 (&out)[4]) {
+  out[0] = make_uint4(in[0].x, in[1].x, in[2].x, in[3].x);
+  out[1] = make_uint4(in[0].y, in[1].y, in[2].y, in[3].y);
+  out[2] = make_uint4(in[0].z, in[1].z, in[2].z, in[3].z);
+  out[3] = make_uint4(in[0].w, in[1].w, in[2].w, in[3].w);
+}
 
 // The CTA shape of BN sorted pairs a tile (wgmma N = 32, 48, 64, 80, 96 or 128). An expert's pairs come
 // in tiles of BN, and every tile decodes all of the CTA's weights, so the width sets how often a
@@ -213,8 +223,8 @@ __global__ void __launch_bounds__(kWaThreads, 2) expert_gemm_wa_kernel(ExpertGem
       uint4 in[4];
 #pragma unroll
       for (int m = 0; m < 4; ++m) in[m] = *reinterpret_cast<const uint4*>(d + a_dst(m));
-      const uint4 out[4] = {make_uint4(in[0].x, in[1].x, in[2].x, in[3].x), make_uint4(in[0].y, in[1].y, in[2].y, in[3].y),
-                            make_uint4(in[0].z, in[1].z, in[2].z, in[3].z), make_uint4(in[0].w, in[1].w, in[2].w, in[3].w)};
+      uint4 out[4];
+      wa_transpose_half(in, out);
 #pragma unroll
       for (int m = 0; m < 4; ++m) *reinterpret_cast<uint4*>(d + a_dst(m)) = out[m];
     }
@@ -367,9 +377,11 @@ bool expert_gemm_v5_supports(const WeightMat& W, const void* A, int lda, int a_r
 int g_v5_pairs = -1;  // expert_gemm_v5_tile_pairs: -1 not read yet, 0 auto, else the width
 
 namespace {
-bool v5_width_ok(int pairs) {
-  return pairs == 32 || pairs == 48 || pairs == 64 || pairs == 80 || pairs == 96 || pairs == 128;
-}
+// Version 5's tile widths (wgmma N; launch_v5 is instantiated for each, expert_gemm_v5 below) and
+// what a tile of each costs against a 64-pair tile (expert_gemm_v5_auto_tile_pairs).
+constexpr int kV5Widths[] = {32, 48, 64, 80, 96, 128};
+constexpr double kV5TileCost[] = {0.725, 0.8625, 1.0, 1.15, 1.22, 1.6};
+bool v5_width_ok(int pairs) { return std::find(std::begin(kV5Widths), std::end(kV5Widths), pairs) != std::end(kV5Widths); }
 }  // namespace
 
 int expert_gemm_v5_tile_pairs() {
@@ -389,14 +401,12 @@ void set_expert_gemm_v5_tile_pairs(int pairs) {
 
 int expert_gemm_v5_auto_tile_pairs(int pairs, int E) {
   // The width with the least expected work: an expert's pairs taken as Poisson around the mean
-  // (what random routing gives), each tile costing kTileCost[width] of a 64-pair tile: the
+  // (what random routing gives), each tile costing kV5TileCost[width] of a 64-pair tile: the
   // 80-128-pair costs are what a tile took in bench-kernels (H200, s14r1, gate_up + down over the
   // expected tile counts at 2048 tokens: 80 pairs 1.13-1.17x a 64-pair tile, 96 1.21-1.24x, 128
   // 1.59-1.62x), the 32 and 48 ones that line extended (where every width is one tile a group,
   // s14r3 measured 0.86x and 0.92x: the tile's fixed cost weighs more when it is light). At every
   // size measured (120b and 20b, 256-8192 tokens) the choice was the fastest width or within 0.4%.
-  static const int kWidths[] = {32, 48, 64, 80, 96, 128};
-  static const double kTileCost[] = {0.725, 0.8625, 1.0, 1.15, 1.22, 1.6};
   if (pairs <= 0 || E <= 0) return 64;
   // The sums take ~30-270 us of host time at 120b/20b prefill sizes, twice a layer: kept per
   // (pairs, E), which a server's chunk sizes repeat.
@@ -407,13 +417,13 @@ int expert_gemm_v5_auto_tile_pairs(int pairs, int E) {
   const double mean = double(pairs) / std::min(pairs, E);
   double best = 0;
   int best_w = 64;
-  for (int i = 0; i < 6; ++i) {
-    const int w = kWidths[i];
+  for (size_t i = 0; i < std::size(kV5Widths); ++i) {
+    const int w = kV5Widths[i];
     double tiles = 0;  // E[ceil(n / w)], n ~ Poisson(mean)
     const int hi = int(mean + 12 * std::sqrt(mean) + 16);
     for (int n = 1; n <= hi; ++n)
       tiles += std::exp(n * std::log(mean) - mean - std::lgamma(n + 1.0)) * ((n + w - 1) / w);
-    const double cost = tiles * kTileCost[i];
+    const double cost = tiles * kV5TileCost[i];
     if (i == 0 || cost < best) best = cost, best_w = w;
   }
   chosen.emplace(key, best_w);
@@ -469,9 +479,8 @@ void expert_gemm_v5(const WeightMat& W, const bf16_t* A, int lda, int pairs, int
 }
 
 namespace {
-// One thread a 64-wide chunk of a row: eight 16-byte loads in natural order, the 4-byte pairs put
-// in place (a 4 x 4 transpose of pairs in each 64-byte half, as the kernel's permute_act), eight
-// 16-byte stores.
+// One thread a 64-wide chunk of a row: eight 16-byte loads in natural order, each 64-byte half
+// transposed as the kernel's permute_act does it (wa_transpose_half), eight 16-byte stores.
 __global__ void permute_rows_frag_k_kernel(const uint4* __restrict__ src, int total, uint4* __restrict__ dst) {
   pdl_begin();  // src is the previous kernel's output
   const int i = int(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -480,13 +489,12 @@ __global__ void permute_rows_frag_k_kernel(const uint4* __restrict__ src, int to
   uint4* out = dst + size_t(i) * 8;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    uint4 v[4];
+    uint4 v[4], t[4];
 #pragma unroll
     for (int m = 0; m < 4; ++m) v[m] = in[4 * h + m];
-    out[4 * h + 0] = make_uint4(v[0].x, v[1].x, v[2].x, v[3].x);
-    out[4 * h + 1] = make_uint4(v[0].y, v[1].y, v[2].y, v[3].y);
-    out[4 * h + 2] = make_uint4(v[0].z, v[1].z, v[2].z, v[3].z);
-    out[4 * h + 3] = make_uint4(v[0].w, v[1].w, v[2].w, v[3].w);
+    wa_transpose_half(v, t);
+#pragma unroll
+    for (int m = 0; m < 4; ++m) out[4 * h + m] = t[m];
   }
 }
 }  // namespace
