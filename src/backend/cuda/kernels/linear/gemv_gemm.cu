@@ -964,15 +964,19 @@ void linear_rmsnorm(const WeightMat& W, const float* x, const float* norm_w, flo
 }
 
 namespace {
+// Whether a grouped launch that picked kernel k runs an expert GEMM over MXFP4 weights.
+bool mx_gemm(LinearKernel k, const WeightMat& W) {
+  return k == LinearKernel::kGemmMma && (W.fmt == WeightMat::kMXFP4 || W.fmt == WeightMat::kFragMXFP4);
+}
 // Whether a grouped launch that picked kernel k runs expert GEMM version 5: MXFP4 on the GEMM
 // path, version 5 asked for (or automatic and preferred), and a problem it takes. The one rule
 // linear_grouped follows and expert_gemm_v5_runs reports.
 bool v5_takes(LinearKernel k, const WeightMat& W, const void* A, int lda, int pairs, int E, int a_rows,
               const Epilogue& epi) {
-  const bool mx = k == LinearKernel::kGemmMma && (W.fmt == WeightMat::kMXFP4 || W.fmt == WeightMat::kFragMXFP4);
+  if (!mx_gemm(k, W)) return false;
   const int version = expert_gemm_version();
   const bool v5 = version == 5 || (version == kExpertGemmAuto && expert_gemm_v5_preferred(pairs, E));
-  return mx && v5 && expert_gemm_v5_supports(W, A, lda, a_rows, epi);
+  return v5 && expert_gemm_v5_supports(W, A, lda, a_rows, epi);
 }
 }  // namespace
 
@@ -1005,7 +1009,7 @@ void linear_grouped(const WeightMat& W, const void* A, int lda, int pairs, int E
     return;
   }
   if (a_f16) throw Error("linear_grouped: fp16 activations only on the skinny kernels");
-  const bool mx = k == LinearKernel::kGemmMma && (W.fmt == WeightMat::kMXFP4 || W.fmt == WeightMat::kFragMXFP4);
+  const bool mx = mx_gemm(k, W);
   // Version 5 (weights as wgmma's register A) where asked for and it takes the problem; version 3
   // (Hopper wgmma) where the GPU and the build have it; version 2 otherwise.
   const int version = expert_gemm_version();
