@@ -19,6 +19,7 @@
 #include "backend/cuda/cuda_common.h"
 #include "backend/cuda/device_utils.cuh"
 #include "backend/cuda/tensor_core_ptx.cuh"
+#include "backend/cuda/bulk_copy_ptx.cuh"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/kernels/linear/frag_layout.cuh"
 #include "backend/cuda/kernels/linear/skinny_chunk.cuh"
@@ -54,9 +55,15 @@ using namespace skinny;
 // CC: the chunks of a row (K / 64) at compile time, or 0 for any K. With CC, every weight and
 // scale load is a lane pointer plus an immediate offset (the pointers advance once per PF
 // chunks), and the host launches it only where the row tiles fill every block (no tail checks).
-template <int FMT, int NT, int KS, int RT, int PF, bool XF16, int CC>
+// SD (dense launches with CC, one n-tile, bf16 or fp8): before griddepcontrol.wait the block asks the
+// bulk-copy engine for the first SD * KS chunks of each of its row tiles, into shared memory past
+// the activation rows, so that while the kernel before it still runs, more of its weights are on
+// their way than its registers could hold; warp w reads its first SD chunks from there.
+template <int FMT, int NT, int KS, int RT, int PF, bool XF16, int CC, int SD = 0>
 __global__ void __launch_bounds__(KS * 32, skinny_min_blocks(NT, KS, RT)) skinny_mma_kernel(SkinnyArgs a) {
   static_assert(PF >= 1 && RT <= KS, "prefetch depth; one finishing warp per row tile");
+  static_assert(SD == 0 || (CC > 0 && NT == 1 && FMT != WeightMat::kFragMXFP4 && SD * KS <= CC), "staged chunks");
+  constexpr int P = SD * KS;  // chunks of each row tile staged in shared memory
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
   const int N = a.W.N, C = CC > 0 ? CC : a.W.K / 64, T = N / 16;
   const int tile0 = blockIdx.x * RT;
@@ -71,10 +78,14 @@ __global__ void __launch_bounds__(KS * 32, skinny_min_blocks(NT, KS, RT)) skinny
   extern __shared__ __align__(16) float red[];
   uint16_t* xs = reinterpret_cast<uint16_t*>(red + KS * RT * NT * 4 * 32);
   const int xs_ld = a.W.K + 8;
+  // The staged chunks: [RT][P] chunks in their global layout, 16-byte aligned (xs_ld * 2 is).
+  const uint4* ws = reinterpret_cast<const uint4*>(xs + size_t(a.xs_rows) * xs_ld);
+  __shared__ uint64_t ws_full;
 
   int row_begin = 0, row_end = a.M, expert = 0;
   WChunk<FMT> wbuf[PF][RT];
-  const int my_n = C > warp ? (C - 1 - warp) / KS + 1 : 0;  // chunks of this warp
+  // Chunks of this warp through registers (past the SD staged ones).
+  const int my_n = (C > warp ? (C - 1 - warp) / KS + 1 : 0) - SD;
   size_t tc0 = size_t(tile0) * C;
   // With CC: this lane's weight and scale pointers (wl, sl) at its next chunk group; chunk
   // (rel, r) of the group is at + (r CC + rel KS) chunks, an immediate offset, and the pointers
@@ -82,7 +93,7 @@ __global__ void __launch_bounds__(KS * 32, skinny_min_blocks(NT, KS, RT)) skinny
   const uint4* wl = nullptr;
   const uint32_t* sl = nullptr;
   auto set_lane_ptrs = [&]() {
-    wl = static_cast<const uint4*>(a.W.w) + (tc0 + warp) * (chunk_bytes<FMT>() / 16) + lane;
+    wl = static_cast<const uint4*>(a.W.w) + (tc0 + P + warp) * (chunk_bytes<FMT>() / 16) + lane;
     if constexpr (FMT == WeightMat::kFragMXFP4) sl = reinterpret_cast<const uint32_t*>(a.W.scales) + (tc0 + warp) * 8 + g;
   };
   auto load_rel = [&](int u, int rel) {
@@ -104,6 +115,19 @@ __global__ void __launch_bounds__(KS * 32, skinny_min_blocks(NT, KS, RT)) skinny
   const bool early = !a.grouped || a.r.settled;
   if (!a.grouped) {
     if constexpr (CC > 0) set_lane_ptrs();
+    if constexpr (SD > 0) {
+      if (threadIdx.x == 0) {
+        const uint32_t bar = ptx::smem_u32(&ws_full), dst = ptx::smem_u32(ws);
+        constexpr uint32_t bytes = uint32_t(P * chunk_bytes<FMT>());
+        ptx::mbar_init(bar, 1);
+        ptx::mbar_init_fence();
+        ptx::mbar_arrive_expect_tx(bar, RT * bytes);
+#pragma unroll
+        for (int r = 0; r < RT; ++r)
+          ptx::bulk_copy_g2s(dst + r * bytes, static_cast<const char*>(a.W.w) + (tc0 + size_t(r) * C) * chunk_bytes<FMT>(),
+                             bytes, bar);
+      }
+    }
   } else {
     if (!a.r.settled) pdl_wait();
     const int gi = blockIdx.y;
@@ -173,11 +197,34 @@ __global__ void __launch_bounds__(KS * 32, skinny_min_blocks(NT, KS, RT)) skinny
     for (int r = 0; r < RT; ++r)
 #pragma unroll
       for (int i = 0; i < NT; ++i) acc[r][i][0] = acc[r][i][1] = acc[r][i][2] = acc[r][i][3] = 0.f;
+    if constexpr (SD > 0) {
+      // The staged chunks first (the same order of sums as without staging). The barrier's
+      // init is visible: the staging above passed two __syncthreads.
+      ptx::mbar_wait(ptx::smem_u32(&ws_full), 0);
+#pragma unroll
+      for (int sd = 0; sd < SD; ++sd) {
+        const int c = warp + sd * KS;
+        x_from_smem(c, xbuf[0]);
+#pragma unroll
+        for (int r = 0; r < RT; ++r) {
+          WChunk<FMT> w;
+          const uint4* p = ws + (size_t(r) * P + c) * (chunk_bytes<FMT>() / 16) + lane;
+          if constexpr (FMT == WeightMat::kFragFP8) {
+            w.q[0] = p[0];
+            w.q[1] = p[32];
+          } else {
+#pragma unroll
+            for (int j = 0; j < 4; ++j) w.q[j] = p[32 * j];
+          }
+          chunk_mma<FMT, NT, kChunkF16>(w, xbuf[0], acc[r]);
+        }
+      }
+    }
     auto step = [&](int base, int u) {
       if (base + u < my_n) {
         const int xu = XS ? 0 : u;
         // (Reading the next chunk's activations a chunk ahead was measured: no faster.)
-        if constexpr (XS) x_from_smem(warp + (base + u) * KS, xbuf[0]);
+        if constexpr (XS) x_from_smem(P + warp + (base + u) * KS, xbuf[0]);
 #pragma unroll
         for (int r = 0; r < RT; ++r)
           if (r < nrt) chunk_mma<FMT, NT, kChunkF16>(wbuf[u][r], xbuf[xu], acc[r]);
@@ -217,16 +264,21 @@ __global__ void __launch_bounds__(KS * 32, skinny_min_blocks(NT, KS, RT)) skinny
 // Kernel shapes (warps splitting K, row tiles whose blocks share the activation loads, chunks
 // in flight), by the tokens an n-tile pass covers; `ks` picks among the measured ones. TRY_CC:
 // use the compile-time chunk count for gpt-oss's K (2880, 4096) where the tiles fill every block.
-template <int FMT, int NT, int KS, int RT, int PF, bool XF16, bool TRY_CC = false>
+template <int FMT, int NT, int KS, int RT, int PF, bool XF16, bool TRY_CC = false, int SD = 0>
 void launch_shape(const SkinnyArgs& a, int tiles, int groups, cudaStream_t s) {
   const size_t smem = size_t(KS) * RT * NT * 4 * 32 * sizeof(float) +
-                      (NT == 1 ? size_t(a.xs_rows) * (a.W.K + 8) * 2 : 0);
+                      (NT == 1 ? size_t(a.xs_rows) * (a.W.K + 8) * 2 : 0) + size_t(RT) * SD * KS * chunk_bytes<FMT>();
   auto go = [&](auto k) {
     if (smem > 48 * 1024) GPTOSS_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     launch_pdl(k, dim3((tiles + RT - 1) / RT, groups), dim3(KS * 32), smem, s, a);
   };
   if constexpr (TRY_CC) {
     if (skinny_cc_enabled() && tiles % RT == 0) {
+      if constexpr (SD > 0) {
+        if constexpr (SD * KS <= 45)
+          if (a.W.K == 2880) return go(skinny_mma_kernel<FMT, NT, KS, RT, PF, XF16, 45, SD>);
+        if (a.W.K == 4096) return go(skinny_mma_kernel<FMT, NT, KS, RT, PF, XF16, 64, SD>);
+      }
       if (a.W.K == 2880) return go(skinny_mma_kernel<FMT, NT, KS, RT, PF, XF16, 45>);
       if (a.W.K == 4096) return go(skinny_mma_kernel<FMT, NT, KS, RT, PF, XF16, 64>);
       // o_proj's row slice at TP=2 (K = 2048), in the default one-tile shape only.
@@ -238,6 +290,39 @@ void launch_shape(const SkinnyArgs& a, int tiles, int groups, cudaStream_t s) {
 }
 
 int g_skinny_variant = 0;  // bench-kernels: other MXFP4 one-n-tile shapes (set_skinny_variant)
+
+// Chunk groups each warp's block stages in shared memory before griddepcontrol.wait (the SD of
+// skinny_mma_kernel) for the dense bf16 and fp8 decode copies at 1 to kStageRows tokens:
+// GPTOSS_DENSE_STAGE = o_proj digit (0-3) x 10 + qkv digit (0-4); 0 turns staging off. (H200,
+// sixteenth session, tg64 off / 22 / 32: 120b 432.2, 431.3 / 433.3, 434.7 / 439.8, 440.3; at 2
+// tokens 672-675 / 693 / 697-699; 20b 613.4 / 616-620 / 626.2. At 8 tokens, where the activation
+// rows fill shared memory, staging lost 1-3%, hence kStageRows.)
+constexpr int kStageRows = 4;
+static int dense_stage_digits() {
+  static const int v = env_int("GPTOSS_DENSE_STAGE", 32);
+  return v;
+}
+template <int FMT, int NT, int KS, int RT, int PF, bool XF16>
+bool launch_staged(const SkinnyArgs& a, int tiles, int groups, int sd, cudaStream_t s) {
+  if constexpr (NT == 1 && FMT != WeightMat::kFragMXFP4) {
+    static const int max_rows = env_int("GPTOSS_DENSE_STAGE_ROWS", kStageRows);
+    if (a.grouped || a.xs_rows > max_rows || tiles % RT != 0 ||
+        !skinny_cc_enabled() || (a.W.K != 2880 && a.W.K != 4096))
+      return false;
+    // Fewer staged groups where the block would not fit in shared memory (227 KB).
+    const size_t fixed = size_t(KS) * RT * 4 * 32 * sizeof(float) + size_t(a.xs_rows) * (a.W.K + 8) * 2;
+    while (sd > 0 && fixed + size_t(RT) * sd * KS * chunk_bytes<FMT>() > 227 * 1024 - 1024) --sd;  // (less the static barrier)
+    switch (sd) {
+      case 1: launch_shape<FMT, NT, KS, RT, PF, XF16, true, 1>(a, tiles, groups, s); return true;
+      case 2: launch_shape<FMT, NT, KS, RT, PF, XF16, true, 2>(a, tiles, groups, s); return true;
+      case 3: launch_shape<FMT, NT, KS, RT, PF, XF16, true, 3>(a, tiles, groups, s); return true;
+      case 4: if constexpr (KS == 8) { launch_shape<FMT, NT, KS, RT, PF, XF16, true, 4>(a, tiles, groups, s); return true; }
+        return false;
+      default: return false;
+    }
+  }
+  return false;
+}
 
 template <int FMT, int NT, bool XF16>
 void launch_fmt(const SkinnyArgs& a, int tiles, int groups, int ks, cudaStream_t s) {
@@ -302,7 +387,15 @@ void launch_fmt(const SkinnyArgs& a, int tiles, int groups, int ks, cudaStream_t
   if constexpr (FMT == WeightMat::kFragBF16 && NT == 1) {
     // bf16 at K = 2880 (qkv's decode copy): two chunks in flight (bench-kernels, H200, eighth
     // session: 120b qkv at 1 token 11.67 -> 10.66 us; o_proj's K = 4096 was slower so: 9.09 -> 9.51).
-    if (ks != 4 && one_tile && a.W.K == 2880) return launch_shape<FMT, NT, 8, 1, 2, XF16, true>(a, tiles, groups, s);
+    if (ks != 4 && one_tile && a.W.K == 2880) {
+      if (launch_staged<FMT, NT, 8, 1, 2, XF16>(a, tiles, groups, dense_stage_digits() % 10, s)) return;
+      return launch_shape<FMT, NT, 8, 1, 2, XF16, true>(a, tiles, groups, s);
+    }
+  }
+  if constexpr (FMT == WeightMat::kFragFP8 && NT == 1) {
+    if (ks != 4 && one_tile && a.W.K == 2880 &&
+        launch_staged<FMT, NT, 8, 1, kPF, XF16>(a, tiles, groups, dense_stage_digits() % 10, s))
+      return;
   }
   if constexpr (NT == 1) {
     // o_proj (K = 4096): 16 warps over K and two row tiles a block, so each block stages the
@@ -312,8 +405,10 @@ void launch_fmt(const SkinnyArgs& a, int tiles, int groups, int ks, cudaStream_t
     // batch-invariant mode asks for 8 warps over K at every batch size (the same sums for a row
     // whatever M).
     const int fmt_bit = FMT == WeightMat::kFragMXFP4 ? 2 : 1;
-    if (ks == 0 && one_tile && !a.grouped && a.W.K == 4096 && (dense_two_tile_bits() & fmt_bit))
+    if (ks == 0 && one_tile && !a.grouped && a.W.K == 4096 && (dense_two_tile_bits() & fmt_bit)) {
+      if (launch_staged<FMT, NT, 16, 2, 1, XF16>(a, tiles, groups, dense_stage_digits() / 10 % 10, s)) return;
       return launch_shape<FMT, NT, 16, 2, FMT == WeightMat::kFragMXFP4 ? 3 : 1, XF16, true>(a, tiles, groups, s);
+    }
   }
   if (ks == 4)
     launch_shape<FMT, NT, 4, 2, kPF, XF16>(a, tiles, groups, s);

@@ -1,0 +1,56 @@
+#pragma once
+// The PTX of copies by the bulk-copy engine (sm_90+): transaction-counting mbarriers and
+// cp.async.bulk global -> shared. One thread arms a barrier with the bytes it is about to copy and
+// issues the copies against it; the barrier's phase completes when every byte has landed, and
+// readers wait on it. A wait names the parity of the phase it waits to see completed (0 for a
+// fresh barrier's first). Used by the dense decode kernels (skinny_mma.cu) to stage weights
+// before griddepcontrol.wait.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace gptoss::cuda::ptx {
+
+// A shared-memory pointer as the 32-bit address the instructions below take.
+__device__ __forceinline__ uint32_t smem_u32(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
+
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+#endif
+}
+// Makes initialised barriers visible to the async proxy (the bulk copies); other threads see them
+// after a block barrier.
+__device__ __forceinline__ void mbar_init_fence() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+#endif
+}
+// One arrival that also announces `bytes` of transactions in this phase.
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+#endif
+}
+// Returns once the phase of parity `parity` has completed.
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  uint32_t done = 0;
+  do {
+    asm volatile(
+        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.b32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+  } while (!done);
+#endif
+}
+// `bytes` (a multiple of 16; both addresses 16-byte aligned) global -> shared, counted on `bar`.
+__device__ __forceinline__ void bulk_copy_g2s(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
+               "l"(src), "r"(bytes), "r"(bar)
+               : "memory");
+#endif
+}
+}  // namespace gptoss::cuda::ptx
