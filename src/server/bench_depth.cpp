@@ -192,8 +192,11 @@ std::string DepthReport::to_markdown() const {
   auto line = [&](const std::vector<std::string>& r) {
     out += "|";
     for (size_t i = 0; i < r.size(); ++i) {
-      std::string pad(w[i] - width(r[i]), ' ');
-      out += " " + (i == 0 ? r[i] + pad : pad + r[i]) + " |";  // the model left, figures right
+      const std::string pad(w[i] - width(r[i]), ' ');
+      out += ' ';  // the model left, figures right
+      out += i == 0 ? r[i] : pad;
+      out += i == 0 ? pad : r[i];
+      out += " |";
     }
     out += "\n";
   };
