@@ -31,7 +31,7 @@ LinearProblem dense(WeightMat::Format fmt, int M, int N, int K, bool cublas) {
 
 TEST(DenseGemmChoice, CublasForBf16FromMinRowsWhenOffered) {
   const int min_rows = cuda::cublas_min_rows();
-  if (!std::getenv("GPTOSS_CUBLAS_MIN_ROWS")) EXPECT_EQ(min_rows, 17);
+  if (!std::getenv("GPTOSS_CUBLAS_MIN_ROWS")) { EXPECT_EQ(min_rows, 17); }
   EXPECT_EQ(cuda::choose_linear_kernel(dense(WeightMat::kBF16, 65, 5120, 2880, true)), LinearKernel::kCublasLt);
   EXPECT_EQ(cuda::choose_linear_kernel(dense(WeightMat::kBF16, 4096, 128, 2880, true)), LinearKernel::kCublasLt);
   // Decode passes from min_rows tokens take it too (the skinny kernels pass over the weights once

@@ -1163,11 +1163,11 @@ struct AttnRun {
   cuda::AttentionPath path = cuda::AttentionPath::kAuto;
   int page_size = 16;
   uint64_t seed = 0;
-  cuda::AttentionPassInfo info;  // kAuto's hints (zeros: per-token kernel only)
+  cuda::AttentionPassInfo info{};  // kAuto's hints (zeros: per-token kernel only)
   // attention_decode with `plan` for the new tokens (one a sequence) instead of rope_kv_store +
   // attention; the history is stored by rope_kv_store either way.
   bool fused = false;
-  cuda::DecodeAttentionPlan plan;
+  cuda::DecodeAttentionPlan plan{};
   // With fused: rope_kv_store first, then attention_decode in its stored mode (sequences may bring
   // several tokens: speculative verify passes).
   bool kv_stored = false;
@@ -1296,8 +1296,9 @@ std::vector<float> check_attention(const std::vector<AttnSeq>& seqs, int window,
                                       std::to_string(run.plan.nsplit) + (run.plan.cluster ? " cluster" : " split") +
                                       (run.plan.mma ? " mma" : "")
                                 : "");
-  if (!run.fused || run.kv_stored)  // fused: q is left unrotated
+  if (!run.fused || run.kv_stored) {  // fused: q is left unrotated
     EXPECT_LE(rel_err(got_q, ref_q), 1e-2) << "rope: " << what;
+  }
   double e = rel_err(got, ref);
   EXPECT_LE(e, 1.5e-2) << what;
   // Token by token too, so one wrong row (a mask off by one at a tile or page edge) cannot hide
@@ -1470,7 +1471,7 @@ TEST_F(Kernels, AttentionDecodeStoredMatchesFused) {
         for (auto plan : {cuda::DecodeAttentionPlan{2, true, true}, cuda::DecodeAttentionPlan{5, false, true}}) {
           if (b.size() > 33) continue;
           std::vector<uint8_t> pool_fused, pool_stored;
-          AttnRun fused{cuda::AttentionPath::kPerToken, 16, seed, {}};
+          AttnRun fused{.path = cuda::AttentionPath::kPerToken, .page_size = 16, .seed = seed};
           fused.cpu_reference = false;  // both meet the CPU in AttentionDecodeFused / AttentionDecodeStored
           fused.fused = true;
           fused.plan = plan;
@@ -1537,7 +1538,7 @@ TEST(DecodeAttentionPlan, TensorCorePlan) {
       EXPECT_TRUE(p.mma) << at;
       EXPECT_GE(p.nsplit, 1) << at;
       EXPECT_LE(p.nsplit, 32) << at;
-      if (keys <= 192) EXPECT_EQ(p.nsplit, 1) << at;
+      if (keys <= 192) { EXPECT_EQ(p.nsplit, 1) << at; }
       if (p.cluster) {
         EXPECT_EQ(p.nsplit & (p.nsplit - 1), 0) << at;
         EXPECT_LE(p.nsplit, 8) << at;
@@ -1573,7 +1574,7 @@ TEST_F(Kernels, AttentionDecodeFusedMatchesTwoKernels) {
                           cuda::DecodeAttentionPlan{16, true}, cuda::DecodeAttentionPlan{5, false},
                           cuda::DecodeAttentionPlan{2, true, true}, cuda::DecodeAttentionPlan{5, false, true}}) {
           std::vector<uint8_t> pool_two, pool_fused;
-          AttnRun two{cuda::AttentionPath::kPerToken, 16, seed, {}};
+          AttnRun two{.path = cuda::AttentionPath::kPerToken, .page_size = 16, .seed = seed};
           two.pool_after = &pool_two;
           // Both paths meet the CPU in AttentionPaged and AttentionDecodeFused; here they meet
           // each other (H200: 155 s with the CPU reference, 102 s without).
@@ -1609,7 +1610,7 @@ TEST_F(Kernels, FlashAttentionPrefill) {
     for (int start : {0, 37, 200})
       for (int window : {0, 128})
         for (bool fp8 : {false, true}) {
-          AttnRun run{cuda::AttentionPath::kFlash, page_sizes[k++ % 3], 0, {}};
+          AttnRun run{.path = cuda::AttentionPath::kFlash, .page_size = page_sizes[k++ % 3], .seed = 0};
           check_attention({{start, n}}, window, fp8, 1, Hq, Hkv, 64, run);
         }
   std::vector<std::vector<AttnSeq>> batches = {
@@ -1621,18 +1622,18 @@ TEST_F(Kernels, FlashAttentionPrefill) {
     for (int ps : {16, 32, 7})
       for (int window : {0, 128})
         for (bool fp8 : {false, true})
-          check_attention(b, window, fp8, 1, Hq, Hkv, 64, AttnRun{cuda::AttentionPath::kFlash, ps, 0, {}});
+          check_attention(b, window, fp8, 1, Hq, Hkv, 64, AttnRun{.path = cuda::AttentionPath::kFlash, .page_size = ps, .seed = 0});
   if (!small_mode())
     for (int window : {0, 128})
       for (bool fp8 : {false, true}) {
-        check_attention({{0, 2048}}, window, fp8, 1, Hq, Hkv, 64, AttnRun{cuda::AttentionPath::kFlash, 16, 0, {}});
-        check_attention({{2048, 300}}, window, fp8, 1, Hq, Hkv, 64, AttnRun{cuda::AttentionPath::kFlash, 32, 0, {}});
+        check_attention({{0, 2048}}, window, fp8, 1, Hq, Hkv, 64, AttnRun{.path = cuda::AttentionPath::kFlash, .page_size = 16, .seed = 0});
+        check_attention({{2048, 300}}, window, fp8, 1, Hq, Hkv, 64, AttnRun{.path = cuda::AttentionPath::kFlash, .page_size = 32, .seed = 0});
       }
   // Other GQA groups: 4, 2 and 1 query heads a kv head (16, 32 and 128 tokens a CTA).
   for (auto [hq, hkv] : {std::pair{16, 4}, std::pair{8, 4}, std::pair{4, 4}})
     for (int window : {0, 128}) {
-      check_attention({{0, 200}, {50, 70}}, window, false, 1, hq, hkv, 64, AttnRun{cuda::AttentionPath::kFlash, 16, 0, {}});
-      check_attention({{130, 129}}, window, true, 1, hq, hkv, 64, AttnRun{cuda::AttentionPath::kFlash, 7, 0, {}});
+      check_attention({{0, 200}, {50, 70}}, window, false, 1, hq, hkv, 64, AttnRun{.path = cuda::AttentionPath::kFlash, .page_size = 16, .seed = 0});
+      check_attention({{130, 129}}, window, true, 1, hq, hkv, 64, AttnRun{.path = cuda::AttentionPath::kFlash, .page_size = 7, .seed = 0});
     }
   EXPECT_FALSE(cuda::flash_attention_supported(64, 8, 32));
   EXPECT_FALSE(cuda::flash_attention_supported(48, 8, 64));  // 6 heads a group
@@ -1660,7 +1661,7 @@ TEST_F(Kernels, FlashAttentionMixedPass) {
     for (int window : {0, 128})
       for (bool fp8 : {false, true})
         for (int nsplit : {1, 5})
-          check_attention(b, window, fp8, nsplit, Hq, Hkv, 64, AttnRun{cuda::AttentionPath::kAuto, 16, 0, {int(b.size()), most, fewest}});
+          check_attention(b, window, fp8, nsplit, Hq, Hkv, 64, AttnRun{.path = cuda::AttentionPath::kAuto, .page_size = 16, .seed = 0, .info = {int(b.size()), most, fewest}});
   }
 }
 
@@ -1672,7 +1673,7 @@ TEST_F(Kernels, FlashAttentionBatchInvariant) {
   const uint64_t seed = fresh_seed() | 1;
   for (int window : {0, 128})
     for (bool fp8 : {false, true}) {
-      AttnRun run{cuda::AttentionPath::kFlash, 16, seed, {}};
+      AttnRun run{.path = cuda::AttentionPath::kFlash, .page_size = 16, .seed = seed};
       const AttnSeq a{150, 70}, d{300, 1};
       auto alone_a = check_attention({a}, window, fp8, 1, Hq, Hkv, 64, run);
       auto alone_d = check_attention({d}, window, fp8, 1, Hq, Hkv, 64, run);

@@ -196,7 +196,7 @@ void check_batched_decode(bool invariant, int S = 3) {
     // so its cached K/V differ by rounding.
     if (e > 5e-3) ++over;
     EXPECT_LE(e, flips_allowed ? 0.25 : 5e-3) << "seq " << s;
-    if (invariant) EXPECT_EQ(got, l) << "batch-invariant: seq " << s << " differs from its run alone";
+    if (invariant) { EXPECT_EQ(got, l) << "batch-invariant: seq " << s << " differs from its run alone"; }
     std::printf("batched decode vs alone%s, seq %d: rel err %.3g\n", invariant ? " (batch-invariant)" : "", s, e);
     EXPECT_EQ(greedy[S - 1 - s], argmax(got)) << "seq " << s;  // the batch's own greedy pass
   }

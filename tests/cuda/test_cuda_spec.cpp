@@ -109,7 +109,7 @@ void check_verify_pass(bool invariant) {
       const float* row = lv.data() + size_t(i) * V;
       const double want = double(row[ids[i]]) - row_logsumexp(row, V);
       EXPECT_NEAR(lps[i], want, 1e-4 + 1e-5 * std::fabs(want)) << "row " << i << " T=" << temp;
-      if (temp == 0.0f) EXPECT_EQ(ids[i], greedy[i]) << "row " << i;
+      if (temp == 0.0f) { EXPECT_EQ(ids[i], greedy[i]) << "row " << i; }
     }
   }
   for (int s = 0; s < S; ++s) {

@@ -614,7 +614,7 @@ TEST_F(TpRouting, ExpertRangeKeepsHeldGroupsAtTheirSlots) {
         ++seen[sl];
         EXPECT_EQ(part.token[sl], p / k);
         for (int i = 0; i < full.n_groups; ++i)
-          if (full.expert[i] == part.topk[p]) EXPECT_TRUE(sl >= full.start[i] && sl < full.end[i]);
+          if (full.expert[i] == part.topk[p]) { EXPECT_TRUE(sl >= full.start[i] && sl < full.end[i]); }
       }
       EXPECT_EQ(std::count(seen.begin(), seen.end(), 1), P);
     }

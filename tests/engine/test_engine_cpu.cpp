@@ -32,7 +32,7 @@ std::vector<std::vector<int32_t>> serve(Backend& be, EngineConfig c, int n, int 
   auto drain = [&](RequestStream& s, std::vector<int32_t>& toks) {
     while (auto ev = s.next(std::chrono::milliseconds(0))) {
       toks.insert(toks.end(), ev->tokens.begin(), ev->tokens.end());
-      if (ev->finished) EXPECT_EQ(ev->finish_reason, FinishReason::kLength);
+      if (ev->finished) { EXPECT_EQ(ev->finish_reason, FinishReason::kLength); }
     }
   };
   if (one_at_a_time) {

@@ -23,7 +23,7 @@ KvManager make_kv(int full, int sliding = -1) {
 
 // A sequence with `computed` positions cached (pages prepared) and `tokens` in all.
 SchedSeq seq(KvManager& kv, int64_t id, int32_t computed, int32_t tokens) {
-  if (computed > 0) EXPECT_TRUE(kv.prepare(id, 0, computed));
+  if (computed > 0) { EXPECT_TRUE(kv.prepare(id, 0, computed)); }
   return {id, computed, tokens};
 }
 
@@ -228,7 +228,7 @@ TEST(PlanStep, RandomWorkloadsAlwaysApplyAndComplete) {
       preemptions += int(p.preempt.size());
       for (const auto& r : p.rows) chunked += r.n_tokens > 1 && view[r.seq].num_computed + r.n_tokens < view[r.seq].num_tokens;
       for (size_t i = 0; i < running.size(); ++i)
-        if (view[i].decoding() && !gone[i]) ASSERT_TRUE(in_step[i]) << i;
+        if (view[i].decoding() && !gone[i]) { ASSERT_TRUE(in_step[i]) << i; }
       apply(kv, view, p);
       std::vector<Req> still, requeue;
       for (size_t i = 0; i < running.size(); ++i) {

@@ -76,7 +76,7 @@ SpecRun serve(EngineConfig c, const std::vector<std::vector<int32_t>>& prompts, 
       if (!done[i] && !out.tokens[i].empty()) expect_pages += (computed + c.page_size - 1) / c.page_size;
     }
     // the budget holds every prompt: from the first step on all running sequences decode
-    if (check_pages) EXPECT_EQ(e.stats().kv_pages_used[kKvFull], expect_pages) << "step " << steps;
+    if (check_pages) { EXPECT_EQ(e.stats().kv_pages_used[kKvFull], expect_pages) << "step " << steps; }
     ++steps;
   }
   EXPECT_EQ(e.stats().kv_pages_used[kKvFull], 0);

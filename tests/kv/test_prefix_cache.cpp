@@ -237,8 +237,8 @@ TEST(PrefixCache, RandomizedBalance) {
           if (p >= 0) ++holders[p];
       int distinct = int(holders.size());
       for (auto& [p, n] : holders) {
-        if (n > 1) ASSERT_TRUE(m.cache(KvGroup(g)).cached(p)) << "page " << p << " shared but not cached";
-        if (m.cache(KvGroup(g)).cached(p)) ASSERT_EQ(m.cache(KvGroup(g)).refs(p), n);
+        if (n > 1) { ASSERT_TRUE(m.cache(KvGroup(g)).cached(p)) << "page " << p << " shared but not cached"; }
+        if (m.cache(KvGroup(g)).cached(p)) { ASSERT_EQ(m.cache(KvGroup(g)).refs(p), n); }
       }
       ASSERT_EQ(m.num_used(KvGroup(g)), distinct) << "group " << g << " iteration " << it;
     }

@@ -758,7 +758,7 @@ TEST(Http, StructuredOutputIsValidJsonForEverySeed) {
     auto [content, finish] = chat_content(f, structured_body({{"type", "json_object"}}, seed, 24));
     ASSERT_FALSE(content.empty());
     EXPECT_EQ(content[0], '{') << content;
-    if (finish == "stop") EXPECT_TRUE(json::parse(content).is_object()) << content;
+    if (finish == "stop") { EXPECT_TRUE(json::parse(content).is_object()) << content; }
   }
   // "text" leaves the output alone.
   auto [text, finish] = chat_content(f, structured_body({{"type", "text"}}, 1, 8));

@@ -24,11 +24,6 @@ using json = nlohmann::json;
 
 namespace {
 
-const Tokenizer& tok() {
-  static const Tokenizer t = Tokenizer::o200k_harmony();
-  return t;
-}
-
 const char* kModel = "test-model";
 
 // httptest::Fixture, optionally failing the generation at an output token.
@@ -123,8 +118,9 @@ TEST(HttpContract, ApiKeyOnEveryV1Route) {
       EXPECT_LT(ok->status, 500) << what << ": " << ok->body;
       // A wildcard other than the model's name (a stored response's id) answers 404 for the name.
       const bool wildcard_id = r.path.find('*') != std::string::npos && r.path.rfind("/v1/models/", 0) != 0;
-      if ((r.method == "GET" || r.method == "POST") && !wildcard_id)
+      if ((r.method == "GET" || r.method == "POST") && !wildcard_id) {
         EXPECT_EQ(ok->status, 200) << what << ": " << ok->body;
+      }
     } else {
       auto res = send({});
       ASSERT_TRUE(res) << what;
@@ -306,7 +302,7 @@ TEST(HttpContract, GenerationErrorMidway) {
     ASSERT_GE(err_at, 1) << path << ": no error event after the first chunk:\n" << s->body;
     EXPECT_EQ(evs[err_at]["error"]["type"], "server_error");
     for (int i = 0; i < err_at; ++i)
-      if (!evs[i]["choices"].empty()) EXPECT_TRUE(evs[i]["choices"][0]["finish_reason"].is_null()) << path;
+      if (!evs[i]["choices"].empty()) { EXPECT_TRUE(evs[i]["choices"][0]["finish_reason"].is_null()) << path; }
   }
   // Short requests (under the fault) are still served.
   auto ok = f.post("/v1/completions", {{"prompt", "Hi"}, {"max_tokens", 2}, {"ignore_eos", true}});

@@ -45,7 +45,7 @@ void check_completion(const Conversation& c, const std::string& file, bool token
   EXPECT_EQ(render_text_for_completion(c, Role::Assistant, o), expected) << file;
   auto ids = renderer().render_for_completion(c, Role::Assistant, o);
   EXPECT_EQ(o200k().decode(ids), expected) << file;
-  if (tokens) EXPECT_EQ(ids, enc_special(expected)) << file;
+  if (tokens) { EXPECT_EQ(ids, enc_special(expected)) << file; }
 }
 
 const char* kIdentity = "You are ChatGPT, a large language model trained by OpenAI.";

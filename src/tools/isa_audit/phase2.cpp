@@ -188,7 +188,15 @@ std::string phase2_markdown(const Phase1Result& p1, const Phase2Result& r) {
         continue;
       }
       std::string cell;
-      for (auto& [op, n] : e.opcodes) cell += (cell.empty() ? "" : " ") + op + (n > 1 ? "(" + std::to_string(n) + ")" : "");
+      for (auto& [op, n] : e.opcodes) {
+        if (!cell.empty()) cell += ' ';
+        cell += op;
+        if (n > 1) {
+          cell += '(';
+          cell += std::to_string(n);
+          cell += ')';
+        }
+      }
       o << " " << (cell.empty() ? "(none)" : cell) << " |";
     }
     o << "\n";

@@ -463,7 +463,10 @@ Phase3Summary run_phase3(const Phase3Options& opt) {
   };
   auto start_child = [&](Child& c, const Site* s, std::deque<uint32_t> vals) {
     std::string list;
-    for (auto v : vals) list += (list.empty() ? "" : ",") + std::to_string(v);
+    for (auto v : vals) {
+      if (!list.empty()) list += ',';
+      list += std::to_string(v);
+    }
     fs::path lf = out / ("values_" + std::to_string(&c - kids.data()) + ".txt");
     write_file(lf, list);
     std::vector<std::string> argv{self};
