@@ -211,6 +211,9 @@ __global__ void __launch_bounds__(kSkWarps * 32, MINB) streamk_mma_kernel(const 
   WChunk<FMT> wb[PF];
   uint32_t xoff[PF];  // the item's activation offset (row + chunk), ~0u: none
   uint4 xb[2][1][2];
+  // (nvcc sees xoff[u] read before every entry is set; a live warp always has item 0, lo < hi,
+  // and reads entry u only for an item it loaded.)
+#pragma nv_diag_suppress 549
   auto load_x = [&](int u, int b) {
     if (xoff[u] != ~0u) {
       const uint4* p = reinterpret_cast<const uint4*>(A + xoff[u]);
@@ -220,6 +223,7 @@ __global__ void __launch_bounds__(kSkWarps * 32, MINB) streamk_mma_kernel(const 
       xb[b][0][0] = xb[b][0][1] = make_uint4(0, 0, 0, 0);
     }
   };
+#pragma nv_diag_default 549
   auto x_of = [&]() { return lrow == ~0u ? ~0u : lrow + uint32_t(lc) * 128u; };
 
   if (!a.grouped) {

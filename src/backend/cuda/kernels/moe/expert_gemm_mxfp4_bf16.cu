@@ -163,8 +163,8 @@ __global__ void __launch_bounds__(kThreads, 2) expert_gemm_mxfp4_bf16_kernel(Exp
       // Plain C++ shared loads (not asm), so the compiler orders them against the barrier.
       const uint8_t* as = smem + st * kAStageBytes + a_rd;
       const uint8_t* bs = smem + kStages * kAStageBytes + st * kBStageBytes + b_rd;
-      uint4 fw[2];
-      uint32_t fs_hi[2], fs_lo[2];
+      [[maybe_unused]] uint4 fw[2];  // (FRAG only)
+      [[maybe_unused]] uint32_t fs_hi[2], fs_lo[2];
       if constexpr (FRAG) {
 #pragma unroll
         for (int tt = 0; tt < 2; ++tt) {
@@ -174,7 +174,7 @@ __global__ void __launch_bounds__(kThreads, 2) expert_gemm_mxfp4_bf16_kernel(Exp
           fs_lo[tt] = __vmaxu4(fs, 0x80808080u) - 0x01010101u;  // max(s, 128) - 1
         }
       }
-      uint32_t cs[4];  // checkpoint: the scale bytes of blocks 2 kt, 2 kt + 1 (kb is even)
+      [[maybe_unused]] uint32_t cs[4];  // checkpoint: the scale bytes of blocks 2 kt, 2 kt + 1 (kb is even)
       if constexpr (!FRAG) {
 #pragma unroll
         for (int t = 0; t < 4; ++t)
