@@ -303,11 +303,7 @@ void check_moe(const MoeCase& c, int path) {
   const int n = c.n, E = c.E, k = c.k, H = c.H, I = c.I;
   auto x = round_bf16(rand_f32(size_t(n) * H, r));
   auto logits = rand_f32(size_t(n) * E, r);
-  auto rand_bytes = [&](size_t cnt, int lo, int hi) {
-    std::vector<uint8_t> v(cnt);
-    for (auto& b : v) b = uint8_t(lo + int(r.next() % uint64_t(hi - lo + 1)));
-    return v;
-  };
+  auto rand_bytes = [&](size_t cnt, int lo, int hi) { return test::rand_bytes(r, cnt, lo, hi); };
   auto gu_b = rand_bytes(size_t(E) * 2 * I * H / 2, 0, 255), gu_s = rand_bytes(size_t(E) * 2 * I * H / 32, 118, 121);
   auto dn_b = rand_bytes(size_t(E) * H * I / 2, 0, 255), dn_s = rand_bytes(size_t(E) * H * I / 32, 118, 121);
   auto gu_bias = rand_f32(size_t(E) * 2 * I, r, 0.1f), dn_bias = rand_f32(size_t(E) * H, r, 0.1f);
@@ -598,11 +594,7 @@ void check_expert_gemm(const std::vector<int>& counts, int n_tokens, int H, int 
   const int E = int(counts.size());
   HostRouting rt = make_routing(counts, n_tokens, r);
   const int P = rt.start.back();
-  auto rand_bytes = [&](size_t cnt, int lo, int hi) {
-    std::vector<uint8_t> v(cnt);
-    for (auto& b : v) b = uint8_t(lo + int(r.next() % uint64_t(hi - lo + 1)));
-    return v;
-  };
+  auto rand_bytes = [&](size_t cnt, int lo, int hi) { return test::rand_bytes(r, cnt, lo, hi); };
   // Scales on both sides of 2^1 (e8m0 128): version 1 splits them there.
   auto gu_b = rand_bytes(size_t(E) * 2 * I * H / 2, 0, 255), gu_s = rand_bytes(size_t(E) * 2 * I * H / 32, 116, 130);
   auto dn_b = rand_bytes(size_t(E) * H * I / 2, 0, 255), dn_s = rand_bytes(size_t(E) * H * I / 32, 116, 130);
