@@ -155,9 +155,7 @@ TEST_F(Kernels, LinearMxfp4Dense) {
     for (int path : {0, 1, 2}) {
       FastRng r(fresh_seed());
       auto x = round_bf16(rand_f32(size_t(c.M) * c.K, r));
-      std::vector<uint8_t> blocks(size_t(c.N) * c.K / 2), scales(size_t(c.N) * c.K / 32);
-      for (auto& b : blocks) b = uint8_t(r.next());
-      for (auto& b : scales) b = uint8_t(118 + r.next() % 4);
+      auto blocks = rand_bytes(r, size_t(c.N) * c.K / 2), scales = rand_bytes(r, size_t(c.N) * c.K / 32, 118, 121);
       auto bias = rand_f32(c.N, r, 0.1f);
       std::vector<float> ref(size_t(c.M) * c.N);
       cpu::linear_mxfp4(x.data(), c.M, c.K, blocks.data(), scales.data(), c.N, bias.data(), ref.data());
@@ -190,9 +188,7 @@ void check_skinny_dense(WeightMat::Format fmt, const DenseCase& c) {
   Dev<int> flag(std::vector<int>{0});
   WeightMat P;
   if (fmt == WeightMat::kFragMXFP4) {
-    std::vector<uint8_t> blocks(size_t(c.N) * c.K / 2), scales(size_t(c.N) * c.K / 32);
-    for (auto& b : blocks) b = uint8_t(r.next());
-    for (auto& b : scales) b = uint8_t(116 + r.next() % 8);
+    auto blocks = rand_bytes(r, size_t(c.N) * c.K / 2), scales = rand_bytes(r, size_t(c.N) * c.K / 32, 116, 123);
     cpu::linear_mxfp4(x.data(), c.M, c.K, blocks.data(), scales.data(), c.N, bias.data(), ref.data());
     Dev<uint8_t> dbl(blocks), dsc(scales), daux(scales.size());
     WeightMat W{WeightMat::kMXFP4, dbl.p(), dsc.p(), db.p(), c.N, c.K};
@@ -267,9 +263,7 @@ TEST_F(Kernels, SkinnyDense) {
 TEST_F(Kernels, StreamKRepeatsBitForBit) {
   const int M = 3, N = small_mode() ? 64 : 5120, K = small_mode() ? 192 : 2880;
   FastRng r(fresh_seed());
-  std::vector<uint8_t> blocks(size_t(N) * K / 2), scales(size_t(N) * K / 32);
-  for (auto& b : blocks) b = uint8_t(r.next());
-  for (auto& b : scales) b = uint8_t(116 + r.next() % 8);
+  auto blocks = rand_bytes(r, size_t(N) * K / 2), scales = rand_bytes(r, size_t(N) * K / 32, 116, 123);
   auto x = round_bf16(rand_f32(size_t(M) * K, r));
   auto bias = rand_f32(N, r, 0.1f);
   std::vector<float> ref(size_t(M) * N);
@@ -303,9 +297,8 @@ void check_moe(const MoeCase& c, int path) {
   const int n = c.n, E = c.E, k = c.k, H = c.H, I = c.I;
   auto x = round_bf16(rand_f32(size_t(n) * H, r));
   auto logits = rand_f32(size_t(n) * E, r);
-  auto rand_bytes = [&](size_t cnt, int lo, int hi) { return test::rand_bytes(r, cnt, lo, hi); };
-  auto gu_b = rand_bytes(size_t(E) * 2 * I * H / 2, 0, 255), gu_s = rand_bytes(size_t(E) * 2 * I * H / 32, 118, 121);
-  auto dn_b = rand_bytes(size_t(E) * H * I / 2, 0, 255), dn_s = rand_bytes(size_t(E) * H * I / 32, 118, 121);
+  auto gu_b = rand_bytes(r, size_t(E) * 2 * I * H / 2, 0, 255), gu_s = rand_bytes(r, size_t(E) * 2 * I * H / 32, 118, 121);
+  auto dn_b = rand_bytes(r, size_t(E) * H * I / 2, 0, 255), dn_s = rand_bytes(r, size_t(E) * H * I / 32, 118, 121);
   auto gu_bias = rand_f32(size_t(E) * 2 * I, r, 0.1f), dn_bias = rand_f32(size_t(E) * H, r, 0.1f);
 
   // CPU reference.
@@ -594,10 +587,9 @@ void check_expert_gemm(const std::vector<int>& counts, int n_tokens, int H, int 
   const int E = int(counts.size());
   HostRouting rt = make_routing(counts, n_tokens, r);
   const int P = rt.start.back();
-  auto rand_bytes = [&](size_t cnt, int lo, int hi) { return test::rand_bytes(r, cnt, lo, hi); };
   // Scales on both sides of 2^1 (e8m0 128): version 1 splits them there.
-  auto gu_b = rand_bytes(size_t(E) * 2 * I * H / 2, 0, 255), gu_s = rand_bytes(size_t(E) * 2 * I * H / 32, 116, 130);
-  auto dn_b = rand_bytes(size_t(E) * H * I / 2, 0, 255), dn_s = rand_bytes(size_t(E) * H * I / 32, 116, 130);
+  auto gu_b = rand_bytes(r, size_t(E) * 2 * I * H / 2, 0, 255), gu_s = rand_bytes(r, size_t(E) * 2 * I * H / 32, 116, 130);
+  auto dn_b = rand_bytes(r, size_t(E) * H * I / 2, 0, 255), dn_s = rand_bytes(r, size_t(E) * H * I / 32, 116, 130);
   auto gu_bias = rand_f32(size_t(E) * 2 * I, r, 0.1f), dn_bias = rand_f32(size_t(E) * H, r, 0.1f);
   auto x = round_bf16(rand_f32(size_t(n_tokens) * H, r, 0.05f));
   Dev<uint16_t> dx(to_bf16(x));

@@ -68,14 +68,21 @@ __device__ __forceinline__ uint4 ld_stream(const uint4* p) {
   return v;
 }
 
+// How a lane's weight words are read: __ldg, ld_stream (skipping L1), or plain loads (chunks
+// staged in shared memory in their global layout).
+enum class WLoad { kNc, kStream, kStaged };
+
 // A lane's weights of the chunk `off` chunks past its pointers: wl at its 16-byte word of a chunk
 // (W.w as uint4 + chunk * chunk_bytes / 16 + lane), sl (MXFP4) at its scale word (W.scales as
-// uint32 + chunk * 8 + lane / 4). STREAM: weight loads that skip L1 (ld_stream).
-template <int FMT, bool STREAM = false>
+// uint32 + chunk * 8 + lane / 4).
+template <int FMT, WLoad L = WLoad::kNc>
 __device__ __forceinline__ void load_w_at(const uint4* wl, const uint32_t* sl, size_t off, WChunk<FMT>& w) {
+  static_assert(L != WLoad::kStaged || FMT != WeightMat::kFragMXFP4, "staged chunks carry no scales");
   auto ld = [](const uint4* p) {
-    if constexpr (STREAM)
+    if constexpr (L == WLoad::kStream)
       return ld_stream(p);
+    else if constexpr (L == WLoad::kStaged)
+      return *p;
     else
       return __ldg(p);
   };
@@ -96,7 +103,7 @@ template <int FMT, bool STREAM = false>
 __device__ __forceinline__ void load_w(const SkinnyArgs& a, size_t tc, int lane, WChunk<FMT>& w) {
   const uint32_t* sl = nullptr;
   if constexpr (FMT == WeightMat::kFragMXFP4) sl = reinterpret_cast<const uint32_t*>(a.W.scales) + lane / 4;
-  load_w_at<FMT, STREAM>(static_cast<const uint4*>(a.W.w) + lane, sl, tc, w);
+  load_w_at<FMT, STREAM ? WLoad::kStream : WLoad::kNc>(static_cast<const uint4*>(a.W.w) + lane, sl, tc, w);
 }
 
 // The lane's activations of one chunk for n-tile i: 8 consecutive elements at 8 tq and 32 + 8 tq.

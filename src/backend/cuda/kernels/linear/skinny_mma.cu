@@ -208,14 +208,7 @@ __global__ void __launch_bounds__(KS * 32, skinny_min_blocks(NT, KS, RT)) skinny
 #pragma unroll
         for (int r = 0; r < RT; ++r) {
           WChunk<FMT> w;
-          const uint4* p = ws + (size_t(r) * P + c) * (chunk_bytes<FMT>() / 16) + lane;
-          if constexpr (FMT == WeightMat::kFragFP8) {
-            w.q[0] = p[0];
-            w.q[1] = p[32];
-          } else {
-#pragma unroll
-            for (int j = 0; j < 4; ++j) w.q[j] = p[32 * j];
-          }
+          load_w_at<FMT, WLoad::kStaged>(ws + lane, nullptr, size_t(r) * P + c, w);
           chunk_mma<FMT, NT, kChunkF16>(w, xbuf[0], acc[r]);
         }
       }
@@ -264,10 +257,17 @@ __global__ void __launch_bounds__(KS * 32, skinny_min_blocks(NT, KS, RT)) skinny
 // Kernel shapes (warps splitting K, row tiles whose blocks share the activation loads, chunks
 // in flight), by the tokens an n-tile pass covers; `ks` picks among the measured ones. TRY_CC:
 // use the compile-time chunk count for gpt-oss's K (2880, 4096) where the tiles fill every block.
+// A block's dynamic shared memory (skinny_mma_kernel): the K slices' partial sums, the activation
+// rows (one n-tile) and the SD staged chunk groups.
+template <int FMT>
+size_t skinny_smem_bytes(const SkinnyArgs& a, int NT, int KS, int RT, int SD) {
+  return size_t(KS) * RT * NT * 4 * 32 * sizeof(float) + (NT == 1 ? size_t(a.xs_rows) * (a.W.K + 8) * 2 : 0) +
+         size_t(RT) * SD * KS * chunk_bytes<FMT>();
+}
+
 template <int FMT, int NT, int KS, int RT, int PF, bool XF16, bool TRY_CC = false, int SD = 0>
 void launch_shape(const SkinnyArgs& a, int tiles, int groups, cudaStream_t s) {
-  const size_t smem = size_t(KS) * RT * NT * 4 * 32 * sizeof(float) +
-                      (NT == 1 ? size_t(a.xs_rows) * (a.W.K + 8) * 2 : 0) + size_t(RT) * SD * KS * chunk_bytes<FMT>();
+  const size_t smem = skinny_smem_bytes<FMT>(a, NT, KS, RT, SD);
   auto go = [&](auto k) {
     if (smem > 48 * 1024) GPTOSS_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     launch_pdl(k, dim3((tiles + RT - 1) / RT, groups), dim3(KS * 32), smem, s, a);
@@ -309,9 +309,9 @@ bool launch_staged(const SkinnyArgs& a, int tiles, int groups, int sd, cudaStrea
     if (a.grouped || a.xs_rows > max_rows || tiles % RT != 0 ||
         !skinny_cc_enabled() || (a.W.K != 2880 && a.W.K != 4096))
       return false;
-    // Fewer staged groups where the block would not fit in shared memory (227 KB).
-    const size_t fixed = size_t(KS) * RT * 4 * 32 * sizeof(float) + size_t(a.xs_rows) * (a.W.K + 8) * 2;
-    while (sd > 0 && fixed + size_t(RT) * sd * KS * chunk_bytes<FMT>() > 227 * 1024 - 1024) --sd;  // (less the static barrier)
+    // Fewer staged groups where the block would not fit in shared memory (227 KB, less the
+    // static barrier).
+    while (sd > 0 && skinny_smem_bytes<FMT>(a, NT, KS, RT, sd) > 227 * 1024 - 1024) --sd;
     switch (sd) {
       case 1: launch_shape<FMT, NT, KS, RT, PF, XF16, true, 1>(a, tiles, groups, s); return true;
       case 2: launch_shape<FMT, NT, KS, RT, PF, XF16, true, 2>(a, tiles, groups, s); return true;
