@@ -1,5 +1,7 @@
 #include "engine/engine.h"
 
+#include <pthread.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -153,12 +155,22 @@ void Engine::start() {
   stop_ = false;
   deliver_quit_ = false;
   deliver_async_ = true;
-  deliver_ = std::thread([this] { deliver_main(); });
+  // Named threads, so top -H, perf and gdb say which is which.
+  deliver_ = std::thread([this] {
+    pthread_setname_np(pthread_self(), "gptoss-deliver");
+    deliver_main();
+  });
   if (cfg_.async_scheduling) {
     worker_quit_ = false;
-    worker_ = std::thread([this] { worker_main(); });
+    worker_ = std::thread([this] {
+      pthread_setname_np(pthread_self(), "gptoss-forward");
+      worker_main();
+    });
   }
-  thread_ = std::thread([this] { loop(); });
+  thread_ = std::thread([this] {
+    pthread_setname_np(pthread_self(), "gptoss-engine");
+    loop();
+  });
 }
 
 void Engine::stop() {

@@ -1,5 +1,6 @@
 #include "engine/metrics.h"
 
+#include <algorithm>
 #include <cstdio>
 
 namespace gptoss {
@@ -13,6 +14,18 @@ void Histogram::observe(double v) {
   ++counts_[i];
   sum_ += v;
   ++n_;
+}
+
+void Histogram::reset() {
+  std::lock_guard<std::mutex> l(mu_);
+  std::fill(counts_.begin(), counts_.end(), 0);
+  sum_ = 0;
+  n_ = 0;
+}
+
+double Histogram::sum() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return sum_;
 }
 
 uint64_t Histogram::count() const {
@@ -39,6 +52,14 @@ void Histogram::render(const std::string& name, const std::string& help, std::st
   std::snprintf(buf, sizeof buf, "%.9g", sum_);
   out += name + "_sum" + own + " " + buf + "\n";
   out += name + "_count" + own + " " + std::to_string(n_) + "\n";
+}
+
+void EngineMetrics::reset() {
+  for (std::atomic<int64_t>* c : {&prompt_tokens, &generation_tokens, &requests_finished, &requests_aborted, &preemptions,
+                                  &prefix_cache_queries, &prefix_cache_hits, &steps, &overlapped_steps, &spec_draft_tokens,
+                                  &spec_accepted_tokens, &spec_gated_tokens, &spec_draft_us})
+    c->store(0);
+  for (Histogram* h : {&ttft_s, &itl_s, &step_forward_s, &step_host_s, &e2e_s}) h->reset();
 }
 
 }  // namespace gptoss

@@ -12,10 +12,12 @@ class Histogram {
  public:
   explicit Histogram(std::vector<double> upper_bounds);
   void observe(double v);
+  void reset();  // no observations
   // Appends the Prometheus text of this histogram (name_bucket/_sum/_count) to `out`. `labels`
   // (e.g. `model_name="m"`, no braces) go on every series, before `le`.
   void render(const std::string& name, const std::string& help, std::string& out, const std::string& labels = "") const;
   uint64_t count() const;
+  double sum() const;
 
  private:
   std::vector<double> bounds_;
@@ -52,6 +54,9 @@ struct EngineMetrics {
   Histogram step_forward_s{{0.0005, 0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5}};
   Histogram step_host_s{{0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1}};
   Histogram e2e_s{{0.01, 0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0}};
+
+  // Every counter and histogram back to zero (after the start-up warm-up, which is not traffic).
+  void reset();
 };
 
 }  // namespace gptoss

@@ -15,6 +15,7 @@
 #include "backend/backend_factory.h"
 #include "common/error.h"
 #include "engine/engine.h"
+#include "engine/warm_up.h"
 #include "server/server.h"
 #include "tokenizer/tokenizer.h"
 #include "tools/command.h"
@@ -36,6 +37,7 @@ struct Args {
   std::string speculative_config;  // vLLM's --speculative-config JSON
   std::string profile;             // "", plain or spec
   std::string speculative_model;   // an Eagle3 head: eagle3 K=1 (what --profile spec prefers)
+  std::string warmup = "auto";     // --warmup: auto (on for --device cuda), on, off
 };
 
 // --profile presets, under explicit flags: `spec` is latency first (n-gram drafts, K=3, 4
@@ -167,6 +169,16 @@ int run_serve(Args& a) {
   a.engine.batch_invariant = a.backend.batch_invariant;
   a.engine.speculative.target_model = a.backend.model_dir;  // an Eagle3 head without embed_tokens shares its embedding
   gptoss::Engine engine(*backend, a.engine);
+  // Before listening: the first users should not pay the GPU's one-time costs (engine/warm_up.h).
+  std::string warmed;
+  if (a.warmup == "on" || (a.warmup == "auto" && a.backend.device == "cuda")) {
+    const gptoss::WarmUpResult w = gptoss::warm_up(engine);
+    warmed = std::to_string(w.requests) + " requests at batch sizes";
+    for (int b : w.batch_sizes) warmed += " " + std::to_string(b);
+    char buf[64];
+    std::snprintf(buf, sizeof buf, ", %.2f s", w.seconds);
+    warmed += buf;
+  }
   engine.start();
   a.server.max_body_bytes = size_t(a.max_body_mb * 1024 * 1024);
   gptoss::server::Server server(engine, tok, a.server);
@@ -185,6 +197,7 @@ int run_serve(Args& a) {
   if (a.backend.tensor_parallel_size > 1)
     std::fprintf(stderr, "  tensor parallel: %s\n", gptoss::describe_tensor_parallel(a.backend).c_str());
   print_kv_summary(*backend, engine, a.engine.max_num_seqs);
+  if (!warmed.empty()) std::fprintf(stderr, "  warm-up: %s\n", warmed.c_str());
   if (a.engine.speculative.enabled() && a.engine.speculative.method == "eagle3")
     std::fprintf(stderr, "  speculative decoding: eagle3 head %s, up to %d draft tokens\n",
                  a.engine.speculative.model.c_str(), a.engine.speculative.num_speculative_tokens);
@@ -252,6 +265,11 @@ gptoss::tools::RegisterCommand reg({"serve", "Serve a model through an OpenAI-co
   add_kv_cache_dtype_option(app, a->kv_cache_dtype);
   app->add_flag("--async-scheduling", a->engine.async_scheduling,
                 "Plan each engine step while the previous forward pass runs (host/device overlap)");
+  app->add_option("--warmup", a->warmup,
+                  "Before listening, run each decode batch size once (short requests) so the first users do not pay "
+                  "one-time costs (CUDA graph captures, kernel loading): auto (on with --device cuda), on, off")
+      ->capture_default_str()
+      ->check(one_of({"auto", "on", "off"}));
   app->add_flag("--enable-prefix-caching,!--no-enable-prefix-caching", a->engine.enable_prefix_caching,
                 "Reuse the KV pages of a cached token prefix across requests (default on)");
   app->add_option("--speculative-config", a->speculative_config,

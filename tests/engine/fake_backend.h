@@ -4,11 +4,13 @@
 // `window` through the sliding one). It stores each token and its position in the pages the
 // engine hands it and checks them back, so wrong page tables, a released page still in use or
 // a page shared by two sequences change outputs or throw.
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <thread>
 #include <cstdint>
 #include <functional>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -50,6 +52,8 @@ class FakeBackend : public Backend {
     if (delay_us > 0) std::this_thread::sleep_for(std::chrono::microseconds(delay_us));
     max_batch_tokens = std::max<int>(max_batch_tokens, int(b.tokens.size()));
     max_batch_seqs = std::max<int>(max_batch_seqs, int(b.seqs.size()));
+    if (std::all_of(b.seqs.begin(), b.seqs.end(), [](const SeqBatchInfo& s) { return s.n_tokens == 1; }))
+      decode_batch_sizes.insert(int(b.seqs.size()));
     std::vector<uint64_t> row_hash(b.tokens.size(), 0);
     std::vector<std::pair<const SeqBatchInfo*, int32_t>> row_at(b.tokens.size(), {nullptr, 0});
     const int P = kv_.page_size;
@@ -106,6 +110,7 @@ class FakeBackend : public Backend {
   int delay_us = 0;  // per forward: makes streams slow enough to interrupt
   int max_batch_tokens = 0;
   int max_batch_seqs = 0;
+  std::set<int> decode_batch_sizes;  // sequences of each pass whose every sequence brought one token
 
  private:
   struct Slot {

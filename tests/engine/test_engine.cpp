@@ -3,10 +3,12 @@
 #include <atomic>
 #include <cmath>
 #include <map>
+#include <set>
 #include <thread>
 
 #include "common/error.h"
 #include "engine/engine.h"
+#include "engine/warm_up.h"
 #include "fake_backend.h"
 
 using namespace gptoss;
@@ -811,5 +813,47 @@ TEST(Engine, ConstraintAllowingNothingEndsWithAnError) {
   Result r = collect(*s);
   EXPECT_EQ(r.reason, FinishReason::kError);
   EXPECT_TRUE(r.tokens.empty());
+  EXPECT_EQ(e.num_active(), 0);
+}
+
+// The start-up warm-up (engine/warm_up.h): one decode pass at each batch size it names, every
+// request ends with all its tokens, and nothing of it stays behind (pages, active requests,
+// metrics).
+TEST(Engine, WarmUpRunsEachBatchSizeAndLeavesNoTrace) {
+  EXPECT_EQ(warm_up_batch_sizes(1), (std::vector<int>{1}));
+  EXPECT_EQ(warm_up_batch_sizes(4), (std::vector<int>{1, 2, 4}));
+  EXPECT_EQ(warm_up_batch_sizes(6), (std::vector<int>{1, 2, 4, 6}));
+  FakeBackend be;
+  EngineConfig c = small_cfg();
+  c.max_num_seqs = 6;
+  Engine e(be, c);
+  WarmUpResult w = warm_up(e, 8, 3);
+  EXPECT_EQ(w.batch_sizes, (std::vector<int>{1, 2, 4, 6}));
+  EXPECT_EQ(w.requests, 13);
+  // (16 tokens a pass: the prompts of a batch shorten to fit one prefill pass.)
+  EXPECT_EQ(w.tokens, 1 * (8 + 3) + 2 * (8 + 3) + 4 * (4 + 3) + 6 * (2 + 3));
+  EXPECT_EQ(be.decode_batch_sizes, (std::set<int>{1, 2, 4, 6}));
+  EXPECT_EQ(e.num_active(), 0);
+  EXPECT_EQ(e.metrics().requests_finished.load(), 0);
+  EXPECT_EQ(e.metrics().generation_tokens.load(), 0);
+  EXPECT_EQ(e.metrics().ttft_s.count(), 0u);
+  // The engine serves as before.
+  SamplingParams sp;
+  sp.temperature = 0;
+  sp.max_tokens = 5;
+  auto s = e.submit(prompt_of(5, 1), sp);
+  run_idle(e);
+  EXPECT_EQ(collect(*s).tokens.size(), 5u);
+  EXPECT_EQ(e.metrics().requests_finished.load(), 1);
+}
+
+// A context too short for the default prompt: the warm-up shortens its prompts.
+TEST(Engine, WarmUpFitsASmallContext) {
+  FakeBackend be;
+  EngineConfig c = small_cfg();
+  c.max_model_len = 8;
+  Engine e(be, c);
+  WarmUpResult w = warm_up(e);
+  EXPECT_EQ(w.requests, 1 + 2 + 4);
   EXPECT_EQ(e.num_active(), 0);
 }

@@ -1,0 +1,71 @@
+#include "engine/warm_up.h"
+
+#include <algorithm>
+#include <chrono>
+#include <string>
+
+#include "common/error.h"
+
+namespace gptoss {
+
+std::vector<int> warm_up_batch_sizes(int max_num_seqs) {
+  std::vector<int> sizes;
+  for (int b = 1; b < max_num_seqs; b *= 2) sizes.push_back(b);
+  if (max_num_seqs >= 1) sizes.push_back(max_num_seqs);
+  return sizes;
+}
+
+WarmUpResult warm_up(Engine& engine, int prompt_len, int new_tokens) {
+  const auto t0 = std::chrono::steady_clock::now();
+  WarmUpResult res;
+  // Room in the context for the prompt and the new tokens; ids away from the special tokens at
+  // the vocabulary's end.
+  prompt_len = std::max(1, std::min(prompt_len, engine.max_model_len() - new_tokens - 1));
+  const int vocab_span = std::max(2, std::min(engine.vocab(), 100000) - 1);
+  uint64_t salt = 0x9e3779b97f4a7c15ull;
+  for (int b : warm_up_batch_sizes(engine.config().max_num_seqs)) {
+    SamplingParams sp;
+    sp.max_tokens = new_tokens;
+    sp.ignore_eos = true;
+    const bool sampled = res.batch_sizes.size() % 2 == 1;
+    sp.temperature = sampled ? 1.0f : 0.0f;
+    sp.logprobs = sampled ? 0 : -1;
+    sp.seed = 1;
+    // Every prompt in one prefill pass, so the b sequences then decode together.
+    const int len = std::max(1, std::min(prompt_len, engine.config().max_num_batched_tokens / b));
+    std::vector<std::shared_ptr<RequestStream>> streams;
+    for (int i = 0; i < b; ++i) {
+      // Distinct prompts, so the prefix cache serves none of them and every prefill runs.
+      std::vector<int32_t> prompt(len);
+      for (int32_t& t : prompt) {
+        salt = salt * 6364136223846793005ull + 1442695040888963407ull;
+        t = int32_t((salt >> 33) % uint64_t(vocab_span));
+      }
+      streams.push_back(engine.submit(std::move(prompt), sp));
+    }
+    while (engine.step()) {
+    }
+    for (auto& s : streams) {
+      int got = 0;
+      bool finished = false;
+      while (auto ev = s->next(std::chrono::milliseconds(0))) {
+        got += int(ev->tokens.size());
+        if (ev->finished) {
+          finished = true;
+          if (ev->finish_reason == FinishReason::kError) throw Error("warm-up: a request failed: " + ev->error);
+        }
+      }
+      if (!finished || got != new_tokens)
+        throw Error("warm-up: a request ended with " + std::to_string(got) + " of " + std::to_string(new_tokens) +
+                    " tokens");
+    }
+    res.batch_sizes.push_back(b);
+    res.requests += b;
+    res.tokens += int64_t(b) * (len + new_tokens);
+  }
+  engine.metrics().reset();
+  res.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return res;
+}
+
+}  // namespace gptoss

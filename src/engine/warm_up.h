@@ -1,0 +1,34 @@
+#pragma once
+// Start-up warm-up: a few small batches through the engine before the server listens, so the
+// one-time costs a GPU backend has at a shape's first pass (a CUDA graph captured and
+// instantiated per decode batch bucket, kernels' modules loaded on first launch, host-side plans
+// memoized by size) are paid here and not by the first users. vLLM captures its decode graphs
+// at start-up and llama.cpp's server runs an empty pass for the same reason. Measured on one
+// H200 (seventeenth session, 20b, 32 streams): the first bench-serve run after start-up was
+// ~9% slower than the next one on the same server.
+#include <cstdint>
+#include <vector>
+
+#include "engine/engine.h"
+
+namespace gptoss {
+
+struct WarmUpResult {
+  std::vector<int> batch_sizes;  // the decode batch sizes run, in order
+  int requests = 0;
+  int64_t tokens = 0;            // prompt + generated tokens of the warm-up requests
+  double seconds = 0;
+};
+
+// The decode batch sizes a warm-up runs for max_num_seqs: the powers of two below it and itself
+// (the CUDA backend graphs a decode pass padded to the next power of two, up to 64).
+std::vector<int> warm_up_batch_sizes(int max_num_seqs);
+
+// Runs, for each of warm_up_batch_sizes(max_num_seqs), that many requests at once (distinct
+// prompts of prompt_len tokens, a few greedy decode steps; every other batch sampled with
+// logprobs so the sampling kernels load too), on the caller's thread: call it before
+// Engine::start(). The engine's metrics are reset afterwards (the warm-up is not traffic).
+// Throws gptoss::Error if a warm-up request does not finish with all its tokens.
+WarmUpResult warm_up(Engine& engine, int prompt_len = 32, int new_tokens = 4);
+
+}  // namespace gptoss

@@ -1,0 +1,75 @@
+// The engine's own host time between forward passes, without a GPU: N clients stream requests
+// (512-token prompts, greedy, logprobs of the drawn token, as bench-serve asks) through
+// Engine::start() over a fake backend whose passes take a fixed time and draw tokens without
+// logits. Prints the engine's step_host_s (the gap a GPU would idle for, absent overlap) per step.
+// Not a test (ctest does not run it): `build/tests/engine/bench_engine_host [clients] [pass_us]
+// [output_tokens]`. Seventeenth session, the H200 machine's host (16 cores): 236 us a step at 64
+// clients, 120 us at 32 (5 ms passes, 256 tokens); complete() about half of it, planning and the
+// launch a third.
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "engine/engine.h"
+#include "fake_backend.h"
+
+using namespace gptoss;
+
+namespace {
+
+// Tokens without logits: the pass sleeps pass_us and draws arbitrary ids below the special tokens.
+struct TimedBackend : testing::FakeBackend {
+  using FakeBackend::FakeBackend;
+  void forward_sample(const ForwardBatch& b, const RowSampling*, int32_t* out, float* lp) override {
+    for (size_t r = 0; r < b.logit_rows.size(); ++r) {
+      out[r] = int32_t(5 + (r * 7919 + b.tokens.size()) % 90000);
+      if (lp) lp[r] = -1.5f;
+    }
+    if (delay_us > 0) std::this_thread::sleep_for(std::chrono::microseconds(delay_us));
+  }
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const int clients = argc > 1 ? std::atoi(argv[1]) : 64;
+  const int pass_us = argc > 2 ? std::atoi(argv[2]) : 5000;
+  const int out = argc > 3 ? std::atoi(argv[3]) : 256;
+  TimedBackend be(201088, 128, 8192);
+  be.delay_us = pass_us;
+  EngineConfig c;
+  c.max_num_seqs = 64;
+  c.max_num_batched_tokens = 2048;
+  c.kv_cache_tokens = 200000;
+  c.max_model_len = 8192;
+  c.stop_token_ids = {200002, 200012};
+  c.token_text = [](int32_t t) { return "tok" + std::to_string(t % 1000); };
+  Engine e(be, c);
+  e.start();
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<std::thread> th;
+  for (int i = 0; i < clients; ++i)
+    th.emplace_back([&, i] {
+      SamplingParams sp;
+      sp.temperature = 0;
+      sp.max_tokens = out;
+      sp.ignore_eos = true;
+      sp.logprobs = 0;
+      std::vector<int32_t> p(512);
+      for (int j = 0; j < 512; ++j) p[j] = (i * 131 + j * 7) % 100000;
+      auto s = e.submit(p, sp);
+      while (auto ev = s->next(std::chrono::milliseconds(60000)))
+        if (ev->finished) break;
+    });
+  for (auto& t : th) t.join();
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  e.stop();
+  const EngineMetrics& m = e.metrics();
+  const double steps = double(m.step_host_s.count());
+  std::printf("%d clients, %d us passes: %.0f steps in %.2f s; engine host time %.1f us a step\n", clients, pass_us,
+              steps, secs, steps > 0 ? m.step_host_s.sum() / steps * 1e6 : 0.0);
+  return 0;
+}
