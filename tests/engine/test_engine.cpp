@@ -834,6 +834,8 @@ TEST(Engine, WarmUpRunsEachBatchSizeAndLeavesNoTrace) {
   EXPECT_EQ(w.tokens, 1 * (8 + 3) + 2 * (8 + 3) + 4 * (4 + 3) + 6 * (2 + 3));
   EXPECT_EQ(be.decode_batch_sizes, (std::set<int>{1, 2, 4, 6}));
   EXPECT_EQ(e.num_active(), 0);
+  EXPECT_EQ(e.stats().kv_pages_used[0], 0);  // (full pages may stay cached for prefixes: not in use)
+  EXPECT_EQ(e.stats().kv_pages_used[1], 0);
   EXPECT_EQ(e.metrics().requests_finished.load(), 0);
   EXPECT_EQ(e.metrics().generation_tokens.load(), 0);
   EXPECT_EQ(e.metrics().ttft_s.count(), 0u);
