@@ -18,9 +18,10 @@ std::vector<int> warm_up_batch_sizes(int max_num_seqs) {
 WarmUpResult warm_up(Engine& engine, int prompt_len, int new_tokens) {
   const auto t0 = std::chrono::steady_clock::now();
   WarmUpResult res;
-  // Room in the context for the prompt and the new tokens; ids away from the special tokens at
-  // the vocabulary's end.
-  prompt_len = std::max(1, std::min(prompt_len, engine.max_model_len() - new_tokens - 1));
+  // Room in the context for the prompt and the new tokens (a sequence ends at max_model_len
+  // tokens); ids away from the special tokens at the vocabulary's end.
+  new_tokens = std::max(1, std::min(new_tokens, engine.max_model_len() - 1));
+  prompt_len = std::max(1, std::min(prompt_len, engine.max_model_len() - new_tokens));
   const int vocab_span = std::max(2, std::min(engine.vocab(), 100000) - 1);
   uint64_t salt = 0x9e3779b97f4a7c15ull;
   for (int b : warm_up_batch_sizes(engine.config().max_num_seqs)) {

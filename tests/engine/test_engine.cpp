@@ -849,13 +849,17 @@ TEST(Engine, WarmUpRunsEachBatchSizeAndLeavesNoTrace) {
   EXPECT_EQ(e.metrics().requests_finished.load(), 1);
 }
 
-// A context too short for the default prompt: the warm-up shortens its prompts.
+// A context too short for the default prompt and tokens: the warm-up shortens both (down to the
+// smallest context serve accepts, 2 tokens).
 TEST(Engine, WarmUpFitsASmallContext) {
-  FakeBackend be;
-  EngineConfig c = small_cfg();
-  c.max_model_len = 8;
-  Engine e(be, c);
-  WarmUpResult w = warm_up(e);
-  EXPECT_EQ(w.requests, 1 + 2 + 4);
-  EXPECT_EQ(e.num_active(), 0);
+  for (int len : {8, 5, 2}) {
+    FakeBackend be;
+    EngineConfig c = small_cfg();
+    c.max_model_len = len;
+    Engine e(be, c);
+    WarmUpResult w = warm_up(e);
+    EXPECT_EQ(w.requests, 1 + 2 + 4) << len;
+    EXPECT_EQ(w.tokens, 7 * len) << len;  // prompt + new tokens fill the context
+    EXPECT_EQ(e.num_active(), 0) << len;
+  }
 }
