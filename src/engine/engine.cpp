@@ -327,23 +327,36 @@ void Engine::loop() {
     try {
       Planned next;
       if (!stop_ && begin_iteration()) next = plan_next();
+      std::unique_ptr<Launched> done;
       if (cur) {
         if (!next.items.empty()) ++metrics_.overlapped_steps;
         worker_wait();
-        std::unique_ptr<Launched> done = std::move(cur);
-        complete(*done);
-        // Rows of sequences that this join finished (their pages are already freed).
-        std::erase_if(next.items, [](const Planned::Item& it) { return it.s->done; });
+        done = std::move(cur);
+        std::vector<const Sequence*> stopped;
+        if (next.items.empty() || !take_tokens_early(*done, stopped)) {
+          complete(*done);
+          done.reset();
+        }
+        // Rows of sequences that this join finished (their pages are already freed), or that a
+        // stop token just ended (complete() below finishes them and frees their pages).
+        std::erase_if(next.items, [&](const Planned::Item& it) {
+          return it.s->done || std::find(stopped.begin(), stopped.end(), it.s) != stopped.end();
+        });
       }
       if (!next.items.empty()) {
         cur = launch(std::move(next));
         worker_submit(cur.get());
+        if (done) ++metrics_.early_launches;
       }
+      // N's ids were taken early: its bookkeeping (logprobs, detokenization, stop strings, events)
+      // runs while N+1 is on the device. A sequence it ends (a stop string) wastes its row in N+1,
+      // whose complete() skips it; its pages, freed now, are written by N+1 before any later pass.
+      if (done) complete(*done);
       flush_outbox();  // N's tokens reach the clients while N+1 runs
     } catch (const std::exception& e) {
       if (cur) {
         worker_wait();
-        for (auto& it : cur->items) it.s->in_flight = false;
+        for (auto& it : cur->items) --it.s->in_flight;
         cur.reset();
       }
       fail_running(e.what());
@@ -596,7 +609,7 @@ std::unique_ptr<Engine::Launched> Engine::launch(Planned planned) {
       s->prompt_counted = prompt_done;
     }
     s->num_computed += n;
-    s->in_flight = true;
+    ++s->in_flight;
   }
   // Prompt-logprob rows come after the sampled rows.
   for (const auto& pr : l->prompt_rows) batch.logit_rows.push_back(pr.batch_index);
@@ -670,7 +683,7 @@ void Engine::run_forward(Launched& l) {
 }
 
 void Engine::complete(Launched& l) {
-  for (auto& it : l.items) it.s->in_flight = false;
+  for (auto& it : l.items) --it.s->in_flight;
   if (l.error) std::rethrow_exception(l.error);
   last_forward_end_ = l.end;
   metrics_.step_forward_s.observe(std::chrono::duration<double>(l.end - l.begin).count());
@@ -680,12 +693,14 @@ void Engine::complete(Launched& l) {
   // The pages this pass wrote are complete: offer them to the prefix cache. (A sequence
   // cancelled or preempted meanwhile has no pages left and is skipped.)
   if (cfg_.enable_prefix_caching)
-    for (auto& it : l.items)
-      // Only positions of known tokens: a verify row's drafts are not tokens yet (num_computed
-      // runs past them until the rollback).
-      if (!it.s->done)
-        kv_->commit(int64_t(it.s->id), it.s->tokens.data(),
-                    std::min<int32_t>(it.s->num_computed, int32_t(it.s->tokens.size())));
+    for (size_t i = 0; i < l.items.size(); ++i) {
+      // Only positions of known tokens that this pass computed: a verify row's drafts are not
+      // tokens yet, and a pass launched since (take_tokens_early) may still be writing the next.
+      const Sequence& s = *l.items[i].s;
+      if (!s.done)
+        kv_->commit(int64_t(s.id), s.tokens.data(),
+                    std::min<int32_t>(l.batch.seqs[i].start_pos + l.items[i].n, int32_t(s.tokens.size())));
+    }
 
   // Sample and verify (sequences in parallel: each has its own generator), then stream and
   // finish in order. A sequence cancelled while the pass ran is finished already; one preempted
@@ -758,9 +773,9 @@ void Engine::complete(Launched& l) {
   }
   for (int g = 0; g < groups; ++g) {
     Sequence& s = *l.row_seq[group_first[g]];
-    s.pending = false;
+    if (!l.tokens_taken) s.pending = false;  // (taken early: a later pass may be pending now)
     if (s.done) continue;
-    if (!host) s.rng.discard(emitted[g]);  // the draws launch() took from a copy
+    if (!host && !l.tokens_taken) s.rng.discard(emitted[g]);  // the draws launch() took from a copy
     const int drafts = group_first[g + 1] - group_first[g] - 1;
     for (int j = 0; j < emitted[g] && !s.done; ++j) {
       const int r = group_first[g] + j;
@@ -770,7 +785,7 @@ void Engine::complete(Launched& l) {
         finish(s, ev, FinishReason::kError);
         break;
       }
-      append_token(s, l.toks[r], s.sp.logprobs >= 0 ? &lps[r] : nullptr, ev);
+      append_token(s, l.toks[r], s.sp.logprobs >= 0 ? &lps[r] : nullptr, ev, l.tokens_taken);
     }
     if (drafts > 0) {
       metrics_.spec_draft_tokens += drafts;
@@ -851,7 +866,30 @@ size_t Engine::safe_text_end(const Sequence& s) const {
   return std::max(end, s.text_sent);
 }
 
-void Engine::append_token(Sequence& s, int32_t tok, TokenLogprob* lp, EngineEvent& ev) {
+bool Engine::take_tokens_early(Launched& l, std::vector<const Sequence*>& stopped) {
+  if (l.error || !l.backend_samples || !l.prompt_rows.empty() || drafter_) return false;
+  const size_t rows = l.row_seq.size();
+  for (size_t r = 0; r < rows; ++r)
+    if ((r > 0 && l.row_seq[r] == l.row_seq[r - 1]) || l.row_seq[r]->sp.constraint) return false;
+  for (size_t r = 0; r < rows; ++r) {
+    Sequence& s = *l.row_seq[r];
+    s.pending = false;
+    if (s.done) continue;
+    s.tokens.push_back(l.toks[r]);
+    s.rng.discard(1);  // the draw launch() took from a copy
+    if (is_stop_token(s, l.toks[r])) stopped.push_back(&s);
+  }
+  l.tokens_taken = true;
+  last_forward_end_ = l.end;  // the next launch's host gap counts from this pass (complete() sets it again)
+  return true;
+}
+
+bool Engine::is_stop_token(const Sequence& s, int32_t tok) const {
+  if (std::find(s.sp.stop_token_ids.begin(), s.sp.stop_token_ids.end(), tok) != s.sp.stop_token_ids.end()) return true;
+  return !s.sp.ignore_eos && std::find(cfg_.stop_token_ids.begin(), cfg_.stop_token_ids.end(), tok) != cfg_.stop_token_ids.end();
+}
+
+void Engine::append_token(Sequence& s, int32_t tok, TokenLogprob* lp, EngineEvent& ev, bool appended) {
   auto now = Clock::now();
   if (!s.got_first) {
     s.got_first = true;
@@ -860,7 +898,7 @@ void Engine::append_token(Sequence& s, int32_t tok, TokenLogprob* lp, EngineEven
     metrics_.itl_s.observe(std::chrono::duration<double>(now - s.last_token).count());
   }
   s.last_token = now;
-  s.tokens.push_back(tok);
+  if (!appended) s.tokens.push_back(tok);
   ++s.counts[tok];
   ++metrics_.generation_tokens;
   ev.tokens.push_back(tok);
@@ -876,10 +914,7 @@ void Engine::append_token(Sequence& s, int32_t tok, TokenLogprob* lp, EngineEven
     return;
   }
 
-  bool is_stop_tok = std::find(s.sp.stop_token_ids.begin(), s.sp.stop_token_ids.end(), tok) != s.sp.stop_token_ids.end();
-  if (!s.sp.ignore_eos && !is_stop_tok)
-    is_stop_tok = std::find(cfg_.stop_token_ids.begin(), cfg_.stop_token_ids.end(), tok) != cfg_.stop_token_ids.end();
-  if (is_stop_tok) {
+  if (is_stop_token(s, tok)) {
     ev.stop_token = tok;
     finish(s, ev, FinishReason::kStop);
     return;

@@ -203,7 +203,9 @@ class Engine {
     Clock::time_point arrival, last_token;
     bool got_first = false;
     bool done = false;            // finished (dropped from the queues by drop_finished)
-    bool in_flight = false;       // in the forward pass that runs now
+    // Forward passes holding it: at most two, when async scheduling launches N+1 before N's
+    // bookkeeping (take_tokens_early).
+    int in_flight = 0;
     bool pending = false;         // that pass samples its next token (not appended yet)
     std::vector<int32_t> draft;   // speculative drafts verified by the pass planned/in flight
     AdaptiveDraftLength draft_len;
@@ -244,6 +246,7 @@ class Engine {
     bool decode_only = true;  // every row one decoding sequence's token (+ its drafts): a cost sample
     Clock::time_point begin, end;
     std::exception_ptr error;
+    bool tokens_taken = false;  // take_tokens_early appended the drawn ids before complete()
   };
   bool begin_iteration();
   Planned plan_next();
@@ -264,7 +267,14 @@ class Engine {
   void worker_submit(Launched* job);
   void worker_wait();
   void finish(Sequence& s, EngineEvent& ev, FinishReason r);
-  void append_token(Sequence& s, int32_t tok, TokenLogprob* lp, EngineEvent& ev);
+  // Async scheduling: appends a finished pass's drawn ids to their sequences (and advances their
+  // generators), nothing else, so the next pass can launch before complete() does the rest.
+  // Only for passes the backend sampled, one row a sequence, no constraint; false: not taken.
+  // `stopped`: the sequences whose new token is a stop token (complete() will end them).
+  bool take_tokens_early(Launched& l, std::vector<const Sequence*>& stopped);
+  bool is_stop_token(const Sequence& s, int32_t tok) const;
+  // appended: tok is already the last of s.tokens (take_tokens_early).
+  void append_token(Sequence& s, int32_t tok, TokenLogprob* lp, EngineEvent& ev, bool appended = false);
   size_t safe_text_end(const Sequence& s) const;
   void publish_stats();
 

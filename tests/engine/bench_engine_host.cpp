@@ -3,7 +3,7 @@
 // Engine::start() over a fake backend whose passes take a fixed time and draw tokens without
 // logits. Prints the engine's step_host_s (the gap a GPU would idle for, absent overlap) per step.
 // Not a test (ctest does not run it): `build/tests/engine/bench_engine_host [clients] [pass_us]
-// [output_tokens]`. Seventeenth session, the H200 machine's host (16 cores): 236 us a step at 64
+// [output_tokens] [async 0|1]`. Seventeenth session, the H200 machine's host (16 cores): 236 us a step at 64
 // clients, 120 us at 32 (5 ms passes, 256 tokens); complete() about half of it, planning and the
 // launch a third.
 #include <chrono>
@@ -38,6 +38,7 @@ int main(int argc, char** argv) {
   const int clients = argc > 1 ? std::atoi(argv[1]) : 64;
   const int pass_us = argc > 2 ? std::atoi(argv[2]) : 5000;
   const int out = argc > 3 ? std::atoi(argv[3]) : 256;
+  const bool async = argc > 4 && std::atoi(argv[4]) != 0;  // EngineConfig::async_scheduling
   TimedBackend be(201088, 128, 8192);
   be.delay_us = pass_us;
   EngineConfig c;
@@ -45,6 +46,7 @@ int main(int argc, char** argv) {
   c.max_num_batched_tokens = 2048;
   c.kv_cache_tokens = 200000;
   c.max_model_len = 8192;
+  c.async_scheduling = async;
   c.stop_token_ids = {200002, 200012};
   c.token_text = [](int32_t t) { return "tok" + std::to_string(t % 1000); };
   Engine e(be, c);
@@ -69,7 +71,8 @@ int main(int argc, char** argv) {
   e.stop();
   const EngineMetrics& m = e.metrics();
   const double steps = double(m.step_host_s.count());
-  std::printf("%d clients, %d us passes: %.0f steps in %.2f s; engine host time %.1f us a step\n", clients, pass_us,
-              steps, secs, steps > 0 ? m.step_host_s.sum() / steps * 1e6 : 0.0);
+  std::printf("%d clients, %d us passes%s: %.0f steps in %.2f s; engine host time %.1f us a step (%lld launched early)\n",
+              clients, pass_us, async ? ", async scheduling" : "", steps, secs,
+              steps > 0 ? m.step_host_s.sum() / steps * 1e6 : 0.0, (long long)m.early_launches.load());
   return 0;
 }

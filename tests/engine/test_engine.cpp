@@ -863,3 +863,62 @@ TEST(Engine, WarmUpFitsASmallContext) {
     EXPECT_EQ(e.num_active(), 0) << len;
   }
 }
+
+// Async scheduling's early launch (Engine::take_tokens_early): passes the backend samples (greedy,
+// seeded, the drawn token's logprob) launch the next pass from their drawn ids before their
+// bookkeeping. Stop tokens and stop strings the pass in flight cannot foresee, max_tokens, a KV
+// cache that forces preemption of sequences in flight: each request gets what it gets alone,
+// every page comes back.
+TEST(Engine, EarlyLaunchEqualsAlone) {
+  EngineConfig c = small_cfg();
+  c.kv_cache_tokens = 96;
+  c.max_model_len = 90;
+  c.async_scheduling = true;
+  c.token_text = letter;
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<SamplingParams> sps;
+  for (int i = 0; i < 12; ++i) {
+    prompts.push_back(prompt_of(1 + (i * 11) % 30, i));
+    SamplingParams sp;
+    sp.max_tokens = 5 + (i * 7) % 40;
+    sp.ignore_eos = true;
+    sp.temperature = i % 3 == 0 ? 0.0f : 0.9f;
+    if (i % 3) sp.seed = 100 + i;
+    if (i % 2) sp.logprobs = 0;
+    sps.push_back(sp);
+  }
+  for (int i : {2, 7}) {  // a stop token
+    Result base = run_alone(prompts[i], sps[i], c);
+    ASSERT_GE(base.tokens.size(), 4u);
+    sps[i].stop_token_ids = {base.tokens[3]};
+  }
+  for (int i : {4, 9}) {  // a stop string: its text from the third and fourth tokens
+    Result base = run_alone(prompts[i], sps[i], c);
+    ASSERT_GE(base.text.size(), 4u);
+    sps[i].stop = {base.text.substr(2, 2)};
+  }
+  FakeBackend be;
+  be.delay_us = 300;
+  Engine e(be, c);
+  e.start();
+  std::vector<std::shared_ptr<RequestStream>> ss;
+  for (int i = 0; i < 12; ++i) ss.push_back(e.submit(prompts[i], sps[i]));
+  std::vector<Result> got;
+  for (auto& s : ss) got.push_back(collect(*s));
+  e.stop();
+  EXPECT_GT(e.metrics().early_launches.load(), 10);
+  EXPECT_GT(e.metrics().preemptions.load(), 0);
+  for (int i = 0; i < 12; ++i) {
+    Result alone = run_alone(prompts[i], sps[i], c);
+    EXPECT_EQ(got[i].tokens, alone.tokens) << i;
+    EXPECT_EQ(got[i].text, alone.text) << i;
+    EXPECT_EQ(got[i].reason, alone.reason) << i;
+    EXPECT_EQ(got[i].logprobs.size(), sps[i].logprobs >= 0 ? got[i].tokens.size() : 0u) << i;
+  }
+  EXPECT_EQ(got[2].reason, FinishReason::kStop);
+  EXPECT_EQ(got[4].reason, FinishReason::kStop);
+  EXPECT_EQ(got[4].stop_string, sps[4].stop[0]);
+  EXPECT_EQ(e.stats().kv_pages_used[0], 0);
+  EXPECT_EQ(e.stats().kv_pages_used[1], 0);
+  EXPECT_EQ(e.num_active(), 0);
+}
