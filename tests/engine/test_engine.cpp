@@ -600,6 +600,42 @@ TEST(Engine, BatchInvariantDrawsSampledRowsOnTheHost) {
   }
 }
 
+// Runs the requests at once through the engine's own loop (start(); the fake backend's passes
+// take 300 us), then checks each against its run alone (tokens, text, end, one logprob a token
+// where asked) and that the engine ends with no request and no page. Returns the engine's metrics.
+namespace {
+struct Overlapped {
+  int64_t overlapped_steps = 0, early_launches = 0, preemptions = 0;
+  std::vector<Result> got;
+};
+Overlapped run_overlapped_against_alone(const EngineConfig& c, const std::vector<std::vector<int32_t>>& prompts,
+                                        const std::vector<SamplingParams>& sps) {
+  Overlapped o;
+  FakeBackend be;
+  be.delay_us = 300;
+  Engine e(be, c);
+  e.start();
+  std::vector<std::shared_ptr<RequestStream>> ss;
+  for (size_t i = 0; i < prompts.size(); ++i) ss.push_back(e.submit(prompts[i], sps[i]));
+  for (auto& s : ss) o.got.push_back(collect(*s));
+  e.stop();
+  o.overlapped_steps = e.metrics().overlapped_steps.load();
+  o.early_launches = e.metrics().early_launches.load();
+  o.preemptions = e.metrics().preemptions.load();
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    Result alone = run_alone(prompts[i], sps[i], c);
+    EXPECT_EQ(o.got[i].tokens, alone.tokens) << i;
+    EXPECT_EQ(o.got[i].text, alone.text) << i;
+    EXPECT_EQ(o.got[i].reason, alone.reason) << i;
+    EXPECT_EQ(o.got[i].logprobs.size(), sps[i].logprobs >= 0 ? o.got[i].tokens.size() : 0u) << i;
+  }
+  EXPECT_EQ(e.stats().kv_pages_used[0], 0);
+  EXPECT_EQ(e.stats().kv_pages_used[1], 0);
+  EXPECT_EQ(e.num_active(), 0);
+  return o;
+}
+}  // namespace
+
 // The async-scheduling loop (start(), EngineConfig::async_scheduling): each step is planned
 // while the previous forward runs on the worker. Mixed greedy, seeded and logprob requests with stop tokens, a KV
 // cache that forces preemption (of sequences in flight, too): each request gets what it gets
@@ -632,27 +668,10 @@ TEST(Engine, OverlappedLoopEqualsAlone) {
     ASSERT_GE(base.tokens.size(), 4u);
     sps[i].stop_token_ids = {base.tokens[3]};
   }
-  FakeBackend be;
-  be.delay_us = 300;
-  Engine e(be, c);
-  e.start();
-  std::vector<std::shared_ptr<RequestStream>> ss;
-  for (int i = 0; i < 16; ++i) ss.push_back(e.submit(prompts[i], sps[i]));
-  std::vector<Result> got;
-  for (auto& s : ss) got.push_back(collect(*s));
-  e.stop();
-  EXPECT_GT(e.metrics().overlapped_steps.load(), 10);
-  EXPECT_GT(e.metrics().preemptions.load(), 0);
-  for (int i = 0; i < 16; ++i) {
-    Result alone = run_alone(prompts[i], sps[i], c);
-    EXPECT_EQ(got[i].tokens, alone.tokens) << i;
-    EXPECT_EQ(got[i].reason, alone.reason) << i;
-    EXPECT_EQ(got[i].logprobs.size(), sps[i].logprobs >= 0 ? got[i].tokens.size() : 0u) << i;
-  }
-  EXPECT_EQ(got[2].reason, FinishReason::kStop);
-  EXPECT_EQ(e.stats().kv_pages_used[0], 0);
-  EXPECT_EQ(e.stats().kv_pages_used[1], 0);
-  EXPECT_EQ(e.num_active(), 0);
+  Overlapped o = run_overlapped_against_alone(c, prompts, sps);
+  EXPECT_GT(o.overlapped_steps, 10);
+  EXPECT_GT(o.preemptions, 0);
+  EXPECT_EQ(o.got[2].reason, FinishReason::kStop);
 }
 
 // Cancelling requests while their pass is in flight: they end with kAbort, the others are
@@ -897,28 +916,10 @@ TEST(Engine, EarlyLaunchEqualsAlone) {
     ASSERT_GE(base.text.size(), 4u);
     sps[i].stop = {base.text.substr(2, 2)};
   }
-  FakeBackend be;
-  be.delay_us = 300;
-  Engine e(be, c);
-  e.start();
-  std::vector<std::shared_ptr<RequestStream>> ss;
-  for (int i = 0; i < 12; ++i) ss.push_back(e.submit(prompts[i], sps[i]));
-  std::vector<Result> got;
-  for (auto& s : ss) got.push_back(collect(*s));
-  e.stop();
-  EXPECT_GT(e.metrics().early_launches.load(), 10);
-  EXPECT_GT(e.metrics().preemptions.load(), 0);
-  for (int i = 0; i < 12; ++i) {
-    Result alone = run_alone(prompts[i], sps[i], c);
-    EXPECT_EQ(got[i].tokens, alone.tokens) << i;
-    EXPECT_EQ(got[i].text, alone.text) << i;
-    EXPECT_EQ(got[i].reason, alone.reason) << i;
-    EXPECT_EQ(got[i].logprobs.size(), sps[i].logprobs >= 0 ? got[i].tokens.size() : 0u) << i;
-  }
-  EXPECT_EQ(got[2].reason, FinishReason::kStop);
-  EXPECT_EQ(got[4].reason, FinishReason::kStop);
-  EXPECT_EQ(got[4].stop_string, sps[4].stop[0]);
-  EXPECT_EQ(e.stats().kv_pages_used[0], 0);
-  EXPECT_EQ(e.stats().kv_pages_used[1], 0);
-  EXPECT_EQ(e.num_active(), 0);
+  Overlapped o = run_overlapped_against_alone(c, prompts, sps);
+  EXPECT_GT(o.early_launches, 10);
+  EXPECT_GT(o.preemptions, 0);
+  EXPECT_EQ(o.got[2].reason, FinishReason::kStop);
+  EXPECT_EQ(o.got[4].reason, FinishReason::kStop);
+  EXPECT_EQ(o.got[4].stop_string, sps[4].stop[0]);
 }

@@ -4,6 +4,8 @@
 #   t NAME SECONDS BINARY ARGS...  a gtest binary under a timeout; rc and failures in the summary
 #   srv PORT MODEL FLAGS... -- C...  a `serve` on random weights, `bench-serve` at each concurrency C
 #                                  (2C requests, 512 in / 256 out), the timeline line at the end
+#   serve_up MODEL FLAGS...; bench_c C; serve_down
+#                                  the same in steps, on port 18000 (runs in between)
 # The summary is $OUT/summary.txt ($S); logs go beside it. Rounds of sessions 7-11 spell this out
 # in each script; later ones source it.
 set -uo pipefail
@@ -33,3 +35,15 @@ srv() {
   done
   kill -INT $pid; wait $pid; grep -E "cuda timeline" $out/serve_${m}_$port.log >> $S
 }
+serve_up() {
+  GPTOSS_CUDA_TIMELINE=1 $g serve --device cuda --random-weights $1 --port 18000 --max-model-len 8192 --max-num-seqs 64 \
+    "${@:2}" > $out/serve.log 2>&1 &
+  serve_pid=$!
+  for _ in $(seq 200); do curl -sf localhost:18000/health >/dev/null && break; sleep 1; done
+  grep -E "warm-up" $out/serve.log >> $S
+}
+bench_c() {
+  timeout 100 $g bench-serve --base-url http://127.0.0.1:18000 --requests $(($1 * 2)) --concurrency $1 --input-len 512 \
+    --output-len 256 --ignore-eos 2>&1 | grep -E "^TTFT|^aggregate|first error" >> $S
+}
+serve_down() { kill -INT $serve_pid; wait $serve_pid; grep -E "cuda timeline" $out/serve.log >> $S; }
