@@ -9,7 +9,11 @@ export LD_LIBRARY_PATH="$bin/lib:${LD_LIBRARY_PATH:-}" GPTOSS_TEST_DATA_DIR="$bi
 g=$bin/gptoss
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv,noheader
 log() { echo "== $*"; }
-log kernels; timeout 300 "$bin/test_cuda_kernels" --gtest_color=no >"$out/kernels.log" 2>&1; echo "rc=$?"
+# The decode kernels' tests only: the whole binary takes ~430 s on the H200 (seventeenth session),
+# the attention and prefill GEMM tests most of it (tools/gpu/check.sh runs them all, in halves).
+log kernels; timeout 300 "$bin/test_cuda_kernels" --gtest_color=no \
+  --gtest_filter='*Skinny*:*Fragments*:*StreamK*:*Route*:*Router*:*Combine*:*Linear*:*Argmax*:*SampleRows*:*RmsNorm*:*Embed*' \
+  >"$out/kernels.log" 2>&1; echo "rc=$?"
 grep -E "FAILED|Failure|Expected|Which is|rel err|^\[  (PASSED|FAILED)" "$out/kernels.log" | head -40
 log model; timeout 300 "$bin/test_cuda_model" --gtest_color=no >"$out/model.log" 2>&1; echo "rc=$?"
 grep -E "FAILED|Failure|rel err|greedy|^\[  (PASSED|FAILED)" "$out/model.log" | head -30
