@@ -5,7 +5,7 @@
 // memoized by size) are paid here and not by the first users. vLLM captures its decode graphs
 // at start-up and llama.cpp's server runs an empty pass for the same reason. Measured on one
 // H200 (seventeenth session, 20b, 32 streams): the first bench-serve run after start-up was
-// ~9% slower than the next one on the same server.
+// 5-10% slower than the next one on the same server.
 #include <cstdint>
 #include <vector>
 

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <chrono>
 #include <limits>
+#include <optional>
 #include <cstdlib>
 #include <cstdio>
 #include <filesystem>
@@ -170,15 +171,8 @@ int run_serve(Args& a) {
   a.engine.speculative.target_model = a.backend.model_dir;  // an Eagle3 head without embed_tokens shares its embedding
   gptoss::Engine engine(*backend, a.engine);
   // Before listening: the first users should not pay the GPU's one-time costs (engine/warm_up.h).
-  std::string warmed;
-  if (a.warmup == "on" || (a.warmup == "auto" && a.backend.device == "cuda")) {
-    const gptoss::WarmUpResult w = gptoss::warm_up(engine);
-    warmed = std::to_string(w.requests) + " requests at batch sizes";
-    for (int b : w.batch_sizes) warmed += " " + std::to_string(b);
-    char buf[64];
-    std::snprintf(buf, sizeof buf, ", %.2f s", w.seconds);
-    warmed += buf;
-  }
+  std::optional<gptoss::WarmUpResult> warmed;
+  if (a.warmup == "on" || (a.warmup == "auto" && a.backend.device == "cuda")) warmed = gptoss::warm_up(engine);
   engine.start();
   a.server.max_body_bytes = size_t(a.max_body_mb * 1024 * 1024);
   gptoss::server::Server server(engine, tok, a.server);
@@ -197,7 +191,11 @@ int run_serve(Args& a) {
   if (a.backend.tensor_parallel_size > 1)
     std::fprintf(stderr, "  tensor parallel: %s\n", gptoss::describe_tensor_parallel(a.backend).c_str());
   print_kv_summary(*backend, engine, a.engine.max_num_seqs);
-  if (!warmed.empty()) std::fprintf(stderr, "  warm-up: %s\n", warmed.c_str());
+  if (warmed) {
+    std::string sizes;
+    for (int b : warmed->batch_sizes) sizes += " " + std::to_string(b);
+    std::fprintf(stderr, "  warm-up: %d requests at batch sizes%s, %.2f s\n", warmed->requests, sizes.c_str(), warmed->seconds);
+  }
   if (a.engine.speculative.enabled() && a.engine.speculative.method == "eagle3")
     std::fprintf(stderr, "  speculative decoding: eagle3 head %s, up to %d draft tokens\n",
                  a.engine.speculative.model.c_str(), a.engine.speculative.num_speculative_tokens);

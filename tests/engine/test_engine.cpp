@@ -634,6 +634,37 @@ Overlapped run_overlapped_against_alone(const EngineConfig& c, const std::vector
   EXPECT_EQ(e.num_active(), 0);
   return o;
 }
+
+// The async tests' setting: a KV cache small enough to preempt sequences in flight.
+EngineConfig overlapped_cfg() {
+  EngineConfig c = small_cfg();
+  c.kv_cache_tokens = 96;
+  c.max_model_len = 90;
+  c.async_scheduling = true;
+  return c;
+}
+// n requests of assorted lengths: every third greedy, the others seeded at temperature 0.9.
+void mixed_requests(int n, std::vector<std::vector<int32_t>>& prompts, std::vector<SamplingParams>& sps) {
+  for (int i = 0; i < n; ++i) {
+    prompts.push_back(prompt_of(1 + (i * 11) % 30, i));
+    SamplingParams sp;
+    sp.max_tokens = 5 + (i * 7) % 40;
+    sp.ignore_eos = true;
+    sp.temperature = i % 3 == 0 ? 0.0f : 0.9f;
+    if (i % 3) sp.seed = 100 + i;
+    sps.push_back(sp);
+  }
+}
+// Requests `which` end at the fourth token of their run alone (a stop token the pass in flight
+// cannot foresee).
+void stop_at_fourth_token(std::initializer_list<int> which, const std::vector<std::vector<int32_t>>& prompts,
+                          std::vector<SamplingParams>& sps, const EngineConfig& c) {
+  for (int i : which) {
+    Result base = run_alone(prompts[i], sps[i], c);
+    ASSERT_GE(base.tokens.size(), 4u);
+    sps[i].stop_token_ids = {base.tokens[3]};
+  }
+}
 }  // namespace
 
 // The async-scheduling loop (start(), EngineConfig::async_scheduling): each step is planned
@@ -641,33 +672,16 @@ Overlapped run_overlapped_against_alone(const EngineConfig& c, const std::vector
 // cache that forces preemption (of sequences in flight, too): each request gets what it gets
 // alone, and the pools end empty.
 TEST(Engine, OverlappedLoopEqualsAlone) {
-  EngineConfig c = small_cfg();
-  c.kv_cache_tokens = 96;
-  c.max_model_len = 90;
-  c.async_scheduling = true;
+  const EngineConfig c = overlapped_cfg();
   std::vector<std::vector<int32_t>> prompts;
   std::vector<SamplingParams> sps;
+  mixed_requests(16, prompts, sps);
   for (int i = 0; i < 16; ++i) {
-    prompts.push_back(prompt_of(1 + (i * 11) % 30, i));
-    SamplingParams sp;
-    sp.max_tokens = 5 + (i * 7) % 40;
-    sp.ignore_eos = true;
-    if (i % 3 == 0) {
-      sp.temperature = 0;
-    } else {
-      sp.temperature = 0.9f;
-      sp.seed = 100 + i;
-    }
-    if (i % 4 == 1) sp.logprobs = 2;
-    if (i % 5 == 3) sp.prompt_logprobs = 1;
-    sps.push_back(sp);
+    if (i % 4 == 1) sps[i].logprobs = 2;
+    if (i % 5 == 3) sps[i].prompt_logprobs = 1;
   }
-  // a few end at a stop token the pass in flight cannot foresee
-  for (int i : {2, 7, 11}) {
-    Result base = run_alone(prompts[i], sps[i], c);
-    ASSERT_GE(base.tokens.size(), 4u);
-    sps[i].stop_token_ids = {base.tokens[3]};
-  }
+  stop_at_fourth_token({2, 7, 11}, prompts, sps, c);
+  if (HasFatalFailure()) return;
   Overlapped o = run_overlapped_against_alone(c, prompts, sps);
   EXPECT_GT(o.overlapped_steps, 10);
   EXPECT_GT(o.preemptions, 0);
@@ -889,28 +903,14 @@ TEST(Engine, WarmUpFitsASmallContext) {
 // cache that forces preemption of sequences in flight: each request gets what it gets alone,
 // every page comes back.
 TEST(Engine, EarlyLaunchEqualsAlone) {
-  EngineConfig c = small_cfg();
-  c.kv_cache_tokens = 96;
-  c.max_model_len = 90;
-  c.async_scheduling = true;
+  EngineConfig c = overlapped_cfg();
   c.token_text = letter;
   std::vector<std::vector<int32_t>> prompts;
   std::vector<SamplingParams> sps;
-  for (int i = 0; i < 12; ++i) {
-    prompts.push_back(prompt_of(1 + (i * 11) % 30, i));
-    SamplingParams sp;
-    sp.max_tokens = 5 + (i * 7) % 40;
-    sp.ignore_eos = true;
-    sp.temperature = i % 3 == 0 ? 0.0f : 0.9f;
-    if (i % 3) sp.seed = 100 + i;
-    if (i % 2) sp.logprobs = 0;
-    sps.push_back(sp);
-  }
-  for (int i : {2, 7}) {  // a stop token
-    Result base = run_alone(prompts[i], sps[i], c);
-    ASSERT_GE(base.tokens.size(), 4u);
-    sps[i].stop_token_ids = {base.tokens[3]};
-  }
+  mixed_requests(12, prompts, sps);
+  for (int i = 1; i < 12; i += 2) sps[i].logprobs = 0;
+  stop_at_fourth_token({2, 7}, prompts, sps, c);
+  if (HasFatalFailure()) return;
   for (int i : {4, 9}) {  // a stop string: its text from the third and fourth tokens
     Result base = run_alone(prompts[i], sps[i], c);
     ASSERT_GE(base.text.size(), 4u);
