@@ -115,6 +115,10 @@ class Backend {
     (void)head;
     return nullptr;
   }
+  // Whether forward passes compute on this machine's cores (the CPU backend). When false (a GPU
+  // does the work), a thread waiting for a pass may spin on a core instead of sleeping: a wake-up
+  // after milliseconds of sleep costs tens of microseconds, which sit between two passes.
+  virtual bool computes_on_host() const { return true; }
   // Bytes of memory the backend can give the KV cache after its weights (0 = no fixed limit).
   virtual size_t kv_memory_available() const { return 0; }
 };

@@ -76,8 +76,6 @@ Engine::Engine(Backend& backend, EngineConfig cfg) : backend_(backend), cfg_(std
                 "): every running sequence decodes a token in each step");
   // An explicit max_model_len (or KV size) is a promise to the user: refused at start when it
   // cannot be kept, never quietly reduced. Only the defaults adapt to the memory there is.
-  if (cfg_.speculative.enabled() && cfg_.async_scheduling)
-    throw Error("speculative decoding cannot be combined with --async-scheduling yet");
   if (cfg_.speculative.enabled() && cfg_.speculative.method == "eagle3") {
     if (!backend_.supports_hidden_taps())
       throw Error("eagle3 drafts need the target's hidden states, which the " + backend_.name() +
@@ -256,13 +254,16 @@ void Engine::drain_incoming() {
 }
 
 // The forward worker: runs one Launched pass at a time off the engine thread, so that the
-// engine plans the next step meanwhile (EngineConfig::async_scheduling). Both sides spin briefly before
-// blocking: the next job and the join come within microseconds of each other, and a condition
-// variable's wake-up alone can cost more than the host work the overlap hides.
+// engine does the previous pass's bookkeeping meanwhile (EngineConfig::async_scheduling). Both
+// sides spin before blocking: the next job and the join come within microseconds of each other,
+// and a condition variable's wake-up alone can cost more than the host work the overlap hides.
+// The engine thread waits for the join spinning the whole pass when a GPU computes it
+// (Backend::computes_on_host): a wake-up after a 15 ms sleep cost ~50 us more a gap on the H200
+// machine (120b, 32-64 streams) than the CUDA stream's own spinning wait in the synchronous loop.
 namespace {
 template <class Pred>
-bool spin_until(Pred ready) {
-  const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(200);
+bool spin_until(Pred ready, std::chrono::microseconds budget = std::chrono::microseconds(200)) {
+  const auto until = std::chrono::steady_clock::now() + budget;
   while (!ready()) {
     if (std::chrono::steady_clock::now() > until) return false;
     std::this_thread::yield();
@@ -297,14 +298,19 @@ void Engine::worker_submit(Launched* job) {
 }
 
 void Engine::worker_wait() {
-  if (spin_until([&] { return worker_job_.load() == nullptr; })) return;
+  const auto budget = backend_.computes_on_host() ? std::chrono::microseconds(200) : std::chrono::microseconds(std::chrono::seconds(10));
+  if (spin_until([&] { return worker_job_.load() == nullptr; }, budget)) return;
   std::unique_lock<std::mutex> l(worker_mu_);
   worker_cv_.wait(l, [&] { return worker_job_.load() == nullptr; });
 }
 
 void Engine::loop() {
-  // Async scheduling: forward N runs on the worker while this thread plans N+1 against the state N
-  // will leave; N's tokens are appended at the join, and N+1 is launched right after.
+  // Async scheduling: forward N runs on the worker thread. At the join N's drawn ids are appended
+  // (take_tokens_early), N+1 is planned and launched from them, and only then does N's
+  // bookkeeping (logprobs, detokenization, stop strings, events) run, while N+1 is on the
+  // device. Planning after the join keeps admission as prompt as the synchronous loop's: a
+  // request that arrived while N ran is in N+1. A pass whose ids cannot be taken early (host
+  // sampling, prompt logprobs, constraints, drafts) completes before N+1 is planned.
   std::unique_ptr<Launched> cur;
   while (true) {
     {
@@ -325,32 +331,25 @@ void Engine::loop() {
       continue;
     }
     try {
-      Planned next;
-      if (!stop_ && begin_iteration()) next = plan_next();
       std::unique_ptr<Launched> done;
       if (cur) {
-        if (!next.items.empty()) ++metrics_.overlapped_steps;
         worker_wait();
         done = std::move(cur);
-        std::vector<const Sequence*> stopped;
-        if (next.items.empty() || !take_tokens_early(*done, stopped)) {
+        if (!take_tokens_early(*done)) {
           complete(*done);
           done.reset();
         }
-        // Rows of sequences that this join finished (their pages are already freed), or that a
-        // stop token just ended (complete() below finishes them and frees their pages).
-        std::erase_if(next.items, [&](const Planned::Item& it) {
-          return it.s->done || std::find(stopped.begin(), stopped.end(), it.s) != stopped.end();
-        });
       }
+      Planned next;
+      if (!stop_ && begin_iteration()) next = plan_next();
       if (!next.items.empty()) {
         cur = launch(std::move(next));
         worker_submit(cur.get());
         if (done) ++metrics_.early_launches;
       }
-      // N's ids were taken early: its bookkeeping (logprobs, detokenization, stop strings, events)
-      // runs while N+1 is on the device. A sequence it ends (a stop string) wastes its row in N+1,
-      // whose complete() skips it; its pages, freed now, are written by N+1 before any later pass.
+      // A sequence N's bookkeeping ends by a stop string (not foreseen at the join) wastes its
+      // row in N+1, whose complete() skips it; its pages, freed now, are written by N+1 before
+      // any later pass.
       if (done) complete(*done);
       flush_outbox();  // N's tokens reach the clients while N+1 runs
     } catch (const std::exception& e) {
@@ -429,18 +428,11 @@ void Engine::drop_finished() {
   std::erase_if(waiting_, gone);
 }
 
-bool Engine::last_token_pending(const Sequence& s) const {
-  if (!s.pending) return false;
-  int len = int(s.tokens.size()) + 1;
-  return len - s.prompt_len >= s.sp.max_tokens || len >= max_model_len_;
-}
-
 Engine::Planned Engine::plan_next() {
-  // The scheduler's view: a sequence whose token from the pass in flight is not appended yet
-  // counts it (its num_computed was advanced at launch). Finished ones and those the pass in
-  // flight will end (max_tokens, max_model_len) are left out of the plan.
+  // The scheduler's view of each live sequence. Finished ones, and those whose last token
+  // (taken early from the pass just joined) ends them once that pass completes, are left out.
   auto view_of = [&](const Sequence& s) {
-    SchedSeq v{int64_t(s.id), s.num_computed, int32_t(s.tokens.size()) + (s.pending ? 1 : 0)};
+    SchedSeq v{int64_t(s.id), s.num_computed, int32_t(s.tokens.size())};
     // Prompt logprobs take a [vocab] host logits row per prompt position: bound a step's rows.
     if (s.sp.prompt_logprobs >= 0 && s.prompt_lp_next < s.prompt_len) v.max_chunk = kMaxPromptLogprobRows;
     return v;
@@ -449,13 +441,12 @@ Engine::Planned Engine::plan_next() {
   {
     std::vector<SchedSeq> view;
     for (const auto& s : running_)
-      if (!s->done) view.push_back(view_of(*s));
+      if (!s->done && !s->ending) view.push_back(view_of(*s));
     std::vector<size_t> cand;
     std::vector<int32_t> lengths;
     size_t slots = size_t(std::max(0, cfg_.max_num_seqs - int(view.size())));
     for (size_t i = 0; i < waiting_.size() && cand.size() < slots; ++i) {
       if (waiting_[i]->done) continue;
-      if (waiting_[i]->in_flight) break;  // a victim of the pass in flight: after its join
       cand.push_back(i);
       lengths.push_back(int32_t(waiting_[i]->tokens.size()));
     }
@@ -480,11 +471,11 @@ Engine::Planned Engine::plan_next() {
   std::vector<Sequence*> seqs;
   std::vector<SchedSeq> view;
   for (const auto& s : running_)
-    if (!s->done && !last_token_pending(*s)) {
+    if (!s->done && !s->ending) {
       seqs.push_back(s.get());
       view.push_back(view_of(*s));
       s->draft.clear();
-      if (cfg_.speculative.enabled() && view.back().decoding() && !s->pending && !s->sp.constraint) {
+      if (cfg_.speculative.enabled() && view.back().decoding() && !s->sp.constraint) {
         // Drafts past max_tokens or max_model_len would be wasted: the verified token after
         // them could not be emitted.
         const int room = std::min(s->sp.max_tokens - s->output_len(), max_model_len_ - int(s->tokens.size())) - 1;
@@ -600,7 +591,6 @@ std::unique_ptr<Engine::Launched> Engine::launch(Planned planned) {
         batch.logit_rows.push_back(int32_t(batch.tokens.size()) - 1 - j);
         l->row_seq.push_back(s);
       }
-      s->pending = true;
     }
     // Each prompt token counts once, as vLLM counts it: a recompute after preemption is not a
     // new prompt (it shows in num_preemptions_total instead).
@@ -690,17 +680,12 @@ void Engine::complete(Launched& l) {
   if (l.decode_only) pass_cost_.record(int(l.batch.tokens.size()), std::chrono::duration<double>(l.end - l.begin).count());
   ++metrics_.steps;
   metrics_.prompt_tokens += l.prompt_tokens;
-  // The pages this pass wrote are complete: offer them to the prefix cache. (A sequence
-  // cancelled or preempted meanwhile has no pages left and is skipped.)
-  if (cfg_.enable_prefix_caching)
-    for (size_t i = 0; i < l.items.size(); ++i) {
-      // Only positions of known tokens that this pass computed: a verify row's drafts are not
-      // tokens yet, and a pass launched since (take_tokens_early) may still be writing the next.
-      const Sequence& s = *l.items[i].s;
-      if (!s.done)
-        kv_->commit(int64_t(s.id), s.tokens.data(),
-                    std::min<int32_t>(l.batch.seqs[i].start_pos + l.items[i].n, int32_t(s.tokens.size())));
-    }
+  // The pages this pass wrote are complete: offer them to the prefix cache (take_tokens_early
+  // did when it took the tokens). A sequence cancelled or preempted meanwhile has no pages left
+  // and is skipped.
+  if (!l.tokens_taken)
+    for (size_t i = 0; i < l.items.size(); ++i)
+      if (!l.items[i].s->done) commit_pages(l, i);
 
   // Sample and verify (sequences in parallel: each has its own generator), then stream and
   // finish in order. A sequence cancelled while the pass ran is finished already; one preempted
@@ -773,7 +758,6 @@ void Engine::complete(Launched& l) {
   }
   for (int g = 0; g < groups; ++g) {
     Sequence& s = *l.row_seq[group_first[g]];
-    if (!l.tokens_taken) s.pending = false;  // (taken early: a later pass may be pending now)
     if (s.done) continue;
     if (!host && !l.tokens_taken) s.rng.discard(emitted[g]);  // the draws launch() took from a copy
     const int drafts = group_first[g + 1] - group_first[g] - 1;
@@ -866,22 +850,40 @@ size_t Engine::safe_text_end(const Sequence& s) const {
   return std::max(end, s.text_sent);
 }
 
-bool Engine::take_tokens_early(Launched& l, std::vector<const Sequence*>& stopped) {
+bool Engine::take_tokens_early(Launched& l) {
   if (l.error || !l.backend_samples || !l.prompt_rows.empty() || drafter_) return false;
   const size_t rows = l.row_seq.size();
   for (size_t r = 0; r < rows; ++r)
     if ((r > 0 && l.row_seq[r] == l.row_seq[r - 1]) || l.row_seq[r]->sp.constraint) return false;
   for (size_t r = 0; r < rows; ++r) {
     Sequence& s = *l.row_seq[r];
-    s.pending = false;
     if (s.done) continue;
     s.tokens.push_back(l.toks[r]);
     s.rng.discard(1);  // the draw launch() took from a copy
-    if (is_stop_token(s, l.toks[r])) stopped.push_back(&s);
+    // complete() ends it (append_token's checks, a stop string aside): no row in the next plan.
+    s.ending = is_stop_token(s, l.toks[r]) || s.output_len() >= s.sp.max_tokens || int(s.tokens.size()) >= max_model_len_;
+  }
+  // The pages this pass wrote are offered to the prefix cache now, as complete() would offer
+  // them, before the next plan's prepare() can free a sliding page below the window; an ending
+  // sequence's pages go back (finish() then finds none), so the next plan has them.
+  for (size_t i = 0; i < l.items.size(); ++i) {
+    Sequence& s = *l.items[i].s;
+    if (s.done) continue;
+    commit_pages(l, i);
+    if (s.ending) kv_->free(int64_t(s.id));
   }
   l.tokens_taken = true;
   last_forward_end_ = l.end;  // the next launch's host gap counts from this pass (complete() sets it again)
   return true;
+}
+
+void Engine::commit_pages(const Launched& l, size_t i) {
+  if (!cfg_.enable_prefix_caching) return;
+  // Only positions of known tokens that this pass computed: a verify row's drafts are not tokens
+  // yet, and a pass launched since (take_tokens_early) may still be writing the next.
+  const Sequence& s = *l.items[i].s;
+  kv_->commit(int64_t(s.id), s.tokens.data(),
+              std::min<int32_t>(l.batch.seqs[i].start_pos + l.items[i].n, int32_t(s.tokens.size())));
 }
 
 bool Engine::is_stop_token(const Sequence& s, int32_t tok) const {

@@ -124,12 +124,12 @@ struct EngineConfig {
   // companions. The backend is asked for batch-invariant kernels (BackendOptions); the engine
   // draws every non-greedy row on the host (see Engine::launch).
   bool batch_invariant = false;
-  // `--async-scheduling`: the loop started by start() plans step N+1 (admission, batch, pages)
-  // while forward N runs on a worker thread, joins N's tokens in before launching N+1 and
-  // streams them while N+1 runs (see docs/ARCHITECTURE.md). Off by default until measured on
-  // the GPU (the hand-off between threads costs about what the overlap hides on a busy CPU).
-  // step() is always synchronous.
-  bool async_scheduling = false;
+  // `--async-scheduling`: the loop started by start() runs forward N on a worker thread; at
+  // its join N's drawn ids are appended, step N+1 is planned and launched, and N's bookkeeping
+  // (logprobs, detokenization, stop strings, events) runs while N+1 is on the device (see
+  // docs/ARCHITECTURE.md). On by default (`--no-async-scheduling`: the synchronous loop, each
+  // pass's bookkeeping before the next is planned). step() is always synchronous.
+  bool async_scheduling = true;
   // Test-only fault injection: a step that would sample a request's Nth output token throws
   // instead (as a failing backend would), so tests reach the error paths. 0: off. The engine
   // also takes it from the environment variable GPTOSS_TEST_FAIL_AT_OUTPUT_TOKEN.
@@ -140,8 +140,9 @@ struct EngineConfig {
   // compute their whole prompt.
   bool enable_prefix_caching = true;
   // `--speculative-config`: n-gram (prompt lookup) or Eagle3 drafts verified K + 1 rows at a time per
-  // decoding sequence (engine/speculative.h explains why the output is unchanged). Not combined
-  // with async_scheduling yet (the planner of step N+1 would need N's accepted length).
+  // decoding sequence (engine/speculative.h explains why the output is unchanged). With
+  // async_scheduling a verify pass completes before the next is planned (its accepted length
+  // decides the next rows).
   SpeculativeConfig speculative;
 };
 
@@ -206,7 +207,7 @@ class Engine {
     // Forward passes holding it: at most two, when async scheduling launches N+1 before N's
     // bookkeeping (take_tokens_early).
     int in_flight = 0;
-    bool pending = false;         // that pass samples its next token (not appended yet)
+    bool ending = false;          // its last token (taken early) ends it when its pass completes
     std::vector<int32_t> draft;   // speculative drafts verified by the pass planned/in flight
     AdaptiveDraftLength draft_len;
     int64_t spec_proposed = 0, spec_accepted = 0;  // its drafts verified so far, and accepted
@@ -262,7 +263,6 @@ class Engine {
   // Events are queued while a step is worked out and pushed to their streams by flush_outbox,
   // after the next forward is launched when overlapped.
   void flush_outbox();
-  bool last_token_pending(const Sequence& s) const;
   void worker_main();
   void worker_submit(Launched* job);
   void worker_wait();
@@ -270,9 +270,11 @@ class Engine {
   // Async scheduling: appends a finished pass's drawn ids to their sequences (and advances their
   // generators), nothing else, so the next pass can launch before complete() does the rest.
   // Only for passes the backend sampled, one row a sequence, no constraint; false: not taken.
-  // `stopped`: the sequences whose new token is a stop token (complete() will end them).
-  bool take_tokens_early(Launched& l, std::vector<const Sequence*>& stopped);
+  // Marks `ending` the sequences whose new token ends them (stop token, max_tokens, max_model_len).
+  bool take_tokens_early(Launched& l);
   bool is_stop_token(const Sequence& s, int32_t tok) const;
+  // Offers the KV pages that pass l wrote for its item i to the prefix cache (KvManager::commit).
+  void commit_pages(const Launched& l, size_t i);
   // appended: tok is already the last of s.tokens (take_tokens_early).
   void append_token(Sequence& s, int32_t tok, TokenLogprob* lp, EngineEvent& ev, bool appended = false);
   size_t safe_text_end(const Sequence& s) const;

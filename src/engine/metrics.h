@@ -37,7 +37,6 @@ struct EngineMetrics {
   std::atomic<int64_t> prefix_cache_queries{0};
   std::atomic<int64_t> prefix_cache_hits{0};
   std::atomic<int64_t> steps{0};
-  std::atomic<int64_t> overlapped_steps{0};  // steps planned while the previous forward ran
   // Async scheduling: steps launched from the previous step's drawn ids before its bookkeeping
   // (Engine::take_tokens_early).
   std::atomic<int64_t> early_launches{0};

@@ -261,8 +261,9 @@ gptoss::tools::RegisterCommand reg({"serve", "Serve a model through an OpenAI-co
                   "GiB for the KV cache when --kv-cache-tokens is not given (default: what the device has left)")
       ->check(positive_number());
   add_kv_cache_dtype_option(app, a->kv_cache_dtype);
-  app->add_flag("--async-scheduling", a->engine.async_scheduling,
-                "Plan each engine step while the previous forward pass runs (host/device overlap)");
+  app->add_flag("--async-scheduling,!--no-async-scheduling", a->engine.async_scheduling,
+                "Launch each forward pass from the previous pass's sampled tokens and do that pass's bookkeeping "
+                "(logprobs, detokenization, stop strings, streaming) while the new one runs (default on)");
   app->add_option("--warmup", a->warmup,
                   "Before listening, run each decode batch size once (short requests) so the first users do not pay "
                   "one-time costs (CUDA graph captures, kernel loading): auto (on with --device cuda), on, off")

@@ -43,7 +43,7 @@ std::vector<std::vector<int32_t>> serve(Backend& be, EngineConfig c, int n, int 
       drain(*s, out[i]);
     }
   } else if (threaded) {
-    // the engine's own loop, async scheduling (steps planned while the previous forward runs)
+    // the engine's own loop, async scheduling (a pass's bookkeeping while the next one runs)
     e.start();
     std::vector<std::shared_ptr<RequestStream>> ss;
     for (int i = 0; i < n; ++i) ss.push_back(e.submit(prompt_of(i), sp));

@@ -18,15 +18,19 @@ struct Out {
   int cached_tokens = -1;
 };
 
-Out drain(RequestStream& s) {
+// A request's tokens and its final event's fields. wait > 0: waits for each event (the engine's
+// own loop runs the request); 0: takes what the stream holds (step() ran it).
+Out drain(RequestStream& s, std::chrono::milliseconds wait = std::chrono::milliseconds(0)) {
   Out o;
-  while (auto ev = s.next(std::chrono::milliseconds(0))) {
+  while (auto ev = s.next(wait)) {
     o.tokens.insert(o.tokens.end(), ev->tokens.begin(), ev->tokens.end());
     if (ev->finished) {
       o.reason = ev->finish_reason;
       o.cached_tokens = ev->cached_tokens;
+      return o;
     }
   }
+  if (wait.count() > 0) ADD_FAILURE() << "timed out waiting for an event";
   return o;
 }
 
@@ -101,6 +105,37 @@ TEST(PrefixCaching, SecondTurnSkipsTheCachedPrefixWithTheSameOutput) {
   EXPECT_EQ(on.queries, 50 + 80);
   EXPECT_EQ(off.hits, 0);
   EXPECT_EQ(on.prompt_computed, off.prompt_computed - 68);
+}
+
+// Through the engine's loop, synchronous and async. A whole 50-token prompt in one pass, then a
+// second request sharing its first 40 tokens: the sliding-window pages near position 40 were
+// written by that pass and are below the window once the first decode step is prepared. With
+// async scheduling the pass's pages are offered to the cache when its tokens are taken early,
+// before the next plan's prepare() frees them (offered after it, the second request found 0).
+TEST(PrefixCaching, SharedPrefixHitsTheCacheThroughTheAsyncLoop) {
+  for (int mode = 0; mode < 3; ++mode) {  // step(), the loop, the async loop
+    FakeBackend be;
+    EngineConfig c = cfg(true);
+    c.max_num_batched_tokens = 64;
+    c.async_scheduling = mode == 2;
+    Engine e(be, c);
+    if (mode > 0) e.start();
+    auto p1 = tokens_of(50, 1);
+    auto p2 = std::vector<int32_t>(p1.begin(), p1.begin() + 40);
+    auto tail = tokens_of(10, 2);
+    p2.insert(p2.end(), tail.begin(), tail.end());
+    Out o[2];
+    for (int k = 0; k < 2; ++k) {
+      auto s = e.submit(k ? p2 : p1, greedy(6));
+      if (mode == 0) run_idle(e);
+      o[k] = drain(*s, std::chrono::milliseconds(mode > 0 ? 60000 : 0));
+    }
+    if (mode > 0) e.stop();
+    EXPECT_EQ(o[0].cached_tokens, 0) << mode;
+    EXPECT_EQ(o[1].cached_tokens, 40) << mode;
+    EXPECT_EQ(o[1].tokens.size(), 6u) << mode;
+    expect_pools_balanced(e);
+  }
 }
 
 // Many requests sharing a long prefix under a KV cache small enough to preempt, some cancelled

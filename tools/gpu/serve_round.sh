@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Issue 14 on the GPU machine: `gptoss serve` under `gptoss bench-serve` at 1/32/64 streams
 # (512-token random prompts, 256 output tokens, --ignore-eos), with the GPU's idle time between
-# forward passes (GPTOSS_CUDA_TIMELINE=1, printed when the server stops), synchronous and with
-# --async-scheduling; then the prefix-cache turn with the cache off, for the cached/uncached ratio.
+# forward passes (GPTOSS_CUDA_TIMELINE=1, printed when the server stops), with the default async
+# scheduling and with --no-async-scheduling; then the prefix-cache turn with the cache off, for the cached/uncached ratio.
 #
 #   tools/gpu/serve_round.sh BIN_DIR MODEL [extra serve flags]   # MODEL: 20b | 120b (random weights)
 # BIN_DIR holds gptoss and lib/ (as tools/gpu/check.sh --prebuilt). Logs and JSON go to $OUT.
@@ -25,13 +25,13 @@ run() {  # NAME SERVE-FLAGS... -- CONCURRENCIES...
       --input-len 512 --output-len 256 --ignore-eos --json "$out/bs_${m}_${name}_c$c.json" 2>&1 |
       grep -E "^requests:|^TTFT|^TPOT|^aggregate|first error"
   done
-  if [ "$name" = nocache ] || [ "$name" = sync ]; then
+  if [ "$name" = nocache ] || [ "$name" = default ]; then
     echo "== $m $name: prefix-cache turn (~4k-token shared prefix)"
     bash "$here/../../scripts/bench/prefix_cache.sh" $port 3 2>&1 | grep -E "turn"
   fi
   kill -INT $pid; wait $pid
   grep -E "cuda timeline" "$out/serve_${m}_$name.log"
 }
-run sync "$@" -- 1 32 64
-run async --async-scheduling "$@" -- 32
+run default "$@" -- 1 32 64
+run sync --no-async-scheduling "$@" -- 32
 run nocache --no-enable-prefix-caching "$@" --

@@ -60,6 +60,7 @@ class CudaBackend final : public Backend {
   explicit CudaBackend(const BackendOptions& opts);
   ~CudaBackend() override;
   std::string name() const override { return "cuda"; }
+  bool computes_on_host() const override { return false; }
   const GptOssConfig& config() const override { return model_cfg_; }
   void init_kv_cache(const KvCacheConfig& kv) override;
   const KvCacheConfig& kv_config() const override { return kvc_; }
