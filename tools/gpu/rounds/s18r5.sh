@@ -2,6 +2,8 @@
 # flight (double-buffered weight registers; bench-kernels variants "units ks8 rt4 pf2 16w" at two
 # blocks an SM and "... 24w" at three): bit-for-bit test against the block-per-tile kernel, and
 # bench-kernels' expert rows at the decode sizes that serving runs.
+# (The two variants were measured on a build of this tree with them added and not kept: main's
+# bench-kernels does not have them.)
 source tools/gpu/rounds/prelude.sh
 t units_test 200 $K --gtest_filter=Kernels.SkinnyUnitsKernelMatchesBlockPerTile
 for mt in "20b 32" "20b 64" "120b 1" "120b 8" "120b 32" "120b 64"; do
