@@ -119,6 +119,10 @@ class Backend {
   // does the work), a thread waiting for a pass may spin on a core instead of sleeping: a wake-up
   // after milliseconds of sleep costs tens of microseconds, which sit between two passes.
   virtual bool computes_on_host() const { return true; }
+  // The decode batch sizes (tokens a pass) the backend prepares a pass for once, at its first run
+  // (the CUDA backend: a graph per bucket, a pass padded to the smallest bucket that holds it),
+  // ascending; empty: none. The start-up warm-up runs each (engine/warm_up.h).
+  virtual std::vector<int> decode_batch_buckets() const { return {}; }
   // Bytes of memory the backend can give the KV cache after its weights (0 = no fixed limit).
   virtual size_t kv_memory_available() const { return 0; }
 };

@@ -176,6 +176,7 @@ class Engine {
 
   int max_model_len() const { return max_model_len_; }
   int vocab() const { return vocab_; }
+  std::vector<int> decode_batch_buckets() const { return backend_.decode_batch_buckets(); }  // Backend's
   const EngineConfig& config() const { return cfg_; }
   EngineStats stats() const;
   EngineMetrics& metrics() { return metrics_; }

@@ -8,9 +8,15 @@
 
 namespace gptoss {
 
-std::vector<int> warm_up_batch_sizes(int max_num_seqs) {
+std::vector<int> warm_up_batch_sizes(int max_num_seqs, const std::vector<int>& buckets) {
   std::vector<int> sizes;
-  for (int b = 1; b < max_num_seqs; b *= 2) sizes.push_back(b);
+  int b = 1;
+  for (int x : buckets)
+    if (x < max_num_seqs) {
+      sizes.push_back(x);
+      b = x * 2;
+    }
+  for (; b < max_num_seqs; b *= 2) sizes.push_back(b);
   if (max_num_seqs >= 1) sizes.push_back(max_num_seqs);
   return sizes;
 }
@@ -24,7 +30,7 @@ WarmUpResult warm_up(Engine& engine, int prompt_len, int new_tokens) {
   prompt_len = std::max(1, std::min(prompt_len, engine.max_model_len() - new_tokens));
   const int vocab_span = std::max(2, std::min(engine.vocab(), 100000) - 1);
   uint64_t salt = 0x9e3779b97f4a7c15ull;
-  for (int b : warm_up_batch_sizes(engine.config().max_num_seqs)) {
+  for (int b : warm_up_batch_sizes(engine.config().max_num_seqs, engine.decode_batch_buckets())) {
     SamplingParams sp;
     sp.max_tokens = new_tokens;
     sp.ignore_eos = true;

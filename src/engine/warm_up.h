@@ -20,11 +20,12 @@ struct WarmUpResult {
   double seconds = 0;
 };
 
-// The decode batch sizes a warm-up runs for max_num_seqs: the powers of two below it and itself
-// (the CUDA backend graphs a decode pass padded to the next power of two, up to 64).
-std::vector<int> warm_up_batch_sizes(int max_num_seqs);
+// The decode batch sizes a warm-up runs for max_num_seqs: the backend's decode buckets below it
+// (Backend::decode_batch_buckets; the CUDA backend graphs a pass padded to its bucket), then
+// doublings of the largest (or powers of two, with no buckets) below it, and max_num_seqs itself.
+std::vector<int> warm_up_batch_sizes(int max_num_seqs, const std::vector<int>& buckets = {});
 
-// Runs, for each of warm_up_batch_sizes(max_num_seqs), that many requests at once (distinct
+// Runs, for each of warm_up_batch_sizes(max_num_seqs, the backend's buckets), that many requests at once (distinct
 // prompts of prompt_len tokens, a few greedy decode steps; every other batch sampled with
 // logprobs so the sampling kernels load too), on the caller's thread: call it before
 // Engine::start(). The engine's metrics are reset afterwards (the warm-up is not traffic).

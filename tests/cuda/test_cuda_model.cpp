@@ -176,13 +176,13 @@ void check_batched_decode(bool invariant, int S = 3) {
   // The same step again through forward_greedy must not change the cache's meaning (it
   // rewrites the same positions with the same values).
   gpu->forward_greedy(db, greedy.data());
-  // The wide case prefills ~1,000 tokens on the GEMM kernels where each sequence alone takes the
+  // The wide cases (33 and 40 sequences) prefill ~800-1,000 tokens on the GEMM kernels where each sequence alone takes the
   // decode kernels; on the tiny fixture (top-2 of 8 experts) that rounding can flip one prompt
   // token's expert choice, which moves its sequence's logits by ~10%: on an H200 (sixteenth
   // session) 2 of 9 runs had one of the 40 sequences at 0.087-0.095, the other 39 within 5e-3.
   // So the wide case lets one sequence past 5e-3 (not past 0.25, nor two of them: a faulty kernel
   // moves many rows, and by more); the other cases, and the batch-invariant mode, stay exact.
-  const int flips_allowed = (S >= 40 && !invariant) ? 1 : 0;
+  const int flips_allowed = (S >= 32 && !invariant) ? 1 : 0;
   int over = 0;
   for (int s = 0; s < S; ++s) {
     auto gpu2 = make("cuda", kFixture, "experts", invariant);
@@ -206,6 +206,8 @@ void check_batched_decode(bool invariant, int S = 3) {
 TEST_F(CudaModel, BatchedDecodeEqualsAlone) { check_batched_decode(false); }
 TEST_F(CudaModel, BatchInvariantDecodeIsExact) { check_batched_decode(true); }
 TEST_F(CudaModel, WideBatchedDecodeEqualsAlone) { check_batched_decode(false, 40); }
+// 33 sequences: graph bucket 40 (the buckets step by 8 past 8), seven padding tokens.
+TEST_F(CudaModel, BetweenBucketsBatchedDecodeEqualsAlone) { check_batched_decode(false, 33); }
 // The same with qkv's bf16 store staged through f32 rows (as when the biases are not bf16
 // values): the staging the decode graphs capture is reserved at start-up.
 TEST_F(CudaModel, WideBatchedDecodeStagedStore) {

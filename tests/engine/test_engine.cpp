@@ -860,6 +860,12 @@ TEST(Engine, WarmUpRunsEachBatchSizeAndLeavesNoTrace) {
   EXPECT_EQ(warm_up_batch_sizes(1), (std::vector<int>{1}));
   EXPECT_EQ(warm_up_batch_sizes(4), (std::vector<int>{1, 2, 4}));
   EXPECT_EQ(warm_up_batch_sizes(6), (std::vector<int>{1, 2, 4, 6}));
+  // With the backend's decode buckets (the CUDA backend's): each below max_num_seqs, then
+  // doublings of the largest.
+  const std::vector<int> cuda = {1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64};
+  EXPECT_EQ(warm_up_batch_sizes(64, cuda), (std::vector<int>{1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64}));
+  EXPECT_EQ(warm_up_batch_sizes(20, cuda), (std::vector<int>{1, 2, 4, 8, 16, 20}));
+  EXPECT_EQ(warm_up_batch_sizes(256, cuda), (std::vector<int>{1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64, 128, 256}));
   FakeBackend be;
   EngineConfig c = small_cfg();
   c.max_num_seqs = 6;

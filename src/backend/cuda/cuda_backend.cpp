@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <map>
 #include <thread>
 #include <tuple>
@@ -33,6 +34,20 @@ using namespace gptoss::cuda;
 
 constexpr int kMaxChunk = 4096;      // tokens per eager pass (bounds the workspaces)
 constexpr int kMaxGraphBatch = 64;   // largest decode bucket captured in a graph
+// The decode buckets: a graphed pass of M tokens runs padded to the smallest bucket >= M. Steps
+// of 8 past 8 (vLLM captures the same sizes): padding tokens are routed to experts like real
+// ones (all of them to the same four, each pass of 8 a unit pass of the expert kernels), so a
+// 33-token pass padded to 64 cost about what 64 tokens cost.
+constexpr int kGraphBuckets[] = {1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64};
+static_assert(kGraphBuckets[std::size(kGraphBuckets) - 1] == kMaxGraphBatch, "the largest bucket");
+// GPTOSS_GRAPH_BUCKETS_POW2=1 (benchmarks: the buckets before the eighteenth session): the next
+// power of two.
+int graph_bucket(int M) {
+  static const bool pow2 = env_int("GPTOSS_GRAPH_BUCKETS_POW2", 0) != 0;
+  for (int b : kGraphBuckets)
+    if (b >= M && (!pow2 || (b & (b - 1)) == 0)) return b;
+  return kMaxGraphBatch;
+}
 // Tokens a sequence may bring to a graphed pass: a speculative verify row is the last sampled
 // token plus up to 16 drafts (SpeculativeConfig's K range).
 constexpr int kMaxGraphSeqTokens = 17;
@@ -72,6 +87,7 @@ class CudaBackend final : public Backend {
   bool samples_logprobs() const override { return !tp_.active(); }
   size_t kv_memory_available() const override;
   bool supports_hidden_taps() const override { return true; }
+  std::vector<int> decode_batch_buckets() const override { return {std::begin(kGraphBuckets), std::end(kGraphBuckets)}; }
   std::unique_ptr<Eagle3Head> make_eagle3_head(std::shared_ptr<const Eagle3Weights> head) override;
 
  private:
@@ -1128,8 +1144,7 @@ void CudaBackend::run_batch_impl(const ForwardBatch& b, float* logits, int32_t* 
                         (!how || std::all_of(how, how + b.logit_rows.size(),
                                              [](const RowSampling& s) { return s.temperature < 1e-5f; }));
   if (decode) {
-    int B = 1;
-    while (B < M) B *= 2;
+    const int B = graph_bucket(M);
     Staged st;
     stage_chunk(b, 0, M, &st, nullptr);
     const bool one_each = st.attn.max_seq_tokens == 1;

@@ -80,6 +80,7 @@ class TpBackend final : public Backend {
 
   std::string name() const override { return ranks_[0].parts.backend->name(); }
   bool computes_on_host() const override { return ranks_[0].parts.backend->computes_on_host(); }
+  std::vector<int> decode_batch_buckets() const override { return ranks_[0].parts.backend->decode_batch_buckets(); }
   const GptOssConfig& config() const override { return config_; }
   const KvCacheConfig& kv_config() const override { return ranks_[0].parts.backend->kv_config(); }
   size_t kv_memory_available() const override { return kv_avail_; }
