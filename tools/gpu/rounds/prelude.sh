@@ -6,6 +6,7 @@
 #                                  (2C requests, 512 in / 256 out), the timeline line at the end
 #   serve_up MODEL FLAGS...; bench_c C; serve_down
 #                                  the same in steps, on port 18000 (runs in between)
+#   serve_cs MODEL FLAGS... -- C...  serve_up, bench_c at each C (a summary line before each), serve_down
 # The summary is $OUT/summary.txt ($S); logs go beside it. Rounds of sessions 7-11 spell this out
 # in each script; later ones source it.
 set -uo pipefail
@@ -47,3 +48,9 @@ bench_c() {
     --output-len 256 --ignore-eos 2>&1 | grep -E "^TTFT|^aggregate|first error" >> $S
 }
 serve_down() { kill -INT $serve_pid; wait $serve_pid; grep -E "cuda timeline" $out/serve.log >> $S; }
+serve_cs() {
+  local flags=(); while [ "$1" != "--" ]; do flags+=("$1"); shift; done; shift
+  serve_up "${flags[@]}"
+  for c in "$@"; do ts $c; bench_c $c; done
+  serve_down
+}

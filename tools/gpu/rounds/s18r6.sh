@@ -4,9 +4,7 @@
 source tools/gpu/rounds/prelude.sh
 for mb in "20b 2048" "20b 4096" "20b 8192" "120b 2048" "120b 8192"; do
   set -- $mb; m=$1; b=$2
-  ts $m budget $b; serve_up $m --max-num-batched-tokens $b
-  ts 32; bench_c 32; ts 64; bench_c 64
-  serve_down
+  ts $m budget $b; serve_cs $m --max-num-batched-tokens $b -- 32 64
 done
 ts done
 rm -f $out/*.log

@@ -12,9 +12,7 @@ for m in 20b 120b; do for pow2 in 1 0; do
     --runs 1 2>&1 | grep -E "^\|.*tg" >> $S
 done; done
 for m in 20b 120b; do
-  ts serve $m; serve_up $m
-  ts 32; bench_c 32; ts 64; bench_c 64
-  serve_down
+  ts serve $m; serve_cs $m -- 32 64
 done
 ts done
 rm -f $out/*.log
