@@ -861,7 +861,7 @@ bool Engine::take_tokens_early(Launched& l) {
     s.tokens.push_back(l.toks[r]);
     s.rng.discard(1);  // the draw launch() took from a copy
     // complete() ends it (append_token's checks, a stop string aside): no row in the next plan.
-    s.ending = is_stop_token(s, l.toks[r]) || s.output_len() >= s.sp.max_tokens || int(s.tokens.size()) >= max_model_len_;
+    s.ending = is_stop_token(s, l.toks[r]) || at_length_limit(s);
   }
   // The pages this pass wrote are offered to the prefix cache now, as complete() would offer
   // them, before the next plan's prepare() can free a sliding page below the window; an ending
@@ -884,6 +884,10 @@ void Engine::commit_pages(const Launched& l, size_t i) {
   const Sequence& s = *l.items[i].s;
   kv_->commit(int64_t(s.id), s.tokens.data(),
               std::min<int32_t>(l.batch.seqs[i].start_pos + l.items[i].n, int32_t(s.tokens.size())));
+}
+
+bool Engine::at_length_limit(const Sequence& s) const {
+  return s.output_len() >= s.sp.max_tokens || int(s.tokens.size()) >= max_model_len_;
 }
 
 bool Engine::is_stop_token(const Sequence& s, int32_t tok) const {
@@ -936,7 +940,7 @@ void Engine::append_token(Sequence& s, int32_t tok, TokenLogprob* lp, EngineEven
       }
     }
   }
-  if (s.output_len() >= s.sp.max_tokens || int(s.tokens.size()) >= max_model_len_) {
+  if (at_length_limit(s)) {
     finish(s, ev, FinishReason::kLength);
     return;
   }

@@ -176,7 +176,8 @@ class Engine {
 
   int max_model_len() const { return max_model_len_; }
   int vocab() const { return vocab_; }
-  std::vector<int> decode_batch_buckets() const { return backend_.decode_batch_buckets(); }  // Backend's
+  // The backend's decode batch buckets (Backend::decode_batch_buckets), for the warm-up.
+  std::vector<int> decode_batch_buckets() const { return backend_.decode_batch_buckets(); }
   const EngineConfig& config() const { return cfg_; }
   EngineStats stats() const;
   EngineMetrics& metrics() { return metrics_; }
@@ -274,6 +275,8 @@ class Engine {
   // Marks `ending` the sequences whose new token ends them (stop token, max_tokens, max_model_len).
   bool take_tokens_early(Launched& l);
   bool is_stop_token(const Sequence& s, int32_t tok) const;
+  // Its tokens reach max_tokens or max_model_len (append_token ends it with kLength).
+  bool at_length_limit(const Sequence& s) const;
   // Offers the KV pages that pass l wrote for its item i to the prefix cache (KvManager::commit).
   void commit_pages(const Launched& l, size_t i);
   // appended: tok is already the last of s.tokens (take_tokens_early).
