@@ -1016,6 +1016,67 @@ TEST_F(Kernels, RouterRouteV2MatchesOld) {
   cuda::set_router_variant(0);
 }
 
+// A graph bucket's padding (MoeRouting::n_valid): the fused decode router (every variant) routes the first
+// n_valid tokens as moe_route routes them alone (every routing array equal), gives the padding
+// tokens no pair, and points their slots at sorted pair 0. 40 tokens with 33 real (bucket 40),
+// 64 with 47, 8 with 5, over 32 and 128 experts.
+TEST_F(Kernels, RouterRoutePaddingTakesNoPair) {
+  struct Pad {
+    int n, valid, E;
+  };
+  std::vector<Pad> cases = {{40, 33, 32}, {64, 47, 128}, {8, 5, 128}, {64, 57, 32}};
+  const int K = small_mode() ? 256 : 2880, k = 4;
+  int ran = 0;
+  for (const Pad& c : cases)
+    for (int variant = 1; variant < cuda::kRouterVariants; ++variant) {
+      cuda::set_router_variant(variant);
+      if (!cuda::router_route_fuses(c.n, K, c.E, k)) continue;
+      ++ran;
+      FastRng r(fresh_seed());
+      auto x = rand_f32(size_t(c.n) * K, r, 3.f);
+      auto nw = rand_f32(K, r, 0.1f, 1.f);
+      auto wb = to_bf16(rand_f32(size_t(c.E) * K, r, 0.02f));
+      Dev<float> dx(x), dnw(nw), dlog(size_t(c.n) * c.E);
+      Dev<uint16_t> dw(wb), dxn(x.size());
+      Dev<int> ticket(std::vector<int>{0}), valid(std::vector<int>{c.valid});
+      const int P = c.n * k, Pv = c.valid * k;
+      Dev<uint8_t> rmem(cuda::moe_routing_bytes(P, c.E)), rmem2(cuda::moe_routing_bytes(P, c.E));
+      auto rt = cuda::moe_routing_carve(rmem.p(), P, c.E), rt2 = cuda::moe_routing_carve(rmem2.p(), P, c.E);
+      GPTOSS_CUDA_CHECK(cudaMemset(rt.slot_pair, 0x7f, size_t(P) * 4));  // what a stale slot would hold
+      rt.n_valid = valid.p();
+      cuda::moe_router_route(reinterpret_cast<const cuda::bf16_t*>(dw.p()), nullptr, c.E, K, dx.p(), dnw.p(), 1e-5f, c.n,
+                             dxn.p(), true, dlog.p(), k, rt, ticket.p(), 0, 0, c.E);
+      cuda::moe_route(dlog.p(), c.valid, c.E, k, rt2, 0, 0, c.E);  // the real tokens' logits alone
+      GPTOSS_CUDA_CHECK(cudaDeviceSynchronize());
+      auto ints = [&](const int32_t* p, size_t count) {
+        std::vector<int32_t> v(count);
+        GPTOSS_CUDA_CHECK(cudaMemcpy(v.data(), p, count * 4, cudaMemcpyDeviceToHost));
+        return v;
+      };
+      const std::string at = "n=" + std::to_string(c.n) + " valid=" + std::to_string(c.valid) + " E=" +
+                             std::to_string(c.E) + " " + cuda::router_variant_name(variant);
+      ASSERT_EQ(ints(rt.counts, 2), ints(rt2.counts, 2)) << at;
+      const int groups = ints(rt2.counts, 1)[0];
+      EXPECT_EQ(ints(rt.group_expert, groups), ints(rt2.group_expert, groups)) << at;
+      EXPECT_EQ(ints(rt.group_start, groups), ints(rt2.group_start, groups)) << at;
+      EXPECT_EQ(ints(rt.group_end, groups), ints(rt2.group_end, groups)) << at;
+      EXPECT_EQ(ints(rt2.group_end, groups).back(), Pv) << at << ": only the real tokens' pairs";
+      EXPECT_EQ(ints(rt.topk_idx, Pv), ints(rt2.topk_idx, Pv)) << at;
+      auto slot = ints(rt.slot_pair, P), tok = ints(rt.pair_token, Pv);
+      for (int p = 0; p < P; ++p) {
+        if (p >= Pv) {
+          EXPECT_EQ(slot[p], 0) << at << " padding pair " << p;
+        } else if (slot[p] < 0 || slot[p] >= Pv) {
+          ADD_FAILURE() << at << " pair " << p << " slot " << slot[p];
+        } else {
+          EXPECT_EQ(tok[slot[p]], p / k) << at << " pair " << p;
+        }
+      }
+    }
+  cuda::set_router_variant(0);
+  EXPECT_GE(ran, int(cases.size())) << "every case ran under some variant";
+}
+
 // Every combine variant (old clusters, version 2 with 1, 2, 4, 8 blocks per token) at 1-64 tokens
 // over 32 and 128 experts: the residual bit for bit the same (experts added in order j = 0..k-1
 // everywhere) and equal to the CPU's, the normalized rows within bf16 rounding of the CPU's; with

@@ -35,9 +35,9 @@ using namespace gptoss::cuda;
 constexpr int kMaxChunk = 4096;      // tokens per eager pass (bounds the workspaces)
 constexpr int kMaxGraphBatch = 64;   // largest decode bucket captured in a graph
 // The decode buckets: a graphed pass of M tokens runs padded to the smallest bucket >= M. Steps
-// of 8 past 8 (vLLM captures the same sizes): padding tokens are routed to experts like real
-// ones (all of them to the same four, each pass of 8 a unit pass of the expert kernels), so a
-// 33-token pass padded to 64 cost about what 64 tokens cost.
+// of 8 past 8 (vLLM captures the same sizes). Padding tokens take no expert pair
+// (MoeRouting::n_valid): routed like real ones they all went to the same four experts, each 8 of
+// them another pass over those experts' weights.
 constexpr int kGraphBuckets[] = {1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64};
 static_assert(kGraphBuckets[std::size(kGraphBuckets) - 1] == kMaxGraphBatch, "the largest bucket");
 // GPTOSS_GRAPH_BUCKETS_POW2=1 (benchmarks: the buckets before the eighteenth session): the next
@@ -141,6 +141,8 @@ class CudaBackend final : public Backend {
     // Sequences with several tokens in a graphed pass: rope_kv_store first, then attention_decode
     // reads every token's K/V from the pages (its stored mode).
     bool attn_kv_stored = false;
+    // A graph bucket's pass: the number of real tokens (those past it are padding), on the device.
+    const int32_t* n_real = nullptr;
   };
   void run_pass(int n, const PassMeta& m, int n_rows, int nsplit);
   // Tensor-parallel: lm_head leaves this rank's vocab slice in d_vocab_gather_; then either the
@@ -160,6 +162,7 @@ class CudaBackend final : public Backend {
   struct Staged {
     std::vector<int32_t> tokens, pos, off0, off1, rows, pt;
     AttentionPassInfo attn;
+    int32_t n_real = -1;  // a graph bucket's pass: its real tokens (PassMeta::n_real); -1: all
   };
   PassMeta upload_meta(const Staged& st, int n, int n_rows);
   // Sets m's decode attention fields for a pass of n tokens staged in st; returns a key of the
@@ -859,7 +862,7 @@ int CudaBackend::plan_decode_attention(const Staged& st, int n, bool one_each, b
 
 CudaBackend::PassMeta CudaBackend::upload_meta(const Staged& st, int n, int n_rows) {
   timeline_.work(stream_);
-  size_t need = 4 * size_t(n) + n_rows + st.pt.size() + kMaxLogitRows + 16;
+  size_t need = 4 * size_t(n) + n_rows + st.pt.size() + kMaxLogitRows + 17;
   if (need > meta_cap_) {
     // Growing moves the block: graphs captured against the old one must go.
     GPTOSS_CUDA_CHECK(cudaStreamSynchronize(stream_));
@@ -883,9 +886,12 @@ CudaBackend::PassMeta CudaBackend::upload_meta(const Staged& st, int n, int n_ro
   };
   size_t ot = put(st.tokens, n), op = put(st.pos, n), o0 = put(st.off0, n), o1 = put(st.off1, n);
   size_t orows = put(st.rows, n_rows), opt = put(st.pt, st.pt.size());
+  const size_t oreal = put({st.n_real < 0 ? n : st.n_real}, 1);
   GPTOSS_CUDA_CHECK(cudaMemcpyAsync(meta_.get(), h, o * 4, cudaMemcpyHostToDevice, stream_));
   const int32_t* d = meta_.get<int32_t>();
-  return PassMeta{d + ot, d + op, {d + o0, d + o1}, d + opt, d + orows, st.attn, false, {}, {}};
+  PassMeta m{d + ot, d + op, {d + o0, d + o1}, d + opt, d + orows, st.attn, false, {}, {}};
+  if (st.n_real >= 0) m.n_real = d + oreal;
+  return m;
 }
 
 void CudaBackend::lm_head(const int32_t* rows, int n_rows) {
@@ -961,8 +967,13 @@ void CudaBackend::run_pass(int n, const PassMeta& m, int n_rows, int nsplit) {
     // Decode sizes: norm, router and routing in one launch (router_route_fuses).
     const bool fused_route = !inv && L.router.fmt == WeightMat::kBF16 && router_route_fuses(n, H, E, k);
     if (!skip("router") && fused_route) {
+      MoeRouting rr = routing_;
+      // GPTOSS_ROUTE_PADDING=1 (benchmarks: as before the nineteenth session) routes a bucket's
+      // padding tokens like real ones.
+      static const bool route_padding = env_int("GPTOSS_ROUTE_PADDING", 0) != 0;
+      rr.n_valid = route_padding ? nullptr : m.n_real;
       moe_router_route(static_cast<const bf16_t*>(L.router.w), L.router.bias, E, H, x_, L.mlp_norm, c.rms_eps, n, xn_,
-                       xn_f16, router_logits_, k, routing_, d_ticket_, stream_, experts_begin_, experts_end_);
+                       xn_f16, router_logits_, k, rr, d_ticket_, stream_, experts_begin_, experts_end_);
     } else if (!skip("router")) {
       const Epilogue re{Epilogue::kStoreF32, router_logits_, E};
       if (inv) {
@@ -1153,6 +1164,7 @@ void CudaBackend::run_batch_impl(const ForwardBatch& b, float* logits, int32_t* 
     // kernel, wrong for a later decode step). The fused decode kernel serves passes of one token
     // a sequence, its stored mode (and the per-token kernel) any pass; the graph key says which.
     st.attn = AttentionPassInfo{};
+    st.n_real = M;  // the router gives the padding tokens no expert (MoeRouting::n_valid)
     for (int i = M; i < B; ++i) {  // padding tokens: position 0 on the spare pages
       st.tokens.push_back(0);
       st.pos.push_back(0);

@@ -65,6 +65,12 @@ struct MoeRouting {
   int32_t* topk_idx = nullptr;      // [max_pairs] token order: expert of (t, j)
   float* topk_w = nullptr;          // [max_pairs]
   int32_t* slot_pair = nullptr;     // [max_pairs] token order: sorted pair of (t, j)
+  // A graph bucket's pass: tokens from *n_valid on are padding, and the fused decode router
+  // (moe_router_route, every variant) gives them no pair (each 8 of them would be another pass of
+  // an expert kernel); their slots (slot_pair) point at sorted pair 0, so the combine reads a
+  // written row for them. Null: every token is real. moe_route ignores it (batch-invariant mode
+  // and the unfused path route padding like real tokens).
+  const int32_t* n_valid = nullptr;
   // Set by the caller when the routing was written by a kernel at least two launches back in the
   // stream (down after gate_up, not gate_up after the router): that kernel completed before the
   // previous one passed its griddepcontrol.wait, so a PDL kernel may read the routing (through

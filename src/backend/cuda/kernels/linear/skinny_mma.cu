@@ -289,7 +289,9 @@ void launch_shape(const SkinnyArgs& a, int tiles, int groups, cudaStream_t s) {
   go(skinny_mma_kernel<FMT, NT, KS, RT, PF, XF16, 0>);
 }
 
-int g_skinny_variant = 0;  // bench-kernels: other MXFP4 one-n-tile shapes (set_skinny_variant)
+// bench-kernels: other MXFP4 one-n-tile shapes (set_skinny_variant); GPTOSS_SKINNY_VARIANT sets
+// it for a whole run (a step's comparison: `gptoss bench`), 0 the default by grid.
+int g_skinny_variant = env_int("GPTOSS_SKINNY_VARIANT", 0);
 
 // Chunk groups each warp's block stages in shared memory before griddepcontrol.wait (the SD of
 // skinny_mma_kernel) for the dense bf16 and fp8 decode copies at 1 to kStageRows tokens:
