@@ -11,6 +11,7 @@
 
 #include "backend/backend_factory.h"
 #include "backend/cuda/cublaslt_gemm.h"
+#include "backend/cuda/pass_meta_layout.h"
 #include "backend/solo_sequence.h"
 #include "model/make_model.h"
 #include "checkpoint_patch.h"
@@ -126,8 +127,12 @@ TEST_F(CudaModel, TinyFixtureMatchesCpu) {
 // logits alone: within rounding by default (a prompt prefilled in a mixed batch takes other
 // kernels than alone), bit for bit with --batch-invariant. S sequences: 3, or 40, whose decode
 // pass runs the dense layers on cuBLASLt (cublas_min_rows) where alone they take the skinny
-// kernels over the decode copies.
-void check_batched_decode(bool invariant, int S = 3) {
+// kernels over the decode copies. grow_pt: a second decode step (a replay of the first step's
+// graph) in which the last sequence's page table grows by a page in each group (position 15 -> 16)
+// and no other sequence's does; the place just past the first step's page table then holds that
+// sequence's first page in the second group, made id 2 (< S): a part of the metadata read there
+// (a bucket's real-token count was) would route only 2 of the S tokens to experts.
+void check_batched_decode(bool invariant, int S = 3, bool grow_pt = false) {
   auto gpu = make("cuda", kFixture, "experts", invariant);
   const int V = gpu->config().vocab, ps = 16, maxlen = 64;
   KvCacheConfig kv;
@@ -141,6 +146,13 @@ void check_batched_decode(bool invariant, int S = 3) {
   std::vector<int> lens = {5, 17, 40};
   while (int(lens.size()) < S) lens.push_back(2 + int(r.next() % 50));
   lens.resize(S);
+  if (grow_pt) {
+    ASSERT_GT(S, 6);
+    for (int s = 0; s < S - 1; ++s)
+      if (lens[s] % ps == ps - 1) --lens[s];  // positions len and len + 1 on one page
+    lens[S - 1] = ps - 1;
+    std::swap(pages[S - 1][0], pages[2][0]);  // page 2 (seq 2's first) becomes the last sequence's first
+  }
   // Prefill all three in one mixed batch.
   ForwardBatch fb;
   std::vector<std::vector<int32_t>> toks(S);
@@ -176,6 +188,17 @@ void check_batched_decode(bool invariant, int S = 3) {
   // The same step again through forward_greedy must not change the cache's meaning (it
   // rewrites the same positions with the same values).
   gpu->forward_greedy(db, greedy.data());
+  if (grow_pt) {  // the second step: each sequence's greedy token at the next position
+    ForwardBatch db2 = db;
+    for (int s = 0; s < S; ++s) {
+      const int t = argmax(std::vector<float>(ld.begin() + size_t(S - 1 - s) * V, ld.begin() + size_t(S - s) * V));
+      toks[s].push_back(t);
+      db2.tokens[s] = t;
+      db2.seqs[s].start_pos = lens[s] + 1;
+    }
+    gpu->forward(db2, ld.data());
+    gpu->forward_greedy(db2, greedy.data());
+  }
   // The wide cases (33 and 40 sequences) prefill ~800-1,000 tokens on the GEMM kernels where each sequence alone takes the
   // decode kernels; on the tiny fixture (top-2 of 8 experts) that rounding can flip one prompt
   // token's expert choice, which moves its sequence's logits by ~10%: on an H200 (sixteenth
@@ -208,6 +231,29 @@ TEST_F(CudaModel, BatchInvariantDecodeIsExact) { check_batched_decode(true); }
 TEST_F(CudaModel, WideBatchedDecodeEqualsAlone) { check_batched_decode(false, 40); }
 // 33 sequences: graph bucket 40 (the buckets step by 8 past 8), seven padding tokens.
 TEST_F(CudaModel, BetweenBucketsBatchedDecodeEqualsAlone) { check_batched_decode(false, 33); }
+// The same bucket's graph replayed after the page table grew (see check_batched_decode).
+TEST_F(CudaModel, GraphReplayAfterPageTableGrowth) { check_batched_decode(false, 33, true); }
+
+// The metadata a captured decode graph reads sits where the bucket alone puts it, whatever the
+// length of the page table (pass_meta_layout). Runs without a GPU.
+TEST(PassMetaLayout, OffsetsDependOnTheBucketOnly) {
+  for (size_t n : {1, 8, 40, 64})
+    for (size_t rows : {size_t(1), n}) {
+      const cuda::PassMetaLayout a = cuda::pass_meta_layout(n, rows, 2), b = cuda::pass_meta_layout(n, rows, 900);
+      EXPECT_EQ(a.tokens, b.tokens);
+      EXPECT_EQ(a.pos, b.pos);
+      EXPECT_EQ(a.off0, b.off0);
+      EXPECT_EQ(a.off1, b.off1);
+      EXPECT_EQ(a.rows, b.rows);
+      EXPECT_EQ(a.n_real, b.n_real);
+      EXPECT_EQ(a.pt, b.pt);
+      EXPECT_EQ(b.end - b.pt, 900u);
+      // The parts do not overlap and the page table is last.
+      const size_t starts[] = {a.tokens, a.pos, a.off0, a.off1, a.rows, a.n_real, a.pt, a.end};
+      const size_t sizes[] = {n, n, n, n, rows, 1, 2};
+      for (int i = 0; i < 7; ++i) EXPECT_EQ(starts[i] + sizes[i], starts[i + 1]) << i;
+    }
+}
 // The same with qkv's bf16 store staged through f32 rows (as when the biases are not bf16
 // values): the staging the decode graphs capture is reserved at start-up.
 TEST_F(CudaModel, WideBatchedDecodeStagedStore) {

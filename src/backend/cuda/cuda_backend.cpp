@@ -22,6 +22,7 @@
 #include "backend/cuda/eagle3_head.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/kernels/eagle3/eagle3_kernels.h"
+#include "backend/cuda/pass_meta_layout.h"
 #include "backend/cuda/tp_slices.h"
 #include "backend/cuda/step_timeline.h"
 #include "model/make_model.h"
@@ -862,7 +863,8 @@ int CudaBackend::plan_decode_attention(const Staged& st, int n, bool one_each, b
 
 CudaBackend::PassMeta CudaBackend::upload_meta(const Staged& st, int n, int n_rows) {
   timeline_.work(stream_);
-  size_t need = 4 * size_t(n) + n_rows + st.pt.size() + kMaxLogitRows + 17;
+  const PassMetaLayout lay = pass_meta_layout(n, n_rows, st.pt.size());
+  size_t need = lay.end + kMaxLogitRows + 16;
   if (need > meta_cap_) {
     // Growing moves the block: graphs captured against the old one must go.
     GPTOSS_CUDA_CHECK(cudaStreamSynchronize(stream_));
@@ -876,21 +878,21 @@ CudaBackend::PassMeta CudaBackend::upload_meta(const Staged& st, int n, int n_ro
   }
   // The previous pass may still read the pinned block through its copy: wait for it.
   GPTOSS_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  // Each part at its fixed place (pass_meta_layout: a captured graph reads them there on every
+  // replay); a vector shorter than its part leaves the rest unwritten.
   int32_t* h = h_meta_;
-  size_t o = 0;
-  auto put = [&](const std::vector<int32_t>& v, size_t count) {
-    std::memcpy(h + o, v.data(), v.size() * 4);
-    size_t at = o;
-    o += count;
-    return at;
-  };
-  size_t ot = put(st.tokens, n), op = put(st.pos, n), o0 = put(st.off0, n), o1 = put(st.off1, n);
-  size_t orows = put(st.rows, n_rows), opt = put(st.pt, st.pt.size());
-  const size_t oreal = put({st.n_real < 0 ? n : st.n_real}, 1);
-  GPTOSS_CUDA_CHECK(cudaMemcpyAsync(meta_.get(), h, o * 4, cudaMemcpyHostToDevice, stream_));
+  auto put = [&](const std::vector<int32_t>& v, size_t at) { std::memcpy(h + at, v.data(), v.size() * 4); };
+  put(st.tokens, lay.tokens);
+  put(st.pos, lay.pos);
+  put(st.off0, lay.off0);
+  put(st.off1, lay.off1);
+  put(st.rows, lay.rows);
+  h[lay.n_real] = st.n_real < 0 ? n : st.n_real;
+  put(st.pt, lay.pt);
+  GPTOSS_CUDA_CHECK(cudaMemcpyAsync(meta_.get(), h, lay.end * 4, cudaMemcpyHostToDevice, stream_));
   const int32_t* d = meta_.get<int32_t>();
-  PassMeta m{d + ot, d + op, {d + o0, d + o1}, d + opt, d + orows, st.attn, false, {}, {}};
-  if (st.n_real >= 0) m.n_real = d + oreal;
+  PassMeta m{d + lay.tokens, d + lay.pos, {d + lay.off0, d + lay.off1}, d + lay.pt, d + lay.rows, st.attn, false, {}, {}};
+  if (st.n_real >= 0) m.n_real = d + lay.n_real;
   return m;
 }
 
