@@ -8,6 +8,8 @@
 # and their 8-token control "units ks8 rt4 pf2 16w"): bit for bit against the block-per-tile
 # kernel, bench-kernels' expert rows at 20b 32/48/64 tokens, and the 20b step with each
 # (GPTOSS_SKINNY_VARIANT=15/16/17) against the default.
+# (Variants 15-17 ran on branch s19-units16-exp; main has GPTOSS_SKINNY_VARIANT but not them. The
+# padding rows here carry the metadata bug fixed in a7051c3: see BENCHMARKS, nineteenth session.)
 source tools/gpu/rounds/prelude.sh
 t router_units_tests 120 $K --gtest_filter='Kernels.Router*:Kernels.MoeCombine*:Kernels.MoeRoute*:Kernels.SkinnyUnits*'
 for m in 20b 120b; do

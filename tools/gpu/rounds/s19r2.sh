@@ -2,6 +2,7 @@
 # machine A/B through GPTOSS_ROUTE_PADDING=1 (padding routed, as before) against 0 (the change):
 # memcheck of the router kernels, the step at between-bucket sizes twice each way, and Poisson
 # serving (s18r8's workload) each way.
+# (Its numbers carry the metadata bug fixed in a7051c3: see BENCHMARKS, nineteenth session.)
 source tools/gpu/rounds/prelude.sh
 ts memcheck
 GPTOSS_TEST_SMALL=1 timeout 150 compute-sanitizer --tool memcheck --error-exitcode 9 $K --gtest_color=no \
