@@ -231,6 +231,9 @@ class CudaBackend final : public Backend {
   // Prefill on expert GEMM version 5: hand the activations over in the fragment K order (no
   // transpose in either GEMM). GPTOSS_EXPERT_GEMM_KPERM=0 turns it off for comparisons.
   bool expert_kperm_ = true;
+  // GPTOSS_ROUTE_PADDING=1 (comparisons: as before the nineteenth session): a graph bucket's
+  // padding tokens routed to experts like real ones (MoeRouting::n_valid left null).
+  bool route_padding_ = false;
   // --dense-gemm: prefill GEMMs of the bf16 dense layers on cuBLASLt (null: our own kernels).
   std::unique_ptr<CublasLtGemm> blas_;
   WeightMat::Format dense_dec_ = WeightMat::kFragBF16;  // --dense-dtype
@@ -407,6 +410,7 @@ CudaBackend::CudaBackend(const BackendOptions& opts) {
   }
   if (const char* mma = std::getenv("GPTOSS_DECODE_ATTENTION_MMA")) decode_attn_mma_ = std::string(mma) != "0";
   if (const char* kp = std::getenv("GPTOSS_EXPERT_GEMM_KPERM")) expert_kperm_ = std::string(kp) != "0";
+  route_padding_ = env_int("GPTOSS_ROUTE_PADDING", 0) != 0;
   if (profile_) GPTOSS_CUDA_CHECK(cudaEventCreate(&prof_start_));
 }
 
@@ -970,10 +974,7 @@ void CudaBackend::run_pass(int n, const PassMeta& m, int n_rows, int nsplit) {
     const bool fused_route = !inv && L.router.fmt == WeightMat::kBF16 && router_route_fuses(n, H, E, k);
     if (!skip("router") && fused_route) {
       MoeRouting rr = routing_;
-      // GPTOSS_ROUTE_PADDING=1 (benchmarks: as before the nineteenth session) routes a bucket's
-      // padding tokens like real ones.
-      static const bool route_padding = env_int("GPTOSS_ROUTE_PADDING", 0) != 0;
-      rr.n_valid = route_padding ? nullptr : m.n_real;
+      rr.n_valid = route_padding_ ? nullptr : m.n_real;
       moe_router_route(static_cast<const bf16_t*>(L.router.w), L.router.bias, E, H, x_, L.mlp_norm, c.rms_eps, n, xn_,
                        xn_f16, router_logits_, k, rr, d_ticket_, stream_, experts_begin_, experts_end_);
     } else if (!skip("router")) {

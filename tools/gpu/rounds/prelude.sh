@@ -7,6 +7,8 @@
 #   serve_up MODEL FLAGS...; bench_c C; serve_down
 #                                  the same in steps, on port 18000 (runs in between)
 #   serve_cs MODEL FLAGS... -- C...  serve_up, bench_c at each C (a summary line before each), serve_down
+#   bench_rate RATE N              on a serve_up server: N requests at RATE req/s (Poisson), 256-768
+#                                  in / 128-384 out, seed 1; TTFT, TPOT, ITL and output in the summary
 # The summary is $OUT/summary.txt ($S); logs go beside it. Rounds of sessions 7-11 spell this out
 # in each script; later ones source it.
 set -uo pipefail
@@ -46,6 +48,10 @@ serve_up() {
 bench_c() {
   timeout 100 $g bench-serve --base-url http://127.0.0.1:18000 --requests $(($1 * 2)) --concurrency $1 --input-len 512 \
     --output-len 256 --ignore-eos 2>&1 | grep -E "^TTFT|^aggregate|first error" >> $S
+}
+bench_rate() {
+  timeout 100 $g bench-serve --base-url http://127.0.0.1:18000 --requests $2 --request-rate $1 --input-len 256:768 \
+    --output-len 128:384 --ignore-eos --seed 1 2>&1 | grep -E "^TTFT|^TPOT|^ITL|^aggregate|first error" >> $S
 }
 serve_down() { kill -INT $serve_pid; wait $serve_pid; grep -E "cuda timeline" $out/serve.log >> $S; }
 serve_cs() {

@@ -7,8 +7,7 @@ for mr in "20b 16 200" "120b 6 120"; do
   for pow2 in 1 0; do
     ts $m rate $rate GPTOSS_GRAPH_BUCKETS_POW2=$pow2
     export GPTOSS_GRAPH_BUCKETS_POW2=$pow2; serve_up $m
-    timeout 100 $g bench-serve --base-url http://127.0.0.1:18000 --requests $n --request-rate $rate --input-len 256:768 \
-      --output-len 128:384 --ignore-eos --seed 1 2>&1 | grep -E "^TTFT|^TPOT|^ITL|^aggregate|first error" >> $S
+    bench_rate $rate $n
     serve_down
   done
 done

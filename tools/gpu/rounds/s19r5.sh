@@ -26,8 +26,7 @@ for mr in "20b 16 200" "120b 6 120"; do
   set -- $mr
   for pad in 1 0; do
     ts $1 rate $2 GPTOSS_ROUTE_PADDING=$pad; export GPTOSS_ROUTE_PADDING=$pad; serve_up $1
-    timeout 100 $g bench-serve --base-url http://127.0.0.1:18000 --requests $3 --request-rate $2 --input-len 256:768 \
-      --output-len 128:384 --ignore-eos --seed 1 2>&1 | grep -E "^TTFT|^TPOT|^ITL|^aggregate|first error" >> $S
+    bench_rate $2 $3
     serve_down
   done
 done

@@ -231,13 +231,13 @@ __global__ void __launch_bounds__(256) router_route_kernel(RouterRouteArgs a) {
   for (int t = warp; t < n; t += warps) topk_token(slog, t, a.E, a.k, a.r);
   __threadfence_block();
   __syncthreads();
-  const int P = (a.r.n_valid ? max(0, min(n, *a.r.n_valid)) : n) * a.k;  // padding tokens take no pair
+  const int P = routed_pairs(a.r, n, a.k);  // padding tokens take no pair
   if (P <= 32) {
     if (warp == 0) moe_sort_warp(P, a.k, a.r, a.eb, a.ee, a.r.topk_idx, a.r.topk_w);
   } else {
     moe_sort_block(P, a.E, a.k, a.r, a.eb, a.ee, a.r.topk_idx, a.r.topk_w, sm);
   }
-  for (int p = P + threadIdx.x; p < n * a.k; p += blockDim.x) a.r.slot_pair[p] = 0;
+  clear_padding_slots(a.r, P, n * a.k, threadIdx.x, blockDim.x);
   if (threadIdx.x == 0) *a.ticket = 0;
 }
 

@@ -365,7 +365,7 @@ __global__ void __launch_bounds__(NW * 32, 16 / NW) router_v2_kernel(const Route
   // 5. Block 0 sorts the pairs. Up to NW tokens it routed them all itself and sorts at once; the
   // others wait for its arrival (their shared memory must outlive its reads).
   cluster_arrive();
-  const int P = (a.r.n_valid ? max(0, min(n, *a.r.n_valid)) : n) * a.k;  // padding tokens take no pair
+  const int P = routed_pairs(a.r, n, a.k);  // padding tokens take no pair
   if (rank == 0) {
     const bool local = n <= NW;
     if (local)
@@ -377,7 +377,7 @@ __global__ void __launch_bounds__(NW * 32, 16 / NW) router_v2_kernel(const Route
     } else {
       moe_sort_block_warp_scan(P, E, a.k, a.r, a.eb, a.ee, sel_i, sel_w, sort_sm);
     }
-    for (int p = P + tid; p < n * a.k; p += blockDim.x) a.r.slot_pair[p] = 0;
+    clear_padding_slots(a.r, P, n * a.k, tid, blockDim.x);
     if (local) cluster_wait();
   } else {
     cluster_wait();
