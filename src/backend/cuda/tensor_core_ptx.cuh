@@ -49,6 +49,10 @@ __device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool v
 __device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
   cp_async16(smem_addr(dst), src, valid);
 }
+// 16 bytes global -> shared through L1 (kept there: rows other blocks of the SM stage too).
+__device__ __forceinline__ void cp_async16_ca(void* dst, const void* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr(dst)), "l"(src));
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 // Waits until at most N committed groups are still in flight.
 template <int N>

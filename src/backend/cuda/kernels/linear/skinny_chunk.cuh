@@ -25,6 +25,7 @@ struct SkinnyArgs {
   Epilogue epi;
   int xs_rows = 8;  // one n-tile: activation rows a pass stages in shared memory (min(M, 8))
   int groups = 1;   // grouped: the grid rows (the host's bound on the routing's groups)
+  bool stage_async = true;  // stage_rows through cp.async (GPTOSS_STAGE_ASYNC=0: register copies)
 };
 
 // Bytes of one tile-chunk (16 rows x 64 K) of a fragment format.
@@ -264,9 +265,10 @@ __device__ __forceinline__ void tile_store(const SkinnyArgs& a, const TileRows& 
   }
 }
 
-// The kernels' occupancy target: 24 warps an SM with one n-tile (activations in shared memory), 16 with more
-// (their activations sit in registers). Four row tiles at 24 warps spill 12 bytes and were still
-// faster than at 16 warps (bench-kernels, H200).
+// The kernels' occupancy target: 24 warps an SM with one n-tile (activations in shared memory)
+// and at most four row tiles, else 16 (more n-tiles: their activations sit in registers; more
+// row tiles: their weights do). Four row tiles at 24 warps spill 8 bytes and were still faster
+// than at 16 warps (bench-kernels, H200).
 constexpr int skinny_min_blocks(int NT, int KS, int RT) {
   const int warps = NT == 1 && RT <= 4 ? 24 : 16;
   return warps / KS > 0 ? warps / KS : 1;
@@ -275,10 +277,38 @@ constexpr int skinny_min_blocks(int NT, int KS, int RT) {
 // a.gather_a) into xs, K + 8 halves a row; bf16 rows become fp16 here when F16 (once per block
 // rather than per chunk and row tile in chunk_mma: the same rounding, so the same numbers).
 // Every thread of the block takes part; the caller brackets it with __syncthreads.
+// With a.stage_async every 16-byte piece goes out as a cp.async before any is waited for (one
+// L2 round trip a staging); the register copy waits on each load before its store, and its loop
+// is not pipelined: ~11 round trips for 8 rows at K = 2880 and 256 threads, each time a unit
+// walk crosses into a new pass.
 template <bool F16>
 __device__ __forceinline__ void stage_rows(const SkinnyArgs& a, int tok0, int ntok, uint16_t* xs, int xs_ld) {
   const char* A = static_cast<const char*>(a.A);
   const int vecs = a.W.K / 8;
+  if (a.stage_async) {
+    for (int i = threadIdx.x; i < ntok * vecs; i += blockDim.x) {
+      const int t = i / vecs, v = i - t * vecs;
+      const int p = tok0 + t;
+      const int ar = a.gather_a ? __ldg(a.r.pair_token + p) : p;
+      ptx::cp_async16_ca(xs + size_t(t) * xs_ld + v * 8, A + size_t(ar) * a.lda * 2 + size_t(v) * 16);
+    }
+    ptx::cp_async_commit();
+    ptx::cp_async_wait<0>();
+    if constexpr (F16) {
+      // Each thread converts the pieces it copied (its own cp.async writes, visible to it now).
+      for (int i = threadIdx.x; i < ntok * vecs; i += blockDim.x) {
+        const int t = i / vecs, v = i - t * vecs;
+        uint4* q = reinterpret_cast<uint4*>(xs + size_t(t) * xs_ld + v * 8);
+        uint4 x = *q;
+        x.x = bf16x2_to_f16x2(x.x);
+        x.y = bf16x2_to_f16x2(x.y);
+        x.z = bf16x2_to_f16x2(x.z);
+        x.w = bf16x2_to_f16x2(x.w);
+        *q = x;
+      }
+    }
+    return;
+  }
   for (int i = threadIdx.x; i < ntok * vecs; i += blockDim.x) {
     const int t = i / vecs, v = i % vecs;
     const int p = tok0 + t;

@@ -344,6 +344,8 @@ void launch_fmt(const SkinnyArgs& a, int tiles, int groups, int ks, cudaStream_t
       case 12: if (launch_skinny_units(a, tiles, groups, XF16, 2, s)) return; break;
       case 13: if (launch_skinny_units(a, tiles, groups, XF16, 3, s)) return; break;
       case 14: if (launch_skinny_units(a, tiles, groups, XF16, 4, s)) return; break;
+      case 15: if (launch_skinny_units(a, tiles, groups, XF16, 5, s)) return; break;
+      case 16: if (launch_skinny_units(a, tiles, groups, XF16, 6, s)) return; break;
       default: break;
     }
   }
@@ -457,7 +459,7 @@ const char* skinny_variant_name(int v) {
                                 "ks16 rt1 pf4", "ks8 rt2 pf4", "ks4 rt2 pf4", "ks16 rt4 pf2",
                                 "ks8 rt8 pf1", "ks4 rt4 pf2", "ks8 rt4 pf1",
                                 "units ks8 rt4 pf1", "units ks8 rt1 pf4", "units ks8 rt2 pf2",
-                                "units ks8 rt2 pf4"};
+                                "units ks8 rt2 pf4", "units ks8 rt6 pf1", "units ks8 rt8 pf1"};
   return v >= 0 && v < kSkinnyVariants ? names[v] : "?";
 }
 
@@ -476,6 +478,8 @@ void skinny_linear(const WeightMat& W, const void* A, bool a_f16, int lda, int M
   if (a_f16 && !want_f16) throw Error("skinny_linear: bf16 weights need bf16 activations");
   SkinnyArgs a{W, A, lda, M, grouped, gather_a, r, epi};
   a.xs_rows = std::min(M, 8);  // a one-n-tile pass stages at most min(M, 8) rows (a group has <= M)
+  static const bool stage_async = env_int("GPTOSS_STAGE_ASYNC", 1) != 0;
+  a.stage_async = stage_async;
   const int tiles = W.N / 16;
   const int groups = grouped ? moe_max_groups(pairs, E) : 1;
   a.groups = groups;

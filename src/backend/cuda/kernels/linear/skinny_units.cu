@@ -148,7 +148,7 @@ __global__ void __launch_bounds__(KS * 32, skinny_min_blocks(1, KS, RT)) skinny_
           for (int r = 0; r < RT; ++r) chunk_mma<FMT, 1, true>(wbuf[v][r], x, acc[r]);
           if (base + v + PF < my_n) {
             // As in skinny_mma_kernel: the loads after this chunk's MMAs, which free their registers.
-            if constexpr (RT == 4) asm volatile("" ::: "memory");
+            if constexpr (RT >= 4) asm volatile("" ::: "memory");
 #pragma unroll
             for (int r = 0; r < RT; ++r) load_w_at<FMT>(wl, sl, r * CC + (v + PF) * KS, wbuf[v][r]);
           }
@@ -185,7 +185,9 @@ bool launch_units(const SkinnyArgs& a, int tiles, int groups, double min_fill, c
     thread_local size_t cached_smem = 0;
     thread_local int cached_blocks = 0;
     if (cached_smem != smem) {
-      if (smem > 48 * 1024) GPTOSS_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+      // Always: the default limit is 48 KB less the kernel's static arrays (4 KB here), which
+      // the wider unit shapes' dynamic part can pass below 48 KB.
+      GPTOSS_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
       int b = 0;
       GPTOSS_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, k, KS * 32, smem));
       cached_smem = smem;
@@ -204,6 +206,11 @@ bool launch_units(const SkinnyArgs& a, int tiles, int groups, double min_fill, c
   }
 }
 
+bool units_rt6_enabled() {
+  static const bool on = env_int("GPTOSS_UNITS_RT6", 1) != 0;
+  return on;
+}
+
 }  // namespace
 
 namespace skinny {
@@ -216,10 +223,20 @@ bool launch_skinny_units(const SkinnyArgs& a, int tiles, int groups, bool xf16, 
       case 2: return launch_units<8, 1, 4, X>(a, tiles, groups, 0, s);
       case 3: return launch_units<8, 2, 2, X>(a, tiles, groups, 0, s);
       case 4: return launch_units<8, 2, 4, X>(a, tiles, groups, 0, s);
-      // Four row tiles with one chunk in flight where that fills half the GPU's blocks or more,
-      // else two with two (down at one token: 180 against 360 units; bench-kernels, H200, eighth
-      // session: 10.5 -> 8.6 us against skinny_mma_kernel).
-      default: return launch_units<8, 4, 1, X>(a, tiles, groups, 0.5, s) || launch_units<8, 2, 2, X>(a, tiles, groups, 0, s);
+      // Fewer, longer units (two blocks an SM): a third fewer / half the units of rt4, so less
+      // of each unit's fixed part (staging, reduction, epilogue) a block. rt8 needs tiles % 8.
+      case 5: return launch_units<8, 6, 1, X>(a, tiles, groups, 0, s);
+      case 6: return launch_units<8, 8, 1, X>(a, tiles, groups, 0, s);
+      // Six row tiles a unit at two blocks an SM where the units fill the GPU's blocks four
+      // times over or more (8 tokens and up: a third fewer units than four row tiles, so less of
+      // each unit's fixed part; H200, twentieth session, step x32 / x64 +1.0% at 20b, +0.5% /
+      // +1.4% at 120b, two paired runs; slower at one token; GPTOSS_UNITS_RT6=0 turns it off);
+      // else four row tiles with one chunk in flight where that fills half the GPU's blocks or
+      // more, else two with two (down at one token: 180 against 360 units; bench-kernels, H200,
+      // eighth session: 10.5 -> 8.6 us against skinny_mma_kernel).
+      default:
+        return (units_rt6_enabled() && launch_units<8, 6, 1, X>(a, tiles, groups, 4, s)) ||
+               launch_units<8, 4, 1, X>(a, tiles, groups, 0.5, s) || launch_units<8, 2, 2, X>(a, tiles, groups, 0, s);
     }
   };
   return xf16 ? run(std::true_type{}) : run(std::false_type{});
