@@ -330,6 +330,13 @@ int run_kernel_bench(const KernelBenchOptions& o) {
         stream_experts(pgu, P, E, routes[i % R], reinterpret_cast<uint32_t*>(y), s);
       });
       row("experts gate_up bytes, plain read", shape, "stream (memory floor)", us_st, touched * 2 * I * H * 17 / 32);
+      for (bool with_scales : {false, true}) {
+        const double us_u = timer.us(o.iters, [&](int i) {
+          stream_experts_units(pgu, P, E, routes[i % R], with_scales, reinterpret_cast<uint32_t*>(y), s);
+        });
+        row("experts gate_up bytes, plain read", shape,
+            with_scales ? "units pattern, weights + scales" : "units pattern, weights", us_u, touched * 2 * I * H * 17 / 32);
+      }
       // Warps per row tile (K split), against the automatic choice.
       if (sk) {
         auto* xh = dev_alloc<bf16_t>(size_t(M) * H, owned);  // fp16 activations, as the router leaves them

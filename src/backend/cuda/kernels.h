@@ -234,6 +234,10 @@ void set_streamk_variant(int v);
 const char* streamk_variant_name(WeightMat::Format fmt, int v);
 // Diagnostic: reads the routed experts' kFragMXFP4 bytes with the skinny grid, no math.
 void stream_experts(const WeightMat& W, int pairs, int E, const MoeRouting& r, uint32_t* sink, cudaStream_t s);
+// The same bytes in the unit-walking kernel's pattern (four row tiles a block, 512 bytes a warp),
+// with or without each chunk's scale sector (bench-kernels: what the pattern costs).
+void stream_experts_units(const WeightMat& W, int pairs, int E, const MoeRouting& r, bool scales, uint32_t* sink,
+                          cudaStream_t s);
 // Repacking into the fragment layout (once, at load): kBF16 -> kFragBF16 or kFragFP8 (aux_out:
 // f32 row scales [E][N]), kMXFP4 -> kFragMXFP4 (aux_out: scales, E*N*K/32 bytes; d_flag gets
 // bit 0 set if a scale byte exceeds 240, which the kernels do not take). w_out:

@@ -440,6 +440,40 @@ __global__ void stream_experts_kernel(const uint4* __restrict__ w, int T, int C,
   if (acc == 0x9e3779b9u) sink[0] = acc;  // keeps the loads
 }
 
+// Diagnostic (bench-kernels): the same bytes read in the unit-walking kernel's pattern, with no
+// math and no dependent chain: a block of 8 warps over four row tiles of one group, warp w
+// reading chunks w, w + 8, ... of each tile (512 contiguous bytes a warp, four streams 23 KB apart
+// a block) and, with SCALES, each chunk's 32-byte scale sector as the kernel does. Against
+// stream_experts_kernel (one tile a block, contiguous): how much the access pattern itself costs.
+template <bool SCALES>
+__global__ void __launch_bounds__(256) stream_experts_units_kernel(const uint4* __restrict__ w,
+                                                                   const uint32_t* __restrict__ sc, int T, int C,
+                                                                   MoeRouting r, uint32_t* sink) {
+  pdl_wait();
+  const int gi = blockIdx.y;
+  if (gi >= r.counts[0]) { pdl_trigger(); return; }
+  pdl_trigger();
+  const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+  const size_t tc0 = (size_t(r.group_expert[gi]) * T + size_t(blockIdx.x) * 4) * C;
+  uint32_t acc = 0;
+#pragma unroll 2
+  for (int c = warp; c < C; c += 8) {
+    uint4 v[4];
+    uint32_t s4[4];
+#pragma unroll
+    for (int t = 0; t < 4; ++t) {
+      v[t] = ld_stream(w + (tc0 + size_t(t) * C + c) * 32 + lane);
+      if constexpr (SCALES) s4[t] = __ldg(sc + (tc0 + size_t(t) * C + c) * 8 + lane / 4);
+    }
+#pragma unroll
+    for (int t = 0; t < 4; ++t) {
+      acc ^= v[t].x ^ v[t].y ^ v[t].z ^ v[t].w;
+      if constexpr (SCALES) acc ^= s4[t];
+    }
+  }
+  if (acc == 0x9e3779b9u) sink[0] = acc;  // keeps the loads
+}
+
 template <int FMT, bool XF16>
 void launch_nt(const SkinnyArgs& a, int max_tokens, int tiles, int groups, int ks, cudaStream_t s) {
   if (max_tokens <= 8)
@@ -461,6 +495,19 @@ const char* skinny_variant_name(int v) {
                                 "units ks8 rt4 pf1", "units ks8 rt1 pf4", "units ks8 rt2 pf2",
                                 "units ks8 rt2 pf4", "units ks8 rt6 pf1", "units ks8 rt8 pf1"};
   return v >= 0 && v < kSkinnyVariants ? names[v] : "?";
+}
+
+void stream_experts_units(const WeightMat& W, int pairs, int E, const MoeRouting& r, bool scales, uint32_t* sink,
+                          cudaStream_t s) {
+  if (W.N / 16 % 4 != 0) return;
+  dim3 grid(W.N / 16 / 4, moe_max_groups(pairs, E));
+  const auto* w = static_cast<const uint4*>(W.w);
+  const auto* sc = reinterpret_cast<const uint32_t*>(W.scales);
+  if (scales)
+    launch_pdl(stream_experts_units_kernel<true>, grid, dim3(256), 0, s, w, sc, W.N / 16, W.K / 64, r, sink);
+  else
+    launch_pdl(stream_experts_units_kernel<false>, grid, dim3(256), 0, s, w, sc, W.N / 16, W.K / 64, r, sink);
+  GPTOSS_CUDA_LAUNCH_CHECK();
 }
 
 void stream_experts(const WeightMat& W, int pairs, int E, const MoeRouting& r, uint32_t* sink, cudaStream_t s) {
