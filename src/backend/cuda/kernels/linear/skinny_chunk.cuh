@@ -269,8 +269,10 @@ __device__ __forceinline__ void tile_store(const SkinnyArgs& a, const TileRows& 
 // and at most four row tiles, else 16 (more n-tiles: their activations sit in registers; more
 // row tiles: their weights do). Four row tiles at 24 warps spill 8 bytes and were still faster
 // than at 16 warps (bench-kernels, H200).
-constexpr int skinny_min_blocks(int NT, int KS, int RT) {
-  const int warps = NT == 1 && RT <= 4 ? 24 : 16;
+// (PF: chunks in flight a row tile; the unit-walking kernel's whole-unit shape, RT x PF = 12,
+// takes 16 warps.)
+constexpr int skinny_min_blocks(int NT, int KS, int RT, int PF = 1) {
+  const int warps = NT == 1 && RT <= 4 && RT * PF <= 8 ? 24 : 16;
   return warps / KS > 0 ? warps / KS : 1;
 }
 // Stages the activation rows of pairs tok0 .. tok0 + ntok - 1 (gathered through pair_token when

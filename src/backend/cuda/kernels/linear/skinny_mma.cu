@@ -346,6 +346,7 @@ void launch_fmt(const SkinnyArgs& a, int tiles, int groups, int ks, cudaStream_t
       case 14: if (launch_skinny_units(a, tiles, groups, XF16, 4, s)) return; break;
       case 15: if (launch_skinny_units(a, tiles, groups, XF16, 5, s)) return; break;
       case 16: if (launch_skinny_units(a, tiles, groups, XF16, 6, s)) return; break;
+      case 17: if (launch_skinny_units(a, tiles, groups, XF16, 7, s)) return; break;
       default: break;
     }
   }
@@ -493,7 +494,8 @@ const char* skinny_variant_name(int v) {
                                 "ks16 rt1 pf4", "ks8 rt2 pf4", "ks4 rt2 pf4", "ks16 rt4 pf2",
                                 "ks8 rt8 pf1", "ks4 rt4 pf2", "ks8 rt4 pf1",
                                 "units ks8 rt4 pf1", "units ks8 rt1 pf4", "units ks8 rt2 pf2",
-                                "units ks8 rt2 pf4", "units ks8 rt6 pf1", "units ks8 rt8 pf1"};
+                                "units ks8 rt2 pf4", "units ks8 rt6 pf1", "units ks8 rt8 pf1",
+                                "units ks8 rt2 pf6 16w"};
   return v >= 0 && v < kSkinnyVariants ? names[v] : "?";
 }
 

@@ -31,7 +31,7 @@ using namespace skinny;
 // warp, warps added in order): the two agree bit for bit. K = 64 CC, T % RT == 0, at most
 // KS * 32 - 1 groups (a thread each in the scan).
 template <int KS, int RT, int PF, bool XF16, int CC>
-__global__ void __launch_bounds__(KS * 32, skinny_min_blocks(1, KS, RT)) skinny_units_kernel(SkinnyArgs a) {
+__global__ void __launch_bounds__(KS * 32, skinny_min_blocks(1, KS, RT, PF)) skinny_units_kernel(SkinnyArgs a) {
   constexpr int FMT = WeightMat::kFragMXFP4, C = CC, kMaxGroups = KS * 32;
   static_assert(PF >= 1 && RT <= KS && CC > 0, "prefetch depth; one finishing warp per row tile; fixed K");
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, g = lane >> 2;
@@ -227,6 +227,11 @@ bool launch_skinny_units(const SkinnyArgs& a, int tiles, int groups, bool xf16, 
       // of each unit's fixed part (staging, reduction, epilogue) a block. rt8 needs tiles % 8.
       case 5: return launch_units<8, 6, 1, X>(a, tiles, groups, 0, s);
       case 6: return launch_units<8, 8, 1, X>(a, tiles, groups, 0, s);
+      // A whole unit in flight: two row tiles x six chunks, every chunk of a warp's K slice at
+      // K = 2880 (45 chunks over 8 warps), so a unit costs one memory round trip instead of one
+      // a chunk step, and the next unit's loads go out before this one's reduction (16 warps an
+      // SM). Prepared in the twentieth session, not yet run on a GPU.
+      case 7: return launch_units<8, 2, 6, X>(a, tiles, groups, 0, s);
       // Six row tiles a unit at two blocks an SM where the units fill the GPU's blocks four
       // times over or more (8 tokens and up: a third fewer units than four row tiles, so less of
       // each unit's fixed part; H200, twentieth session, step x32 / x64 +1.0% at 20b, +0.5% /
