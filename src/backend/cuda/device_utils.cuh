@@ -116,6 +116,17 @@ void launch_pdl_cluster(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t 
   GPTOSS_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
 }
 
+// Without opting in, a kernel's dynamic shared memory may be 48 KB less its static arrays and
+// the 1 KB the driver reserves a block; a launch past that fails with cudaErrorInvalidValue.
+// Opts in wherever the dynamic part comes within 8 KB of 48 KB (our kernels' static arrays stay
+// under 7 KB), so a size just under 48 KB is not missed (the twentieth session's rt8 units
+// kernel at 2 tokens: 44.3 KB dynamic + 4.1 KB static failed).
+template <typename... KArgs>
+void allow_dynamic_smem(void (*kernel)(KArgs...), size_t bytes) {
+  if (bytes > 40 * 1024)
+    GPTOSS_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
+}
+
 template <typename... KArgs, typename... Args>
 void launch_pdl(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, Args&&... args) {
   launch_pdl_cluster(kernel, grid, block, smem, dim3(1, 1, 1), s, std::forward<Args>(args)...);

@@ -301,12 +301,7 @@ __device__ __forceinline__ void stage_rows(const SkinnyArgs& a, int tok0, int nt
       for (int i = threadIdx.x; i < ntok * vecs; i += blockDim.x) {
         const int t = i / vecs, v = i - t * vecs;
         uint4* q = reinterpret_cast<uint4*>(xs + size_t(t) * xs_ld + v * 8);
-        uint4 x = *q;
-        x.x = bf16x2_to_f16x2(x.x);
-        x.y = bf16x2_to_f16x2(x.y);
-        x.z = bf16x2_to_f16x2(x.z);
-        x.w = bf16x2_to_f16x2(x.w);
-        *q = x;
+        *q = bf16x8_to_f16x8(*q);
       }
     }
     return;
@@ -316,12 +311,7 @@ __device__ __forceinline__ void stage_rows(const SkinnyArgs& a, int tok0, int nt
     const int p = tok0 + t;
     const int ar = a.gather_a ? a.r.pair_token[p] : p;
     uint4 x = __ldg(reinterpret_cast<const uint4*>(A + size_t(ar) * a.lda * 2) + v);
-    if constexpr (F16) {
-      x.x = bf16x2_to_f16x2(x.x);
-      x.y = bf16x2_to_f16x2(x.y);
-      x.z = bf16x2_to_f16x2(x.z);
-      x.w = bf16x2_to_f16x2(x.w);
-    }
+    if constexpr (F16) x = bf16x8_to_f16x8(x);
     *reinterpret_cast<uint4*>(xs + size_t(t) * xs_ld + v * 8) = x;
   }
 }

@@ -269,7 +269,7 @@ template <int FMT, int NT, int KS, int RT, int PF, bool XF16, bool TRY_CC = fals
 void launch_shape(const SkinnyArgs& a, int tiles, int groups, cudaStream_t s) {
   const size_t smem = skinny_smem_bytes<FMT>(a, NT, KS, RT, SD);
   auto go = [&](auto k) {
-    if (smem > 48 * 1024) GPTOSS_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    allow_dynamic_smem(k, smem);
     launch_pdl(k, dim3((tiles + RT - 1) / RT, groups), dim3(KS * 32), smem, s, a);
   };
   if constexpr (TRY_CC) {

@@ -185,9 +185,7 @@ bool launch_units(const SkinnyArgs& a, int tiles, int groups, double min_fill, c
     thread_local size_t cached_smem = 0;
     thread_local int cached_blocks = 0;
     if (cached_smem != smem) {
-      // Always: the default limit is 48 KB less the kernel's static arrays (4 KB here), which
-      // the wider unit shapes' dynamic part can pass below 48 KB.
-      GPTOSS_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+      allow_dynamic_smem(k, smem);
       int b = 0;
       GPTOSS_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, k, KS * 32, smem));
       cached_smem = smem;

@@ -264,8 +264,7 @@ void moe_router_route(const bf16_t* w, const float* bias, int E, int K, const fl
   const size_t smem = std::max(size_t(n) * K * 2, (5 * size_t(E) + size_t(n) * E) * 4);
   RouterRouteArgs a{io, ticket};
   auto go = [&](auto kernel) {
-    if (smem > 48 * 1024)
-      GPTOSS_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    allow_dynamic_smem(kernel, smem);
     launch_pdl(kernel, dim3(blocks), dim3(threads), smem, s, a);
   };
   const int kc = (K / 8 + 31) / 32;

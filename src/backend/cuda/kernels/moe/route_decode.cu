@@ -451,8 +451,7 @@ template <int C, int NW, int NT, bool SMW>
 void launch_router_v2(const RouterV2Plan& p, cudaStream_t s) {
   auto kernel = router_v2_kernel<C, NW, NT, SMW>;
   if (C > 8) GPTOSS_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
-  if (p.smem > 48 * 1024)
-    GPTOSS_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(p.smem)));
+  allow_dynamic_smem(kernel, p.smem);
   launch_pdl_cluster(kernel, dim3(C), dim3(NW * 32), p.smem, dim3(C), s, p.a);
 }
 
