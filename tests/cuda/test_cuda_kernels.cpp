@@ -775,17 +775,27 @@ TEST_F(Kernels, SkinnyUnitsKernelMatchesBlockPerTile) {
                           8, 0);
       GPTOSS_CUDA_CHECK(cudaDeviceSynchronize());
     };
-    Dev<uint16_t> act_ref(size_t(P) * I);
-    Dev<float> y_ref(size_t(P) * H);
-    run(10, act_ref, y_ref, act_ref);  // ks8 rt4 pf1 of skinny_mma_kernel (down reads gate_up's output)
-    const auto a_ref = act_ref.download();
-    const auto yr = y_ref.download();
-    for (int v = 11; v < cuda::kSkinnyVariants; ++v) {
-      Dev<uint16_t> act(size_t(P) * I);
-      Dev<float> y(size_t(P) * H);
-      run(v, act, y, act_ref);
-      EXPECT_TRUE(act.download() == a_ref) << "gate_up, " << cuda::skinny_variant_name(v) << ", n=" << n << " E=" << E << " I=" << I;
-      EXPECT_TRUE(y.download() == yr) << "down, " << cuda::skinny_variant_name(v) << ", n=" << n << " E=" << E << " I=" << I;
+    // Reference 10: ks8 rt4 pf1 of skinny_mma_kernel, for the K-split unit shapes (11-19);
+    // reference 20: ks1 rt1 pf4 (a warp over all of K), for the warp-per-tile walks (21-).
+    for (int ref : {10, 20}) {
+      Dev<uint16_t> act_ref(size_t(P) * I);
+      Dev<float> y_ref(size_t(P) * H);
+      run(ref, act_ref, y_ref, act_ref);  // down reads gate_up's output
+      const auto a_ref = act_ref.download();
+      const auto yr = y_ref.download();
+      for (int v = ref + 1; v < (ref == 10 ? 20 : cuda::kSkinnyVariants); ++v) {
+        Dev<uint16_t> act(size_t(P) * I);
+        Dev<float> y(size_t(P) * H);
+        run(v, act, y, act_ref);
+        EXPECT_TRUE(act.download() == a_ref) << "gate_up, " << cuda::skinny_variant_name(v) << ", n=" << n << " E=" << E << " I=" << I;
+        EXPECT_TRUE(y.download() == yr) << "down, " << cuda::skinny_variant_name(v) << ", n=" << n << " E=" << E << " I=" << I;
+      }
+      if (ref == 20) {  // the two K orders agree to rounding
+        Dev<uint16_t> act10(size_t(P) * I);
+        Dev<float> y10(size_t(P) * H);
+        run(10, act10, y10, act_ref);
+        EXPECT_LE(rel_err(y10.download(), yr), 1e-5) << "n=" << n << " E=" << E << " I=" << I;
+      }
     }
     cuda::set_skinny_variant(0);
     EXPECT_EQ(flag.download()[0], 0);

@@ -1001,7 +1001,8 @@ void linear_grouped(const WeightMat& W, const void* A, int lda, int pairs, int E
   if ((a_k_permuted || epi.k_permuted) && !v5)
     throw Error("linear_grouped: k-permuted activations or output need expert GEMM version 5 (expert_gemm_v5_runs)");
   if (k == LinearKernel::kSkinnyMma) {
-    skinny_linear(W, A, a_f16, lda, tokens, pairs, E, true, gather_a, r, epi, 0, s);
+    // Batch-invariant: the K-split order of sums (8 warps) at every size, whichever shape runs.
+    skinny_linear(W, A, a_f16, lda, tokens, pairs, E, true, gather_a, r, epi, invariant ? 8 : 0, s);
     return;
   }
   if (k == LinearKernel::kStreamK) {

@@ -340,13 +340,20 @@ void launch_fmt(const SkinnyArgs& a, int tiles, int groups, int ks, cudaStream_t
       case 8: return launch_shape<FMT, NT, 8, 8, 1, XF16, true>(a, tiles, groups, s);
       case 9: return launch_shape<FMT, NT, 4, 4, 2, XF16, true>(a, tiles, groups, s);
       case 10: return launch_shape<FMT, NT, 8, 4, 1, XF16, true>(a, tiles, groups, s);
-      case 11: if (launch_skinny_units(a, tiles, groups, XF16, 1, s)) return; break;
-      case 12: if (launch_skinny_units(a, tiles, groups, XF16, 2, s)) return; break;
-      case 13: if (launch_skinny_units(a, tiles, groups, XF16, 3, s)) return; break;
-      case 14: if (launch_skinny_units(a, tiles, groups, XF16, 4, s)) return; break;
-      case 15: if (launch_skinny_units(a, tiles, groups, XF16, 5, s)) return; break;
-      case 16: if (launch_skinny_units(a, tiles, groups, XF16, 6, s)) return; break;
-      case 17: if (launch_skinny_units(a, tiles, groups, XF16, 7, s)) return; break;
+      case 11: if (launch_skinny_units(a, tiles, groups, XF16, 1, false, s)) return; break;
+      case 12: if (launch_skinny_units(a, tiles, groups, XF16, 2, false, s)) return; break;
+      case 13: if (launch_skinny_units(a, tiles, groups, XF16, 3, false, s)) return; break;
+      case 14: if (launch_skinny_units(a, tiles, groups, XF16, 4, false, s)) return; break;
+      case 15: if (launch_skinny_units(a, tiles, groups, XF16, 5, false, s)) return; break;
+      case 16: if (launch_skinny_units(a, tiles, groups, XF16, 6, false, s)) return; break;
+      case 17: if (launch_skinny_units(a, tiles, groups, XF16, 7, false, s)) return; break;
+      case 18: if (launch_skinny_units(a, tiles, groups, XF16, 8, false, s)) return; break;
+      case 19: if (launch_skinny_units(a, tiles, groups, XF16, 9, false, s)) return; break;
+      case 20: return launch_shape<FMT, NT, 1, 1, 4, XF16, true>(a, tiles, groups, s);  // the warp walks' reference
+      case 21: if (launch_skinny_units(a, tiles, groups, XF16, 10, false, s)) return; break;
+      case 22: if (launch_skinny_units(a, tiles, groups, XF16, 11, false, s)) return; break;
+      case 23: if (launch_skinny_units(a, tiles, groups, XF16, 12, false, s)) return; break;
+      case 24: if (launch_skinny_units(a, tiles, groups, XF16, 13, false, s)) return; break;
       default: break;
     }
   }
@@ -385,7 +392,7 @@ void launch_fmt(const SkinnyArgs& a, int tiles, int groups, int ks, cudaStream_t
   // tokens 124 -> 114 us against eight row tiles); grouped launches below that (down at 1 token:
   // 720 pairs) two row tiles, four chunks in flight (13.3 -> 11.6 us against one row tile, three).
   if constexpr (FMT == WeightMat::kFragMXFP4 && NT == 1) {
-    if (ks != 4 && skinny_units_enabled() && launch_skinny_units(a, tiles, groups, XF16, 0, s)) return;
+    if (ks != 4 && skinny_units_enabled() && launch_skinny_units(a, tiles, groups, XF16, 0, ks == 8, s)) return;
     if (ks != 4 && size_t(tiles) * groups >= 1400) return launch_shape<FMT, NT, 8, 4, 1, XF16, true>(a, tiles, groups, s);
     if (ks != 4 && a.grouped && size_t(tiles) * groups >= 512) return launch_shape<FMT, NT, 8, 2, 4, XF16, true>(a, tiles, groups, s);
   }
@@ -495,7 +502,9 @@ const char* skinny_variant_name(int v) {
                                 "ks8 rt8 pf1", "ks4 rt4 pf2", "ks8 rt4 pf1",
                                 "units ks8 rt4 pf1", "units ks8 rt1 pf4", "units ks8 rt2 pf2",
                                 "units ks8 rt2 pf4", "units ks8 rt6 pf1", "units ks8 rt8 pf1",
-                                "units ks8 rt2 pf6 16w"};
+                                "units ks8 rt2 pf6 16w", "units ks8 rt4 pf3 16w", "units ks8 rt6 pf2 16w",
+                                "ks1 rt1 pf4", "warp units rt1 pf4", "warp units rt1 pf8 16w",
+                                "warp units rt2 pf4 16w", "warp units rt1 pf4 32w"};
   return v >= 0 && v < kSkinnyVariants ? names[v] : "?";
 }
 

@@ -1,7 +1,9 @@
-// The unit-walking grouped decode kernel: MXFP4 experts at 1-64 tokens (one n-tile: <= 8 of a
-// group's tokens a pass), over a grid the size of the GPU. See skinny_units_kernel below; the
-// per-chunk math is skinny_chunk.cuh's, shared with skinny_mma.cu, so each row's sums match the
-// block-per-tile kernel's bit for bit.
+// The unit-walking grouped decode kernels: MXFP4 experts at 1-64 tokens (one n-tile: <= 8 of a
+// group's tokens a pass), over a grid the size of the GPU. Two ways to split a unit among a
+// block's warps: skinny_units_kernel (a K slice of every row tile a warp, the slices reduced
+// through shared memory) and skinny_warp_units_kernel (whole row tiles a warp, no reduction).
+// The per-chunk math is skinny_chunk.cuh's, shared with skinny_mma.cu, so each row's sums match
+// the block-per-tile kernel's with the same split bit for bit.
 #include "backend/cuda/kernels/linear/skinny_units.h"
 
 #include <algorithm>
@@ -16,6 +18,50 @@ namespace gptoss::cuda {
 namespace {
 
 using namespace skinny;
+
+// The routing, read once a block with every group in one L2 round trip (the group arrays have an
+// entry for each of the a.groups grid rows, so reading past ngroups is in bounds), and each
+// group's first unit by a scan of its passes (<= 8 tokens each) times `tb` units a pass: s_unit0[i]
+// (s_unit0[ngroups] = the total, returned), s_expert[i], s_start[i], s_end[i]. NWARPS * 32 threads,
+// more than the groups. Waits for the previous kernel first unless the routing is settled.
+template <int NWARPS>
+__device__ __forceinline__ int scan_units(const SkinnyArgs& a, int tb, int* s_unit0, int* s_expert, int* s_start,
+                                          int* s_end, int* s_warp_passes) {
+  const int t = threadIdx.x, warp = t / 32, lane = t & 31;
+  if (!a.r.settled) pdl_wait();
+  const int ngroups = __ldcg(a.r.counts);
+  int gs = 0, ge = 0, gx = 0;
+  if (t < a.groups) {
+    gs = __ldcg(a.r.group_start + t);
+    ge = __ldcg(a.r.group_end + t);
+    gx = __ldcg(a.r.group_expert + t);
+  }
+  const int passes = t < ngroups ? (ge - gs + 7) / 8 : 0;
+  int incl = passes;
+#pragma unroll
+  for (int d = 1; d < 32; d *= 2) {
+    const int y = __shfl_up_sync(0xffffffffu, incl, d);
+    if (lane >= d) incl += y;
+  }
+  if (lane == 31) s_warp_passes[warp] = incl;
+  __syncthreads();
+  int total = 0;
+#pragma unroll
+  for (int w = 0; w < NWARPS; ++w) {
+    const int c = s_warp_passes[w];
+    if (w < warp) incl += c;
+    total += c;
+  }
+  if (t < ngroups) {
+    s_unit0[t] = (incl - passes) * tb;
+    s_expert[t] = gx;
+    s_start[t] = gs;
+    s_end[t] = ge;
+  }
+  if (t == ngroups) s_unit0[t] = total * tb;
+  __syncthreads();
+  return total * tb;
+}
 
 // Grouped one-n-tile MXFP4 launches (1-64 tokens touch 4-111 experts: 360-10,000 (group, row-tile
 // block) pairs at 120b's gate_up with four row tiles a block). The work is cut into units of one pass (<= 8
@@ -44,43 +90,7 @@ __global__ void __launch_bounds__(KS * 32, skinny_min_blocks(1, KS, RT, PF)) ski
   __shared__ int s_unit0[kMaxGroups], s_expert[kMaxGroups], s_start[kMaxGroups], s_end[kMaxGroups];
   __shared__ int s_warp_passes[KS];
 
-  // The routing, every group in one L2 round trip (the group arrays have an entry for each of
-  // the a.groups grid rows, so reading past ngroups is in bounds), and the units by a scan of
-  // the groups' passes.
-  if (!a.r.settled) pdl_wait();
-  const int t = threadIdx.x;
-  const int ngroups = __ldcg(a.r.counts);
-  int gs = 0, ge = 0, gx = 0;
-  if (t < a.groups) {
-    gs = __ldcg(a.r.group_start + t);
-    ge = __ldcg(a.r.group_end + t);
-    gx = __ldcg(a.r.group_expert + t);
-  }
-  const int passes = t < ngroups ? (ge - gs + 7) / 8 : 0;
-  int incl = passes;
-#pragma unroll
-  for (int d = 1; d < 32; d *= 2) {
-    const int y = __shfl_up_sync(0xffffffffu, incl, d);
-    if (lane >= d) incl += y;
-  }
-  if (lane == 31) s_warp_passes[warp] = incl;
-  __syncthreads();
-  int total = 0;
-#pragma unroll
-  for (int w = 0; w < KS; ++w) {
-    const int c = s_warp_passes[w];
-    if (w < warp) incl += c;
-    total += c;
-  }
-  if (t < ngroups) {
-    s_unit0[t] = (incl - passes) * TB;
-    s_expert[t] = gx;
-    s_start[t] = gs;
-    s_end[t] = ge;
-  }
-  if (t == ngroups) s_unit0[t] = total * TB;
-  __syncthreads();
-  const int units = total * TB;
+  const int units = scan_units<KS>(a, TB, s_unit0, s_expert, s_start, s_end, s_warp_passes);
   const int u0 = int(int64_t(blockIdx.x) * units / gridDim.x);
   const int u1 = int(int64_t(blockIdx.x + 1) * units / gridDim.x);
   if (u0 >= u1) { pdl_trigger(); return; }  // uniform over the block
@@ -167,6 +177,158 @@ __global__ void __launch_bounds__(KS * 32, skinny_min_blocks(1, KS, RT, PF)) ski
   }
 }
 
+// The warp-per-tile walk: the same units (one pass of <= 8 of a group's tokens over a block of
+// row tiles, (group, pass, block) order, an equal contiguous run a block of a GPU-sized grid), but
+// each warp takes RTW whole row tiles over all of K instead of a K slice of every tile. So a unit
+// ends with no reduction across warps and no barrier: a warp stores its own rows and runs on
+// into the next unit, whose first weights its ring already holds; the block meets only where the
+// walk crosses into a new pass and its rows are staged. A warp's chunks go through a ring of PF
+// chunk steps in registers, refilled as each step's MMAs free it (the last turn of a unit loads
+// the next unit's first chunks), so its load stream runs unbroken over the whole walk.
+// Each row's sum runs over K in chunk order in one warp: the block-per-tile kernel with KS = 1
+// (bench-kernels variant "ks1 rt1 pf4") gives the same bits. A unit block of NW * RTW row tiles
+// (the last of an expert may be partial: its idle warps still meet at the barriers); at most
+// NW * 32 - 1 groups (a thread each in the scan).
+template <int NW, int RTW, int PF, int MINB, bool XF16, int CC>
+__global__ void __launch_bounds__(NW * 32, MINB) skinny_warp_units_kernel(SkinnyArgs a) {
+  constexpr int FMT = WeightMat::kFragMXFP4, C = CC, kMaxGroups = NW * 32, UT = NW * RTW;
+  constexpr int CP = (C + PF - 1) / PF * PF;  // a unit's chunk steps, padded to whole turns of the ring
+  static_assert(PF >= 1 && CC > 0, "ring depth; fixed K");
+  const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
+  const int T = a.W.N / 16, TB = (T + UT - 1) / UT;  // unit blocks an expert
+  extern __shared__ __align__(16) uint16_t xs[];
+  const int xs_ld = C * 64 + 8;
+  __shared__ int s_unit0[kMaxGroups], s_expert[kMaxGroups], s_start[kMaxGroups], s_end[kMaxGroups];
+  __shared__ int s_warp_passes[NW];
+  const int units = scan_units<NW>(a, TB, s_unit0, s_expert, s_start, s_end, s_warp_passes);
+  const int u0 = int(int64_t(blockIdx.x) * units / gridDim.x);
+  const int u1 = int(int64_t(blockIdx.x + 1) * units / gridDim.x);
+  if (u0 >= u1) { pdl_trigger(); return; }  // uniform over the block
+
+  struct Unit {
+    int tile, expert, tok0, tok_end;  // tile: this warp's first row tile (>= T: none in this unit)
+  };
+  int cursor = 0;
+  auto unit_at = [&](int u) {
+    while (s_unit0[cursor + 1] <= u) ++cursor;
+    Unit x;
+    const int rel = u - s_unit0[cursor], pass = rel / TB;
+    x.tile = (rel - pass * TB) * UT + warp * RTW;
+    x.expert = s_expert[cursor];
+    x.tok0 = s_start[cursor] + 8 * pass;
+    x.tok_end = min(x.tok0 + 8, s_end[cursor]);
+    return x;
+  };
+  // This lane's weight and scale pointers at chunk 0 of a unit's first row tile (row tile r at
+  // + r * C chunks); null where the warp has no tile in the unit.
+  auto lane_ptrs = [&](const Unit& x, const uint4*& wl, const uint32_t*& sl) {
+    if (x.tile >= T) { wl = nullptr; sl = nullptr; return; }
+    const size_t tc0 = (size_t(x.expert) * T + x.tile) * C;
+    wl = static_cast<const uint4*>(a.W.w) + tc0 * (chunk_bytes<FMT>() / 16) + lane;
+    sl = reinterpret_cast<const uint32_t*>(a.W.scales) + tc0 * 8 + g;
+  };
+  WChunk<FMT> wbuf[PF][RTW];
+  Unit cur = unit_at(u0);
+  const uint4* wl;
+  const uint32_t* sl;
+  lane_ptrs(cur, wl, sl);
+  if (wl) {
+#pragma unroll
+    for (int v = 0; v < PF; ++v)
+      if (v < C)
+#pragma unroll
+        for (int r = 0; r < RTW; ++r) load_w_at<FMT>(wl, sl, r * CC + v, wbuf[v][r]);
+  }
+  if (a.r.settled) pdl_wait();
+  pdl_trigger();
+
+  int staged_tok0 = -1;
+  for (int u = u0; u < u1; ++u) {
+    if (wl)
+#pragma unroll
+      for (int r = 0; r < RTW; ++r) prefetch_tile_rows<FMT>(a, cur.expert, cur.tile + r, g);
+    const int ntok = cur.tok_end - cur.tok0;
+    if (cur.tok0 != staged_tok0) {  // uniform over the block
+      __syncthreads();
+      stage_rows<!XF16>(a, cur.tok0, ntok, xs, xs_ld);
+      __syncthreads();
+      staged_tok0 = cur.tok0;
+    }
+    Unit nxt = cur;
+    const uint4* nwl = nullptr;
+    const uint32_t* nsl = nullptr;
+    // The next unit's pointers, asked for only in the last turn of the ring (fewer live registers).
+    auto next_unit = [&]() {
+      if (u + 1 < u1) {
+        nxt = unit_at(u + 1);
+        lane_ptrs(nxt, nwl, nsl);
+      }
+    };
+    if (wl) {
+      const uint16_t* xs_lane = xs + size_t(g) * xs_ld + 8 * tq;
+      auto chunk = [&](int c, const WChunk<FMT> (&wc)[RTW], float (&acc)[RTW][1][4]) {
+        uint4 x[1][2];
+        if (g < ntok) {
+          const uint4* p = reinterpret_cast<const uint4*>(xs_lane + c * 64);
+          x[0][0] = p[0];
+          x[0][1] = p[4];
+        } else {
+          x[0][0] = x[0][1] = make_uint4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int r = 0; r < RTW; ++r) chunk_mma<FMT, 1, true>(wc[r], x, acc[r]);
+      };
+      float acc[RTW][1][4];
+#pragma unroll
+      for (int r = 0; r < RTW; ++r) acc[r][0][0] = acc[r][0][1] = acc[r][0][2] = acc[r][0][3] = 0.f;
+      const uint4* w = wl;
+      const uint32_t* sc = sl;
+      // Every turn but the last: chunk base + v, then its slot takes chunk base + v + PF.
+#pragma unroll 1
+      for (int base = 0; base < CP - PF; base += PF) {
+#pragma unroll
+        for (int v = 0; v < PF; ++v) {
+          chunk(base + v, wbuf[v], acc);
+          if (base + v + PF < C)
+#pragma unroll
+            for (int r = 0; r < RTW; ++r) load_w_at<FMT>(w, sc, r * CC + v + PF, wbuf[v][r]);
+        }
+        w += PF * (chunk_bytes<FMT>() / 16);
+        sc += PF * 8;
+      }
+      // The last turn: each slot, once used, takes the next unit's chunk v.
+      next_unit();
+#pragma unroll
+      for (int v = 0; v < PF; ++v) {
+        if (CP - PF + v < C) chunk(CP - PF + v, wbuf[v], acc);
+        if (nwl && v < C)
+#pragma unroll
+          for (int r = 0; r < RTW; ++r) load_w_at<FMT>(nwl, nsl, r * CC + v, wbuf[v][r]);
+      }
+#pragma unroll
+      for (int r = 0; r < RTW; ++r) {
+        float fin[4];
+#pragma unroll
+        for (int v = 0; v < 4; ++v) fin[v] = 0.f + acc[r][0][v];  // as finish_tiles' sum over one warp
+        const TileRows tr = tile_rows<FMT>(a, cur.expert, cur.tile + r, g);
+        tile_store(a, tr, cur.tile + r, g, tq, cur.tok0, cur.tok_end, fin);
+      }
+    } else {
+      // No tile in this unit (the partial block at an expert's end): the next unit's first chunks.
+      next_unit();
+      if (nwl)
+#pragma unroll
+        for (int v = 0; v < PF; ++v)
+          if (v < C)
+#pragma unroll
+            for (int r = 0; r < RTW; ++r) load_w_at<FMT>(nwl, nsl, r * CC + v, wbuf[v][r]);
+    }
+    cur = nxt;
+    wl = nwl;
+    sl = nsl;
+  }
+}
+
 // The unit-walking grouped kernel (skinny_units_kernel) for this launch, if it takes it (K of
 // 2880 or 4096, whole row-tile blocks, fewer groups than threads) and its units (at least one a
 // (group, row-tile block)) fill at least `min_fill` of the blocks the GPU holds at once. The
@@ -204,6 +366,48 @@ bool launch_units(const SkinnyArgs& a, int tiles, int groups, double min_fill, c
   }
 }
 
+// The warp-per-tile kernel (skinny_warp_units_kernel) for this launch, if it takes it (K of 2880
+// or 4096 or the TP=2 slices, T % RTW == 0, fewer groups than threads) and its units fill at
+// least `min_fill` of the blocks the GPU holds at once. The grid as launch_units'.
+template <int NW, int RTW, int PF, int MINB, bool XF16>
+bool launch_warp_units(const SkinnyArgs& a, int tiles, int groups, double min_fill, cudaStream_t s) {
+  const int K = a.W.K;
+  const bool tp_k = skinny_tp_cc_enabled() && (K == 1472 || K == 1408);
+  if (!a.grouped || !skinny_cc_enabled() || tiles % RTW != 0 || (K != 2880 && K != 4096 && !tp_k) ||
+      groups >= NW * 32)
+    return false;
+  const size_t smem = size_t(a.xs_rows) * (a.W.K + 8) * 2;
+  auto go = [&](auto k) {
+    thread_local size_t cached_smem = 0;
+    thread_local int cached_blocks = 0;
+    if (cached_smem != smem) {
+      allow_dynamic_smem(k, smem);
+      int b = 0;
+      GPTOSS_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, k, NW * 32, smem));
+      cached_smem = smem;
+      cached_blocks = std::max(b, 1);
+    }
+    const int ut = NW * RTW;
+    const size_t resident = size_t(sm_count()) * cached_blocks, units = size_t((tiles + ut - 1) / ut) * groups;
+    if (double(units) < min_fill * double(resident)) return false;
+    launch_pdl(k, dim3(unsigned(std::min(resident, units))), dim3(NW * 32), smem, s, a);
+    return true;
+  };
+  switch (K) {
+    case 2880: return go(skinny_warp_units_kernel<NW, RTW, PF, MINB, XF16, 45>);
+    case 4096: return go(skinny_warp_units_kernel<NW, RTW, PF, MINB, XF16, 64>);
+    case 1472: return go(skinny_warp_units_kernel<NW, RTW, PF, MINB, XF16, 23>);
+    default: return go(skinny_warp_units_kernel<NW, RTW, PF, MINB, XF16, 22>);
+  }
+}
+
+// The warp-per-tile walk takes a launch by default where its units fill the GPU's blocks at least
+// GPTOSS_WARP_UNITS times over (default 2; 0 turns it off).
+int warp_units_min_fill() {
+  static const int fill = env_int("GPTOSS_WARP_UNITS", 2);
+  return fill;
+}
+
 bool units_rt6_enabled() {
   static const bool on = env_int("GPTOSS_UNITS_RT6", 1) != 0;
   return on;
@@ -213,7 +417,8 @@ bool units_rt6_enabled() {
 
 namespace skinny {
 
-bool launch_skinny_units(const SkinnyArgs& a, int tiles, int groups, bool xf16, int shape, cudaStream_t s) {
+bool launch_skinny_units(const SkinnyArgs& a, int tiles, int groups, bool xf16, int shape, bool k_split_only,
+                         cudaStream_t s) {
   auto run = [&](auto f16) {
     constexpr bool X = decltype(f16)::value;
     switch (shape) {
@@ -230,6 +435,17 @@ bool launch_skinny_units(const SkinnyArgs& a, int tiles, int groups, bool xf16, 
       // a chunk step, and the next unit's loads go out before this one's reduction (16 warps an
       // SM). Prepared in the twentieth session, not yet run on a GPU.
       case 7: return launch_units<8, 2, 6, X>(a, tiles, groups, 0, s);
+      // The same 12 chunks in flight a warp as case 7 over more row tiles and fewer chunk steps:
+      // two / three round trips a unit at K = 2880 with the next step's loads issued as each
+      // chunk's MMAs free its registers, and half / a third of case 7's units.
+      case 8: return launch_units<8, 4, 3, X>(a, tiles, groups, 0, s);
+      case 9: return launch_units<8, 6, 2, X>(a, tiles, groups, 0, s);
+      // Warp-per-tile walks (skinny_warp_units_kernel): 8 warps a block, RTW row tiles a warp
+      // over all of K, a ring of PF chunk steps, MINB blocks an SM.
+      case 10: return launch_warp_units<8, 1, 4, 3, X>(a, tiles, groups, 0, s);
+      case 11: return launch_warp_units<8, 1, 8, 2, X>(a, tiles, groups, 0, s);
+      case 12: return launch_warp_units<8, 2, 4, 2, X>(a, tiles, groups, 0, s);
+      case 13: return launch_warp_units<8, 1, 4, 4, X>(a, tiles, groups, 0, s);
       // Six row tiles a unit at two blocks an SM where the units fill the GPU's blocks four
       // times over or more (8 tokens and up: a third fewer units than four row tiles, so less of
       // each unit's fixed part; H200, twentieth session, step x32 / x64 +1.0% at 20b, +0.5% /
@@ -237,7 +453,16 @@ bool launch_skinny_units(const SkinnyArgs& a, int tiles, int groups, bool xf16, 
       // else four row tiles with one chunk in flight where that fills half the GPU's blocks or
       // more, else two with two (down at one token: 180 against 360 units; bench-kernels, H200,
       // eighth session: 10.5 -> 8.6 us against skinny_mma_kernel).
+      // By default the warp-per-tile walk, 8 warps a block, one row tile a warp, eight chunk
+      // steps in flight, two blocks an SM, where its units fill the GPU's blocks twice over (3
+      // tokens and up at gate_up's shapes, 6 at down's; H200, twenty-first session, bench-kernels
+      // 120b gate_up / down at 32 tokens 204.9 -> 185.2 / 106.4 -> 96.5 us, step x32 +5.8%, 20b
+      // x32 +5%; at one token its gate_up was slower, 15.8 -> 17.2 us). Not where the caller
+      // asks for the K-split order (the batch-invariant mode: one order of sums at every size).
       default:
+        if (!k_split_only && warp_units_min_fill() > 0 &&
+            launch_warp_units<8, 1, 8, 2, X>(a, tiles, groups, warp_units_min_fill(), s))
+          return true;
         return (units_rt6_enabled() && launch_units<8, 6, 1, X>(a, tiles, groups, 4, s)) ||
                launch_units<8, 4, 1, X>(a, tiles, groups, 0.5, s) || launch_units<8, 2, 2, X>(a, tiles, groups, 0, s);
     }

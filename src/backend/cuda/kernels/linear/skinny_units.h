@@ -15,11 +15,13 @@ bool skinny_cc_enabled();
 bool skinny_units_enabled();
 bool skinny_tp_cc_enabled();
 
-// Launches skinny_units_kernel for a grouped one-n-tile MXFP4 problem (activations fp16 if xf16,
-// else bf16 converted while staged) and returns true, or returns false without launching where it
-// does not take the problem. shape 0: four row tiles with one chunk in flight where that fills half
-// the GPU's blocks or more, else two with two; 1-4 (bench-kernels) force rt4 pf1, rt1 pf4, rt2 pf2,
-// rt2 pf4 wherever the kernel takes the problem.
-bool launch_skinny_units(const SkinnyArgs& a, int tiles, int groups, bool xf16, int shape, cudaStream_t s);
+// Launches a unit-walking kernel for a grouped one-n-tile MXFP4 problem (activations fp16 if
+// xf16, else bf16 converted while staged) and returns true, or returns false without launching
+// where it does not take the problem. shape 0: the default by grid (skinny_units.cu), restricted
+// to the K-split kernel (8 warps over K, the order of sums of skinny_mma_kernel with KS = 8) where
+// k_split_only; 1-9 (bench-kernels) force a K-split shape of skinny_units_kernel, 10-13 a
+// warp-per-tile shape of skinny_warp_units_kernel, wherever the kernel takes the problem.
+bool launch_skinny_units(const SkinnyArgs& a, int tiles, int groups, bool xf16, int shape, bool k_split_only,
+                         cudaStream_t s);
 
 }  // namespace gptoss::cuda::skinny
