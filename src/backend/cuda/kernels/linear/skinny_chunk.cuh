@@ -25,6 +25,7 @@ struct SkinnyArgs {
   Epilogue epi;
   int xs_rows = 8;  // one n-tile: activation rows a pass stages in shared memory (min(M, 8))
   int groups = 1;   // grouped: the grid rows (the host's bound on the routing's groups)
+  int pairs = 0;    // grouped: the (token, expert) pairs (host-known; their mean a group picks the pass size)
   bool stage_async = true;  // stage_rows through cp.async (GPTOSS_STAGE_ASYNC=0: register copies)
 };
 

@@ -354,6 +354,8 @@ void launch_fmt(const SkinnyArgs& a, int tiles, int groups, int ks, cudaStream_t
       case 22: if (launch_skinny_units(a, tiles, groups, XF16, 11, false, s)) return; break;
       case 23: if (launch_skinny_units(a, tiles, groups, XF16, 12, false, s)) return; break;
       case 24: if (launch_skinny_units(a, tiles, groups, XF16, 13, false, s)) return; break;
+      case 25: if (launch_skinny_units(a, tiles, groups, XF16, 14, false, s)) return; break;
+      case 26: if (launch_skinny_units(a, tiles, groups, XF16, 15, false, s)) return; break;
       default: break;
     }
   }
@@ -504,7 +506,8 @@ const char* skinny_variant_name(int v) {
                                 "units ks8 rt2 pf4", "units ks8 rt6 pf1", "units ks8 rt8 pf1",
                                 "units ks8 rt2 pf6 16w", "units ks8 rt4 pf3 16w", "units ks8 rt6 pf2 16w",
                                 "ks1 rt1 pf4", "warp units rt1 pf4", "warp units rt1 pf8 16w",
-                                "warp units rt2 pf4 16w", "warp units rt1 pf4 32w"};
+                                "warp units rt2 pf4 16w", "warp units rt1 pf4 32w", "warp units rt1 pf8 16w 16-token passes",
+                                "warp units rt1 pf6 16w 16-token passes"};
   return v >= 0 && v < kSkinnyVariants ? names[v] : "?";
 }
 
@@ -541,6 +544,7 @@ void skinny_linear(const WeightMat& W, const void* A, bool a_f16, int lda, int M
   const int tiles = W.N / 16;
   const int groups = grouped ? moe_max_groups(pairs, E) : 1;
   a.groups = groups;
+  a.pairs = pairs;
   // Tokens an n-tile pass covers: dense, all M; grouped, sized by the mean group (pairs over the
   // experts they can touch), since a group with more tokens takes another pass (its weights then
   // come from L2) while padding every group to the largest possible one wastes MMAs and

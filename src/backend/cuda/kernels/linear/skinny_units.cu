@@ -21,10 +21,10 @@ using namespace skinny;
 
 // The routing, read once a block with every group in one L2 round trip (the group arrays have an
 // entry for each of the a.groups grid rows, so reading past ngroups is in bounds), and each
-// group's first unit by a scan of its passes (<= 8 tokens each) times `tb` units a pass: s_unit0[i]
+// group's first unit by a scan of its passes (<= PASS_TOKENS tokens each) times `tb` units a pass: s_unit0[i]
 // (s_unit0[ngroups] = the total, returned), s_expert[i], s_start[i], s_end[i]. NWARPS * 32 threads,
 // more than the groups. Waits for the previous kernel first unless the routing is settled.
-template <int NWARPS>
+template <int NWARPS, int PASS_TOKENS = 8>
 __device__ __forceinline__ int scan_units(const SkinnyArgs& a, int tb, int* s_unit0, int* s_expert, int* s_start,
                                           int* s_end, int* s_warp_passes) {
   const int t = threadIdx.x, warp = t / 32, lane = t & 31;
@@ -36,7 +36,7 @@ __device__ __forceinline__ int scan_units(const SkinnyArgs& a, int tb, int* s_un
     ge = __ldcg(a.r.group_end + t);
     gx = __ldcg(a.r.group_expert + t);
   }
-  const int passes = t < ngroups ? (ge - gs + 7) / 8 : 0;
+  const int passes = t < ngroups ? (ge - gs + PASS_TOKENS - 1) / PASS_TOKENS : 0;
   int incl = passes;
 #pragma unroll
   for (int d = 1; d < 32; d *= 2) {
@@ -189,9 +189,12 @@ __global__ void __launch_bounds__(KS * 32, skinny_min_blocks(1, KS, RT, PF)) ski
 // (bench-kernels variant "ks1 rt1 pf4") gives the same bits. A unit block of NW * RTW row tiles
 // (the last of an expert may be partial: its idle warps still meet at the barriers); at most
 // NW * 32 - 1 groups (a thread each in the scan).
-template <int NW, int RTW, int PF, int MINB, bool XF16, int CC>
+// NTM = 2: a pass is 16 of a group's tokens (a.xs_rows 16), and a unit holding more than 8 runs
+// both n-tiles on each decoded chunk (a group of 9-16 tokens walks its weights once, not twice);
+// one of 8 or fewer runs the one-n-tile path. Each n-tile's sums are the one-n-tile path's.
+template <int NW, int RTW, int PF, int MINB, bool XF16, int CC, int NTM = 1>
 __global__ void __launch_bounds__(NW * 32, MINB) skinny_warp_units_kernel(SkinnyArgs a) {
-  constexpr int FMT = WeightMat::kFragMXFP4, C = CC, kMaxGroups = NW * 32, UT = NW * RTW;
+  constexpr int FMT = WeightMat::kFragMXFP4, C = CC, kMaxGroups = NW * 32, UT = NW * RTW, PT = 8 * NTM;
   constexpr int CP = (C + PF - 1) / PF * PF;  // a unit's chunk steps, padded to whole turns of the ring
   static_assert(PF >= 1 && CC > 0, "ring depth; fixed K");
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
@@ -200,7 +203,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) skinny_warp_units_kernel(Skinny
   const int xs_ld = C * 64 + 8;
   __shared__ int s_unit0[kMaxGroups], s_expert[kMaxGroups], s_start[kMaxGroups], s_end[kMaxGroups];
   __shared__ int s_warp_passes[NW];
-  const int units = scan_units<NW>(a, TB, s_unit0, s_expert, s_start, s_end, s_warp_passes);
+  const int units = scan_units<NW, PT>(a, TB, s_unit0, s_expert, s_start, s_end, s_warp_passes);
   const int u0 = int(int64_t(blockIdx.x) * units / gridDim.x);
   const int u1 = int(int64_t(blockIdx.x + 1) * units / gridDim.x);
   if (u0 >= u1) { pdl_trigger(); return; }  // uniform over the block
@@ -215,8 +218,8 @@ __global__ void __launch_bounds__(NW * 32, MINB) skinny_warp_units_kernel(Skinny
     const int rel = u - s_unit0[cursor], pass = rel / TB;
     x.tile = (rel - pass * TB) * UT + warp * RTW;
     x.expert = s_expert[cursor];
-    x.tok0 = s_start[cursor] + 8 * pass;
-    x.tok_end = min(x.tok0 + 8, s_end[cursor]);
+    x.tok0 = s_start[cursor] + PT * pass;
+    x.tok_end = min(x.tok0 + PT, s_end[cursor]);
     return x;
   };
   // This lane's weight and scale pointers at chunk 0 of a unit's first row tile (row tile r at
@@ -264,23 +267,30 @@ __global__ void __launch_bounds__(NW * 32, MINB) skinny_warp_units_kernel(Skinny
         lane_ptrs(nxt, nwl, nsl);
       }
     };
-    if (wl) {
+    // One unit of NT n-tiles (NT * 8 >= ntok): the ring over K, then this warp's rows stored.
+    auto run_unit = [&](auto nt) {
+      constexpr int NT = decltype(nt)::value;
       const uint16_t* xs_lane = xs + size_t(g) * xs_ld + 8 * tq;
-      auto chunk = [&](int c, const WChunk<FMT> (&wc)[RTW], float (&acc)[RTW][1][4]) {
-        uint4 x[1][2];
-        if (g < ntok) {
-          const uint4* p = reinterpret_cast<const uint4*>(xs_lane + c * 64);
-          x[0][0] = p[0];
-          x[0][1] = p[4];
-        } else {
-          x[0][0] = x[0][1] = make_uint4(0, 0, 0, 0);
+      auto chunk = [&](int c, const WChunk<FMT> (&wc)[RTW], float (&acc)[RTW][NT][4]) {
+        uint4 x[NT][2];
+#pragma unroll
+        for (int i = 0; i < NT; ++i) {
+          if (g + 8 * i < ntok) {
+            const uint4* p = reinterpret_cast<const uint4*>(xs_lane + size_t(8 * i) * xs_ld + c * 64);
+            x[i][0] = p[0];
+            x[i][1] = p[4];
+          } else {
+            x[i][0] = x[i][1] = make_uint4(0, 0, 0, 0);
+          }
         }
 #pragma unroll
-        for (int r = 0; r < RTW; ++r) chunk_mma<FMT, 1, true>(wc[r], x, acc[r]);
+        for (int r = 0; r < RTW; ++r) chunk_mma<FMT, NT, true>(wc[r], x, acc[r]);
       };
-      float acc[RTW][1][4];
+      float acc[RTW][NT][4];
 #pragma unroll
-      for (int r = 0; r < RTW; ++r) acc[r][0][0] = acc[r][0][1] = acc[r][0][2] = acc[r][0][3] = 0.f;
+      for (int r = 0; r < RTW; ++r)
+#pragma unroll
+        for (int i = 0; i < NT; ++i) acc[r][i][0] = acc[r][i][1] = acc[r][i][2] = acc[r][i][3] = 0.f;
       const uint4* w = wl;
       const uint32_t* sc = sl;
       // Every turn but the last: chunk base + v, then its slot takes chunk base + v + PF.
@@ -307,12 +317,21 @@ __global__ void __launch_bounds__(NW * 32, MINB) skinny_warp_units_kernel(Skinny
       }
 #pragma unroll
       for (int r = 0; r < RTW; ++r) {
-        float fin[4];
-#pragma unroll
-        for (int v = 0; v < 4; ++v) fin[v] = 0.f + acc[r][0][v];  // as finish_tiles' sum over one warp
         const TileRows tr = tile_rows<FMT>(a, cur.expert, cur.tile + r, g);
-        tile_store(a, tr, cur.tile + r, g, tq, cur.tok0, cur.tok_end, fin);
+#pragma unroll
+        for (int i = 0; i < NT; ++i) {
+          float fin[4];
+#pragma unroll
+          for (int v = 0; v < 4; ++v) fin[v] = 0.f + acc[r][i][v];  // as finish_tiles' sum over one warp
+          tile_store(a, tr, cur.tile + r, g, tq, cur.tok0 + 8 * i, cur.tok_end, fin);
+        }
       }
+    };
+    if (wl) {
+      if (NTM == 2 && ntok > 8)
+        run_unit(std::integral_constant<int, NTM>{});
+      else
+        run_unit(std::integral_constant<int, 1>{});
     } else {
       // No tile in this unit (the partial block at an expert's end): the next unit's first chunks.
       next_unit();
@@ -369,8 +388,10 @@ bool launch_units(const SkinnyArgs& a, int tiles, int groups, double min_fill, c
 // The warp-per-tile kernel (skinny_warp_units_kernel) for this launch, if it takes it (K of 2880
 // or 4096 or the TP=2 slices, T % RTW == 0, fewer groups than threads) and its units fill at
 // least `min_fill` of the blocks the GPU holds at once. The grid as launch_units'.
-template <int NW, int RTW, int PF, int MINB, bool XF16>
-bool launch_warp_units(const SkinnyArgs& a, int tiles, int groups, double min_fill, cudaStream_t s) {
+template <int NW, int RTW, int PF, int MINB, bool XF16, int NTM = 1>
+bool launch_warp_units(const SkinnyArgs& a_in, int tiles, int groups, double min_fill, cudaStream_t s) {
+  SkinnyArgs a = a_in;
+  a.xs_rows = std::min(a.M, 8 * NTM);  // a pass's rows (a group has <= M)
   const int K = a.W.K;
   const bool tp_k = skinny_tp_cc_enabled() && (K == 1472 || K == 1408);
   if (!a.grouped || !skinny_cc_enabled() || tiles % RTW != 0 || (K != 2880 && K != 4096 && !tp_k) ||
@@ -394,18 +415,23 @@ bool launch_warp_units(const SkinnyArgs& a, int tiles, int groups, double min_fi
     return true;
   };
   switch (K) {
-    case 2880: return go(skinny_warp_units_kernel<NW, RTW, PF, MINB, XF16, 45>);
-    case 4096: return go(skinny_warp_units_kernel<NW, RTW, PF, MINB, XF16, 64>);
-    case 1472: return go(skinny_warp_units_kernel<NW, RTW, PF, MINB, XF16, 23>);
-    default: return go(skinny_warp_units_kernel<NW, RTW, PF, MINB, XF16, 22>);
+    case 2880: return go(skinny_warp_units_kernel<NW, RTW, PF, MINB, XF16, 45, NTM>);
+    case 4096: return go(skinny_warp_units_kernel<NW, RTW, PF, MINB, XF16, 64, NTM>);
+    case 1472: return go(skinny_warp_units_kernel<NW, RTW, PF, MINB, XF16, 23, NTM>);
+    default: return go(skinny_warp_units_kernel<NW, RTW, PF, MINB, XF16, 22, NTM>);
   }
 }
 
 // The warp-per-tile walk takes a launch by default where its units fill the GPU's blocks at least
-// GPTOSS_WARP_UNITS times over (default 2; 0 turns it off).
+// GPTOSS_WARP_UNITS times over (default 2; 0 turns it off), with 16-token passes where the
+// launch's mean group holds GPTOSS_WARP_UNITS_16 tokens or more (default 7; 0 turns them off).
 int warp_units_min_fill() {
   static const int fill = env_int("GPTOSS_WARP_UNITS", 2);
   return fill;
+}
+int warp_units_16_min_mean() {
+  static const int mean = env_int("GPTOSS_WARP_UNITS_16", 7);
+  return mean;
 }
 
 bool units_rt6_enabled() {
@@ -446,6 +472,9 @@ bool launch_skinny_units(const SkinnyArgs& a, int tiles, int groups, bool xf16, 
       case 11: return launch_warp_units<8, 1, 8, 2, X>(a, tiles, groups, 0, s);
       case 12: return launch_warp_units<8, 2, 4, 2, X>(a, tiles, groups, 0, s);
       case 13: return launch_warp_units<8, 1, 4, 4, X>(a, tiles, groups, 0, s);
+      // The default warp walk with passes of 16 tokens (two n-tiles on a unit of 9-16).
+      case 14: return launch_warp_units<8, 1, 8, 2, X, 2>(a, tiles, groups, 0, s);
+      case 15: return launch_warp_units<8, 1, 6, 2, X, 2>(a, tiles, groups, 0, s);
       // Six row tiles a unit at two blocks an SM where the units fill the GPU's blocks four
       // times over or more (8 tokens and up: a third fewer units than four row tiles, so less of
       // each unit's fixed part; H200, twentieth session, step x32 / x64 +1.0% at 20b, +0.5% /
@@ -459,12 +488,23 @@ bool launch_skinny_units(const SkinnyArgs& a, int tiles, int groups, bool xf16, 
       // 120b gate_up / down at 32 tokens 204.9 -> 185.2 / 106.4 -> 96.5 us, step x32 +5.8%, 20b
       // x32 +5%; at one token its gate_up was slower, 15.8 -> 17.2 us). Not where the caller
       // asks for the K-split order (the batch-invariant mode: one order of sums at every size).
-      default:
-        if (!k_split_only && warp_units_min_fill() > 0 &&
-            launch_warp_units<8, 1, 8, 2, X>(a, tiles, groups, warp_units_min_fill(), s))
-          return true;
+      // Where the mean group holds 7 tokens or more (20b at 56-64 tokens: ~40% of its groups
+      // hold 9-16 and took a second 8-token pass, each reading and decoding its weights again)
+      // passes are 16 tokens, both n-tiles on each decoded chunk where a unit holds more than 8,
+      // with a ring of 6 (registers; H200, twenty-first session, forced at every size: 20b step
+      // x64 10147 / 10209 -> 11027 / 11049, x56 +1.5%, x48 no change; serving 20b at 64 streams
+      // 7153 -> 7579 tok/s; 120b x32 / x64, mean group ~1-2, 1-2% slower).
+      default: {
+        const int mean_group = groups > 0 ? (a.pairs + groups - 1) / groups : 0;
+        if (!k_split_only && warp_units_min_fill() > 0) {
+          if (warp_units_16_min_mean() > 0 && mean_group >= warp_units_16_min_mean() &&
+              launch_warp_units<8, 1, 6, 2, X, 2>(a, tiles, groups, warp_units_min_fill(), s))
+            return true;
+          if (launch_warp_units<8, 1, 8, 2, X>(a, tiles, groups, warp_units_min_fill(), s)) return true;
+        }
         return (units_rt6_enabled() && launch_units<8, 6, 1, X>(a, tiles, groups, 4, s)) ||
                launch_units<8, 4, 1, X>(a, tiles, groups, 0.5, s) || launch_units<8, 2, 2, X>(a, tiles, groups, 0, s);
+      }
     }
   };
   return xf16 ? run(std::true_type{}) : run(std::false_type{});

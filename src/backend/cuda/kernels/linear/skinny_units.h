@@ -19,7 +19,7 @@ bool skinny_tp_cc_enabled();
 // xf16, else bf16 converted while staged) and returns true, or returns false without launching
 // where it does not take the problem. shape 0: the default by grid (skinny_units.cu), restricted
 // to the K-split kernel (8 warps over K, the order of sums of skinny_mma_kernel with KS = 8) where
-// k_split_only; 1-9 (bench-kernels) force a K-split shape of skinny_units_kernel, 10-13 a
+// k_split_only; 1-9 (bench-kernels) force a K-split shape of skinny_units_kernel, 10-15 a
 // warp-per-tile shape of skinny_warp_units_kernel, wherever the kernel takes the problem.
 bool launch_skinny_units(const SkinnyArgs& a, int tiles, int groups, bool xf16, int shape, bool k_split_only,
                          cudaStream_t s);
