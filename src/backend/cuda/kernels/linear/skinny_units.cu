@@ -7,6 +7,8 @@
 #include "backend/cuda/kernels/linear/skinny_units.h"
 
 #include <algorithm>
+#include <unordered_map>
+#include <utility>
 
 #include "backend/cuda/device_utils.cuh"
 #include "backend/cuda/kernels.h"
@@ -348,78 +350,64 @@ __global__ void __launch_bounds__(NW * 32, MINB) skinny_warp_units_kernel(Skinny
   }
 }
 
-// The unit-walking grouped kernel (skinny_units_kernel) for this launch, if it takes it (K of
-// 2880 or 4096, whole row-tile blocks, fewer groups than threads) and its units (at least one a
-// (group, row-tile block)) fill at least `min_fill` of the blocks the GPU holds at once. The
-// grid: every block the GPU holds at once, or one per unit of the host's bound if fewer.
-template <int KS, int RT, int PF, bool XF16>
-bool launch_units(const SkinnyArgs& a, int tiles, int groups, double min_fill, cudaStream_t s) {
-  // K: gpt-oss's 2880 and 4096, and the intermediate slices of down at TP=2 (1472 + 1408).
-  const int K = a.W.K;
-  const bool tp_k = skinny_tp_cc_enabled() && (K == 1472 || K == 1408);
-  if (!a.grouped || !skinny_cc_enabled() || tiles % RT != 0 || (K != 2880 && K != 4096 && !tp_k) ||
-      groups >= KS * 32)
-    return false;
-  const size_t smem = size_t(KS) * RT * 4 * 32 * sizeof(float) + size_t(a.xs_rows) * (a.W.K + 8) * 2;
-  auto go = [&](auto k) {
-    // Blocks an SM holds at this shared-memory size (cached per thread: TP ranks may share a process).
-    thread_local size_t cached_smem = 0;
-    thread_local int cached_blocks = 0;
-    if (cached_smem != smem) {
-      allow_dynamic_smem(k, smem);
-      int b = 0;
-      GPTOSS_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, k, KS * 32, smem));
-      cached_smem = smem;
-      cached_blocks = std::max(b, 1);
-    }
-    const size_t resident = size_t(sm_count()) * cached_blocks, units = size_t(tiles / RT) * groups;
-    if (double(units) < min_fill * double(resident)) return false;
-    launch_pdl(k, dim3(unsigned(std::min(resident, units))), dim3(KS * 32), smem, s, a);
-    return true;
-  };
-  switch (K) {
-    case 2880: return go(skinny_units_kernel<KS, RT, PF, XF16, 45>);
-    case 4096: return go(skinny_units_kernel<KS, RT, PF, XF16, 64>);
-    case 1472: return go(skinny_units_kernel<KS, RT, PF, XF16, 23>);
-    default: return go(skinny_units_kernel<KS, RT, PF, XF16, 22>);  // 1408 (the only K left past the check above)
-  }
+// K of the unit kernels' compiled chunk counts: gpt-oss's 2880 and 4096, and down's intermediate
+// slices at TP=2 (1472 + 1408).
+bool units_take_k(int K) {
+  return K == 2880 || K == 4096 || (skinny_tp_cc_enabled() && (K == 1472 || K == 1408));
 }
 
-// The warp-per-tile kernel (skinny_warp_units_kernel) for this launch, if it takes it (K of 2880
-// or 4096 or the TP=2 slices, T % RTW == 0, fewer groups than threads) and its units fill at
-// least `min_fill` of the blocks the GPU holds at once. The grid as launch_units'.
+// Launches a unit-walking kernel over a grid of every block the GPU holds at once (or one a unit
+// where fewer), if its `units` fill at least `min_fill` of those blocks; returns whether it did.
+// The blocks an SM holds at this shared-memory size are asked once a kernel and size (cached per
+// thread: TP ranks may share a process).
+bool launch_walk(void (*k)(SkinnyArgs), int threads, size_t smem, size_t units, double min_fill, const SkinnyArgs& a,
+                 cudaStream_t s) {
+  thread_local std::unordered_map<const void*, std::pair<size_t, int>> blocks_an_sm;
+  auto& c = blocks_an_sm[reinterpret_cast<const void*>(k)];
+  if (c.first != smem) {
+    allow_dynamic_smem(k, smem);
+    int b = 0;
+    GPTOSS_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, k, threads, smem));
+    c = {smem, std::max(b, 1)};
+  }
+  const size_t resident = size_t(sm_count()) * c.second;
+  if (double(units) < min_fill * double(resident)) return false;
+  launch_pdl(k, dim3(unsigned(std::min(resident, units))), dim3(threads), smem, s, a);
+  return true;
+}
+
+// The unit-walking grouped kernel (skinny_units_kernel) for this launch, if it takes it (units_take_k,
+// whole row-tile blocks, fewer groups than threads) and its units (at least one a (group, row-tile
+// block)) fill at least `min_fill` of the blocks the GPU holds at once.
+template <int KS, int RT, int PF, bool XF16>
+bool launch_units(const SkinnyArgs& a, int tiles, int groups, double min_fill, cudaStream_t s) {
+  const int K = a.W.K;
+  if (!a.grouped || !skinny_cc_enabled() || tiles % RT != 0 || !units_take_k(K) || groups >= KS * 32) return false;
+  const size_t smem = size_t(KS) * RT * 4 * 32 * sizeof(float) + size_t(a.xs_rows) * (K + 8) * 2;
+  const size_t units = size_t(tiles / RT) * groups;
+  auto k = K == 2880 ? skinny_units_kernel<KS, RT, PF, XF16, 45>
+           : K == 4096 ? skinny_units_kernel<KS, RT, PF, XF16, 64>
+           : K == 1472 ? skinny_units_kernel<KS, RT, PF, XF16, 23>
+                       : skinny_units_kernel<KS, RT, PF, XF16, 22>;  // 1408
+  return launch_walk(k, KS * 32, smem, units, min_fill, a, s);
+}
+
+// The warp-per-tile kernel (skinny_warp_units_kernel) for this launch, if it takes it (units_take_k,
+// T % RTW == 0, fewer groups than threads) and its units fill at least `min_fill` of the blocks
+// the GPU holds at once.
 template <int NW, int RTW, int PF, int MINB, bool XF16, int NTM = 1>
 bool launch_warp_units(const SkinnyArgs& a_in, int tiles, int groups, double min_fill, cudaStream_t s) {
   SkinnyArgs a = a_in;
   a.xs_rows = std::min(a.M, 8 * NTM);  // a pass's rows (a group has <= M)
   const int K = a.W.K;
-  const bool tp_k = skinny_tp_cc_enabled() && (K == 1472 || K == 1408);
-  if (!a.grouped || !skinny_cc_enabled() || tiles % RTW != 0 || (K != 2880 && K != 4096 && !tp_k) ||
-      groups >= NW * 32)
-    return false;
-  const size_t smem = size_t(a.xs_rows) * (a.W.K + 8) * 2;
-  auto go = [&](auto k) {
-    thread_local size_t cached_smem = 0;
-    thread_local int cached_blocks = 0;
-    if (cached_smem != smem) {
-      allow_dynamic_smem(k, smem);
-      int b = 0;
-      GPTOSS_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, k, NW * 32, smem));
-      cached_smem = smem;
-      cached_blocks = std::max(b, 1);
-    }
-    const int ut = NW * RTW;
-    const size_t resident = size_t(sm_count()) * cached_blocks, units = size_t((tiles + ut - 1) / ut) * groups;
-    if (double(units) < min_fill * double(resident)) return false;
-    launch_pdl(k, dim3(unsigned(std::min(resident, units))), dim3(NW * 32), smem, s, a);
-    return true;
-  };
-  switch (K) {
-    case 2880: return go(skinny_warp_units_kernel<NW, RTW, PF, MINB, XF16, 45, NTM>);
-    case 4096: return go(skinny_warp_units_kernel<NW, RTW, PF, MINB, XF16, 64, NTM>);
-    case 1472: return go(skinny_warp_units_kernel<NW, RTW, PF, MINB, XF16, 23, NTM>);
-    default: return go(skinny_warp_units_kernel<NW, RTW, PF, MINB, XF16, 22, NTM>);
-  }
+  if (!a.grouped || !skinny_cc_enabled() || tiles % RTW != 0 || !units_take_k(K) || groups >= NW * 32) return false;
+  const size_t smem = size_t(a.xs_rows) * (K + 8) * 2;
+  const size_t units = size_t((tiles + NW * RTW - 1) / (NW * RTW)) * groups;
+  auto k = K == 2880 ? skinny_warp_units_kernel<NW, RTW, PF, MINB, XF16, 45, NTM>
+           : K == 4096 ? skinny_warp_units_kernel<NW, RTW, PF, MINB, XF16, 64, NTM>
+           : K == 1472 ? skinny_warp_units_kernel<NW, RTW, PF, MINB, XF16, 23, NTM>
+                       : skinny_warp_units_kernel<NW, RTW, PF, MINB, XF16, 22, NTM>;  // 1408
+  return launch_walk(k, NW * 32, smem, units, min_fill, a, s);
 }
 
 // The warp-per-tile walk takes a launch by default where its units fill the GPU's blocks at least
