@@ -447,7 +447,8 @@ bool launch_skinny_units(const SkinnyArgs& a, int tiles, int groups, bool xf16, 
       // A whole unit in flight: two row tiles x six chunks, every chunk of a warp's K slice at
       // K = 2880 (45 chunks over 8 warps), so a unit costs one memory round trip instead of one
       // a chunk step, and the next unit's loads go out before this one's reduction (16 warps an
-      // SM). Prepared in the twentieth session, not yet run on a GPU.
+      // SM). Cases 7-9 were slower than the default's shape at every size (H200, twenty-first
+      // session: 120b gate_up at 64 tokens 279.0 against 286.0-300.6 us).
       case 7: return launch_units<8, 2, 6, X>(a, tiles, groups, 0, s);
       // The same 12 chunks in flight a warp as case 7 over more row tiles and fewer chunk steps:
       // two / three round trips a unit at K = 2880 with the next step's loads issued as each
@@ -463,25 +464,26 @@ bool launch_skinny_units(const SkinnyArgs& a, int tiles, int groups, bool xf16, 
       // The default warp walk with passes of 16 tokens (two n-tiles on a unit of 9-16).
       case 14: return launch_warp_units<8, 1, 8, 2, X, 2>(a, tiles, groups, 0, s);
       case 15: return launch_warp_units<8, 1, 6, 2, X, 2>(a, tiles, groups, 0, s);
-      // Six row tiles a unit at two blocks an SM where the units fill the GPU's blocks four
-      // times over or more (8 tokens and up: a third fewer units than four row tiles, so less of
-      // each unit's fixed part; H200, twentieth session, step x32 / x64 +1.0% at 20b, +0.5% /
-      // +1.4% at 120b, two paired runs; slower at one token; GPTOSS_UNITS_RT6=0 turns it off);
-      // else four row tiles with one chunk in flight where that fills half the GPU's blocks or
-      // more, else two with two (down at one token: 180 against 360 units; bench-kernels, H200,
-      // eighth session: 10.5 -> 8.6 us against skinny_mma_kernel).
-      // By default the warp-per-tile walk, 8 warps a block, one row tile a warp, eight chunk
-      // steps in flight, two blocks an SM, where its units fill the GPU's blocks twice over (3
-      // tokens and up at gate_up's shapes, 6 at down's; H200, twenty-first session, bench-kernels
-      // 120b gate_up / down at 32 tokens 204.9 -> 185.2 / 106.4 -> 96.5 us, step x32 +5.8%, 20b
-      // x32 +5%; at one token its gate_up was slower, 15.8 -> 17.2 us). Not where the caller
-      // asks for the K-split order (the batch-invariant mode: one order of sums at every size).
-      // Where the mean group holds 7 tokens or more (20b at 56-64 tokens: ~40% of its groups
-      // hold 9-16 and took a second 8-token pass, each reading and decoding its weights again)
-      // passes are 16 tokens, both n-tiles on each decoded chunk where a unit holds more than 8,
-      // with a ring of 6 (registers; H200, twenty-first session, forced at every size: 20b step
-      // x64 10147 / 10209 -> 11027 / 11049, x56 +1.5%, x48 no change; serving 20b at 64 streams
-      // 7153 -> 7579 tok/s; 120b x32 / x64, mean group ~1-2, 1-2% slower).
+      // The default. First the warp-per-tile walk, 8 warps a block, one row tile a warp, eight
+      // chunk steps in flight, two blocks an SM, where its units fill the GPU's blocks twice over
+      // (3 tokens and up at gate_up's shapes, 6 at down's; H200, twenty-first session,
+      // bench-kernels 120b gate_up / down at 32 tokens 204.9 -> 185.2 / 106.4 -> 96.5 us, step
+      // x32 +4.4-6.2% at 120b, +4.5-6.5% at 20b; at one token its gate_up was slower, 15.8 ->
+      // 17.2 us). Not where the caller asks for the K-split order (the batch-invariant mode: one
+      // order of sums at every size).
+      // Its passes are 16 tokens where the mean group holds 7 or more (20b at 56-64 tokens: ~40%
+      // of its groups hold 9-16 and took a second 8-token pass, each reading and decoding its
+      // weights again), both n-tiles on each decoded chunk where a unit holds more than 8, with a
+      // ring of 6 (registers; H200, twenty-first session, forced at every size: 20b step x64
+      // 10147 / 10209 -> 11027 / 11049, x56 +1.5%, x48 no change; serving 20b at 64 streams 7153
+      // -> 7579 tok/s; 120b x32 / x64, mean group ~1-2, 1-2% slower).
+      // Else the K-split kernel: six row tiles a unit at two blocks an SM where the units fill
+      // the GPU's blocks four times over or more (a third fewer units than four row tiles, so
+      // less of each unit's fixed part; H200, twentieth session, step x32 / x64 +1.0% at 20b,
+      // +0.5% / +1.4% at 120b; slower at one token; GPTOSS_UNITS_RT6=0 turns it off); else four
+      // row tiles with one chunk in flight where that fills half the GPU's blocks or more, else
+      // two with two (down at one token: 180 against 360 units; bench-kernels, H200, eighth
+      // session: 10.5 -> 8.6 us against skinny_mma_kernel).
       default: {
         const int mean_group = groups > 0 ? (a.pairs + groups - 1) / groups : 0;
         if (!k_split_only && warp_units_min_fill() > 0) {
