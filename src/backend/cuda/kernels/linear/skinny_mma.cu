@@ -340,23 +340,14 @@ void launch_fmt(const SkinnyArgs& a, int tiles, int groups, int ks, cudaStream_t
       case 8: return launch_shape<FMT, NT, 8, 8, 1, XF16, true>(a, tiles, groups, s);
       case 9: return launch_shape<FMT, NT, 4, 4, 2, XF16, true>(a, tiles, groups, s);
       case 10: return launch_shape<FMT, NT, 8, 4, 1, XF16, true>(a, tiles, groups, s);
-      case 11: if (launch_skinny_units(a, tiles, groups, XF16, 1, false, s)) return; break;
-      case 12: if (launch_skinny_units(a, tiles, groups, XF16, 2, false, s)) return; break;
-      case 13: if (launch_skinny_units(a, tiles, groups, XF16, 3, false, s)) return; break;
-      case 14: if (launch_skinny_units(a, tiles, groups, XF16, 4, false, s)) return; break;
-      case 15: if (launch_skinny_units(a, tiles, groups, XF16, 5, false, s)) return; break;
-      case 16: if (launch_skinny_units(a, tiles, groups, XF16, 6, false, s)) return; break;
-      case 17: if (launch_skinny_units(a, tiles, groups, XF16, 7, false, s)) return; break;
-      case 18: if (launch_skinny_units(a, tiles, groups, XF16, 8, false, s)) return; break;
-      case 19: if (launch_skinny_units(a, tiles, groups, XF16, 9, false, s)) return; break;
       case 20: return launch_shape<FMT, NT, 1, 1, 4, XF16, true>(a, tiles, groups, s);  // the warp walks' reference
-      case 21: if (launch_skinny_units(a, tiles, groups, XF16, 10, false, s)) return; break;
-      case 22: if (launch_skinny_units(a, tiles, groups, XF16, 11, false, s)) return; break;
-      case 23: if (launch_skinny_units(a, tiles, groups, XF16, 12, false, s)) return; break;
-      case 24: if (launch_skinny_units(a, tiles, groups, XF16, 13, false, s)) return; break;
-      case 25: if (launch_skinny_units(a, tiles, groups, XF16, 14, false, s)) return; break;
-      case 26: if (launch_skinny_units(a, tiles, groups, XF16, 15, false, s)) return; break;
-      default: break;
+      default: {
+        // 11-19: the unit kernel's K-split shapes 1-9; 21-26: its warp-per-tile shapes 10-15
+        // (launch_skinny_units), wherever the kernel takes the problem.
+        const int v = g_skinny_variant, shape = v >= 11 && v <= 19 ? v - 10 : v >= 21 && v <= 26 ? v - 11 : 0;
+        if (shape > 0 && launch_skinny_units(a, tiles, groups, XF16, shape, false, s)) return;
+        break;
+      }
     }
   }
   if constexpr (FMT == WeightMat::kFragFP8 && NT == 1) {

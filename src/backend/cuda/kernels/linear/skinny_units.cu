@@ -233,17 +233,19 @@ __global__ void __launch_bounds__(NW * 32, MINB) skinny_warp_units_kernel(Skinny
     sl = reinterpret_cast<const uint32_t*>(a.W.scales) + tc0 * 8 + g;
   };
   WChunk<FMT> wbuf[PF][RTW];
-  Unit cur = unit_at(u0);
-  const uint4* wl;
-  const uint32_t* sl;
-  lane_ptrs(cur, wl, sl);
-  if (wl) {
+  // A unit's first PF chunk steps into the ring (at a walk's start, and after a unit without a tile).
+  auto load_first = [&](const uint4* w, const uint32_t* sc) {
 #pragma unroll
     for (int v = 0; v < PF; ++v)
       if (v < C)
 #pragma unroll
-        for (int r = 0; r < RTW; ++r) load_w_at<FMT>(wl, sl, r * CC + v, wbuf[v][r]);
-  }
+        for (int r = 0; r < RTW; ++r) load_w_at<FMT>(w, sc, r * CC + v, wbuf[v][r]);
+  };
+  Unit cur = unit_at(u0);
+  const uint4* wl;
+  const uint32_t* sl;
+  lane_ptrs(cur, wl, sl);
+  if (wl) load_first(wl, sl);
   if (a.r.settled) pdl_wait();
   pdl_trigger();
 
@@ -337,12 +339,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) skinny_warp_units_kernel(Skinny
     } else {
       // No tile in this unit (the partial block at an expert's end): the next unit's first chunks.
       next_unit();
-      if (nwl)
-#pragma unroll
-        for (int v = 0; v < PF; ++v)
-          if (v < C)
-#pragma unroll
-            for (int r = 0; r < RTW; ++r) load_w_at<FMT>(nwl, nsl, r * CC + v, wbuf[v][r]);
+      if (nwl) load_first(nwl, nsl);
     }
     cur = nxt;
     wl = nwl;
