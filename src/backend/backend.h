@@ -125,6 +125,10 @@ class Backend {
   virtual std::vector<int> decode_batch_buckets() const { return {}; }
   // Bytes of memory the backend can give the KV cache after its weights (0 = no fixed limit).
   virtual size_t kv_memory_available() const { return 0; }
+  // The token budget a forward pass gets when the server is not told one
+  // (--max-num-batched-tokens): vLLM's API-server rule, 8192 on a GPU with 70 GiB or more (not an
+  // A100), else 2048. Larger prefill passes run the expert GEMMs at more tokens an expert.
+  virtual int default_max_num_batched_tokens() const { return 2048; }
 };
 
 // Bytes one page of group g costs in a backend's storage.

@@ -68,6 +68,8 @@ Engine::Engine(Backend& backend, EngineConfig cfg) : backend_(backend), cfg_(std
   if (const char* f = std::getenv("GPTOSS_TEST_FAIL_AT_OUTPUT_TOKEN"); f && cfg_.test_fail_at_output_token == 0)
     cfg_.test_fail_at_output_token = std::atoi(f);
   if (cfg_.max_num_seqs < 1) throw Error("max_num_seqs must be at least 1");
+  if (cfg_.max_num_batched_tokens == 0)
+    cfg_.max_num_batched_tokens = std::max(backend_.default_max_num_batched_tokens(), cfg_.max_num_seqs);
   if (cfg_.max_num_batched_tokens < 1) throw Error("max_num_batched_tokens must be at least 1");
   // Every running sequence decodes in every step (stall-free batching): the budget must hold them.
   if (cfg_.max_num_batched_tokens < cfg_.max_num_seqs)

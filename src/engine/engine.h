@@ -108,6 +108,8 @@ struct EngineConfig {
   // The token budget of one forward pass: every decoding sequence's token plus prefill chunks
   // up to this many tokens in all (stall-free batching: bounds the step time, so running
   // streams keep their pace while prompts are prefilled).
+  // 0: the backend's default (Backend::default_max_num_batched_tokens: 8192 on a large GPU,
+  // else 2048), raised to max_num_seqs where that is more (`serve` passes 0 unless told).
   int max_num_batched_tokens = 2048;
   int max_model_len = 0;          // 0: the model's max_position_embeddings, lowered to what the KV
                                   // pool holds; an explicit one above either is refused (Error)

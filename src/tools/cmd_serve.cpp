@@ -103,8 +103,8 @@ void print_kv_summary(const gptoss::Backend& backend, const gptoss::Engine& engi
   // max_num_seqs windows.
   const int pages_per_seq = (mml + P - 1) / P;
   double room = pages_per_seq > 0 ? double(kc.num_pages[kKvFull]) / pages_per_seq : 0;
-  std::fprintf(stderr, "  max_model_len %d: room for %.2f sequences of %d tokens at once; max_num_seqs %d\n", mml, room,
-               mml, max_num_seqs);
+  std::fprintf(stderr, "  max_model_len %d: room for %.2f sequences of %d tokens at once; max_num_seqs %d, "
+               "max_num_batched_tokens %d\n", mml, room, mml, max_num_seqs, engine.config().max_num_batched_tokens);
 }
 
 // The bytes of a checkpoint directory's safetensors files.
@@ -250,8 +250,10 @@ gptoss::tools::RegisterCommand reg({"serve", "Serve a model through an OpenAI-co
                   "4096 for the built-in tiny model). Above either limit it is refused")
       ->check(int_range(2));
   app->add_option("--max-num-seqs", a->engine.max_num_seqs, "Sequences running at once")->capture_default_str()->check(int_range(1));
-  app->add_option("--max-num-batched-tokens", a->engine.max_num_batched_tokens, "Tokens per forward pass")
-      ->capture_default_str()
+  a->engine.max_num_batched_tokens = 0;  // the backend's default (Backend::default_max_num_batched_tokens)
+  app->add_option("--max-num-batched-tokens", a->engine.max_num_batched_tokens,
+                  "Tokens per forward pass (default: 8192 on a GPU with 70 GiB or more, except A100s, as vLLM's API "
+                  "server; else 2048; at least --max-num-seqs)")
       ->check(int_range(1));
   app->add_option("--kv-cache-tokens", a->engine.kv_cache_tokens,
                   "Positions in the KV cache (default: from device memory; on cpu max-num-seqs x max-model-len, at "

@@ -138,8 +138,10 @@ serve_banner "$tmp/s1" "$bin" serve --model "$tmp/a/" --max-model-len 1024 --kv-
 check "serve --model DIR/ is served as DIR" 'grep -q "model a (cpu" "$tmp/s1"'
 check "the summary: KV dtype and tokens" 'grep -q "KV cache: bf16 (held as f32 on the CPU), 4096 tokens (256 pages of 16)" "$tmp/s1"'
 check "the summary: sequences at max_model_len" 'grep -q "max_model_len 1024: room for 4.00 sequences of 1024 tokens" "$tmp/s1"'
-HF_HUB_CACHE="$tmp/hub" serve_banner "$tmp/s2" "$bin" serve --model test-org/tiny-gptoss --kv-cache-dtype fp8 --max-model-len 64
+check "the summary: the CPU's default token budget" 'grep -q "max_num_batched_tokens 2048" "$tmp/s1"'
+HF_HUB_CACHE="$tmp/hub" serve_banner "$tmp/s2" "$bin" serve --model test-org/tiny-gptoss --kv-cache-dtype fp8 --max-model-len 64 --max-num-batched-tokens 512
 check "serve --model ORG/NAME is served as ORG/NAME" 'grep -q "model test-org/tiny-gptoss (cpu" "$tmp/s2" && grep -q "KV cache: fp8" "$tmp/s2"'
+check "serve --max-num-batched-tokens N is the budget" 'grep -q "max_num_batched_tokens 512" "$tmp/s2"'
 
 # Eagle3 heads: make-model writes the published layout; serve drafts with one (CPU backend).
 "$bin" make-model --preset eagle3-tiny --no-embed --out "$tmp/e1" --seed 2 >/dev/null

@@ -37,6 +37,10 @@ class FakeBackend : public Backend {
     for (int g = 0; g < 2; ++g) slots_[g].assign(size_t(kv.num_pages[g]) * kv.page_size, Slot{});
   }
   const KvCacheConfig& kv_config() const override { return kv_; }
+  int default_budget = 0;  // > 0: what default_max_num_batched_tokens says (0: the base class's)
+  int default_max_num_batched_tokens() const override {
+    return default_budget > 0 ? default_budget : Backend::default_max_num_batched_tokens();
+  }
 
   // Counts the passes that asked for sampled ids only (the default draws them from forward()).
   int sample_calls = 0;

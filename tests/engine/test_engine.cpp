@@ -123,6 +123,20 @@ TEST(Engine, BudgetHoldsEveryDecode) {
   EXPECT_NO_THROW(Engine(be, c));
 }
 
+// A budget of 0 takes the backend's default (serve passes 0 unless --max-num-batched-tokens is
+// given), raised to max_num_seqs where that is more.
+TEST(Engine, BudgetZeroTakesTheBackendDefault) {
+  FakeBackend be;
+  EngineConfig c = small_cfg();
+  c.max_num_batched_tokens = 0;
+  c.kv_cache_tokens = 1 << 16;
+  EXPECT_EQ(Engine(be, c).config().max_num_batched_tokens, be.default_max_num_batched_tokens());
+  be.default_budget = 8192;
+  EXPECT_EQ(Engine(be, c).config().max_num_batched_tokens, 8192);
+  c.max_num_seqs = 9000;
+  EXPECT_EQ(Engine(be, c).config().max_num_batched_tokens, 9000);
+}
+
 TEST(Engine, StopsAtMaxModelLen) {
   FakeBackend be;
   EngineConfig c = small_cfg();
