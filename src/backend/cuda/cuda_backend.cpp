@@ -822,7 +822,7 @@ size_t CudaBackend::kv_memory_available() const {
 int CudaBackend::default_max_num_batched_tokens() const {
   // vLLM's rule for its API server: 8192 on GPUs with 70 GiB or more (H100, H200), but not an
   // A100, where a larger budget measured slower for vLLM. On an H200 it took 20b at 64 streams
-  // from 7607 to 8044 tok/s output, the median TTFT from 129 to 316 ms (docs/BENCHMARKS.md).
+  // from 7607 to 7895-8044 tok/s output, the median TTFT from 129 to 316 ms (docs/BENCHMARKS.md).
   cudaDeviceProp p{};
   GPTOSS_CUDA_CHECK(cudaGetDeviceProperties(&p, device_));
   const bool large = p.totalGlobalMem >= (size_t(70) << 30) && std::string(p.name).find("A100") == std::string::npos;
