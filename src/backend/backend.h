@@ -126,8 +126,7 @@ class Backend {
   // Bytes of memory the backend can give the KV cache after its weights (0 = no fixed limit).
   virtual size_t kv_memory_available() const { return 0; }
   // The token budget a forward pass gets when the server is not told one
-  // (--max-num-batched-tokens): vLLM's API-server rule, 8192 on a GPU with 70 GiB or more (not an
-  // A100), else 2048. Larger prefill passes run the expert GEMMs at more tokens an expert.
+  // (--max-num-batched-tokens, EngineConfig 0). The CUDA backend raises it to 8192 on a large GPU.
   virtual int default_max_num_batched_tokens() const { return 2048; }
 };
 

@@ -80,7 +80,7 @@ std::string default_response_store() {
 
 // KV cache and concurrency at start-up, as vLLM prints them: what the cache holds in tokens and
 // how many sequences of max_model_len it can hold at once.
-void print_kv_summary(const gptoss::Backend& backend, const gptoss::Engine& engine, int max_num_seqs) {
+void print_kv_summary(const gptoss::Backend& backend, const gptoss::Engine& engine) {
   using namespace gptoss;
   const GptOssConfig& c = backend.config();
   const KvManagerConfig& kc = engine.kv_config();
@@ -104,7 +104,7 @@ void print_kv_summary(const gptoss::Backend& backend, const gptoss::Engine& engi
   const int pages_per_seq = (mml + P - 1) / P;
   double room = pages_per_seq > 0 ? double(kc.num_pages[kKvFull]) / pages_per_seq : 0;
   std::fprintf(stderr, "  max_model_len %d: room for %.2f sequences of %d tokens at once; max_num_seqs %d, "
-               "max_num_batched_tokens %d\n", mml, room, mml, max_num_seqs, engine.config().max_num_batched_tokens);
+               "max_num_batched_tokens %d\n", mml, room, mml, engine.config().max_num_seqs, engine.config().max_num_batched_tokens);
 }
 
 // The bytes of a checkpoint directory's safetensors files.
@@ -190,7 +190,7 @@ int run_serve(Args& a) {
                  (unsigned long long)a.backend.seed, backend->config().num_layers, load_s);
   if (a.backend.tensor_parallel_size > 1)
     std::fprintf(stderr, "  tensor parallel: %s\n", gptoss::describe_tensor_parallel(a.backend).c_str());
-  print_kv_summary(*backend, engine, a.engine.max_num_seqs);
+  print_kv_summary(*backend, engine);
   if (warmed) {
     std::string sizes;
     for (int b : warmed->batch_sizes) sizes += " " + std::to_string(b);

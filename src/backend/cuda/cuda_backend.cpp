@@ -826,7 +826,7 @@ int CudaBackend::default_max_num_batched_tokens() const {
   cudaDeviceProp p{};
   GPTOSS_CUDA_CHECK(cudaGetDeviceProperties(&p, device_));
   const bool large = p.totalGlobalMem >= (size_t(70) << 30) && std::string(p.name).find("A100") == std::string::npos;
-  return large ? 8192 : 2048;
+  return large ? 8192 : Backend::default_max_num_batched_tokens();
 }
 
 void CudaBackend::init_kv_cache(const KvCacheConfig& kv) {
