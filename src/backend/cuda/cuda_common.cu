@@ -58,4 +58,9 @@ int sm_count() {
   return n;
 }
 
+bool pdl_launches_enabled() {
+  static const bool on = env_int("GPTOSS_PDL", 1) != 0;
+  return on;
+}
+
 }  // namespace gptoss::cuda

@@ -94,6 +94,11 @@ __device__ __forceinline__ void pdl_begin() {
   pdl_trigger();
 }
 
+// GPTOSS_PDL=0 (measurements only): launches without programmatic stream serialization, so no
+// kernel starts before its predecessor has completed (bench-kernels' back-to-back timings then
+// hold no overlap of a launch with the one before it). Read once (cuda_common.cu).
+bool pdl_launches_enabled();
+
 // Launches with programmatic stream serialization (see pdl_wait), the grid's blocks in
 // thread-block clusters of `cluster` (all 1: no clusters).
 template <typename... KArgs, typename... Args>
@@ -106,7 +111,7 @@ void launch_pdl_cluster(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t 
   cfg.stream = s;
   cudaLaunchAttribute attr[2];
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  attr[0].val.programmaticStreamSerializationAllowed = pdl_launches_enabled() ? 1 : 0;
   attr[1].id = cudaLaunchAttributeClusterDimension;
   attr[1].val.clusterDim.x = cluster.x;
   attr[1].val.clusterDim.y = cluster.y;

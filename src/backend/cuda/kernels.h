@@ -234,10 +234,14 @@ void set_streamk_variant(int v);
 const char* streamk_variant_name(WeightMat::Format fmt, int v);
 // Diagnostic: reads the routed experts' kFragMXFP4 bytes with the skinny grid, no math.
 void stream_experts(const WeightMat& W, int pairs, int E, const MoeRouting& r, uint32_t* sink, cudaStream_t s);
-// The same bytes in the unit-walking kernel's pattern (four row tiles a block, 512 bytes a warp),
-// with or without each chunk's scale sector (bench-kernels: what the pattern costs).
-void stream_experts_units(const WeightMat& W, int pairs, int E, const MoeRouting& r, bool scales, uint32_t* sink,
-                          cudaStream_t s);
+// The same bytes in the unit-walking kernel's pattern (four row tiles a block, 512 bytes a warp)
+// (bench-kernels: what the pattern costs). mode 0: codes only; 1: with each chunk's scale sector
+// from the scale array; 2: codes and scales read from inline_buf as if each chunk held its scales
+// after its codes (544 bytes a chunk; inline_buf: E * N / 16 * K / 64 * 544 bytes); 3: from inline_buf
+// in aligned groups of four chunks (their 2048 code bytes, then their 128 scale bytes; inline_buf
+// rounded up to whole groups); 4: the scale array in 128-byte requests, one every fourth chunk step.
+void stream_experts_units(const WeightMat& W, int pairs, int E, const MoeRouting& r, int mode, uint32_t* sink,
+                          cudaStream_t s, const void* inline_buf = nullptr);
 // Repacking into the fragment layout (once, at load): kBF16 -> kFragBF16 or kFragFP8 (aux_out:
 // f32 row scales [E][N]), kMXFP4 -> kFragMXFP4 (aux_out: scales, E*N*K/32 bytes; d_flag gets
 // bit 0 set if a scale byte exceeds 240, which the kernels do not take). w_out:

@@ -444,9 +444,14 @@ __global__ void stream_experts_kernel(const uint4* __restrict__ w, int T, int C,
 // Diagnostic (bench-kernels): the same bytes read in the unit-walking kernel's pattern, with no
 // math and no dependent chain: a block of 8 warps over four row tiles of one group, warp w
 // reading chunks w, w + 8, ... of each tile (512 contiguous bytes a warp, four streams 23 KB apart
-// a block) and, with SCALES, each chunk's 32-byte scale sector as the kernel does. Against
-// stream_experts_kernel (one tile a block, contiguous): how much the access pattern itself costs.
-template <bool SCALES>
+// a block). MODE 0: the codes alone; 1: also each chunk's 32-byte scale sector from the separate
+// scale array, as the kernels do; 2: a layout with the scales inline, each chunk 544 bytes (its
+// 512 code bytes, then its 32 scale bytes) in `w` (a buffer of that size; what packing the scales
+// beside their codes would read); 3: inline in aligned groups of four chunks (2048 code bytes, then
+// their 128 scale bytes); 4: the separate scale array, 128 bytes a warp every fourth chunk step
+// (a quarter of the requests for the same bytes). Against stream_experts_kernel (one tile a
+// block, contiguous): how much the access pattern itself costs.
+template <int MODE>
 __global__ void __launch_bounds__(256) stream_experts_units_kernel(const uint4* __restrict__ w,
                                                                    const uint32_t* __restrict__ sc, int T, int C,
                                                                    MoeRouting r, uint32_t* sink) {
@@ -456,6 +461,7 @@ __global__ void __launch_bounds__(256) stream_experts_units_kernel(const uint4* 
   pdl_trigger();
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
   const size_t tc0 = (size_t(r.group_expert[gi]) * T + size_t(blockIdx.x) * 4) * C;
+  constexpr int kStride = MODE == 2 ? 34 : 32;  // 16-byte words a chunk
   uint32_t acc = 0;
 #pragma unroll 2
   for (int c = warp; c < C; c += 8) {
@@ -463,13 +469,26 @@ __global__ void __launch_bounds__(256) stream_experts_units_kernel(const uint4* 
     uint32_t s4[4];
 #pragma unroll
     for (int t = 0; t < 4; ++t) {
-      v[t] = ld_stream(w + (tc0 + size_t(t) * C + c) * 32 + lane);
-      if constexpr (SCALES) s4[t] = __ldg(sc + (tc0 + size_t(t) * C + c) * 8 + lane / 4);
+      const size_t chunk = tc0 + size_t(t) * C + c;
+      if constexpr (MODE == 3) {
+        // Groups of four chunks, 128-byte aligned: their 4 x 512 code bytes, then their 4 x 32
+        // scale bytes (2176 bytes = 136 words a group).
+        const uint4* grp = w + (chunk / 4) * 136;
+        v[t] = ld_stream(grp + (chunk % 4) * 32 + lane);
+        s4[t] = __ldg(reinterpret_cast<const uint32_t*>(grp + 128) + (chunk % 4) * 8 + lane / 4);
+      } else {
+        v[t] = ld_stream(w + chunk * kStride + lane);
+      }
+      if constexpr (MODE == 1) s4[t] = __ldg(sc + chunk * 8 + lane / 4);
+      // 4: the scale array read 128 bytes a warp (four chunks' sectors, a word a lane) on every
+      // fourth chunk step: a quarter of mode 1's requests for the same bytes (none past the tile).
+      if constexpr (MODE == 4) s4[t] = ((c >> 3) & 3) == 0 && c + lane / 8 < C ? __ldg(sc + chunk * 8 + lane) : 0u;
+      if constexpr (MODE == 2) s4[t] = __ldg(reinterpret_cast<const uint32_t*>(w + chunk * kStride + 32) + lane / 4);
     }
 #pragma unroll
     for (int t = 0; t < 4; ++t) {
       acc ^= v[t].x ^ v[t].y ^ v[t].z ^ v[t].w;
-      if constexpr (SCALES) acc ^= s4[t];
+      if constexpr (MODE != 0) acc ^= s4[t];
     }
   }
   if (acc == 0x9e3779b9u) sink[0] = acc;  // keeps the loads
@@ -502,16 +521,20 @@ const char* skinny_variant_name(int v) {
   return v >= 0 && v < kSkinnyVariants ? names[v] : "?";
 }
 
-void stream_experts_units(const WeightMat& W, int pairs, int E, const MoeRouting& r, bool scales, uint32_t* sink,
-                          cudaStream_t s) {
+void stream_experts_units(const WeightMat& W, int pairs, int E, const MoeRouting& r, int mode, uint32_t* sink,
+                          cudaStream_t s, const void* inline_buf) {
   if (W.N / 16 % 4 != 0) return;
   dim3 grid(W.N / 16 / 4, moe_max_groups(pairs, E));
-  const auto* w = static_cast<const uint4*>(W.w);
+  const bool inl = mode == 2 || mode == 3;  // the codes (and scales) come from inline_buf
+  const auto* w = static_cast<const uint4*>(inl ? inline_buf : W.w);
   const auto* sc = reinterpret_cast<const uint32_t*>(W.scales);
-  if (scales)
-    launch_pdl(stream_experts_units_kernel<true>, grid, dim3(256), 0, s, w, sc, W.N / 16, W.K / 64, r, sink);
-  else
-    launch_pdl(stream_experts_units_kernel<false>, grid, dim3(256), 0, s, w, sc, W.N / 16, W.K / 64, r, sink);
+  if (inl && !inline_buf) return;
+  auto k = mode == 0   ? stream_experts_units_kernel<0>
+           : mode == 1 ? stream_experts_units_kernel<1>
+           : mode == 2 ? stream_experts_units_kernel<2>
+           : mode == 3 ? stream_experts_units_kernel<3>
+                       : stream_experts_units_kernel<4>;
+  launch_pdl(k, grid, dim3(256), 0, s, w, sc, W.N / 16, W.K / 64, r, sink);
   GPTOSS_CUDA_LAUNCH_CHECK();
 }
 
