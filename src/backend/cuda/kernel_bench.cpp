@@ -330,17 +330,18 @@ int run_kernel_bench(const KernelBenchOptions& o) {
         stream_experts(pgu, P, E, routes[i % R], reinterpret_cast<uint32_t*>(y), s);
       });
       row("experts gate_up bytes, plain read", shape, "stream (memory floor)", us_st, touched * 2 * I * H * 17 / 32);
-      // The scales inline (each chunk's 32 bytes after its 512): a buffer of that layout's size.
+      // stream_experts_units' modes (kernels.h); the inline layouts read a buffer of their size
+      // (chunks rounded up to whole groups of four: 2176 bytes a group).
       auto* inl = dev_alloc<uint8_t>((size_t(E) * (2 * I / 16) * (H / 64) + 3) / 4 * 2176, owned);
-      for (int mode : {0, 1, 2, 3, 4}) {
+      const char* mode_names[] = {"units pattern, weights", "units pattern, weights + scales",
+                                  "units pattern, weights + scales inline (544-byte chunks)",
+                                  "units pattern, weights + scales inline (aligned groups of 4 chunks)",
+                                  "units pattern, weights + scales in 128-byte requests"};
+      for (int mode = 0; mode < 5; ++mode) {
         const double us_u = timer.us(o.iters, [&](int i) {
           stream_experts_units(pgu, P, E, routes[i % R], mode, reinterpret_cast<uint32_t*>(y), s, inl);
         });
-        const char* names[] = {"units pattern, weights", "units pattern, weights + scales",
-                               "units pattern, weights + scales inline (544-byte chunks)",
-                               "units pattern, weights + scales inline (aligned groups of 4 chunks)",
-                               "units pattern, weights + scales in 128-byte requests"};
-        row("experts gate_up bytes, plain read", shape, names[mode], us_u, touched * 2 * I * H * 17 / 32);
+        row("experts gate_up bytes, plain read", shape, mode_names[mode], us_u, touched * 2 * I * H * 17 / 32);
       }
       // Warps per row tile (K split), against the automatic choice.
       if (sk) {

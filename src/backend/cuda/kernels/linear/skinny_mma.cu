@@ -523,18 +523,15 @@ const char* skinny_variant_name(int v) {
 
 void stream_experts_units(const WeightMat& W, int pairs, int E, const MoeRouting& r, int mode, uint32_t* sink,
                           cudaStream_t s, const void* inline_buf) {
-  if (W.N / 16 % 4 != 0) return;
-  dim3 grid(W.N / 16 / 4, moe_max_groups(pairs, E));
   const bool inl = mode == 2 || mode == 3;  // the codes (and scales) come from inline_buf
+  if (W.N / 16 % 4 != 0 || mode < 0 || mode > 4 || (inl && !inline_buf)) return;
+  constexpr decltype(&stream_experts_units_kernel<0>) kernels[] = {
+      stream_experts_units_kernel<0>, stream_experts_units_kernel<1>, stream_experts_units_kernel<2>,
+      stream_experts_units_kernel<3>, stream_experts_units_kernel<4>};
+  dim3 grid(W.N / 16 / 4, moe_max_groups(pairs, E));
   const auto* w = static_cast<const uint4*>(inl ? inline_buf : W.w);
   const auto* sc = reinterpret_cast<const uint32_t*>(W.scales);
-  if (inl && !inline_buf) return;
-  auto k = mode == 0   ? stream_experts_units_kernel<0>
-           : mode == 1 ? stream_experts_units_kernel<1>
-           : mode == 2 ? stream_experts_units_kernel<2>
-           : mode == 3 ? stream_experts_units_kernel<3>
-                       : stream_experts_units_kernel<4>;
-  launch_pdl(k, grid, dim3(256), 0, s, w, sc, W.N / 16, W.K / 64, r, sink);
+  launch_pdl(kernels[mode], grid, dim3(256), 0, s, w, sc, W.N / 16, W.K / 64, r, sink);
   GPTOSS_CUDA_LAUNCH_CHECK();
 }
 
