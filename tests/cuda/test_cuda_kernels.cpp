@@ -10,6 +10,7 @@
 #include "backend/backend.h"
 #include "backend/cpu/cpu_ops.h"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/kernels/moe/expert_gemm_v5.h"
 #include "cuda_test_util.h"
 
 namespace gptoss {
@@ -432,13 +433,16 @@ TEST_F(Kernels, MoeMxfp4ExpertGemmV5) {
                                 {2049, 32, 4, 256, 256},  {600, 128, 4, 2880, 2880}, {7, 8, 2, 64, 64}};
   if (small_mode()) cases = {{1, 8, 2, 64, 64}, {33, 8, 4, 128, 64}, {100, 8, 4, 64, 128}};
   cuda::set_expert_gemm_version(5);
-  for (int pairs : {32, 48, 64, 80, 96, 128}) {
-    cuda::set_expert_gemm_v5_tile_pairs(pairs);
-    SCOPED_TRACE("v5 tile pairs " + std::to_string(pairs));
-    for (auto& c : cases)
-      if (c.n > cuda::kSkinnyMaxTokens)
-        for (int path : {3, 4}) check_moe(c, path);  // transposed in the kernel; handed over permuted
-  }
+  for (int wgs : {2, 4})  // CTAs of 128 and of 256 weight rows
+    for (int pairs : {32, 48, 64, 80, 96, 128}) {
+      cuda::set_expert_gemm_v5_warpgroups(wgs);
+      cuda::set_expert_gemm_v5_tile_pairs(pairs);
+      SCOPED_TRACE("v5 tile pairs " + std::to_string(pairs) + ", " + std::to_string(wgs) + " warpgroups");
+      for (auto& c : cases)
+        if (c.n > cuda::kSkinnyMaxTokens)
+          for (int path : {3, 4}) check_moe(c, path);  // transposed in the kernel; handed over permuted
+    }
+  cuda::set_expert_gemm_v5_warpgroups(-1);
   cuda::set_expert_gemm_v5_tile_pairs(-1);
   cuda::set_expert_gemm_version(0);
 }
@@ -465,6 +469,18 @@ TEST(ExpertGemmV5Width, PicksTheWidthMeasuredFastest) {
 
 // The automatic prefill GEMM choice: version 5 at every size it takes (s13r1: faster than version
 // 3 from 16 to 256 pairs an expert), nothing for an empty pass.
+// Version 5's automatic CTA shape (host only): four warpgroups where the H200 measured them faster
+// (s24r1-r2: tiles of 64 pairs and up, launches of 8192 pairs and up), two elsewhere.
+TEST(ExpertGemmV5Warpgroups, FourOnlyWhereMeasuredFaster) {
+  EXPECT_EQ(cuda::expert_gemm_v5_auto_warpgroups(96, 32768), 4);  // 120b and 20b at 8192 tokens
+  EXPECT_EQ(cuda::expert_gemm_v5_auto_warpgroups(80, 8192), 4);   // 120b at 2048
+  EXPECT_EQ(cuda::expert_gemm_v5_auto_warpgroups(64, 8192), 4);
+  EXPECT_EQ(cuda::expert_gemm_v5_auto_warpgroups(48, 32768), 2);  // narrow tiles lost
+  EXPECT_EQ(cuda::expert_gemm_v5_auto_warpgroups(32, 8192), 2);
+  EXPECT_EQ(cuda::expert_gemm_v5_auto_warpgroups(80, 2048), 2);   // 20b at 512 tokens lost 1.9%
+  EXPECT_EQ(cuda::expert_gemm_v5_auto_warpgroups(128, 4096), 2);  // 20b at 1024 lost 1.6%
+}
+
 TEST_F(Kernels, ExpertGemmV5Preferred) {
   EXPECT_TRUE(cuda::expert_gemm_v5_preferred(2048 * 4, 128));
   EXPECT_TRUE(cuda::expert_gemm_v5_preferred(512 * 4, 32));

@@ -12,6 +12,7 @@
 #include "backend/cuda/cuda_common.h"
 #include "common/error.h"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/kernels/moe/expert_gemm_v5.h"
 #include "backend/parallel/tp_shard.h"
 #include "model/config.h"
 
@@ -282,7 +283,9 @@ int run_kernel_bench(const KernelBenchOptions& o) {
         std::string v = "expert GEMM v" + std::to_string(version);
         if (version == 5)
           v += " n" + std::to_string(tile_rows) + (kperm ? " kperm" : "") +
-               (tile_rows == expert_gemm_v5_auto_tile_pairs(P, E) ? " (auto)" : "");
+               (tile_rows == expert_gemm_v5_auto_tile_pairs(P, E) ? " (auto)" : "") + " wg" +
+               std::to_string(expert_gemm_v5_warpgroups() ? expert_gemm_v5_warpgroups()
+                                                          : expert_gemm_v5_auto_warpgroups(tile_rows, P));
         else if (tile_rows)
           v += " m" + std::to_string(tile_rows) + (tile_rows == auto_rows ? " (auto)" : "");
         v += std::string(" ") + layout;

@@ -21,13 +21,14 @@
 // onto themselves: the thread that copied a half (cp.async, natural order) reads its four chunks
 // back and writes them transposed in place, moving words between registers and nothing else.
 //
-// CTA: 2 warpgroups over 128 weight rows (8 tiles; warp w of warpgroup wg owns tile 8 x + 4 wg + w)
-// x BN sorted pairs of one expert (wgmma N: 32, 48, 64, 80, 96 or 128, chosen per launch by
+// CTA: 2 or 4 warpgroups over 128 or 256 weight rows (8 or 16 tiles; warp w of warpgroup wg owns
+// tile 4 WGS x + 4 wg + w) x BN sorted pairs of one expert (wgmma N: 32, 48, 64, 80, 96 or 128, chosen per launch by
 // expert_gemm_v5_auto_tile_pairs), sharing the activation tile; K in steps of 64 (one chunk a
 // warp). Per step: 4 wgmma m64nBNk16, A from registers. Every step's weights (each lane its own 16
 // bytes and scale word) and activations (pair rows gathered by pair_token, each half-row copied by
 // one thread) travel in one cp.async group issued kLead steps ahead into a ring of stages (WaTile:
-// 8 x 13 KB at 64 pairs down to 4 x 21 KB at 128; 2 CTAs an SM), so a step waits on DRAM or L2
+// 8 x 13 KB at 64 pairs down to 4 x 21 KB at 128 with 2 CTAs an SM; with four warpgroups one CTA an
+// SM, 8 stages of 18-26 KB), so a step waits on DRAM or L2
 // once, not every step. Activations arrive in the fragment K order when their producer stored them
 // so (a_k_permuted: permute_rows_frag_k for gate_up's input, a k_permuted SwiGLU epilogue for
 // down's); otherwise the thread that copied a half-row transposes it in place one step ahead.
@@ -39,6 +40,10 @@
 // each tile decodes its CTA's weights once, and at 120b's 64 pairs an expert (2048 tokens) 64-pair
 // tiles decoded ~1.5 times a weight, 80-pair tiles ~1.0. 120b gate_up + down at 2048 tokens:
 // 1762 us (64 pairs, transposed here) -> 1401 (80 pairs, k-permuted); 20b 1362 -> 1120 (96).
+// Four warpgroups a CTA (twenty-fourth session; the default from 64-pair tiles up): every
+// activation row a tile gathers is read from L2 by half as many CTAs (at 120b's gate_up a tile's
+// 45 CTAs of 128 rows read ~2.8x the bytes of its weights), and the dense CTA keeps 16 warps an
+// SM: 120b at 8192 tokens 4864 -> 4554 us, 20b 4647 -> 4037.
 
 #include <algorithm>
 #include <atomic>
@@ -51,6 +56,7 @@
 #include "backend/cuda/device_utils.cuh"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/kernels/linear/frag_layout.cuh"
+#include "backend/cuda/kernels/moe/expert_gemm_v5.h"
 #include "backend/cuda/kernels/moe/expert_gemm_common.cuh"
 #include "backend/cuda/tensor_core_ptx.cuh"
 #include "backend/cuda/wgmma_ptx.cuh"
@@ -62,11 +68,7 @@ namespace {
 using namespace moe_gemm;
 using ptx::sw128_offset;
 
-constexpr int kWaTilesWg = 4;                  // 16-row weight tiles a warpgroup (wgmma M = 64)
-constexpr int kWaThreads = 256;                // two warpgroups
-constexpr int kWaTiles = kWaTilesWg * 2;       // weight tiles a CTA
-constexpr int kWaWBytes = kWaTiles * 32 * 16;  // a stage's weights: a 512-byte chunk a warp (4 KB)
-constexpr int kWaSBytes = kWaTiles * 32 * 4;   // its scales: a word a lane (1 KB)
+constexpr int kWaTilesWg = 4;  // 16-row weight tiles a warpgroup (wgmma M = 64)
 
 // Where natural K offset k (of a row of K, k % 64 = 32 h + 8 a + 4 b + 2 c + e) sits in the
 // fragment K order this kernel stores activations in: position 32 h + 16 b + 8 c + 2 a + e of its
@@ -91,22 +93,34 @@ __device__ __forceinline__ void wa_transpose_half(const uint4 (&in)[4], uint4 (&
 // in tiles of BN, and every tile decodes all of the CTA's weights, so the width sets how often a
 // weight is decoded: 120b at 2048 tokens averages 64 pairs an expert (random routing: about half
 // the experts have 65-90), where 64-pair tiles decode ~1.5 times a weight and 80-pair tiles ~1.0.
-template <int BN>
+//
+// WGS warpgroups a CTA share one activation tile: 2 (128 weight rows, two CTAs an SM) or 4 (256
+// rows, one CTA an SM: the same 16 warps an SM, each activation row read from L2 half as often).
+template <int BN, int WGS = 2>
 struct WaTile {
+  static constexpr int kThreads = 128 * WGS;
+  static constexpr int kTiles = kWaTilesWg * WGS;  // 16-row weight tiles a CTA
+  static constexpr int kCtasPerSm = WGS == 2 ? 2 : 1;
+  static constexpr int kWBytes = kTiles * 32 * 16;  // a stage's weights: a 512-byte chunk a warp
+  static constexpr int kSBytes = kTiles * 32 * 4;   // its scales: a word a lane
   // 32-96: A double-buffered (the decode of step kt + 1 overlaps step kt's MMAs; 126 registers at
   // 96, no spills); 128: the accumulators leave room for one A buffer (a warpgroup decodes after
-  // its MMAs, the other warpgroup's MMAs fill the gap). Stages: as many as two CTAs an SM take.
+  // its MMAs, the other warpgroup's MMAs fill the gap).
   static constexpr int kABufs = BN <= 96 ? 2 : 1;
-  static constexpr int kStages = BN <= 64 ? 8 : BN == 80 ? 7 : BN == 96 ? 6 : 4;
-  static constexpr int kLead = kStages - 2;           // a stage is rewritten two steps after its last reader
-  static constexpr int kActBytes = BN * 128;          // a stage's activations: BN rows x 64 bf16
-  static constexpr int kStageBytes = kActBytes + kWaWBytes + kWaSBytes;
+  static constexpr int kActBytes = BN * 128;  // a stage's activations: BN rows x 64 bf16
+  static constexpr int kStageBytes = kActBytes + kWBytes + kSBytes;
+  // Stages: two CTAs an SM, as measured (s14r1); one CTA an SM, as many as fit (at most 8, so the
+  // ring index stays a mask).
+  static constexpr int kStages = WGS == 2 ? (BN <= 64 ? 8 : BN == 80 ? 7 : BN == 96 ? 6 : 4)
+                                          : ((227 * 1024 - 1024) / kStageBytes < 8 ? (227 * 1024 - 1024) / kStageBytes : 8);
+  static constexpr int kLead = kStages - 2;  // a stage is rewritten two steps after its last reader
   static constexpr size_t kSmem = size_t(kStages) * kStageBytes + 1024;
-  // Half-rows a step: 2 BN. 64 pairs: the warpgroups take alternate steps' copies (128 threads,
-  // one half-row each); wider: every thread every step, those past 2 BN none.
-  static constexpr bool kAlternate = 2 * BN == kWaThreads / 2;
-  static_assert(2 * BN <= kWaThreads && kStageBytes % 1024 == 0, "a half-row a thread; aligned tiles");
-  static_assert(2 * kSmem <= 227 * 1024, "two CTAs an SM");
+  // Half-rows a step: 2 BN. Two warpgroups at 64 pairs: they take alternate steps' copies (128
+  // threads, one half-row each); otherwise every thread every step, those past 2 BN none.
+  static constexpr bool kAlternate = WGS == 2 && 2 * BN == kThreads / 2;
+  static_assert(WGS == 2 || WGS == 4, "two or four warpgroups");
+  static_assert(2 * BN <= kThreads && kStageBytes % 1024 == 0, "a half-row a thread; aligned tiles");
+  static_assert(kCtasPerSm * kSmem <= 227 * 1024, "the CTAs an SM fit");
 };
 
 #ifdef SM90A_WGMMA
@@ -151,10 +165,11 @@ __device__ __forceinline__ void wa_decode(const uint4& q, uint32_t fs, uint32_t 
 }
 #endif
 
-template <int BN>
-__global__ void __launch_bounds__(kWaThreads, 2) expert_gemm_wa_kernel(ExpertGemmArgs a) {
+template <int BN, int WGS>
+__global__ void __launch_bounds__(WaTile<BN, WGS>::kThreads, WaTile<BN, WGS>::kCtasPerSm)
+    expert_gemm_wa_kernel(ExpertGemmArgs a) {
 #ifdef SM90A_WGMMA
-  using L = WaTile<BN>;
+  using L = WaTile<BN, WGS>;
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   pdl_begin();
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2;
@@ -164,8 +179,8 @@ __global__ void __launch_bounds__(kWaThreads, 2) expert_gemm_wa_kernel(ExpertGem
   if (grp < 0) return;
   const auto [expert, row0, row_end] = row_tile_rows<BN>(a.r, grp, within);
   const int T = a.N / 16, C = a.K / 64;
-  const int tile = int(blockIdx.x) * kWaTiles + warp;  // this warp's weight tile (T % 4 == 0)
-  const bool wg_live = int(blockIdx.x) * kWaTiles + kWaTilesWg * wg < T;
+  const int tile = int(blockIdx.x) * L::kTiles + warp;  // this warp's weight tile (T % 4 == 0)
+  const bool wg_live = int(blockIdx.x) * L::kTiles + kWaTilesWg * wg < T;
   uint8_t* smem = wa_align1024(smem_raw);
   const uint32_t s_base = ptx::smem_addr(smem);
 
@@ -190,7 +205,7 @@ __global__ void __launch_bounds__(kWaThreads, 2) expert_gemm_wa_kernel(ExpertGem
   // same wgmmas (a branch around them made ptxas serialise them).
   const size_t tc0 = (size_t(expert) * T + (wg_live ? tile : 0)) * C;
   const uint32_t w_dst = L::kActBytes + uint32_t(warp * 32 + lane) * 16;
-  const uint32_t s_dst = L::kActBytes + kWaWBytes + uint32_t(warp * 32 + lane) * 4;
+  const uint32_t s_dst = L::kActBytes + L::kWBytes + uint32_t(warp * 32 + lane) * 4;
 
   // One cp.async group a step, every thread (empty past the last step), steps in order from 0:
   // step kt's weights (each lane its own bytes, so its own wait makes them readable) and
@@ -384,6 +399,35 @@ constexpr double kV5TileCost[] = {0.725, 0.8625, 1.0, 1.15, 1.22, 1.6};
 bool v5_width_ok(int pairs) { return std::find(std::begin(kV5Widths), std::end(kV5Widths), pairs) != std::end(kV5Widths); }
 }  // namespace
 
+int g_v5_wgs = -1;  // expert_gemm_v5_warpgroups: -1 not read yet, 0 auto, else 2 or 4
+
+int expert_gemm_v5_warpgroups() {
+  if (g_v5_wgs < 0) {
+    const int v = env_int("GPTOSS_EXPERT_GEMM_V5_WG", 0);
+    if (v != 0 && v != 2 && v != 4) throw Error("GPTOSS_EXPERT_GEMM_V5_WG: expected 2, 4 or 0 (auto)");
+    g_v5_wgs = v;
+  }
+  return g_v5_wgs;
+}
+
+void set_expert_gemm_v5_warpgroups(int wgs) {
+  if (wgs != -1 && wgs != 0 && wgs != 2 && wgs != 4)
+    throw Error("set_expert_gemm_v5_warpgroups: expected -1 (environment), 0 (auto), 2 or 4");
+  g_v5_wgs = wgs;
+}
+
+int expert_gemm_v5_auto_warpgroups(int tile_pairs, int pairs) {
+  // bench-kernels, gate_up + down a layer, two warpgroups -> four (H200, s24r1): 120b at 2048
+  // tokens 80 pairs 1383 -> 1339 us, 96 1452 -> 1434, 64 1682 -> 1677; at 8192 96 pairs 4864 ->
+  // 4554, 64 5823 -> 5173; 20b at 2048 96 pairs 1140 -> 1070, at 8192 4647 -> 4037. 32 and 48
+  // pairs lost (120b 2048: 2240 -> 2361, 1963 -> 2070): a narrow tile's step is short, and one
+  // CTA an SM in lockstep leaves its tensor cores idle more than two that drift apart. In the
+  // model (s24r2, gptoss bench pp) four gained from 8192 pairs (2048 tokens: 120b +1.5%, 20b
+  // +1.2-2.2%; 8192 tokens +3.2% / +5.4%) and lost below (20b pp512 -1.9%, pp1024 -1.6%: half as
+  // many CTAs, so the last wave's tail weighs more).
+  return tile_pairs >= 64 && pairs >= 8192 ? 4 : 2;
+}
+
 int expert_gemm_v5_tile_pairs() {
   if (g_v5_pairs < 0) {
     const int v = env_int("GPTOSS_EXPERT_GEMM_V5_N", 0);
@@ -441,17 +485,29 @@ bool expert_gemm_v5_preferred(int pairs, int E) {
 }
 
 namespace {
-template <int BN>
+template <int BN, int WGS>
 void launch_v5(const ExpertGemmArgs& a, int pairs, int E, cudaStream_t s) {
-  using L = WaTile<BN>;
+  using L = WaTile<BN, WGS>;
   static std::atomic<uint64_t> attr_set{0};
-  opt_in_smem_once_per_device(attr_set, L::kSmem, expert_gemm_wa_kernel<BN>);
+  opt_in_smem_once_per_device(attr_set, L::kSmem, expert_gemm_wa_kernel<BN, WGS>);
   const int max_tiles = (pairs + BN - 1) / BN + std::min(pairs, E);
   if (max_tiles > 65535) throw Error("expert_gemm_v5: too many row tiles (" + std::to_string(max_tiles) + ")");
   const int T = a.N / 16;
-  const dim3 grid((T + kWaTiles - 1) / kWaTiles, max_tiles);
-  launch_pdl(expert_gemm_wa_kernel<BN>, grid, dim3(kWaThreads), L::kSmem, s, a);
+  const dim3 grid((T + L::kTiles - 1) / L::kTiles, max_tiles);
+  launch_pdl(expert_gemm_wa_kernel<BN, WGS>, grid, dim3(L::kThreads), L::kSmem, s, a);
   GPTOSS_CUDA_LAUNCH_CHECK();
+}
+
+template <int WGS>
+void launch_v5_width(int bn, const ExpertGemmArgs& a, int pairs, int E, cudaStream_t s) {
+  switch (bn) {
+    case 32: launch_v5<32, WGS>(a, pairs, E, s); break;
+    case 48: launch_v5<48, WGS>(a, pairs, E, s); break;
+    case 80: launch_v5<80, WGS>(a, pairs, E, s); break;
+    case 96: launch_v5<96, WGS>(a, pairs, E, s); break;
+    case 128: launch_v5<128, WGS>(a, pairs, E, s); break;
+    default: launch_v5<64, WGS>(a, pairs, E, s); break;
+  }
 }
 }  // namespace
 
@@ -468,14 +524,12 @@ void expert_gemm_v5(const WeightMat& W, const bf16_t* A, int lda, int pairs, int
                    a_k_permuted};
   int bn = expert_gemm_v5_tile_pairs();
   if (bn == 0) bn = expert_gemm_v5_auto_tile_pairs(pairs, E);
-  switch (bn) {
-    case 32: launch_v5<32>(a, pairs, E, s); break;
-    case 48: launch_v5<48>(a, pairs, E, s); break;
-    case 80: launch_v5<80>(a, pairs, E, s); break;
-    case 96: launch_v5<96>(a, pairs, E, s); break;
-    case 128: launch_v5<128>(a, pairs, E, s); break;
-    default: launch_v5<64>(a, pairs, E, s); break;
-  }
+  int wgs = expert_gemm_v5_warpgroups();
+  if (wgs == 0) wgs = expert_gemm_v5_auto_warpgroups(bn, pairs);
+  if (wgs == 4)
+    launch_v5_width<4>(bn, a, pairs, E, s);
+  else
+    launch_v5_width<2>(bn, a, pairs, E, s);
 }
 
 namespace {

@@ -1,0 +1,18 @@
+#pragma once
+// Version 5 of the prefill expert GEMM (expert_gemm_wgmma_wa.cu): its CTA shape, beside the width
+// (kernels.h). Apart from kernels.h so a knob of one kernel does not rebuild the backend.
+
+namespace gptoss::cuda {
+
+// Warpgroups a version 5 CTA: 2 (128 weight rows, two CTAs an SM) or 4 (256 weight rows sharing
+// each activation tile, one CTA an SM), or 0: automatic (expert_gemm_v5_auto_warpgroups).
+// GPTOSS_EXPERT_GEMM_V5_WG (read once) or set_expert_gemm_v5_warpgroups (tests, bench; -1 = back
+// to the environment's value).
+int expert_gemm_v5_warpgroups();
+void set_expert_gemm_v5_warpgroups(int wgs);
+// The automatic choice for a launch of `pairs` sorted pairs in tiles of tile_pairs: 4 from 64-pair
+// tiles and 8192 pairs up (H200, s24r1-r2: faster there at every size measured), else 2 (narrow
+// tiles lost 2-5% with 4, and launches under 8192 pairs 1-2% in the model).
+int expert_gemm_v5_auto_warpgroups(int tile_pairs, int pairs);
+
+}  // namespace gptoss::cuda
