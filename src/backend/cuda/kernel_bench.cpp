@@ -284,8 +284,7 @@ int run_kernel_bench(const KernelBenchOptions& o) {
         if (version == 5)
           v += " n" + std::to_string(tile_rows) + (kperm ? " kperm" : "") +
                (tile_rows == expert_gemm_v5_auto_tile_pairs(P, E) ? " (auto)" : "") + " wg" +
-               std::to_string(expert_gemm_v5_warpgroups() ? expert_gemm_v5_warpgroups()
-                                                          : expert_gemm_v5_auto_warpgroups(tile_rows, P));
+               std::to_string(expert_gemm_v5_chosen_warpgroups(tile_rows, P));
         else if (tile_rows)
           v += " m" + std::to_string(tile_rows) + (tile_rows == auto_rows ? " (auto)" : "");
         v += std::string(" ") + layout;

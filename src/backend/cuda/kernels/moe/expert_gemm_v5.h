@@ -14,5 +14,7 @@ void set_expert_gemm_v5_warpgroups(int wgs);
 // tiles and 8192 pairs up (H200, s24r1-r2: faster there at every size measured), else 2 (narrow
 // tiles lost 2-5% with 4, and launches under 8192 pairs 1-2% in the model).
 int expert_gemm_v5_auto_warpgroups(int tile_pairs, int pairs);
+// What a launch runs: the override where one is set, else the automatic choice.
+int expert_gemm_v5_chosen_warpgroups(int tile_pairs, int pairs);
 
 }  // namespace gptoss::cuda

@@ -40,7 +40,8 @@
 // each tile decodes its CTA's weights once, and at 120b's 64 pairs an expert (2048 tokens) 64-pair
 // tiles decoded ~1.5 times a weight, 80-pair tiles ~1.0. 120b gate_up + down at 2048 tokens:
 // 1762 us (64 pairs, transposed here) -> 1401 (80 pairs, k-permuted); 20b 1362 -> 1120 (96).
-// Four warpgroups a CTA (twenty-fourth session; the default from 64-pair tiles up): every
+// Four warpgroups a CTA (twenty-fourth session; the default for 64-pair tiles and up in launches
+// of 8192 pairs and up, expert_gemm_v5_chosen_warpgroups): every
 // activation row a tile gathers is read from L2 by half as many CTAs (at 120b's gate_up a tile's
 // 45 CTAs of 128 rows read ~2.8x the bytes of its weights), and the dense CTA keeps 16 warps an
 // SM: 120b at 8192 tokens 4864 -> 4554 us, 20b 4647 -> 4037.
@@ -111,8 +112,8 @@ struct WaTile {
   static constexpr int kStageBytes = kActBytes + kWBytes + kSBytes;
   // Stages: two CTAs an SM, as measured (s14r1); one CTA an SM, as many as fit (at most 8, so the
   // ring index stays a mask).
-  static constexpr int kStages = WGS == 2 ? (BN <= 64 ? 8 : BN == 80 ? 7 : BN == 96 ? 6 : 4)
-                                          : ((227 * 1024 - 1024) / kStageBytes < 8 ? (227 * 1024 - 1024) / kStageBytes : 8);
+  static constexpr int kStages =
+      WGS == 2 ? (BN <= 64 ? 8 : BN == 80 ? 7 : BN == 96 ? 6 : 4) : std::min(8, (227 * 1024 - 1024) / kStageBytes);
   static constexpr int kLead = kStages - 2;  // a stage is rewritten two steps after its last reader
   static constexpr size_t kSmem = size_t(kStages) * kStageBytes + 1024;
   // Half-rows a step: 2 BN. Two warpgroups at 64 pairs: they take alternate steps' copies (128
@@ -428,6 +429,11 @@ int expert_gemm_v5_auto_warpgroups(int tile_pairs, int pairs) {
   return tile_pairs >= 64 && pairs >= 8192 ? 4 : 2;
 }
 
+int expert_gemm_v5_chosen_warpgroups(int tile_pairs, int pairs) {
+  const int wgs = expert_gemm_v5_warpgroups();
+  return wgs ? wgs : expert_gemm_v5_auto_warpgroups(tile_pairs, pairs);
+}
+
 int expert_gemm_v5_tile_pairs() {
   if (g_v5_pairs < 0) {
     const int v = env_int("GPTOSS_EXPERT_GEMM_V5_N", 0);
@@ -524,9 +530,7 @@ void expert_gemm_v5(const WeightMat& W, const bf16_t* A, int lda, int pairs, int
                    a_k_permuted};
   int bn = expert_gemm_v5_tile_pairs();
   if (bn == 0) bn = expert_gemm_v5_auto_tile_pairs(pairs, E);
-  int wgs = expert_gemm_v5_warpgroups();
-  if (wgs == 0) wgs = expert_gemm_v5_auto_warpgroups(bn, pairs);
-  if (wgs == 4)
+  if (expert_gemm_v5_chosen_warpgroups(bn, pairs) == 4)
     launch_v5_width<4>(bn, a, pairs, E, s);
   else
     launch_v5_width<2>(bn, a, pairs, E, s);
