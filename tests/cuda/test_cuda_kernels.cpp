@@ -434,14 +434,20 @@ TEST_F(Kernels, MoeMxfp4ExpertGemmV5) {
   if (small_mode()) cases = {{1, 8, 2, 64, 64}, {33, 8, 4, 128, 64}, {100, 8, 4, 64, 128}};
   cuda::set_expert_gemm_version(5);
   for (int wgs : {2, 4})  // CTAs of 128 and of 256 weight rows
-    for (int pairs : {32, 48, 64, 80, 96, 128}) {
-      cuda::set_expert_gemm_v5_warpgroups(wgs);
-      cuda::set_expert_gemm_v5_tile_pairs(pairs);
-      SCOPED_TRACE("v5 tile pairs " + std::to_string(pairs) + ", " + std::to_string(wgs) + " warpgroups");
-      for (auto& c : cases)
-        if (c.n > cuda::kSkinnyMaxTokens)
-          for (int path : {3, 4}) check_moe(c, path);  // transposed in the kernel; handed over permuted
-    }
+    for (int pairs : {32, 48, 64, 80, 96, 128})
+      for (int mbar : {1, 0}) {  // permuted activations handed over by mbarriers (128 pairs), or a block barrier
+        if (mbar && (pairs != 128 || wgs != 4)) continue;  // (the others always take the block barrier)
+        cuda::set_expert_gemm_v5_warpgroups(wgs);
+        cuda::set_expert_gemm_v5_tile_pairs(pairs);
+        cuda::set_expert_gemm_v5_mbarriers(mbar);
+        SCOPED_TRACE("v5 tile pairs " + std::to_string(pairs) + ", " + std::to_string(wgs) + " warpgroups, " +
+                     (mbar ? "mbarriers" : "block barrier"));
+        for (auto& c : cases)
+          if (c.n > cuda::kSkinnyMaxTokens)
+            for (int path : {3, 4})  // transposed in the kernel (block barrier always); handed over permuted
+              if (path == 4 || !mbar) check_moe(c, path);
+      }
+  cuda::set_expert_gemm_v5_mbarriers(-1);
   cuda::set_expert_gemm_v5_warpgroups(-1);
   cuda::set_expert_gemm_v5_tile_pairs(-1);
   cuda::set_expert_gemm_version(0);
@@ -457,10 +463,23 @@ TEST(ExpertGemmV5Width, PicksTheWidthMeasuredFastest) {
   const Case cases[] = {{256, 128, 32}, {512, 128, 32}, {1024, 128, 48}, {2048, 128, 80}, {4096, 128, 80},
                         {8192, 128, 96}, {256, 32, 48},  {512, 32, 80},   {1024, 32, 80},  {2048, 32, 96},
                         {4096, 32, 128}};
+  cuda::set_expert_gemm_v5_mbarriers(0);  // 128-pair tiles behind the block barrier, as measured then
   for (int pass = 0; pass < 2; ++pass)  // the second pass answers from the per-thread cache
     for (const Case& c : cases)
       EXPECT_EQ(cuda::expert_gemm_v5_auto_tile_pairs(4 * c.tokens, c.experts), c.width)
           << c.tokens << " tokens over " << c.experts << " experts, pass " << pass;
+  // With the mbarrier hand-off (four warpgroups: launches of 8192 pairs and up) a 128-pair tile
+  // costs less (s25r2: 1.37-1.41x a 64-pair tile against 1.49-1.51x), so experts of ~128-1024
+  // pairs take it (s25r2: 120b at 8192 tokens 4682 -> 4363 us, 20b at 2048 1107 -> 1086); 120b at
+  // 2048 tokens keeps 80 (1396 against 1642), and 20b at 1024 (two warpgroups) 80 (s25r3: 128 lost 3.5%).
+  cuda::set_expert_gemm_v5_mbarriers(1);
+  const Case mbar_cases[] = {{2048, 128, 80}, {4096, 128, 128}, {8192, 128, 128}, {1024, 32, 80}, {2048, 32, 128},
+                             {512, 128, 32},  {512, 32, 80}};
+  for (int pass = 0; pass < 2; ++pass)
+    for (const Case& c : mbar_cases)
+      EXPECT_EQ(cuda::expert_gemm_v5_auto_tile_pairs(4 * c.tokens, c.experts), c.width)
+          << c.tokens << " tokens over " << c.experts << " experts with mbarriers, pass " << pass;
+  cuda::set_expert_gemm_v5_mbarriers(-1);
   // A few pairs over many experts: the narrowest; nothing to do, or no experts: 64.
   EXPECT_EQ(cuda::expert_gemm_v5_auto_tile_pairs(40, 128), 32);
   EXPECT_EQ(cuda::expert_gemm_v5_auto_tile_pairs(0, 128), 64);

@@ -4,7 +4,8 @@
 // issues the copies against it; the barrier's phase completes when every byte has landed, and
 // readers wait on it. A wait names the parity of the phase it waits to see completed (0 for a
 // fresh barrier's first). Used by the dense decode kernels (skinny_mma.cu) to stage weights
-// before griddepcontrol.wait.
+// before griddepcontrol.wait, and by the prefill expert GEMM (expert_gemm_wgmma_wa.cu) to hand
+// cp.async copies between warpgroups.
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -43,6 +44,21 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
         : "r"(bar), "r"(parity)
         : "memory");
   } while (!done);
+#endif
+}
+// One plain arrival (release: this thread's earlier shared-memory reads and writes happen before
+// the phase completes for a waiter).
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+#endif
+}
+// One arrival made when every cp.async this thread issued before it has landed (the pending
+// count was set for it at init: .noinc). Lets a reader wait for other threads' cp.async copies
+// without a block barrier.
+__device__ __forceinline__ void cp_async_mbar_arrive_noinc(uint32_t bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
 #endif
 }
 // `bytes` (a multiple of 16; both addresses 16-byte aligned) global -> shared, counted on `bar`.

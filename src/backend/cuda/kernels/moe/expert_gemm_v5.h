@@ -16,5 +16,12 @@ void set_expert_gemm_v5_warpgroups(int wgs);
 int expert_gemm_v5_auto_warpgroups(int tile_pairs, int pairs);
 // What a launch runs: the override where one is set, else the automatic choice.
 int expert_gemm_v5_chosen_warpgroups(int tile_pairs, int pairs);
+// How a launch of 128-pair tiles with four warpgroups over activations already in the fragment K
+// order hands each step's activation tile between its warpgroups: mbarriers (true, the default:
+// no block barrier a step; the automatic width then counts a 128-pair tile cheaper) or a block
+// barrier a step (false; every other launch takes the block barrier). GPTOSS_EXPERT_GEMM_V5_MBAR=0|1 (read once)
+// or set_expert_gemm_v5_mbarriers (tests, bench; -1 = back to the environment's value).
+bool expert_gemm_v5_mbarriers();
+void set_expert_gemm_v5_mbarriers(int on);
 
 }  // namespace gptoss::cuda

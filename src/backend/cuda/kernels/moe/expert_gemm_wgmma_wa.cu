@@ -45,6 +45,12 @@
 // activation row a tile gathers is read from L2 by half as many CTAs (at 120b's gate_up a tile's
 // 45 CTAs of 128 rows read ~2.8x the bytes of its weights), and the dense CTA keeps 16 warps an
 // SM: 120b at 8192 tokens 4864 -> 4554 us, 20b 4647 -> 4037.
+// The mbarrier hand-off (twenty-fifth session; kMbar below, 128-pair tiles with four warpgroups,
+// GPTOSS_EXPERT_GEMM_V5_MBAR): Nsight Compute of the four-warpgroup kernel (120b gate_up, 80
+// pairs) found the warps in lockstep: 10% of the stall samples at the block barrier before the
+// first wgmma, the ALU-heavy decode of every warp at once (math-pipe throttle 13%, not selected
+// 14%), 1.05 eligible warps a scheduler. Without the barrier, at 128 pairs, 120b at 8192 tokens
+// 4657 -> 4363 us and the model's pp4096 +7.7%; at 32-96 pairs it lost.
 
 #include <algorithm>
 #include <atomic>
@@ -53,6 +59,7 @@
 #include <string>
 #include <unordered_map>
 
+#include "backend/cuda/bulk_copy_ptx.cuh"
 #include "backend/cuda/cuda_common.h"
 #include "backend/cuda/device_utils.cuh"
 #include "backend/cuda/kernels.h"
@@ -110,12 +117,13 @@ struct WaTile {
   static constexpr int kABufs = BN <= 96 ? 2 : 1;
   static constexpr int kActBytes = BN * 128;  // a stage's activations: BN rows x 64 bf16
   static constexpr int kStageBytes = kActBytes + kWBytes + kSBytes;
-  // Stages: two CTAs an SM, as measured (s14r1); one CTA an SM, as many as fit (at most 8, so the
-  // ring index stays a mask).
-  static constexpr int kStages =
-      WGS == 2 ? (BN <= 64 ? 8 : BN == 80 ? 7 : BN == 96 ? 6 : 4) : std::min(8, (227 * 1024 - 1024) / kStageBytes);
+  // Stages: two CTAs an SM, as measured (s14r1); one CTA an SM, as many as fit (at most 8).
+  static constexpr int kBarBytes = 2 * 8 * 8;  // the mbarrier hand-off's full and empty barriers a stage
+  static constexpr int kStages = WGS == 2 ? (BN <= 64 ? 8 : BN == 80 ? 7 : BN == 96 ? 6 : 4)
+                                          : std::min(8, (227 * 1024 - 1024 - kBarBytes) / kStageBytes);
   static constexpr int kLead = kStages - 2;  // a stage is rewritten two steps after its last reader
-  static constexpr size_t kSmem = size_t(kStages) * kStageBytes + 1024;
+  // The stages from a 1024-byte boundary (the 128-byte swizzle's), then the barriers.
+  static constexpr size_t kSmem = size_t(kStages) * kStageBytes + 1024 + kBarBytes;
   // Half-rows a step: 2 BN. Two warpgroups at 64 pairs: they take alternate steps' copies (128
   // threads, one half-row each); otherwise every thread every step, those past 2 BN none.
   static constexpr bool kAlternate = WGS == 2 && 2 * BN == kThreads / 2;
@@ -166,7 +174,15 @@ __device__ __forceinline__ void wa_decode(const uint4& q, uint32_t fs, uint32_t 
 }
 #endif
 
-template <int BN, int WGS>
+// kMbar: how step kt's activations reach every warpgroup. false: each owner waits for its own
+// copies, transposes them if they came in natural order, and the CTA meets at a block barrier
+// every step. true (activations already in the fragment K order only): each owner's copies of a
+// step arrive on the stage's "full" mbarrier as they land (cp.async.mbarrier.arrive.noinc), each
+// warp arrives on its "empty" mbarrier once its MMAs of the step are done, and an owner waits for
+// "empty" before it refills the stage; so no warp waits for another at a block barrier, and the
+// warpgroups may drift apart by up to two steps (one decoding while another's MMAs run, as two
+// CTAs an SM do), instead of all decoding, then all waiting at the barrier, in lockstep.
+template <int BN, int WGS, bool kMbar>
 __global__ void __launch_bounds__(WaTile<BN, WGS>::kThreads, WaTile<BN, WGS>::kCtasPerSm)
     expert_gemm_wa_kernel(ExpertGemmArgs a) {
 #ifdef SM90A_WGMMA
@@ -184,6 +200,23 @@ __global__ void __launch_bounds__(WaTile<BN, WGS>::kThreads, WaTile<BN, WGS>::kC
   const bool wg_live = int(blockIdx.x) * L::kTiles + kWaTilesWg * wg < T;
   uint8_t* smem = wa_align1024(smem_raw);
   const uint32_t s_base = ptx::smem_addr(smem);
+  // kMbar: stage s's full barrier (its activations landed: 2 BN owner arrivals) at bar_base + 8 s,
+  // its empty barrier (every warp's MMAs of it done: one arrival a warp) at bar_base + 8 (kStages + s).
+  const uint32_t bar_base = s_base + uint32_t(L::kStages * L::kStageBytes);
+  auto full_bar = [&](int kt) { return bar_base + 8u * (unsigned(kt) % unsigned(L::kStages)); };
+  auto empty_bar = [&](int kt) { return bar_base + 8u * (L::kStages + unsigned(kt) % unsigned(L::kStages)); };
+  // The parity of the phase in which step kt's use of its stage completes (the (kt / kStages)-th).
+  auto use_parity = [&](int kt) { return (unsigned(kt) / unsigned(L::kStages)) & 1u; };
+  if constexpr (kMbar) {
+    if (tid == 0) {
+      for (int st = 0; st < L::kStages; ++st) {
+        ptx::mbar_init(full_bar(st), 2 * BN);
+        ptx::mbar_init(empty_bar(st), 4 * WGS);
+      }
+      ptx::mbar_init_fence();
+    }
+    __syncthreads();
+  }
 
   // Step kt's stage: activations (swizzled BN x 128 B), then this CTA's weight chunks (warp w's
   // 512 bytes at w x 512, lane order) and scale words (lane l of warp w at (32 w + l) x 4).
@@ -226,15 +259,21 @@ __global__ void __launch_bounds__(WaTile<BN, WGS>::kThreads, WaTile<BN, WGS>::kC
       const uint32_t d = s_base + stage_off(kt_cp);
       ptx::cp_async16(d + w_dst, w_cp, true);
       asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(d + s_dst), "l"(s_cp));
-      if (owns(kt_cp))
+      if (owns(kt_cp)) {
+        // The stage's last use (step kt_cp - kStages) must be done in every warp before it is
+        // rewritten: the block barrier of step kt_cp - kLead said so; with kMbar, its empty barrier.
+        if constexpr (kMbar)
+          if (kt_cp >= L::kStages) ptx::mbar_wait(empty_bar(kt_cp), use_parity(kt_cp) ^ 1u);
 #pragma unroll
         for (int m = 0; m < 4; ++m) ptx::cp_async16(d + a_dst(m), a_cp + 8 * m, a_ok);
+        if constexpr (kMbar) ptx::cp_async_mbar_arrive_noinc(full_bar(kt_cp));
+      }
     }
     ptx::cp_async_commit();
   };
   // The owner's half-row of step kt, transposed in place into the fragment K order (see the head).
   auto permute_act = [&](int kt) {
-    if (kt < C && owns(kt) && !a.a_k_permuted) {  // (k-permuted rows arrive in that order)
+    if (!kMbar && kt < C && owns(kt) && !a.a_k_permuted) {  // (k-permuted rows arrive in that order)
       uint8_t* d = smem + stage_off(kt);
       uint4 in[4];
 #pragma unroll
@@ -287,7 +326,7 @@ __global__ void __launch_bounds__(WaTile<BN, WGS>::kThreads, WaTile<BN, WGS>::kC
   one = __syncthreads_and(one) != 0;
   ptx::cp_async_wait<L::kLead - 1>();
   permute_act(0);
-  if (owns(0)) ptx::fence_proxy_async();  // before step 0's barrier (the loop fences steps 1 on)
+  if (!kMbar && owns(0)) ptx::fence_proxy_async();  // before step 0's barrier (the loop fences steps 1 on)
   // Weights of steps of either parity (the step loop is unrolled by two, so these stay registers
   // with no copies between steps).
   uint4 qw[2];
@@ -318,11 +357,18 @@ __global__ void __launch_bounds__(WaTile<BN, WGS>::kThreads, WaTile<BN, WGS>::kC
             wa_decode<true>(qw[v], fw[v], Av);
           else
             wa_decode<false>(qw[v], fw[v], Av);
-          // Step kt + 1's activations, transposed just now by their owners, to the async proxy
-          // before the barrier (only owners stored: the others skip the fence and its wait on
-          // their memory operations in flight); step kt's -> the tensor cores.
-          if (owns(kt + 1)) ptx::fence_proxy_async();
-          __syncthreads();
+          if constexpr (kMbar) {
+            // Step kt's activations landed (every owner's copies), then to the async proxy that
+            // wgmma reads shared memory through.
+            ptx::mbar_wait(full_bar(kt), use_parity(kt));
+            ptx::fence_proxy_async();
+          } else {
+            // Step kt + 1's activations, transposed just now by their owners, to the async proxy
+            // before the barrier (only owners stored: the others skip the fence and its wait on
+            // their memory operations in flight); step kt's -> the tensor cores.
+            if (owns(kt + 1)) ptx::fence_proxy_async();
+            __syncthreads();
+          }
           const uint64_t desc = desc0 + (stage_off(kt) >> 4);
 #pragma unroll
           for (int i = 0; i < kAcc; ++i) ptx::fence_operand(acc[i]);
@@ -333,11 +379,15 @@ __global__ void __launch_bounds__(WaTile<BN, WGS>::kThreads, WaTile<BN, WGS>::kC
 #pragma unroll
           for (int i = 0; i < kAcc; ++i) ptx::fence_operand(acc[i]);
           // Step kt + kLead's stage, (kt - 2) % kStages: last read by step kt - 2 (its MMAs, which
-          // every warp waited for before this step's barrier; its weights, read at step kt - 3).
+          // every warp waited for before this step's barrier, or which the empty barrier counts;
+          // its weights, read by this lane at step kt - 3).
           copy_next();
           ptx::wgmma_wait<L::kABufs - 1>();
 #pragma unroll
           for (int i = 0; i < kAcc; ++i) ptx::fence_operand(acc[i]);
+          // kMbar: this warp's MMAs of step kt - (kABufs - 1) are done: its stage may be refilled.
+          if constexpr (kMbar)
+            if (lane == 0 && kt >= L::kABufs - 1) ptx::mbar_arrive(empty_bar(kt - (L::kABufs - 1)));
         }
       }
     }
@@ -397,6 +447,10 @@ namespace {
 // what a tile of each costs against a 64-pair tile (expert_gemm_v5_auto_tile_pairs).
 constexpr int kV5Widths[] = {32, 48, 64, 80, 96, 128};
 constexpr double kV5TileCost[] = {0.725, 0.8625, 1.0, 1.15, 1.22, 1.6};
+// A 128-pair tile with the mbarrier hand-off (expert_gemm_v5_mbarriers; s25r2, bench-kernels
+// gate_up + down over the expected tile counts: 1.37x a 64-pair tile at 120b 2048 tokens, 1.41x
+// at 8192, against 1.49-1.51x for the block barrier on the same run).
+constexpr double kV5TileCost128Mbar = 1.4;
 bool v5_width_ok(int pairs) { return std::find(std::begin(kV5Widths), std::end(kV5Widths), pairs) != std::end(kV5Widths); }
 }  // namespace
 
@@ -415,6 +469,22 @@ void set_expert_gemm_v5_warpgroups(int wgs) {
   if (wgs != -1 && wgs != 0 && wgs != 2 && wgs != 4)
     throw Error("set_expert_gemm_v5_warpgroups: expected -1 (environment), 0 (auto), 2 or 4");
   g_v5_wgs = wgs;
+}
+
+int g_v5_mbar = -1;  // expert_gemm_v5_mbarriers: -1 not read yet, else 0 or 1
+
+bool expert_gemm_v5_mbarriers() {
+  if (g_v5_mbar < 0) {
+    const int v = env_int("GPTOSS_EXPERT_GEMM_V5_MBAR", 1);
+    if (v != 0 && v != 1) throw Error("GPTOSS_EXPERT_GEMM_V5_MBAR: expected 0 (block barrier) or 1 (mbarriers)");
+    g_v5_mbar = v;
+  }
+  return g_v5_mbar != 0;
+}
+
+void set_expert_gemm_v5_mbarriers(int on) {
+  if (on != -1 && on != 0 && on != 1) throw Error("set_expert_gemm_v5_mbarriers: expected -1 (environment), 0 or 1");
+  g_v5_mbar = on;
 }
 
 int expert_gemm_v5_auto_warpgroups(int tile_pairs, int pairs) {
@@ -461,7 +531,9 @@ int expert_gemm_v5_auto_tile_pairs(int pairs, int E) {
   // The sums take ~30-270 us of host time at 120b/20b prefill sizes, twice a layer: kept per
   // (pairs, E), which a server's chunk sizes repeat.
   thread_local std::unordered_map<uint64_t, int> chosen;
-  const uint64_t key = (uint64_t(uint32_t(pairs)) << 32) | uint32_t(E);
+  // (the cheaper 128-pair tile only where it runs: mbarriers on, four warpgroups)
+  const bool mbar = expert_gemm_v5_mbarriers() && expert_gemm_v5_chosen_warpgroups(128, pairs) == 4;
+  const uint64_t key = (uint64_t(uint32_t(pairs)) << 32) | (uint64_t(mbar) << 31) | uint32_t(E);
   if (const auto it = chosen.find(key); it != chosen.end()) return it->second;
   if (chosen.size() >= 4096) chosen.clear();
   const double mean = double(pairs) / std::min(pairs, E);
@@ -473,7 +545,7 @@ int expert_gemm_v5_auto_tile_pairs(int pairs, int E) {
     const int hi = int(mean + 12 * std::sqrt(mean) + 16);
     for (int n = 1; n <= hi; ++n)
       tiles += std::exp(n * std::log(mean) - mean - std::lgamma(n + 1.0)) * ((n + w - 1) / w);
-    const double cost = tiles * kV5TileCost[i];
+    const double cost = tiles * (w == 128 && mbar ? kV5TileCost128Mbar : kV5TileCost[i]);
     if (i == 0 || cost < best) best = cost, best_w = w;
   }
   chosen.emplace(key, best_w);
@@ -491,29 +563,40 @@ bool expert_gemm_v5_preferred(int pairs, int E) {
 }
 
 namespace {
-template <int BN, int WGS>
+template <int BN, int WGS, bool kMbar>
 void launch_v5(const ExpertGemmArgs& a, int pairs, int E, cudaStream_t s) {
   using L = WaTile<BN, WGS>;
   static std::atomic<uint64_t> attr_set{0};
-  opt_in_smem_once_per_device(attr_set, L::kSmem, expert_gemm_wa_kernel<BN, WGS>);
+  opt_in_smem_once_per_device(attr_set, L::kSmem, expert_gemm_wa_kernel<BN, WGS, kMbar>);
   const int max_tiles = (pairs + BN - 1) / BN + std::min(pairs, E);
   if (max_tiles > 65535) throw Error("expert_gemm_v5: too many row tiles (" + std::to_string(max_tiles) + ")");
   const int T = a.N / 16;
   const dim3 grid((T + L::kTiles - 1) / L::kTiles, max_tiles);
-  launch_pdl(expert_gemm_wa_kernel<BN, WGS>, grid, dim3(L::kThreads), L::kSmem, s, a);
+  launch_pdl(expert_gemm_wa_kernel<BN, WGS, kMbar>, grid, dim3(L::kThreads), L::kSmem, s, a);
   GPTOSS_CUDA_LAUNCH_CHECK();
 }
 
-template <int WGS>
+// kMbar at 128 pairs and four warpgroups only: there (one A buffer: a warpgroup decodes after its
+// MMAs, and one CTA an SM) the mbarrier hand-off measured 6-9% faster; at 32-96 pairs (two A
+// buffers) 1-14% slower (s25r2); with two warpgroups (two CTAs an SM, which drift apart anyway)
+// 20b pp1024 lost 3.5% (s25r3).
+template <int WGS, bool kMbar>
 void launch_v5_width(int bn, const ExpertGemmArgs& a, int pairs, int E, cudaStream_t s) {
   switch (bn) {
-    case 32: launch_v5<32, WGS>(a, pairs, E, s); break;
-    case 48: launch_v5<48, WGS>(a, pairs, E, s); break;
-    case 80: launch_v5<80, WGS>(a, pairs, E, s); break;
-    case 96: launch_v5<96, WGS>(a, pairs, E, s); break;
-    case 128: launch_v5<128, WGS>(a, pairs, E, s); break;
-    default: launch_v5<64, WGS>(a, pairs, E, s); break;
+    case 32: launch_v5<32, WGS, false>(a, pairs, E, s); break;
+    case 48: launch_v5<48, WGS, false>(a, pairs, E, s); break;
+    case 80: launch_v5<80, WGS, false>(a, pairs, E, s); break;
+    case 96: launch_v5<96, WGS, false>(a, pairs, E, s); break;
+    case 128: launch_v5<128, WGS, kMbar && WGS == 4>(a, pairs, E, s); break;
+    default: launch_v5<64, WGS, false>(a, pairs, E, s); break;
   }
+}
+template <bool kMbar>
+void launch_v5_shape(int bn, int wgs, const ExpertGemmArgs& a, int pairs, int E, cudaStream_t s) {
+  if (wgs == 4)
+    launch_v5_width<4, kMbar>(bn, a, pairs, E, s);
+  else
+    launch_v5_width<2, kMbar>(bn, a, pairs, E, s);
 }
 }  // namespace
 
@@ -530,10 +613,11 @@ void expert_gemm_v5(const WeightMat& W, const bf16_t* A, int lda, int pairs, int
                    a_k_permuted};
   int bn = expert_gemm_v5_tile_pairs();
   if (bn == 0) bn = expert_gemm_v5_auto_tile_pairs(pairs, E);
-  if (expert_gemm_v5_chosen_warpgroups(bn, pairs) == 4)
-    launch_v5_width<4>(bn, a, pairs, E, s);
+  const int wgs = expert_gemm_v5_chosen_warpgroups(bn, pairs);
+  if (a_k_permuted && expert_gemm_v5_mbarriers())  // (natural-order rows are transposed behind the block barrier)
+    launch_v5_shape<true>(bn, wgs, a, pairs, E, s);
   else
-    launch_v5_width<2>(bn, a, pairs, E, s);
+    launch_v5_shape<false>(bn, wgs, a, pairs, E, s);
 }
 
 namespace {
