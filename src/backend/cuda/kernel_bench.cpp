@@ -285,9 +285,7 @@ int run_kernel_bench(const KernelBenchOptions& o) {
           v += " n" + std::to_string(tile_rows) + (kperm ? " kperm" : "") +
                (tile_rows == expert_gemm_v5_auto_tile_pairs(P, E) ? " (auto)" : "") + " wg" +
                std::to_string(expert_gemm_v5_chosen_warpgroups(tile_rows, P)) +
-               (kperm && tile_rows == 128 && expert_gemm_v5_mbarriers() && expert_gemm_v5_chosen_warpgroups(128, P) == 4
-                    ? " mbar"
-                    : "");
+               (expert_gemm_v5_uses_mbarriers(tile_rows, P, kperm) ? " mbar" : "");
         else if (tile_rows)
           v += " m" + std::to_string(tile_rows) + (tile_rows == auto_rows ? " (auto)" : "");
         v += std::string(" ") + layout;

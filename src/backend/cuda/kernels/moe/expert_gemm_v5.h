@@ -23,5 +23,8 @@ int expert_gemm_v5_chosen_warpgroups(int tile_pairs, int pairs);
 // or set_expert_gemm_v5_mbarriers (tests, bench; -1 = back to the environment's value).
 bool expert_gemm_v5_mbarriers();
 void set_expert_gemm_v5_mbarriers(int on);
+// Whether a launch of `pairs` sorted pairs in tiles of tile_pairs takes the mbarrier hand-off
+// (the launcher, the automatic width and bench-kernels' row names all ask this).
+bool expert_gemm_v5_uses_mbarriers(int tile_pairs, int pairs, bool a_k_permuted);
 
 }  // namespace gptoss::cuda

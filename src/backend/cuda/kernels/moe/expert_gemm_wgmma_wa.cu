@@ -504,6 +504,15 @@ int expert_gemm_v5_chosen_warpgroups(int tile_pairs, int pairs) {
   return wgs ? wgs : expert_gemm_v5_auto_warpgroups(tile_pairs, pairs);
 }
 
+bool expert_gemm_v5_uses_mbarriers(int tile_pairs, int pairs, bool a_k_permuted) {
+  // 128-pair tiles with four warpgroups only: there (one A buffer: a warpgroup decodes after its
+  // MMAs, and one CTA an SM) the mbarrier hand-off measured 6-9% faster; at 32-96 pairs (two A
+  // buffers) 1-14% slower (s25r2); with two warpgroups (two CTAs an SM, which drift apart anyway)
+  // 20b pp1024 lost 3.5% (s25r3). Natural-order rows are transposed behind the block barrier.
+  return a_k_permuted && tile_pairs == 128 && expert_gemm_v5_mbarriers() &&
+         expert_gemm_v5_chosen_warpgroups(tile_pairs, pairs) == 4;
+}
+
 int expert_gemm_v5_tile_pairs() {
   if (g_v5_pairs < 0) {
     const int v = env_int("GPTOSS_EXPERT_GEMM_V5_N", 0);
@@ -531,8 +540,8 @@ int expert_gemm_v5_auto_tile_pairs(int pairs, int E) {
   // The sums take ~30-270 us of host time at 120b/20b prefill sizes, twice a layer: kept per
   // (pairs, E), which a server's chunk sizes repeat.
   thread_local std::unordered_map<uint64_t, int> chosen;
-  // (the cheaper 128-pair tile only where it runs: mbarriers on, four warpgroups)
-  const bool mbar = expert_gemm_v5_mbarriers() && expert_gemm_v5_chosen_warpgroups(128, pairs) == 4;
+  // (the cheaper 128-pair tile only where it runs; the backend hands version 5 k-permuted rows)
+  const bool mbar = expert_gemm_v5_uses_mbarriers(128, pairs, true);
   const uint64_t key = (uint64_t(uint32_t(pairs)) << 32) | (uint64_t(mbar) << 31) | uint32_t(E);
   if (const auto it = chosen.find(key); it != chosen.end()) return it->second;
   if (chosen.size() >= 4096) chosen.clear();
@@ -576,27 +585,18 @@ void launch_v5(const ExpertGemmArgs& a, int pairs, int E, cudaStream_t s) {
   GPTOSS_CUDA_LAUNCH_CHECK();
 }
 
-// kMbar at 128 pairs and four warpgroups only: there (one A buffer: a warpgroup decodes after its
-// MMAs, and one CTA an SM) the mbarrier hand-off measured 6-9% faster; at 32-96 pairs (two A
-// buffers) 1-14% slower (s25r2); with two warpgroups (two CTAs an SM, which drift apart anyway)
-// 20b pp1024 lost 3.5% (s25r3).
-template <int WGS, bool kMbar>
+// The block-barrier kernel at each width (the mbarrier one is launched directly: 128 pairs, four
+// warpgroups, expert_gemm_v5_uses_mbarriers).
+template <int WGS>
 void launch_v5_width(int bn, const ExpertGemmArgs& a, int pairs, int E, cudaStream_t s) {
   switch (bn) {
     case 32: launch_v5<32, WGS, false>(a, pairs, E, s); break;
     case 48: launch_v5<48, WGS, false>(a, pairs, E, s); break;
     case 80: launch_v5<80, WGS, false>(a, pairs, E, s); break;
     case 96: launch_v5<96, WGS, false>(a, pairs, E, s); break;
-    case 128: launch_v5<128, WGS, kMbar && WGS == 4>(a, pairs, E, s); break;
+    case 128: launch_v5<128, WGS, false>(a, pairs, E, s); break;
     default: launch_v5<64, WGS, false>(a, pairs, E, s); break;
   }
-}
-template <bool kMbar>
-void launch_v5_shape(int bn, int wgs, const ExpertGemmArgs& a, int pairs, int E, cudaStream_t s) {
-  if (wgs == 4)
-    launch_v5_width<4, kMbar>(bn, a, pairs, E, s);
-  else
-    launch_v5_width<2, kMbar>(bn, a, pairs, E, s);
 }
 }  // namespace
 
@@ -613,11 +613,12 @@ void expert_gemm_v5(const WeightMat& W, const bf16_t* A, int lda, int pairs, int
                    a_k_permuted};
   int bn = expert_gemm_v5_tile_pairs();
   if (bn == 0) bn = expert_gemm_v5_auto_tile_pairs(pairs, E);
-  const int wgs = expert_gemm_v5_chosen_warpgroups(bn, pairs);
-  if (a_k_permuted && expert_gemm_v5_mbarriers())  // (natural-order rows are transposed behind the block barrier)
-    launch_v5_shape<true>(bn, wgs, a, pairs, E, s);
+  if (expert_gemm_v5_uses_mbarriers(bn, pairs, a_k_permuted))
+    launch_v5<128, 4, true>(a, pairs, E, s);
+  else if (expert_gemm_v5_chosen_warpgroups(bn, pairs) == 4)
+    launch_v5_width<4>(bn, a, pairs, E, s);
   else
-    launch_v5_shape<false>(bn, wgs, a, pairs, E, s);
+    launch_v5_width<2>(bn, a, pairs, E, s);
 }
 
 namespace {
