@@ -67,6 +67,15 @@ __host__ __device__ inline int mx_bit_pos(int r, int hi, int bit) {
 // pipe (Nsight Compute, H200).
 __device__ __forceinline__ void mx_word_to_f16x2(uint32_t q, uint32_t* a) {
   constexpr uint32_t kS = 0x80008000u, kM = 0x0E000E00u;
+#ifdef GPTOSS_DIAG_CHEAP_DECODE
+  // Timing ceiling only (tools/gpu/diag_binary.sh; wrong values): 5 integer ops a word instead
+  // of 11, what an e2m1 -> e4m3 decode for the fp8 MMA would cost.
+  a[0] = q & (kS | kM);
+  a[1] = (q << 3) & (kS | kM);
+  a[2] = a[0] ^ a[1];
+  a[3] = q ^ a[1];
+  return;
+#endif
   a[0] = q & (kS | kM);
   a[1] = ((q << 1) & kS) | ((q << 6) & kM);
   a[2] = ((q << 2) & kS) | ((q << 9) & kM);
