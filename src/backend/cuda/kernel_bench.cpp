@@ -339,8 +339,10 @@ int run_kernel_bench(const KernelBenchOptions& o) {
       const char* mode_names[] = {"units pattern, weights", "units pattern, weights + scales",
                                   "units pattern, weights + scales inline (544-byte chunks)",
                                   "units pattern, weights + scales inline (aligned groups of 4 chunks)",
-                                  "units pattern, weights + scales in 128-byte requests"};
-      for (int mode = 0; mode < 5; ++mode) {
+                                  "units pattern, weights + scales in 128-byte requests",
+                                  "warp-walk pattern, weights + scales",
+                                  "warp-walk pattern, 8 tiles interleaved by chunk"};
+      for (int mode = 0; mode < 7; ++mode) {
         const double us_u = timer.us(o.iters, [&](int i) {
           stream_experts_units(pgu, P, E, routes[i % R], mode, reinterpret_cast<uint32_t*>(y), s, inl);
         });

@@ -239,7 +239,9 @@ void stream_experts(const WeightMat& W, int pairs, int E, const MoeRouting& r, u
 // from the scale array; 2: codes and scales read from inline_buf as if each chunk held its scales
 // after its codes (544 bytes a chunk; inline_buf: E * N / 16 * K / 64 * 544 bytes); 3: from inline_buf
 // in aligned groups of four chunks (their 2048 code bytes, then their 128 scale bytes; inline_buf
-// rounded up to whole groups); 4: the scale array in 128-byte requests, one every fourth chunk step.
+// rounded up to whole groups); 4: the scale array in 128-byte requests, one every fourth chunk step;
+// 5: the warp-per-tile walk's pattern (a warp streams a whole row tile, 8 tiles a block); 6: the
+// same reads at the addresses of a layout interleaving 8 tiles chunk by chunk (timing only).
 void stream_experts_units(const WeightMat& W, int pairs, int E, const MoeRouting& r, int mode, uint32_t* sink,
                           cudaStream_t s, const void* inline_buf = nullptr);
 // Repacking into the fragment layout (once, at load): kBF16 -> kFragBF16 or kFragFP8 (aux_out:

@@ -494,6 +494,45 @@ __global__ void __launch_bounds__(256) stream_experts_units_kernel(const uint4* 
   if (acc == 0x9e3779b9u) sink[0] = acc;  // keeps the loads
 }
 
+// Diagnostic (bench-kernels): the same bytes in the warp-per-tile walk's pattern, with no math:
+// a block of 8 warps over 8 row tiles of one group, each warp streaming one whole tile (its C
+// chunks in order, 512 code bytes and the chunk's 32-byte scale sector each, 8 chunks in flight),
+// so a block reads 8 streams 23 KB apart at once (the default decode kernel from 3 tokens).
+// INTERLEAVED: the same reads at the addresses a layout interleaving 8 tiles chunk by chunk
+// ([T / 8][C][8][chunk]) would give them, so a block's 8 warps read 4 KB of adjacent memory at a
+// time: what the walk's pattern costs against a layout made for it.
+template <bool INTERLEAVED>
+__global__ void __launch_bounds__(256) stream_experts_walk_kernel(const uint4* __restrict__ w,
+                                                                  const uint32_t* __restrict__ sc, int T, int C,
+                                                                  MoeRouting r, uint32_t* sink) {
+  pdl_wait();
+  const int gi = blockIdx.y;
+  if (gi >= r.counts[0]) { pdl_trigger(); return; }
+  pdl_trigger();
+  const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+  const size_t e = size_t(r.group_expert[gi]), tile = size_t(blockIdx.x) * 8 + warp;
+  auto chunk_index = [&](int c) {
+    return INTERLEAVED ? ((e * (T / 8) + blockIdx.x) * C + c) * 8 + warp : (e * T + tile) * C + c;
+  };
+  constexpr int kRing = 8;
+  uint32_t acc = 0;
+  for (int c0 = 0; c0 < C; c0 += kRing) {
+    uint4 v[kRing];
+    uint32_t s[kRing];
+#pragma unroll
+    for (int u = 0; u < kRing; ++u)
+      if (c0 + u < C) {
+        const size_t ch = chunk_index(c0 + u);
+        v[u] = ld_stream(w + ch * 32 + lane);
+        s[u] = __ldg(sc + ch * 8 + lane / 4);
+      }
+#pragma unroll
+    for (int u = 0; u < kRing; ++u)
+      if (c0 + u < C) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w ^ s[u];
+  }
+  if (acc == 0x9e3779b9u) sink[0] = acc;  // keeps the loads
+}
+
 template <int FMT, bool XF16>
 void launch_nt(const SkinnyArgs& a, int max_tokens, int tiles, int groups, int ks, cudaStream_t s) {
   if (max_tokens <= 8)
@@ -524,6 +563,15 @@ const char* skinny_variant_name(int v) {
 void stream_experts_units(const WeightMat& W, int pairs, int E, const MoeRouting& r, int mode, uint32_t* sink,
                           cudaStream_t s, const void* inline_buf) {
   const bool inl = mode == 2 || mode == 3;  // the codes (and scales) come from inline_buf
+  if (mode == 5 || mode == 6) {  // the warp walk's pattern, then the same at interleaved addresses
+    if (W.N / 16 % 8 != 0) return;
+    dim3 grid(W.N / 16 / 8, moe_max_groups(pairs, E));
+    launch_pdl(mode == 5 ? stream_experts_walk_kernel<false> : stream_experts_walk_kernel<true>, grid, dim3(256), 0,
+               s, static_cast<const uint4*>(W.w), reinterpret_cast<const uint32_t*>(W.scales), W.N / 16, W.K / 64,
+               r, sink);
+    GPTOSS_CUDA_LAUNCH_CHECK();
+    return;
+  }
   if (W.N / 16 % 4 != 0 || mode < 0 || mode > 4 || (inl && !inline_buf)) return;
   constexpr decltype(&stream_experts_units_kernel<0>) kernels[] = {
       stream_experts_units_kernel<0>, stream_experts_units_kernel<1>, stream_experts_units_kernel<2>,
