@@ -34,8 +34,7 @@ cp "$build/$archive" "$out/lib.a"
 ar r "$out/lib.a" "$out/$(basename "$obj")"
 link=$(tail -1 <<<"$cmds")
 link=${link//$archive/$out/lib.a}
-link=${link/ -o gptoss / -o $out/gptoss_$name }
+link=${link/ -o gptoss / -o $root/build/diag/gptoss_$name }
 (cd "$build" && eval "$link")
-mv "$out/gptoss_$name" "$root/build/diag/gptoss_$name"
 strip "$root/build/diag/gptoss_$name"
 echo "build/diag/gptoss_$name ($rel with$defs)"

@@ -423,13 +423,20 @@ void launch_fmt(const SkinnyArgs& a, int tiles, int groups, int ks, cudaStream_t
     launch_shape<FMT, NT, 8, 2, kPF, XF16, NT == 1>(a, tiles, groups, s);
 }
 
+// The plain-read diagnostics' start: after the routing is written, this block's group (grid row),
+// or -1 where the routing has fewer groups; the next launch may start either way.
+__device__ __forceinline__ int diag_group(const MoeRouting& r) {
+  pdl_wait();
+  const int gi = blockIdx.y < r.counts[0] ? int(blockIdx.y) : -1;
+  pdl_trigger();
+  return gi;
+}
+
 // Diagnostic (bench-kernels): the same grid reading the same bytes of the routed experts with
 // plain 16-byte loads and no math: the memory floor of a grouped MXFP4 launch.
 __global__ void stream_experts_kernel(const uint4* __restrict__ w, int T, int C, MoeRouting r, uint32_t* sink) {
-  pdl_wait();
-  const int gi = blockIdx.y;
-  if (gi >= r.counts[0]) { pdl_trigger(); return; }
-  pdl_trigger();
+  const int gi = diag_group(r);
+  if (gi < 0) return;
   const uint4* base = w + ((size_t(r.group_expert[gi]) * T + blockIdx.x) * C) * 32;
   uint32_t acc = 0;
   const int n = C * 32;
@@ -455,10 +462,8 @@ template <int MODE>
 __global__ void __launch_bounds__(256) stream_experts_units_kernel(const uint4* __restrict__ w,
                                                                    const uint32_t* __restrict__ sc, int T, int C,
                                                                    MoeRouting r, uint32_t* sink) {
-  pdl_wait();
-  const int gi = blockIdx.y;
-  if (gi >= r.counts[0]) { pdl_trigger(); return; }
-  pdl_trigger();
+  const int gi = diag_group(r);
+  if (gi < 0) return;
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
   const size_t tc0 = (size_t(r.group_expert[gi]) * T + size_t(blockIdx.x) * 4) * C;
   constexpr int kStride = MODE == 2 ? 34 : 32;  // 16-byte words a chunk
@@ -505,10 +510,8 @@ template <bool INTERLEAVED>
 __global__ void __launch_bounds__(256) stream_experts_walk_kernel(const uint4* __restrict__ w,
                                                                   const uint32_t* __restrict__ sc, int T, int C,
                                                                   MoeRouting r, uint32_t* sink) {
-  pdl_wait();
-  const int gi = blockIdx.y;
-  if (gi >= r.counts[0]) { pdl_trigger(); return; }
-  pdl_trigger();
+  const int gi = diag_group(r);
+  if (gi < 0) return;
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
   const size_t e = size_t(r.group_expert[gi]), tile = size_t(blockIdx.x) * 8 + warp;
   auto chunk_index = [&](int c) {
