@@ -341,8 +341,10 @@ int run_kernel_bench(const KernelBenchOptions& o) {
                                   "units pattern, weights + scales inline (aligned groups of 4 chunks)",
                                   "units pattern, weights + scales in 128-byte requests",
                                   "warp-walk pattern, weights + scales",
-                                  "warp-walk pattern, 8 tiles interleaved by chunk"};
-      for (int mode = 0; mode < 7; ++mode) {
+                                  "warp-walk pattern, 8 tiles interleaved by chunk",
+                                  "warp-walk pattern, 2 blocks an SM (the walk's 16 warps)",
+                                  "warp-walk pattern, 1 block an SM (8 warps)"};
+      for (int mode = 0; mode < 9; ++mode) {
         const double us_u = timer.us(o.iters, [&](int i) {
           stream_experts_units(pgu, P, E, routes[i % R], mode, reinterpret_cast<uint32_t*>(y), s, inl);
         });

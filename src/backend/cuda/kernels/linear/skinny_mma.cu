@@ -566,12 +566,16 @@ const char* skinny_variant_name(int v) {
 void stream_experts_units(const WeightMat& W, int pairs, int E, const MoeRouting& r, int mode, uint32_t* sink,
                           cudaStream_t s, const void* inline_buf) {
   const bool inl = mode == 2 || mode == 3;  // the codes (and scales) come from inline_buf
-  if (mode == 5 || mode == 6) {  // the warp walk's pattern, then the same at interleaved addresses
+  if (mode >= 5 && mode <= 8) {
+    // 5: the warp walk's pattern; 6: the same at interleaved addresses; 7 / 8: 5 with shared
+    // memory reserved so that only 2 blocks (16 warps: the walk's occupancy) / 1 fit an SM.
     if (W.N / 16 % 8 != 0) return;
     dim3 grid(W.N / 16 / 8, moe_max_groups(pairs, E));
-    launch_pdl(mode == 5 ? stream_experts_walk_kernel<false> : stream_experts_walk_kernel<true>, grid, dim3(256), 0,
-               s, static_cast<const uint4*>(W.w), reinterpret_cast<const uint32_t*>(W.scales), W.N / 16, W.K / 64,
-               r, sink);
+    auto k = mode == 6 ? stream_experts_walk_kernel<true> : stream_experts_walk_kernel<false>;
+    const size_t smem = mode == 7 ? 100 * 1024 : mode == 8 ? 160 * 1024 : 0;
+    if (smem) allow_dynamic_smem(k, smem);
+    launch_pdl(k, grid, dim3(256), smem, s, static_cast<const uint4*>(W.w), reinterpret_cast<const uint32_t*>(W.scales),
+               W.N / 16, W.K / 64, r, sink);
     GPTOSS_CUDA_LAUNCH_CHECK();
     return;
   }
