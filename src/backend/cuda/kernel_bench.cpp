@@ -142,17 +142,41 @@ int run_kernel_bench(const KernelBenchOptions& o) {
     }
     set_gemv_variant(0);
     set_linear_path(0);
-    // The tensor-core decode kernels over the fragment layout (bf16 and fp8 decode copies).
+    // The tensor-core decode kernels over the fragment layout (bf16 and fp8 decode copies, and
+    // the layer in MXFP4 as `--mxfp4-layers` holds it: random codes, values do not change speed).
     if (M <= kSkinnyMaxTokens && d.decode_copy && frag_packable(ws[0])) {
       const char* sname = d.decode_copy;
-      for (auto fmt : {WeightMat::kFragBF16, WeightMat::kFragFP8}) {
+      for (auto fmt : {WeightMat::kFragBF16, WeightMat::kFragFP8, WeightMat::kFragMXFP4}) {
         std::vector<WeightMat> ps;
         auto* flag = dev_alloc<int>(1, owned);
-        for (const WeightMat& W : ws)
-          ps.push_back(pack_frag(W, 1, false, fmt, dev_alloc<uint8_t>(frag_weight_bytes(fmt, 1, d.N, d.K), owned),
-                                 dev_alloc<float>(d.N, owned), flag, s));
+        if (fmt == WeightMat::kFragMXFP4) {
+          const size_t mx_bytes = size_t(d.N) * d.K / 2;
+          const int mx_copies = int(std::max<size_t>(1, (kRotateBytes + mx_bytes - 1) / mx_bytes));
+          for (int i = 0; i < mx_copies; ++i) {
+            auto* codes = dev_alloc<uint8_t>(mx_bytes, owned);
+            auto* scales = dev_alloc<uint8_t>(mx_bytes / 16, owned);
+            fill_random_u8(codes, mx_bytes, 300 + i, 0, 255, s);
+            fill_random_u8(scales, mx_bytes / 16, 400 + i, 118, 121, s);
+            const WeightMat W{WeightMat::kMXFP4, codes, scales, ws[0].bias, d.N, d.K};
+            ps.push_back(pack_frag(W, 1, false, fmt, dev_alloc<uint8_t>(mx_bytes, owned),
+                                   dev_alloc<uint8_t>(mx_bytes / 16, owned), flag, s));
+          }
+        } else {
+          for (const WeightMat& W : ws)
+            ps.push_back(pack_frag(W, 1, false, fmt, dev_alloc<uint8_t>(frag_weight_bytes(fmt, 1, d.N, d.K), owned),
+                                   dev_alloc<float>(d.N, owned), flag, s));
+        }
+        const int pcopies = int(ps.size());
         // The decode kernel families: block-per-tile skinny, then (<= 8 tokens) stream-K's shapes.
-        const char* fname = fmt == WeightMat::kFragBF16 ? "bf16" : "fp8";
+        const char* fname = fmt == WeightMat::kFragBF16 ? "bf16" : fmt == WeightMat::kFragFP8 ? "fp8" : "mxfp4";
+        const double fbytes = double(frag_weight_bytes(fmt, 1, d.N, d.K)) * (fmt == WeightMat::kFragMXFP4 ? 17.0 / 16 : 1);
+        if (fmt == WeightMat::kFragMXFP4) {  // the model's kernel choice only
+          double us = timer.us(o.iters, [&](int i) {
+            linear(ps[i % pcopies], xb, d.K, M, Epilogue{Epilogue::kStoreF32, out, d.N}, s);
+          });
+          row(sname, shape, "default mxfp4 (--mxfp4-layers)", us, fbytes);
+          continue;
+        }
         set_decode_kernel_choice(1);
         double us = timer.us(o.iters, [&](int i) {
           linear(ps[i % copies], xb, d.K, M, Epilogue{Epilogue::kStoreF32, out, d.N}, s);
