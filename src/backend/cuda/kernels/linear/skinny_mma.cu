@@ -55,14 +55,15 @@ using namespace skinny;
 // CC: the chunks of a row (K / 64) at compile time, or 0 for any K. With CC, every weight and
 // scale load is a lane pointer plus an immediate offset (the pointers advance once per PF
 // chunks), and the host launches it only where the row tiles fill every block (no tail checks).
-// SD (dense launches with CC, one n-tile, bf16 or fp8): before griddepcontrol.wait the block asks the
+// SD (dense launches with CC, one n-tile): before griddepcontrol.wait the block asks the
 // bulk-copy engine for the first SD * KS chunks of each of its row tiles, into shared memory past
-// the activation rows, so that while the kernel before it still runs, more of its weights are on
-// their way than its registers could hold; warp w reads its first SD chunks from there.
+// the activation rows (MXFP4: their scale words after them, a second copy a tile), so that while
+// the kernel before it still runs, more of its weights are on their way than its registers could
+// hold; warp w reads its first SD chunks from there.
 template <int FMT, int NT, int KS, int RT, int PF, bool XF16, int CC, int SD = 0>
 __global__ void __launch_bounds__(KS * 32, skinny_min_blocks(NT, KS, RT)) skinny_mma_kernel(SkinnyArgs a) {
   static_assert(PF >= 1 && RT <= KS, "prefetch depth; one finishing warp per row tile");
-  static_assert(SD == 0 || (CC > 0 && NT == 1 && FMT != WeightMat::kFragMXFP4 && SD * KS <= CC), "staged chunks");
+  static_assert(SD == 0 || (CC > 0 && NT == 1 && SD * KS <= CC), "staged chunks");
   constexpr int P = SD * KS;  // chunks of each row tile staged in shared memory
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
   const int N = a.W.N, C = CC > 0 ? CC : a.W.K / 64, T = N / 16;
@@ -78,8 +79,10 @@ __global__ void __launch_bounds__(KS * 32, skinny_min_blocks(NT, KS, RT)) skinny
   extern __shared__ __align__(16) float red[];
   uint16_t* xs = reinterpret_cast<uint16_t*>(red + KS * RT * NT * 4 * 32);
   const int xs_ld = a.W.K + 8;
-  // The staged chunks: [RT][P] chunks in their global layout, 16-byte aligned (xs_ld * 2 is).
+  // The staged chunks: [RT][P] chunks in their global layout, 16-byte aligned (xs_ld * 2 is);
+  // MXFP4: then their scale words, [RT][P][8].
   const uint4* ws = reinterpret_cast<const uint4*>(xs + size_t(a.xs_rows) * xs_ld);
+  const uint32_t* ss = reinterpret_cast<const uint32_t*>(ws + size_t(RT) * P * (chunk_bytes<FMT>() / 16));
   __shared__ uint64_t ws_full;
 
   int row_begin = 0, row_end = a.M, expert = 0;
@@ -94,7 +97,7 @@ __global__ void __launch_bounds__(KS * 32, skinny_min_blocks(NT, KS, RT)) skinny
   const uint32_t* sl = nullptr;
   auto set_lane_ptrs = [&]() {
     wl = static_cast<const uint4*>(a.W.w) + (tc0 + P + warp) * (chunk_bytes<FMT>() / 16) + lane;
-    if constexpr (FMT == WeightMat::kFragMXFP4) sl = reinterpret_cast<const uint32_t*>(a.W.scales) + (tc0 + warp) * 8 + g;
+    if constexpr (FMT == WeightMat::kFragMXFP4) sl = reinterpret_cast<const uint32_t*>(a.W.scales) + (tc0 + P + warp) * 8 + g;
   };
   auto load_rel = [&](int u, int rel) {
 #pragma unroll
@@ -119,13 +122,17 @@ __global__ void __launch_bounds__(KS * 32, skinny_min_blocks(NT, KS, RT)) skinny
       if (threadIdx.x == 0) {
         const uint32_t bar = ptx::smem_u32(&ws_full), dst = ptx::smem_u32(ws);
         constexpr uint32_t bytes = uint32_t(P * chunk_bytes<FMT>());
+        constexpr uint32_t sbytes = FMT == WeightMat::kFragMXFP4 ? uint32_t(P * 32) : 0;  // scale words
         ptx::mbar_init(bar, 1);
         ptx::mbar_init_fence();
-        ptx::mbar_arrive_expect_tx(bar, RT * bytes);
+        ptx::mbar_arrive_expect_tx(bar, RT * (bytes + sbytes));
 #pragma unroll
-        for (int r = 0; r < RT; ++r)
+        for (int r = 0; r < RT; ++r) {
           ptx::bulk_copy_g2s(dst + r * bytes, static_cast<const char*>(a.W.w) + (tc0 + size_t(r) * C) * chunk_bytes<FMT>(),
                              bytes, bar);
+          if constexpr (sbytes > 0)
+            ptx::bulk_copy_g2s(dst + RT * bytes + r * sbytes, a.W.scales + (tc0 + size_t(r) * C) * 32, sbytes, bar);
+        }
       }
     }
   } else {
@@ -208,7 +215,7 @@ __global__ void __launch_bounds__(KS * 32, skinny_min_blocks(NT, KS, RT)) skinny
 #pragma unroll
         for (int r = 0; r < RT; ++r) {
           WChunk<FMT> w;
-          load_w_at<FMT, WLoad::kStaged>(ws + lane, nullptr, size_t(r) * P + c, w);
+          load_w_at<FMT, WLoad::kStaged>(ws + lane, ss + g, size_t(r) * P + c, w);
           chunk_mma<FMT, NT, kChunkF16>(w, xbuf[0], acc[r]);
         }
       }
@@ -262,7 +269,7 @@ __global__ void __launch_bounds__(KS * 32, skinny_min_blocks(NT, KS, RT)) skinny
 template <int FMT>
 size_t skinny_smem_bytes(const SkinnyArgs& a, int NT, int KS, int RT, int SD) {
   return size_t(KS) * RT * NT * 4 * 32 * sizeof(float) + (NT == 1 ? size_t(a.xs_rows) * (a.W.K + 8) * 2 : 0) +
-         size_t(RT) * SD * KS * chunk_bytes<FMT>();
+         size_t(RT) * SD * KS * (chunk_bytes<FMT>() + (FMT == WeightMat::kFragMXFP4 ? 32 : 0));
 }
 
 template <int FMT, int NT, int KS, int RT, int PF, bool XF16, bool TRY_CC = false, int SD = 0>
@@ -306,7 +313,7 @@ static int dense_stage_digits() {
 }
 template <int FMT, int NT, int KS, int RT, int PF, bool XF16>
 bool launch_staged(const SkinnyArgs& a, int tiles, int groups, int sd, cudaStream_t s) {
-  if constexpr (NT == 1 && FMT != WeightMat::kFragMXFP4) {
+  if constexpr (NT == 1) {
     static const int max_rows = env_int("GPTOSS_DENSE_STAGE_ROWS", kStageRows);
     if (a.grouped || a.xs_rows > max_rows || tiles % RT != 0 ||
         !skinny_cc_enabled() || (a.W.K != 2880 && a.W.K != 4096))
@@ -397,8 +404,9 @@ void launch_fmt(const SkinnyArgs& a, int tiles, int groups, int ks, cudaStream_t
       return launch_shape<FMT, NT, 8, 1, 2, XF16, true>(a, tiles, groups, s);
     }
   }
-  if constexpr (FMT == WeightMat::kFragFP8 && NT == 1) {
-    if (ks != 4 && one_tile && a.W.K == 2880 &&
+  if constexpr ((FMT == WeightMat::kFragFP8 || FMT == WeightMat::kFragMXFP4) && NT == 1) {
+    // (MXFP4: qkv with --mxfp4-layers; its scales staged beside the codes.)
+    if (ks != 4 && one_tile && !a.grouped && a.W.K == 2880 &&
         launch_staged<FMT, NT, 8, 1, kPF, XF16>(a, tiles, groups, dense_stage_digits() % 10, s))
       return;
   }
@@ -411,7 +419,9 @@ void launch_fmt(const SkinnyArgs& a, int tiles, int groups, int ks, cudaStream_t
     // whatever M).
     const int fmt_bit = FMT == WeightMat::kFragMXFP4 ? 2 : 1;
     if (ks == 0 && one_tile && !a.grouped && a.W.K == 4096 && (dense_two_tile_bits() & fmt_bit)) {
-      if (launch_staged<FMT, NT, 16, 2, 1, XF16>(a, tiles, groups, dense_stage_digits() / 10 % 10, s)) return;
+      if (launch_staged<FMT, NT, 16, 2, FMT == WeightMat::kFragMXFP4 ? 3 : 1, XF16>(a, tiles, groups,
+                                                                                dense_stage_digits() / 10 % 10, s))
+        return;
       return launch_shape<FMT, NT, 16, 2, FMT == WeightMat::kFragMXFP4 ? 3 : 1, XF16, true>(a, tiles, groups, s);
     }
   }
