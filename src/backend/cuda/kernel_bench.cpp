@@ -150,6 +150,8 @@ int run_kernel_bench(const KernelBenchOptions& o) {
         std::vector<WeightMat> ps;
         auto* flag = dev_alloc<int>(1, owned);
         if (fmt == WeightMat::kFragMXFP4) {
+          // Its own copies (a quarter of bf16's bytes, so more of them to outrun L2); the model's
+          // kernel choice only.
           const size_t mx_bytes = size_t(d.N) * d.K / 2;
           const int mx_copies = int(std::max<size_t>(1, (kRotateBytes + mx_bytes - 1) / mx_bytes));
           for (int i = 0; i < mx_copies; ++i) {
@@ -161,22 +163,17 @@ int run_kernel_bench(const KernelBenchOptions& o) {
             ps.push_back(pack_frag(W, 1, false, fmt, dev_alloc<uint8_t>(mx_bytes, owned),
                                    dev_alloc<uint8_t>(mx_bytes / 16, owned), flag, s));
           }
-        } else {
-          for (const WeightMat& W : ws)
-            ps.push_back(pack_frag(W, 1, false, fmt, dev_alloc<uint8_t>(frag_weight_bytes(fmt, 1, d.N, d.K), owned),
-                                   dev_alloc<float>(d.N, owned), flag, s));
-        }
-        const int pcopies = int(ps.size());
-        // The decode kernel families: block-per-tile skinny, then (<= 8 tokens) stream-K's shapes.
-        const char* fname = fmt == WeightMat::kFragBF16 ? "bf16" : fmt == WeightMat::kFragFP8 ? "fp8" : "mxfp4";
-        const double fbytes = double(frag_weight_bytes(fmt, 1, d.N, d.K)) * (fmt == WeightMat::kFragMXFP4 ? 17.0 / 16 : 1);
-        if (fmt == WeightMat::kFragMXFP4) {  // the model's kernel choice only
           double us = timer.us(o.iters, [&](int i) {
-            linear(ps[i % pcopies], xb, d.K, M, Epilogue{Epilogue::kStoreF32, out, d.N}, s);
+            linear(ps[i % mx_copies], xb, d.K, M, Epilogue{Epilogue::kStoreF32, out, d.N}, s);
           });
-          row(sname, shape, "default mxfp4 (--mxfp4-layers)", us, fbytes);
+          row(sname, shape, "default mxfp4 (--mxfp4-layers)", us, double(mx_bytes) * 17 / 16);
           continue;
         }
+        for (const WeightMat& W : ws)
+          ps.push_back(pack_frag(W, 1, false, fmt, dev_alloc<uint8_t>(frag_weight_bytes(fmt, 1, d.N, d.K), owned),
+                                 dev_alloc<float>(d.N, owned), flag, s));
+        // The decode kernel families: block-per-tile skinny, then (<= 8 tokens) stream-K's shapes.
+        const char* fname = fmt == WeightMat::kFragBF16 ? "bf16" : "fp8";
         set_decode_kernel_choice(1);
         double us = timer.us(o.iters, [&](int i) {
           linear(ps[i % copies], xb, d.K, M, Epilogue{Epilogue::kStoreF32, out, d.N}, s);

@@ -408,7 +408,7 @@ void launch_fmt(const SkinnyArgs& a, int tiles, int groups, int ks, cudaStream_t
   }
   if constexpr ((FMT == WeightMat::kFragFP8 || FMT == WeightMat::kFragMXFP4) && NT == 1) {
     // (MXFP4: qkv with --mxfp4-layers; its scales staged beside the codes.)
-    if (ks != 4 && one_tile && !a.grouped && a.W.K == 2880 &&
+    if (ks != 4 && one_tile && a.W.K == 2880 &&
         launch_staged<FMT, NT, 8, 1, kPF, XF16>(a, tiles, groups, dense_stage_digits() % 10, s))
       return;
   }
