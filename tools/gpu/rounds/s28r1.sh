@@ -13,5 +13,11 @@ for sk in "" attn dense experts router,experts lm_head; do
   GPTOSS_CUDA_SKIP=$sk timeout 60 $g bench --device cuda --random-weights 120b --pp '' --tg 32 --batch 1,64 --runs 2 2>&1 \
     | grep -E "^\| random" >> $S
 done
+ts skip fp8
+for sk in "" attn dense experts router,experts; do
+  echo "== fp8 skip '$sk'" >> $S
+  GPTOSS_CUDA_SKIP=$sk timeout 60 $g bench --device cuda --random-weights 120b --dense-dtype fp8 --pp '' --tg 32 --batch 1 --runs 2 2>&1 \
+    | grep -E "^\| random" >> $S
+done
 ts done
 cat $S
