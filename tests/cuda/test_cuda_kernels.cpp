@@ -179,6 +179,18 @@ TEST_F(Kernels, LinearMxfp4Dense) {
 // bf16, fp8 (quantized on the device; the reference uses the same e4m3 codes, rebuilt on the host
 // from the device's row scales) and MXFP4, at real shapes and awkward ones, for every token regime
 // (1 n-tile: 1-8 tokens; 2: 9-16; 4 with a second pass: 33-64), with each epilogue.
+// The bf16 weights an fp8 decode copy holds in effect: each rounded to e4m3 at its row's scale.
+std::vector<uint16_t> fp8_effective(const std::vector<uint16_t>& wb, const std::vector<float>& rs, int N, int K) {
+  std::vector<uint16_t> weff = wb;
+  for (int n = 0; n < N; ++n)
+    for (int k = 0; k < K; ++k) {
+      float w = bf16_to_f32(wb[size_t(n) * K + k]);
+      float q = fp8_e4m3_to_f32(f32_to_fp8_e4m3(w * (1.f / rs[n]))) * rs[n];
+      weff[size_t(n) * K + k] = f32_to_bf16(q);  // q * rs is not always a bf16; the bounds cover it
+    }
+  return weff;
+}
+
 void check_skinny_dense(WeightMat::Format fmt, const DenseCase& c) {
   FastRng r(fresh_seed());
   auto x = round_bf16(rand_f32(size_t(c.M) * c.K, r));
@@ -206,16 +218,7 @@ void check_skinny_dense(WeightMat::Format fmt, const DenseCase& c) {
   Dev<float> dscale(size_t(c.N));
   WeightMat W{WeightMat::kBF16, dw.p(), nullptr, db.p(), c.N, c.K};
   P = cuda::pack_frag(W, 1, false, fmt, dwf.p(), dscale.p(), flag.p(), 0);
-  std::vector<uint16_t> weff = wb;
-  if (fmt == WeightMat::kFragFP8) {
-    auto rs = dscale.download();
-    for (int n = 0; n < c.N; ++n)
-      for (int k = 0; k < c.K; ++k) {
-        float w = bf16_to_f32(wb[size_t(n) * c.K + k]);
-        float q = fp8_e4m3_to_f32(f32_to_fp8_e4m3(w * (1.f / rs[n]))) * rs[n];
-        weff[size_t(n) * c.K + k] = f32_to_bf16(q);  // q * rs is not always a bf16; the bound covers it
-      }
-  }
+  const std::vector<uint16_t> weff = fmt == WeightMat::kFragFP8 ? fp8_effective(wb, dscale.download(), c.N, c.K) : wb;
   cpu::linear_bf16(x.data(), c.M, c.K, weff.data(), c.N, bias.data(), ref.data());
   const double bound = fmt == WeightMat::kFragFP8 ? 6e-3 : 2e-3;
   cuda::linear(P, dx.p(), c.K, c.M, Epilogue{Epilogue::kStoreF32, dy.p(), c.N}, 0);
@@ -1032,6 +1035,165 @@ TEST_F(Kernels, RouterRouteFused) {
       for (bool f16 : {false, true}) ran += !check_router_route(c, f16, false, variant, fresh_seed()).empty();
   cuda::set_router_variant(0);
   EXPECT_GE(ran, int(cases.size()) * 2) << "every shape ran under some variant";
+}
+
+// The router folded into o_proj at one token (RouterFold): o_proj (its one-token staged kernel)
+// -> gate_up -> down -> combine with no router launch, against the CPU's o_proj, RMSNorm, router,
+// top-k, experts and weighted sum, for each decode format of o_proj, at 120b's and 20b's expert
+// counts. The experts must be the CPU's (a draw whose k-th and (k+1)-th logits lie within 1e-3 is
+// drawn again), gate_up's block 0 must leave the combine its routing, the fold's sums must hold
+// the residual's sum of squares, and a second pass gives the same bits.
+struct FoldCase {
+  int E, k, H, Q, I;
+};
+
+// Returns false (nothing checked) where the draw's logits come too close to a tie.
+bool check_router_fold(WeightMat::Format ofmt, const FoldCase& c, uint64_t seed) {
+  const int E = c.E, k = c.k, H = c.H, Q = c.Q, I = c.I;
+  FastRng r(seed);
+  const std::string at = "fmt=" + std::to_string(ofmt) + " E=" + std::to_string(E) + " I=" + std::to_string(I);
+  auto a = round_bf16(rand_f32(Q, r));
+  auto x0 = rand_f32(H, r, 3.f);
+  auto ob = rand_f32(H, r, 0.1f);
+  auto nw = rand_f32(H, r, 0.1f, 1.f);
+  auto rw = to_bf16(rand_f32(size_t(E) * H, r, 0.02f));
+  auto rb = rand_f32(E, r, 0.1f);
+  // o_proj in its decode format, and the CPU's product.
+  Dev<float> dob(ob);
+  Dev<uint8_t> dwf(cuda::frag_weight_bytes(ofmt, 1, H, Q)), daux(size_t(H) * Q / 32 + size_t(H) * 4);
+  Dev<int> flag(std::vector<int>{0});
+  std::vector<float> o(H);
+  Dev<uint8_t> dob_b, dob_s;
+  Dev<uint16_t> dow;
+  WeightMat Po;
+  if (ofmt == WeightMat::kFragMXFP4) {
+    auto blocks = rand_bytes(r, size_t(H) * Q / 2), scales = rand_bytes(r, size_t(H) * Q / 32, 116, 123);
+    cpu::linear_mxfp4(a.data(), 1, Q, blocks.data(), scales.data(), H, ob.data(), o.data());
+    dob_b = Dev<uint8_t>(blocks);
+    dob_s = Dev<uint8_t>(scales);
+    Po = cuda::pack_frag(WeightMat{WeightMat::kMXFP4, dob_b.p(), dob_s.p(), dob.p(), H, Q}, 1, false, ofmt, dwf.p(),
+                         daux.p(), flag.p(), 0);
+  } else {
+    auto wb = to_bf16(rand_f32(size_t(H) * Q, r, 0.02f));
+    dow = Dev<uint16_t>(wb);
+    Po = cuda::pack_frag(WeightMat{WeightMat::kBF16, dow.p(), nullptr, dob.p(), H, Q}, 1, false, ofmt, dwf.p(),
+                         daux.p(), flag.p(), 0);
+    GPTOSS_CUDA_CHECK(cudaDeviceSynchronize());
+    std::vector<float> rs(H);
+    if (ofmt == WeightMat::kFragFP8)
+      GPTOSS_CUDA_CHECK(cudaMemcpy(rs.data(), Po.row_scale, H * 4, cudaMemcpyDeviceToHost));
+    const auto weff = ofmt == WeightMat::kFragFP8 ? fp8_effective(wb, rs, H, Q) : wb;
+    cpu::linear_bf16(a.data(), 1, Q, weff.data(), H, ob.data(), o.data());
+  }
+  // The CPU's layer from o_proj's output on.
+  std::vector<float> x1(H), xn(H), logits(E);
+  for (int h = 0; h < H; ++h) x1[h] = x0[h] + o[h];
+  cpu::rmsnorm(x1.data(), nw.data(), 1, H, 1e-5f, xn.data());
+  cpu::linear_bf16(xn.data(), 1, H, rw.data(), E, rb.data(), logits.data());
+  {
+    auto sorted = logits;
+    std::sort(sorted.begin(), sorted.end(), std::greater<float>());
+    if (sorted[k - 1] - sorted[k] < 1e-3f) return false;
+  }
+  std::vector<int32_t> idx(k);
+  std::vector<float> wts(k);
+  cpu::router_topk(logits.data(), 1, E, k, idx.data(), wts.data());
+  auto gu_b = rand_bytes(r, size_t(E) * 2 * I * H / 2), gu_s = rand_bytes(r, size_t(E) * 2 * I * H / 32, 118, 121);
+  auto dn_b = rand_bytes(r, size_t(E) * H * I / 2), dn_s = rand_bytes(r, size_t(E) * H * I / 32, 118, 121);
+  auto gu_bias = rand_f32(size_t(E) * 2 * I, r, 0.1f), dn_bias = rand_f32(size_t(E) * H, r, 0.1f);
+  std::vector<float> ref = x1;
+  for (int j = 0; j < k; ++j) {
+    const int e = idx[j];
+    std::vector<float> gu(2 * size_t(I)), act(I), y(H);
+    cpu::linear_mxfp4(xn.data(), 1, H, &gu_b[size_t(e) * 2 * I * H / 2], &gu_s[size_t(e) * 2 * I * H / 32], 2 * I,
+                      &gu_bias[size_t(e) * 2 * I], gu.data());
+    cpu::swiglu(gu.data(), 1, I, 7.f, act.data());
+    cpu::linear_mxfp4(act.data(), 1, I, &dn_b[size_t(e) * H * I / 2], &dn_s[size_t(e) * H * I / 32], H,
+                      &dn_bias[size_t(e) * H], y.data());
+    for (int h = 0; h < H; ++h) ref[h] += wts[j] * y[h];
+  }
+  // The device: experts in the fragment layout, the fold's sums and transposed router.
+  Dev<float> dgub(gu_bias), ddnb(dn_bias), dnw(nw), drb(rb), dx(x0), dxg(H), dbias_l2(E);
+  Dev<uint16_t> drw(rw), dwt(size_t(E) * H), da(to_bf16(a));
+  Dev<uint8_t> dgu_b(gu_b), dgu_s(gu_s), ddn_b(dn_b), ddn_s(dn_s);
+  Dev<uint8_t> fgu(cuda::frag_weight_bytes(WeightMat::kFragMXFP4, E, 2 * I, H)), fgus(gu_s.size());
+  Dev<uint8_t> fdn(cuda::frag_weight_bytes(WeightMat::kFragMXFP4, E, H, I)), fdns(dn_s.size());
+  WeightMat pgu = cuda::pack_frag(WeightMat{WeightMat::kMXFP4, dgu_b.p(), dgu_s.p(), dgub.p(), 2 * I, H}, E, true,
+                                  WeightMat::kFragMXFP4, fgu.p(), fgus.p(), flag.p(), 0);
+  WeightMat pdn = cuda::pack_frag(WeightMat{WeightMat::kMXFP4, ddn_b.p(), ddn_s.p(), ddnb.p(), H, I}, E, false,
+                                  WeightMat::kFragMXFP4, fdn.p(), fdns.p(), flag.p(), 0);
+  cuda::router_fold_transpose(reinterpret_cast<const cuda::bf16_t*>(drw.p()), E, H,
+                              reinterpret_cast<cuda::bf16_t*>(dwt.p()), 0);
+  Dev<long long> acc(E + 1);
+  Dev<uint8_t> rmem(cuda::moe_routing_bytes(k, E));
+  auto rt = cuda::moe_routing_carve(rmem.p(), k, E);
+  Dev<uint16_t> act(size_t(k) * I);
+  Dev<float> y(size_t(k) * H);
+  const cuda::RouterFold fold{acc.p(), reinterpret_cast<const cuda::bf16_t*>(dwt.p()), dnw.p(), drb.p(),
+                              dbias_l2.p(), dxg.p(), 1e-5f, E, k, H, false};
+  std::vector<float> first;
+  for (int pass = 0; pass < 2; ++pass) {
+    acc.upload(std::vector<long long>(E + 1, 0));
+    dx.upload(x0);
+    y.poison();
+    act.poison();
+    rmem.poison();
+    dbias_l2.poison();
+    const bool folded = cuda::linear_router_fold(Po, reinterpret_cast<const cuda::bf16_t*>(da.p()), Q, 1,
+                                                 Epilogue{Epilogue::kAddF32, dx.p(), H}, fold, 0);
+    EXPECT_TRUE(folded) << at;
+    if (!folded) return true;
+    cuda::MoeRouting rg = rt, rd = rt;
+    rg.fold = fold;
+    rg.fold.gate_up = true;
+    rd.fold = fold;
+    rd.settled = true;
+    Epilogue ge{Epilogue::kSwiGLU, act.p(), I};
+    ge.out_f16 = true;
+    cuda::linear_grouped(pgu, act.p(), H, k, E, true, rg, ge, 0, 1, true);  // (A unused: the row comes from xg)
+    cuda::linear_grouped(pdn, act.p(), I, k, E, false, rd, Epilogue{Epilogue::kStoreF32, y.p(), H}, 0, 1, true);
+    if (pass == 0) {  // o_proj's residual, sums and xg, before the combine
+      // (Against the device's own residual: the CPU's fp8 o_proj is the bound's approximation.)
+      const auto x1d = dx.download();
+      EXPECT_LE(rel_err(x1d, x1), ofmt == WeightMat::kFragFP8 ? 6e-3 : 2e-3) << at << ": o_proj";
+      auto sums = acc.download();
+      double ss = 0;
+      for (float v : x1d) ss += double(v) * v;
+      EXPECT_NEAR(double(sums[E]) / 16777216.0, ss, 1e-5 * ss) << at << ": the sum of squares";
+      std::vector<float> xg_ref(H);
+      for (int h = 0; h < H; ++h) xg_ref[h] = x1d[h] * nw[h];
+      EXPECT_LE(rel_err(dxg.download(), xg_ref), 1e-6) << at;
+    }
+    cuda::moe_combine(y.p(), rt, 1, k, H, dx.p(), nullptr, 1e-5f, nullptr, 0);
+    GPTOSS_CUDA_CHECK(cudaDeviceSynchronize());
+    std::vector<int32_t> gidx(k);
+    std::vector<float> gw(k);
+    GPTOSS_CUDA_CHECK(cudaMemcpy(gidx.data(), rt.topk_idx, k * 4, cudaMemcpyDeviceToHost));
+    GPTOSS_CUDA_CHECK(cudaMemcpy(gw.data(), rt.topk_w, k * 4, cudaMemcpyDeviceToHost));
+    EXPECT_EQ(gidx, idx) << at << ": the experts";
+    EXPECT_LE(rel_err(gw, wts), ofmt == WeightMat::kFragFP8 ? 3e-3 : 1e-4) << at << ": their weights";
+    auto got = dx.download();
+    EXPECT_LE(rel_err(got, ref), 1e-2) << at;
+    if (pass == 0) {
+      first = got;
+      std::printf("router fold %s: rel err %.3g\n", at.c_str(), rel_err(got, ref));
+    } else {
+      EXPECT_EQ(0, std::memcmp(first.data(), got.data(), got.size() * 4)) << at << ": a second pass, other bits";
+    }
+  }
+  EXPECT_EQ(flag.download()[0], 0);
+  return true;
+}
+
+TEST_F(Kernels, RouterFoldedIntoOproj) {
+  // (The fold's expert kernels take gpt-oss's K = 2880 only: router_fold_experts_take.)
+  std::vector<FoldCase> cases = {{128, 4, 2880, 4096, 2880}, {32, 4, 2880, 4096, 2880}};
+  if (small_mode()) cases = {{32, 4, 2880, 4096, 2880}};
+  for (auto ofmt : {WeightMat::kFragBF16, WeightMat::kFragFP8, WeightMat::kFragMXFP4})
+    for (const FoldCase& c : cases) {
+      int tries = 0;
+      while (!check_router_fold(ofmt, c, fresh_seed())) ASSERT_LT(++tries, 20) << "no draw without a near-tie";
+    }
 }
 
 // Exact ties everywhere (zero router rows, biases from three values): the lower expert index wins

@@ -67,6 +67,8 @@ struct Layer {
   // Decode copies of the experts in the fragment layout (--mxfp4-backend auto when they fit),
   // beside the checkpoint layout that prefill's GEMM reads fastest.
   WeightMat gate_up_dec, down_dec;
+  // The router's weights transposed [H][E] for the router fold (RouterFold), or null.
+  const bf16_t* router_t = nullptr;
   bool sliding;
   int group_index;  // index among the layers of its KV group
 };
@@ -258,6 +260,14 @@ class CudaBackend final : public Backend {
   float* d_logits_ = nullptr;
   int32_t* d_greedy_ = nullptr;
   int* d_ticket_ = nullptr;  // moe_router_route: blocks done (the last one routes)
+  // The router folded into o_proj at one token (RouterFold, kernels.h): on where the model allows
+  // (router_fold_, GPTOSS_ROUTER_FOLD=0 turns it off); each layer's fixed-point sums (E + 1 a
+  // layer, zeroed at the start of each one-token pass) and x * norm_w.
+  bool router_fold_ = false;
+  int router_fold_mode_ = 1;
+  long long* fold_acc_ = nullptr;
+  float* fold_xg_ = nullptr;
+  float* fold_bias_ = nullptr;
   float* d_lp_ = nullptr;    // [kMaxLogitRows] the drawn tokens' logprobs (sample_rows)
   RowSampling* d_how_ = nullptr;
   DeviceBuffer meta_;
@@ -291,7 +301,7 @@ class CudaBackend final : public Backend {
   bf16_t* graph_taps_ = nullptr;
   std::vector<int32_t> tap_rows_host_;
   cuda::DeviceTaps last_taps_;  // what the last forward left for the head
-  // GPTOSS_CUDA_SKIP=dense,attn,router,experts,lm_head: timing experiments only (the
+  // GPTOSS_CUDA_SKIP=dense,attn,router,experts,lm_head,route_once: timing experiments only (the
   // output is garbage); the step time without a group of ops is the cost of that group.
   std::string skip_;
   bool skip(const char* what) const { return !skip_.empty() && skip_.find(what) != std::string::npos; }
@@ -766,6 +776,18 @@ void CudaBackend::repack_weights() {
     L.qkv_dec = L.qkv.fmt == WeightMat::kBF16 ? dec_copy(L.qkv) : WeightMat{};
     L.o_dec = L.o.fmt == WeightMat::kBF16 ? dec_copy(L.o) : WeightMat{};
   }
+  // The router fold: one token, one GPU (no tensor or expert parallelism: the residual is whole
+  // here and every expert local), the batch-invariant mode aside (its router runs apart at every
+  // size), and a router the fold's kernels hold (bf16, E <= 128, top-k <= 8).
+  router_fold_mode_ = env_int("GPTOSS_ROUTER_FOLD", 1);
+  router_fold_ = router_fold_mode_ != 0 && !tp_.active() && !invariant_ &&
+                 cfg_.num_experts <= kRouterFoldMaxE && cfg_.experts_per_token <= 8;
+  for (Layer& L : layers_) {
+    if (!router_fold_ || L.router.fmt != WeightMat::kBF16) continue;
+    bf16_t* wt = dalloc<bf16_t>(size_t(L.router.N) * L.router.K);
+    router_fold_transpose(static_cast<const bf16_t*>(L.router.w), L.router.N, L.router.K, wt, stream_);
+    L.router_t = wt;
+  }
   if (invariant_ && !layers_.empty() && layers_[0].gate_up.fmt != WeightMat::kFragMXFP4)
     throw Error("--batch-invariant needs the experts in the fragment layout (rows % 16, K % 64); this model's " +
                 std::string(tp_.active() ? "tensor-parallel slice (try --tp-expert-sharding expert) " : "") +
@@ -802,6 +824,11 @@ void CudaBackend::alloc_workspace() {
   d_greedy_ = dalloc<int32_t>(kMaxLogitRows);
   d_lp_ = dalloc<float>(kMaxLogitRows);
   d_ticket_ = dalloc<int>(1);  // moe_router_route's last-block counter: zero between launches
+  if (router_fold_) {
+    fold_acc_ = dalloc<long long>(layers_.size() * size_t(E + 1));
+    fold_xg_ = dalloc<float>(H);
+    fold_bias_ = dalloc<float>(E);
+  }
   GPTOSS_CUDA_CHECK(cudaMemsetAsync(d_ticket_, 0, sizeof(int), stream_));
   d_how_ = dalloc<RowSampling>(kMaxLogitRows);
   streamk_prepare();  // the stream-K decode kernel's workspace, before any graph capture
@@ -928,6 +955,8 @@ void CudaBackend::run_pass(int n, const PassMeta& m, int n_rows, int nsplit) {
     prof_class_ = n <= kSkinnyMaxTokens ? 0 : 1;
     GPTOSS_CUDA_CHECK(cudaEventRecord(prof_start_, stream_));
   }
+  if (router_fold_ && n == 1)  // the fold's sums start at zero in every layer
+    GPTOSS_CUDA_CHECK(cudaMemsetAsync(fold_acc_, 0, layers_.size() * size_t(E + 1) * sizeof(long long), stream_));
   embed(embed_, m.tokens, n, H, x_, stream_);
   // Each layer's input norm comes with the residual update that precedes it: the first here,
   // the others from the previous layer's MoE combine.
@@ -964,14 +993,6 @@ void CudaBackend::run_pass(int n, const PassMeta& m, int n_rows, int nsplit) {
                 m.attn);
     }
     mark("attention");
-    // Tensor-parallel: rank 0 adds its o_proj part to the residual, the others store theirs; the
-    // all-reduce sums them.
-    const bool o_store = tp_.active() && !tp_.root();
-    if (!skip("dense"))
-      linear(Wo, attn_, c.q_dim(), n, Epilogue{o_store ? Epilogue::kStoreF32 : Epilogue::kAddF32, x_, H}, stream_, inv,
-             blas_.get());
-    tp_all_reduce_x(n);
-    mark("o_proj");
     // The skinny kernels take fp16 activations (their MMA type for MXFP4): the router's fused
     // norm leaves the rows in fp16 (same buffer, other type), SwiGLU hands fp16 to down.
     const bool dec_experts = small && L.gate_up_dec.fmt != WeightMat::kBF16;
@@ -983,7 +1004,31 @@ void CudaBackend::run_pass(int n, const PassMeta& m, int n_rows, int nsplit) {
     // batch-invariant mode normalizes apart at every size (the fused norm sums in another order).
     // Decode sizes: norm, router and routing in one launch (router_route_fuses).
     const bool fused_route = !inv && L.router.fmt == WeightMat::kBF16 && router_route_fuses(n, H, E, k);
-    if (!skip("router") && fused_route) {
+    // GPTOSS_CUDA_SKIP=route_once: the router runs in layer 0 only, the others reuse its routing
+    // (and its normalized rows): what the router's launches cost inside the step.
+    const bool route_once = skip("route_once") && li > 0;
+    // One token: the router folded into o_proj (RouterFold), where o_proj's kernel takes it.
+    const RouterFold fold{fold_acc_ + li * size_t(E + 1), L.router_t, L.mlp_norm, L.router.bias, fold_bias_, fold_xg_,
+                          c.rms_eps, E, k, H, false};
+    const bool try_fold = n == 1 && L.router_t && fused_route && skinny && xn_f16 && router_fold_experts_take(Wgu) &&
+                          router_fold_experts_take(Wdn) && !skip("router") && !skip("experts") && !route_once;
+    bool folded = false;
+    // Tensor-parallel: rank 0 adds its o_proj part to the residual, the others store theirs; the
+    // all-reduce sums them.
+    const bool o_store = tp_.active() && !tp_.root();
+    if (!skip("dense")) {
+      const Epilogue oe{o_store ? Epilogue::kStoreF32 : Epilogue::kAddF32, x_, H};
+      if (try_fold) folded = linear_router_fold(Wo, attn_, c.q_dim(), n, oe, fold, stream_);
+      if (!folded) linear(Wo, attn_, c.q_dim(), n, oe, stream_, inv, blas_.get());
+      // GPTOSS_ROUTER_FOLD=2 (a timing diagnostic): o_proj computes the fold's sums, and the
+      // router and the experts still run as without the fold.
+      if (folded && router_fold_mode_ == 2) folded = false;
+    }
+    tp_all_reduce_x(n);
+    mark("o_proj");
+    if (route_once || folded) {
+      // layer 0's routing stays (route_once); the expert kernels route from the fold's sums
+    } else if (!skip("router") && fused_route) {
       MoeRouting rr = routing_;
       rr.n_valid = route_padding_ ? nullptr : m.n_real;
       moe_router_route(static_cast<const bf16_t*>(L.router.w), L.router.bias, E, H, x_, L.mlp_norm, c.rms_eps, n, xn_,
@@ -998,7 +1043,7 @@ void CudaBackend::run_pass(int n, const PassMeta& m, int n_rows, int nsplit) {
       }
     }
     mark("norm+router");
-    if (!skip("router") && !fused_route)
+    if (!skip("router") && !fused_route && !route_once)
       moe_route(router_logits_, n, E, k, routing_, stream_, experts_begin_, experts_end_);
     // Expert-parallel: pairs routed to other ranks' experts are not computed here; their rows
     // of moe_y_ must add nothing in the combine.
@@ -1021,12 +1066,18 @@ void CudaBackend::run_pass(int n, const PassMeta& m, int n_rows, int nsplit) {
       gu_in = qkv_;
       gu.k_permuted = true;
     }
-    if (!skip("experts")) linear_grouped(Wgu, gu_in, H, n * k, E, true, routing_, gu, stream_, n, xn_f16, inv, kperm);
+    MoeRouting routing_gu = routing_;
+    if (folded) {
+      routing_gu.fold = fold;
+      routing_gu.fold.gate_up = true;
+    }
+    if (!skip("experts")) linear_grouped(Wgu, gu_in, H, n * k, E, true, routing_gu, gu, stream_, n, xn_f16, inv, kperm);
     mark("gate_up");
     // The routing came two launches back (gate_up ran between): down reads it, and issues its
     // first weight loads, before waiting on gate_up (MoeRouting::settled).
     MoeRouting routing_settled = routing_;
     routing_settled.settled = true;
+    if (folded) routing_settled.fold = fold;
     if (!skip("experts"))
       linear_grouped(Wdn, act_, c.intermediate, n * k, E, false, routing_settled, dn, stream_, n, skinny, inv, kperm);
     mark("down");

@@ -51,6 +51,33 @@ struct Epilogue {
   bool k_permuted = false;
 };
 
+// The router folded into o_proj at one token (kernels/moe/router_fold.cuh): no router launch.
+// o_proj's blocks (linear_router_fold), as they finish their rows of the new residual x, add
+// those rows' share of the router logits (sum over their rows of x * norm_w * router weight) and
+// of x's sum of squares into acc, in fixed point (integer sums do not depend on the order the
+// blocks add in, so every reader sees the same bits), and store x * norm_w in xg. The expert
+// kernels then route from acc themselves (RMS, bias, top-k, softmax: the same function, so the
+// same experts in gate_up and down): gate_up after its wait, stages its rows as xg * rms^-1 and,
+// in its block 0, writes topk_w / topk_idx / slot_pair for the combine; down before its wait
+// (acc was complete two launches back, as MoeRouting::settled says).
+struct RouterFold {
+  long long* acc = nullptr;       // [E + 1], zero before o_proj: logits x 2^32 [E], sum of squares x 2^24
+  const bf16_t* w_t = nullptr;    // [H][E] the router's weights transposed (router_fold_transpose)
+  const float* norm_w = nullptr;  // [H] the MoE's RMSNorm weights
+  const float* bias = nullptr;    // [E] the router's bias
+  float* bias_l2 = nullptr;       // [E] its copy, written by o_proj's block 0 (the readers find it in L2)
+  float* xg = nullptr;            // [H] x * norm_w (o_proj writes, gate_up reads)
+  float eps = 0.f;
+  int E = 0, k = 0, H = 0;
+  bool gate_up = false;  // this launch stages from xg and writes the combine's routing (else: down)
+};
+constexpr int kRouterFoldMaxE = 128;
+// Whether the expert kernels after a folded router take this expert matrix (fragment-layout
+// MXFP4, K = 2880: gpt-oss's gate_up and down).
+bool router_fold_experts_take(const WeightMat& W);
+// [E][H] bf16 -> [H][E] (at load).
+void router_fold_transpose(const bf16_t* w, int E, int H, bf16_t* w_t, cudaStream_t s);
+
 // Device-side routing of a MoE layer: (token, expert) pairs sorted by expert. Filled by
 // moe_route(); sized for at most `max_pairs` pairs and E experts.
 struct MoeRouting {
@@ -76,6 +103,9 @@ struct MoeRouting {
   // previous one passed its griddepcontrol.wait, so a PDL kernel may read the routing (through
   // L2, __ldcg) and issue its first weight loads before its own wait.
   bool settled = false;
+  // Set (fold.acc) on the one-token expert launches after a folded o_proj: they route from the
+  // fold's sums instead of reading the arrays above (which gate_up's block 0 fills in part).
+  RouterFold fold;
 };
 constexpr int kGemmBM = 64;
 inline int moe_max_tiles(int pairs, int E) { return (pairs + kGemmBM - 1) / kGemmBM + (pairs < E ? pairs : E); }
@@ -92,6 +122,11 @@ MoeRouting moe_routing_carve(void* mem, int max_pairs, int E);
 // a row's numerics do not depend on its batch companions (see choose_linear_kernel).
 void linear(const WeightMat& W, const bf16_t* A, int lda, int M, const Epilogue& epi, cudaStream_t s,
             bool invariant = false, CublasLtGemm* blas = nullptr);
+// linear() with the router folded in (RouterFold): one token, a residual-add epilogue, fragment
+// weights whose decode kernel takes the fold (o_proj's staged one-token shape). Returns false
+// without launching anything where it does not; the caller then runs linear() and the router.
+bool linear_router_fold(const WeightMat& W, const bf16_t* A, int lda, int M, const Epilogue& epi,
+                        const RouterFold& fold, cudaStream_t s);
 // out = rmsnorm(x; norm_w) . W^T + bias, with x the f32 residual stream [M, K]. Decode-sized M
 // with bf16 W: the norm runs inside the GEMV (no normalized copy, no extra launch), and xn gets
 // the normalized rows only if need_xn. Otherwise rmsnorm() into xn, then linear(). xn: bf16
@@ -217,6 +252,10 @@ int cublas_min_rows();
 // where one measured faster; 4 or 8 force that count, as the batch-invariant mode does with 8).
 void skinny_linear(const WeightMat& W, const void* A, bool a_f16, int lda, int M, int pairs, int E, bool grouped,
                    bool gather_a, const MoeRouting& r, const Epilogue& epi, int ks_override, cudaStream_t s);
+// o_proj's one-token staged kernel with the router's partial sums in its epilogue
+// (linear_router_fold); false where that kernel does not take the problem (nothing launched).
+bool skinny_router_fold(const WeightMat& W, const bf16_t* A, int lda, const Epilogue& epi, const RouterFold& fold,
+                        cudaStream_t s);
 // The stream-K decode kernel (kernels/linear/streamk_mma.cu): what skinny_linear computes for
 // <= 8 tokens a group, with the launch's chunks spread evenly over every warp of a full-GPU grid
 // and split tiles finished in a fixed order (deterministic). streamk_takes: the problem fits its

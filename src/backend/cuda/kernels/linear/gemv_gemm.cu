@@ -946,6 +946,14 @@ void linear(const WeightMat& W, const bf16_t* A, int lda, int M, const Epilogue&
   launch(a, path, path == 1 ? 1 : (M + BM - 1) / BM, s);
 }
 
+bool linear_router_fold(const WeightMat& W, const bf16_t* A, int lda, int M, const Epilogue& epi,
+                        const RouterFold& fold, cudaStream_t s) {
+  if (M != 1 || !fold.acc || epi.mode != Epilogue::kAddF32) return false;
+  check_args(W, epi);
+  if (pick(W, M, M, false) != LinearKernel::kSkinnyMma) return false;
+  return skinny_router_fold(W, A, lda, epi, fold, s);
+}
+
 void linear_rmsnorm(const WeightMat& W, const float* x, const float* norm_w, float eps, int M, bf16_t* xn,
                     bool need_xn, const Epilogue& epi, cudaStream_t s, bool xn_f16, CublasLtGemm* blas) {
   if (M <= 0) return;

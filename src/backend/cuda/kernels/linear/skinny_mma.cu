@@ -24,6 +24,7 @@
 #include "backend/cuda/kernels/linear/frag_layout.cuh"
 #include "backend/cuda/kernels/linear/skinny_chunk.cuh"
 #include "backend/cuda/kernels/linear/skinny_units.h"
+#include "backend/cuda/kernels/moe/router_fold.cuh"
 
 namespace gptoss::cuda {
 
@@ -52,6 +53,50 @@ namespace {
 
 using namespace skinny;
 
+// The router folded into o_proj (RouterFold, one token, staged launches): finish_tiles for
+// token 0 with the residual add written out, then each finished row's x * norm_w and x^2 to
+// shared memory and xg, and the block's partial logits and sum of squares into the fold's sums.
+// w_s / g_s: the block's rows' router and norm weights, staged before the wait.
+// bias_v: block 0's thread t < E holds the router's bias of expert t, copied to the fold's bias_l2.
+template <int FMT, int KS, int RT>
+__device__ __forceinline__ void finish_tiles_fold(const SkinnyArgs& a, float* red, const float (&acc)[RT][1][4],
+                                                  int tile0, const uint16_t* w_s, const float* g_s, float bias_v) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
+  const RouterFold& f = a.r.fold;
+  __shared__ float xg_s[RT * 16], sq_s[RT * 16];
+  __syncthreads();
+#pragma unroll
+  for (int r = 0; r < RT; ++r)
+#pragma unroll
+    for (int v = 0; v < 4; ++v) red[((warp * RT + r) * 4 + v) * 32 + lane] = acc[r][0][v];
+  __syncthreads();
+  if (warp < RT && tq == 0) {  // rows g, g + 8 of tile tile0 + warp; token 0 is column 0
+    float fin0 = 0.f, fin2 = 0.f;
+#pragma unroll
+    for (int w = 0; w < KS; ++w) {
+      fin0 += red[((w * RT + warp) * 4 + 0) * 32 + lane];
+      fin2 += red[((w * RT + warp) * 4 + 2) * 32 + lane];
+    }
+    const TileRows tr = tile_rows<FMT>(a, 0, tile0 + warp, g);
+    float* x = static_cast<float*>(a.epi.out);
+    // What tile_store's kAddF32 stores, kept for the sums below.
+    const float n0 = x[tr.lr0] + (fin0 * tr.sc0 + tr.b0), n1 = x[tr.lr1] + (fin2 * tr.sc1 + tr.b1);
+    x[tr.lr0] = n0;
+    x[tr.lr1] = n1;
+    const int l0 = warp * 16 + g, l1 = l0 + 8;  // the rows within the block (tr.lr - tile0 * 16)
+    const float xg0 = n0 * g_s[l0], xg1 = n1 * g_s[l1];
+    xg_s[l0] = xg0;
+    xg_s[l1] = xg1;
+    sq_s[l0] = n0 * n0;
+    sq_s[l1] = n1 * n1;
+    f.xg[tr.lr0] = xg0;
+    f.xg[tr.lr1] = xg1;
+  }
+  if (blockIdx.x == 0 && threadIdx.x < f.E) f.bias_l2[threadIdx.x] = bias_v;
+  __syncthreads();
+  router_fold::fold_add_partials(f, RT * 16, xg_s, sq_s, w_s, red);
+}
+
 // CC: the chunks of a row (K / 64) at compile time, or 0 for any K. With CC, every weight and
 // scale load is a lane pointer plus an immediate offset (the pointers advance once per PF
 // chunks), and the host launches it only where the row tiles fill every block (no tail checks).
@@ -60,10 +105,13 @@ using namespace skinny;
 // the activation rows (MXFP4: their scale words after them, a second copy a tile), so that while
 // the kernel before it still runs, more of its weights are on their way than its registers could
 // hold; warp w reads its first SD chunks from there.
-template <int FMT, int NT, int KS, int RT, int PF, bool XF16, int CC, int SD = 0>
+// FOLD (staged one-token o_proj launches only, linear_router_fold): the router's partial sums
+// in the epilogue (finish_tiles_fold), its rows' router and norm weights staged beside the weights.
+template <int FMT, int NT, int KS, int RT, int PF, bool XF16, int CC, int SD = 0, bool FOLD = false>
 __global__ void __launch_bounds__(KS * 32, skinny_min_blocks(NT, KS, RT)) skinny_mma_kernel(SkinnyArgs a) {
   static_assert(PF >= 1 && RT <= KS, "prefetch depth; one finishing warp per row tile");
   static_assert(SD == 0 || (CC > 0 && NT == 1 && SD * KS <= CC), "staged chunks");
+  static_assert(!FOLD || (SD > 0 && NT == 1), "the router fold rides the staged one-token kernel");
   constexpr int P = SD * KS;  // chunks of each row tile staged in shared memory
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
   const int N = a.W.N, C = CC > 0 ? CC : a.W.K / 64, T = N / 16;
@@ -84,6 +132,10 @@ __global__ void __launch_bounds__(KS * 32, skinny_min_blocks(NT, KS, RT)) skinny
   const uint4* ws = reinterpret_cast<const uint4*>(xs + size_t(a.xs_rows) * xs_ld);
   const uint32_t* ss = reinterpret_cast<const uint32_t*>(ws + size_t(RT) * P * (chunk_bytes<FMT>() / 16));
   __shared__ uint64_t ws_full;
+  // The router fold (RouterFold; staged one-token launches only): its rows' router weights and
+  // norm weights after the staged scale words.
+  const uint16_t* fold_w = reinterpret_cast<const uint16_t*>(ss + (FMT == WeightMat::kFragMXFP4 ? RT * P * 8 : 0));
+  const float* fold_g = reinterpret_cast<const float*>(fold_w + RT * 16 * a.r.fold.E);
 
   int row_begin = 0, row_end = a.M, expert = 0;
   WChunk<FMT> wbuf[PF][RT];
@@ -123,15 +175,21 @@ __global__ void __launch_bounds__(KS * 32, skinny_min_blocks(NT, KS, RT)) skinny
         const uint32_t bar = ptx::smem_u32(&ws_full), dst = ptx::smem_u32(ws);
         constexpr uint32_t bytes = uint32_t(P * chunk_bytes<FMT>());
         constexpr uint32_t sbytes = FMT == WeightMat::kFragMXFP4 ? uint32_t(P * 32) : 0;  // scale words
+        const uint32_t fw_bytes = FOLD ? uint32_t(RT * 16 * a.r.fold.E * 2) : 0, fg_bytes = FOLD ? RT * 16 * 4 : 0;
         ptx::mbar_init(bar, 1);
         ptx::mbar_init_fence();
-        ptx::mbar_arrive_expect_tx(bar, RT * (bytes + sbytes));
+        ptx::mbar_arrive_expect_tx(bar, RT * (bytes + sbytes) + fw_bytes + fg_bytes);
 #pragma unroll
         for (int r = 0; r < RT; ++r) {
           ptx::bulk_copy_g2s(dst + r * bytes, static_cast<const char*>(a.W.w) + (tc0 + size_t(r) * C) * chunk_bytes<FMT>(),
                              bytes, bar);
           if constexpr (sbytes > 0)
             ptx::bulk_copy_g2s(dst + RT * bytes + r * sbytes, a.W.scales + (tc0 + size_t(r) * C) * 32, sbytes, bar);
+        }
+        if constexpr (FOLD) {
+          const size_t row0 = size_t(tile0) * 16;
+          ptx::bulk_copy_g2s(ptx::smem_u32(fold_w), a.r.fold.w_t + row0 * a.r.fold.E, fw_bytes, bar);
+          ptx::bulk_copy_g2s(ptx::smem_u32(fold_g), a.r.fold.norm_w + row0, fg_bytes, bar);
         }
       }
     }
@@ -149,6 +207,9 @@ __global__ void __launch_bounds__(KS * 32, skinny_min_blocks(NT, KS, RT)) skinny
     if constexpr (CC > 0) set_lane_ptrs();
   }
   if (warp < nrt) prefetch_tile_rows<FMT>(a, expert, tile0 + warp, g);
+  float fold_bias = 0.f;  // block 0: the router's bias for the fold's copy (finish_tiles_fold)
+  if constexpr (FOLD)
+    if (blockIdx.x == 0 && threadIdx.x < a.r.fold.E) fold_bias = __ldg(a.r.fold.bias + threadIdx.x);
   if (early) {
 #pragma unroll
     for (int u = 0; u < PF; ++u)
@@ -257,7 +318,10 @@ __global__ void __launch_bounds__(KS * 32, skinny_min_blocks(NT, KS, RT)) skinny
     wl = wl0;  // the next token pass starts over
     sl = sl0;
 
-    finish_tiles<FMT, NT, KS, RT>(a, red, acc, nrt, tile0, expert, tok0, row_end);
+    if constexpr (FOLD)  // one token: this is the only pass
+      finish_tiles_fold<FMT, KS, RT>(a, red, acc, tile0, fold_w, fold_g, fold_bias);
+    else
+      finish_tiles<FMT, NT, KS, RT>(a, red, acc, nrt, tile0, expert, tok0, row_end);
   }
 }
 
@@ -266,15 +330,25 @@ __global__ void __launch_bounds__(KS * 32, skinny_min_blocks(NT, KS, RT)) skinny
 // use the compile-time chunk count for gpt-oss's K (2880, 4096) where the tiles fill every block.
 // A block's dynamic shared memory (skinny_mma_kernel): the K slices' partial sums, the activation
 // rows (one n-tile) and the SD staged chunk groups.
+// (Staged launches with the router fold: its rows' router and norm weights after those.)
 template <int FMT>
 size_t skinny_smem_bytes(const SkinnyArgs& a, int NT, int KS, int RT, int SD) {
+  const bool fold = SD > 0 && !a.grouped && a.r.fold.acc != nullptr;
   return size_t(KS) * RT * NT * 4 * 32 * sizeof(float) + (NT == 1 ? size_t(a.xs_rows) * (a.W.K + 8) * 2 : 0) +
-         size_t(RT) * SD * KS * (chunk_bytes<FMT>() + (FMT == WeightMat::kFragMXFP4 ? 32 : 0));
+         size_t(RT) * SD * KS * (chunk_bytes<FMT>() + (FMT == WeightMat::kFragMXFP4 ? 32 : 0)) +
+         (fold ? router_fold::stage_bytes(RT * 16, a.r.fold.E) : 0);
 }
 
-template <int FMT, int NT, int KS, int RT, int PF, bool XF16, bool TRY_CC = false, int SD = 0>
+template <int FMT, int NT, int KS, int RT, int PF, bool XF16, bool TRY_CC = false, int SD = 0, bool FOLD = false>
 void launch_shape(const SkinnyArgs& a, int tiles, int groups, cudaStream_t s) {
   const size_t smem = skinny_smem_bytes<FMT>(a, NT, KS, RT, SD);
+  if constexpr (FOLD) {  // linear_router_fold: o_proj's K only
+    if (a.W.K != 4096) throw Error("router fold: o_proj's staged kernel takes K = 4096 only");
+    allow_dynamic_smem(skinny_mma_kernel<FMT, NT, KS, RT, PF, XF16, 64, SD, true>, smem);
+    launch_pdl(skinny_mma_kernel<FMT, NT, KS, RT, PF, XF16, 64, SD, true>, dim3((tiles + RT - 1) / RT, groups),
+               dim3(KS * 32), smem, s, a);
+    return;
+  }
   auto go = [&](auto k) {
     allow_dynamic_smem(k, smem);
     launch_pdl(k, dim3((tiles + RT - 1) / RT, groups), dim3(KS * 32), smem, s, a);
@@ -313,7 +387,7 @@ static int dense_stage_digits() {
   static const int v = env_int("GPTOSS_DENSE_STAGE", 32);
   return v;
 }
-template <int FMT, int NT, int KS, int RT, int PF, bool XF16>
+template <int FMT, int NT, int KS, int RT, int PF, bool XF16, bool FOLD = false>
 bool launch_staged(const SkinnyArgs& a, int tiles, int groups, int sd, cudaStream_t s) {
   if constexpr (NT == 1) {
     static const int max_rows = env_int("GPTOSS_DENSE_STAGE_ROWS", kStageRows);
@@ -324,10 +398,10 @@ bool launch_staged(const SkinnyArgs& a, int tiles, int groups, int sd, cudaStrea
     // static barrier).
     while (sd > 0 && skinny_smem_bytes<FMT>(a, NT, KS, RT, sd) > 227 * 1024 - 1024) --sd;
     switch (sd) {
-      case 1: launch_shape<FMT, NT, KS, RT, PF, XF16, true, 1>(a, tiles, groups, s); return true;
-      case 2: launch_shape<FMT, NT, KS, RT, PF, XF16, true, 2>(a, tiles, groups, s); return true;
-      case 3: launch_shape<FMT, NT, KS, RT, PF, XF16, true, 3>(a, tiles, groups, s); return true;
-      case 4: if constexpr (KS == 8) { launch_shape<FMT, NT, KS, RT, PF, XF16, true, 4>(a, tiles, groups, s); return true; }
+      case 1: launch_shape<FMT, NT, KS, RT, PF, XF16, true, 1, FOLD>(a, tiles, groups, s); return true;
+      case 2: launch_shape<FMT, NT, KS, RT, PF, XF16, true, 2, FOLD>(a, tiles, groups, s); return true;
+      case 3: launch_shape<FMT, NT, KS, RT, PF, XF16, true, 3, FOLD>(a, tiles, groups, s); return true;
+      case 4: if constexpr (KS == 8) { launch_shape<FMT, NT, KS, RT, PF, XF16, true, 4, FOLD>(a, tiles, groups, s); return true; }
         return false;
       default: return false;
     }
@@ -337,6 +411,12 @@ bool launch_staged(const SkinnyArgs& a, int tiles, int groups, int sd, cudaStrea
 
 template <int FMT, int NT, bool XF16>
 void launch_fmt(const SkinnyArgs& a, int tiles, int groups, int ks, cudaStream_t s) {
+  if (a.r.fold.acc) {
+    // Expert launches after a folded router route in the unit-walking K-split kernel only.
+    if constexpr (FMT == WeightMat::kFragMXFP4 && NT == 1)
+      if (a.grouped && launch_skinny_units(a, tiles, groups, XF16, 0, true, s)) return;
+    throw Error("router fold: this launch's kernel does not route from the fold (one-token MXFP4 experts only)");
+  }
   if constexpr (FMT == WeightMat::kFragMXFP4 && NT == 1) {
     switch (g_skinny_variant) {  // KS warps x RT row tiles x PF chunks in flight
       case 1: return launch_shape<FMT, NT, 8, 4, 2, XF16, true>(a, tiles, groups, s);
@@ -460,6 +540,34 @@ const char* skinny_variant_name(int v) {
                                 "warp units rt2 pf4 16w", "warp units rt1 pf4 32w", "warp units rt1 pf8 16w 16-token passes",
                                 "warp units rt1 pf6 16w 16-token passes"};
   return v >= 0 && v < kSkinnyVariants ? names[v] : "?";
+}
+
+bool skinny_router_fold(const WeightMat& W, const bf16_t* A, int lda, const Epilogue& epi, const RouterFold& fold,
+                        cudaStream_t s) {
+  // o_proj's one-token shape (launch_fmt: K = 4096, 16 warps over K, two row tiles a block,
+  // staged), with the fold's bulk copies beside its staged weights.
+  const int tiles = W.N / 16;
+  const int fmt_bit = W.fmt == WeightMat::kFragMXFP4 ? 2 : 1;
+  if (!frag_packable(W) || epi.mode != Epilogue::kAddF32 || W.K != 4096 || tiles % 2 != 0 ||
+      size_t(tiles) >= size_t(8 * 132) || !(dense_two_tile_bits() & fmt_bit) || fold.E < 1 ||
+      fold.E > kRouterFoldMaxE || fold.k < 1 || fold.k > 8 || fold.H != W.N || !fold.w_t || !fold.xg || !fold.bias ||
+      !fold.bias_l2)
+    return false;
+  SkinnyArgs a{W, A, lda, 1, false, false, MoeRouting{}, epi};
+  a.r.fold = fold;
+  a.xs_rows = 1;
+  static const bool stage_async = env_int("GPTOSS_STAGE_ASYNC", 1) != 0;
+  a.stage_async = stage_async;
+  const int sd = dense_stage_digits() / 10 % 10;
+  bool ok = false;
+  switch (W.fmt) {
+    case WeightMat::kFragBF16: ok = launch_staged<WeightMat::kFragBF16, 1, 16, 2, 1, false, true>(a, tiles, 1, sd, s); break;
+    case WeightMat::kFragFP8: ok = launch_staged<WeightMat::kFragFP8, 1, 16, 2, 1, false, true>(a, tiles, 1, sd, s); break;
+    case WeightMat::kFragMXFP4: ok = launch_staged<WeightMat::kFragMXFP4, 1, 16, 2, 3, false, true>(a, tiles, 1, sd, s); break;
+    default: break;
+  }
+  if (ok) GPTOSS_CUDA_LAUNCH_CHECK();
+  return ok;
 }
 
 void skinny_linear(const WeightMat& W, const void* A, bool a_f16, int lda, int M, int pairs, int E, bool grouped,

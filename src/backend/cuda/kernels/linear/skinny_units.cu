@@ -13,6 +13,7 @@
 #include "backend/cuda/device_utils.cuh"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/kernels/linear/frag_layout.cuh"
+#include "backend/cuda/kernels/moe/router_fold.cuh"
 #include "backend/cuda/tensor_core_ptx.cuh"
 
 namespace gptoss::cuda {
@@ -65,6 +66,58 @@ __device__ __forceinline__ int scan_units(const SkinnyArgs& a, int tb, int* s_un
   return total * tb;
 }
 
+// scan_units after a folded router (MoeRouting::fold, one token): warp 0 routes from the fold's
+// sums (after the wait unless settled) and the k selected experts become groups of one pair each,
+// in expert order, one pass each; gate_up's block 0 writes the routing the combine reads. gate_up
+// also starts its one row's copy here (every group's pair is token 0's row): the fold's x * norm_w
+// into `scratch` (>= K floats of shared memory free until the first unit ends), in flight beside
+// the routing's loads; stage_row_fold finishes it after the first weight loads are out.
+// *s_inv_rms: the residual's RMS scale.
+template <int NWARPS>
+__device__ __forceinline__ int scan_units_fold(const SkinnyArgs& a, int tb, int* s_unit0, int* s_expert, int* s_start,
+                                               int* s_end, float* scratch, float* s_inv_rms) {
+  const RouterFold& f = a.r.fold;
+  if (!a.r.settled) pdl_wait();
+  if (f.gate_up) {
+    for (int i = threadIdx.x; i < a.W.K / 4; i += blockDim.x) ptx::cp_async16(scratch + 4 * i, f.xg + 4 * i, true);
+    ptx::cp_async_commit();
+  }
+  if (threadIdx.x < 32) {
+    const int lane = threadIdx.x;
+    float inv_rms;
+    const router_fold::FoldPick p = router_fold::fold_route_warp(f, f.gate_up, inv_rms);
+    if (lane < f.k) {
+      s_unit0[p.slot] = p.slot * tb;
+      s_expert[p.slot] = p.e;
+      s_start[p.slot] = p.slot;
+      s_end[p.slot] = p.slot + 1;
+      if (f.gate_up && blockIdx.x == 0) router_fold::fold_write_routing(a.r, lane, f.k, p);
+    }
+    if (lane == 0) {
+      s_unit0[f.k] = f.k * tb;
+      *s_inv_rms = inv_rms;
+    }
+  }
+  __syncthreads();
+  return f.k * tb;
+}
+
+// gate_up after a folded router, every thread: waits for scan_units_fold's copy of xg and stores
+// the row scaled by the RMS scale in fp16 (what the router's fused norm would have left in xn).
+__device__ __forceinline__ void stage_row_fold(const SkinnyArgs& a, const float* scratch, float inv_rms, uint16_t* xs) {
+  ptx::cp_async_wait<0>();
+  __syncthreads();
+  for (int i = threadIdx.x; i < a.W.K / 4; i += blockDim.x) {
+    const float4 v = reinterpret_cast<const float4*>(scratch)[i];
+    const __half2 lo = __floats2half2_rn(v.x * inv_rms, v.y * inv_rms), hi = __floats2half2_rn(v.z * inv_rms, v.w * inv_rms);
+    uint2 w;
+    w.x = *reinterpret_cast<const uint32_t*>(&lo);
+    w.y = *reinterpret_cast<const uint32_t*>(&hi);
+    *reinterpret_cast<uint2*>(xs + 4 * i) = w;
+  }
+  __syncthreads();
+}
+
 // Grouped one-n-tile MXFP4 launches (1-64 tokens touch 4-111 experts: 360-10,000 (group, row-tile
 // block) pairs at 120b's gate_up with four row tiles a block). The work is cut into units of one pass (<= 8
 // of a group's tokens) over one block of RT row tiles, in (group, pass, row-tile block) order,
@@ -78,7 +131,9 @@ __device__ __forceinline__ int scan_units(const SkinnyArgs& a, int tb, int* s_un
 // Each row's sums run in the same order as in skinny_mma_kernel with the same KS (chunks per
 // warp, warps added in order): the two agree bit for bit. K = 64 CC, T % RT == 0, at most
 // KS * 32 - 1 groups (a thread each in the scan).
-template <int KS, int RT, int PF, bool XF16, int CC>
+// FOLD: after a folded router (MoeRouting::fold, one token, K = 2880): routes from the fold's sums
+// (scan_units_fold); gate_up stages its row from the fold's xg.
+template <int KS, int RT, int PF, bool XF16, int CC, bool FOLD = false>
 __global__ void __launch_bounds__(KS * 32, skinny_min_blocks(1, KS, RT, PF)) skinny_units_kernel(SkinnyArgs a) {
   constexpr int FMT = WeightMat::kFragMXFP4, C = CC, kMaxGroups = KS * 32;
   static_assert(PF >= 1 && RT <= KS && CC > 0, "prefetch depth; one finishing warp per row tile; fixed K");
@@ -92,10 +147,19 @@ __global__ void __launch_bounds__(KS * 32, skinny_min_blocks(1, KS, RT, PF)) ski
   __shared__ int s_unit0[kMaxGroups], s_expert[kMaxGroups], s_start[kMaxGroups], s_end[kMaxGroups];
   __shared__ int s_warp_passes[KS];
 
-  const int units = scan_units<KS>(a, TB, s_unit0, s_expert, s_start, s_end, s_warp_passes);
+  // (After a folded router, gate_up's row is staged by the scan through red, which holds K floats
+  // at four row tiles: launch_skinny_units runs gate_up's fold in that shape only.)
+  __shared__ float s_inv_rms;
+  const bool row_staged = FOLD && a.r.fold.gate_up;  // by the fold's scan and stage_row_fold, for every unit
+  const int units = FOLD ? scan_units_fold<KS>(a, TB, s_unit0, s_expert, s_start, s_end, red, &s_inv_rms)
+                         : scan_units<KS>(a, TB, s_unit0, s_expert, s_start, s_end, s_warp_passes);
   const int u0 = int(int64_t(blockIdx.x) * units / gridDim.x);
   const int u1 = int(int64_t(blockIdx.x + 1) * units / gridDim.x);
-  if (u0 >= u1) { pdl_trigger(); return; }  // uniform over the block
+  if (u0 >= u1) {  // uniform over the block
+    if (row_staged) ptx::cp_async_wait<0>();
+    pdl_trigger();
+    return;
+  }
 
   struct Unit {
     int tile0, expert, tok0, tok_end;
@@ -129,12 +193,13 @@ __global__ void __launch_bounds__(KS * 32, skinny_min_blocks(1, KS, RT, PF)) ski
   load_first(cur);
   if (a.r.settled) pdl_wait();
   pdl_trigger();
+  if (row_staged) stage_row_fold(a, red, s_inv_rms, xs);  // under the first weight loads
 
   int staged_tok0 = -1;  // the pass whose rows xs holds (its first sorted pair)
   for (int u = u0; u < u1; ++u) {
     if (warp < RT) prefetch_tile_rows<FMT>(a, cur.expert, cur.tile0 + warp, g);
     const int ntok = cur.tok_end - cur.tok0;
-    if (cur.tok0 != staged_tok0) {
+    if (cur.tok0 != staged_tok0 && !row_staged) {
       __syncthreads();  // every warp is done reading xs
       stage_rows<!XF16>(a, cur.tok0, ntok, xs, xs_ld);
       __syncthreads();
@@ -376,12 +441,16 @@ bool launch_walk(void (*k)(SkinnyArgs), int threads, size_t smem, size_t units, 
 // The unit-walking grouped kernel (skinny_units_kernel) for this launch, if it takes it (units_take_k,
 // whole row-tile blocks, fewer groups than threads) and its units (at least one a (group, row-tile
 // block)) fill at least `min_fill` of the blocks the GPU holds at once.
-template <int KS, int RT, int PF, bool XF16>
+template <int KS, int RT, int PF, bool XF16, bool FOLD = false>
 bool launch_units(const SkinnyArgs& a, int tiles, int groups, double min_fill, cudaStream_t s) {
   const int K = a.W.K;
   if (!a.grouped || !skinny_cc_enabled() || tiles % RT != 0 || !units_take_k(K) || groups >= KS * 32) return false;
   const size_t smem = size_t(KS) * RT * 4 * 32 * sizeof(float) + size_t(a.xs_rows) * (K + 8) * 2;
   const size_t units = size_t(tiles / RT) * groups;
+  if constexpr (FOLD) {  // gpt-oss's experts (K = 2880) only
+    if (K != 2880) return false;
+    return launch_walk(skinny_units_kernel<KS, RT, PF, XF16, 45, true>, KS * 32, smem, units, min_fill, a, s);
+  }
   auto k = K == 2880 ? skinny_units_kernel<KS, RT, PF, XF16, 45>
            : K == 4096 ? skinny_units_kernel<KS, RT, PF, XF16, 64>
            : K == 1472 ? skinny_units_kernel<KS, RT, PF, XF16, 23>
@@ -426,12 +495,21 @@ bool units_rt6_enabled() {
 
 }  // namespace
 
+bool router_fold_experts_take(const WeightMat& W) {
+  return W.fmt == WeightMat::kFragMXFP4 && W.K == 2880 && skinny_cc_enabled();
+}
+
 namespace skinny {
 
 bool launch_skinny_units(const SkinnyArgs& a, int tiles, int groups, bool xf16, int shape, bool k_split_only,
                          cudaStream_t s) {
   auto run = [&](auto f16) {
     constexpr bool X = decltype(f16)::value;
+    // After a folded router: the K-split kernel's one-token shapes, routing from the fold.
+    // gate_up's takes four row tiles (its row passes through red: 4,096 floats >= K = 2880).
+    if (a.r.fold.acc)
+      return shape == 0 && (launch_units<8, 4, 1, X, true>(a, tiles, groups, a.r.fold.gate_up ? 0 : 0.5, s) ||
+                            (!a.r.fold.gate_up && launch_units<8, 2, 2, X, true>(a, tiles, groups, 0, s)));
     switch (shape) {
       case 1: return launch_units<8, 4, 1, X>(a, tiles, groups, 0, s);
       case 2: return launch_units<8, 1, 4, X>(a, tiles, groups, 0, s);

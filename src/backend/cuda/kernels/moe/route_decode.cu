@@ -63,17 +63,6 @@ __device__ __forceinline__ T* in_block(T* p, int rank) {
 }
 
 
-// Floats -> unsigned keys in the same order (-0 taken as +0, as float compares do; NaN lowest,
-// never chosen while a number is left), so a warp's maximum is one redux instruction.
-__device__ __forceinline__ uint32_t order_key(float f) {
-  if (f != f) return 0u;
-  const uint32_t u = __float_as_uint(f + 0.0f);
-  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-}
-__device__ __forceinline__ float key_value(uint32_t k) {
-  return __uint_as_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k);
-}
-
 // ---- router ----
 // One cluster of C blocks x NW warps. Block c owns a slice of K (32-column chunks
 // [c * nc / C, (c + 1) * nc / C)): it loads its rows' slice of every expert's router row into
@@ -330,24 +319,7 @@ __global__ void __launch_bounds__(NW * 32, 16 / NW) router_v2_kernel(const Route
     // Top-k: the largest value, ties to the lower expert index (as moe_route and the CPU).
     float sel_v[kMaxTopK];
     int sel_e[kMaxTopK];
-#pragma unroll
-    for (int j = 0; j < kMaxTopK; ++j) {
-      if (j < a.k) {
-        uint32_t lb = 0u;
-        int li = 0x7fffffff;
-#pragma unroll
-        for (int i = 0; i < kMaxExpertsPerLane; ++i)
-          if (key[i] > lb) { lb = key[i]; li = lane + 32 * i; }
-        const uint32_t best = __reduce_max_sync(0xffffffffu, lb);
-        int win = int(__reduce_min_sync(0xffffffffu, lb == best ? uint32_t(li) : 0x7fffffffu));
-        if (win == 0x7fffffff) win = 0;  // nothing but NaN left: expert 0, as moe_route
-#pragma unroll
-        for (int i = 0; i < kMaxExpertsPerLane; ++i)
-          if (lane + 32 * i == win) key[i] = 0u;
-        sel_v[j] = key_value(best);
-        sel_e[j] = win;
-      }
-    }
+    warp_top_k<kMaxExpertsPerLane>(key, a.k, sel_v, sel_e);
     if (lane == 0) {
       float w[kMaxTopK];
       topk_softmax(sel_v, a.k, w);

@@ -178,6 +178,43 @@ __device__ inline void moe_sort_warp(int P, int k, const MoeRouting& r, int eb, 
   }
 }
 
+// Floats -> unsigned keys in the same order (-0 taken as +0, as float compares do; NaN lowest,
+// never chosen while a number is left), so a warp's maximum is one redux instruction.
+__device__ __forceinline__ uint32_t order_key(float f) {
+  if (f != f) return 0u;
+  const uint32_t u = __float_as_uint(f + 0.0f);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+__device__ __forceinline__ float key_value(uint32_t k) {
+  return __uint_as_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k);
+}
+
+// One token's top-k over a warp (all 32 lanes): key[i] is expert lane + 32 i's order_key (0 for
+// none); sel_v / sel_e get the k largest in order, ties to the lower expert index (as moe_route
+// and the CPU), the same in every lane. key is consumed.
+template <int N>
+__device__ __forceinline__ void warp_top_k(uint32_t (&key)[N], int k, float* sel_v, int* sel_e) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int j = 0; j < kMaxTopK; ++j) {
+    if (j < k) {
+      uint32_t lb = 0u;
+      int li = 0x7fffffff;
+#pragma unroll
+      for (int i = 0; i < N; ++i)
+        if (key[i] > lb) { lb = key[i]; li = lane + 32 * i; }
+      const uint32_t best = __reduce_max_sync(0xffffffffu, lb);
+      int win = int(__reduce_min_sync(0xffffffffu, lb == best ? uint32_t(li) : 0x7fffffffu));
+      if (win == 0x7fffffff) win = 0;  // nothing but NaN left: expert 0, as moe_route
+#pragma unroll
+      for (int i = 0; i < N; ++i)
+        if (lane + 32 * i == win) key[i] = 0u;
+      sel_v[j] = key_value(best);
+      sel_e[j] = win;
+    }
+  }
+}
+
 // Top-k softmax weights of one token from its selected logits (sel_v[0] the largest), written in
 // selection order: the formula moe_route and both decode routers share, so their weights agree
 // bit for bit on the same logits.
