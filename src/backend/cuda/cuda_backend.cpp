@@ -301,7 +301,7 @@ class CudaBackend final : public Backend {
   bf16_t* graph_taps_ = nullptr;
   std::vector<int32_t> tap_rows_host_;
   cuda::DeviceTaps last_taps_;  // what the last forward left for the head
-  // GPTOSS_CUDA_SKIP=dense,attn,router,experts,lm_head,route_once: timing experiments only (the
+  // GPTOSS_CUDA_SKIP=dense,attn,router,experts,lm_head,route_once,combine: timing experiments only (the
   // output is garbage); the step time without a group of ops is the cost of that group.
   std::string skip_;
   bool skip(const char* what) const { return !skip_.empty() && skip_.find(what) != std::string::npos; }
@@ -1094,7 +1094,9 @@ void CudaBackend::run_pass(int n, const PassMeta& m, int n_rows, int nsplit) {
         if (next_norm) rmsnorm(x_, next_norm, n, H, c.rms_eps, nullptr, xn_, stream_);
       }
     } else if (!skip("experts")) {
-      moe_combine(moe_y_, routing_, n, k, H, x_, next_norm, c.rms_eps, xn_, stream_, inv);
+      // (GPTOSS_CUDA_SKIP=combine: no combine launch at all, the next layer reading stale rows:
+      // the most a fold of the combine into its neighbours can save.)
+      if (!skip("combine")) moe_combine(moe_y_, routing_, n, k, H, x_, next_norm, c.rms_eps, xn_, stream_, inv);
     } else if (next_norm) {
       rmsnorm(x_, next_norm, n, H, c.rms_eps, nullptr, xn_, stream_);
     }
