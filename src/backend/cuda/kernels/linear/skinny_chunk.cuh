@@ -329,12 +329,13 @@ __device__ __forceinline__ void stage_rows(const SkinnyArgs& a, int tok0, int nt
 }
 
 // The K slices of a block's row tiles meet in shared memory (red: [KS][RT][NT][4][32] f32) and
-// warp r < nrt finishes row tile tile0 + r, adding the slices in warp order (fixed: the result
-// does not depend on the grid), then stores it.
-template <int FMT, int NT, int KS, int RT>
-__device__ __forceinline__ void finish_tiles(const SkinnyArgs& a, float* red, const float (&acc)[RT][NT][4], int nrt,
-                                             int tile0, int expert, int tok0, int row_end) {
-  const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
+// warp r < nrt sums row tile tile0 + r's slices in warp order (fixed: the result does not depend
+// on the grid) into fin. Every thread of the block calls it; false for the warps that finish no
+// tile.
+template <int NT, int KS, int RT>
+__device__ __forceinline__ bool sum_tile_slices(float* red, const float (&acc)[RT][NT][4], int nrt,
+                                                float (&fin)[NT][4]) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
   __syncthreads();  // red is free (the previous pass's finishing warps are done)
 #pragma unroll
   for (int r = 0; r < RT; ++r)
@@ -343,8 +344,7 @@ __device__ __forceinline__ void finish_tiles(const SkinnyArgs& a, float* red, co
 #pragma unroll
       for (int v = 0; v < 4; ++v) red[(((warp * RT + r) * NT + i) * 4 + v) * 32 + lane] = acc[r][i][v];
   __syncthreads();
-  if (warp >= nrt) return;
-  float fin[NT][4];
+  if (warp >= nrt) return false;
 #pragma unroll
   for (int i = 0; i < NT; ++i)
 #pragma unroll
@@ -354,6 +354,16 @@ __device__ __forceinline__ void finish_tiles(const SkinnyArgs& a, float* red, co
       for (int w = 0; w < KS; ++w) sum += red[(((w * RT + warp) * NT + i) * 4 + v) * 32 + lane];
       fin[i][v] = sum;
     }
+  return true;
+}
+
+// sum_tile_slices, then warp r < nrt stores row tile tile0 + r.
+template <int FMT, int NT, int KS, int RT>
+__device__ __forceinline__ void finish_tiles(const SkinnyArgs& a, float* red, const float (&acc)[RT][NT][4], int nrt,
+                                             int tile0, int expert, int tok0, int row_end) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
+  float fin[NT][4];
+  if (!sum_tile_slices<NT, KS, RT>(red, acc, nrt, fin)) return;
   // Rows g, g + 8 of the tile; tokens 2 tq, 2 tq + 1 of each n-tile.
   const TileRows tr = tile_rows<FMT>(a, expert, tile0 + warp, g);
 #pragma unroll

@@ -38,6 +38,13 @@ bool skinny_cc_enabled() { return (skinny_opt_bits() & 1) != 0; }
 bool skinny_units_enabled() { return (skinny_opt_bits() & 3) == 3; }
 bool skinny_tp_cc_enabled() { return (skinny_opt_bits() & 5) == 5; }
 
+// GPTOSS_STAGE_ASYNC=0 (bench comparisons), read once: activation rows staged through registers
+// (SkinnyArgs::stage_async).
+static bool stage_async_enabled() {
+  static const bool on = env_int("GPTOSS_STAGE_ASYNC", 1) != 0;
+  return on;
+}
+
 // GPTOSS_DENSE_TWO_TILE (bench comparisons), read once: which o_proj launches (K = 4096) take the
 // 16-warp, two-tile shape (launch_fmt). Bit 0: bf16 and fp8, bit 1: MXFP4 (`--mxfp4-layers all`:
 // 120b tg64 494.18 -> 501.61, 20b 660.02 -> 659.55; H200, tenth session); both on by default.
@@ -64,23 +71,13 @@ __device__ __forceinline__ void finish_tiles_fold(const SkinnyArgs& a, float* re
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
   const RouterFold& f = a.r.fold;
   __shared__ float xg_s[RT * 16], sq_s[RT * 16];
-  __syncthreads();
-#pragma unroll
-  for (int r = 0; r < RT; ++r)
-#pragma unroll
-    for (int v = 0; v < 4; ++v) red[((warp * RT + r) * 4 + v) * 32 + lane] = acc[r][0][v];
-  __syncthreads();
-  if (warp < RT && tq == 0) {  // rows g, g + 8 of tile tile0 + warp; token 0 is column 0
-    float fin0 = 0.f, fin2 = 0.f;
-#pragma unroll
-    for (int w = 0; w < KS; ++w) {
-      fin0 += red[((w * RT + warp) * 4 + 0) * 32 + lane];
-      fin2 += red[((w * RT + warp) * 4 + 2) * 32 + lane];
-    }
+  float fin[1][4];
+  // Rows g, g + 8 of tile tile0 + warp; token 0 is column 0 (fin[0][0], fin[0][2]).
+  if (sum_tile_slices<1, KS, RT>(red, acc, RT, fin) && tq == 0) {
     const TileRows tr = tile_rows<FMT>(a, 0, tile0 + warp, g);
     float* x = static_cast<float*>(a.epi.out);
     // What tile_store's kAddF32 stores, kept for the sums below.
-    const float n0 = x[tr.lr0] + (fin0 * tr.sc0 + tr.b0), n1 = x[tr.lr1] + (fin2 * tr.sc1 + tr.b1);
+    const float n0 = x[tr.lr0] + (fin[0][0] * tr.sc0 + tr.b0), n1 = x[tr.lr1] + (fin[0][2] * tr.sc1 + tr.b1);
     x[tr.lr0] = n0;
     x[tr.lr1] = n1;
     const int l0 = warp * 16 + g, l1 = l0 + 8;  // the rows within the block (tr.lr - tile0 * 16)
@@ -556,8 +553,7 @@ bool skinny_router_fold(const WeightMat& W, const bf16_t* A, int lda, const Epil
   SkinnyArgs a{W, A, lda, 1, false, false, MoeRouting{}, epi};
   a.r.fold = fold;
   a.xs_rows = 1;
-  static const bool stage_async = env_int("GPTOSS_STAGE_ASYNC", 1) != 0;
-  a.stage_async = stage_async;
+  a.stage_async = stage_async_enabled();
   const int sd = dense_stage_digits() / 10 % 10;
   bool ok = false;
   switch (W.fmt) {
@@ -579,8 +575,7 @@ void skinny_linear(const WeightMat& W, const void* A, bool a_f16, int lda, int M
   if (a_f16 && !want_f16) throw Error("skinny_linear: bf16 weights need bf16 activations");
   SkinnyArgs a{W, A, lda, M, grouped, gather_a, r, epi};
   a.xs_rows = std::min(M, 8);  // a one-n-tile pass stages at most min(M, 8) rows (a group has <= M)
-  static const bool stage_async = env_int("GPTOSS_STAGE_ASYNC", 1) != 0;
-  a.stage_async = stage_async;
+  a.stage_async = stage_async_enabled();
   const int tiles = W.N / 16;
   const int groups = grouped ? moe_max_groups(pairs, E) : 1;
   a.groups = groups;

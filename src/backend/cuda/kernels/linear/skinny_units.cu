@@ -73,7 +73,6 @@ __device__ __forceinline__ int scan_units(const SkinnyArgs& a, int tb, int* s_un
 // into `scratch` (>= K floats of shared memory free until the first unit ends), in flight beside
 // the routing's loads; stage_row_fold finishes it after the first weight loads are out.
 // *s_inv_rms: the residual's RMS scale.
-template <int NWARPS>
 __device__ __forceinline__ int scan_units_fold(const SkinnyArgs& a, int tb, int* s_unit0, int* s_expert, int* s_start,
                                                int* s_end, float* scratch, float* s_inv_rms) {
   const RouterFold& f = a.r.fold;
@@ -151,7 +150,7 @@ __global__ void __launch_bounds__(KS * 32, skinny_min_blocks(1, KS, RT, PF)) ski
   // at four row tiles: launch_skinny_units runs gate_up's fold in that shape only.)
   __shared__ float s_inv_rms;
   const bool row_staged = FOLD && a.r.fold.gate_up;  // by the fold's scan and stage_row_fold, for every unit
-  const int units = FOLD ? scan_units_fold<KS>(a, TB, s_unit0, s_expert, s_start, s_end, red, &s_inv_rms)
+  const int units = FOLD ? scan_units_fold(a, TB, s_unit0, s_expert, s_start, s_end, red, &s_inv_rms)
                          : scan_units<KS>(a, TB, s_unit0, s_expert, s_start, s_end, s_warp_passes);
   const int u0 = int(int64_t(blockIdx.x) * units / gridDim.x);
   const int u1 = int(int64_t(blockIdx.x + 1) * units / gridDim.x);
