@@ -1042,9 +1042,57 @@ TEST_F(Kernels, RouterRouteFused) {
 // top-k, experts and weighted sum, for each decode format of o_proj, at 120b's and 20b's expert
 // counts. The experts must be the CPU's (a draw whose k-th and (k+1)-th logits lie within 1e-3 is
 // drawn again), gate_up's block 0 must leave the combine its routing, the fold's sums must hold
-// the residual's sum of squares, and a second pass gives the same bits.
+// the residual's sum of squares, and a second pass gives the same bits. Then the combine folded
+// too (RouterFold::moe_out, NormIn): the next layer's qkv and o_proj against the CPU's combine,
+// RMSNorm, qkv and residual add.
 struct FoldCase {
-  int E, k, H, Q, I;
+  int E, k, H, Q, I, QKV;
+};
+
+// A dense layer's one-token decode copy in a fragment format (random weights, bias), and the CPU's
+// product with the weights it holds in effect.
+struct DenseFrag {
+  WeightMat::Format fmt;
+  int N, K;
+  WeightMat P;
+  std::vector<float> bias;
+  std::vector<uint16_t> weff;             // bf16 / fp8: the bf16 weights in effect
+  std::vector<uint8_t> hblocks, hscales;  // MXFP4
+  Dev<float> dbias;
+  Dev<uint8_t> frag, aux, dblocks, dscales;
+  Dev<uint16_t> dw;
+  DenseFrag(WeightMat::Format f, int n, int k, FastRng& r, int* flag) : fmt(f), N(n), K(k) {
+    bias = rand_f32(N, r, 0.1f);
+    dbias = Dev<float>(bias);
+    frag = Dev<uint8_t>(cuda::frag_weight_bytes(fmt, 1, N, K));
+    aux = Dev<uint8_t>(size_t(N) * K / 32 + size_t(N) * 4);
+    if (fmt == WeightMat::kFragMXFP4) {
+      hblocks = rand_bytes(r, size_t(N) * K / 2);
+      hscales = rand_bytes(r, size_t(N) * K / 32, 116, 123);
+      dblocks = Dev<uint8_t>(hblocks);
+      dscales = Dev<uint8_t>(hscales);
+      P = cuda::pack_frag(WeightMat{WeightMat::kMXFP4, dblocks.p(), dscales.p(), dbias.p(), N, K}, 1, false, fmt,
+                          frag.p(), aux.p(), flag, 0);
+      return;
+    }
+    auto wb = to_bf16(rand_f32(size_t(N) * K, r, 0.02f));
+    dw = Dev<uint16_t>(wb);
+    P = cuda::pack_frag(WeightMat{WeightMat::kBF16, dw.p(), nullptr, dbias.p(), N, K}, 1, false, fmt, frag.p(), aux.p(),
+                        flag, 0);
+    GPTOSS_CUDA_CHECK(cudaDeviceSynchronize());
+    std::vector<float> rs(N);
+    if (fmt == WeightMat::kFragFP8) GPTOSS_CUDA_CHECK(cudaMemcpy(rs.data(), P.row_scale, N * 4, cudaMemcpyDeviceToHost));
+    weff = fmt == WeightMat::kFragFP8 ? fp8_effective(wb, rs, N, K) : wb;
+  }
+  std::vector<float> cpu(const std::vector<float>& x) const {
+    std::vector<float> y(N);
+    if (fmt == WeightMat::kFragMXFP4)
+      cpu::linear_mxfp4(x.data(), 1, K, hblocks.data(), hscales.data(), N, bias.data(), y.data());
+    else
+      cpu::linear_bf16(x.data(), 1, K, weff.data(), N, bias.data(), y.data());
+    return y;
+  }
+  double bound() const { return fmt == WeightMat::kFragFP8 ? 6e-3 : 2e-3; }  // as SkinnyDense's
 };
 
 // Returns false (nothing checked) where the draw's logits come too close to a tie.
@@ -1054,37 +1102,14 @@ bool check_router_fold(WeightMat::Format ofmt, const FoldCase& c, uint64_t seed)
   const std::string at = "fmt=" + std::to_string(ofmt) + " E=" + std::to_string(E) + " I=" + std::to_string(I);
   auto a = round_bf16(rand_f32(Q, r));
   auto x0 = rand_f32(H, r, 3.f);
-  auto ob = rand_f32(H, r, 0.1f);
   auto nw = rand_f32(H, r, 0.1f, 1.f);
   auto rw = to_bf16(rand_f32(size_t(E) * H, r, 0.02f));
   auto rb = rand_f32(E, r, 0.1f);
   // o_proj in its decode format, and the CPU's product.
-  Dev<float> dob(ob);
-  Dev<uint8_t> dwf(cuda::frag_weight_bytes(ofmt, 1, H, Q)), daux(size_t(H) * Q / 32 + size_t(H) * 4);
   Dev<int> flag(std::vector<int>{0});
-  std::vector<float> o(H);
-  Dev<uint8_t> dob_b, dob_s;
-  Dev<uint16_t> dow;
-  WeightMat Po;
-  if (ofmt == WeightMat::kFragMXFP4) {
-    auto blocks = rand_bytes(r, size_t(H) * Q / 2), scales = rand_bytes(r, size_t(H) * Q / 32, 116, 123);
-    cpu::linear_mxfp4(a.data(), 1, Q, blocks.data(), scales.data(), H, ob.data(), o.data());
-    dob_b = Dev<uint8_t>(blocks);
-    dob_s = Dev<uint8_t>(scales);
-    Po = cuda::pack_frag(WeightMat{WeightMat::kMXFP4, dob_b.p(), dob_s.p(), dob.p(), H, Q}, 1, false, ofmt, dwf.p(),
-                         daux.p(), flag.p(), 0);
-  } else {
-    auto wb = to_bf16(rand_f32(size_t(H) * Q, r, 0.02f));
-    dow = Dev<uint16_t>(wb);
-    Po = cuda::pack_frag(WeightMat{WeightMat::kBF16, dow.p(), nullptr, dob.p(), H, Q}, 1, false, ofmt, dwf.p(),
-                         daux.p(), flag.p(), 0);
-    GPTOSS_CUDA_CHECK(cudaDeviceSynchronize());
-    std::vector<float> rs(H);
-    if (ofmt == WeightMat::kFragFP8)
-      GPTOSS_CUDA_CHECK(cudaMemcpy(rs.data(), Po.row_scale, H * 4, cudaMemcpyDeviceToHost));
-    const auto weff = ofmt == WeightMat::kFragFP8 ? fp8_effective(wb, rs, H, Q) : wb;
-    cpu::linear_bf16(a.data(), 1, Q, weff.data(), H, ob.data(), o.data());
-  }
+  const DenseFrag dense_o(ofmt, H, Q, r, flag.p());
+  const WeightMat& Po = dense_o.P;
+  const std::vector<float> o = dense_o.cpu(a);
   // The CPU's layer from o_proj's output on.
   std::vector<float> x1(H), xn(H), logits(E);
   for (int h = 0; h < H; ++h) x1[h] = x0[h] + o[h];
@@ -1155,7 +1180,7 @@ bool check_router_fold(WeightMat::Format ofmt, const FoldCase& c, uint64_t seed)
     if (pass == 0) {  // o_proj's residual, sums and xg, before the combine
       // (Against the device's own residual: the CPU's fp8 o_proj is the bound's approximation.)
       const auto x1d = dx.download();
-      EXPECT_LE(rel_err(x1d, x1), ofmt == WeightMat::kFragFP8 ? 6e-3 : 2e-3) << at << ": o_proj";
+      EXPECT_LE(rel_err(x1d, x1), dense_o.bound()) << at << ": o_proj";
       auto sums = acc.download();
       double ss = 0;
       for (float v : x1d) ss += double(v) * v;
@@ -1181,14 +1206,69 @@ bool check_router_fold(WeightMat::Format ofmt, const FoldCase& c, uint64_t seed)
       EXPECT_EQ(0, std::memcmp(first.data(), got.data(), got.size() * 4)) << at << ": a second pass, other bits";
     }
   }
+  // The combine folded as well (RouterFold::moe_out, NormIn): down adds the weighted rows into
+  // fixed-point sums; the next layer's qkv (same format as o_proj) normalizes x + those sums as it
+  // stages its row, and its o_proj (another token's attention output, the same weights) adds them
+  // to the residual. No combine launch.
+  {
+    const DenseFrag dense_qkv(ofmt, c.QKV, H, r, flag.p());
+    auto nw2 = rand_f32(H, r, 0.1f, 1.f);
+    auto a2 = round_bf16(rand_f32(Q, r));
+    Dev<float> dnw2(nw2);
+    Dev<long long> moe(H), acc2(E + 1);
+    Dev<uint16_t> dq(c.QKV), da2(to_bf16(a2));
+    acc.upload(std::vector<long long>(E + 1, 0));
+    acc2.upload(std::vector<long long>(E + 1, 0));
+    moe.upload(std::vector<long long>(H, 0));
+    dx.upload(x0);
+    cuda::RouterFold f1 = fold;
+    bool ok = cuda::linear_router_fold(Po, reinterpret_cast<const cuda::bf16_t*>(da.p()), Q, 1,
+                                       Epilogue{Epilogue::kAddF32, dx.p(), H}, f1, 0);
+    EXPECT_TRUE(ok) << at;
+    if (!ok) return true;
+    cuda::MoeRouting rg = rt, rd = rt;
+    rg.fold = f1;
+    rg.fold.gate_up = true;
+    rd.fold = f1;
+    rd.fold.moe_out = moe.p();
+    rd.settled = true;
+    Epilogue ge{Epilogue::kSwiGLU, act.p(), I};
+    ge.out_f16 = true;
+    cuda::linear_grouped(pgu, act.p(), H, k, E, true, rg, ge, 0, 1, true);
+    cuda::linear_grouped(pdn, act.p(), I, k, E, false, rd, Epilogue{Epilogue::kStoreF32, y.p(), H}, 0, 1, true);
+    ok = cuda::linear_norm_in(dense_qkv.P, cuda::NormIn{dx.p(), moe.p(), dnw2.p(), 1e-5f}, 1,
+                              Epilogue{Epilogue::kStoreBF16, dq.p(), c.QKV}, 0);
+    EXPECT_TRUE(ok) << at << ": qkv's norm-in kernel";
+    if (!ok) return true;
+    cuda::RouterFold f2 = fold;
+    f2.acc = acc2.p();
+    f2.moe_in = moe.p();
+    ok = cuda::linear_router_fold(Po, reinterpret_cast<const cuda::bf16_t*>(da2.p()), Q, 1,
+                                  Epilogue{Epilogue::kAddF32, dx.p(), H}, f2, 0);
+    EXPECT_TRUE(ok) << at;
+    if (!ok) return true;
+    GPTOSS_CUDA_CHECK(cudaDeviceSynchronize());
+    // CPU: x2 = ref (x1 + the weighted expert rows); qkv of rmsnorm(x2); x3 = x2 + o_proj(a2).
+    std::vector<float> xn2(H);
+    cpu::rmsnorm(ref.data(), nw2.data(), 1, H, 1e-5f, xn2.data());
+    const auto q_ref = dense_qkv.cpu(xn2);
+    const double eq = rel_err(from_bf16(dq.download()), q_ref);
+    EXPECT_LE(eq, dense_qkv.bound() + 4e-3) << at << ": qkv of the folded combine's rows";
+    const auto o2 = dense_o.cpu(a2);
+    std::vector<float> x3 = ref;
+    for (int h = 0; h < H; ++h) x3[h] += o2[h];
+    const double ex = rel_err(dx.download(), x3);
+    EXPECT_LE(ex, 1e-2) << at << ": the residual after the next o_proj";
+    std::printf("combine fold %s: qkv rel err %.3g, residual %.3g\n", at.c_str(), eq, ex);
+  }
   EXPECT_EQ(flag.download()[0], 0);
   return true;
 }
 
 TEST_F(Kernels, RouterFoldedIntoOproj) {
   // (The fold's expert kernels take gpt-oss's K = 2880 only: router_fold_experts_take.)
-  std::vector<FoldCase> cases = {{128, 4, 2880, 4096, 2880}, {32, 4, 2880, 4096, 2880}};
-  if (small_mode()) cases = {{32, 4, 2880, 4096, 2880}};
+  std::vector<FoldCase> cases = {{128, 4, 2880, 4096, 2880, 5120}, {32, 4, 2880, 4096, 2880, 5120}};
+  if (small_mode()) cases = {{32, 4, 2880, 4096, 2880, 5120}};
   for (auto ofmt : {WeightMat::kFragBF16, WeightMat::kFragFP8, WeightMat::kFragMXFP4})
     for (const FoldCase& c : cases) {
       int tries = 0;

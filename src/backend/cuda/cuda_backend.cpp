@@ -265,6 +265,10 @@ class CudaBackend final : public Backend {
   // layer, zeroed at the start of each one-token pass) and x * norm_w.
   bool router_fold_ = false;
   int router_fold_mode_ = 1;
+  // The combine folded too (RouterFold::moe_out; GPTOSS_COMBINE_FOLD=0 turns it off): each layer's
+  // MoE output in fixed point, [layers][H], zeroed with the router's sums.
+  bool combine_fold_ = false;
+  long long* fold_moe_ = nullptr;
   long long* fold_acc_ = nullptr;
   float* fold_xg_ = nullptr;
   float* fold_bias_ = nullptr;
@@ -780,6 +784,7 @@ void CudaBackend::repack_weights() {
   // here and every expert local), the batch-invariant mode aside (its router runs apart at every
   // size), and a router the fold's kernels hold (bf16, E <= 128, top-k <= 8).
   router_fold_mode_ = env_int("GPTOSS_ROUTER_FOLD", 1);
+  combine_fold_ = env_int("GPTOSS_COMBINE_FOLD", 1) != 0;
   router_fold_ = router_fold_mode_ != 0 && !tp_.active() && !invariant_ &&
                  cfg_.num_experts <= kRouterFoldMaxE && cfg_.experts_per_token <= 8;
   for (Layer& L : layers_) {
@@ -825,7 +830,8 @@ void CudaBackend::alloc_workspace() {
   d_lp_ = dalloc<float>(kMaxLogitRows);
   d_ticket_ = dalloc<int>(1);  // moe_router_route's last-block counter: zero between launches
   if (router_fold_) {
-    fold_acc_ = dalloc<long long>(layers_.size() * size_t(E + 1));
+    fold_acc_ = dalloc<long long>(layers_.size() * size_t(E + 1 + H));  // the router's sums, then fold_moe_
+    fold_moe_ = fold_acc_ + layers_.size() * size_t(E + 1);
     fold_xg_ = dalloc<float>(H);
     fold_bias_ = dalloc<float>(E);
   }
@@ -956,7 +962,7 @@ void CudaBackend::run_pass(int n, const PassMeta& m, int n_rows, int nsplit) {
     GPTOSS_CUDA_CHECK(cudaEventRecord(prof_start_, stream_));
   }
   if (router_fold_ && n == 1)  // the fold's sums start at zero in every layer
-    GPTOSS_CUDA_CHECK(cudaMemsetAsync(fold_acc_, 0, layers_.size() * size_t(E + 1) * sizeof(long long), stream_));
+    GPTOSS_CUDA_CHECK(cudaMemsetAsync(fold_acc_, 0, layers_.size() * size_t(E + 1 + H) * sizeof(long long), stream_));
   embed(embed_, m.tokens, n, H, x_, stream_);
   // Each layer's input norm comes with the residual update that precedes it: the first here,
   // the others from the previous layer's MoE combine.
@@ -965,6 +971,10 @@ void CudaBackend::run_pass(int n, const PassMeta& m, int n_rows, int nsplit) {
   const bool small = n <= kSkinnyMaxTokens || invariant_;
   const bool dense_decode_copy = dense_decode_copies(n);
   const bool inv = invariant_;
+  // The combine folded (RouterFold::moe_out, one token): layer li's MoE output, in fixed point,
+  // that layer li + 1's qkv and o_proj take in place of a combine launch; null when none is.
+  const long long* moe_pending = nullptr;
+  const bool combine_fold = router_fold_ && combine_fold_ && n == 1 && !tap_layers_ && router_fold_mode_ == 1;
   for (size_t li = 0; li < layers_.size(); ++li) {
     const Layer& L = layers_[li];
     const int g = L.sliding ? kKvSliding : kKvFull;
@@ -973,7 +983,15 @@ void CudaBackend::run_pass(int n, const PassMeta& m, int n_rows, int nsplit) {
     TokenMeta tm{m.pos, m.pt_off[g], m.pt};
     const WeightMat& Wqkv = dense_decode_copy && L.qkv_dec.fmt != WeightMat::kBF16 ? L.qkv_dec : L.qkv;
     const WeightMat& Wo = dense_decode_copy && L.o_dec.fmt != WeightMat::kBF16 ? L.o_dec : L.o;
-    if (!skip("dense")) linear(Wqkv, xn_, H, n, Epilogue{Epilogue::kStoreBF16, qkv_, QKV}, stream_, inv, blas_.get());
+    if (!skip("dense")) {
+      const Epilogue qe{Epilogue::kStoreBF16, qkv_, QKV};
+      if (moe_pending) {  // the previous layer's combine folded: qkv normalizes x + its MoE output
+        if (!linear_norm_in(Wqkv, NormIn{x_, moe_pending, L.attn_norm, c.rms_eps}, n, qe, stream_))
+          throw Error("combine fold: qkv's kernel does not take the previous layer's MoE output");
+      } else {
+        linear(Wqkv, xn_, H, n, qe, stream_, inv, blas_.get());
+      }
+    }
     mark("qkv");
     if (!skip("attn") && m.decode_attn) {
       if (m.attn_kv_stored) {
@@ -1008,8 +1026,9 @@ void CudaBackend::run_pass(int n, const PassMeta& m, int n_rows, int nsplit) {
     // (and its normalized rows): what the router's launches cost inside the step.
     const bool route_once = skip("route_once") && li > 0;
     // One token: the router folded into o_proj (RouterFold), where o_proj's kernel takes it.
-    const RouterFold fold{fold_acc_ + li * size_t(E + 1), L.router_t, L.mlp_norm, L.router.bias, fold_bias_, fold_xg_,
-                          c.rms_eps, E, k, H, false};
+    RouterFold fold{fold_acc_ + li * size_t(E + 1), L.router_t, L.mlp_norm, L.router.bias, fold_bias_, fold_xg_,
+                    c.rms_eps, E, k, H, false};
+    fold.moe_in = moe_pending;
     const bool try_fold = n == 1 && L.router_t && fused_route && skinny && xn_f16 && router_fold_experts_take(Wgu) &&
                           router_fold_experts_take(Wdn) && !skip("router") && !skip("experts") && !route_once;
     bool folded = false;
@@ -1024,6 +1043,13 @@ void CudaBackend::run_pass(int n, const PassMeta& m, int n_rows, int nsplit) {
       // router and the experts still run as without the fold.
       if (folded && router_fold_mode_ == 2) folded = false;
     }
+    if (moe_pending && !folded)
+      throw Error("combine fold: o_proj did not take the previous layer's MoE output (its router fold did not run)");
+    // This layer's combine folded into the next layer's qkv and o_proj: every layer but the last,
+    // where the router folded (the next one's will: the layers share their shapes).
+    const bool fold_combine = combine_fold && folded && li + 1 < layers_.size();
+    if (fold_combine) fold.moe_out = fold_moe_ + li * size_t(H);
+    moe_pending = nullptr;
     tp_all_reduce_x(n);
     mark("o_proj");
     if (route_once || folded) {
@@ -1070,6 +1096,7 @@ void CudaBackend::run_pass(int n, const PassMeta& m, int n_rows, int nsplit) {
     if (folded) {
       routing_gu.fold = fold;
       routing_gu.fold.gate_up = true;
+      routing_gu.fold.moe_out = nullptr;  // down's
     }
     if (!skip("experts")) linear_grouped(Wgu, gu_in, H, n * k, E, true, routing_gu, gu, stream_, n, xn_f16, inv, kperm);
     mark("gate_up");
@@ -1093,6 +1120,8 @@ void CudaBackend::run_pass(int n, const PassMeta& m, int n_rows, int nsplit) {
         tp_all_reduce_x(n);
         if (next_norm) rmsnorm(x_, next_norm, n, H, c.rms_eps, nullptr, xn_, stream_);
       }
+    } else if (fold_combine) {
+      moe_pending = fold.moe_out;  // down added the MoE output there; the next layer takes it
     } else if (!skip("experts")) {
       // (GPTOSS_CUDA_SKIP=combine: no combine launch at all, the next layer reading stale rows:
       // the most a fold of the combine into its neighbours can save.)
@@ -1111,6 +1140,7 @@ void CudaBackend::run_pass(int n, const PassMeta& m, int n_rows, int nsplit) {
                                               size_t(n) * H * sizeof(float), cudaMemcpyDeviceToHost, stream_));
         }
   }
+  if (moe_pending) throw Error("combine fold: the last layer's MoE output was not added");
   if (n_rows > 0 && !skip("lm_head")) lm_head(m.rows, n_rows);
   mark("lm_head");
   collect_profile();

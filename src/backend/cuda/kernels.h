@@ -70,6 +70,20 @@ struct RouterFold {
   float eps = 0.f;
   int E = 0, k = 0, H = 0;
   bool gate_up = false;  // this launch stages from xg and writes the combine's routing (else: down)
+  // The combine folded as well (one token, every layer but the last; NormIn): down adds each
+  // pair's weighted output rows into moe_out (fixed point, x 2^32, order-free as acc) instead of
+  // storing them for a combine launch; the next layer's qkv normalizes x + moe itself
+  // (linear_norm_in) and its o_proj adds moe into the residual (moe_in, here).
+  long long* moe_out = nullptr;       // down: [H], zero before
+  const long long* moe_in = nullptr;  // o_proj: the previous layer's moe_out, or null
+};
+// The next layer's input after a folded combine (RouterFold::moe_out): rows x + moe x 2^-32,
+// normalized with norm_w (RMSNorm, eps) by the kernel that reads them (linear_norm_in).
+struct NormIn {
+  const float* x = nullptr;        // [H] the residual before the MoE's output
+  const long long* moe = nullptr;  // [H] the MoE's output, fixed point x 2^32
+  const float* norm_w = nullptr;   // [H]
+  float eps = 0.f;
 };
 constexpr int kRouterFoldMaxE = 128;
 // Whether the expert kernels after a folded router take this expert matrix (fragment-layout
@@ -127,6 +141,10 @@ void linear(const WeightMat& W, const bf16_t* A, int lda, int M, const Epilogue&
 // without launching anything where it does not; the caller then runs linear() and the router.
 bool linear_router_fold(const WeightMat& W, const bf16_t* A, int lda, int M, const Epilogue& epi,
                         const RouterFold& fold, cudaStream_t s);
+// linear() over one token whose row is rmsnorm(in.x + in.moe) (NormIn), normalized by the kernel
+// as it stages it (qkv after a folded combine: its staged one-token kernel). Returns false without
+// launching where that kernel does not take the problem.
+bool linear_norm_in(const WeightMat& W, const NormIn& in, int M, const Epilogue& epi, cudaStream_t s);
 // out = rmsnorm(x; norm_w) . W^T + bias, with x the f32 residual stream [M, K]. Decode-sized M
 // with bf16 W: the norm runs inside the GEMV (no normalized copy, no extra launch), and xn gets
 // the normalized rows only if need_xn. Otherwise rmsnorm() into xn, then linear(). xn: bf16
@@ -256,6 +274,8 @@ void skinny_linear(const WeightMat& W, const void* A, bool a_f16, int lda, int M
 // (linear_router_fold); false where that kernel does not take the problem (nothing launched).
 bool skinny_router_fold(const WeightMat& W, const bf16_t* A, int lda, const Epilogue& epi, const RouterFold& fold,
                         cudaStream_t s);
+// qkv's one-token staged kernel staging its row as rmsnorm(x + moe) (linear_norm_in).
+bool skinny_norm_in(const WeightMat& W, const NormIn& in, const Epilogue& epi, cudaStream_t s);
 // The stream-K decode kernel (kernels/linear/streamk_mma.cu): what skinny_linear computes for
 // <= 8 tokens a group, with the launch's chunks spread evenly over every warp of a full-GPU grid
 // and split tiles finished in a fixed order (deterministic). streamk_takes: the problem fits its

@@ -954,6 +954,13 @@ bool linear_router_fold(const WeightMat& W, const bf16_t* A, int lda, int M, con
   return skinny_router_fold(W, A, lda, epi, fold, s);
 }
 
+bool linear_norm_in(const WeightMat& W, const NormIn& in, int M, const Epilogue& epi, cudaStream_t s) {
+  if (M != 1) return false;
+  check_args(W, epi);
+  if (pick(W, M, M, false) != LinearKernel::kSkinnyMma) return false;
+  return skinny_norm_in(W, in, epi, s);
+}
+
 void linear_rmsnorm(const WeightMat& W, const float* x, const float* norm_w, float eps, int M, bf16_t* xn,
                     bool need_xn, const Epilogue& epi, cudaStream_t s, bool xn_f16, CublasLtGemm* blas) {
   if (M <= 0) return;

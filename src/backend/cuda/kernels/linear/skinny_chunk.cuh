@@ -27,6 +27,7 @@ struct SkinnyArgs {
   int groups = 1;   // grouped: the grid rows (the host's bound on the routing's groups)
   int pairs = 0;    // grouped: the (token, expert) pairs (host-known; their mean a group picks the pass size)
   bool stage_async = true;  // stage_rows through cp.async (GPTOSS_STAGE_ASYNC=0: register copies)
+  NormIn norm_in;           // one-token dense launches after a folded combine (skinny_norm_in)
 };
 
 // Bytes of one tile-chunk (16 rows x 64 K) of a fragment format.

@@ -60,6 +60,63 @@ namespace {
 
 using namespace skinny;
 
+// Float4s of a row each thread of a NORM_IN block holds (K / 4 <= kNormPer * threads).
+constexpr int kNormPer = 3;
+// qkv after a folded combine (NormIn, one token): stages rmsnorm(x + moe x 2^-32) * norm_w into
+// xs (bf16, or fp16 where F16), every thread; norm_w's lines were prefetched into L2 before the
+// wait, and its loads go out with x's and moe's (one round trip). The sum of squares meets in
+// `scratch` (a float a warp), added in warp order. The caller brackets it with __syncthreads.
+template <bool F16>
+__device__ __forceinline__ void stage_row_norm_in(const SkinnyArgs& a, uint16_t* xs, float* scratch) {
+  const NormIn& in = a.norm_in;
+  const int n4 = a.W.K / 4, tid = threadIdx.x, nwarps = blockDim.x / 32;
+  const float4* x4 = reinterpret_cast<const float4*>(in.x);
+  const float4* w4 = reinterpret_cast<const float4*>(in.norm_w);
+  const longlong2* m2 = reinterpret_cast<const longlong2*>(in.moe);
+  constexpr float kUnscale = 1.f / 4294967296.f;  // router_fold::kLogitScale's inverse
+  float4 v[kNormPer], nw[kNormPer];
+  float ss = 0.f;
+#pragma unroll
+  for (int u = 0; u < kNormPer; ++u) {
+    const int i = tid + u * blockDim.x;
+    if (i < n4) {
+      nw[u] = __ldg(w4 + i);
+      float4 xv = __ldcg(x4 + i);
+      const longlong2 lo = __ldcg(m2 + 2 * i), hi = __ldcg(m2 + 2 * i + 1);
+      xv.x += __ll2float_rn(lo.x) * kUnscale;
+      xv.y += __ll2float_rn(lo.y) * kUnscale;
+      xv.z += __ll2float_rn(hi.x) * kUnscale;
+      xv.w += __ll2float_rn(hi.y) * kUnscale;
+      v[u] = xv;
+      ss += xv.x * xv.x + xv.y * xv.y + xv.z * xv.z + xv.w * xv.w;
+    }
+  }
+  ss = warp_sum(ss);
+  if ((tid & 31) == 0) scratch[tid >> 5] = ss;
+  __syncthreads();
+  float tot = 0.f;
+  for (int w = 0; w < nwarps; ++w) tot += scratch[w];
+  const float inv = rsqrtf(tot / float(a.W.K) + in.eps);
+#pragma unroll
+  for (int u = 0; u < kNormPer; ++u) {
+    const int i = tid + u * blockDim.x;
+    if (i < n4) {
+      const float y0 = v[u].x * inv * nw[u].x, y1 = v[u].y * inv * nw[u].y, y2 = v[u].z * inv * nw[u].z,
+                  y3 = v[u].w * inv * nw[u].w;
+      uint2 w;
+      if constexpr (F16) {
+        const __half2 lo = __floats2half2_rn(y0, y1), hi = __floats2half2_rn(y2, y3);
+        w.x = *reinterpret_cast<const uint32_t*>(&lo);
+        w.y = *reinterpret_cast<const uint32_t*>(&hi);
+      } else {
+        w.x = pack_bf16x2(y0, y1);
+        w.y = pack_bf16x2(y2, y3);
+      }
+      *reinterpret_cast<uint2*>(xs + 4 * i) = w;
+    }
+  }
+}
+
 // The router folded into o_proj (RouterFold, one token, staged launches): finish_tiles for
 // token 0 with the residual add written out, then each finished row's x * norm_w and x^2 to
 // shared memory and xg, and the block's partial logits and sum of squares into the fold's sums.
@@ -76,8 +133,15 @@ __device__ __forceinline__ void finish_tiles_fold(const SkinnyArgs& a, float* re
   if (sum_tile_slices<1, KS, RT>(red, acc, RT, fin) && tq == 0) {
     const TileRows tr = tile_rows<FMT>(a, 0, tile0 + warp, g);
     float* x = static_cast<float*>(a.epi.out);
-    // What tile_store's kAddF32 stores, kept for the sums below.
-    const float n0 = x[tr.lr0] + (fin[0][0] * tr.sc0 + tr.b0), n1 = x[tr.lr1] + (fin[0][2] * tr.sc1 + tr.b1);
+    // What tile_store's kAddF32 stores, kept for the sums below; after a folded combine the
+    // residual takes the previous layer's MoE output first (RouterFold::moe_in), as the combine
+    // would have added it.
+    float m0 = 0.f, m1 = 0.f;
+    if (f.moe_in) {
+      m0 = __ll2float_rn(__ldcg(f.moe_in + tr.lr0)) * (1.f / router_fold::kLogitScale);
+      m1 = __ll2float_rn(__ldcg(f.moe_in + tr.lr1)) * (1.f / router_fold::kLogitScale);
+    }
+    const float n0 = (x[tr.lr0] + m0) + (fin[0][0] * tr.sc0 + tr.b0), n1 = (x[tr.lr1] + m1) + (fin[0][2] * tr.sc1 + tr.b1);
     x[tr.lr0] = n0;
     x[tr.lr1] = n1;
     const int l0 = warp * 16 + g, l1 = l0 + 8;  // the rows within the block (tr.lr - tile0 * 16)
@@ -104,11 +168,15 @@ __device__ __forceinline__ void finish_tiles_fold(const SkinnyArgs& a, float* re
 // hold; warp w reads its first SD chunks from there.
 // FOLD (staged one-token o_proj launches only, linear_router_fold): the router's partial sums
 // in the epilogue (finish_tiles_fold), its rows' router and norm weights staged beside the weights.
-template <int FMT, int NT, int KS, int RT, int PF, bool XF16, int CC, int SD = 0, bool FOLD = false>
+// NORM_IN (staged one-token qkv launches only, linear_norm_in): the row staged as
+// rmsnorm(x + moe) by stage_row_norm_in, its norm weights loaded before the wait.
+template <int FMT, int NT, int KS, int RT, int PF, bool XF16, int CC, int SD = 0, bool FOLD = false,
+          bool NORM_IN = false>
 __global__ void __launch_bounds__(KS * 32, skinny_min_blocks(NT, KS, RT)) skinny_mma_kernel(SkinnyArgs a) {
   static_assert(PF >= 1 && RT <= KS, "prefetch depth; one finishing warp per row tile");
   static_assert(SD == 0 || (CC > 0 && NT == 1 && SD * KS <= CC), "staged chunks");
   static_assert(!FOLD || (SD > 0 && NT == 1), "the router fold rides the staged one-token kernel");
+  static_assert(!NORM_IN || (SD > 0 && NT == 1 && !FOLD), "the norm-in staging rides the staged one-token kernel");
   constexpr int P = SD * KS;  // chunks of each row tile staged in shared memory
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
   const int N = a.W.N, C = CC > 0 ? CC : a.W.K / 64, T = N / 16;
@@ -204,6 +272,9 @@ __global__ void __launch_bounds__(KS * 32, skinny_min_blocks(NT, KS, RT)) skinny
     if constexpr (CC > 0) set_lane_ptrs();
   }
   if (warp < nrt) prefetch_tile_rows<FMT>(a, expert, tile0 + warp, g);
+  if constexpr (NORM_IN)  // the norm weights' lines into L2 (stage_row_norm_in reads them after the wait)
+    for (int l = threadIdx.x; l < a.W.K * 4 / 128; l += blockDim.x)
+      asm volatile("prefetch.global.L2 [%0];" ::"l"(reinterpret_cast<const char*>(a.norm_in.norm_w) + l * 128));
   float fold_bias = 0.f;  // block 0: the router's bias for the fold's copy (finish_tiles_fold)
   if constexpr (FOLD)
     if (blockIdx.x == 0 && threadIdx.x < a.r.fold.E) fold_bias = __ldg(a.r.fold.bias + threadIdx.x);
@@ -237,7 +308,10 @@ __global__ void __launch_bounds__(KS * 32, skinny_min_blocks(NT, KS, RT)) skinny
     const int ntok = min(8 * NT, row_end - tok0);
     if constexpr (XS) {
       __syncthreads();  // the previous pass's readers are done with xs
-      stage_rows<kStageF16>(a, tok0, ntok, xs, xs_ld);
+      if constexpr (NORM_IN)
+        stage_row_norm_in<kChunkF16>(a, xs, red);
+      else
+        stage_rows<kStageF16>(a, tok0, ntok, xs, xs_ld);
       __syncthreads();
     } else {
 #pragma unroll
@@ -336,7 +410,8 @@ size_t skinny_smem_bytes(const SkinnyArgs& a, int NT, int KS, int RT, int SD) {
          (fold ? router_fold::stage_bytes(RT * 16, a.r.fold.E) : 0);
 }
 
-template <int FMT, int NT, int KS, int RT, int PF, bool XF16, bool TRY_CC = false, int SD = 0, bool FOLD = false>
+template <int FMT, int NT, int KS, int RT, int PF, bool XF16, bool TRY_CC = false, int SD = 0, bool FOLD = false,
+          bool NORM_IN = false>
 void launch_shape(const SkinnyArgs& a, int tiles, int groups, cudaStream_t s) {
   const size_t smem = skinny_smem_bytes<FMT>(a, NT, KS, RT, SD);
   if constexpr (FOLD) {  // linear_router_fold: o_proj's K only
@@ -344,6 +419,17 @@ void launch_shape(const SkinnyArgs& a, int tiles, int groups, cudaStream_t s) {
     allow_dynamic_smem(skinny_mma_kernel<FMT, NT, KS, RT, PF, XF16, 64, SD, true>, smem);
     launch_pdl(skinny_mma_kernel<FMT, NT, KS, RT, PF, XF16, 64, SD, true>, dim3((tiles + RT - 1) / RT, groups),
                dim3(KS * 32), smem, s, a);
+    return;
+  }
+  if constexpr (NORM_IN) {  // linear_norm_in: qkv's K only
+    if constexpr (SD * KS <= 45) {
+      if (a.W.K != 2880) throw Error("norm-in: qkv's staged kernel takes K = 2880 only");
+      allow_dynamic_smem(skinny_mma_kernel<FMT, NT, KS, RT, PF, XF16, 45, SD, false, true>, smem);
+      launch_pdl(skinny_mma_kernel<FMT, NT, KS, RT, PF, XF16, 45, SD, false, true>, dim3((tiles + RT - 1) / RT, groups),
+                 dim3(KS * 32), smem, s, a);
+    } else {
+      throw Error("norm-in: too many staged chunk groups for K = 2880");
+    }
     return;
   }
   auto go = [&](auto k) {
@@ -384,7 +470,7 @@ static int dense_stage_digits() {
   static const int v = env_int("GPTOSS_DENSE_STAGE", 32);
   return v;
 }
-template <int FMT, int NT, int KS, int RT, int PF, bool XF16, bool FOLD = false>
+template <int FMT, int NT, int KS, int RT, int PF, bool XF16, bool FOLD = false, bool NORM_IN = false>
 bool launch_staged(const SkinnyArgs& a, int tiles, int groups, int sd, cudaStream_t s) {
   if constexpr (NT == 1) {
     static const int max_rows = env_int("GPTOSS_DENSE_STAGE_ROWS", kStageRows);
@@ -395,10 +481,10 @@ bool launch_staged(const SkinnyArgs& a, int tiles, int groups, int sd, cudaStrea
     // static barrier).
     while (sd > 0 && skinny_smem_bytes<FMT>(a, NT, KS, RT, sd) > 227 * 1024 - 1024) --sd;
     switch (sd) {
-      case 1: launch_shape<FMT, NT, KS, RT, PF, XF16, true, 1, FOLD>(a, tiles, groups, s); return true;
-      case 2: launch_shape<FMT, NT, KS, RT, PF, XF16, true, 2, FOLD>(a, tiles, groups, s); return true;
-      case 3: launch_shape<FMT, NT, KS, RT, PF, XF16, true, 3, FOLD>(a, tiles, groups, s); return true;
-      case 4: if constexpr (KS == 8) { launch_shape<FMT, NT, KS, RT, PF, XF16, true, 4, FOLD>(a, tiles, groups, s); return true; }
+      case 1: launch_shape<FMT, NT, KS, RT, PF, XF16, true, 1, FOLD, NORM_IN>(a, tiles, groups, s); return true;
+      case 2: launch_shape<FMT, NT, KS, RT, PF, XF16, true, 2, FOLD, NORM_IN>(a, tiles, groups, s); return true;
+      case 3: launch_shape<FMT, NT, KS, RT, PF, XF16, true, 3, FOLD, NORM_IN>(a, tiles, groups, s); return true;
+      case 4: if constexpr (KS == 8) { launch_shape<FMT, NT, KS, RT, PF, XF16, true, 4, FOLD, NORM_IN>(a, tiles, groups, s); return true; }
         return false;
       default: return false;
     }
@@ -560,6 +646,27 @@ bool skinny_router_fold(const WeightMat& W, const bf16_t* A, int lda, const Epil
     case WeightMat::kFragBF16: ok = launch_staged<WeightMat::kFragBF16, 1, 16, 2, 1, false, true>(a, tiles, 1, sd, s); break;
     case WeightMat::kFragFP8: ok = launch_staged<WeightMat::kFragFP8, 1, 16, 2, 1, false, true>(a, tiles, 1, sd, s); break;
     case WeightMat::kFragMXFP4: ok = launch_staged<WeightMat::kFragMXFP4, 1, 16, 2, 3, false, true>(a, tiles, 1, sd, s); break;
+    default: break;
+  }
+  if (ok) GPTOSS_CUDA_LAUNCH_CHECK();
+  return ok;
+}
+
+bool skinny_norm_in(const WeightMat& W, const NormIn& in, const Epilogue& epi, cudaStream_t s) {
+  // qkv's one-token shape (launch_fmt: K = 2880, 8 warps over K, one row tile a block, staged).
+  const int tiles = W.N / 16;
+  if (!frag_packable(W) || W.K != 2880 || W.K / 4 > kNormPer * 8 * 32 || size_t(tiles) >= size_t(8 * 132) ||
+      !in.x || !in.moe || !in.norm_w || epi.mode == Epilogue::kScatterAdd || epi.mode == Epilogue::kSwiGLU)
+    return false;
+  SkinnyArgs a{W, nullptr, W.K, 1, false, false, MoeRouting{}, epi};
+  a.norm_in = in;
+  a.xs_rows = 1;
+  const int sd = dense_stage_digits() % 10;
+  bool ok = false;
+  switch (W.fmt) {
+    case WeightMat::kFragBF16: ok = launch_staged<WeightMat::kFragBF16, 1, 8, 1, 2, false, false, true>(a, tiles, 1, sd, s); break;
+    case WeightMat::kFragFP8: ok = launch_staged<WeightMat::kFragFP8, 1, 8, 1, 2, false, false, true>(a, tiles, 1, sd, s); break;
+    case WeightMat::kFragMXFP4: ok = launch_staged<WeightMat::kFragMXFP4, 1, 8, 1, 3, false, false, true>(a, tiles, 1, sd, s); break;
     default: break;
   }
   if (ok) GPTOSS_CUDA_LAUNCH_CHECK();

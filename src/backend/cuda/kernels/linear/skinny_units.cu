@@ -73,8 +73,9 @@ __device__ __forceinline__ int scan_units(const SkinnyArgs& a, int tb, int* s_un
 // into `scratch` (>= K floats of shared memory free until the first unit ends), in flight beside
 // the routing's loads; stage_row_fold finishes it after the first weight loads are out.
 // *s_inv_rms: the residual's RMS scale.
+// s_w: each group's softmax weight where down adds its weighted rows itself (RouterFold::moe_out).
 __device__ __forceinline__ int scan_units_fold(const SkinnyArgs& a, int tb, int* s_unit0, int* s_expert, int* s_start,
-                                               int* s_end, float* scratch, float* s_inv_rms) {
+                                               int* s_end, float* scratch, float* s_inv_rms, float* s_w) {
   const RouterFold& f = a.r.fold;
   if (!a.r.settled) pdl_wait();
   if (f.gate_up) {
@@ -84,8 +85,9 @@ __device__ __forceinline__ int scan_units_fold(const SkinnyArgs& a, int tb, int*
   if (threadIdx.x < 32) {
     const int lane = threadIdx.x;
     float inv_rms;
-    const router_fold::FoldPick p = router_fold::fold_route_warp(f, f.gate_up, inv_rms);
+    const router_fold::FoldPick p = router_fold::fold_route_warp(f, f.gate_up || f.moe_out, inv_rms);
     if (lane < f.k) {
+      s_w[p.slot] = p.w;
       s_unit0[p.slot] = p.slot * tb;
       s_expert[p.slot] = p.e;
       s_start[p.slot] = p.slot;
@@ -99,6 +101,21 @@ __device__ __forceinline__ int scan_units_fold(const SkinnyArgs& a, int tb, int*
   }
   __syncthreads();
   return f.k * tb;
+}
+
+// down after a folded router with the combine folded too (RouterFold::moe_out): finish_tiles, but
+// each row's output times its pair's weight w added into moe_out in fixed point (x 2^32; one
+// token: column 0 of the tile, lanes tq == 0) instead of stored.
+template <int KS, int RT>
+__device__ __forceinline__ void finish_tiles_moe_out(const SkinnyArgs& a, float* red, const float (&acc)[RT][1][4],
+                                                     int tile0, int expert, float w) {
+  constexpr int FMT = WeightMat::kFragMXFP4;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
+  float fin[1][4];
+  if (!sum_tile_slices<1, KS, RT>(red, acc, RT, fin) || tq != 0) return;
+  const TileRows tr = tile_rows<FMT>(a, expert, tile0 + warp, g);
+  router_fold::add_fixed(a.r.fold.moe_out + tr.lr0, w * (fin[0][0] * tr.sc0 + tr.b0), router_fold::kLogitScale);
+  router_fold::add_fixed(a.r.fold.moe_out + tr.lr1, w * (fin[0][2] * tr.sc1 + tr.b1), router_fold::kLogitScale);
 }
 
 // gate_up after a folded router, every thread: waits for scan_units_fold's copy of xg and stores
@@ -148,9 +165,9 @@ __global__ void __launch_bounds__(KS * 32, skinny_min_blocks(1, KS, RT, PF)) ski
 
   // (After a folded router, gate_up's row is staged by the scan through red, which holds K floats
   // at four row tiles: launch_skinny_units runs gate_up's fold in that shape only.)
-  __shared__ float s_inv_rms;
+  __shared__ float s_inv_rms, s_w[kMaxTopK];
   const bool row_staged = FOLD && a.r.fold.gate_up;  // by the fold's scan and stage_row_fold, for every unit
-  const int units = FOLD ? scan_units_fold(a, TB, s_unit0, s_expert, s_start, s_end, red, &s_inv_rms)
+  const int units = FOLD ? scan_units_fold(a, TB, s_unit0, s_expert, s_start, s_end, red, &s_inv_rms, s_w)
                          : scan_units<KS>(a, TB, s_unit0, s_expert, s_start, s_end, s_warp_passes);
   const int u0 = int(int64_t(blockIdx.x) * units / gridDim.x);
   const int u1 = int(int64_t(blockIdx.x + 1) * units / gridDim.x);
@@ -239,7 +256,14 @@ __global__ void __launch_bounds__(KS * 32, skinny_min_blocks(1, KS, RT, PF)) ski
       cur = unit_at(u + 1);
       load_first(cur);
     }
-    finish_tiles<FMT, 1, KS, RT>(a, red, acc, RT, done.tile0, done.expert, done.tok0, done.tok_end);
+    if constexpr (FOLD) {
+      if (a.r.fold.moe_out && !a.r.fold.gate_up)  // one pair a group: its slot is its first sorted row
+        finish_tiles_moe_out<KS, RT>(a, red, acc, done.tile0, done.expert, s_w[done.tok0]);
+      else
+        finish_tiles<FMT, 1, KS, RT>(a, red, acc, RT, done.tile0, done.expert, done.tok0, done.tok_end);
+    } else {
+      finish_tiles<FMT, 1, KS, RT>(a, red, acc, RT, done.tile0, done.expert, done.tok0, done.tok_end);
+    }
   }
 }
 
