@@ -974,7 +974,10 @@ void CudaBackend::run_pass(int n, const PassMeta& m, int n_rows, int nsplit) {
   // The combine folded (RouterFold::moe_out, one token): layer li's MoE output, in fixed point,
   // that layer li + 1's qkv and o_proj take in place of a combine launch; null when none is.
   const long long* moe_pending = nullptr;
-  const bool combine_fold = router_fold_ && combine_fold_ && n == 1 && !tap_layers_ && router_fold_mode_ == 1;
+  // (Not with the timing diagnostics of GPTOSS_CUDA_SKIP: a layer whose router fold they turn off
+  // would leave the previous layer's MoE output unadded.)
+  const bool combine_fold =
+      router_fold_ && combine_fold_ && n == 1 && !tap_layers_ && router_fold_mode_ == 1 && skip_.empty();
   for (size_t li = 0; li < layers_.size(); ++li) {
     const Layer& L = layers_[li];
     const int g = L.sliding ? kKvSliding : kKvFull;
