@@ -265,9 +265,11 @@ class CudaBackend final : public Backend {
   // layer, zeroed at the start of each one-token pass) and x * norm_w.
   bool router_fold_ = false;
   int router_fold_mode_ = 1;
-  // The combine folded too (RouterFold::moe_out; GPTOSS_COMBINE_FOLD=0 turns it off): each layer's
-  // MoE output in fixed point, [layers][H], zeroed with the router's sums.
-  bool combine_fold_ = false;
+  // The combine folded too (RouterFold::moe_out): each layer's MoE output in fixed point,
+  // [layers][H], zeroed with the router's sums. GPTOSS_COMBINE_FOLD: 0 off, 1 (default) where qkv
+  // has bf16 or fp8 weights, 2 also with MXFP4 qkv (there it measured 0.3-0.6% slower, s29r2: the
+  // MXFP4 kernel that normalizes its row spills).
+  int combine_fold_ = 0;
   long long* fold_moe_ = nullptr;
   long long* fold_acc_ = nullptr;
   float* fold_xg_ = nullptr;
@@ -784,7 +786,7 @@ void CudaBackend::repack_weights() {
   // here and every expert local), the batch-invariant mode aside (its router runs apart at every
   // size), and a router the fold's kernels hold (bf16, E <= 128, top-k <= 8).
   router_fold_mode_ = env_int("GPTOSS_ROUTER_FOLD", 1);
-  combine_fold_ = env_int("GPTOSS_COMBINE_FOLD", 1) != 0;
+  combine_fold_ = env_int("GPTOSS_COMBINE_FOLD", 1);
   router_fold_ = router_fold_mode_ != 0 && !tp_.active() && !invariant_ &&
                  cfg_.num_experts <= kRouterFoldMaxE && cfg_.experts_per_token <= 8;
   for (Layer& L : layers_) {
@@ -1050,7 +1052,8 @@ void CudaBackend::run_pass(int n, const PassMeta& m, int n_rows, int nsplit) {
       throw Error("combine fold: o_proj did not take the previous layer's MoE output (its router fold did not run)");
     // This layer's combine folded into the next layer's qkv and o_proj: every layer but the last,
     // where the router folded (the next one's will: the layers share their shapes).
-    const bool fold_combine = combine_fold && folded && li + 1 < layers_.size();
+    const bool fold_combine = combine_fold && folded && li + 1 < layers_.size() &&
+                              (combine_fold_ == 2 || Wqkv.fmt != WeightMat::kFragMXFP4);
     if (fold_combine) fold.moe_out = fold_moe_ + li * size_t(H);
     moe_pending = nullptr;
     tp_all_reduce_x(n);
