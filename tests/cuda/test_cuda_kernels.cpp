@@ -1095,13 +1095,16 @@ struct DenseFrag {
   double bound() const { return fmt == WeightMat::kFragFP8 ? 6e-3 : 2e-3; }  // as SkinnyDense's
 };
 
-// Returns false (nothing checked) where the draw's logits come too close to a tie.
-bool check_router_fold(WeightMat::Format ofmt, const FoldCase& c, uint64_t seed) {
+// Returns false (nothing checked) where the draw's logits come too close to a tie. n tokens, the
+// first nv real (RouterFold::n_valid: the rest, a graph bucket's padding, take no pair).
+bool check_router_fold(WeightMat::Format ofmt, const FoldCase& c, uint64_t seed, int n = 1, int nv = -1) {
   const int E = c.E, k = c.k, H = c.H, Q = c.Q, I = c.I;
+  if (nv < 0) nv = n;
   FastRng r(seed);
-  const std::string at = "fmt=" + std::to_string(ofmt) + " E=" + std::to_string(E) + " I=" + std::to_string(I);
-  auto a = round_bf16(rand_f32(Q, r));
-  auto x0 = rand_f32(H, r, 3.f);
+  const std::string at = "fmt=" + std::to_string(ofmt) + " E=" + std::to_string(E) + " I=" + std::to_string(I) +
+                         " n=" + std::to_string(n) + (nv < n ? " valid=" + std::to_string(nv) : "");
+  auto a = round_bf16(rand_f32(size_t(n) * Q, r));
+  auto x0 = rand_f32(size_t(n) * H, r, 3.f);
   auto nw = rand_f32(H, r, 0.1f, 1.f);
   auto rw = to_bf16(rand_f32(size_t(E) * H, r, 0.02f));
   auto rb = rand_f32(E, r, 0.1f);
@@ -1109,36 +1112,41 @@ bool check_router_fold(WeightMat::Format ofmt, const FoldCase& c, uint64_t seed)
   Dev<int> flag(std::vector<int>{0});
   const DenseFrag dense_o(ofmt, H, Q, r, flag.p());
   const WeightMat& Po = dense_o.P;
-  const std::vector<float> o = dense_o.cpu(a);
-  // The CPU's layer from o_proj's output on.
-  std::vector<float> x1(H), xn(H), logits(E);
-  for (int h = 0; h < H; ++h) x1[h] = x0[h] + o[h];
-  cpu::rmsnorm(x1.data(), nw.data(), 1, H, 1e-5f, xn.data());
-  cpu::linear_bf16(xn.data(), 1, H, rw.data(), E, rb.data(), logits.data());
-  {
-    auto sorted = logits;
+  // The CPU's layer from o_proj's output on, token by token.
+  std::vector<float> x1(size_t(n) * H), xn(size_t(n) * H), logits(size_t(n) * E);
+  for (int t = 0; t < n; ++t) {
+    const std::vector<float> o = dense_o.cpu(std::vector<float>(a.begin() + size_t(t) * Q, a.begin() + size_t(t + 1) * Q));
+    for (int h = 0; h < H; ++h) x1[size_t(t) * H + h] = x0[size_t(t) * H + h] + o[h];
+  }
+  cpu::rmsnorm(x1.data(), nw.data(), n, H, 1e-5f, xn.data());
+  cpu::linear_bf16(xn.data(), n, H, rw.data(), E, rb.data(), logits.data());
+  for (int t = 0; t < nv; ++t) {
+    std::vector<float> sorted(logits.begin() + size_t(t) * E, logits.begin() + size_t(t + 1) * E);
     std::sort(sorted.begin(), sorted.end(), std::greater<float>());
     if (sorted[k - 1] - sorted[k] < 1e-3f) return false;
   }
-  std::vector<int32_t> idx(k);
-  std::vector<float> wts(k);
-  cpu::router_topk(logits.data(), 1, E, k, idx.data(), wts.data());
+  std::vector<int32_t> idx(size_t(n) * k);
+  std::vector<float> wts(size_t(n) * k);
+  cpu::router_topk(logits.data(), n, E, k, idx.data(), wts.data());
   auto gu_b = rand_bytes(r, size_t(E) * 2 * I * H / 2), gu_s = rand_bytes(r, size_t(E) * 2 * I * H / 32, 118, 121);
   auto dn_b = rand_bytes(r, size_t(E) * H * I / 2), dn_s = rand_bytes(r, size_t(E) * H * I / 32, 118, 121);
   auto gu_bias = rand_f32(size_t(E) * 2 * I, r, 0.1f), dn_bias = rand_f32(size_t(E) * H, r, 0.1f);
   std::vector<float> ref = x1;
-  for (int j = 0; j < k; ++j) {
-    const int e = idx[j];
-    std::vector<float> gu(2 * size_t(I)), act(I), y(H);
-    cpu::linear_mxfp4(xn.data(), 1, H, &gu_b[size_t(e) * 2 * I * H / 2], &gu_s[size_t(e) * 2 * I * H / 32], 2 * I,
-                      &gu_bias[size_t(e) * 2 * I], gu.data());
-    cpu::swiglu(gu.data(), 1, I, 7.f, act.data());
-    cpu::linear_mxfp4(act.data(), 1, I, &dn_b[size_t(e) * H * I / 2], &dn_s[size_t(e) * H * I / 32], H,
-                      &dn_bias[size_t(e) * H], y.data());
-    for (int h = 0; h < H; ++h) ref[h] += wts[j] * y[h];
-  }
+  for (int t = 0; t < nv; ++t)
+    for (int j = 0; j < k; ++j) {
+      const int e = idx[size_t(t) * k + j];
+      std::vector<float> gu(2 * size_t(I)), act(I), y(H);
+      cpu::linear_mxfp4(&xn[size_t(t) * H], 1, H, &gu_b[size_t(e) * 2 * I * H / 2], &gu_s[size_t(e) * 2 * I * H / 32],
+                        2 * I, &gu_bias[size_t(e) * 2 * I], gu.data());
+      cpu::swiglu(gu.data(), 1, I, 7.f, act.data());
+      cpu::linear_mxfp4(act.data(), 1, I, &dn_b[size_t(e) * H * I / 2], &dn_s[size_t(e) * H * I / 32], H,
+                        &dn_bias[size_t(e) * H], y.data());
+      for (int h = 0; h < H; ++h) ref[size_t(t) * H + h] += wts[size_t(t) * k + j] * y[h];
+    }
+  // The real tokens' rows of a token-major [n][H] vector.
+  auto real_rows = [&](const std::vector<float>& v) { return std::vector<float>(v.begin(), v.begin() + size_t(nv) * H); };
   // The device: experts in the fragment layout, the fold's sums and transposed router.
-  Dev<float> dgub(gu_bias), ddnb(dn_bias), dnw(nw), drb(rb), dx(x0), dxg(H), dbias_l2(E);
+  Dev<float> dgub(gu_bias), ddnb(dn_bias), dnw(nw), drb(rb), dx(x0), dxg(size_t(n) * H), dbias_l2(E);
   Dev<uint16_t> drw(rw), dwt(size_t(E) * H), da(to_bf16(a));
   Dev<uint8_t> dgu_b(gu_b), dgu_s(gu_s), ddn_b(dn_b), ddn_s(dn_s);
   Dev<uint8_t> fgu(cuda::frag_weight_bytes(WeightMat::kFragMXFP4, E, 2 * I, H)), fgus(gu_s.size());
@@ -1149,22 +1157,26 @@ bool check_router_fold(WeightMat::Format ofmt, const FoldCase& c, uint64_t seed)
                                   WeightMat::kFragMXFP4, fdn.p(), fdns.p(), flag.p(), 0);
   cuda::router_fold_transpose(reinterpret_cast<const cuda::bf16_t*>(drw.p()), E, H,
                               reinterpret_cast<cuda::bf16_t*>(dwt.p()), 0);
-  Dev<long long> acc(E + 1);
-  Dev<uint8_t> rmem(cuda::moe_routing_bytes(k, E));
-  auto rt = cuda::moe_routing_carve(rmem.p(), k, E);
-  Dev<uint16_t> act(size_t(k) * I);
-  Dev<float> y(size_t(k) * H);
-  const cuda::RouterFold fold{acc.p(), reinterpret_cast<const cuda::bf16_t*>(dwt.p()), dnw.p(), drb.p(),
-                              dbias_l2.p(), dxg.p(), 1e-5f, E, k, H, false};
+  const size_t nacc = size_t(n) * (E + 1);
+  Dev<long long> acc(nacc);
+  Dev<int32_t> dvalid(std::vector<int32_t>{nv});
+  Dev<uint8_t> rmem(cuda::moe_routing_bytes(n * k, E));
+  auto rt = cuda::moe_routing_carve(rmem.p(), n * k, E);
+  Dev<uint16_t> act(size_t(n) * k * I);
+  Dev<float> y(size_t(n) * k * H);
+  cuda::RouterFold fold{acc.p(), reinterpret_cast<const cuda::bf16_t*>(dwt.p()), dnw.p(), drb.p(),
+                        dbias_l2.p(), dxg.p(), 1e-5f, E, k, H, false};
+  fold.n = n;
+  fold.n_valid = nv < n ? dvalid.p() : nullptr;
   std::vector<float> first;
   for (int pass = 0; pass < 2; ++pass) {
-    acc.upload(std::vector<long long>(E + 1, 0));
+    acc.upload(std::vector<long long>(nacc, 0));
     dx.upload(x0);
     y.poison();
     act.poison();
     rmem.poison();
     dbias_l2.poison();
-    const bool folded = cuda::linear_router_fold(Po, reinterpret_cast<const cuda::bf16_t*>(da.p()), Q, 1,
+    const bool folded = cuda::linear_router_fold(Po, reinterpret_cast<const cuda::bf16_t*>(da.p()), Q, n,
                                                  Epilogue{Epilogue::kAddF32, dx.p(), H}, fold, 0);
     EXPECT_TRUE(folded) << at;
     if (!folded) return true;
@@ -1175,36 +1187,55 @@ bool check_router_fold(WeightMat::Format ofmt, const FoldCase& c, uint64_t seed)
     rd.settled = true;
     Epilogue ge{Epilogue::kSwiGLU, act.p(), I};
     ge.out_f16 = true;
-    cuda::linear_grouped(pgu, act.p(), H, k, E, true, rg, ge, 0, 1, true);  // (A unused: the row comes from xg)
-    cuda::linear_grouped(pdn, act.p(), I, k, E, false, rd, Epilogue{Epilogue::kStoreF32, y.p(), H}, 0, 1, true);
-    if (pass == 0) {  // o_proj's residual, sums and xg, before the combine
+    cuda::linear_grouped(pgu, act.p(), H, n * k, E, true, rg, ge, 0, n, true);  // (A unused: the rows come from xg)
+    cuda::linear_grouped(pdn, act.p(), I, n * k, E, false, rd, Epilogue{Epilogue::kStoreF32, y.p(), H}, 0, n, true);
+    if (pass == 0) {  // o_proj's residual, sums and xg, before the combine (every token's)
       // (Against the device's own residual: the CPU's fp8 o_proj is the bound's approximation.)
       const auto x1d = dx.download();
       EXPECT_LE(rel_err(x1d, x1), dense_o.bound()) << at << ": o_proj";
       auto sums = acc.download();
-      double ss = 0;
-      for (float v : x1d) ss += double(v) * v;
-      EXPECT_NEAR(double(sums[E]) / 16777216.0, ss, 1e-5 * ss) << at << ": the sum of squares";
-      std::vector<float> xg_ref(H);
-      for (int h = 0; h < H; ++h) xg_ref[h] = x1d[h] * nw[h];
-      EXPECT_LE(rel_err(dxg.download(), xg_ref), 1e-6) << at;
+      const auto xg = dxg.download();
+      for (int t = 0; t < n; ++t) {
+        double ss = 0;
+        for (int h = 0; h < H; ++h) ss += double(x1d[size_t(t) * H + h]) * x1d[size_t(t) * H + h];
+        EXPECT_NEAR(double(sums[size_t(t) * (E + 1) + E]) / 16777216.0, ss, 1e-5 * ss)
+            << at << ": the sum of squares of token " << t;
+      }
+      std::vector<float> xg_ref(size_t(n) * H);
+      for (size_t i = 0; i < xg_ref.size(); ++i) xg_ref[i] = x1d[i] * nw[i % H];
+      EXPECT_LE(rel_err(xg, xg_ref), 1e-6) << at;
     }
-    cuda::moe_combine(y.p(), rt, 1, k, H, dx.p(), nullptr, 1e-5f, nullptr, 0);
+    cuda::moe_combine(y.p(), rt, n, k, H, dx.p(), nullptr, 1e-5f, nullptr, 0);
     GPTOSS_CUDA_CHECK(cudaDeviceSynchronize());
-    std::vector<int32_t> gidx(k);
-    std::vector<float> gw(k);
-    GPTOSS_CUDA_CHECK(cudaMemcpy(gidx.data(), rt.topk_idx, k * 4, cudaMemcpyDeviceToHost));
-    GPTOSS_CUDA_CHECK(cudaMemcpy(gw.data(), rt.topk_w, k * 4, cudaMemcpyDeviceToHost));
-    EXPECT_EQ(gidx, idx) << at << ": the experts";
-    EXPECT_LE(rel_err(gw, wts), ofmt == WeightMat::kFragFP8 ? 3e-3 : 1e-4) << at << ": their weights";
-    auto got = dx.download();
-    EXPECT_LE(rel_err(got, ref), 1e-2) << at;
+    const int Pv = nv * k;
+    std::vector<int32_t> gidx(Pv);
+    std::vector<float> gw(Pv);
+    GPTOSS_CUDA_CHECK(cudaMemcpy(gidx.data(), rt.topk_idx, Pv * 4, cudaMemcpyDeviceToHost));
+    GPTOSS_CUDA_CHECK(cudaMemcpy(gw.data(), rt.topk_w, Pv * 4, cudaMemcpyDeviceToHost));
+    EXPECT_EQ(gidx, std::vector<int32_t>(idx.begin(), idx.begin() + Pv)) << at << ": the experts";
+    EXPECT_LE(rel_err(gw, std::vector<float>(wts.begin(), wts.begin() + Pv)), ofmt == WeightMat::kFragFP8 ? 3e-3 : 1e-4)
+        << at << ": their weights";
+    if (nv < n) {  // the padding's slots point at sorted pair 0; only the real tokens' pairs are sorted
+      std::vector<int32_t> slot(size_t(n) * k), counts(2), gend(E);
+      GPTOSS_CUDA_CHECK(cudaMemcpy(slot.data(), rt.slot_pair, slot.size() * 4, cudaMemcpyDeviceToHost));
+      GPTOSS_CUDA_CHECK(cudaMemcpy(counts.data(), rt.counts, 8, cudaMemcpyDeviceToHost));
+      GPTOSS_CUDA_CHECK(cudaMemcpy(gend.data(), rt.group_end, E * 4, cudaMemcpyDeviceToHost));
+      for (int p = Pv; p < n * k; ++p) EXPECT_EQ(slot[p], 0) << at << ": padding pair " << p;
+      EXPECT_GT(counts[0], 0) << at;
+      if (counts[0] > 0 && counts[0] <= E) EXPECT_EQ(gend[counts[0] - 1], Pv) << at << ": only the real tokens' pairs";
+    }
+    auto got = real_rows(dx.download());
+    EXPECT_LE(rel_err(got, real_rows(ref)), 1e-2) << at;
     if (pass == 0) {
       first = got;
-      std::printf("router fold %s: rel err %.3g\n", at.c_str(), rel_err(got, ref));
+      std::printf("router fold %s: rel err %.3g\n", at.c_str(), rel_err(got, real_rows(ref)));
     } else {
       EXPECT_EQ(0, std::memcmp(first.data(), got.data(), got.size() * 4)) << at << ": a second pass, other bits";
     }
+  }
+  if (n > 1) {  // (the combine folds at one token only)
+    EXPECT_EQ(flag.download()[0], 0);
+    return true;
   }
   // The combine folded as well (RouterFold::moe_out, NormIn): down adds the weighted rows into
   // fixed-point sums; the next layer's qkv (same format as o_proj) normalizes x + those sums as it
@@ -1274,6 +1305,25 @@ TEST_F(Kernels, RouterFoldedIntoOproj) {
       int tries = 0;
       while (!check_router_fold(ofmt, c, fresh_seed())) ASSERT_LT(++tries, 20) << "no draw without a near-tie";
     }
+}
+
+// The fold at 2-4 tokens: every token's sums, experts, weights and result against the CPU's, the
+// pairs sorted as the decode router sorts them (the combine reads gate_up's block 0's routing),
+// and a graph bucket's padding (RouterFold::n_valid) taking no pair.
+TEST_F(Kernels, RouterFoldedIntoOprojTokens) {
+  struct TokCase {
+    WeightMat::Format fmt;
+    int E, n, nv;
+  };
+  std::vector<TokCase> cases = {{WeightMat::kFragBF16, 32, 2, 2},  {WeightMat::kFragFP8, 32, 3, 3},
+                                {WeightMat::kFragMXFP4, 32, 4, 4}, {WeightMat::kFragBF16, 128, 4, 4},
+                                {WeightMat::kFragFP8, 128, 4, 3},  {WeightMat::kFragBF16, 32, 2, 1}};
+  if (small_mode()) cases = {{WeightMat::kFragBF16, 32, 4, 3}, {WeightMat::kFragFP8, 32, 2, 2}};
+  for (const TokCase& tc : cases) {
+    const FoldCase c{tc.E, 4, 2880, 4096, 2880, 5120};
+    int tries = 0;
+    while (!check_router_fold(tc.fmt, c, fresh_seed(), tc.n, tc.nv)) ASSERT_LT(++tries, 20) << "no draw without a near-tie";
+  }
 }
 
 // Exact ties everywhere (zero router rows, biases from three values): the lower expert index wins

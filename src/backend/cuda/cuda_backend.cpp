@@ -260,11 +260,14 @@ class CudaBackend final : public Backend {
   float* d_logits_ = nullptr;
   int32_t* d_greedy_ = nullptr;
   int* d_ticket_ = nullptr;  // moe_router_route: blocks done (the last one routes)
-  // The router folded into o_proj at one token (RouterFold, kernels.h): on where the model allows
-  // (router_fold_, GPTOSS_ROUTER_FOLD=0 turns it off); each layer's fixed-point sums (E + 1 a
-  // layer, zeroed at the start of each one-token pass) and x * norm_w.
+  // The router folded into o_proj at 1-4 tokens (RouterFold, kernels.h): on where the model allows
+  // (router_fold_, GPTOSS_ROUTER_FOLD=0 turns it off), in passes of at most fold_tokens_ tokens
+  // (GPTOSS_ROUTER_FOLD_TOKENS, 1-4, default 4); each layer's fixed-point sums
+  // (kRouterFoldMaxTokens x (E + 1) a layer, zeroed at the start of each such pass) and x * norm_w.
   bool router_fold_ = false;
   int router_fold_mode_ = 1;
+  int fold_tokens_ = kRouterFoldMaxTokens;
+  size_t fold_acc_layer() const { return size_t(kRouterFoldMaxTokens) * (cfg_.num_experts + 1); }
   // The combine folded too (RouterFold::moe_out): each layer's MoE output in fixed point,
   // [layers][H], zeroed with the router's sums. GPTOSS_COMBINE_FOLD: 0 off, 1 (default) where qkv
   // has bf16 or fp8 weights, 2 also with MXFP4 qkv (there it measured 0.3-0.6% slower, s29r2: the
@@ -786,6 +789,7 @@ void CudaBackend::repack_weights() {
   // here and every expert local), the batch-invariant mode aside (its router runs apart at every
   // size), and a router the fold's kernels hold (bf16, E <= 128, top-k <= 8).
   router_fold_mode_ = env_int("GPTOSS_ROUTER_FOLD", 1);
+  fold_tokens_ = std::clamp(env_int("GPTOSS_ROUTER_FOLD_TOKENS", kRouterFoldMaxTokens), 1, kRouterFoldMaxTokens);
   combine_fold_ = env_int("GPTOSS_COMBINE_FOLD", 1);
   router_fold_ = router_fold_mode_ != 0 && !tp_.active() && !invariant_ &&
                  cfg_.num_experts <= kRouterFoldMaxE && cfg_.experts_per_token <= 8;
@@ -832,9 +836,9 @@ void CudaBackend::alloc_workspace() {
   d_lp_ = dalloc<float>(kMaxLogitRows);
   d_ticket_ = dalloc<int>(1);  // moe_router_route's last-block counter: zero between launches
   if (router_fold_) {
-    fold_acc_ = dalloc<long long>(layers_.size() * size_t(E + 1 + H));  // the router's sums, then fold_moe_
-    fold_moe_ = fold_acc_ + layers_.size() * size_t(E + 1);
-    fold_xg_ = dalloc<float>(H);
+    fold_acc_ = dalloc<long long>(layers_.size() * (fold_acc_layer() + H));  // the router's sums, then fold_moe_
+    fold_moe_ = fold_acc_ + layers_.size() * fold_acc_layer();
+    fold_xg_ = dalloc<float>(size_t(kRouterFoldMaxTokens) * H);
     fold_bias_ = dalloc<float>(E);
   }
   GPTOSS_CUDA_CHECK(cudaMemsetAsync(d_ticket_, 0, sizeof(int), stream_));
@@ -963,8 +967,8 @@ void CudaBackend::run_pass(int n, const PassMeta& m, int n_rows, int nsplit) {
     prof_class_ = n <= kSkinnyMaxTokens ? 0 : 1;
     GPTOSS_CUDA_CHECK(cudaEventRecord(prof_start_, stream_));
   }
-  if (router_fold_ && n == 1)  // the fold's sums start at zero in every layer
-    GPTOSS_CUDA_CHECK(cudaMemsetAsync(fold_acc_, 0, layers_.size() * size_t(E + 1 + H) * sizeof(long long), stream_));
+  if (router_fold_ && n <= fold_tokens_)  // the fold's sums start at zero in every layer
+    GPTOSS_CUDA_CHECK(cudaMemsetAsync(fold_acc_, 0, layers_.size() * (fold_acc_layer() + H) * sizeof(long long), stream_));
   embed(embed_, m.tokens, n, H, x_, stream_);
   // Each layer's input norm comes with the residual update that precedes it: the first here,
   // the others from the previous layer's MoE combine.
@@ -1030,11 +1034,13 @@ void CudaBackend::run_pass(int n, const PassMeta& m, int n_rows, int nsplit) {
     // GPTOSS_CUDA_SKIP=route_once: the router runs in layer 0 only, the others reuse its routing
     // (and its normalized rows): what the router's launches cost inside the step.
     const bool route_once = skip("route_once") && li > 0;
-    // One token: the router folded into o_proj (RouterFold), where o_proj's kernel takes it.
-    RouterFold fold{fold_acc_ + li * size_t(E + 1), L.router_t, L.mlp_norm, L.router.bias, fold_bias_, fold_xg_,
+    // 1-4 tokens: the router folded into o_proj (RouterFold), where o_proj's kernel takes it.
+    RouterFold fold{fold_acc_ + li * fold_acc_layer(), L.router_t, L.mlp_norm, L.router.bias, fold_bias_, fold_xg_,
                     c.rms_eps, E, k, H, false};
     fold.moe_in = moe_pending;
-    const bool try_fold = n == 1 && L.router_t && fused_route && skinny && xn_f16 && router_fold_experts_take(Wgu) &&
+    fold.n = n;
+    fold.n_valid = route_padding_ ? nullptr : m.n_real;  // a bucket's padding takes no pair, as in the router
+    const bool try_fold = n <= fold_tokens_ && L.router_t && fused_route && skinny && xn_f16 && router_fold_experts_take(Wgu) &&
                           router_fold_experts_take(Wdn) && !skip("router") && !skip("experts") && !route_once;
     bool folded = false;
     // Tensor-parallel: rank 0 adds its o_proj part to the residual, the others store theirs; the

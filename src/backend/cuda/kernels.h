@@ -51,7 +51,7 @@ struct Epilogue {
   bool k_permuted = false;
 };
 
-// The router folded into o_proj at one token (kernels/moe/router_fold.cuh): no router launch.
+// The router folded into o_proj at 1-4 tokens (kernels/moe/router_fold.cuh): no router launch.
 // o_proj's blocks (linear_router_fold), as they finish their rows of the new residual x, add
 // those rows' share of the router logits (sum over their rows of x * norm_w * router weight) and
 // of x's sum of squares into acc, in fixed point (integer sums do not depend on the order the
@@ -61,12 +61,12 @@ struct Epilogue {
 // in its block 0, writes topk_w / topk_idx / slot_pair for the combine; down before its wait
 // (acc was complete two launches back, as MoeRouting::settled says).
 struct RouterFold {
-  long long* acc = nullptr;       // [E + 1], zero before o_proj: logits x 2^32 [E], sum of squares x 2^24
+  long long* acc = nullptr;       // [n][E + 1], zero before o_proj: logits x 2^32 [E], sum of squares x 2^24
   const bf16_t* w_t = nullptr;    // [H][E] the router's weights transposed (router_fold_transpose)
   const float* norm_w = nullptr;  // [H] the MoE's RMSNorm weights
   const float* bias = nullptr;    // [E] the router's bias
   float* bias_l2 = nullptr;       // [E] its copy, written by o_proj's block 0 (the readers find it in L2)
-  float* xg = nullptr;            // [H] x * norm_w (o_proj writes, gate_up reads)
+  float* xg = nullptr;            // [n][H] x * norm_w (o_proj writes, gate_up reads)
   float eps = 0.f;
   int E = 0, k = 0, H = 0;
   bool gate_up = false;  // this launch stages from xg and writes the combine's routing (else: down)
@@ -76,6 +76,11 @@ struct RouterFold {
   // (linear_norm_in) and its o_proj adds moe into the residual (moe_in, here).
   long long* moe_out = nullptr;       // down: [H], zero before
   const long long* moe_in = nullptr;  // o_proj: the previous layer's moe_out, or null
+  // Tokens of the pass (1 to kRouterFoldMaxTokens; the combine folds at one only): acc holds
+  // [n][E + 1] sums and xg [n][H] rows. n_valid: a graph bucket's real tokens (MoeRouting::n_valid;
+  // the rest take no expert pair), null where all n are.
+  int n = 1;
+  const int32_t* n_valid = nullptr;
 };
 // The next layer's input after a folded combine (RouterFold::moe_out): rows x + moe x 2^-32,
 // normalized with norm_w (RMSNorm, eps) by the kernel that reads them (linear_norm_in).
@@ -86,6 +91,9 @@ struct NormIn {
   float eps = 0.f;
 };
 constexpr int kRouterFoldMaxE = 128;
+// Tokens a folded pass takes: o_proj's staged kernel stages at most 4 activation rows, and the
+// expert kernels route every token's pairs in one warp (n * k <= 32).
+constexpr int kRouterFoldMaxTokens = 4;
 // Whether the expert kernels after a folded router take this expert matrix (fragment-layout
 // MXFP4, K = 2880: gpt-oss's gate_up and down).
 bool router_fold_experts_take(const WeightMat& W);
@@ -136,8 +144,9 @@ MoeRouting moe_routing_carve(void* mem, int max_pairs, int E);
 // a row's numerics do not depend on its batch companions (see choose_linear_kernel).
 void linear(const WeightMat& W, const bf16_t* A, int lda, int M, const Epilogue& epi, cudaStream_t s,
             bool invariant = false, CublasLtGemm* blas = nullptr);
-// linear() with the router folded in (RouterFold): one token, a residual-add epilogue, fragment
-// weights whose decode kernel takes the fold (o_proj's staged one-token shape). Returns false
+// linear() with the router folded in (RouterFold): M = fold.n tokens (at most
+// kRouterFoldMaxTokens and the rows o_proj's staged kernel stages), a residual-add epilogue,
+// fragment weights whose decode kernel takes the fold (o_proj's staged shape). Returns false
 // without launching anything where it does not; the caller then runs linear() and the router.
 bool linear_router_fold(const WeightMat& W, const bf16_t* A, int lda, int M, const Epilogue& epi,
                         const RouterFold& fold, cudaStream_t s);

@@ -948,7 +948,7 @@ void linear(const WeightMat& W, const bf16_t* A, int lda, int M, const Epilogue&
 
 bool linear_router_fold(const WeightMat& W, const bf16_t* A, int lda, int M, const Epilogue& epi,
                         const RouterFold& fold, cudaStream_t s) {
-  if (M != 1 || !fold.acc || epi.mode != Epilogue::kAddF32) return false;
+  if (M < 1 || M > kRouterFoldMaxTokens || M != fold.n || !fold.acc || epi.mode != Epilogue::kAddF32) return false;
   check_args(W, epi);
   if (pick(W, M, M, false) != LinearKernel::kSkinnyMma) return false;
   return skinny_router_fold(W, A, lda, epi, fold, s);

@@ -117,45 +117,54 @@ __device__ __forceinline__ void stage_row_norm_in(const SkinnyArgs& a, uint16_t*
   }
 }
 
-// The router folded into o_proj (RouterFold, one token, staged launches): finish_tiles for
-// token 0 with the residual add written out, then each finished row's x * norm_w and x^2 to
-// shared memory and xg, and the block's partial logits and sum of squares into the fold's sums.
+// The router folded into o_proj (RouterFold, 1-4 tokens, staged launches): finish_tiles with the
+// residual add written out, then each finished row's x * norm_w and x^2 (every token of the pass)
+// to shared memory and xg, and the block's partial logits and sums of squares into the fold's sums.
 // w_s / g_s: the block's rows' router and norm weights, staged before the wait.
 // bias_v: block 0's thread t < E holds the router's bias of expert t, copied to the fold's bias_l2.
 template <int FMT, int KS, int RT>
 __device__ __forceinline__ void finish_tiles_fold(const SkinnyArgs& a, float* red, const float (&acc)[RT][1][4],
                                                   int tile0, const uint16_t* w_s, const float* g_s, float bias_v) {
+  constexpr int kRows = RT * 16;
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
   const RouterFold& f = a.r.fold;
-  __shared__ float xg_s[RT * 16], sq_s[RT * 16];
+  const int ntok = a.M;
+  __shared__ float xg_s[kRouterFoldMaxTokens * kRows], sq_s[kRouterFoldMaxTokens * kRows];
   float fin[1][4];
-  // Rows g, g + 8 of tile tile0 + warp; token 0 is column 0 (fin[0][0], fin[0][2]).
-  if (sum_tile_slices<1, KS, RT>(red, acc, RT, fin) && tq == 0) {
+  // Rows g, g + 8 of tile tile0 + warp; token 2 tq + c is column c of the lane's pair (fin[0][c],
+  // fin[0][2 + c]).
+  if (sum_tile_slices<1, KS, RT>(red, acc, RT, fin)) {
     const TileRows tr = tile_rows<FMT>(a, 0, tile0 + warp, g);
-    float* x = static_cast<float*>(a.epi.out);
-    // What tile_store's kAddF32 stores, kept for the sums below; after a folded combine the
-    // residual takes the previous layer's MoE output first (RouterFold::moe_in), as the combine
-    // would have added it.
-    float m0 = 0.f, m1 = 0.f;
-    if (f.moe_in) {
-      m0 = __ll2float_rn(__ldcg(f.moe_in + tr.lr0)) * (1.f / router_fold::kLogitScale);
-      m1 = __ll2float_rn(__ldcg(f.moe_in + tr.lr1)) * (1.f / router_fold::kLogitScale);
-    }
-    const float n0 = (x[tr.lr0] + m0) + (fin[0][0] * tr.sc0 + tr.b0), n1 = (x[tr.lr1] + m1) + (fin[0][2] * tr.sc1 + tr.b1);
-    x[tr.lr0] = n0;
-    x[tr.lr1] = n1;
     const int l0 = warp * 16 + g, l1 = l0 + 8;  // the rows within the block (tr.lr - tile0 * 16)
-    const float xg0 = n0 * g_s[l0], xg1 = n1 * g_s[l1];
-    xg_s[l0] = xg0;
-    xg_s[l1] = xg1;
-    sq_s[l0] = n0 * n0;
-    sq_s[l1] = n1 * n1;
-    f.xg[tr.lr0] = xg0;
-    f.xg[tr.lr1] = xg1;
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      const int t = 2 * tq + c;
+      if (t >= ntok) continue;
+      float* x = static_cast<float*>(a.epi.out) + size_t(t) * a.epi.ldo;
+      // What tile_store's kAddF32 stores, kept for the sums below; after a folded combine (one
+      // token) the residual takes the previous layer's MoE output first (RouterFold::moe_in), as
+      // the combine would have added it.
+      float m0 = 0.f, m1 = 0.f;
+      if (f.moe_in) {
+        m0 = __ll2float_rn(__ldcg(f.moe_in + tr.lr0)) * (1.f / router_fold::kLogitScale);
+        m1 = __ll2float_rn(__ldcg(f.moe_in + tr.lr1)) * (1.f / router_fold::kLogitScale);
+      }
+      const float n0 = (x[tr.lr0] + m0) + (fin[0][c] * tr.sc0 + tr.b0),
+                  n1 = (x[tr.lr1] + m1) + (fin[0][2 + c] * tr.sc1 + tr.b1);
+      x[tr.lr0] = n0;
+      x[tr.lr1] = n1;
+      const float xg0 = n0 * g_s[l0], xg1 = n1 * g_s[l1];
+      xg_s[t * kRows + l0] = xg0;
+      xg_s[t * kRows + l1] = xg1;
+      sq_s[t * kRows + l0] = n0 * n0;
+      sq_s[t * kRows + l1] = n1 * n1;
+      f.xg[size_t(t) * f.H + tr.lr0] = xg0;
+      f.xg[size_t(t) * f.H + tr.lr1] = xg1;
+    }
   }
   if (blockIdx.x == 0 && threadIdx.x < f.E) f.bias_l2[threadIdx.x] = bias_v;
   __syncthreads();
-  router_fold::fold_add_partials(f, RT * 16, xg_s, sq_s, w_s, red);
+  router_fold::fold_add_partials(f, kRows, ntok, xg_s, sq_s, w_s, red);
 }
 
 // CC: the chunks of a row (K / 64) at compile time, or 0 for any K. With CC, every weight and
@@ -166,7 +175,7 @@ __device__ __forceinline__ void finish_tiles_fold(const SkinnyArgs& a, float* re
 // the activation rows (MXFP4: their scale words after them, a second copy a tile), so that while
 // the kernel before it still runs, more of its weights are on their way than its registers could
 // hold; warp w reads its first SD chunks from there.
-// FOLD (staged one-token o_proj launches only, linear_router_fold): the router's partial sums
+// FOLD (staged o_proj launches at 1-4 tokens only, linear_router_fold): the router's partial sums
 // in the epilogue (finish_tiles_fold), its rows' router and norm weights staged beside the weights.
 // NORM_IN (staged one-token qkv launches only, linear_norm_in): the row staged as
 // rmsnorm(x + moe) by stage_row_norm_in, its norm weights loaded before the wait.
@@ -175,7 +184,7 @@ template <int FMT, int NT, int KS, int RT, int PF, bool XF16, int CC, int SD = 0
 __global__ void __launch_bounds__(KS * 32, skinny_min_blocks(NT, KS, RT)) skinny_mma_kernel(SkinnyArgs a) {
   static_assert(PF >= 1 && RT <= KS, "prefetch depth; one finishing warp per row tile");
   static_assert(SD == 0 || (CC > 0 && NT == 1 && SD * KS <= CC), "staged chunks");
-  static_assert(!FOLD || (SD > 0 && NT == 1), "the router fold rides the staged one-token kernel");
+  static_assert(!FOLD || (SD > 0 && NT == 1), "the router fold rides the staged one-n-tile kernel");
   static_assert(!NORM_IN || (SD > 0 && NT == 1 && !FOLD), "the norm-in staging rides the staged one-token kernel");
   constexpr int P = SD * KS;  // chunks of each row tile staged in shared memory
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
@@ -389,7 +398,7 @@ __global__ void __launch_bounds__(KS * 32, skinny_min_blocks(NT, KS, RT)) skinny
     wl = wl0;  // the next token pass starts over
     sl = sl0;
 
-    if constexpr (FOLD)  // one token: this is the only pass
+    if constexpr (FOLD)  // at most 4 tokens: this is the only pass
       finish_tiles_fold<FMT, KS, RT>(a, red, acc, tile0, fold_w, fold_g, fold_bias);
     else
       finish_tiles<FMT, NT, KS, RT>(a, red, acc, nrt, tile0, expert, tok0, row_end);
@@ -627,18 +636,19 @@ const char* skinny_variant_name(int v) {
 
 bool skinny_router_fold(const WeightMat& W, const bf16_t* A, int lda, const Epilogue& epi, const RouterFold& fold,
                         cudaStream_t s) {
-  // o_proj's one-token shape (launch_fmt: K = 4096, 16 warps over K, two row tiles a block,
+  // o_proj's shape at 1-4 tokens (launch_fmt: K = 4096, 16 warps over K, two row tiles a block,
   // staged), with the fold's bulk copies beside its staged weights.
   const int tiles = W.N / 16;
   const int fmt_bit = W.fmt == WeightMat::kFragMXFP4 ? 2 : 1;
   if (!frag_packable(W) || epi.mode != Epilogue::kAddF32 || W.K != 4096 || tiles % 2 != 0 ||
-      size_t(tiles) >= size_t(8 * 132) || !(dense_two_tile_bits() & fmt_bit) || fold.E < 1 ||
+      size_t(tiles) >= size_t(8 * 132) || !(dense_two_tile_bits() & fmt_bit) || fold.E < 1 || fold.n < 1 ||
+      fold.n > kRouterFoldMaxTokens || fold.n * fold.k > 32 ||
       fold.E > kRouterFoldMaxE || fold.k < 1 || fold.k > 8 || fold.H != W.N || !fold.w_t || !fold.xg || !fold.bias ||
       !fold.bias_l2)
     return false;
-  SkinnyArgs a{W, A, lda, 1, false, false, MoeRouting{}, epi};
+  SkinnyArgs a{W, A, lda, fold.n, false, false, MoeRouting{}, epi};
   a.r.fold = fold;
-  a.xs_rows = 1;
+  a.xs_rows = fold.n;
   a.stage_async = stage_async_enabled();
   const int sd = dense_stage_digits() / 10 % 10;
   bool ok = false;

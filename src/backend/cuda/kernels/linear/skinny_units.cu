@@ -66,41 +66,102 @@ __device__ __forceinline__ int scan_units(const SkinnyArgs& a, int tb, int* s_un
   return total * tb;
 }
 
-// scan_units after a folded router (MoeRouting::fold, one token): warp 0 routes from the fold's
-// sums (after the wait unless settled) and the k selected experts become groups of one pair each,
-// in expert order, one pass each; gate_up's block 0 writes the routing the combine reads. gate_up
-// also starts its one row's copy here (every group's pair is token 0's row): the fold's x * norm_w
-// into `scratch` (>= K floats of shared memory free until the first unit ends), in flight beside
-// the routing's loads; stage_row_fold finishes it after the first weight loads are out.
-// *s_inv_rms: the residual's RMS scale.
-// s_w: each group's softmax weight where down adds its weighted rows itself (RouterFold::moe_out).
+// scan_units after a folded router (MoeRouting::fold, 1-4 tokens). One token: warp 0 routes from
+// the fold's sums (after the wait unless settled) and the k selected experts become groups of one
+// pair each, in expert order, one pass each; gate_up also starts its one row's copy here (every
+// group's pair is token 0's row): the fold's x * norm_w into `scratch` (>= K floats of shared
+// memory free until the first unit ends), in flight beside the routing's loads; stage_row_fold
+// finishes it after the first weight loads are out. 2-4 tokens: warp t routes token t (the real
+// ones: RouterFold::n_valid), then warp 0 sorts the pairs by expert, then token (moe_sort_warp's
+// order), into groups of one pass each (a group holds at most 4 tokens).
+// gate_up's block 0 writes the routing the combine reads. s_tok[p]: sorted pair p's token (the
+// row of xs stage_row_fold puts it in); s_inv_rms[t]: token t's RMS scale.
+// s_w: each group's softmax weight where down adds its weighted rows itself (RouterFold::moe_out,
+// one token).
 __device__ __forceinline__ int scan_units_fold(const SkinnyArgs& a, int tb, int* s_unit0, int* s_expert, int* s_start,
-                                               int* s_end, float* scratch, float* s_inv_rms, float* s_w) {
+                                               int* s_end, float* scratch, float* s_inv_rms, float* s_w, int* s_tok) {
   const RouterFold& f = a.r.fold;
   if (!a.r.settled) pdl_wait();
-  if (f.gate_up) {
-    for (int i = threadIdx.x; i < a.W.K / 4; i += blockDim.x) ptx::cp_async16(scratch + 4 * i, f.xg + 4 * i, true);
-    ptx::cp_async_commit();
+  const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+  if (f.n == 1) {
+    if (f.gate_up) {
+      for (int i = threadIdx.x; i < a.W.K / 4; i += blockDim.x) ptx::cp_async16(scratch + 4 * i, f.xg + 4 * i, true);
+      ptx::cp_async_commit();
+    }
+    if (warp == 0) {
+      float inv_rms;
+      const router_fold::FoldPick p = router_fold::fold_route_warp(f, 0, f.gate_up || f.moe_out, inv_rms);
+      if (lane < f.k) {
+        s_w[p.slot] = p.w;
+        s_unit0[p.slot] = p.slot * tb;
+        s_expert[p.slot] = p.e;
+        s_start[p.slot] = p.slot;
+        s_end[p.slot] = p.slot + 1;
+        s_tok[p.slot] = 0;
+        if (f.gate_up && blockIdx.x == 0) router_fold::fold_write_routing(a.r, lane, f.k, p);
+      }
+      if (lane == 0) {
+        s_unit0[f.k] = f.k * tb;
+        s_inv_rms[0] = inv_rms;
+      }
+    }
+    __syncthreads();
+    return f.k * tb;
   }
-  if (threadIdx.x < 32) {
-    const int lane = threadIdx.x;
+  // 2-4 tokens. The picks in token order ([t][j], as topk_idx), then the sort.
+  __shared__ int s_pick_e[kRouterFoldMaxTokens * kMaxTopK];
+  __shared__ float s_pick_w[kRouterFoldMaxTokens * kMaxTopK];
+  __shared__ int s_units;
+  const int k = f.k, nv = f.n_valid ? max(0, min(f.n, *f.n_valid)) : f.n;
+  if (warp < nv) {
     float inv_rms;
-    const router_fold::FoldPick p = router_fold::fold_route_warp(f, f.gate_up || f.moe_out, inv_rms);
-    if (lane < f.k) {
-      s_w[p.slot] = p.w;
-      s_unit0[p.slot] = p.slot * tb;
-      s_expert[p.slot] = p.e;
-      s_start[p.slot] = p.slot;
-      s_end[p.slot] = p.slot + 1;
-      if (f.gate_up && blockIdx.x == 0) router_fold::fold_write_routing(a.r, lane, f.k, p);
+    const router_fold::FoldPick p = router_fold::fold_route_warp(f, warp, true, inv_rms);
+    if (lane < k) {
+      s_pick_e[warp * k + lane] = p.e;
+      s_pick_w[warp * k + lane] = p.w;
+    }
+    if (lane == 0) s_inv_rms[warp] = inv_rms;
+  }
+  __syncthreads();
+  if (warp == 0) {
+    const int P = nv * k;
+    // Lane p ranks pair p among all (by expert, then pair index): moe_sort_warp's slots.
+    const int e = lane < P ? s_pick_e[lane] : 0x7fffffff;
+    const unsigned same_mask = __match_any_sync(0xffffffffu, e);
+    const int same = __popc(same_mask), same_before = __popc(same_mask & ((1u << lane) - 1u));
+    const unsigned firsts = __ballot_sync(0xffffffffu, lane < P && same_before == 0);
+    int before = 0, groups_before = 0;
+    for (int q = 0; q < P; ++q) {
+      const int eq = __shfl_sync(0xffffffffu, e, q);
+      before += eq < e;
+      groups_before += int((firsts >> q) & 1u) & int(eq < e);
+    }
+    const int groups = __popc(firsts);
+    if (lane < P) {
+      s_tok[before + same_before] = lane / k;
+      if ((firsts >> lane) & 1u) {
+        s_unit0[groups_before] = groups_before * tb;
+        s_expert[groups_before] = e;
+        s_start[groups_before] = before;
+        s_end[groups_before] = before + same;
+      }
     }
     if (lane == 0) {
-      s_unit0[f.k] = f.k * tb;
-      *s_inv_rms = inv_rms;
+      s_unit0[groups] = groups * tb;
+      s_units = groups * tb;
+    }
+    if (f.gate_up && blockIdx.x == 0) {
+      // The combine's routing, as the fused decode router leaves it (route_sort.cuh).
+      if (lane < P) {
+        a.r.topk_idx[lane] = s_pick_e[lane];
+        a.r.topk_w[lane] = s_pick_w[lane];
+      }
+      moe_sort_warp(P, k, a.r, 0, f.E, s_pick_e, s_pick_w);
+      clear_padding_slots(a.r, P, f.n * k, lane, 32);
     }
   }
   __syncthreads();
-  return f.k * tb;
+  return s_units;
 }
 
 // down after a folded router with the combine folded too (RouterFold::moe_out): finish_tiles, but
@@ -118,18 +179,33 @@ __device__ __forceinline__ void finish_tiles_moe_out(const SkinnyArgs& a, float*
   router_fold::add_fixed(a.r.fold.moe_out + tr.lr1, w * (fin[0][2] * tr.sc1 + tr.b1), router_fold::kLogitScale);
 }
 
-// gate_up after a folded router, every thread: waits for scan_units_fold's copy of xg and stores
-// the row scaled by the RMS scale in fp16 (what the router's fused norm would have left in xn).
-__device__ __forceinline__ void stage_row_fold(const SkinnyArgs& a, const float* scratch, float inv_rms, uint16_t* xs) {
-  ptx::cp_async_wait<0>();
-  __syncthreads();
-  for (int i = threadIdx.x; i < a.W.K / 4; i += blockDim.x) {
-    const float4 v = reinterpret_cast<const float4*>(scratch)[i];
+// gate_up after a folded router, every thread: stores each token's row scaled by its RMS scale in
+// fp16 (what the router's fused norm would have left in xn) into xs row t. One token: from
+// scan_units_fold's copy of xg (waited for here); 2-4 tokens: from xg in L2 (the real tokens'
+// rows; the loads go out under the first weight loads).
+__device__ __forceinline__ void stage_row_fold(const SkinnyArgs& a, const float* scratch, const float* s_inv_rms,
+                                               uint16_t* xs, int xs_ld) {
+  const RouterFold& f = a.r.fold;
+  auto store = [&](uint16_t* dst, float4 v, float inv_rms) {
     const __half2 lo = __floats2half2_rn(v.x * inv_rms, v.y * inv_rms), hi = __floats2half2_rn(v.z * inv_rms, v.w * inv_rms);
     uint2 w;
     w.x = *reinterpret_cast<const uint32_t*>(&lo);
     w.y = *reinterpret_cast<const uint32_t*>(&hi);
-    *reinterpret_cast<uint2*>(xs + 4 * i) = w;
+    *reinterpret_cast<uint2*>(dst) = w;
+  };
+  const int n4 = a.W.K / 4;
+  if (f.n == 1) {
+    ptx::cp_async_wait<0>();
+    __syncthreads();
+    const float inv_rms = s_inv_rms[0];
+    for (int i = threadIdx.x; i < n4; i += blockDim.x) store(xs + 4 * i, reinterpret_cast<const float4*>(scratch)[i], inv_rms);
+  } else {
+    const int nv = f.n_valid ? max(0, min(f.n, *f.n_valid)) : f.n;
+    for (int i = threadIdx.x; i < nv * n4; i += blockDim.x) {
+      const int t = i / n4, c = i - t * n4;
+      const float4 v = __ldcg(reinterpret_cast<const float4*>(f.xg + size_t(t) * f.H) + c);
+      store(xs + size_t(t) * xs_ld + 4 * c, v, s_inv_rms[t]);
+    }
   }
   __syncthreads();
 }
@@ -165,9 +241,12 @@ __global__ void __launch_bounds__(KS * 32, skinny_min_blocks(1, KS, RT, PF)) ski
 
   // (After a folded router, gate_up's row is staged by the scan through red, which holds K floats
   // at four row tiles: launch_skinny_units runs gate_up's fold in that shape only.)
-  __shared__ float s_inv_rms, s_w[kMaxTopK];
-  const bool row_staged = FOLD && a.r.fold.gate_up;  // by the fold's scan and stage_row_fold, for every unit
-  const int units = FOLD ? scan_units_fold(a, TB, s_unit0, s_expert, s_start, s_end, red, &s_inv_rms, s_w)
+  __shared__ float s_inv_rms[FOLD ? kRouterFoldMaxTokens : 1], s_w[kMaxTopK];
+  __shared__ int s_tok[FOLD ? kRouterFoldMaxTokens * kMaxTopK : 1];
+  // The tokens' rows staged once, row t token t, by the fold's scan and stage_row_fold, for every
+  // unit (a unit's B row g is its sorted pair's token's: s_tok).
+  const bool row_staged = FOLD && a.r.fold.gate_up;
+  const int units = FOLD ? scan_units_fold(a, TB, s_unit0, s_expert, s_start, s_end, red, s_inv_rms, s_w, s_tok)
                          : scan_units<KS>(a, TB, s_unit0, s_expert, s_start, s_end, s_warp_passes);
   const int u0 = int(int64_t(blockIdx.x) * units / gridDim.x);
   const int u1 = int(int64_t(blockIdx.x + 1) * units / gridDim.x);
@@ -209,7 +288,7 @@ __global__ void __launch_bounds__(KS * 32, skinny_min_blocks(1, KS, RT, PF)) ski
   load_first(cur);
   if (a.r.settled) pdl_wait();
   pdl_trigger();
-  if (row_staged) stage_row_fold(a, red, s_inv_rms, xs);  // under the first weight loads
+  if (row_staged) stage_row_fold(a, red, s_inv_rms, xs, xs_ld);  // under the first weight loads
 
   int staged_tok0 = -1;  // the pass whose rows xs holds (its first sorted pair)
   for (int u = u0; u < u1; ++u) {
@@ -221,7 +300,10 @@ __global__ void __launch_bounds__(KS * 32, skinny_min_blocks(1, KS, RT, PF)) ski
       __syncthreads();
       staged_tok0 = cur.tok0;
     }
-    const uint16_t* xs_lane = xs + size_t(g) * xs_ld + 8 * (lane & 3);
+    int xs_row = g;
+    if constexpr (FOLD)
+      if (row_staged) xs_row = g < ntok ? s_tok[cur.tok0 + g] : 0;
+    const uint16_t* xs_lane = xs + size_t(xs_row) * xs_ld + 8 * (lane & 3);
     float acc[RT][1][4];
 #pragma unroll
     for (int r = 0; r < RT; ++r) acc[r][0][0] = acc[r][0][1] = acc[r][0][2] = acc[r][0][3] = 0.f;

@@ -34,35 +34,45 @@ __device__ __forceinline__ void add_fixed(long long* dst, float v, float scale) 
   atomicAdd(reinterpret_cast<unsigned long long*>(dst), static_cast<unsigned long long>(q));
 }
 
-// Every thread of an o_proj block, once its rows of the new residual are final: xg_s[r] = x *
-// norm_w and sq_s[r] = x^2 of its `rows` rows, w_s their router weights [rows][E] (bf16 bits),
-// part blockDim.x floats of free shared memory. Adds the block's partial logits (rows summed in
-// a fixed order per thread, the threads' parts in thread order) and its sum of squares into
-// f.acc. blockDim.x > E.
-__device__ __forceinline__ void fold_add_partials(const RouterFold& f, int rows, const float* xg_s, const float* sq_s,
-                                                  const uint16_t* w_s, float* part) {
+// Every thread of an o_proj block, once its rows of the new residual are final: xg_s[t][r] = x *
+// norm_w and sq_s[t][r] = x^2 of its `rows` rows for each of the pass's ntok tokens, w_s their
+// router weights [rows][E] (bf16 bits), part ntok * blockDim.x floats of free shared memory. Adds
+// the block's partial logits (rows summed in a fixed order per thread, the threads' parts in thread
+// order) and its sums of squares into f.acc ([t][E + 1]). blockDim.x >= E.
+__device__ __forceinline__ void fold_add_partials(const RouterFold& f, int rows, int ntok, const float* xg_s,
+                                                  const float* sq_s, const uint16_t* w_s, float* part) {
   const int E = f.E, tid = threadIdx.x, nq = blockDim.x / E;
   if (tid < nq * E) {
     const int q = tid / E, e = tid - q * E;
-    float s = 0.f;
-    for (int r = q; r < rows; r += nq) s = fmaf(xg_s[r], bf16_bits_to_f32(w_s[r * E + e]), s);
-    part[q * E + e] = s;
+    float s[kRouterFoldMaxTokens] = {};
+    for (int r = q; r < rows; r += nq) {
+      const float w = bf16_bits_to_f32(w_s[r * E + e]);
+#pragma unroll
+      for (int t = 0; t < kRouterFoldMaxTokens; ++t)
+        if (t < ntok) s[t] = fmaf(xg_s[t * rows + r], w, s[t]);
+    }
+#pragma unroll
+    for (int t = 0; t < kRouterFoldMaxTokens; ++t)
+      if (t < ntok) part[(t * nq + q) * E + e] = s[t];
   }
   __syncthreads();
-  if (tid < E) {
+  for (int i = tid; i < ntok * E; i += blockDim.x) {
+    const int t = i / E, e = i - t * E;
     float s = 0.f;
-    for (int q = 0; q < nq; ++q) s += part[q * E + tid];
-    add_fixed(f.acc + tid, s, kLogitScale);
-  } else if (tid == E) {
+    for (int q = 0; q < nq; ++q) s += part[(t * nq + q) * E + e];
+    add_fixed(f.acc + t * (E + 1) + e, s, kLogitScale);
+  }
+  if (tid >= blockDim.x - ntok) {  // (threads past the logits' first round where ntok * E <= blockDim.x)
+    const int t = tid - (blockDim.x - ntok);
     float s = 0.f;
-    for (int r = 0; r < rows; ++r) s += sq_s[r];
-    add_fixed(f.acc + E, s, kSsScale);
+    for (int r = 0; r < rows; ++r) s += sq_s[t * rows + r];
+    add_fixed(f.acc + t * (E + 1) + E, s, kSsScale);
   }
 }
 
 // One token's routing, lane j < k of the routing warp holding selection j (j = 0 the largest
 // logit): its expert, its softmax weight (when asked for) and its slot among the selected sorted by
-// expert (the sorted pair it becomes).
+// expert (the sorted pair it becomes, where the pass has one token).
 struct FoldPick {
   int e = 0;
   float w = 0.f;
@@ -74,17 +84,19 @@ struct FoldPick {
 // copied beside them), top-k (ties to the lower expert, as moe_route and the CPU), softmax over the
 // k. One L2 round trip; registers only (every index static). Explicitly rounded operations, so
 // every kernel that inlines this picks the same experts. inv_rms: the residual's RMS scale.
-__device__ __forceinline__ FoldPick fold_route_warp(const RouterFold& f, bool weights, float& inv_rms) {
+// Token t's sums: f.acc + t * (E + 1).
+__device__ __forceinline__ FoldPick fold_route_warp(const RouterFold& f, int t, bool weights, float& inv_rms) {
   const int lane = threadIdx.x & 31, E = f.E, k = f.k;
+  const long long* acc = f.acc + t * (E + 1);
   long long v[kLaneExperts];
   float b[kLaneExperts];
 #pragma unroll
   for (int i = 0; i < kLaneExperts; ++i) {
     const bool in = lane + 32 * i < E;
-    v[i] = in ? __ldcg(f.acc + lane + 32 * i) : 0;
+    v[i] = in ? __ldcg(acc + lane + 32 * i) : 0;
     b[i] = in ? __ldcg(f.bias_l2 + lane + 32 * i) : 0.f;
   }
-  const long long ss = __ldcg(f.acc + E);
+  const long long ss = __ldcg(acc + E);
   const float mean = __fdiv_rn(__fmul_rn(__ll2float_rn(ss), 1.f / kSsScale), float(f.H));
   inv_rms = rsqrtf(__fadd_rn(mean, f.eps));
   const float scale = __fmul_rn(inv_rms, 1.f / kLogitScale);
