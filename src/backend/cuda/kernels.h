@@ -51,7 +51,7 @@ struct Epilogue {
   bool k_permuted = false;
 };
 
-// The router folded into o_proj at 1-4 tokens (kernels/moe/router_fold.cuh): no router launch.
+// The router folded into o_proj at 1-8 tokens (kernels/moe/router_fold.cuh): no router launch.
 // o_proj's blocks (linear_router_fold), as they finish their rows of the new residual x, add
 // those rows' share of the router logits (sum over their rows of x * norm_w * router weight) and
 // of x's sum of squares into acc, in fixed point (integer sums do not depend on the order the
@@ -76,7 +76,7 @@ struct RouterFold {
   // (linear_norm_in) and its o_proj adds moe into the residual (moe_in, here).
   long long* moe_out = nullptr;       // down: [H], zero before
   const long long* moe_in = nullptr;  // o_proj: the previous layer's moe_out, or null
-  // Tokens of the pass (1 to kRouterFoldMaxTokens; the combine folds at one only): acc holds
+  // Tokens of the pass (1 to kRouterFoldMaxTokens, n * k <= 32; the combine folds at one only): acc holds
   // [n][E + 1] sums and xg [n][H] rows. n_valid: a graph bucket's real tokens (MoeRouting::n_valid;
   // the rest take no expert pair), null where all n are.
   int n = 1;
@@ -91,9 +91,9 @@ struct NormIn {
   float eps = 0.f;
 };
 constexpr int kRouterFoldMaxE = 128;
-// Tokens a folded pass takes: o_proj's staged kernel stages at most 4 activation rows, and the
-// expert kernels route every token's pairs in one warp (n * k <= 32).
-constexpr int kRouterFoldMaxTokens = 4;
+// Tokens a folded pass takes: one n-tile of o_proj's staged kernel (8 activation rows), and the
+// expert kernels sort every token's pairs in one warp (n * k <= 32).
+constexpr int kRouterFoldMaxTokens = 8;
 // Whether the expert kernels after a folded router take this expert matrix (fragment-layout
 // MXFP4, K = 2880: gpt-oss's gate_up and down).
 bool router_fold_experts_take(const WeightMat& W);

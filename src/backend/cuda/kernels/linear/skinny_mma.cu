@@ -117,7 +117,7 @@ __device__ __forceinline__ void stage_row_norm_in(const SkinnyArgs& a, uint16_t*
   }
 }
 
-// The router folded into o_proj (RouterFold, 1-4 tokens, staged launches): finish_tiles with the
+// The router folded into o_proj (RouterFold, 1-8 tokens, staged launches): finish_tiles with the
 // residual add written out, then each finished row's x * norm_w and x^2 (every token of the pass)
 // to shared memory and xg, and the block's partial logits and sums of squares into the fold's sums.
 // w_s / g_s: the block's rows' router and norm weights, staged before the wait.
@@ -175,7 +175,7 @@ __device__ __forceinline__ void finish_tiles_fold(const SkinnyArgs& a, float* re
 // the activation rows (MXFP4: their scale words after them, a second copy a tile), so that while
 // the kernel before it still runs, more of its weights are on their way than its registers could
 // hold; warp w reads its first SD chunks from there.
-// FOLD (staged o_proj launches at 1-4 tokens only, linear_router_fold): the router's partial sums
+// FOLD (staged o_proj launches at 1-8 tokens only, linear_router_fold): the router's partial sums
 // in the epilogue (finish_tiles_fold), its rows' router and norm weights staged beside the weights.
 // NORM_IN (staged one-token qkv launches only, linear_norm_in): the row staged as
 // rmsnorm(x + moe) by stage_row_norm_in, its norm weights loaded before the wait.
@@ -482,13 +482,15 @@ static int dense_stage_digits() {
 template <int FMT, int NT, int KS, int RT, int PF, bool XF16, bool FOLD = false, bool NORM_IN = false>
 bool launch_staged(const SkinnyArgs& a, int tiles, int groups, int sd, cudaStream_t s) {
   if constexpr (NT == 1) {
+    // (The router fold stages at any of its 1-8 rows: its sums ride the staged kernel.)
     static const int max_rows = env_int("GPTOSS_DENSE_STAGE_ROWS", kStageRows);
-    if (a.grouped || a.xs_rows > max_rows || tiles % RT != 0 ||
+    if (a.grouped || (!FOLD && a.xs_rows > max_rows) || tiles % RT != 0 ||
         !skinny_cc_enabled() || (a.W.K != 2880 && a.W.K != 4096))
       return false;
     // Fewer staged groups where the block would not fit in shared memory (227 KB, less the
-    // static barrier).
-    while (sd > 0 && skinny_smem_bytes<FMT>(a, NT, KS, RT, sd) > 227 * 1024 - 1024) --sd;
+    // static barrier and the fold's row sums).
+    constexpr size_t kStatic = 1024 + (FOLD ? 2 * kRouterFoldMaxTokens * RT * 16 * sizeof(float) : 0);
+    while (sd > 0 && skinny_smem_bytes<FMT>(a, NT, KS, RT, sd) > 227 * 1024 - kStatic) --sd;
     switch (sd) {
       case 1: launch_shape<FMT, NT, KS, RT, PF, XF16, true, 1, FOLD, NORM_IN>(a, tiles, groups, s); return true;
       case 2: launch_shape<FMT, NT, KS, RT, PF, XF16, true, 2, FOLD, NORM_IN>(a, tiles, groups, s); return true;
@@ -636,7 +638,7 @@ const char* skinny_variant_name(int v) {
 
 bool skinny_router_fold(const WeightMat& W, const bf16_t* A, int lda, const Epilogue& epi, const RouterFold& fold,
                         cudaStream_t s) {
-  // o_proj's shape at 1-4 tokens (launch_fmt: K = 4096, 16 warps over K, two row tiles a block,
+  // o_proj's shape at 1-8 tokens (launch_fmt: K = 4096, 16 warps over K, two row tiles a block,
   // staged), with the fold's bulk copies beside its staged weights.
   const int tiles = W.N / 16;
   const int fmt_bit = W.fmt == WeightMat::kFragMXFP4 ? 2 : 1;

@@ -66,14 +66,14 @@ __device__ __forceinline__ int scan_units(const SkinnyArgs& a, int tb, int* s_un
   return total * tb;
 }
 
-// scan_units after a folded router (MoeRouting::fold, 1-4 tokens). One token: warp 0 routes from
+// scan_units after a folded router (MoeRouting::fold, 1-8 tokens). One token: warp 0 routes from
 // the fold's sums (after the wait unless settled) and the k selected experts become groups of one
 // pair each, in expert order, one pass each; gate_up also starts its one row's copy here (every
 // group's pair is token 0's row): the fold's x * norm_w into `scratch` (>= K floats of shared
 // memory free until the first unit ends), in flight beside the routing's loads; stage_row_fold
-// finishes it after the first weight loads are out. 2-4 tokens: warp t routes token t (the real
+// finishes it after the first weight loads are out. 2-8 tokens: warp t routes token t (the real
 // ones: RouterFold::n_valid), then warp 0 sorts the pairs by expert, then token (moe_sort_warp's
-// order), into groups of one pass each (a group holds at most 4 tokens).
+// order), into groups of one pass each (a group holds at most 8 tokens, a pass's worth).
 // gate_up's block 0 writes the routing the combine reads. s_tok[p]: sorted pair p's token (the
 // row of xs stage_row_fold puts it in); s_inv_rms[t]: token t's RMS scale.
 // s_w: each group's softmax weight where down adds its weighted rows itself (RouterFold::moe_out,
@@ -108,7 +108,7 @@ __device__ __forceinline__ int scan_units_fold(const SkinnyArgs& a, int tb, int*
     __syncthreads();
     return f.k * tb;
   }
-  // 2-4 tokens. The picks in token order ([t][j], as topk_idx), then the sort.
+  // 2-8 tokens. The picks in token order ([t][j], as topk_idx), then the sort.
   __shared__ int s_pick_e[kRouterFoldMaxTokens * kMaxTopK];
   __shared__ float s_pick_w[kRouterFoldMaxTokens * kMaxTopK];
   __shared__ int s_units;
@@ -181,7 +181,7 @@ __device__ __forceinline__ void finish_tiles_moe_out(const SkinnyArgs& a, float*
 
 // gate_up after a folded router, every thread: stores each token's row scaled by its RMS scale in
 // fp16 (what the router's fused norm would have left in xn) into xs row t. One token: from
-// scan_units_fold's copy of xg (waited for here); 2-4 tokens: from xg in L2 (the real tokens'
+// scan_units_fold's copy of xg (waited for here); 2-8 tokens: from xg in L2 (the real tokens'
 // rows; the loads go out under the first weight loads).
 __device__ __forceinline__ void stage_row_fold(const SkinnyArgs& a, const float* scratch, const float* s_inv_rms,
                                                uint16_t* xs, int xs_ld) {
@@ -223,8 +223,8 @@ __device__ __forceinline__ void stage_row_fold(const SkinnyArgs& a, const float*
 // Each row's sums run in the same order as in skinny_mma_kernel with the same KS (chunks per
 // warp, warps added in order): the two agree bit for bit. K = 64 CC, T % RT == 0, at most
 // KS * 32 - 1 groups (a thread each in the scan).
-// FOLD: after a folded router (MoeRouting::fold, one token, K = 2880): routes from the fold's sums
-// (scan_units_fold); gate_up stages its row from the fold's xg.
+// FOLD: after a folded router (MoeRouting::fold, 1-8 tokens, K = 2880): routes from the fold's sums
+// (scan_units_fold); gate_up stages its rows from the fold's xg.
 template <int KS, int RT, int PF, bool XF16, int CC, bool FOLD = false>
 __global__ void __launch_bounds__(KS * 32, skinny_min_blocks(1, KS, RT, PF)) skinny_units_kernel(SkinnyArgs a) {
   constexpr int FMT = WeightMat::kFragMXFP4, C = CC, kMaxGroups = KS * 32;
@@ -364,8 +364,10 @@ __global__ void __launch_bounds__(KS * 32, skinny_min_blocks(1, KS, RT, PF)) ski
 // NTM = 2: a pass is 16 of a group's tokens (a.xs_rows 16), and a unit holding more than 8 runs
 // both n-tiles on each decoded chunk (a group of 9-16 tokens walks its weights once, not twice);
 // one of 8 or fewer runs the one-n-tile path. Each n-tile's sums are the one-n-tile path's.
-template <int NW, int RTW, int PF, int MINB, bool XF16, int CC, int NTM = 1>
+// FOLD (NTM = 1, 2-8 tokens): after a folded router, as skinny_units_kernel's.
+template <int NW, int RTW, int PF, int MINB, bool XF16, int CC, int NTM = 1, bool FOLD = false>
 __global__ void __launch_bounds__(NW * 32, MINB) skinny_warp_units_kernel(SkinnyArgs a) {
+  static_assert(!FOLD || NTM == 1, "the fold's groups hold at most 8 tokens");
   constexpr int FMT = WeightMat::kFragMXFP4, C = CC, kMaxGroups = NW * 32, UT = NW * RTW, PT = 8 * NTM;
   constexpr int CP = (C + PF - 1) / PF * PF;  // a unit's chunk steps, padded to whole turns of the ring
   static_assert(PF >= 1 && CC > 0, "ring depth; fixed K");
@@ -375,7 +377,12 @@ __global__ void __launch_bounds__(NW * 32, MINB) skinny_warp_units_kernel(Skinny
   const int xs_ld = C * 64 + 8;
   __shared__ int s_unit0[kMaxGroups], s_expert[kMaxGroups], s_start[kMaxGroups], s_end[kMaxGroups];
   __shared__ int s_warp_passes[NW];
-  const int units = scan_units<NW, PT>(a, TB, s_unit0, s_expert, s_start, s_end, s_warp_passes);
+  __shared__ float s_inv_rms[FOLD ? kRouterFoldMaxTokens : 1], s_w[kMaxTopK];
+  __shared__ int s_tok[FOLD ? kRouterFoldMaxTokens * kMaxTopK : 1];
+  // (The fold's one-token scratch is never asked for: the walk takes the fold at 2-8 tokens.)
+  const bool row_staged = FOLD && a.r.fold.gate_up;
+  const int units = FOLD ? scan_units_fold(a, TB, s_unit0, s_expert, s_start, s_end, nullptr, s_inv_rms, s_w, s_tok)
+                         : scan_units<NW, PT>(a, TB, s_unit0, s_expert, s_start, s_end, s_warp_passes);
   const int u0 = int(int64_t(blockIdx.x) * units / gridDim.x);
   const int u1 = int(int64_t(blockIdx.x + 1) * units / gridDim.x);
   if (u0 >= u1) { pdl_trigger(); return; }  // uniform over the block
@@ -418,6 +425,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) skinny_warp_units_kernel(Skinny
   if (wl) load_first(wl, sl);
   if (a.r.settled) pdl_wait();
   pdl_trigger();
+  if (row_staged) stage_row_fold(a, nullptr, s_inv_rms, xs, xs_ld);  // under the first weight loads
 
   int staged_tok0 = -1;
   for (int u = u0; u < u1; ++u) {
@@ -425,7 +433,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) skinny_warp_units_kernel(Skinny
 #pragma unroll
       for (int r = 0; r < RTW; ++r) prefetch_tile_rows<FMT>(a, cur.expert, cur.tile + r, g);
     const int ntok = cur.tok_end - cur.tok0;
-    if (cur.tok0 != staged_tok0) {  // uniform over the block
+    if (cur.tok0 != staged_tok0 && !row_staged) {  // uniform over the block
       __syncthreads();
       stage_rows<!XF16>(a, cur.tok0, ntok, xs, xs_ld);
       __syncthreads();
@@ -444,7 +452,10 @@ __global__ void __launch_bounds__(NW * 32, MINB) skinny_warp_units_kernel(Skinny
     // One unit of NT n-tiles (NT * 8 >= ntok): the ring over K, then this warp's rows stored.
     auto run_unit = [&](auto nt) {
       constexpr int NT = decltype(nt)::value;
-      const uint16_t* xs_lane = xs + size_t(g) * xs_ld + 8 * tq;
+      int xs_row = g;  // (after a folded router: the row of the sorted pair's token, NT = 1)
+      if constexpr (FOLD)
+        if (row_staged) xs_row = g < ntok ? s_tok[cur.tok0 + g] : 0;
+      const uint16_t* xs_lane = xs + size_t(xs_row) * xs_ld + 8 * tq;
       auto chunk = [&](int c, const WChunk<FMT> (&wc)[RTW], float (&acc)[RTW][NT][4]) {
         uint4 x[NT][2];
 #pragma unroll
@@ -566,7 +577,7 @@ bool launch_units(const SkinnyArgs& a, int tiles, int groups, double min_fill, c
 // The warp-per-tile kernel (skinny_warp_units_kernel) for this launch, if it takes it (units_take_k,
 // T % RTW == 0, fewer groups than threads) and its units fill at least `min_fill` of the blocks
 // the GPU holds at once.
-template <int NW, int RTW, int PF, int MINB, bool XF16, int NTM = 1>
+template <int NW, int RTW, int PF, int MINB, bool XF16, int NTM = 1, bool FOLD = false>
 bool launch_warp_units(const SkinnyArgs& a_in, int tiles, int groups, double min_fill, cudaStream_t s) {
   SkinnyArgs a = a_in;
   a.xs_rows = std::min(a.M, 8 * NTM);  // a pass's rows (a group has <= M)
@@ -574,6 +585,11 @@ bool launch_warp_units(const SkinnyArgs& a_in, int tiles, int groups, double min
   if (!a.grouped || !skinny_cc_enabled() || tiles % RTW != 0 || !units_take_k(K) || groups >= NW * 32) return false;
   const size_t smem = size_t(a.xs_rows) * (K + 8) * 2;
   const size_t units = size_t((tiles + NW * RTW - 1) / (NW * RTW)) * groups;
+  if constexpr (FOLD) {  // gpt-oss's experts (K = 2880) only
+    if (K != 2880) return false;
+    return launch_walk(skinny_warp_units_kernel<NW, RTW, PF, MINB, XF16, 45, 1, true>, NW * 32, smem, units, min_fill,
+                       a, s);
+  }
   auto k = K == 2880 ? skinny_warp_units_kernel<NW, RTW, PF, MINB, XF16, 45, NTM>
            : K == 4096 ? skinny_warp_units_kernel<NW, RTW, PF, MINB, XF16, 64, NTM>
            : K == 1472 ? skinny_warp_units_kernel<NW, RTW, PF, MINB, XF16, 23, NTM>
@@ -610,11 +626,17 @@ bool launch_skinny_units(const SkinnyArgs& a, int tiles, int groups, bool xf16, 
                          cudaStream_t s) {
   auto run = [&](auto f16) {
     constexpr bool X = decltype(f16)::value;
-    // After a folded router: the K-split kernel's one-token shapes, routing from the fold.
-    // gate_up's takes four row tiles (its row passes through red: 4,096 floats >= K = 2880).
-    if (a.r.fold.acc)
-      return shape == 0 && (launch_units<8, 4, 1, X, true>(a, tiles, groups, a.r.fold.gate_up ? 0 : 0.5, s) ||
-                            (!a.r.fold.gate_up && launch_units<8, 2, 2, X, true>(a, tiles, groups, 0, s)));
+    // After a folded router: at 2-8 tokens the warp walk where the default below would take it;
+    // else the K-split kernel's one-token shapes, routing from the fold. gate_up's takes four row
+    // tiles (at one token its row passes through red: 4,096 floats >= K = 2880).
+    if (a.r.fold.acc) {
+      if (shape != 0) return false;
+      if (a.r.fold.n > 1 && !k_split_only && warp_units_min_fill() > 0 &&
+          launch_warp_units<8, 1, 8, 2, X, 1, true>(a, tiles, groups, warp_units_min_fill(), s))
+        return true;
+      return launch_units<8, 4, 1, X, true>(a, tiles, groups, a.r.fold.gate_up ? 0 : 0.5, s) ||
+             (!a.r.fold.gate_up && launch_units<8, 2, 2, X, true>(a, tiles, groups, 0, s));
+    }
     switch (shape) {
       case 1: return launch_units<8, 4, 1, X>(a, tiles, groups, 0, s);
       case 2: return launch_units<8, 1, 4, X>(a, tiles, groups, 0, s);
