@@ -1037,7 +1037,7 @@ TEST_F(Kernels, RouterRouteFused) {
   EXPECT_GE(ran, int(cases.size()) * 2) << "every shape ran under some variant";
 }
 
-// The router folded into o_proj at one token (RouterFold): o_proj (its one-token staged kernel)
+// The router folded into o_proj at one token (RouterFold): o_proj (its staged kernel)
 // -> gate_up -> down -> combine with no router launch, against the CPU's o_proj, RMSNorm, router,
 // top-k, experts and weighted sum, for each decode format of o_proj, at 120b's and 20b's expert
 // counts. The experts must be the CPU's, in its order (a draw with two of a token's top k + 1

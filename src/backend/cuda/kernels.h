@@ -125,7 +125,7 @@ struct MoeRouting {
   // previous one passed its griddepcontrol.wait, so a PDL kernel may read the routing (through
   // L2, __ldcg) and issue its first weight loads before its own wait.
   bool settled = false;
-  // Set (fold.acc) on the one-token expert launches after a folded o_proj: they route from the
+  // Set (fold.acc) on the expert launches of a 1-8-token pass after a folded o_proj: they route from the
   // fold's sums instead of reading the arrays above (which gate_up's block 0 fills in part).
   RouterFold fold;
 };
@@ -279,7 +279,7 @@ int cublas_min_rows();
 // where one measured faster; 4 or 8 force that count, as the batch-invariant mode does with 8).
 void skinny_linear(const WeightMat& W, const void* A, bool a_f16, int lda, int M, int pairs, int E, bool grouped,
                    bool gather_a, const MoeRouting& r, const Epilogue& epi, int ks_override, cudaStream_t s);
-// o_proj's one-token staged kernel with the router's partial sums in its epilogue
+// o_proj's staged kernel (1-8 tokens) with the router's partial sums in its epilogue
 // (linear_router_fold); false where that kernel does not take the problem (nothing launched).
 bool skinny_router_fold(const WeightMat& W, const bf16_t* A, int lda, const Epilogue& epi, const RouterFold& fold,
                         cudaStream_t s);

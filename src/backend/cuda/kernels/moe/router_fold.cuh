@@ -1,5 +1,5 @@
 #pragma once
-// The router folded into o_proj at one token (RouterFold, kernels.h): the device side both ends
+// The router folded into o_proj at 1-8 tokens (RouterFold, kernels.h): the device side both ends
 // share. o_proj's blocks add partial sums into RouterFold::acc (fold_add_partials); the expert
 // kernels route from those sums (fold_route_warp). Why: the router's own launch costs ~7 us of a
 // 120b layer inside the graphed step (twenty-eighth session: running it in layer 0 only took
