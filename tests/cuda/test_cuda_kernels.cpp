@@ -1226,7 +1226,9 @@ bool check_router_fold(WeightMat::Format ofmt, const FoldCase& c, uint64_t seed,
       GPTOSS_CUDA_CHECK(cudaMemcpy(gend.data(), rt.group_end, E * 4, cudaMemcpyDeviceToHost));
       for (int p = Pv; p < n * k; ++p) EXPECT_EQ(slot[p], 0) << at << ": padding pair " << p;
       EXPECT_GT(counts[0], 0) << at;
-      if (counts[0] > 0 && counts[0] <= E) EXPECT_EQ(gend[counts[0] - 1], Pv) << at << ": only the real tokens' pairs";
+      if (counts[0] > 0 && counts[0] <= E) {
+        EXPECT_EQ(gend[counts[0] - 1], Pv) << at << ": only the real tokens' pairs";
+      }
     }
     auto got = real_rows(dx.download());
     EXPECT_LE(rel_err(got, real_rows(ref)), 1e-2) << at;
