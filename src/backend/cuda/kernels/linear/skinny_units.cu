@@ -112,6 +112,8 @@ __device__ __forceinline__ int scan_units_fold(const SkinnyArgs& a, int tb, int*
   __shared__ int s_pick_e[kRouterFoldMaxTokens * kMaxTopK];
   __shared__ float s_pick_w[kRouterFoldMaxTokens * kMaxTopK];
   __shared__ int s_units;
+  __shared__ int s_sort_counts[2], s_sort_slot[32], s_sort_tile_group[32], s_sort_tile_row[32];
+  __shared__ float s_sort_pair_w[32];
   const int k = f.k, nv = f.n_valid ? max(0, min(f.n, *f.n_valid)) : f.n;
   if (warp < nv) {
     float inv_rms;
@@ -125,31 +127,24 @@ __device__ __forceinline__ int scan_units_fold(const SkinnyArgs& a, int tb, int*
   __syncthreads();
   if (warp == 0) {
     const int P = nv * k;
-    // Lane p ranks pair p among all (by expert, then pair index): moe_sort_warp's slots.
-    const int e = lane < P ? s_pick_e[lane] : 0x7fffffff;
-    const unsigned same_mask = __match_any_sync(0xffffffffu, e);
-    const int same = __popc(same_mask), same_before = __popc(same_mask & ((1u << lane) - 1u));
-    const unsigned firsts = __ballot_sync(0xffffffffu, lane < P && same_before == 0);
-    int before = 0, groups_before = 0;
-    for (int q = 0; q < P; ++q) {
-      const int eq = __shfl_sync(0xffffffffu, e, q);
-      before += eq < e;
-      groups_before += int((firsts >> q) & 1u) & int(eq < e);
-    }
-    const int groups = __popc(firsts);
-    if (lane < P) {
-      s_tok[before + same_before] = lane / k;
-      if ((firsts >> lane) & 1u) {
-        s_unit0[groups_before] = groups_before * tb;
-        s_expert[groups_before] = e;
-        s_start[groups_before] = before;
-        s_end[groups_before] = before + same;
-      }
-    }
-    if (lane == 0) {
-      s_unit0[groups] = groups * tb;
-      s_units = groups * tb;
-    }
+    // The pairs sorted by expert, then pair index, into this block's shared memory by the decode
+    // router's own sort (moe_sort_warp, on a MoeRouting whose arrays are shared memory): the groups
+    // and the sorted pairs' tokens (s_tok) are then those gate_up's block 0 writes for the combine.
+    MoeRouting sr;
+    sr.counts = s_sort_counts;
+    sr.group_expert = s_expert;
+    sr.group_start = s_start;
+    sr.group_end = s_end;
+    sr.tile_group = s_sort_tile_group;
+    sr.tile_row = s_sort_tile_row;
+    sr.pair_token = s_tok;
+    sr.pair_weight = s_sort_pair_w;
+    sr.slot_pair = s_sort_slot;
+    moe_sort_warp(P, k, sr, 0, f.E, s_pick_e, s_pick_w);
+    __syncwarp();
+    const int groups = s_sort_counts[0];
+    for (int g = lane; g <= groups; g += 32) s_unit0[g] = g * tb;
+    if (lane == 0) s_units = groups * tb;
     if (f.gate_up && blockIdx.x == 0) {
       // The combine's routing, as the fused decode router leaves it (route_sort.cuh).
       if (lane < P) {
