@@ -114,7 +114,7 @@ __device__ __forceinline__ int scan_units_fold(const SkinnyArgs& a, int tb, int*
   __shared__ int s_units;
   __shared__ int s_sort_counts[2], s_sort_slot[32], s_sort_tile_group[32], s_sort_tile_row[32];
   __shared__ float s_sort_pair_w[32];
-  const int k = f.k, nv = f.n_valid ? max(0, min(f.n, *f.n_valid)) : f.n;
+  const int k = f.k, nv = router_fold::real_tokens(f);
   if (warp < nv) {
     float inv_rms;
     const router_fold::FoldPick p = router_fold::fold_route_warp(f, warp, true, inv_rms);
@@ -195,7 +195,7 @@ __device__ __forceinline__ void stage_row_fold(const SkinnyArgs& a, const float*
     const float inv_rms = s_inv_rms[0];
     for (int i = threadIdx.x; i < n4; i += blockDim.x) store(xs + 4 * i, reinterpret_cast<const float4*>(scratch)[i], inv_rms);
   } else {
-    const int nv = f.n_valid ? max(0, min(f.n, *f.n_valid)) : f.n;
+    const int nv = router_fold::real_tokens(f);
     for (int i = threadIdx.x; i < nv * n4; i += blockDim.x) {
       const int t = i / n4, c = i - t * n4;
       const float4 v = __ldcg(reinterpret_cast<const float4*>(f.xg + size_t(t) * f.H) + c);
