@@ -1,4 +1,4 @@
-# Prepared in session 29 (branch s29-fold-sort-shared, not run on a GPU): the fold's expert blocks
+# Prepared in session 29 (main after its review, not run on a GPU): the fold's expert blocks
 # sort their pairs with the decode router's moe_sort_warp into shared memory instead of a copy of
 # its ranking (the duplicates tool's pair). Its kernel tests (one and 2-8 tokens, padding), memcheck,
 # the model tests, and the step at 2-8 tokens against main's (GPTOSS_ROUTER_FOLD_TOKENS=1 / 8).
