@@ -66,7 +66,9 @@ constexpr int kNormPer = 3;
 // xs (bf16, or fp16 where F16), every thread; norm_w's lines were prefetched into L2 before the
 // wait, and its loads go out with x's and moe's (one round trip). The sum of squares meets in
 // `scratch` (a float a warp), added in warp order. The caller brackets it with __syncthreads.
-template <bool F16>
+// LATE_NW: the norm weights loaded after the sum of squares' barrier instead of held in registers
+// across it (the MXFP4 kernel's decode keeps more registers live; held, they spill there).
+template <bool F16, bool LATE_NW = false>
 __device__ __forceinline__ void stage_row_norm_in(const SkinnyArgs& a, uint16_t* xs, float* scratch) {
   const NormIn& in = a.norm_in;
   const int n4 = a.W.K / 4, tid = threadIdx.x, nwarps = blockDim.x / 32;
@@ -74,13 +76,13 @@ __device__ __forceinline__ void stage_row_norm_in(const SkinnyArgs& a, uint16_t*
   const float4* w4 = reinterpret_cast<const float4*>(in.norm_w);
   const longlong2* m2 = reinterpret_cast<const longlong2*>(in.moe);
   constexpr float kUnscale = 1.f / 4294967296.f;  // router_fold::kLogitScale's inverse
-  float4 v[kNormPer], nw[kNormPer];
+  float4 v[kNormPer], nw[LATE_NW ? 1 : kNormPer];
   float ss = 0.f;
 #pragma unroll
   for (int u = 0; u < kNormPer; ++u) {
     const int i = tid + u * blockDim.x;
     if (i < n4) {
-      nw[u] = __ldg(w4 + i);
+      if constexpr (!LATE_NW) nw[u] = __ldg(w4 + i);
       float4 xv = __ldcg(x4 + i);
       const longlong2 lo = __ldcg(m2 + 2 * i), hi = __ldcg(m2 + 2 * i + 1);
       xv.x += __ll2float_rn(lo.x) * kUnscale;
@@ -101,18 +103,18 @@ __device__ __forceinline__ void stage_row_norm_in(const SkinnyArgs& a, uint16_t*
   for (int u = 0; u < kNormPer; ++u) {
     const int i = tid + u * blockDim.x;
     if (i < n4) {
-      const float y0 = v[u].x * inv * nw[u].x, y1 = v[u].y * inv * nw[u].y, y2 = v[u].z * inv * nw[u].z,
-                  y3 = v[u].w * inv * nw[u].w;
-      uint2 w;
+      const float4 w = LATE_NW ? __ldg(w4 + i) : nw[LATE_NW ? 0 : u];
+      const float y0 = v[u].x * inv * w.x, y1 = v[u].y * inv * w.y, y2 = v[u].z * inv * w.z, y3 = v[u].w * inv * w.w;
+      uint2 o;
       if constexpr (F16) {
         const __half2 lo = __floats2half2_rn(y0, y1), hi = __floats2half2_rn(y2, y3);
-        w.x = *reinterpret_cast<const uint32_t*>(&lo);
-        w.y = *reinterpret_cast<const uint32_t*>(&hi);
+        o.x = *reinterpret_cast<const uint32_t*>(&lo);
+        o.y = *reinterpret_cast<const uint32_t*>(&hi);
       } else {
-        w.x = pack_bf16x2(y0, y1);
-        w.y = pack_bf16x2(y2, y3);
+        o.x = pack_bf16x2(y0, y1);
+        o.y = pack_bf16x2(y2, y3);
       }
-      *reinterpret_cast<uint2*>(xs + 4 * i) = w;
+      *reinterpret_cast<uint2*>(xs + 4 * i) = o;
     }
   }
 }
@@ -318,7 +320,7 @@ __global__ void __launch_bounds__(KS * 32, skinny_min_blocks(NT, KS, RT)) skinny
     if constexpr (XS) {
       __syncthreads();  // the previous pass's readers are done with xs
       if constexpr (NORM_IN)
-        stage_row_norm_in<kChunkF16>(a, xs, red);
+        stage_row_norm_in<kChunkF16, FMT == WeightMat::kFragMXFP4>(a, xs, red);
       else
         stage_rows<kStageF16>(a, tok0, ntok, xs, xs_ld);
       __syncthreads();
