@@ -260,9 +260,9 @@ class CudaBackend final : public Backend {
   float* d_logits_ = nullptr;
   int32_t* d_greedy_ = nullptr;
   int* d_ticket_ = nullptr;  // moe_router_route: blocks done (the last one routes)
-  // The router folded into o_proj at 1-8 tokens (RouterFold, kernels.h): on where the model allows
+  // The router folded into o_proj at 1-4 tokens (RouterFold, kernels.h): on where the model allows
   // (router_fold_, GPTOSS_ROUTER_FOLD=0 turns it off), in passes of at most fold_tokens_ tokens
-  // (GPTOSS_ROUTER_FOLD_TOKENS, 1-8, default 8); each layer's fixed-point sums
+  // (GPTOSS_ROUTER_FOLD_TOKENS, 1 to kRouterFoldMaxTokens = 4, the default); each layer's fixed-point sums
   // (kRouterFoldMaxTokens x (E + 1) a layer, zeroed at the start of each such pass) and x * norm_w.
   bool router_fold_ = false;
   int router_fold_mode_ = 1;
@@ -1034,7 +1034,7 @@ void CudaBackend::run_pass(int n, const PassMeta& m, int n_rows, int nsplit) {
     // GPTOSS_CUDA_SKIP=route_once: the router runs in layer 0 only, the others reuse its routing
     // (and its normalized rows): what the router's launches cost inside the step.
     const bool route_once = skip("route_once") && li > 0;
-    // 1-8 tokens: the router folded into o_proj (RouterFold), where o_proj's kernel takes it.
+    // 1-kRouterFoldMaxTokens tokens: the router folded into o_proj (RouterFold), where o_proj's kernel takes it.
     RouterFold fold{fold_acc_ + li * fold_acc_layer(), L.router_t, L.mlp_norm, L.router.bias, fold_bias_, fold_xg_,
                     c.rms_eps, E, k, H, false};
     fold.moe_in = moe_pending;

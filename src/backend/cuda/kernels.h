@@ -51,7 +51,8 @@ struct Epilogue {
   bool k_permuted = false;
 };
 
-// The router folded into o_proj at 1-8 tokens (kernels/moe/router_fold.cuh): no router launch.
+// The router folded into o_proj at 1-kRouterFoldMaxTokens tokens (kernels/moe/router_fold.cuh; the
+// kernels are written for up to 8): no router launch.
 // o_proj's blocks (linear_router_fold), as they finish their rows of the new residual x, add
 // those rows' share of the router logits (sum over their rows of x * norm_w * router weight) and
 // of x's sum of squares into acc, in fixed point (integer sums do not depend on the order the
@@ -91,9 +92,13 @@ struct NormIn {
   float eps = 0.f;
 };
 constexpr int kRouterFoldMaxE = 128;
-// Tokens a folded pass takes: one n-tile of o_proj's staged kernel (8 activation rows), and the
-// expert kernels sort every token's pairs in one warp (n * k <= 32).
-constexpr int kRouterFoldMaxTokens = 8;
+// Tokens a folded pass takes (at most 8: one n-tile of o_proj's staged kernel, and the expert
+// kernels sort every token's pairs in one warp, n * k <= 32). 4, not 8: at 8 the one-token step ran
+// 7% slower (thirtieth session, s30r4-r6: 120b fp8 tg64 512 against 547-551 at 4, bf16 452 against
+// 484, 20b fp8 769 against 807-810; the fold off, the two the same), for 1-2.8% at 5-8 tokens. What
+// the constant sizes is the fold's shared arrays and o_proj's shared-memory margin in the kernels,
+// the sums' layer stride and the rows in the backend; which of them costs is not yet isolated.
+constexpr int kRouterFoldMaxTokens = 4;
 // Whether the expert kernels after a folded router take this expert matrix (fragment-layout
 // MXFP4, K = 2880: gpt-oss's gate_up and down).
 bool router_fold_experts_take(const WeightMat& W);
