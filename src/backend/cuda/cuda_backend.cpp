@@ -269,9 +269,9 @@ class CudaBackend final : public Backend {
   int fold_tokens_ = kRouterFoldMaxTokens;
   size_t fold_acc_layer() const { return size_t(kRouterFoldMaxTokens) * (cfg_.num_experts + 1); }
   // The combine folded too (RouterFold::moe_out): each layer's MoE output in fixed point,
-  // [layers][H], zeroed with the router's sums. GPTOSS_COMBINE_FOLD: 0 off, 1 (default) where qkv
-  // has bf16 or fp8 weights, 2 also with MXFP4 qkv (there it measured 0.3-0.6% slower, s29r2: the
-  // MXFP4 kernel that normalizes its row spills).
+  // [layers][H], zeroed with the router's sums. GPTOSS_COMBINE_FOLD: 0 off, 1 where qkv has bf16
+  // or fp8 weights only, 2 (default) with MXFP4 qkv too (thirtieth session, s30r7, once its norm-in
+  // kernel stopped spilling: 120b --mxfp4-layers all tg64 +1.2%, 20b +0.2%).
   int combine_fold_ = 0;
   long long* fold_moe_ = nullptr;
   long long* fold_acc_ = nullptr;
@@ -790,7 +790,7 @@ void CudaBackend::repack_weights() {
   // size), and a router the fold's kernels hold (bf16, E <= 128, top-k <= 8).
   router_fold_mode_ = env_int("GPTOSS_ROUTER_FOLD", 1);
   fold_tokens_ = std::clamp(env_int("GPTOSS_ROUTER_FOLD_TOKENS", kRouterFoldMaxTokens), 1, kRouterFoldMaxTokens);
-  combine_fold_ = env_int("GPTOSS_COMBINE_FOLD", 1);
+  combine_fold_ = env_int("GPTOSS_COMBINE_FOLD", 2);
   router_fold_ = router_fold_mode_ != 0 && !tp_.active() && !invariant_ &&
                  cfg_.num_experts <= kRouterFoldMaxE && cfg_.experts_per_token <= 8;
   for (Layer& L : layers_) {

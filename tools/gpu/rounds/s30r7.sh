@@ -2,7 +2,7 @@
 # change) checked: kernel tests (fold at 1-4 tokens, routers), memcheck, the model tests; the step at
 # 1-8 tokens against 3a90ae1 (gptoss_3a9) and the host-side probe (gptoss_host4: kernels sized for 8,
 # the backend's sums, rows and default at 4); the combine fold with MXFP4 qkv (1 against 2).
-# Pack: EXTRA_BINS="/tmp/gptoss_3a9 /tmp/gptoss_host4" PACK_TESTS="test_cuda_kernels test_cuda_model" tools/gpu/pack.sh
+# Pack: EXTRA_BINS="/tmp/gptoss_3a9" PACK_TESTS="test_cuda_kernels test_cuda_model" tools/gpu/pack.sh
 source tools/gpu/rounds/prelude.sh
 ts tests
 t fold 240 $K --gtest_filter='Kernels.RouterFoldedIntoOproj*:Kernels.RouterRoute*'
@@ -20,7 +20,7 @@ b() {  # NAME BINARY MODEL TG BATCH ARGS...
 old=$bin/gptoss_3a9; h4=$bin/gptoss_host4
 ts steps
 for rep in 1 2; do
-  b fix $g 120b 64 1 --dense-dtype fp8; b host4 $h4 120b 64 1 --dense-dtype fp8; b 3a9 $old 120b 64 1 --dense-dtype fp8
+  b fix $g 120b 64 1 --dense-dtype fp8; b 3a9 $old 120b 64 1 --dense-dtype fp8
 done
 for rep in 1 2; do
   b fix $g 120b 32 2,3,4,5,6,8 --dense-dtype fp8; b 3a9 $old 120b 32 2,3,4,5,6,8 --dense-dtype fp8
