@@ -95,9 +95,12 @@ constexpr int kRouterFoldMaxE = 128;
 // Tokens a folded pass takes (at most 8: one n-tile of o_proj's staged kernel, and the expert
 // kernels sort every token's pairs in one warp, n * k <= 32). 4, not 8: at 8 the one-token step ran
 // 7% slower (thirtieth session, s30r4-r6: 120b fp8 tg64 512 against 547-551 at 4, bf16 452 against
-// 484, 20b fp8 769 against 807-810; the fold off, the two the same), for 1-2.8% at 5-8 tokens. What
-// the constant sizes is the fold's shared arrays and o_proj's shared-memory margin in the kernels,
-// the sums' layer stride and the rows in the backend; which of them costs is not yet isolated.
+// 484, 20b fp8 769 against 807-810; the fold off, the two the same), for 1-2.8% at 5-8 tokens. The
+// cost is in the kernels' sizes, not the backend's (s30r8), about half in each: o_proj's fold
+// pieces (shared rows 1040 -> 2064 bytes, unrolled sums, the staging margin) and the expert
+// kernels' fold arrays (4544 -> 4944 bytes) each cost ~3% when sized for 8 (s30r9), with registers
+// and spills unchanged. To take 5-8 tokens again without it: size them by a template capacity, the
+// one-token instantiations at 1.
 constexpr int kRouterFoldMaxTokens = 4;
 // Whether the expert kernels after a folded router take this expert matrix (fragment-layout
 // MXFP4, K = 2880: gpt-oss's gate_up and down).
