@@ -7,6 +7,8 @@
 #   serve_up MODEL FLAGS...; bench_c C; serve_down
 #                                  the same in steps, on port 18000 (runs in between)
 #   serve_cs MODEL FLAGS... -- C...  serve_up, bench_c at each C (a summary line before each), serve_down
+#   b NAME BINARY MODEL TG BATCH ARGS...  one `bench` decode run (tg TG at BATCH, --runs ${RUNS:-2}) of
+#                                  BINARY under a "== NAME" line, its result rows in the summary
 #   bench_rate RATE N              on a serve_up server: N requests at RATE req/s (Poisson), 256-768
 #                                  in / 128-384 out, seed 1; TTFT, TPOT, ITL and output in the summary
 # The summary is $OUT/summary.txt ($S); logs go beside it. Rounds of sessions 7-11 spell this out
@@ -59,4 +61,10 @@ serve_cs() {
   serve_up "${flags[@]}"
   for c in "$@"; do ts $c; bench_c $c; done
   serve_down
+}
+b() {
+  local name=$1 bin_=$2 m=$3 tg=$4 batch=$5; shift 5
+  echo "== $name $m tg$tg x$batch $*" >> $S
+  timeout 100 $bin_ bench --device cuda --random-weights $m --pp '' --tg $tg --batch $batch --runs ${RUNS:-2} "$@" 2>&1 |
+    grep -E "^\| random|rror" >> $S
 }

@@ -7,15 +7,10 @@
 #    folded there) against 2 (folded), --mxfp4-layers all.
 # Pack: cp /tmp/wt3a9/build/gptoss /tmp/gptoss_3a9; EXTRA_BINS=/tmp/gptoss_3a9 PACK_TESTS="test_cuda_kernels" tools/gpu/pack.sh
 source tools/gpu/rounds/prelude.sh
+RUNS=3
 ts tests
 t fold 240 $K --gtest_filter='Kernels.RouterFoldedIntoOproj*'
 grep -E "^combine fold" $out/fold.log | head -8 >> $S
-b() {  # NAME BINARY MODEL TG BATCH ARGS... (env before the call)
-  local name=$1 bin_=$2 m=$3 tg=$4 batch=$5; shift 5
-  echo "== $name $m tg$tg x$batch $*" >> $S
-  timeout 100 $bin_ bench --device cuda --random-weights $m --pp '' --tg $tg --batch $batch --runs 3 "$@" 2>&1 |
-    grep -E "^\| random|rror" >> $S
-}
 old=$bin/gptoss_3a9
 ts ab
 for rep in 1 2 3; do

@@ -8,12 +8,7 @@
 # kernel asks for the same carveout (100: all shared), against the driver's choice and 3a9.
 # Pack: EXTRA_BINS="/tmp/gptoss_3a9" PACK_TESTS="" tools/gpu/pack.sh
 source tools/gpu/rounds/prelude.sh
-b() {  # NAME BINARY MODEL TG BATCH ARGS...
-  local name=$1 bin_=$2 m=$3 tg=$4 batch=$5; shift 5
-  echo "== $name $m tg$tg x$batch $*" >> $S
-  timeout 100 $bin_ bench --device cuda --random-weights $m --pp '' --tg $tg --batch $batch --runs 3 "$@" 2>&1 |
-    grep -E "^\| random|rror" >> $S
-}
+RUNS=3
 old=$bin/gptoss_3a9
 ts start
 for rep in 1 2; do

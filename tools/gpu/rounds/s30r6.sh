@@ -3,12 +3,7 @@
 # then takes 1-4 tokens); gptoss: main; gptoss_3a9: 3a90ae1. tg64 x1 and tg32 x4, alternating.
 # Pack: EXTRA_BINS="/tmp/gptoss_3a9 /tmp/gptoss_c4" PACK_TESTS="" tools/gpu/pack.sh (gptoss built from main)
 source tools/gpu/rounds/prelude.sh
-b() {  # NAME BINARY MODEL TG BATCH ARGS...
-  local name=$1 bin_=$2 m=$3 tg=$4 batch=$5; shift 5
-  echo "== $name $m tg$tg x$batch $*" >> $S
-  timeout 100 $bin_ bench --device cuda --random-weights $m --pp '' --tg $tg --batch $batch --runs 3 "$@" 2>&1 |
-    grep -E "^\| random|rror" >> $S
-}
+RUNS=3
 old=$bin/gptoss_3a9; c4=$bin/gptoss_c4
 for rep in 1 2; do
   b main $g 120b 64 1 --dense-dtype fp8; b c4 $c4 120b 64 1 --dense-dtype fp8; b 3a9 $old 120b 64 1 --dense-dtype fp8

@@ -11,12 +11,6 @@ GPTOSS_TEST_SMALL=1 timeout 150 compute-sanitizer --tool memcheck $K --gtest_fil
 echo "memcheck rc=$?" >> $S; grep -E "ERROR SUMMARY|PASSED|FAILED" $out/memcheck.log | head -3 >> $S
 t model 240 $bin/test_cuda_model
 grep -E "^2-layer" $out/model.log | head -6 >> $S
-b() {  # NAME BINARY MODEL TG BATCH ARGS...
-  local name=$1 bin_=$2 m=$3 tg=$4 batch=$5; shift 5
-  echo "== $name $m tg$tg x$batch $*" >> $S
-  timeout 100 $bin_ bench --device cuda --random-weights $m --pp '' --tg $tg --batch $batch --runs 2 "$@" 2>&1 |
-    grep -E "^\| random|rror" >> $S
-}
 old=$bin/gptoss_3a9; h4=$bin/gptoss_host4
 ts steps
 for rep in 1 2; do

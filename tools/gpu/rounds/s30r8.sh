@@ -4,12 +4,6 @@
 # new combine-fold default; serving 120b at 4, 8, 32 and 64 streams (issue 14's table).
 # Pack: EXTRA_BINS="/tmp/gptoss_host4" PACK_TESTS="" tools/gpu/pack.sh
 source tools/gpu/rounds/prelude.sh
-b() {  # NAME BINARY MODEL TG BATCH ARGS...
-  local name=$1 bin_=$2 m=$3 tg=$4 batch=$5; shift 5
-  echo "== $name $m tg$tg x$batch $*" >> $S
-  timeout 100 $bin_ bench --device cuda --random-weights $m --pp '' --tg $tg --batch $batch --runs 2 "$@" 2>&1 |
-    grep -E "^\| random|rror" >> $S
-}
 h4=$bin/gptoss_host4
 ts probe
 for rep in 1 2; do

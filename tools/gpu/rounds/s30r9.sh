@@ -3,12 +3,6 @@
 # at 4; gptoss_pu4: 8 but the expert kernels' fold arrays at 4. tg64 x1, alternating.
 # Pack: EXTRA_BINS="/tmp/gptoss_po4 /tmp/gptoss_pu4" PACK_TESTS="" tools/gpu/pack.sh
 source tools/gpu/rounds/prelude.sh
-b() {  # NAME BINARY MODEL TG BATCH ARGS...
-  local name=$1 bin_=$2 m=$3 tg=$4 batch=$5; shift 5
-  echo "== $name $m tg$tg x$batch $*" >> $S
-  timeout 100 $bin_ bench --device cuda --random-weights $m --pp '' --tg $tg --batch $batch --runs 2 "$@" 2>&1 |
-    grep -E "^\| random|rror" >> $S
-}
 for rep in 1 2; do
   b main $g 120b 64 1 --dense-dtype fp8; b po4 $bin/gptoss_po4 120b 64 1 --dense-dtype fp8; b pu4 $bin/gptoss_pu4 120b 64 1 --dense-dtype fp8
   b main $g 120b 64 1; b po4 $bin/gptoss_po4 120b 64 1; b pu4 $bin/gptoss_pu4 120b 64 1
