@@ -64,10 +64,10 @@ using namespace skinny;
 constexpr int kNormPer = 3;
 // qkv after a folded combine (NormIn, one token): stages rmsnorm(x + moe x 2^-32) * norm_w into
 // xs (bf16, or fp16 where F16), every thread; norm_w's lines were prefetched into L2 before the
-// wait, and its loads go out with x's and moe's (one round trip). The sum of squares meets in
-// `scratch` (a float a warp), added in warp order. The caller brackets it with __syncthreads.
-// LATE_NW: the norm weights loaded after the sum of squares' barrier instead of held in registers
-// across it (the MXFP4 kernel's decode keeps more registers live; held, they spill there).
+// wait. The sum of squares meets in `scratch` (a float a warp), added in warp order. The caller
+// brackets it with __syncthreads. norm_w's loads go out with x's and moe's (one round trip), or
+// with LATE_NW after the sum of squares' barrier instead of held in registers across it (the
+// MXFP4 kernel's decode keeps more registers live; held, they spill there).
 template <bool F16, bool LATE_NW = false>
 __device__ __forceinline__ void stage_row_norm_in(const SkinnyArgs& a, uint16_t* xs, float* scratch) {
   const NormIn& in = a.norm_in;
@@ -76,7 +76,7 @@ __device__ __forceinline__ void stage_row_norm_in(const SkinnyArgs& a, uint16_t*
   const float4* w4 = reinterpret_cast<const float4*>(in.norm_w);
   const longlong2* m2 = reinterpret_cast<const longlong2*>(in.moe);
   constexpr float kUnscale = 1.f / 4294967296.f;  // router_fold::kLogitScale's inverse
-  float4 v[kNormPer], nw[LATE_NW ? 1 : kNormPer];
+  float4 v[kNormPer], nw[kNormPer];
   float ss = 0.f;
 #pragma unroll
   for (int u = 0; u < kNormPer; ++u) {
@@ -103,7 +103,9 @@ __device__ __forceinline__ void stage_row_norm_in(const SkinnyArgs& a, uint16_t*
   for (int u = 0; u < kNormPer; ++u) {
     const int i = tid + u * blockDim.x;
     if (i < n4) {
-      const float4 w = LATE_NW ? __ldg(w4 + i) : nw[LATE_NW ? 0 : u];
+      float4 w;
+      if constexpr (LATE_NW) w = __ldg(w4 + i);
+      else w = nw[u];
       const float y0 = v[u].x * inv * w.x, y1 = v[u].y * inv * w.y, y2 = v[u].z * inv * w.z, y3 = v[u].w * inv * w.w;
       uint2 o;
       if constexpr (F16) {

@@ -12,12 +12,14 @@ namespace gptoss::cuda {
 constexpr int kMaxExpertsPerLane = 8;  // E <= 256
 constexpr int kMaxTopK = 8;
 
-// The pairs a fused decode router sorts: those of the real tokens (MoeRouting::n_valid; all n
-// tokens when it is null). Padding pairs take no group; clear_padding_slots points their slots at
-// sorted pair 0 so the combine reads a written row. Called by thread t of T (a block's threads).
-__device__ __forceinline__ int routed_pairs(const MoeRouting& r, int n, int k) {
-  return (r.n_valid ? max(0, min(n, *r.n_valid)) : n) * k;
+// A graph bucket's real tokens: those before *n_valid (the rest are padding), or all n when null.
+__device__ __forceinline__ int real_token_count(const int32_t* n_valid, int n) {
+  return n_valid ? max(0, min(n, *n_valid)) : n;
 }
+// The pairs a fused decode router sorts: those of the real tokens (MoeRouting::n_valid). Padding
+// pairs take no group; clear_padding_slots points their slots at sorted pair 0 so the combine reads
+// a written row. Called by thread t of T (a block's threads).
+__device__ __forceinline__ int routed_pairs(const MoeRouting& r, int n, int k) { return real_token_count(r.n_valid, n) * k; }
 __device__ __forceinline__ void clear_padding_slots(const MoeRouting& r, int P, int all_pairs, int t, int T) {
   for (int p = P + t; p < all_pairs; p += T) r.slot_pair[p] = 0;
 }

@@ -71,10 +71,8 @@ __device__ __forceinline__ void fold_add_partials(const RouterFold& f, int rows,
 }
 
 // The pass's real tokens: those before RouterFold::n_valid (a graph bucket's padding takes no
-// pair), or all n.
-__device__ __forceinline__ int real_tokens(const RouterFold& f) {
-  return f.n_valid ? max(0, min(f.n, *f.n_valid)) : f.n;
-}
+// pair), or all n; counted as the router counts them (route_sort.cuh).
+__device__ __forceinline__ int real_tokens(const RouterFold& f) { return real_token_count(f.n_valid, f.n); }
 
 // One token's routing, lane j < k of the routing warp holding selection j (j = 0 the largest
 // logit): its expert, its softmax weight (when asked for) and its slot among the selected sorted by
