@@ -260,9 +260,9 @@ class CudaBackend final : public Backend {
   float* d_logits_ = nullptr;
   int32_t* d_greedy_ = nullptr;
   int* d_ticket_ = nullptr;  // moe_router_route: blocks done (the last one routes)
-  // The router folded into o_proj at 1-4 tokens (RouterFold, kernels.h): on where the model allows
+  // The router folded into o_proj at 1-8 tokens (RouterFold, kernels.h): on where the model allows
   // (router_fold_, GPTOSS_ROUTER_FOLD=0 turns it off), in passes of at most fold_tokens_ tokens
-  // (GPTOSS_ROUTER_FOLD_TOKENS, 1 to kRouterFoldMaxTokens = 4, the default); each layer's fixed-point sums
+  // (GPTOSS_ROUTER_FOLD_TOKENS, 1 to kRouterFoldMaxTokens = 8, the default); each layer's fixed-point sums
   // (kRouterFoldMaxTokens x (E + 1) a layer, zeroed at the start of each such pass) and x * norm_w.
   bool router_fold_ = false;
   int router_fold_mode_ = 1;

@@ -51,8 +51,8 @@ struct Epilogue {
   bool k_permuted = false;
 };
 
-// The router folded into o_proj at 1-kRouterFoldMaxTokens tokens (kernels/moe/router_fold.cuh; the
-// kernels are written for up to 8): no router launch.
+// The router folded into o_proj at 1-kRouterFoldMaxTokens (8) tokens (kernels/moe/router_fold.cuh): no
+// router launch.
 // o_proj's blocks (linear_router_fold), as they finish their rows of the new residual x, add
 // those rows' share of the router logits (sum over their rows of x * norm_w * router weight) and
 // of x's sum of squares into acc, in fixed point (integer sums do not depend on the order the
@@ -93,15 +93,16 @@ struct NormIn {
 };
 constexpr int kRouterFoldMaxE = 128;
 // Tokens a folded pass takes (at most 8: one n-tile of o_proj's staged kernel, and the expert
-// kernels sort every token's pairs in one warp, n * k <= 32). 4, not 8: at 8 the one-token step ran
-// 7% slower (thirtieth session, s30r4-r6: 120b fp8 tg64 512 against 547-551 at 4, bf16 452 against
-// 484, 20b fp8 769 against 807-810; the fold off, the two the same), for 1-2.8% at 5-8 tokens. The
-// cost is in the kernels' sizes, not the backend's (s30r8), about half in each: o_proj's fold
-// pieces (shared rows 1040 -> 2064 bytes, unrolled sums, the staging margin) and the expert
-// kernels' fold arrays (4544 -> 4944 bytes) each cost ~3% when sized for 8 (s30r9), with registers
-// and spills unchanged. To take 5-8 tokens again without it: size them by a template capacity, the
-// one-token instantiations at 1.
-constexpr int kRouterFoldMaxTokens = 4;
+// kernels sort every token's pairs in one warp, n * k <= 32).
+constexpr int kRouterFoldMaxTokens = 8;
+// The fold kernels' shared arrays are sized by a template capacity, 4 tokens up to 4, else 8, not
+// by kRouterFoldMaxTokens: sized for 8 at every size, the one-token step ran 7% slower (thirtieth
+// session, s30r4-r9: 120b fp8 tg64 512 against 547-551, bf16 452 against 484, 20b fp8 769 against
+// 807-810), ~3% in the expert kernels' fold arrays (4544 -> 4944 bytes: the dynamic shared
+// memory's start moved off 64 mod 128; aligned since, skinny_units.cu) and ~3% in o_proj's
+// (shared rows 1040 -> 2064 bytes, unrolled sums, the staging margin: still 3.5% at one token when
+// sized for 8, thirty-first session, s31r2-r3, and not from alignment).
+constexpr int router_fold_capacity(int n) { return n <= 4 ? 4 : 8; }
 // Whether the expert kernels after a folded router take this expert matrix (fragment-layout
 // MXFP4, K = 2880: gpt-oss's gate_up and down).
 bool router_fold_experts_take(const WeightMat& W);

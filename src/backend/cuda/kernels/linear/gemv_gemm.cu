@@ -279,7 +279,7 @@ __global__ void __launch_bounds__(256, 3) gemv_bf16_kernel(LinArgs a, FusedNorm 
 // inputs (normalized here if the norm is fused) are staged once per block in shared memory.
 template <int KC, bool DB>
 __global__ void __launch_bounds__(256, 2) gemv_bf16_rows_kernel(LinArgs a, FusedNorm fn) {
-  extern __shared__ uint4 xs[];  // [M][K / 8]
+  extern __shared__ __align__(128) uint4 xs[];  // [M][K / 8] (128: skinny_units.cu says why)
   __shared__ float inv_rms[kGemvMT];
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
   const int N = a.W.N, K = a.W.K, chunks = K / 8, M = a.M;

@@ -15,6 +15,7 @@
 #include <cuda_fp8.h>
 
 #include <algorithm>
+#include <type_traits>
 
 #include "backend/cuda/cuda_common.h"
 #include "backend/cuda/device_utils.cuh"
@@ -126,14 +127,15 @@ __device__ __forceinline__ void stage_row_norm_in(const SkinnyArgs& a, uint16_t*
 // to shared memory and xg, and the block's partial logits and sums of squares into the fold's sums.
 // w_s / g_s: the block's rows' router and norm weights, staged before the wait.
 // bias_v: block 0's thread t < E holds the router's bias of expert t, copied to the fold's bias_l2.
-template <int FMT, int KS, int RT>
+// CAP: the launch's fold capacity (kernels.h), a.M <= CAP.
+template <int FMT, int KS, int RT, int CAP>
 __device__ __forceinline__ void finish_tiles_fold(const SkinnyArgs& a, float* red, const float (&acc)[RT][1][4],
                                                   int tile0, const uint16_t* w_s, const float* g_s, float bias_v) {
   constexpr int kRows = RT * 16;
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
   const RouterFold& f = a.r.fold;
   const int ntok = a.M;
-  __shared__ float xg_s[kRouterFoldMaxTokens * kRows], sq_s[kRouterFoldMaxTokens * kRows];
+  __shared__ float xg_s[CAP * kRows], sq_s[CAP * kRows];
   float fin[1][4];
   // Rows g, g + 8 of tile tile0 + warp; token 2 tq + c is column c of the lane's pair (fin[0][c],
   // fin[0][2 + c]).
@@ -168,7 +170,7 @@ __device__ __forceinline__ void finish_tiles_fold(const SkinnyArgs& a, float* re
   }
   if (blockIdx.x == 0 && threadIdx.x < f.E) f.bias_l2[threadIdx.x] = bias_v;
   __syncthreads();
-  router_fold::fold_add_partials(f, kRows, ntok, xg_s, sq_s, w_s, red);
+  router_fold::fold_add_partials<CAP>(f, kRows, ntok, xg_s, sq_s, w_s, red);
 }
 
 // CC: the chunks of a row (K / 64) at compile time, or 0 for any K. With CC, every weight and
@@ -179,13 +181,15 @@ __device__ __forceinline__ void finish_tiles_fold(const SkinnyArgs& a, float* re
 // the activation rows (MXFP4: their scale words after them, a second copy a tile), so that while
 // the kernel before it still runs, more of its weights are on their way than its registers could
 // hold; warp w reads its first SD chunks from there.
-// FOLD (staged o_proj launches at 1-8 tokens only, linear_router_fold): the router's partial sums
-// in the epilogue (finish_tiles_fold), its rows' router and norm weights staged beside the weights.
+// FOLD_CAP (staged o_proj launches at 1-8 tokens only, linear_router_fold; 0 elsewhere): the
+// router's partial sums in the epilogue (finish_tiles_fold), its rows' router and norm weights
+// staged beside the weights; its shared rows sized for FOLD_CAP tokens (4 or 8: kernels.h).
 // NORM_IN (staged one-token qkv launches only, linear_norm_in): the row staged as
 // rmsnorm(x + moe) by stage_row_norm_in, its norm weights loaded before the wait.
-template <int FMT, int NT, int KS, int RT, int PF, bool XF16, int CC, int SD = 0, bool FOLD = false,
+template <int FMT, int NT, int KS, int RT, int PF, bool XF16, int CC, int SD = 0, int FOLD_CAP = 0,
           bool NORM_IN = false>
 __global__ void __launch_bounds__(KS * 32, skinny_min_blocks(NT, KS, RT)) skinny_mma_kernel(SkinnyArgs a) {
+  constexpr bool FOLD = FOLD_CAP > 0;
   static_assert(PF >= 1 && RT <= KS, "prefetch depth; one finishing warp per row tile");
   static_assert(SD == 0 || (CC > 0 && NT == 1 && SD * KS <= CC), "staged chunks");
   static_assert(!FOLD || (SD > 0 && NT == 1), "the router fold rides the staged one-n-tile kernel");
@@ -202,7 +206,7 @@ __global__ void __launch_bounds__(KS * 32, skinny_min_blocks(NT, KS, RT)) skinny
   // MXFP4 and fp8 weights multiply fp16 activations: bf16 ones are converted while staged.
   constexpr bool kStageF16 = XS && !XF16 && FMT != WeightMat::kFragBF16;
   constexpr bool kChunkF16 = XF16 || kStageF16;
-  extern __shared__ __align__(16) float red[];
+  extern __shared__ __align__(128) float red[];  // (128: skinny_units.cu says why)
   uint16_t* xs = reinterpret_cast<uint16_t*>(red + KS * RT * NT * 4 * 32);
   const int xs_ld = a.W.K + 8;
   // The staged chunks: [RT][P] chunks in their global layout, 16-byte aligned (xs_ld * 2 is);
@@ -402,8 +406,8 @@ __global__ void __launch_bounds__(KS * 32, skinny_min_blocks(NT, KS, RT)) skinny
     wl = wl0;  // the next token pass starts over
     sl = sl0;
 
-    if constexpr (FOLD)  // at most 4 tokens: this is the only pass
-      finish_tiles_fold<FMT, KS, RT>(a, red, acc, tile0, fold_w, fold_g, fold_bias);
+    if constexpr (FOLD)  // at most 8 tokens: this is the only pass
+      finish_tiles_fold<FMT, KS, RT, FOLD_CAP>(a, red, acc, tile0, fold_w, fold_g, fold_bias);
     else
       finish_tiles<FMT, NT, KS, RT>(a, red, acc, nrt, tile0, expert, tok0, row_end);
   }
@@ -423,22 +427,22 @@ size_t skinny_smem_bytes(const SkinnyArgs& a, int NT, int KS, int RT, int SD) {
          (fold ? router_fold::stage_bytes(RT * 16, a.r.fold.E) : 0);
 }
 
-template <int FMT, int NT, int KS, int RT, int PF, bool XF16, bool TRY_CC = false, int SD = 0, bool FOLD = false,
+template <int FMT, int NT, int KS, int RT, int PF, bool XF16, bool TRY_CC = false, int SD = 0, int FOLD_CAP = 0,
           bool NORM_IN = false>
 void launch_shape(const SkinnyArgs& a, int tiles, int groups, cudaStream_t s) {
   const size_t smem = skinny_smem_bytes<FMT>(a, NT, KS, RT, SD);
-  if constexpr (FOLD) {  // linear_router_fold: o_proj's K only
+  if constexpr (FOLD_CAP > 0) {  // linear_router_fold: o_proj's K only
     if (a.W.K != 4096) throw Error("router fold: o_proj's staged kernel takes K = 4096 only");
-    allow_dynamic_smem(skinny_mma_kernel<FMT, NT, KS, RT, PF, XF16, 64, SD, true>, smem);
-    launch_pdl(skinny_mma_kernel<FMT, NT, KS, RT, PF, XF16, 64, SD, true>, dim3((tiles + RT - 1) / RT, groups),
+    allow_dynamic_smem(skinny_mma_kernel<FMT, NT, KS, RT, PF, XF16, 64, SD, FOLD_CAP>, smem);
+    launch_pdl(skinny_mma_kernel<FMT, NT, KS, RT, PF, XF16, 64, SD, FOLD_CAP>, dim3((tiles + RT - 1) / RT, groups),
                dim3(KS * 32), smem, s, a);
     return;
   }
   if constexpr (NORM_IN) {  // linear_norm_in: qkv's K only
     if constexpr (SD * KS <= 45) {
       if (a.W.K != 2880) throw Error("norm-in: qkv's staged kernel takes K = 2880 only");
-      allow_dynamic_smem(skinny_mma_kernel<FMT, NT, KS, RT, PF, XF16, 45, SD, false, true>, smem);
-      launch_pdl(skinny_mma_kernel<FMT, NT, KS, RT, PF, XF16, 45, SD, false, true>, dim3((tiles + RT - 1) / RT, groups),
+      allow_dynamic_smem(skinny_mma_kernel<FMT, NT, KS, RT, PF, XF16, 45, SD, 0, true>, smem);
+      launch_pdl(skinny_mma_kernel<FMT, NT, KS, RT, PF, XF16, 45, SD, 0, true>, dim3((tiles + RT - 1) / RT, groups),
                  dim3(KS * 32), smem, s, a);
     } else {
       throw Error("norm-in: too many staged chunk groups for K = 2880");
@@ -483,23 +487,23 @@ static int dense_stage_digits() {
   static const int v = env_int("GPTOSS_DENSE_STAGE", 32);
   return v;
 }
-template <int FMT, int NT, int KS, int RT, int PF, bool XF16, bool FOLD = false, bool NORM_IN = false>
+template <int FMT, int NT, int KS, int RT, int PF, bool XF16, int FOLD_CAP = 0, bool NORM_IN = false>
 bool launch_staged(const SkinnyArgs& a, int tiles, int groups, int sd, cudaStream_t s) {
   if constexpr (NT == 1) {
     // (The router fold stages at any of its 1-8 rows: its sums ride the staged kernel.)
     static const int max_rows = env_int("GPTOSS_DENSE_STAGE_ROWS", kStageRows);
-    if (a.grouped || (!FOLD && a.xs_rows > max_rows) || tiles % RT != 0 ||
+    if (a.grouped || (FOLD_CAP == 0 && a.xs_rows > max_rows) || tiles % RT != 0 ||
         !skinny_cc_enabled() || (a.W.K != 2880 && a.W.K != 4096))
       return false;
     // Fewer staged groups where the block would not fit in shared memory (227 KB, less the
     // static barrier and the fold's row sums).
-    constexpr size_t kStatic = 1024 + (FOLD ? 2 * kRouterFoldMaxTokens * RT * 16 * sizeof(float) : 0);
+    constexpr size_t kStatic = 1024 + 2 * size_t(FOLD_CAP) * RT * 16 * sizeof(float);
     while (sd > 0 && skinny_smem_bytes<FMT>(a, NT, KS, RT, sd) > 227 * 1024 - kStatic) --sd;
     switch (sd) {
-      case 1: launch_shape<FMT, NT, KS, RT, PF, XF16, true, 1, FOLD, NORM_IN>(a, tiles, groups, s); return true;
-      case 2: launch_shape<FMT, NT, KS, RT, PF, XF16, true, 2, FOLD, NORM_IN>(a, tiles, groups, s); return true;
-      case 3: launch_shape<FMT, NT, KS, RT, PF, XF16, true, 3, FOLD, NORM_IN>(a, tiles, groups, s); return true;
-      case 4: if constexpr (KS == 8) { launch_shape<FMT, NT, KS, RT, PF, XF16, true, 4, FOLD, NORM_IN>(a, tiles, groups, s); return true; }
+      case 1: launch_shape<FMT, NT, KS, RT, PF, XF16, true, 1, FOLD_CAP, NORM_IN>(a, tiles, groups, s); return true;
+      case 2: launch_shape<FMT, NT, KS, RT, PF, XF16, true, 2, FOLD_CAP, NORM_IN>(a, tiles, groups, s); return true;
+      case 3: launch_shape<FMT, NT, KS, RT, PF, XF16, true, 3, FOLD_CAP, NORM_IN>(a, tiles, groups, s); return true;
+      case 4: if constexpr (KS == 8) { launch_shape<FMT, NT, KS, RT, PF, XF16, true, 4, FOLD_CAP, NORM_IN>(a, tiles, groups, s); return true; }
         return false;
       default: return false;
     }
@@ -657,13 +661,17 @@ bool skinny_router_fold(const WeightMat& W, const bf16_t* A, int lda, const Epil
   a.xs_rows = fold.n;
   a.stage_async = stage_async_enabled();
   const int sd = dense_stage_digits() / 10 % 10;
-  bool ok = false;
-  switch (W.fmt) {
-    case WeightMat::kFragBF16: ok = launch_staged<WeightMat::kFragBF16, 1, 16, 2, 1, false, true>(a, tiles, 1, sd, s); break;
-    case WeightMat::kFragFP8: ok = launch_staged<WeightMat::kFragFP8, 1, 16, 2, 1, false, true>(a, tiles, 1, sd, s); break;
-    case WeightMat::kFragMXFP4: ok = launch_staged<WeightMat::kFragMXFP4, 1, 16, 2, 3, false, true>(a, tiles, 1, sd, s); break;
-    default: break;
-  }
+  auto go = [&](auto cap) {
+    constexpr int CAP = decltype(cap)::value;
+    switch (W.fmt) {
+      case WeightMat::kFragBF16: return launch_staged<WeightMat::kFragBF16, 1, 16, 2, 1, false, CAP>(a, tiles, 1, sd, s);
+      case WeightMat::kFragFP8: return launch_staged<WeightMat::kFragFP8, 1, 16, 2, 1, false, CAP>(a, tiles, 1, sd, s);
+      case WeightMat::kFragMXFP4: return launch_staged<WeightMat::kFragMXFP4, 1, 16, 2, 3, false, CAP>(a, tiles, 1, sd, s);
+      default: return false;
+    }
+  };
+  const bool ok = router_fold_capacity(fold.n) == 4 ? go(std::integral_constant<int, 4>{})
+                                                    : go(std::integral_constant<int, 8>{});
   if (ok) GPTOSS_CUDA_LAUNCH_CHECK();
   return ok;
 }
@@ -680,9 +688,9 @@ bool skinny_norm_in(const WeightMat& W, const NormIn& in, const Epilogue& epi, c
   const int sd = dense_stage_digits() % 10;
   bool ok = false;
   switch (W.fmt) {
-    case WeightMat::kFragBF16: ok = launch_staged<WeightMat::kFragBF16, 1, 8, 1, 2, false, false, true>(a, tiles, 1, sd, s); break;
-    case WeightMat::kFragFP8: ok = launch_staged<WeightMat::kFragFP8, 1, 8, 1, 2, false, false, true>(a, tiles, 1, sd, s); break;
-    case WeightMat::kFragMXFP4: ok = launch_staged<WeightMat::kFragMXFP4, 1, 8, 1, 3, false, false, true>(a, tiles, 1, sd, s); break;
+    case WeightMat::kFragBF16: ok = launch_staged<WeightMat::kFragBF16, 1, 8, 1, 2, false, 0, true>(a, tiles, 1, sd, s); break;
+    case WeightMat::kFragFP8: ok = launch_staged<WeightMat::kFragFP8, 1, 8, 1, 2, false, 0, true>(a, tiles, 1, sd, s); break;
+    case WeightMat::kFragMXFP4: ok = launch_staged<WeightMat::kFragMXFP4, 1, 8, 1, 3, false, 0, true>(a, tiles, 1, sd, s); break;
     default: break;
   }
   if (ok) GPTOSS_CUDA_LAUNCH_CHECK();

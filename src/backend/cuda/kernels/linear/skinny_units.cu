@@ -7,6 +7,7 @@
 #include "backend/cuda/kernels/linear/skinny_units.h"
 
 #include <algorithm>
+#include <type_traits>
 #include <unordered_map>
 #include <utility>
 
@@ -77,7 +78,8 @@ __device__ __forceinline__ int scan_units(const SkinnyArgs& a, int tb, int* s_un
 // gate_up's block 0 writes the routing the combine reads. s_tok[p]: sorted pair p's token (the
 // row of xs stage_row_fold puts it in); s_inv_rms[t]: token t's RMS scale.
 // s_w: each group's softmax weight where down adds its weighted rows itself (RouterFold::moe_out,
-// one token).
+// one token). CAP: the launch's fold capacity (kernels.h), f.n <= CAP.
+template <int CAP>
 __device__ __forceinline__ int scan_units_fold(const SkinnyArgs& a, int tb, int* s_unit0, int* s_expert, int* s_start,
                                                int* s_end, float* scratch, float* s_inv_rms, float* s_w, int* s_tok) {
   const RouterFold& f = a.r.fold;
@@ -109,8 +111,8 @@ __device__ __forceinline__ int scan_units_fold(const SkinnyArgs& a, int tb, int*
     return f.k * tb;
   }
   // 2-8 tokens. The picks in token order ([t][j], as topk_idx), then the sort.
-  __shared__ int s_pick_e[kRouterFoldMaxTokens * kMaxTopK];
-  __shared__ float s_pick_w[kRouterFoldMaxTokens * kMaxTopK];
+  __shared__ int s_pick_e[CAP * kMaxTopK];
+  __shared__ float s_pick_w[CAP * kMaxTopK];
   __shared__ int s_units;
   __shared__ int s_sort_counts[2], s_sort_slot[32], s_sort_tile_group[32], s_sort_tile_row[32];
   __shared__ float s_sort_pair_w[32];
@@ -218,15 +220,25 @@ __device__ __forceinline__ void stage_row_fold(const SkinnyArgs& a, const float*
 // Each row's sums run in the same order as in skinny_mma_kernel with the same KS (chunks per
 // warp, warps added in order): the two agree bit for bit. K = 64 CC, T % RT == 0, at most
 // KS * 32 - 1 groups (a thread each in the scan).
-// FOLD: after a folded router (MoeRouting::fold, 1-8 tokens, K = 2880): routes from the fold's sums
-// (scan_units_fold); gate_up stages its rows from the fold's xg.
-template <int KS, int RT, int PF, bool XF16, int CC, bool FOLD = false>
+// FOLD_CAP: after a folded router (MoeRouting::fold, 1-8 tokens, K = 2880; 0 elsewhere): routes from
+// the fold's sums (scan_units_fold); gate_up stages its rows from the fold's xg. Its shared arrays
+// hold FOLD_CAP tokens (4 or 8: kernels.h).
+// The dynamic shared memory starts 128-byte aligned (so too in skinny_warp_units_kernel and
+// skinny_mma_kernel). At 16 it starts where the static arrays end, and this kernel's one-token
+// step time followed that offset mod 128 (H200, thirty-first session, s31r2-r3, 120b fp8 tg64 x1
+// with the fold's arrays sized for 1, 2, 3, 4 and 8 tokens: static 4176 / 4336 / 4448 / 4544 /
+// 4944 bytes, offset mod 128 80 / 112 / 96 / 64 / 80: 529 / 540 / 550 / 550 / 533 tok/s, the
+// means of four runs; aligned to 128: 549-555 at every size; 20b 775-804 -> 804-812): the
+// unexplained 3% of the thirtieth session's regression was this. (Offsets of 16 mod 32 were the
+// slow ones; why is not established.)
+template <int KS, int RT, int PF, bool XF16, int CC, int FOLD_CAP = 0>
 __global__ void __launch_bounds__(KS * 32, skinny_min_blocks(1, KS, RT, PF)) skinny_units_kernel(SkinnyArgs a) {
+  constexpr bool FOLD = FOLD_CAP > 0;
   constexpr int FMT = WeightMat::kFragMXFP4, C = CC, kMaxGroups = KS * 32;
   static_assert(PF >= 1 && RT <= KS && CC > 0, "prefetch depth; one finishing warp per row tile; fixed K");
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, g = lane >> 2;
   const int T = a.W.N / 16, TB = T / RT;  // row-tile blocks an expert
-  extern __shared__ __align__(16) float red[];
+  extern __shared__ __align__(128) float red[];
   uint16_t* xs = reinterpret_cast<uint16_t*>(red + KS * RT * 4 * 32);
   const int xs_ld = C * 64 + 8;
   const int my_n = C > warp ? (C - 1 - warp) / KS + 1 : 0;
@@ -236,12 +248,13 @@ __global__ void __launch_bounds__(KS * 32, skinny_min_blocks(1, KS, RT, PF)) ski
 
   // (After a folded router, gate_up's row is staged by the scan through red, which holds K floats
   // at four row tiles: launch_skinny_units runs gate_up's fold in that shape only.)
-  __shared__ float s_inv_rms[FOLD ? kRouterFoldMaxTokens : 1], s_w[kMaxTopK];
-  __shared__ int s_tok[FOLD ? kRouterFoldMaxTokens * kMaxTopK : 1];
+  __shared__ float s_inv_rms[FOLD ? FOLD_CAP : 1], s_w[kMaxTopK];
+  __shared__ int s_tok[FOLD ? FOLD_CAP * kMaxTopK : 1];
   // The tokens' rows staged once, row t token t, by the fold's scan and stage_row_fold, for every
   // unit (a unit's B row g is its sorted pair's token's: s_tok).
   const bool row_staged = FOLD && a.r.fold.gate_up;
-  const int units = FOLD ? scan_units_fold(a, TB, s_unit0, s_expert, s_start, s_end, red, s_inv_rms, s_w, s_tok)
+  const int units = FOLD ? scan_units_fold<FOLD ? FOLD_CAP : 1>(a, TB, s_unit0, s_expert, s_start, s_end, red, s_inv_rms,
+                                                                s_w, s_tok)
                          : scan_units<KS>(a, TB, s_unit0, s_expert, s_start, s_end, s_warp_passes);
   const int u0 = int(int64_t(blockIdx.x) * units / gridDim.x);
   const int u1 = int(int64_t(blockIdx.x + 1) * units / gridDim.x);
@@ -359,24 +372,26 @@ __global__ void __launch_bounds__(KS * 32, skinny_min_blocks(1, KS, RT, PF)) ski
 // NTM = 2: a pass is 16 of a group's tokens (a.xs_rows 16), and a unit holding more than 8 runs
 // both n-tiles on each decoded chunk (a group of 9-16 tokens walks its weights once, not twice);
 // one of 8 or fewer runs the one-n-tile path. Each n-tile's sums are the one-n-tile path's.
-// FOLD (NTM = 1, 2-8 tokens): after a folded router, as skinny_units_kernel's.
-template <int NW, int RTW, int PF, int MINB, bool XF16, int CC, int NTM = 1, bool FOLD = false>
+// FOLD_CAP (NTM = 1, 2-8 tokens: 4 or 8): after a folded router, as skinny_units_kernel's.
+template <int NW, int RTW, int PF, int MINB, bool XF16, int CC, int NTM = 1, int FOLD_CAP = 0>
 __global__ void __launch_bounds__(NW * 32, MINB) skinny_warp_units_kernel(SkinnyArgs a) {
+  constexpr bool FOLD = FOLD_CAP > 0;
   static_assert(!FOLD || NTM == 1, "the fold's groups hold at most 8 tokens");
   constexpr int FMT = WeightMat::kFragMXFP4, C = CC, kMaxGroups = NW * 32, UT = NW * RTW, PT = 8 * NTM;
   constexpr int CP = (C + PF - 1) / PF * PF;  // a unit's chunk steps, padded to whole turns of the ring
   static_assert(PF >= 1 && CC > 0, "ring depth; fixed K");
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
   const int T = a.W.N / 16, TB = (T + UT - 1) / UT;  // unit blocks an expert
-  extern __shared__ __align__(16) uint16_t xs[];
+  extern __shared__ __align__(128) uint16_t xs[];
   const int xs_ld = C * 64 + 8;
   __shared__ int s_unit0[kMaxGroups], s_expert[kMaxGroups], s_start[kMaxGroups], s_end[kMaxGroups];
   __shared__ int s_warp_passes[NW];
-  __shared__ float s_inv_rms[FOLD ? kRouterFoldMaxTokens : 1], s_w[kMaxTopK];
-  __shared__ int s_tok[FOLD ? kRouterFoldMaxTokens * kMaxTopK : 1];
+  __shared__ float s_inv_rms[FOLD ? FOLD_CAP : 1], s_w[kMaxTopK];
+  __shared__ int s_tok[FOLD ? FOLD_CAP * kMaxTopK : 1];
   // (The fold's one-token scratch is never asked for: the walk takes the fold at 2-8 tokens.)
   const bool row_staged = FOLD && a.r.fold.gate_up;
-  const int units = FOLD ? scan_units_fold(a, TB, s_unit0, s_expert, s_start, s_end, nullptr, s_inv_rms, s_w, s_tok)
+  const int units = FOLD ? scan_units_fold<FOLD ? FOLD_CAP : 1>(a, TB, s_unit0, s_expert, s_start, s_end, nullptr,
+                                                                s_inv_rms, s_w, s_tok)
                          : scan_units<NW, PT>(a, TB, s_unit0, s_expert, s_start, s_end, s_warp_passes);
   const int u0 = int(int64_t(blockIdx.x) * units / gridDim.x);
   const int u1 = int(int64_t(blockIdx.x + 1) * units / gridDim.x);
@@ -552,15 +567,15 @@ bool launch_walk(void (*k)(SkinnyArgs), int threads, size_t smem, size_t units, 
 // The unit-walking grouped kernel (skinny_units_kernel) for this launch, if it takes it (units_take_k,
 // whole row-tile blocks, fewer groups than threads) and its units (at least one a (group, row-tile
 // block)) fill at least `min_fill` of the blocks the GPU holds at once.
-template <int KS, int RT, int PF, bool XF16, bool FOLD = false>
+template <int KS, int RT, int PF, bool XF16, int FOLD_CAP = 0>
 bool launch_units(const SkinnyArgs& a, int tiles, int groups, double min_fill, cudaStream_t s) {
   const int K = a.W.K;
   if (!a.grouped || !skinny_cc_enabled() || tiles % RT != 0 || !units_take_k(K) || groups >= KS * 32) return false;
   const size_t smem = size_t(KS) * RT * 4 * 32 * sizeof(float) + size_t(a.xs_rows) * (K + 8) * 2;
   const size_t units = size_t(tiles / RT) * groups;
-  if constexpr (FOLD) {  // gpt-oss's experts (K = 2880) only
+  if constexpr (FOLD_CAP > 0) {  // gpt-oss's experts (K = 2880) only
     if (K != 2880) return false;
-    return launch_walk(skinny_units_kernel<KS, RT, PF, XF16, 45, true>, KS * 32, smem, units, min_fill, a, s);
+    return launch_walk(skinny_units_kernel<KS, RT, PF, XF16, 45, FOLD_CAP>, KS * 32, smem, units, min_fill, a, s);
   }
   auto k = K == 2880 ? skinny_units_kernel<KS, RT, PF, XF16, 45>
            : K == 4096 ? skinny_units_kernel<KS, RT, PF, XF16, 64>
@@ -572,7 +587,7 @@ bool launch_units(const SkinnyArgs& a, int tiles, int groups, double min_fill, c
 // The warp-per-tile kernel (skinny_warp_units_kernel) for this launch, if it takes it (units_take_k,
 // T % RTW == 0, fewer groups than threads) and its units fill at least `min_fill` of the blocks
 // the GPU holds at once.
-template <int NW, int RTW, int PF, int MINB, bool XF16, int NTM = 1, bool FOLD = false>
+template <int NW, int RTW, int PF, int MINB, bool XF16, int NTM = 1, int FOLD_CAP = 0>
 bool launch_warp_units(const SkinnyArgs& a_in, int tiles, int groups, double min_fill, cudaStream_t s) {
   SkinnyArgs a = a_in;
   a.xs_rows = std::min(a.M, 8 * NTM);  // a pass's rows (a group has <= M)
@@ -580,9 +595,9 @@ bool launch_warp_units(const SkinnyArgs& a_in, int tiles, int groups, double min
   if (!a.grouped || !skinny_cc_enabled() || tiles % RTW != 0 || !units_take_k(K) || groups >= NW * 32) return false;
   const size_t smem = size_t(a.xs_rows) * (K + 8) * 2;
   const size_t units = size_t((tiles + NW * RTW - 1) / (NW * RTW)) * groups;
-  if constexpr (FOLD) {  // gpt-oss's experts (K = 2880) only
+  if constexpr (FOLD_CAP > 0) {  // gpt-oss's experts (K = 2880) only
     if (K != 2880) return false;
-    return launch_walk(skinny_warp_units_kernel<NW, RTW, PF, MINB, XF16, 45, 1, true>, NW * 32, smem, units, min_fill,
+    return launch_walk(skinny_warp_units_kernel<NW, RTW, PF, MINB, XF16, 45, 1, FOLD_CAP>, NW * 32, smem, units, min_fill,
                        a, s);
   }
   auto k = K == 2880 ? skinny_warp_units_kernel<NW, RTW, PF, MINB, XF16, 45, NTM>
@@ -626,11 +641,16 @@ bool launch_skinny_units(const SkinnyArgs& a, int tiles, int groups, bool xf16, 
     // tiles (at one token its row passes through red: 4,096 floats >= K = 2880).
     if (a.r.fold.acc) {
       if (shape != 0) return false;
-      if (a.r.fold.n > 1 && !k_split_only && warp_units_min_fill() > 0 &&
-          launch_warp_units<8, 1, 8, 2, X, 1, true>(a, tiles, groups, warp_units_min_fill(), s))
-        return true;
-      return launch_units<8, 4, 1, X, true>(a, tiles, groups, a.r.fold.gate_up ? 0 : 0.5, s) ||
-             (!a.r.fold.gate_up && launch_units<8, 2, 2, X, true>(a, tiles, groups, 0, s));
+      auto fold = [&](auto cap) {
+        constexpr int CAP = decltype(cap)::value;
+        if (a.r.fold.n > 1 && !k_split_only && warp_units_min_fill() > 0 &&
+            launch_warp_units<8, 1, 8, 2, X, 1, CAP>(a, tiles, groups, warp_units_min_fill(), s))
+          return true;
+        return launch_units<8, 4, 1, X, CAP>(a, tiles, groups, a.r.fold.gate_up ? 0 : 0.5, s) ||
+               (!a.r.fold.gate_up && launch_units<8, 2, 2, X, CAP>(a, tiles, groups, 0, s));
+      };
+      return router_fold_capacity(a.r.fold.n) == 4 ? fold(std::integral_constant<int, 4>{})
+                                                   : fold(std::integral_constant<int, 8>{});
     }
     switch (shape) {
       case 1: return launch_units<8, 4, 1, X>(a, tiles, groups, 0, s);

@@ -99,7 +99,7 @@ struct RouterV2Args : RouterIo {
 // so the blocks fit beside more of the kernel before (whose end they wait for).
 template <int C, int NW, int NT, bool SMW>  // NT: most MMA column tiles (8 tokens each)
 __global__ void __launch_bounds__(NW * 32, 16 / NW) router_v2_kernel(const RouterV2Args a) {
-  extern __shared__ __align__(16) unsigned char smem[];
+  extern __shared__ __align__(128) unsigned char smem[];  // (128: skinny_units.cu says why)
   float* gs = reinterpret_cast<float*>(smem + a.o_g);          // [sw] norm weights of the slice
   float* bias_s = reinterpret_cast<float*>(smem + a.o_bias);   // [E]
   float* lg = reinterpret_cast<float*>(smem + a.o_lg);         // [NW][E] logits of the tokens routed here

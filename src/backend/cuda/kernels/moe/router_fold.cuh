@@ -38,21 +38,23 @@ __device__ __forceinline__ void add_fixed(long long* dst, float v, float scale) 
 // norm_w and sq_s[t][r] = x^2 of its `rows` rows for each of the pass's ntok tokens, w_s their
 // router weights [rows][E] (bf16 bits), part ntok * blockDim.x floats of free shared memory. Adds
 // the block's partial logits (rows summed in a fixed order per thread, the threads' parts in thread
-// order) and its sums of squares into f.acc ([t][E + 1]). blockDim.x >= E.
+// order) and its sums of squares into f.acc ([t][E + 1]). blockDim.x >= E; ntok <= CAP (the
+// launch's fold capacity, kernels.h).
+template <int CAP>
 __device__ __forceinline__ void fold_add_partials(const RouterFold& f, int rows, int ntok, const float* xg_s,
                                                   const float* sq_s, const uint16_t* w_s, float* part) {
   const int E = f.E, tid = threadIdx.x, nq = blockDim.x / E;
   if (tid < nq * E) {
     const int q = tid / E, e = tid - q * E;
-    float s[kRouterFoldMaxTokens] = {};
+    float s[CAP] = {};
     for (int r = q; r < rows; r += nq) {
       const float w = bf16_bits_to_f32(w_s[r * E + e]);
 #pragma unroll
-      for (int t = 0; t < kRouterFoldMaxTokens; ++t)
+      for (int t = 0; t < CAP; ++t)
         if (t < ntok) s[t] = fmaf(xg_s[t * rows + r], w, s[t]);
     }
 #pragma unroll
-    for (int t = 0; t < kRouterFoldMaxTokens; ++t)
+    for (int t = 0; t < CAP; ++t)
       if (t < ntok) part[(t * nq + q) * E + e] = s[t];
   }
   __syncthreads();
