@@ -496,7 +496,7 @@ bool launch_staged(const SkinnyArgs& a, int tiles, int groups, int sd, cudaStrea
         !skinny_cc_enabled() || (a.W.K != 2880 && a.W.K != 4096))
       return false;
     // Fewer staged groups where the block would not fit in shared memory (227 KB, less the
-    // static barrier and the fold's row sums).
+    // static barrier, the fold's row sums and the dynamic part's 128-byte alignment).
     constexpr size_t kStatic = 1024 + 2 * size_t(FOLD_CAP) * RT * 16 * sizeof(float);
     while (sd > 0 && skinny_smem_bytes<FMT>(a, NT, KS, RT, sd) > 227 * 1024 - kStatic) --sd;
     switch (sd) {
