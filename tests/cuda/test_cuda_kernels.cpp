@@ -1314,9 +1314,8 @@ TEST_F(Kernels, RouterFoldedIntoOproj) {
 }
 
 // The fold at 2-8 tokens (launches of fold capacity 4 at 2-4, 8 at 5-8: kernels.h): every token's
-// sums, experts, weights and result against the CPU's, the
-// pairs sorted as the decode router sorts them (the combine reads gate_up's block 0's routing),
-// and a graph bucket's padding (RouterFold::n_valid) taking no pair. gate_up runs the warp walk
+// sums, experts, weights and result against the CPU's, the pairs sorted as the decode router sorts
+// them (the combine reads gate_up's block 0's routing), and a graph bucket's padding (RouterFold::n_valid) taking no pair. gate_up runs the warp walk
 // from 3 tokens, down from 6 (where their units fill the GPU twice over), the K-split kernel below.
 TEST_F(Kernels, RouterFoldedIntoOprojTokens) {
   struct TokCase {

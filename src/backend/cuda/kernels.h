@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 namespace gptoss {
 struct RowSampling;  // backend/backend.h
@@ -103,6 +104,12 @@ constexpr int kRouterFoldMaxTokens = 8;
 // (shared rows 1040 -> 2064 bytes, unrolled sums, the staging margin: still 3.5% at one token when
 // sized for 8, thirty-first session, s31r2-r3, and not from alignment).
 constexpr int router_fold_capacity(int n) { return n <= 4 ? 4 : 8; }
+// f(std::integral_constant<int, CAP>{}) with CAP the capacity of a folded pass of n tokens: how a
+// launcher picks the instantiation.
+template <class F>
+auto with_router_fold_capacity(int n, F&& f) {
+  return router_fold_capacity(n) == 4 ? f(std::integral_constant<int, 4>{}) : f(std::integral_constant<int, 8>{});
+}
 // Whether the expert kernels after a folded router take this expert matrix (fragment-layout
 // MXFP4, K = 2880: gpt-oss's gate_up and down).
 bool router_fold_experts_take(const WeightMat& W);

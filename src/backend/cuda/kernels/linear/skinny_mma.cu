@@ -15,7 +15,6 @@
 #include <cuda_fp8.h>
 
 #include <algorithm>
-#include <type_traits>
 
 #include "backend/cuda/cuda_common.h"
 #include "backend/cuda/device_utils.cuh"
@@ -661,7 +660,7 @@ bool skinny_router_fold(const WeightMat& W, const bf16_t* A, int lda, const Epil
   a.xs_rows = fold.n;
   a.stage_async = stage_async_enabled();
   const int sd = dense_stage_digits() / 10 % 10;
-  auto go = [&](auto cap) {
+  const bool ok = with_router_fold_capacity(fold.n, [&](auto cap) {
     constexpr int CAP = decltype(cap)::value;
     switch (W.fmt) {
       case WeightMat::kFragBF16: return launch_staged<WeightMat::kFragBF16, 1, 16, 2, 1, false, CAP>(a, tiles, 1, sd, s);
@@ -669,9 +668,7 @@ bool skinny_router_fold(const WeightMat& W, const bf16_t* A, int lda, const Epil
       case WeightMat::kFragMXFP4: return launch_staged<WeightMat::kFragMXFP4, 1, 16, 2, 3, false, CAP>(a, tiles, 1, sd, s);
       default: return false;
     }
-  };
-  const bool ok = router_fold_capacity(fold.n) == 4 ? go(std::integral_constant<int, 4>{})
-                                                    : go(std::integral_constant<int, 8>{});
+  });
   if (ok) GPTOSS_CUDA_LAUNCH_CHECK();
   return ok;
 }

@@ -7,7 +7,6 @@
 #include "backend/cuda/kernels/linear/skinny_units.h"
 
 #include <algorithm>
-#include <type_traits>
 #include <unordered_map>
 #include <utility>
 
@@ -641,16 +640,14 @@ bool launch_skinny_units(const SkinnyArgs& a, int tiles, int groups, bool xf16, 
     // tiles (at one token its row passes through red: 4,096 floats >= K = 2880).
     if (a.r.fold.acc) {
       if (shape != 0) return false;
-      auto fold = [&](auto cap) {
+      return with_router_fold_capacity(a.r.fold.n, [&](auto cap) {
         constexpr int CAP = decltype(cap)::value;
         if (a.r.fold.n > 1 && !k_split_only && warp_units_min_fill() > 0 &&
             launch_warp_units<8, 1, 8, 2, X, 1, CAP>(a, tiles, groups, warp_units_min_fill(), s))
           return true;
         return launch_units<8, 4, 1, X, CAP>(a, tiles, groups, a.r.fold.gate_up ? 0 : 0.5, s) ||
                (!a.r.fold.gate_up && launch_units<8, 2, 2, X, CAP>(a, tiles, groups, 0, s));
-      };
-      return router_fold_capacity(a.r.fold.n) == 4 ? fold(std::integral_constant<int, 4>{})
-                                                   : fold(std::integral_constant<int, 8>{});
+      });
     }
     switch (shape) {
       case 1: return launch_units<8, 4, 1, X>(a, tiles, groups, 0, s);
