@@ -8,6 +8,8 @@
 
 #include <vector>
 
+#include "common/error.h"
+
 namespace gptoss {
 
 size_t kv_page_bytes(const GptOssConfig& c, KvGroup g, int page_size, DType dtype) {
@@ -94,6 +96,39 @@ void Backend::forward_sample(const ForwardBatch& batch, const RowSampling* rows,
     tokens_out[r] = sample_row(row, V, rows[r], scratch);
     if (logprobs_out) logprobs_out[r] = clamp_logprob(double(row[tokens_out[r]]) - row_logsumexp(row, V));
   }
+}
+
+void Backend::check_pipelined_batch(const ForwardBatch& b, bool tokens_from_last, int last_rows) {
+  const size_t n = b.seqs.size();
+  bool ok = n > 0 && b.tokens.size() == n && b.logit_rows.size() == n;
+  for (size_t i = 0; ok && i < n; ++i)
+    ok = b.seqs[i].first_token == int32_t(i) && b.seqs[i].n_tokens == 1 && b.logit_rows[i] == int32_t(i);
+  if (!ok)
+    throw Error("launch_greedy: a pipelined pass takes one token a sequence, in order, with every row's logits");
+  if (tokens_from_last && int(n) != last_rows)
+    throw Error("launch_greedy: tokens from the last pass need a launched pass of the same rows before it");
+}
+
+void Backend::launch_greedy(const ForwardBatch& batch, bool tokens_from_last) {
+  check_pipelined_batch(batch, tokens_from_last, greedy_last_.empty() ? -1 : int(greedy_last_.size()));
+  if (greedy_done_.size() >= 2) throw Error("launch_greedy: at most two passes in flight (finish_greedy the oldest)");
+  const ForwardBatch* run = &batch;
+  ForwardBatch fed;
+  if (tokens_from_last) {
+    fed = batch;
+    fed.tokens = greedy_last_;
+    run = &fed;
+  }
+  std::vector<int32_t> ids(batch.logit_rows.size());
+  forward_greedy(*run, ids.data());
+  greedy_last_ = ids;
+  greedy_done_.push_back(std::move(ids));
+}
+
+void Backend::finish_greedy(int32_t* tokens_out) {
+  if (greedy_done_.empty()) throw Error("finish_greedy: no pass launched");
+  std::copy(greedy_done_.front().begin(), greedy_done_.front().end(), tokens_out);
+  greedy_done_.erase(greedy_done_.begin());
 }
 
 void Backend::forward_greedy(const ForwardBatch& batch, int32_t* tokens_out) {

@@ -95,6 +95,17 @@ class Backend {
   // row: the CUDA backend picks them on the device and copies back ids instead of logits. The
   // default runs forward() and takes the argmax on the host.
   virtual void forward_greedy(const ForwardBatch& batch, int32_t* tokens_out);
+  // Pipelined greedy decoding (vLLM's async scheduling, for one token a sequence): launch_greedy
+  // queues a forward_greedy pass and may return before it has run; finish_greedy waits for the
+  // oldest pass launched and not yet finished and writes its ids (one a logit row). With
+  // `tokens_from_last`, batch.tokens are not read: row i's token is the id the pass launched just
+  // before this one picked for its row i, which the CUDA backend copies on the device, so the host
+  // launches pass N + 1 without waiting for pass N. That needs the same layout in both passes:
+  // sequence i brings one token, token i, and logit_rows[i] = i, no other pass of this backend
+  // between them, and at most two passes launched and not yet finished. The default runs each
+  // pass in launch_greedy (forward_greedy) and keeps its ids for finish_greedy.
+  virtual void launch_greedy(const ForwardBatch& batch, bool tokens_from_last);
+  virtual void finish_greedy(int32_t* tokens_out);
   // The same pass, drawing the token of each logit row by rows[i] (see RowSampling). The CUDA
   // backend samples on the device; the default runs forward() and sample_row() on the host.
   // logprobs_out (when given and samples_logprobs()): each drawn token's logprob under the row's
@@ -128,6 +139,15 @@ class Backend {
   // The token budget a forward pass gets when the server is not told one
   // (--max-num-batched-tokens, EngineConfig 0). The CUDA backend raises it to 8192 on a large GPU.
   virtual int default_max_num_batched_tokens() const { return 2048; }
+
+ protected:
+  // launch_greedy's checks, shared by the backends: throws gptoss::Error unless the batch has the
+  // layout `tokens_from_last` needs (one token a sequence, in order, every row wanted) and, with
+  // it, as many rows as the last launch (last_rows; -1: none launched yet).
+  static void check_pipelined_batch(const ForwardBatch& batch, bool tokens_from_last, int last_rows);
+  // The default launch_greedy's results, oldest first, and the last launch's ids.
+  std::vector<std::vector<int32_t>> greedy_done_;
+  std::vector<int32_t> greedy_last_;
 };
 
 // Bytes one page of group g costs in a backend's storage.

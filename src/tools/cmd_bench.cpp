@@ -2,8 +2,11 @@
 // N-token prompt (logits of the last token only). tgN: N greedy decode steps after a prompt of
 // --tg-prompt tokens (as a real request would run), each step one forward (graph-captured on
 // CUDA, greedy token picked on the device). tgN xB (--batch B): B sequences decoding together
-// after their prompts, one forward a step, t/s over all of them. Prints a markdown table; --json
-// adds the results as JSON (to a file, or alone on stdout with '-').
+// after their prompts, one forward a step, t/s over all of them. The steps are pipelined as a
+// server with async scheduling runs them (Backend::launch_greedy): step N + 1 is launched with its
+// tokens taken on the device from step N's, and N's ids are read while N + 1 runs; --sync-steps
+// reads each step's ids before launching the next. Prints a markdown table; --json adds the
+// results as JSON (to a file, or alone on stdout with '-').
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -15,6 +18,7 @@
 #include <sstream>
 
 #include "backend/backend_factory.h"
+#include "backend/decode_batch.h"
 #include "common/error.h"
 #include "tools/command.h"
 #include "tools/load_progress.h"
@@ -30,6 +34,7 @@ struct Args {
   gptoss::BackendOptions backend;
   std::string pp = "512,2048,8192", tg = "32,128", batch = "1", json_path, kv_dtype = "bf16";
   bool json = false;  // --json given (an empty path means stdout)
+  bool sync_steps = false;  // --sync-steps: each tg step's ids read before the next is launched
   int runs = 5, tg_prompt = 512, page_size = 16;
 };
 
@@ -46,45 +51,6 @@ std::vector<int> parse_list(const std::string& s) {
 double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
-
-// B sequences decoding together, each on its own pages: the prompts prefill one sequence at a
-// time, then every step is one forward with a token of each (a decode batch, as serving runs it).
-struct Batch {
-  gptoss::Backend& b;
-  std::vector<std::vector<int32_t>> pages;
-  std::vector<int> len;
-  std::vector<int32_t> next;
-  void prefill(int s, const std::vector<int32_t>& toks) { step({s}, {toks}); }
-  void decode() {
-    std::vector<int> all(pages.size());
-    std::vector<std::vector<int32_t>> toks(pages.size());
-    for (size_t i = 0; i < pages.size(); ++i) { all[i] = int(i); toks[i] = {next[i]}; }
-    step(all, toks);
-  }
-  void step(const std::vector<int>& which, const std::vector<std::vector<int32_t>>& toks) {
-    gptoss::ForwardBatch fb;
-    for (size_t i = 0; i < which.size(); ++i) {
-      const int q = which[i];
-      gptoss::SeqBatchInfo si;
-      si.first_token = int(fb.tokens.size());
-      si.n_tokens = int(toks[i].size());
-      si.start_pos = len[q];
-      for (int g = 0; g < 2; ++g) {
-        si.pages[g] = pages[q].data();
-        si.n_pages[g] = int(pages[q].size());
-      }
-      fb.tokens.insert(fb.tokens.end(), toks[i].begin(), toks[i].end());
-      fb.seqs.push_back(si);
-      fb.logit_rows.push_back(int(fb.tokens.size()) - 1);
-    }
-    std::vector<int32_t> out(which.size());
-    b.forward_greedy(fb, out.data());
-    for (size_t i = 0; i < which.size(); ++i) {
-      len[which[i]] += int(toks[i].size());
-      next[which[i]] = out[i];
-    }
-  }
-};
 
 // One sequence on pages 0..n-1 of both groups.
 struct Seq {
@@ -185,33 +151,30 @@ int run(Args& a) {
       std::vector<double> tps;
       const int per = (a.tg_prompt + t + a.page_size - 1) / a.page_size + 1;
       for (int r = -1; r < a.runs; ++r) {
-        Batch bt{*be, {}, std::vector<int>(B, 0), std::vector<int32_t>(B, 0)};
-        for (int q = 0; q < B; ++q) {
-          bt.pages.emplace_back(per);
-          std::iota(bt.pages.back().begin(), bt.pages.back().end(), q * per);
-          bt.prefill(q, rand_tokens(a.tg_prompt));
-        }
+        std::vector<std::vector<int32_t>> seq_pages(B, std::vector<int32_t>(per));
+        for (int q = 0; q < B; ++q) std::iota(seq_pages[q].begin(), seq_pages[q].end(), q * per);
+        DecodeBatch bt(*be, std::move(seq_pages));
+        for (int q = 0; q < B; ++q) bt.prefill(q, rand_tokens(a.tg_prompt));
         double t0 = now_s();
-        for (int i = 0; i < t; ++i) bt.decode();
+        bt.decode(t, !a.sync_steps);
         double dt = now_s() - t0;
         if (r >= 0) tps.push_back(double(B) * t / dt);
       }
-      results.push_back(stats("tg" + std::to_string(t) + " x" + std::to_string(B), tps));
+      results.push_back(stats("tg" + std::to_string(t) + " x" + std::to_string(B) + (a.sync_steps ? " sync" : ""), tps));
       std::fprintf(stderr, "tg%d x%d: %.1f t/s (all sequences)\n", t, B, results.back().mean);
     }
   for (int t : tgs) {
     if (std::find(batches.begin(), batches.end(), 1) == batches.end()) break;
     std::vector<double> tps;
     for (int r = -1; r < a.runs; ++r) {
-      Seq s{*be, page_ids};
-      int32_t next;
-      s.forward(rand_tokens(a.tg_prompt), &next);
+      DecodeBatch one(*be, {page_ids});
+      one.prefill(0, rand_tokens(a.tg_prompt));
       double t0 = now_s();
-      for (int i = 0; i < t; ++i) s.forward({next}, &next);
+      one.decode(t, !a.sync_steps);
       double dt = now_s() - t0;
       if (r >= 0) tps.push_back(t / dt);
     }
-    results.push_back(stats("tg" + std::to_string(t), tps));
+    results.push_back(stats("tg" + std::to_string(t) + (a.sync_steps ? " sync" : ""), tps));
     std::fprintf(stderr, "tg%d: %.1f t/s\n", t, results.back().mean);
   }
   double peak_gib = -1;
@@ -244,6 +207,7 @@ int run(Args& a) {
   j["kv_cache_dtype"] = a.kv_dtype;
   j["tg_prompt"] = a.tg_prompt;
   j["runs"] = a.runs;
+  j["sync_steps"] = a.sync_steps;
   if (peak_gib >= 0) j["gpu_memory_gib"] = peak_gib;
   if (kv_avail > 0) {
     j["kv_memory_available_gib"] = kv_avail / (1 << 30);
@@ -278,6 +242,9 @@ gptoss::tools::RegisterCommand reg({"bench", "Prompt-processing and generation t
       ->capture_default_str()
       ->check(positive_int_list());
   app->add_option("--runs", a->runs, "Timed runs per test (after one warm-up)")->capture_default_str()->check(int_range(1));
+  app->add_flag("--sync-steps", a->sync_steps,
+                "tg: read each step's tokens before launching the next (default: pipelined, step N + 1 launched "
+                "with its tokens taken on the device from step N, as async scheduling serves)");
   add_kv_cache_dtype_option(app, a->kv_dtype);
   app->add_option("--page-size", a->page_size, "KV page size (positions)")->capture_default_str()->check(int_range(1, 4096));
   auto* json = add_json_option(app, a->json_path);

@@ -12,6 +12,7 @@
 #include "backend/backend_factory.h"
 #include "backend/cuda/cublaslt_gemm.h"
 #include "backend/cuda/pass_meta_layout.h"
+#include "backend/decode_batch.h"
 #include "backend/solo_sequence.h"
 #include "model/make_model.h"
 #include "checkpoint_patch.h"
@@ -239,6 +240,94 @@ TEST_F(CudaModel, WideBatchedDecodeEqualsAlone) { check_batched_decode(false, 40
 TEST_F(CudaModel, BetweenBucketsBatchedDecodeEqualsAlone) { check_batched_decode(false, 33); }
 // The same bucket's graph replayed after the page table grew (see check_batched_decode).
 TEST_F(CudaModel, GraphReplayAfterPageTableGrowth) { check_batched_decode(false, 33, true); }
+
+// Pipelined greedy decoding (launch_greedy: step i + 1 replayed with its tokens copied on the
+// device from step i's ids, before the host reads them) gives the ids of step-by-step decoding,
+// bit for bit (the same graphs): one sequence (bucket 1) and three (bucket 4, a padding token),
+// with the prompts prefilled alone on pages interleaved across the sequences.
+TEST_F(CudaModel, PipelinedGreedyEqualsStepByStep) {
+  auto gpu = make("cuda", kFixture);
+  const int V = gpu->config().vocab, per = 8, steps = 40;
+  FastRng r(fresh_seed());
+  for (int S : {1, 3}) {
+    std::vector<std::vector<int32_t>> prompts(S), got[2];
+    for (int q = 0; q < S; ++q)
+      for (int i = 0, n = 3 + int(r.next() % 20); i < n; ++i) prompts[q].push_back(int(r.next() % V));
+    for (int pipelined = 0; pipelined < 2; ++pipelined) {
+      KvCacheConfig kv;
+      kv.page_size = 16;
+      kv.num_pages[kKvFull] = kv.num_pages[kKvSliding] = S * per;
+      gpu->init_kv_cache(kv);
+      std::vector<std::vector<int32_t>> pages(S);
+      for (int q = 0; q < S; ++q)
+        for (int i = 0; i < per; ++i) pages[q].push_back(q + S * i);
+      DecodeBatch batch(*gpu, pages);
+      for (int q = 0; q < S; ++q) batch.prefill(q, prompts[q]);
+      got[pipelined] = batch.decode(steps, pipelined == 1);
+    }
+    EXPECT_EQ(got[1], got[0]) << S << " sequences";
+    std::printf("%d sequences: %d pipelined steps equal to step-by-step ones\n", S, steps);
+  }
+}
+
+// A pass of another kind between two pipelined ones (here a prefill of another sequence, which
+// writes the device's id buffer) breaks the chain: the next launch takes the last pass's ids
+// from the host instead, and the ids stay those of step-by-step decoding.
+TEST_F(CudaModel, PipelinedGreedyAfterAnotherPass) {
+  auto gpu = make("cuda", kFixture);
+  const int V = gpu->config().vocab;
+  KvCacheConfig kv;
+  kv.page_size = 16;
+  kv.num_pages[kKvFull] = kv.num_pages[kKvSliding] = 8;
+  FastRng r(fresh_seed());
+  std::vector<int32_t> prompt, other;
+  for (int i = 0; i < 9; ++i) prompt.push_back(int(r.next() % V));
+  for (int i = 0; i < 5; ++i) other.push_back(int(r.next() % V));
+  std::vector<int32_t> want;
+  {
+    gpu->init_kv_cache(kv);
+    DecodeBatch b(*gpu, {{0, 1, 2, 3}});
+    b.prefill(0, prompt);
+    for (auto& step : b.decode(6, false)) want.push_back(step[0]);
+  }
+  gpu->init_kv_cache(kv);
+  DecodeBatch b(*gpu, {{0, 1, 2, 3}}), o(*gpu, {{4, 5, 6, 7}});
+  b.prefill(0, prompt);
+  std::vector<int32_t> got;
+  int32_t id = -1;
+  auto step = [&](int pos, int32_t tok) {
+    ForwardBatch fb;
+    fb.tokens = {tok};
+    SeqBatchInfo s;
+    s.n_tokens = 1;
+    s.start_pos = pos;
+    static const int32_t pg[4] = {0, 1, 2, 3};
+    for (int g = 0; g < 2; ++g) {
+      s.pages[g] = pg;
+      s.n_pages[g] = 4;
+    }
+    fb.seqs.push_back(s);
+    fb.logit_rows.push_back(0);
+    return fb;
+  };
+  const int p0 = int(prompt.size());
+  auto finish = [&] {
+    gpu->finish_greedy(&id);
+    got.push_back(id);
+  };
+  gpu->launch_greedy(step(p0, b.next()[0]), false);
+  gpu->launch_greedy(step(p0 + 1, 0), true);
+  finish();
+  o.prefill(0, other);  // another pass: the device's ids are now its
+  gpu->launch_greedy(step(p0 + 2, 0), true);  // from the host: step 1's ids, read back
+  finish();
+  gpu->launch_greedy(step(p0 + 3, 0), true);  // on the device again, from step 2's
+  finish();
+  gpu->launch_greedy(step(p0 + 4, 0), true);
+  finish();
+  finish();
+  EXPECT_EQ(got, std::vector<int32_t>(want.begin(), want.begin() + 5));
+}
 
 // The metadata a captured decode graph reads sits where the bucket alone puts it, whatever the
 // length of the page table (pass_meta_layout). Runs without a GPU.

@@ -4,7 +4,9 @@
 #include <fstream>
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/decode_batch.h"
 #include "backend/solo_sequence.h"
+#include "common/error.h"
 #include "model/safetensors.h"
 #include "model/weights.h"
 #include "test_util.h"
@@ -70,6 +72,70 @@ TEST(Golden, GreedyContinuationsMatchTransformers) {
     }
     EXPECT_EQ(got, want) << "prompt " << i;
   }
+}
+
+// The three prompts decoding together (DecodeBatch): each step's ids read before the next is
+// launched, and pipelined (launch_greedy, the backend's default: each pass run at its launch, the
+// tokens of the next taken from its ids), give transformers' greedy continuations.
+TEST(Golden, BatchedAndPipelinedGreedyMatchTransformers) {
+  Golden g = load_golden();
+  auto w = ModelWeights::load(kFixture);
+  auto be = make_cpu_backend(w);
+  const int S = int(g.prompts.size()), steps = int(g.greedy[0].size()) - 1, per = 8;
+  KvCacheConfig kv;
+  kv.page_size = 16;
+  kv.num_pages[kKvFull] = kv.num_pages[kKvSliding] = S * per;
+  for (bool pipelined : {false, true}) {
+    be->init_kv_cache(kv);
+    std::vector<std::vector<int32_t>> pages(S);
+    for (int q = 0; q < S; ++q)
+      for (int i = 0; i < per; ++i) pages[q].push_back(q + S * i);  // interleaved
+    DecodeBatch batch(*be, pages);
+    for (int q = 0; q < S; ++q) batch.prefill(q, g.prompts[q]);
+    for (int q = 0; q < S; ++q) EXPECT_EQ(batch.next()[q], g.greedy[q][0]);
+    const auto ids = batch.decode(steps, pipelined);
+    for (int q = 0; q < S; ++q)
+      for (int i = 0; i < steps; ++i)
+        EXPECT_EQ(ids[i][q], g.greedy[q][i + 1]) << (pipelined ? "pipelined" : "step by step") << ", prompt " << q
+                                                 << ", step " << i;
+  }
+}
+
+// launch_greedy refuses what it cannot pipeline, with a clear error.
+TEST(Golden, PipelinedGreedyRefusesBadUse) {
+  auto w = ModelWeights::load(kFixture);
+  auto be = make_cpu_backend(w);
+  SoloSequence seq(*be, 32);  // sizes the cache: pages 0 and 1
+  const int32_t pages[2] = {0, 1};
+  auto one = [&](int pos) {
+    ForwardBatch fb;
+    fb.tokens = {5};
+    SeqBatchInfo s;
+    s.n_tokens = 1;
+    s.start_pos = pos;
+    for (int gr = 0; gr < 2; ++gr) {
+      s.pages[gr] = pages;
+      s.n_pages[gr] = 2;
+    }
+    fb.seqs.push_back(s);
+    fb.logit_rows.push_back(0);
+    return fb;
+  };
+  EXPECT_THROW(be->launch_greedy(one(0), true), Error);  // no pass before it
+  ForwardBatch two_tokens = one(0);
+  two_tokens.tokens = {5, 6};
+  two_tokens.seqs[0].n_tokens = 2;
+  two_tokens.logit_rows = {1};
+  EXPECT_THROW(be->launch_greedy(two_tokens, false), Error);  // not one token a sequence
+  int32_t id = -1;
+  EXPECT_THROW(be->finish_greedy(&id), Error);  // nothing launched
+  be->launch_greedy(one(0), false);
+  be->launch_greedy(one(1), true);
+  EXPECT_THROW(be->launch_greedy(one(2), true), Error);  // a third in flight
+  be->finish_greedy(&id);
+  EXPECT_GE(id, 0);
+  be->finish_greedy(&id);
+  EXPECT_GE(id, 0);
 }
 
 // Decoding one token at a time through the KV cache must give the logits of a full prefill,

@@ -84,6 +84,8 @@ class CudaBackend final : public Backend {
   const KvCacheConfig& kv_config() const override { return kvc_; }
   void forward(const ForwardBatch& batch, float* logits) override;
   void forward_greedy(const ForwardBatch& batch, int32_t* tokens_out) override;
+  void launch_greedy(const ForwardBatch& batch, bool tokens_from_last) override;
+  void finish_greedy(int32_t* tokens_out) override;
   void forward_sample(const ForwardBatch& batch, const RowSampling* rows, int32_t* tokens_out,
                       float* logprobs_out = nullptr) override;
   // One GPU: the sampler leaves each drawn token's logprob; tensor-parallel ranks hold a vocab slice.
@@ -281,7 +283,35 @@ class CudaBackend final : public Backend {
   RowSampling* d_how_ = nullptr;
   DeviceBuffer meta_;
   size_t meta_cap_ = 0;  // int32 entries
-  int32_t* h_meta_ = nullptr;  // pinned
+  // Pinned staging of the metadata, two blocks used in turn, each reused only after the copy that
+  // read it last (meta_copied_): a pipelined pass (launch_greedy) stages pass N + 1's while N runs.
+  int32_t* h_meta_buf_[2] = {nullptr, nullptr};
+  cudaEvent_t meta_copied_[2] = {nullptr, nullptr};
+  int meta_slot_ = 0;
+  int32_t* h_meta_ = nullptr;  // the block being written (h_meta_buf_[meta_slot_])
+
+  // Pipelined greedy passes (launch_greedy / finish_greedy), oldest first: a pass on the device
+  // copies its ids into pinned slot `slot` (h_greedy_, greedy_copied_ says when), or, run
+  // synchronously (shapes the graphs do not take), holds them in `ids`.
+  struct PendingGreedy {
+    int slot = -1;
+    int rows = 0;
+    std::vector<int32_t> ids;
+  };
+  std::vector<PendingGreedy> pending_greedy_;
+  PendingGreedy greedy_last_sync_;  // the last pass's ids once finished or run synchronously
+  std::vector<int32_t> greedy_ids(const PendingGreedy& p);  // waits for a device pass's copy
+  int32_t* h_greedy_[2] = {nullptr, nullptr};
+  cudaEvent_t greedy_copied_[2] = {nullptr, nullptr};
+  // Rows of the last launch_greedy pass, whose ids d_greedy_ still holds in row order when
+  // greedy_chain_ (no other pass ran since); -1: none.
+  int greedy_last_rows_ = -1;
+  bool greedy_chain_ = false;
+  // Set by launch_greedy around run_batch: the pinned slot the pass's ids go to (-1: a plain,
+  // synchronous pass), and whether its tokens are copied from d_greedy_ on the device.
+  int pipe_slot_ = -1;
+  bool tokens_from_device_ = false;
+  bool pipe_copied_ = false;  // the pass left its ids to the slot (run_batch_impl's graph branch)
 
   // Captured decode passes by padded size (and tapped layers: graphs that store device taps).
   // (padded size, decode attention plan key, tapped layers)
@@ -450,7 +480,12 @@ CudaBackend::~CudaBackend() {
   }
   if (prof_start_) cudaEventDestroy(prof_start_);
   for (auto& [b, g] : graphs_) cudaGraphExecDestroy(g);
-  if (h_meta_) cudaFreeHost(h_meta_);
+  for (int i = 0; i < 2; ++i) {
+    if (h_meta_buf_[i]) cudaFreeHost(h_meta_buf_[i]);
+    if (meta_copied_[i]) cudaEventDestroy(meta_copied_[i]);
+    if (h_greedy_[i]) cudaFreeHost(h_greedy_[i]);
+    if (greedy_copied_[i]) cudaEventDestroy(greedy_copied_[i]);
+  }
   if (stream_) cudaStreamDestroy(stream_);
 }
 
@@ -907,7 +942,9 @@ int CudaBackend::plan_decode_attention(const Staged& st, int n, bool one_each, b
   if (decode_attn_ == DecodeAttn::kSplit) {
     m->attn_full = m->attn_sliding = DecodeAttentionPlan{splits_for(n), false, decode_attn_mma_};
   } else {
-    const int most = decode_attn_ == DecodeAttn::kAuto16 ? 16 : 8;
+    // (GPTOSS_DECODE_CLUSTER_MAX: a smaller cap, for measurements.)
+    static const int cap = env_int("GPTOSS_DECODE_CLUSTER_MAX", 16);
+    const int most = std::min(cap, decode_attn_ == DecodeAttn::kAuto16 ? 16 : 8);
     m->attn_full = decode_attention_plan(n, cfg_.num_kv_heads, full_keys, splits_for(n), most, decode_attn_mma_);
     m->attn_sliding = decode_attention_plan(n, cfg_.num_kv_heads, sliding_keys, splits_for(n), most, decode_attn_mma_);
   }
@@ -926,12 +963,19 @@ CudaBackend::PassMeta CudaBackend::upload_meta(const Staged& st, int n, int n_ro
     graphs_.clear();
     size_t cap = std::max<size_t>(need * 2, size_t(1) << 20);
     meta_.alloc(cap * 4);
-    if (h_meta_) cudaFreeHost(h_meta_);
-    GPTOSS_CUDA_CHECK(cudaMallocHost(&h_meta_, cap * 4));
+    for (int i = 0; i < 2; ++i) {
+      if (h_meta_buf_[i]) cudaFreeHost(h_meta_buf_[i]);
+      GPTOSS_CUDA_CHECK(cudaMallocHost(&h_meta_buf_[i], cap * 4));
+      if (!meta_copied_[i]) GPTOSS_CUDA_CHECK(cudaEventCreateWithFlags(&meta_copied_[i], cudaEventDisableTiming));
+      GPTOSS_CUDA_CHECK(cudaEventRecord(meta_copied_[i], stream_));  // (the stream is idle)
+    }
     meta_cap_ = cap;
   }
-  // The previous pass may still read the pinned block through its copy: wait for it.
-  GPTOSS_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  // The other block: the copy that read it last (two passes back) must be done with it; the
+  // pass before this one may still be running.
+  meta_slot_ ^= 1;
+  GPTOSS_CUDA_CHECK(cudaEventSynchronize(meta_copied_[meta_slot_]));
+  h_meta_ = h_meta_buf_[meta_slot_];
   // Each part at its fixed place (pass_meta_layout: a captured graph reads them there on every
   // replay); a vector shorter than its part leaves the rest unwritten.
   int32_t* h = h_meta_;
@@ -944,6 +988,12 @@ CudaBackend::PassMeta CudaBackend::upload_meta(const Staged& st, int n, int n_ro
   h[lay.n_real] = st.n_real < 0 ? n : st.n_real;
   put(st.pt, lay.pt);
   GPTOSS_CUDA_CHECK(cudaMemcpyAsync(meta_.get(), h, lay.end * 4, cudaMemcpyHostToDevice, stream_));
+  GPTOSS_CUDA_CHECK(cudaEventRecord(meta_copied_[meta_slot_], stream_));
+  // A pipelined pass's tokens: the ids the previous one picked, row for row, still in d_greedy_.
+  // (Real tokens only: a graph bucket's padding keeps its uploaded ids.)
+  if (tokens_from_device_)
+    GPTOSS_CUDA_CHECK(cudaMemcpyAsync(meta_.get<int32_t>() + lay.tokens, d_greedy_,
+                                      size_t(st.n_real >= 0 ? st.n_real : n) * 4, cudaMemcpyDeviceToDevice, stream_));
   const int32_t* d = meta_.get<int32_t>();
   PassMeta m{d + lay.tokens, d + lay.pos, {d + lay.off0, d + lay.off1}, d + lay.pt, d + lay.rows, st.attn, false, {}, {}};
   if (st.n_real >= 0) m.n_real = d + lay.n_real;
@@ -1213,6 +1263,7 @@ void CudaBackend::run_batch(const ForwardBatch& b, float* logits, int32_t* greed
                             float* logprobs) {
   // Several backends (tensor-parallel ranks) may share a process; the current device is per thread.
   GPTOSS_CUDA_CHECK(cudaSetDevice(device_));
+  if (pipe_slot_ < 0) greedy_chain_ = false;  // d_greedy_ will not hold a pipelined pass's ids
   if (timeline_.on()) {
     int most = 0;
     for (const SeqBatchInfo& q : b.seqs) most = std::max(most, int(q.n_tokens));
@@ -1334,6 +1385,11 @@ void CudaBackend::run_batch_impl(const ForwardBatch& b, float* logits, int32_t* 
         greedy[i] = ids[row_of[b.logit_rows[i]]];
         if (logprobs) logprobs[i] = lps[row_of[b.logit_rows[i]]];
       }
+    } else if (greedy && pipe_slot_ >= 0) {
+      // launch_greedy: the ids (rows in order: check_pipelined_batch) to a pinned slot; no wait.
+      GPTOSS_CUDA_CHECK(cudaMemcpyAsync(h_greedy_[pipe_slot_], d_greedy_, M * 4, cudaMemcpyDeviceToHost, stream_));
+      GPTOSS_CUDA_CHECK(cudaEventRecord(greedy_copied_[pipe_slot_], stream_));
+      pipe_copied_ = true;
     } else if (greedy) {
       std::vector<int32_t> ids(B);
       GPTOSS_CUDA_CHECK(cudaMemcpyAsync(ids.data(), d_greedy_, B * 4, cudaMemcpyDeviceToHost, stream_));
@@ -1452,6 +1508,78 @@ void CudaBackend::forward(const ForwardBatch& batch, float* logits) { run_batch(
 
 void CudaBackend::forward_greedy(const ForwardBatch& batch, int32_t* tokens_out) {
   run_batch(batch, nullptr, tokens_out);
+}
+
+void CudaBackend::launch_greedy(const ForwardBatch& batch, bool tokens_from_last) {
+  check_pipelined_batch(batch, tokens_from_last, greedy_last_rows_);
+  if (pending_greedy_.size() >= 2) throw Error("launch_greedy: at most two passes in flight (finish_greedy the oldest)");
+  const int M = int(batch.tokens.size());
+  // On the device where the pass is a graph replay of one GPU (run_batch_impl's decode branch).
+  // (Eagle3 taps and tensor parallelism take the synchronous path.)
+  const bool on_device = !tp_.active() && !profile_ && M <= kMaxGraphBatch && batch.tap_layers.empty() &&
+                         (!tokens_from_last || greedy_chain_);
+  PendingGreedy p;
+  p.rows = M;
+  if (on_device) {
+    if (!h_greedy_[0])
+      for (int i = 0; i < 2; ++i) {
+        GPTOSS_CUDA_CHECK(cudaMallocHost(&h_greedy_[i], kMaxLogitRows * sizeof(int32_t)));
+        GPTOSS_CUDA_CHECK(cudaEventCreateWithFlags(&greedy_copied_[i], cudaEventDisableTiming));
+      }
+    // The slot the other pass in flight (at most one; checked above) does not use.
+    p.slot = !pending_greedy_.empty() && pending_greedy_.back().slot == 0 ? 1 : 0;
+    pipe_slot_ = p.slot;
+    tokens_from_device_ = tokens_from_last;
+    pipe_copied_ = false;
+    std::vector<int32_t> ids(M);
+    try {
+      run_batch(batch, nullptr, ids.data());  // the graph branch leaves the ids to the slot
+    } catch (...) {
+      pipe_slot_ = -1;
+      tokens_from_device_ = false;
+      greedy_chain_ = false;
+      throw;
+    }
+    pipe_slot_ = -1;
+    tokens_from_device_ = false;
+    if (!pipe_copied_) {  // an eager pass gave them synchronously
+      p.slot = -1;
+      p.ids = std::move(ids);
+    }
+  } else {
+    // Synchronously, with the last pass's ids read back first where this pass takes them.
+    ForwardBatch fed;
+    const ForwardBatch* run = &batch;
+    if (tokens_from_last) {
+      const PendingGreedy& last = pending_greedy_.empty() ? greedy_last_sync_ : pending_greedy_.back();
+      fed = batch;
+      fed.tokens = greedy_ids(last);
+      run = &fed;
+    }
+    p.ids.resize(M);
+    forward_greedy(*run, p.ids.data());
+    greedy_last_sync_ = p;
+  }
+  greedy_last_rows_ = M;
+  // d_greedy_ holds this pass's ids in row order, however it ran on one GPU (a tensor-parallel
+  // group's argmax leaves them elsewhere).
+  greedy_chain_ = !tp_.active();
+  pending_greedy_.push_back(std::move(p));
+}
+
+std::vector<int32_t> CudaBackend::greedy_ids(const PendingGreedy& p) {
+  if (p.slot < 0) return p.ids;
+  GPTOSS_CUDA_CHECK(cudaEventSynchronize(greedy_copied_[p.slot]));
+  return std::vector<int32_t>(h_greedy_[p.slot], h_greedy_[p.slot] + p.rows);
+}
+
+void CudaBackend::finish_greedy(int32_t* tokens_out) {
+  if (pending_greedy_.empty()) throw Error("finish_greedy: no pass launched");
+  const std::vector<int32_t> ids = greedy_ids(pending_greedy_.front());
+  std::copy(ids.begin(), ids.end(), tokens_out);
+  // The last pass's ids stay readable for a synchronous launch that takes them.
+  if (pending_greedy_.size() == 1) greedy_last_sync_ = PendingGreedy{-1, int(ids.size()), ids};
+  pending_greedy_.erase(pending_greedy_.begin());
 }
 
 void CudaBackend::forward_sample(const ForwardBatch& batch, const RowSampling* rows, int32_t* tokens_out,

@@ -33,6 +33,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdio>
+#include <cstdlib>
 #include <type_traits>
 
 #include "backend/cuda/cuda_common.h"
@@ -69,20 +71,35 @@ constexpr int kOStride = kD + 8;  // floats a row of the warps' outputs: fewer b
 
 using ptx::cp_async16;
 
+#ifdef GPTOSS_DIAG_ATTN_CLOCKS
+// Diagnostic builds only (tools/gpu/diag_binary.sh): each block's thread 0 adds the cycles between
+// its stages to [window > 0][split][stage], and a count in [.][.][7]; printed at exit.
+__device__ unsigned long long g_attn_clocks[2][16][9];
+#define ATTN_CLOCK(i) \
+  do { if (threadIdx.x == 0) clk[i] = clock64(); } while (0)
+#else
+#define ATTN_CLOCK(i) do {} while (0)
+#endif
+
 template <bool FP8, bool CLUSTER, bool STORED>
 __global__ void __launch_bounds__(kThreads) attention_decode_mma_kernel(
     const uint16_t* __restrict__ qkv, int Hq, int Hkv, int window, TokenMeta tm, KvLayer kv, int nsplit,
     float* __restrict__ partial, const float* __restrict__ inv_freq, float rope_scaling,
-    const float* __restrict__ sinks, uint16_t* __restrict__ out) {
+    const float* __restrict__ sinks, uint16_t* __restrict__ out, int trigger_at) {
   extern __shared__ __align__(128) uint8_t smem[];
   __shared__ __align__(16) uint16_t q_s[kMaxG][kD];  // roped q, bf16 bits; rows >= G zero
   __shared__ __align__(16) uint16_t kv_new[2][kD];    // the token's own k and v as stored (bf16 bits)
+  __shared__ __align__(16) uint16_t row_s[kMaxG + 2][kD];  // the group's q heads, k, v as qkv wrote them
   __shared__ float rope_c[kHalf], rope_s[kHalf];
   __shared__ float warp_m[kWarps][kMaxG], warp_l[kWarps][kMaxG];
   __shared__ float merge_rows[kMaxG][kD + 2];  // the block's partial row a head (m, l, O)
 
   const int t = blockIdx.x, kvh = blockIdx.y, split = blockIdx.z;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid & 31;
+#ifdef GPTOSS_DIAG_ATTN_CLOCKS
+  long long clk[9] = {0, 0, 0, 0, 0, 0, 0, 0, 0};
+#endif
+  ATTN_CLOCK(0);
   const int G = Hq / Hkv;
   const int pos = tm.pos[t];
   const int lo = window > 0 ? max(0, pos - window + 1) : 0;
@@ -147,20 +164,49 @@ __global__ void __launch_bounds__(kThreads) attention_decode_mma_kernel(
   };
 
   // Before the wait: nothing here depends on the previous kernel (the qkv projection); in stored
-  // mode the pages do (rope_kv_store), so the loads wait.
+  // mode the pages do (rope_kv_store), so the loads wait. Every stage of the ring is filled here:
+  // a split of up to kStages tiles (the sliding layers' window, the cluster splits at short
+  // contexts) then reads nothing from memory after the wait but its q, k and v.
   if (STORED) pdl_begin();
   if (!STORED && tid < kHalf) rope_cos_sin(pos, inv_freq[tid], rope_scaling, &rope_c[tid], &rope_s[tid]);
+  // The sinks of the heads this warp may merge (g = warp, warp + kWarps), read now rather than on
+  // the merge's critical path.
+  float sink_v[kMaxG / kWarps];
 #pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) load_tile(tile0 + s, s);
-  if (!STORED) pdl_begin();
-  __syncthreads();  // rope_c / rope_s
+  for (int i = 0; i < kMaxG / kWarps; ++i) sink_v[i] = warp + i * kWarps < G ? sinks[kvh * G + warp + i * kWarps] : 0.f;
+  // The split that holds the last tile holds the token's position: it stores k and v.
+  const bool stores = !STORED && tile0 < tile1 && tile1 == ntiles;
+  const int page = stores ? pt[pos / ps] : 0, slot = pos % ps;
+#pragma unroll
+  for (int s = 0; s < kStages; ++s) load_tile(tile0 + s, s);
+  // trigger_at: where the fused mode lets the next kernel (o_proj) launch: 0 right after its own
+  // wait, as every kernel does, 1 after the tile loop, 2 at its end (GPTOSS_ATTN_TRIGGER, a
+  // measurement knob).
+  if (!STORED) {
+    pdl_wait();
+    if (trigger_at == 0) pdl_trigger();
+  }
+  ATTN_CLOCK(1);
+  // The group's q heads (and, in the storing split, k and v) as qkv wrote them: one 16-byte load
+  // a thread, all in flight together (one round trip to L2).
+  {
+    const int nq = G * (kD / 8), n16 = nq + (stores ? 2 * (kD / 8) : 0);
+    if (tid < n16) {
+      const uint16_t* src = tid < nq ? row + size_t(kvh * G) * kD + tid * 8
+                                     : row + size_t(Hq + (tid - nq >= kD / 8 ? Hkv : 0) + kvh) * kD + (tid - nq) % (kD / 8) * 8;
+      *reinterpret_cast<uint4*>(&row_s[0][0] + (tid < nq ? tid * 8 : kMaxG * kD + (tid - nq) * 8)) =
+          *reinterpret_cast<const uint4*>(src);
+    }
+  }
+  __syncthreads();  // rope_c / rope_s, row_s
+  ATTN_CLOCK(2);
   // q of the group's heads: rotated, rounded to bf16 (the values rope_kv_store would store; in
   // stored mode, the values it stored).
   for (int i = tid; i < kMaxG * kHalf; i += kThreads) {
     const int g = i / kHalf, j = i % kHalf;
     uint16_t a = 0, b = 0;
     if (g < G) {
-      const uint16_t* hp = row + size_t(kvh * G + g) * kD;
+      const uint16_t* hp = row_s[g];
       if constexpr (STORED) {
         a = hp[j];
         b = hp[j + kHalf];
@@ -173,12 +219,9 @@ __global__ void __launch_bounds__(kThreads) attention_decode_mma_kernel(
     q_s[g][j] = a;
     q_s[g][j + kHalf] = b;
   }
-  // The split that holds the last tile holds the token's position: it stores k and v.
-  const bool stores = !STORED && tile0 < tile1 && tile1 == ntiles;
   if (stores) {
-    const int page = pt[pos / ps], slot = pos % ps;
     if (tid < kHalf) {  // k: rotate, round to bf16 (and fp8), store
-      const uint16_t* kp = row + size_t(Hq + kvh) * kD;
+      const uint16_t* kp = row_s[kMaxG];
       const float2 r = rope_rotate(bf16_bits_to_f32(kp[tid]), bf16_bits_to_f32(kp[tid + kHalf]), rope_c[tid],
                                    rope_s[tid]);
       const size_t o = layout.offset(page, 0, slot, kvh, tid);
@@ -186,12 +229,13 @@ __global__ void __launch_bounds__(kThreads) attention_decode_mma_kernel(
       kv_new[0][tid + kHalf] = f32_to_bf16_bits(store_kv_value(kv, o + kHalf, round_to_bf16(r.y)));
     } else if (tid >= 64) {  // v: stored as is (fp8: rounded)
       const int i = tid - 64;
-      const uint16_t* vp = row + size_t(Hq + Hkv + kvh) * kD;
-      const float stored = store_kv_value(kv, layout.offset(page, 1, slot, kvh, i), bf16_bits_to_f32(vp[i]));
+      const float stored =
+          store_kv_value(kv, layout.offset(page, 1, slot, kvh, i), bf16_bits_to_f32(row_s[kMaxG + 1][i]));
       kv_new[1][i] = f32_to_bf16_bits(stored);
     }
   }
   __syncthreads();  // q_s, kv_new
+  ATTN_CLOCK(3);
 
   // Q as A fragments (m16n8k16, row = head): a0 row g cols 2q..2q+1, a2 the same 8 columns on;
   // a1 and a3 are rows 8..15, always zero.
@@ -211,7 +255,9 @@ __global__ void __launch_bounds__(kThreads) attention_decode_mma_kernel(
 
   for (int tile = tile0; tile < tile1; ++tile) {
     const int it = tile - tile0, stage = it % kStages;
-    load_tile(tile + kStages - 1, (it + kStages - 1) % kStages);
+    // The ring started full: from the second tile on, the stage the last tile freed takes the
+    // tile kStages - 1 ahead (an empty group past the split keeps the accounting uniform).
+    if (it > 0) load_tile(tile + kStages - 1, (it + kStages - 1) % kStages);
     ptx::cp_async_wait<kStages - 1>();
     __syncthreads();
     const int k0 = lo + tile * kKeys;
@@ -311,6 +357,8 @@ __global__ void __launch_bounds__(kThreads) attention_decode_mma_kernel(
   }
   ptx::cp_async_wait<0>();  // the ring's trailing (empty) groups
   __syncthreads();
+  ATTN_CLOCK(4);
+  if (trigger_at == 1) pdl_trigger();
 
   // The 4 warps' states -> one partial row a head. l: the quad's four parts.
   l += __shfl_xor_sync(0xffffffffu, l, 1);
@@ -353,6 +401,7 @@ __global__ void __launch_bounds__(kThreads) attention_decode_mma_kernel(
       for (int i = 0; i < 4; ++i) merge_rows[g][2 + d0 + i] = acc[i];
     }
   }
+  ATTN_CLOCK(5);
   if constexpr (!CLUSTER) {
     __syncthreads();
     for (int i = tid; i < G * (kD + 2); i += kThreads) {
@@ -364,21 +413,42 @@ __global__ void __launch_bounds__(kThreads) attention_decode_mma_kernel(
     // distributed shared memory: block r merges the heads g with g % nsplit == r.
     if (nsplit == 1) {
       __syncthreads();
-      for (int g = warp; g < G; g += kWarps)
-        merge_splits<kD>([&](int) { return &merge_rows[g][0]; }, 1, sinks[kvh * G + g],
-                         out + (size_t(t) * Hq + kvh * G + g) * kD, lane);
+#pragma unroll
+      for (int i = 0; i < kMaxG / kWarps; ++i) {
+        const int g = warp + i * kWarps;
+        if (g < G)
+          merge_splits<kD>([&](int) { return &merge_rows[g][0]; }, 1, sink_v[i],
+                           out + (size_t(t) * Hq + kvh * G + g) * kD, lane);
+      }
     } else {
       cg::cluster_group cluster = cg::this_cluster();
       cluster.sync();  // every split's rows are in its shared memory
-      for (int g = warp; g < G; g += kWarps)
-        if (g % nsplit == int(cluster.block_rank())) {
+      ATTN_CLOCK(6);
+#pragma unroll
+      for (int i = 0; i < kMaxG / kWarps; ++i) {
+        const int g = warp + i * kWarps;
+        if (g < G && g % nsplit == int(cluster.block_rank())) {
           float* mine = &merge_rows[g][0];
           merge_splits<kD>([&](int s) { return static_cast<const float*>(cluster.map_shared_rank(mine, s)); },
-                           nsplit, sinks[kvh * G + g], out + (size_t(t) * Hq + kvh * G + g) * kD, lane);
+                           nsplit, sink_v[i], out + (size_t(t) * Hq + kvh * G + g) * kD, lane);
         }
-      cluster.sync();  // the others' shared memory stays alive until every block has read it
+      }
+      ATTN_CLOCK(7);
+      // The others' shared memory stays alive until every block has read it. Only reads are
+      // ordered here: a relaxed arrive does not wait for this block's output stores to land.
+      asm volatile("barrier.cluster.arrive.relaxed;\n" ::: "memory");
+      asm volatile("barrier.cluster.wait;\n" ::: "memory");
     }
   }
+#ifdef GPTOSS_DIAG_ATTN_CLOCKS
+  ATTN_CLOCK(8);
+  if (tid == 0) {
+    const int w = window > 0 ? 1 : 0, z = split & 15;
+    if (clk[6] == 0) clk[6] = clk[7] = clk[5];  // no cluster merge
+    for (int i = 0; i < 8; ++i) atomicAdd(&g_attn_clocks[w][z][i], (unsigned long long)(clk[i + 1] - clk[i]));
+    atomicAdd(&g_attn_clocks[w][z][8], 1ull);
+  }
+#endif
 }
 
 // Shared memory past the 48 KiB default is an opt-in per kernel and device; clusters past the
@@ -396,15 +466,40 @@ void opt_in(int nsplit) {
     });
 }
 
+#ifdef GPTOSS_DIAG_ATTN_CLOCKS
+void print_attn_clocks() {
+  unsigned long long h[2][16][9];
+  if (cudaMemcpyFromSymbol(h, g_attn_clocks, sizeof(h)) != cudaSuccess) return;
+  const char* names[8] = {"entry->wait", "wait->row loaded", "->q roped, kv stored", "tile loop", "warp merge",
+                          "cluster sync 1", "merge", "sync 2 / store"};
+  for (int w = 0; w < 2; ++w)
+    for (int z = 0; z < 16; ++z) {
+      if (!h[w][z][8]) continue;
+      std::fprintf(stderr, "attention clocks (%s layers, split %d, %llu blocks), mean cycles a block:", w ? "sliding" : "full",
+                   z, h[w][z][8]);
+      for (int i = 0; i < 8; ++i) std::fprintf(stderr, " %s %.0f;", names[i], double(h[w][z][i]) / h[w][z][8]);
+      std::fprintf(stderr, "\n");
+    }
+}
+#endif
+
 template <bool FP8, bool CLUSTER, bool STORED>
 void launch(const uint16_t* q, int n, int Hq, int Hkv, int window, const float* sinks, const float* inv_freq,
             float scaling, const TokenMeta& tm, const KvLayer& kv, int nsplit, float* partial, uint16_t* o,
             cudaStream_t s) {
   opt_in<FP8, CLUSTER, STORED>(nsplit);
+  static const int trigger_at = env_int("GPTOSS_ATTN_TRIGGER", 0);
+#ifdef GPTOSS_DIAG_ATTN_CLOCKS
+  static bool registered = false;
+  if (!registered) {
+    registered = true;
+    std::atexit(print_attn_clocks);
+  }
+#endif
   const dim3 cluster(1, 1, CLUSTER ? unsigned(nsplit) : 1u);
   launch_pdl_cluster(attention_decode_mma_kernel<FP8, CLUSTER, STORED>, dim3(n, Hkv, nsplit), dim3(kThreads),
                      FP8 ? kSmemFp8 : kSmemBf16, cluster, s, q, Hq, Hkv, window, tm, kv, nsplit, partial, inv_freq,
-                     scaling, sinks, o);
+                     scaling, sinks, o, STORED ? 0 : trigger_at);
   GPTOSS_CUDA_LAUNCH_CHECK();
 }
 
