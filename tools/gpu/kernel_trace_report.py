@@ -8,11 +8,12 @@ chain is how much later it ends than the kernel ahead of it: `adds` below. Kerne
 replay (graph id, the launch's correlation id); each node's figures are medians over the replays
 of the graph named (default: the graph replayed most often).
 
-  kernel_trace_report.py trace.csv [--graph ID] [--nodes] [--skip N]
+  kernel_trace_report.py trace.csv[.gz] [--graph ID] [--nodes] [--skip N]
 """
 import argparse
 import collections
 import csv
+import gzip
 import re
 import statistics
 
@@ -32,7 +33,8 @@ def main():
     ap.add_argument("--nodes", action="store_true", help="every node, in step order")
     ap.add_argument("--skip", type=int, default=2, help="replays to leave out at the start (warm-up)")
     a = ap.parse_args()
-    rows = list(csv.DictReader(open(a.csv)))
+    opener = gzip.open if a.csv.endswith(".gz") else open
+    rows = list(csv.DictReader(opener(a.csv, "rt")))
     replays = collections.defaultdict(list)
     for r in rows:
         if r["graph_id"] != "0":
