@@ -7,6 +7,8 @@
 #include "backend/cuda/kernels/linear/skinny_units.h"
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <unordered_map>
 #include <utility>
 
@@ -21,6 +23,31 @@ namespace gptoss::cuda {
 namespace {
 
 using namespace skinny;
+
+#ifdef GPTOSS_DIAG_UNITS_CLOCKS
+// Diagnostic builds only (tools/gpu/diag_binary.sh): skinny_units_kernel's thread 0 adds the
+// cycles between its stages to [kind][stage] (kind 0: gate_up after a folded router, 1: down after
+// it, 2: any other launch), a count in [kind][7]; printed at exit. Stages: start -> routing known
+// (the wait included) -> the first unit's loop begins (first weights out, row staged) -> its chunks
+// done -> the block's end (reductions, stores, later units).
+__device__ unsigned long long g_units_clocks[3][8];
+#define UNITS_CLOCK(i) \
+  do { if (threadIdx.x == 0) uclk[i] = clock64(); } while (0)
+void print_units_clocks() {
+  unsigned long long h[3][8];
+  if (cudaMemcpyFromSymbol(h, g_units_clocks, sizeof(h)) != cudaSuccess) return;
+  const char* kinds[3] = {"gate_up (fold)", "down (fold)", "other"};
+  const char* names[4] = {"start->routed", "->loop begins", "first unit's chunks", "->end"};
+  for (int k = 0; k < 3; ++k) {
+    if (!h[k][7]) continue;
+    std::fprintf(stderr, "units clocks (%s, %llu blocks), mean cycles a block:", kinds[k], h[k][7]);
+    for (int i = 0; i < 4; ++i) std::fprintf(stderr, " %s %.0f;", names[i], double(h[k][i]) / h[k][7]);
+    std::fprintf(stderr, "\n");
+  }
+}
+#else
+#define UNITS_CLOCK(i) do {} while (0)
+#endif
 
 // The routing, read once a block with every group in one L2 round trip (the group arrays have an
 // entry for each of the a.groups grid rows, so reading past ngroups is in bounds), and each
@@ -237,6 +264,10 @@ __global__ void __launch_bounds__(KS * 32, skinny_min_blocks(1, KS, RT, PF)) ski
   static_assert(PF >= 1 && RT <= KS && CC > 0, "prefetch depth; one finishing warp per row tile; fixed K");
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, g = lane >> 2;
   const int T = a.W.N / 16, TB = T / RT;  // row-tile blocks an expert
+#ifdef GPTOSS_DIAG_UNITS_CLOCKS
+  long long uclk[5] = {0, 0, 0, 0, 0};
+#endif
+  UNITS_CLOCK(0);
   extern __shared__ __align__(128) float red[];
   uint16_t* xs = reinterpret_cast<uint16_t*>(red + KS * RT * 4 * 32);
   const int xs_ld = C * 64 + 8;
@@ -255,6 +286,7 @@ __global__ void __launch_bounds__(KS * 32, skinny_min_blocks(1, KS, RT, PF)) ski
   const int units = FOLD ? scan_units_fold<FOLD ? FOLD_CAP : 1>(a, TB, s_unit0, s_expert, s_start, s_end, red, s_inv_rms,
                                                                 s_w, s_tok)
                          : scan_units<KS>(a, TB, s_unit0, s_expert, s_start, s_end, s_warp_passes);
+  UNITS_CLOCK(1);
   const int u0 = int(int64_t(blockIdx.x) * units / gridDim.x);
   const int u1 = int(int64_t(blockIdx.x + 1) * units / gridDim.x);
   if (u0 >= u1) {  // uniform over the block
@@ -296,6 +328,7 @@ __global__ void __launch_bounds__(KS * 32, skinny_min_blocks(1, KS, RT, PF)) ski
   if (a.r.settled) pdl_wait();
   pdl_trigger();
   if (row_staged) stage_row_fold(a, red, s_inv_rms, xs, xs_ld);  // under the first weight loads
+  UNITS_CLOCK(2);
 
   int staged_tok0 = -1;  // the pass whose rows xs holds (its first sorted pair)
   for (int u = u0; u < u1; ++u) {
@@ -339,6 +372,9 @@ __global__ void __launch_bounds__(KS * 32, skinny_min_blocks(1, KS, RT, PF)) ski
       wl += PF * KS * (chunk_bytes<FMT>() / 16);
       sl += PF * KS * 8;
     }
+#ifdef GPTOSS_DIAG_UNITS_CLOCKS
+    if (u == u0) UNITS_CLOCK(3);
+#endif
     const Unit done = cur;
     if (u + 1 < u1) {
       // The next unit's first weights go out now; this unit's reduction and stores run under them.
@@ -354,6 +390,14 @@ __global__ void __launch_bounds__(KS * 32, skinny_min_blocks(1, KS, RT, PF)) ski
       finish_tiles<FMT, 1, KS, RT>(a, red, acc, RT, done.tile0, done.expert, done.tok0, done.tok_end);
     }
   }
+#ifdef GPTOSS_DIAG_UNITS_CLOCKS
+  UNITS_CLOCK(4);
+  if (threadIdx.x == 0) {
+    const int kind = FOLD ? (a.r.fold.gate_up ? 0 : 1) : 2;
+    for (int i = 0; i < 4; ++i) atomicAdd(&g_units_clocks[kind][i], (unsigned long long)(uclk[i + 1] - uclk[i]));
+    atomicAdd(&g_units_clocks[kind][7], 1ull);
+  }
+#endif
 }
 
 // The warp-per-tile walk: the same units (one pass of <= 8 of a group's tokens over a block of
@@ -633,6 +677,10 @@ namespace skinny {
 
 bool launch_skinny_units(const SkinnyArgs& a, int tiles, int groups, bool xf16, int shape, bool k_split_only,
                          cudaStream_t s) {
+#ifdef GPTOSS_DIAG_UNITS_CLOCKS
+  static const bool registered = (std::atexit(print_units_clocks), true);
+  (void)registered;
+#endif
   auto run = [&](auto f16) {
     constexpr bool X = decltype(f16)::value;
     // After a folded router: at 2-8 tokens the warp walk where the default below would take it;
