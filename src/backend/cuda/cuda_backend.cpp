@@ -299,13 +299,13 @@ class CudaBackend final : public Backend {
     std::vector<int32_t> ids;
   };
   std::vector<PendingGreedy> pending_greedy_;
-  PendingGreedy greedy_last_sync_;  // the last pass's ids once finished or run synchronously
+  // The last pass launched (rows -1: none), finished or not: a synchronous launch that takes its
+  // ids reads them from it (its pinned slot is not reused before the next launch).
+  PendingGreedy last_greedy_{-1, -1, {}};
   std::vector<int32_t> greedy_ids(const PendingGreedy& p);  // waits for a device pass's copy
   int32_t* h_greedy_[2] = {nullptr, nullptr};
   cudaEvent_t greedy_copied_[2] = {nullptr, nullptr};
-  // Rows of the last launch_greedy pass, whose ids d_greedy_ still holds in row order when
-  // greedy_chain_ (no other pass ran since); -1: none.
-  int greedy_last_rows_ = -1;
+  // d_greedy_ still holds the last launch_greedy pass's ids in row order (no other pass ran since).
   bool greedy_chain_ = false;
   // Set by launch_greedy around run_batch: the pinned slot the pass's ids go to (-1: a plain,
   // synchronous pass), and whether its tokens are copied from d_greedy_ on the device.
@@ -1511,7 +1511,7 @@ void CudaBackend::forward_greedy(const ForwardBatch& batch, int32_t* tokens_out)
 }
 
 void CudaBackend::launch_greedy(const ForwardBatch& batch, bool tokens_from_last) {
-  check_pipelined_batch(batch, tokens_from_last, greedy_last_rows_);
+  check_pipelined_batch(batch, tokens_from_last, last_greedy_.rows);
   if (pending_greedy_.size() >= 2) throw Error("launch_greedy: at most two passes in flight (finish_greedy the oldest)");
   const int M = int(batch.tokens.size());
   // On the device where the pass is a graph replay of one GPU (run_batch_impl's decode branch).
@@ -1551,16 +1551,14 @@ void CudaBackend::launch_greedy(const ForwardBatch& batch, bool tokens_from_last
     ForwardBatch fed;
     const ForwardBatch* run = &batch;
     if (tokens_from_last) {
-      const PendingGreedy& last = pending_greedy_.empty() ? greedy_last_sync_ : pending_greedy_.back();
       fed = batch;
-      fed.tokens = greedy_ids(last);
+      fed.tokens = greedy_ids(last_greedy_);
       run = &fed;
     }
     p.ids.resize(M);
     forward_greedy(*run, p.ids.data());
-    greedy_last_sync_ = p;
   }
-  greedy_last_rows_ = M;
+  last_greedy_ = p;
   // d_greedy_ holds this pass's ids in row order, however it ran on one GPU (a tensor-parallel
   // group's argmax leaves them elsewhere).
   greedy_chain_ = !tp_.active();
@@ -1577,8 +1575,6 @@ void CudaBackend::finish_greedy(int32_t* tokens_out) {
   if (pending_greedy_.empty()) throw Error("finish_greedy: no pass launched");
   const std::vector<int32_t> ids = greedy_ids(pending_greedy_.front());
   std::copy(ids.begin(), ids.end(), tokens_out);
-  // The last pass's ids stay readable for a synchronous launch that takes them.
-  if (pending_greedy_.size() == 1) greedy_last_sync_ = PendingGreedy{-1, int(ids.size()), ids};
   pending_greedy_.erase(pending_greedy_.begin());
 }
 
