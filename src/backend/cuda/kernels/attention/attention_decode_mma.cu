@@ -93,6 +93,9 @@ __global__ void __launch_bounds__(kThreads) attention_decode_mma_kernel(
   __shared__ float rope_c[kHalf], rope_s[kHalf];
   __shared__ float warp_m[kWarps][kMaxG], warp_l[kWarps][kMaxG];
   __shared__ float merge_rows[kMaxG][kD + 2];  // the block's partial row a head (m, l, O)
+  // Cluster merge: the partial rows of the heads this block merges (g % nsplit == rank), every
+  // split's, [g / nsplit][split], written into it by their blocks before the cluster barrier.
+  __shared__ float recv_rows[kMaxG + kDecodeClusterMax - 1][kD + 2];
 
   const int t = blockIdx.x, kvh = blockIdx.y, split = blockIdx.z;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid & 31;
@@ -100,6 +103,11 @@ __global__ void __launch_bounds__(kThreads) attention_decode_mma_kernel(
   long long clk[9] = {0, 0, 0, 0, 0, 0, 0, 0, 0};
 #endif
   ATTN_CLOCK(0);
+  // A block may write into another's shared memory only once that block has started: every
+  // thread arrives here, at its start, and waits for the cluster just before the merge's stores
+  // (by then all have long arrived; compute-sanitizer's racecheck flags the stores without it).
+  if constexpr (CLUSTER)
+    if (nsplit > 1) asm volatile("barrier.cluster.arrive.relaxed;\n" ::: "memory");
   const int G = Hq / Hkv;
   const int pos = tm.pos[t];
   const int lo = window > 0 ? max(0, pos - window + 1) : 0;
@@ -421,23 +429,28 @@ __global__ void __launch_bounds__(kThreads) attention_decode_mma_kernel(
                            out + (size_t(t) * Hq + kvh * G + g) * kD, lane);
       }
     } else {
+      // Each head's partial row goes to the block that merges it, by stores into that block's
+      // shared memory (they need no reply, where reading the others' rows took round trips);
+      // the barrier's release makes them visible there. After it every block reads only its own
+      // shared memory, so none waits for another before exiting.
       cg::cluster_group cluster = cg::this_cluster();
-      cluster.sync();  // every split's rows are in its shared memory
+      asm volatile("barrier.cluster.wait;\n" ::: "memory");  // every block has started
+      __syncthreads();  // merge_rows
+      for (int i = tid; i < G * (kD + 2); i += kThreads) {
+        const int g = i / (kD + 2), e = i % (kD + 2);
+        float* dst = &recv_rows[(g / nsplit) * nsplit + split][e];
+        *static_cast<float*>(cluster.map_shared_rank(dst, g % nsplit)) = merge_rows[g][e];
+      }
+      cluster.sync();
       ATTN_CLOCK(6);
 #pragma unroll
       for (int i = 0; i < kMaxG / kWarps; ++i) {
         const int g = warp + i * kWarps;
-        if (g < G && g % nsplit == int(cluster.block_rank())) {
-          float* mine = &merge_rows[g][0];
-          merge_splits<kD>([&](int s) { return static_cast<const float*>(cluster.map_shared_rank(mine, s)); },
-                           nsplit, sink_v[i], out + (size_t(t) * Hq + kvh * G + g) * kD, lane);
-        }
+        if (g < G && g % nsplit == int(cluster.block_rank()))
+          merge_splits<kD>([&](int s) { return &recv_rows[(g / nsplit) * nsplit + s][0]; }, nsplit, sink_v[i],
+                           out + (size_t(t) * Hq + kvh * G + g) * kD, lane);
       }
       ATTN_CLOCK(7);
-      // The others' shared memory stays alive until every block has read it. Only reads are
-      // ordered here: a relaxed arrive does not wait for this block's output stores to land.
-      asm volatile("barrier.cluster.arrive.relaxed;\n" ::: "memory");
-      asm volatile("barrier.cluster.wait;\n" ::: "memory");
     }
   }
 #ifdef GPTOSS_DIAG_ATTN_CLOCKS
