@@ -519,11 +519,16 @@ void launch(const uint16_t* q, int n, int Hq, int Hkv, int window, const float* 
 }  // namespace
 
 DecodeAttentionPlan decode_attention_mma_plan(int n, int Hkv, int max_keys, int split_nsplit, int max_cluster) {
-  constexpr int kWave = 528, kWaveBigClusters = 396;
+  // Most blocks a cluster plan launches: three an SM. Past that a cluster grid ran in two waves:
+  // at 32 sequences (512 blocks in pairs) a full layer's attention took 26.4 us against 15.4 at 24
+  // (384 blocks), and split-and-merge (two splits, the merge a second launch) 16.9 (s33r3, s33r4).
+  // GPTOSS_DECODE_WAVE: another budget, for measurements.
+  static const int wave_env = env_int("GPTOSS_DECODE_WAVE", 0);
+  const int wave = wave_env > 0 ? wave_env : 396;
   const int tiles = (std::max(max_keys, 1) + kKeys - 1) / kKeys;
   const int most = std::min(std::clamp(max_cluster, 1, kDecodeClusterMax), tiles <= 3 ? 1 : tiles);
   int c = 1;
-  while (2 * c <= most && n * Hkv * 2 * c <= (2 * c >= 4 ? kWaveBigClusters : kWave)) c *= 2;
+  while (2 * c <= most && n * Hkv * 2 * c <= wave) c *= 2;
   const int per = (tiles + c - 1) / c;  // tiles a cluster split walks
   if (split_nsplit > c && per > 4) return DecodeAttentionPlan{std::min(split_nsplit, 32), false, true};
   if (per > 8) return DecodeAttentionPlan{c, false, true};

@@ -11,6 +11,7 @@
 #include <cooperative_groups.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <string>
 
@@ -63,6 +64,32 @@ __device__ __forceinline__ T* in_block(T* p, int rank) {
 }
 
 
+#ifdef GPTOSS_DIAG_ROUTER_CLOCKS
+// Diagnostic builds only (tools/gpu/diag_binary.sh): router_v2_kernel's thread 0 adds the cycles
+// between its stages to [kind][stage] (kind: 0 block 0, 1 the other blocks, of passes of 1-16
+// tokens; 2 and 3 the same at 17-64), a count in [kind][7]; printed at exit. Stages: start ->
+// after the wait -> the rows' inverse RMS known (step 1) -> normalized rows (2) -> partial logits
+// met (3, the cluster barrier) -> top-k done (4) -> the end (block 0: the sort).
+__device__ unsigned long long g_router_clocks[4][8];
+#define ROUTER_CLOCK(i) \
+  do { if (threadIdx.x == 0) rclk[i] = clock64(); } while (0)
+void print_router_clocks() {
+  unsigned long long h[4][8];
+  if (cudaMemcpyFromSymbol(h, g_router_clocks, sizeof(h)) != cudaSuccess) return;
+  const char* kinds[4] = {"1-16 tokens, block 0", "1-16 tokens, others", "17-64 tokens, block 0", "17-64 tokens, others"};
+  const char* stages[6] = {"->waited", "->inv rms", "->normalized", "->logits met", "->top-k", "->end"};
+  for (int k = 0; k < 4; ++k) {
+    if (!h[k][7]) continue;
+    std::fprintf(stderr, "router clocks (%s, %llu blocks), mean cycles a block:", kinds[k], h[k][7]);
+    for (int i = 0; i < 6; ++i) std::fprintf(stderr, " %s %llu;", stages[i], h[k][i] / h[k][7]);
+    std::fprintf(stderr, "\n");
+  }
+}
+#else
+#define ROUTER_CLOCK(i) \
+  do { } while (0)
+#endif
+
 // ---- router ----
 // One cluster of C blocks x NW warps. Block c owns a slice of K (32-column chunks
 // [c * nc / C, (c + 1) * nc / C)): it loads its rows' slice of every expert's router row into
@@ -99,6 +126,10 @@ struct RouterV2Args : RouterIo {
 // so the blocks fit beside more of the kernel before (whose end they wait for).
 template <int C, int NW, int NT, bool SMW>  // NT: most MMA column tiles (8 tokens each)
 __global__ void __launch_bounds__(NW * 32, 16 / NW) router_v2_kernel(const RouterV2Args a) {
+#ifdef GPTOSS_DIAG_ROUTER_CLOCKS
+  long long rclk[7] = {0, 0, 0, 0, 0, 0, 0};
+#endif
+  ROUTER_CLOCK(0);
   extern __shared__ __align__(128) unsigned char smem[];  // (128: skinny_units.cu says why)
   float* gs = reinterpret_cast<float*>(smem + a.o_g);          // [sw] norm weights of the slice
   float* bias_s = reinterpret_cast<float*>(smem + a.o_bias);   // [E]
@@ -153,6 +184,7 @@ __global__ void __launch_bounds__(NW * 32, 16 / NW) router_v2_kernel(const Route
     for (int i = tid; i < (np8 - n) * a.astr / 8; i += blockDim.x) pad[i] = make_uint4(0u, 0u, 0u, 0u);
   }
   pdl_wait();
+  ROUTER_CLOCK(1);
   pdl_trigger();
 
   // 1. The residual slice into shared memory (f32) and the rows' inverse RMS.
@@ -222,6 +254,7 @@ __global__ void __launch_bounds__(NW * 32, 16 / NW) router_v2_kernel(const Route
   }
   __syncthreads();
 
+  ROUTER_CLOCK(2);
   // 2. Normalized bf16 rows (rounded as rmsnorm_kernel rounds them) for the MMA and the experts.
   for (int idx = tid; idx < n * sw4; idx += blockDim.x) {
     const int t = idx / sw4, i = idx - t * sw4;
@@ -238,6 +271,7 @@ __global__ void __launch_bounds__(NW * 32, 16 / NW) router_v2_kernel(const Route
   }
   __syncthreads();
 
+  ROUTER_CLOCK(3);
   // 3. The GEMV over this block's slice: acc[nt] holds experts mt*16 + g (+8) x tokens nt*8 + 2q (+1).
   const int nts = np8 / 8, ep = a.mt * 16;
   if constexpr (SMW) ptx::cp_async_wait<0>();  // each lane reads back only what it copied
@@ -294,10 +328,15 @@ __global__ void __launch_bounds__(NW * 32, 16 / NW) router_v2_kernel(const Route
       big[i] = s;
     }
   cluster_sync_all();  // every block's partial logits (its K slice) are in its big[0, n * ep)
+  ROUTER_CLOCK(4);
 
-  // 4. Block c routes tokens c * NW + w (w < NW): their logits (the blocks' partial sums in block
-  // order, then the bias) by a thread per (token, expert), then a warp per token for the top-k.
-  const int t0 = rank * NW, here = max(0, min(NW, n - t0));
+  // 4. Up to NW tokens block 0 routes them all (no barrier before the sort); past that, the tokens
+  // are spread evenly over the blocks (at 32 tokens 2 a block, not 8 in each of 4 blocks: the
+  // block's reads of C partial logits a (token, expert) were the longest stage at 17-64 tokens,
+  // GPTOSS_DIAG_ROUTER_CLOCKS). Their logits (the blocks' partial sums in block order, then the
+  // bias) by a thread per (token, expert), then a warp per token for the top-k.
+  const int per_block = n <= NW ? NW : (n + C - 1) / C;  // <= NW: n <= C * NW (router_v2_plan)
+  const int t0 = rank * per_block, here = max(0, min(per_block, n - t0));
   for (int i = tid; i < here * E; i += blockDim.x) {
     const int tl = i / E, e = i - tl * E, t = t0 + tl;
     float v = 0.f;
@@ -334,6 +373,7 @@ __global__ void __launch_bounds__(NW * 32, 16 / NW) router_v2_kernel(const Route
     }
   }
 
+  ROUTER_CLOCK(5);
   // 5. Block 0 sorts the pairs. Up to NW tokens it routed them all itself and sorts at once; the
   // others wait for its arrival (their shared memory must outlive its reads).
   cluster_arrive();
@@ -354,6 +394,14 @@ __global__ void __launch_bounds__(NW * 32, 16 / NW) router_v2_kernel(const Route
   } else {
     cluster_wait();
   }
+  ROUTER_CLOCK(6);
+#ifdef GPTOSS_DIAG_ROUTER_CLOCKS
+  if (threadIdx.x == 0) {
+    const int kind = (n > 16 ? 2 : 0) + (rank == 0 ? 0 : 1);
+    for (int i = 0; i < 6; ++i) atomicAdd(&g_router_clocks[kind][i], (unsigned long long)(rclk[i + 1] - rclk[i]));
+    atomicAdd(&g_router_clocks[kind][7], 1ull);
+  }
+#endif
 }
 
 struct RouterV2Plan {
@@ -553,6 +601,10 @@ bool router_v2_route(const RouterIo& io, cudaStream_t s) {
   const int n = io.n;
   RouterV2Plan p;
   if (!router_v2_plan(router_variant(), n, io.K, io.E, io.k, &p)) return false;
+#ifdef GPTOSS_DIAG_ROUTER_CLOCKS
+  static const bool registered = (std::atexit(print_router_clocks), true);
+  (void)registered;
+#endif
   static_cast<RouterIo&>(p.a) = io;
   // One MMA column tile up to 8 tokens: fewer registers held, more room beside the kernel before.
   const bool one = n <= 8, smw = p.smw;
