@@ -27,9 +27,10 @@ using namespace skinny;
 #ifdef GPTOSS_DIAG_UNITS_CLOCKS
 // Diagnostic builds only (tools/gpu/diag_binary.sh): skinny_units_kernel's thread 0 adds the
 // cycles between its stages to [kind][stage] (kind 0: gate_up after a folded router, 1: down after
-// it, 2: any other launch), a count in [kind][7]; printed at exit. Stages: start -> routing known
-// (the wait included) -> the first unit's loop begins (first weights out, row staged) -> its chunks
-// done -> the block's end (reductions, stores, later units).
+// it, 2: any other launch), a count in [kind][7]; printed at exit. Stages: start -> the wait for
+// the kernel before returned (griddepcontrol.wait, taken here ahead of the routing scan, which
+// waits there otherwise) -> routing known -> the first unit's loop begins (first weights out, row
+// staged) -> its chunks done -> the block's end (reductions, stores, later units).
 __device__ unsigned long long g_units_clocks[3][8];
 #define UNITS_CLOCK(i) \
   do { if (threadIdx.x == 0) uclk[i] = clock64(); } while (0)
@@ -37,11 +38,11 @@ void print_units_clocks() {
   unsigned long long h[3][8];
   if (cudaMemcpyFromSymbol(h, g_units_clocks, sizeof(h)) != cudaSuccess) return;
   const char* kinds[3] = {"gate_up (fold)", "down (fold)", "other"};
-  const char* names[4] = {"start->routed", "->loop begins", "first unit's chunks", "->end"};
+  const char* names[5] = {"start->waited", "->routed", "->loop begins", "first unit's chunks", "->end"};
   for (int k = 0; k < 3; ++k) {
     if (!h[k][7]) continue;
     std::fprintf(stderr, "units clocks (%s, %llu blocks), mean cycles a block:", kinds[k], h[k][7]);
-    for (int i = 0; i < 4; ++i) std::fprintf(stderr, " %s %.0f;", names[i], double(h[k][i]) / h[k][7]);
+    for (int i = 0; i < 5; ++i) std::fprintf(stderr, " %s %.0f;", names[i], double(h[k][i]) / h[k][7]);
     std::fprintf(stderr, "\n");
   }
 }
@@ -265,9 +266,13 @@ __global__ void __launch_bounds__(KS * 32, skinny_min_blocks(1, KS, RT, PF)) ski
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, g = lane >> 2;
   const int T = a.W.N / 16, TB = T / RT;  // row-tile blocks an expert
 #ifdef GPTOSS_DIAG_UNITS_CLOCKS
-  long long uclk[5] = {0, 0, 0, 0, 0};
+  long long uclk[6] = {0, 0, 0, 0, 0, 0};
 #endif
   UNITS_CLOCK(0);
+#ifdef GPTOSS_DIAG_UNITS_CLOCKS
+  if (!a.r.settled) pdl_wait();  // (the scans' own wait then returns at once)
+#endif
+  UNITS_CLOCK(1);
   extern __shared__ __align__(128) float red[];
   uint16_t* xs = reinterpret_cast<uint16_t*>(red + KS * RT * 4 * 32);
   const int xs_ld = C * 64 + 8;
@@ -286,7 +291,7 @@ __global__ void __launch_bounds__(KS * 32, skinny_min_blocks(1, KS, RT, PF)) ski
   const int units = FOLD ? scan_units_fold<FOLD ? FOLD_CAP : 1>(a, TB, s_unit0, s_expert, s_start, s_end, red, s_inv_rms,
                                                                 s_w, s_tok)
                          : scan_units<KS>(a, TB, s_unit0, s_expert, s_start, s_end, s_warp_passes);
-  UNITS_CLOCK(1);
+  UNITS_CLOCK(2);
   const int u0 = int(int64_t(blockIdx.x) * units / gridDim.x);
   const int u1 = int(int64_t(blockIdx.x + 1) * units / gridDim.x);
   if (u0 >= u1) {  // uniform over the block
@@ -328,7 +333,7 @@ __global__ void __launch_bounds__(KS * 32, skinny_min_blocks(1, KS, RT, PF)) ski
   if (a.r.settled) pdl_wait();
   pdl_trigger();
   if (row_staged) stage_row_fold(a, red, s_inv_rms, xs, xs_ld);  // under the first weight loads
-  UNITS_CLOCK(2);
+  UNITS_CLOCK(3);
 
   int staged_tok0 = -1;  // the pass whose rows xs holds (its first sorted pair)
   for (int u = u0; u < u1; ++u) {
@@ -373,7 +378,7 @@ __global__ void __launch_bounds__(KS * 32, skinny_min_blocks(1, KS, RT, PF)) ski
       sl += PF * KS * 8;
     }
 #ifdef GPTOSS_DIAG_UNITS_CLOCKS
-    if (u == u0) UNITS_CLOCK(3);
+    if (u == u0) UNITS_CLOCK(4);
 #endif
     const Unit done = cur;
     if (u + 1 < u1) {
@@ -391,10 +396,10 @@ __global__ void __launch_bounds__(KS * 32, skinny_min_blocks(1, KS, RT, PF)) ski
     }
   }
 #ifdef GPTOSS_DIAG_UNITS_CLOCKS
-  UNITS_CLOCK(4);
+  UNITS_CLOCK(5);
   if (threadIdx.x == 0) {
     const int kind = FOLD ? (a.r.fold.gate_up ? 0 : 1) : 2;
-    for (int i = 0; i < 4; ++i) atomicAdd(&g_units_clocks[kind][i], (unsigned long long)(uclk[i + 1] - uclk[i]));
+    for (int i = 0; i < 5; ++i) atomicAdd(&g_units_clocks[kind][i], (unsigned long long)(uclk[i + 1] - uclk[i]));
     atomicAdd(&g_units_clocks[kind][7], 1ull);
   }
 #endif
