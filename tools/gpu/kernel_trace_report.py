@@ -9,6 +9,7 @@ replay (graph id, the launch's correlation id); each node's figures are medians 
 of the graph named (default: the graph replayed most often).
 
   kernel_trace_report.py trace.csv[.gz] [--graph ID] [--nodes] [--skip N]
+  kernel_trace_report.py new.csv[.gz] --against old.csv[.gz]   (per kernel: adds in both, the change)
 """
 import argparse
 import collections
@@ -26,29 +27,26 @@ def short(name, grid):
     return f"{base[:110]} [{grid}]"
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("csv")
-    ap.add_argument("--graph", type=int, default=None, help="graph id (default: the most replayed)")
-    ap.add_argument("--nodes", action="store_true", help="every node, in step order")
-    ap.add_argument("--skip", type=int, default=2, help="replays to leave out at the start (warm-up)")
-    a = ap.parse_args()
-    opener = gzip.open if a.csv.endswith(".gz") else open
-    rows = list(csv.DictReader(opener(a.csv, "rt")))
+def summarize(path, graph, skip, nodes=False, quiet=False):
+    """Reads one trace; prints its header (and, with nodes, every node); returns the replay period
+    (us) and the per-kernel families: label -> [count, summed median adds ns, summed median own ns]."""
+    say = (lambda *x: None) if quiet else print
+    opener = gzip.open if path.endswith(".gz") else open
+    rows = list(csv.DictReader(opener(path, "rt")))
     replays = collections.defaultdict(list)
     for r in rows:
         if r["graph_id"] != "0":
             replays[(int(r["graph_id"]), int(r["correlation"]))].append(r)
     per_graph = collections.Counter(g for g, _ in replays)
     if not per_graph:
-        print("no graph-launched kernels in", a.csv)
-        return
-    print("graphs (id: replays, kernels a replay):",
+        say("no graph-launched kernels in", path)
+        return None
+    say("graphs (id: replays, kernels a replay):",
           ", ".join(f"{g}: {n}, {len(next(v for k, v in replays.items() if k[0] == g))}"
                     for g, n in per_graph.most_common(8)))
-    gid = a.graph if a.graph is not None else per_graph.most_common(1)[0][0]
+    gid = graph if graph is not None else per_graph.most_common(1)[0][0]
     reps = [sorted(v, key=lambda r: int(r["start_ns"])) for (g, c), v in sorted(replays.items()) if g == gid]
-    reps = reps[a.skip:] if len(reps) > a.skip + 2 else reps
+    reps = reps[skip:] if len(reps) > skip + 2 else reps
     n = len(reps[0])
     reps = [r for r in reps if len(r) == n]
     spans, periods = [], []
@@ -71,23 +69,59 @@ def main():
             prev_end = max(prev_end or 0, e)
     label = {x["node_id"]: short(x["name"], x["grid"]) for x in reps[0]}
     med = statistics.median
-    print(f"graph {gid}: {len(reps)} replays of {n} kernels; first start to last end {med(spans) / 1e3:.1f} us "
-          f"(median), replay to replay {med(periods) / 1e3 if periods else 0:.1f} us")
-    if a.nodes:
-        print(f"{'#':>4} {'adds us':>8} {'own us':>8} {'gap us':>8}  kernel [grid]")
+    period = med(periods) / 1e3 if periods else 0.0
+    say(f"graph {gid}: {len(reps)} replays of {n} kernels; first start to last end {med(spans) / 1e3:.1f} us "
+        f"(median), replay to replay {period:.1f} us")
+    if nodes:
+        say(f"{'#':>4} {'adds us':>8} {'own us':>8} {'gap us':>8}  kernel [grid]")
         for i, nid in enumerate(order):
-            print(f"{i:4d} {med(adds[nid]) / 1e3:8.2f} {med(durs[nid]) / 1e3:8.2f} {med(gaps[nid]) / 1e3:8.2f}  {label[nid]}")
+            say(f"{i:4d} {med(adds[nid]) / 1e3:8.2f} {med(durs[nid]) / 1e3:8.2f} {med(gaps[nid]) / 1e3:8.2f}  {label[nid]}")
     fam = collections.OrderedDict()
     for nid in order:
         f = fam.setdefault(label[nid], [0, 0.0, 0.0])
         f[0] += 1
         f[1] += med(adds[nid])
         f[2] += med(durs[nid])
-    total = sum(f[1] for f in fam.values())
-    print(f"{'count':>5} {'adds us':>9} {'share':>6} {'mean adds':>9} {'mean own':>9}  kernel [grid]")
-    for k, (c, s_add, s_dur) in sorted(fam.items(), key=lambda kv: -kv[1][1]):
-        print(f"{c:5d} {s_add / 1e3:9.1f} {100 * s_add / total:5.1f}% {s_add / c / 1e3:9.2f} {s_dur / c / 1e3:9.2f}  {k}")
-    print(f"sum of adds {total / 1e3:.1f} us")
+    return period, fam
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("csv")
+    ap.add_argument("--graph", type=int, default=None, help="graph id (default: the most replayed)")
+    ap.add_argument("--nodes", action="store_true", help="every node, in step order")
+    ap.add_argument("--skip", type=int, default=2, help="replays to leave out at the start (warm-up)")
+    ap.add_argument("--against", default=None, help="another trace: each kernel's adds in both, and the change")
+    a = ap.parse_args()
+    got = summarize(a.csv, a.graph, a.skip, a.nodes, quiet=a.against is not None)
+    if got is None:
+        return
+    period, fam = got
+    if a.against is None:
+        total = sum(f[1] for f in fam.values())
+        print(f"{'count':>5} {'adds us':>9} {'share':>6} {'mean adds':>9} {'mean own':>9}  kernel [grid]")
+        for k, (c, s_add, s_dur) in sorted(fam.items(), key=lambda kv: -kv[1][1]):
+            print(f"{c:5d} {s_add / 1e3:9.1f} {100 * s_add / total:5.1f}% {s_add / c / 1e3:9.2f} {s_dur / c / 1e3:9.2f}  {k}")
+        print(f"sum of adds {total / 1e3:.1f} us")
+        return
+    old = summarize(a.against, a.graph, a.skip, quiet=True)
+    if old is None:
+        print("no graph-launched kernels in", a.against)
+        return
+    old_period, old_fam = old
+    # Kernels by label (name and grid); one present in only one trace shows a blank on the other side.
+    print(f"replay to replay: {period:.1f} us against {old_period:.1f} ({100 * (period / old_period - 1):+.2f}%)")
+    print(f"{'adds us':>9} {'against':>9} {'change':>8} {'count':>7}  kernel [grid]")
+    keys = sorted(set(fam) | set(old_fam), key=lambda k: -max(fam.get(k, [0, 0])[1], old_fam.get(k, [0, 0])[1]))
+    for k in keys:
+        new_s, old_s = fam.get(k), old_fam.get(k)
+        ns = f"{new_s[1] / 1e3:9.1f}" if new_s else f"{'':>9}"
+        os_ = f"{old_s[1] / 1e3:9.1f}" if old_s else f"{'':>9}"
+        ch = (new_s[1] if new_s else 0) - (old_s[1] if old_s else 0)
+        cnt = f"{new_s[0] if new_s else 0}/{old_s[0] if old_s else 0}"
+        print(f"{ns} {os_} {ch / 1e3:+8.1f} {cnt:>7}  {k}")
+    tot_new, tot_old = sum(f[1] for f in fam.values()), sum(f[1] for f in old_fam.values())
+    print(f"sum of adds {tot_new / 1e3:.1f} us against {tot_old / 1e3:.1f} ({(tot_new - tot_old) / 1e3:+.1f})")
 
 
 if __name__ == "__main__":
