@@ -9,6 +9,11 @@
 #   serve_cs MODEL FLAGS... -- C...  serve_up, bench_c at each C (a summary line before each), serve_down
 #   b NAME BINARY MODEL TG BATCH ARGS...  one `bench` decode run (tg TG at BATCH, --runs ${RUNS:-2}) of
 #                                  BINARY under a "== NAME" line, its result rows in the summary
+#   trace_bench NAME BATCH ARGS...  one traced `bench` decode run (tg16 at BATCH; ARGS: the model and
+#                                  flags, e.g. --random-weights 120b --dense-dtype fp8) under the
+#                                  environment set before it; build/libgptoss_kernel_trace.so carried;
+#                                  the report in $out/r_NAME_BATCH.txt, its lines matching $TRACE_GREP
+#                                  (and, node by node, $TRACE_NODES_GREP's lines 3-6) in the summary
 #   bench_rate RATE N              on a serve_up server: N requests at RATE req/s (Poisson), 256-768
 #                                  in / 128-384 out, seed 1; TTFT, TPOT, ITL and output in the summary
 # The summary is $OUT/summary.txt ($S); logs go beside it. Rounds of sessions 7-11 spell this out
@@ -67,4 +72,16 @@ b() {
   echo "== $name $m tg$tg x$batch $*" >> $S
   timeout 100 $bin_ bench --device cuda --random-weights $m --pp '' --tg $tg --batch $batch --runs ${RUNS:-2} "$@" 2>&1 |
     grep -E "^\| random|rror" >> $S
+}
+trace_bench() {
+  local name=$1 batch=$2; shift 2
+  echo "== $name x$batch" >> $S
+  CUDA_INJECTION64_PATH=$bin/libgptoss_kernel_trace.so KERNEL_TRACE_OUT=$out/t_${name}_$batch.csv \
+    timeout 100 $g bench --device cuda "$@" --pp '' --tg 16 --batch $batch --runs 1 2>&1 | grep -E "^\| random|rror" >> $S
+  python3 tools/gpu/kernel_trace_report.py $out/t_${name}_$batch.csv > $out/r_${name}_$batch.txt 2>&1
+  grep -E "${TRACE_GREP:-replay to replay|sum of adds}" $out/r_${name}_$batch.txt | head -8 >> $S
+  if [ -n "${TRACE_NODES_GREP:-}" ]; then
+    python3 tools/gpu/kernel_trace_report.py --nodes $out/t_${name}_$batch.csv 2>&1 | grep -E "$TRACE_NODES_GREP" | sed -n 3,6p >> $S
+  fi
+  rm -f $out/t_${name}_$batch.csv  # (a call brings back few files)
 }

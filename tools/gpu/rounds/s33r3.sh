@@ -5,16 +5,8 @@
 # as what it adds to the replayed step.
 # Pack: EXTRA_BINS="build/libgptoss_kernel_trace.so" PACK_TESTS="" tools/gpu/pack.sh
 source tools/gpu/rounds/prelude.sh
-tr() {  # NAME BATCH: one traced bench run under the environment given before it; report rows kept
-  local name=$1 batch=$2
-  echo "== $name x$batch" >> $S
-  CUDA_INJECTION64_PATH=$bin/libgptoss_kernel_trace.so KERNEL_TRACE_OUT=$out/t_${name}_$batch.csv \
-    timeout 100 $g bench --device cuda --random-weights 120b --dense-dtype fp8 --pp '' --tg 16 --batch $batch --runs 1 2>&1 |
-    grep -E "^\| random|rror" >> $S
-  python3 tools/gpu/kernel_trace_report.py $out/t_${name}_$batch.csv > $out/r_${name}_$batch.txt 2>&1
-  grep -E "replay to replay|router|route|sort|attention|merge|sum of adds" $out/r_${name}_$batch.txt | head -8 >> $S
-  rm -f $out/t_${name}_$batch.csv
-}
+export TRACE_GREP="replay to replay|router|route|sort|attention|merge|sum of adds"
+tr() { trace_bench "$1" "$2" --random-weights 120b --dense-dtype fp8; }
 for b in 32 64; do
   tr default $b
   for v in old c8 c16 c8x c8s; do GPTOSS_ROUTER_KERNEL=$v tr router_$v $b; done

@@ -10,17 +10,8 @@ for bt in 16 32 64; do
   timeout 100 $bin/gptoss_router_clocks bench --device cuda --random-weights 120b --dense-dtype fp8 --pp '' --tg 32 \
     --batch $bt --runs 1 2>&1 | grep -E "^\| random|router clocks" | sed -E 's/mean cycles a block://' >> $S
 done
-tr() {  # NAME BATCH: one traced bench run under the environment given before it; report rows kept
-  local name=$1 batch=$2
-  echo "== $name x$batch" >> $S
-  CUDA_INJECTION64_PATH=$bin/libgptoss_kernel_trace.so KERNEL_TRACE_OUT=$out/t_${name}_$batch.csv \
-    timeout 100 $g bench --device cuda --random-weights 120b --dense-dtype fp8 --pp '' --tg 16 --batch $batch --runs 1 2>&1 |
-    grep -E "^\| random|rror" >> $S
-  python3 tools/gpu/kernel_trace_report.py $out/t_${name}_$batch.csv > $out/r_${name}_$batch.txt 2>&1
-  grep -E "replay to replay|attention|sum of adds" $out/r_${name}_$batch.txt | head -6 >> $S
-  python3 tools/gpu/kernel_trace_report.py --nodes $out/t_${name}_$batch.csv 2>&1 | grep -E "attention|combine_kernel" | sed -n 3,6p >> $S
-  rm -f $out/t_${name}_$batch.csv
-}
+export TRACE_GREP="replay to replay|attention|sum of adds" TRACE_NODES_GREP="attention|combine_kernel"
+tr() { trace_bench "$1" "$2" --random-weights 120b --dense-dtype fp8; }
 for bt in 4 8 16 24 32 48; do
   tr cluster $bt
   GPTOSS_DECODE_ATTENTION=split tr split $bt

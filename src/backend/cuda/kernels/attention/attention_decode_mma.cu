@@ -39,6 +39,7 @@
 
 #include "backend/cuda/cuda_common.h"
 #include "backend/cuda/device_utils.cuh"
+#include "backend/cuda/diag_clocks.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/kernels/attention/attention_decode_mma.h"
 #include "backend/cuda/kernels/attention/kv_tile.cuh"
@@ -73,10 +74,9 @@ using ptx::cp_async16;
 
 #ifdef GPTOSS_DIAG_ATTN_CLOCKS
 // Diagnostic builds only (tools/gpu/diag_binary.sh): each block's thread 0 adds the cycles between
-// its stages to [window > 0][split][stage], and a count in [.][.][7]; printed at exit.
+// its stages to [window > 0][split][stage], and a count in [.][.][8]; printed at exit.
 __device__ unsigned long long g_attn_clocks[2][16][9];
-#define ATTN_CLOCK(i) \
-  do { if (threadIdx.x == 0) clk[i] = clock64(); } while (0)
+#define ATTN_CLOCK(i) GPTOSS_STAGE_CLOCK(clk, i)
 #else
 #define ATTN_CLOCK(i) do {} while (0)
 #endif
@@ -487,11 +487,9 @@ void print_attn_clocks() {
                           "cluster sync 1", "merge", "sync 2 / store"};
   for (int w = 0; w < 2; ++w)
     for (int z = 0; z < 16; ++z) {
-      if (!h[w][z][8]) continue;
-      std::fprintf(stderr, "attention clocks (%s layers, split %d, %llu blocks), mean cycles a block:", w ? "sliding" : "full",
-                   z, h[w][z][8]);
-      for (int i = 0; i < 8; ++i) std::fprintf(stderr, " %s %.0f;", names[i], double(h[w][z][i]) / h[w][z][8]);
-      std::fprintf(stderr, "\n");
+      char kind[40];
+      std::snprintf(kind, sizeof(kind), "%s layers, split %d", w ? "sliding" : "full", z);
+      print_stage_clocks("attention", kind, names, 8, h[w][z], h[w][z][8]);
     }
 }
 #endif

@@ -13,6 +13,7 @@
 #include <utility>
 
 #include "backend/cuda/device_utils.cuh"
+#include "backend/cuda/diag_clocks.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/kernels/linear/frag_layout.cuh"
 #include "backend/cuda/kernels/moe/router_fold.cuh"
@@ -32,19 +33,11 @@ using namespace skinny;
 // waits there otherwise) -> routing known -> the first unit's loop begins (first weights out, row
 // staged) -> its chunks done -> the block's end (reductions, stores, later units).
 __device__ unsigned long long g_units_clocks[3][8];
-#define UNITS_CLOCK(i) \
-  do { if (threadIdx.x == 0) uclk[i] = clock64(); } while (0)
+#define UNITS_CLOCK(i) GPTOSS_STAGE_CLOCK(uclk, i)
 void print_units_clocks() {
-  unsigned long long h[3][8];
-  if (cudaMemcpyFromSymbol(h, g_units_clocks, sizeof(h)) != cudaSuccess) return;
-  const char* kinds[3] = {"gate_up (fold)", "down (fold)", "other"};
-  const char* names[5] = {"start->waited", "->routed", "->loop begins", "first unit's chunks", "->end"};
-  for (int k = 0; k < 3; ++k) {
-    if (!h[k][7]) continue;
-    std::fprintf(stderr, "units clocks (%s, %llu blocks), mean cycles a block:", kinds[k], h[k][7]);
-    for (int i = 0; i < 5; ++i) std::fprintf(stderr, " %s %.0f;", names[i], double(h[k][i]) / h[k][7]);
-    std::fprintf(stderr, "\n");
-  }
+  static const char* const kinds[3] = {"gate_up (fold)", "down (fold)", "other"};
+  static const char* const names[5] = {"start->waited", "->routed", "->loop begins", "first unit's chunks", "->end"};
+  print_stage_table("units", g_units_clocks, kinds, names, 5);
 }
 #else
 #define UNITS_CLOCK(i) do {} while (0)

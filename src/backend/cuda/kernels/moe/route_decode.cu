@@ -11,12 +11,12 @@
 #include <cooperative_groups.h>
 
 #include <algorithm>
-#include <cstdio>
 #include <cstdlib>
 #include <string>
 
 #include "backend/cuda/cuda_common.h"
 #include "backend/cuda/device_utils.cuh"
+#include "backend/cuda/diag_clocks.h"
 #include "backend/cuda/kernels/moe/route_sort.cuh"
 #include "backend/cuda/tensor_core_ptx.cuh"
 #include "common/error.h"
@@ -71,19 +71,12 @@ __device__ __forceinline__ T* in_block(T* p, int rank) {
 // after the wait -> the rows' inverse RMS known (step 1) -> normalized rows (2) -> partial logits
 // met (3, the cluster barrier) -> top-k done (4) -> the end (block 0: the sort).
 __device__ unsigned long long g_router_clocks[4][8];
-#define ROUTER_CLOCK(i) \
-  do { if (threadIdx.x == 0) rclk[i] = clock64(); } while (0)
+#define ROUTER_CLOCK(i) GPTOSS_STAGE_CLOCK(rclk, i)
 void print_router_clocks() {
-  unsigned long long h[4][8];
-  if (cudaMemcpyFromSymbol(h, g_router_clocks, sizeof(h)) != cudaSuccess) return;
-  const char* kinds[4] = {"1-16 tokens, block 0", "1-16 tokens, others", "17-64 tokens, block 0", "17-64 tokens, others"};
-  const char* stages[6] = {"->waited", "->inv rms", "->normalized", "->logits met", "->top-k", "->end"};
-  for (int k = 0; k < 4; ++k) {
-    if (!h[k][7]) continue;
-    std::fprintf(stderr, "router clocks (%s, %llu blocks), mean cycles a block:", kinds[k], h[k][7]);
-    for (int i = 0; i < 6; ++i) std::fprintf(stderr, " %s %llu;", stages[i], h[k][i] / h[k][7]);
-    std::fprintf(stderr, "\n");
-  }
+  static const char* const kinds[4] = {"1-16 tokens, block 0", "1-16 tokens, others", "17-64 tokens, block 0",
+                                       "17-64 tokens, others"};
+  static const char* const stages[6] = {"->waited", "->inv rms", "->normalized", "->logits met", "->top-k", "->end"};
+  print_stage_table("router", g_router_clocks, kinds, stages, 6);
 }
 #else
 #define ROUTER_CLOCK(i) \
