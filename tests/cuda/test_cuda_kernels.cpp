@@ -843,6 +843,47 @@ TEST_F(Kernels, SkinnyUnitsKernelMatchesBlockPerTile) {
   }
 }
 
+// The warp top-k every decode router shares (route_sort.cuh): its shuffle-merge form (k <= 4)
+// selects exactly what the round-by-round form selects, expert and value bits, on rows full of
+// ties, zero keys (none / NaN) and rows with fewer than k nonzero keys (where both give expert 0),
+// and on rows of distinct random keys, at 8-256 experts and k = 1-4.
+TEST_F(Kernels, WarpTopKMergeEqualsRounds) {
+  for (int E : {8, 32, 100, 128, 256})
+    for (int k = 1; k <= 4; ++k) {
+      FastRng r(fresh_seed());
+      const int rows = 64;
+      std::vector<uint32_t> keys(size_t(rows) * E);
+      for (int row = 0; row < rows; ++row)
+        for (int e = 0; e < E; ++e) {
+          uint32_t& key = keys[size_t(row) * E + e];
+          const int kind = row % 4;
+          if (kind == 0)
+            key = uint32_t(r.next());  // distinct (almost surely)
+          else if (kind == 1)
+            key = 0x80000000u + uint32_t(r.next() % 3);  // few values: ties everywhere
+          else if (kind == 2)
+            key = r.next() % 4 == 0 ? 0u : 0x3f000000u + uint32_t(r.next() % 2);  // zeros among ties
+          else
+            key = e == E - 1 - row % E || e == row % E ? 0x90000000u : 0u;  // at most two nonzero
+        }
+      Dev<uint32_t> dk(keys);
+      Dev<int> e_merge(size_t(rows) * k), e_rounds(size_t(rows) * k);
+      Dev<float> v_merge(size_t(rows) * k), v_rounds(size_t(rows) * k);
+      cuda::warp_top_k_probe(dk.p(), rows, E, k, true, e_merge.p(), v_merge.p());
+      cuda::warp_top_k_probe(dk.p(), rows, E, k, false, e_rounds.p(), v_rounds.p());
+      GPTOSS_CUDA_CHECK(cudaDeviceSynchronize());
+      EXPECT_EQ(e_merge.download(), e_rounds.download()) << "E=" << E << " k=" << k;
+      const auto vm = v_merge.download(), vr = v_rounds.download();
+      EXPECT_EQ(0, std::memcmp(vm.data(), vr.data(), vm.size() * 4)) << "E=" << E << " k=" << k;
+      // (and the rounds' own answer on a distinct row, against the host)
+      std::vector<int> order(E);
+      for (int e = 0; e < E; ++e) order[e] = e;
+      std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return keys[a] > keys[b]; });
+      const auto er = e_rounds.download();
+      for (int j = 0; j < k; ++j) EXPECT_EQ(er[j], order[j]) << "E=" << E << " k=" << k << " j=" << j;
+    }
+}
+
 // Exact router ties go to the lower expert index on the device too (as cpu::router_topk and
 // torch.topk in transformers): tie blocks on and across the top-k boundary, for the small-batch
 // kernel (n <= 64) and the large one, at the tiny, 20b and 120b expert counts.

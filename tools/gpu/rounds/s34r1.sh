@@ -4,7 +4,7 @@
 # (gptoss_router_clocks). Build both diagnostic binaries first:
 #   tools/gpu/diag_binary.sh units_clocks src/backend/cuda/kernels/linear/skinny_units.cu GPTOSS_DIAG_UNITS_CLOCKS
 #   tools/gpu/diag_binary.sh router_clocks src/backend/cuda/kernels/moe/route_decode.cu GPTOSS_DIAG_ROUTER_CLOCKS
-# Pack: EXTRA_BINS="build/diag/gptoss_units_clocks build/diag/gptoss_router_clocks" PACK_TESTS="" tools/gpu/pack.sh
+# Pack: EXTRA_BINS="build/diag/gptoss_units_clocks build/diag/gptoss_router_clocks build/libgptoss_kernel_trace.so" PACK_TESTS="" tools/gpu/pack.sh
 source tools/gpu/rounds/prelude.sh
 for mf in "120b --dense-dtype fp8" "120b" "20b --dense-dtype fp8"; do
   m=${mf%% *}; f=${mf#$m}
@@ -18,3 +18,9 @@ for bt in 32 64; do
     --batch $bt --runs 1 2>&1 | grep -E "^\| random|router clocks" | sed -E 's/mean cycles a block://' >> $S
 done
 ts done
+# And the one-token and 32-token steps traced kernel by kernel (the whole reports come back as files).
+export TRACE_GREP="replay to replay|sum of adds"
+trace_bench fp8 1 --random-weights 120b --dense-dtype fp8
+trace_bench fp8 32 --random-weights 120b --dense-dtype fp8
+trace_bench 20bfp8 1 --random-weights 20b --dense-dtype fp8
+ts traced

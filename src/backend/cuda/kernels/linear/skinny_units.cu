@@ -34,10 +34,17 @@ using namespace skinny;
 // staged) -> its chunks done -> the block's end (reductions, stores, later units).
 __device__ unsigned long long g_units_clocks[3][8];
 #define UNITS_CLOCK(i) GPTOSS_STAGE_CLOCK(uclk, i)
+// The one-token fold's routing stage (->routed above) split, [gate_up, down][stage]: the sums'
+// loads and gate_up's row copy issued, the sums in (keys made), top-k and softmax done, the block
+// met.
+__device__ unsigned long long g_fold_route_clocks[2][8];
 void print_units_clocks() {
   static const char* const kinds[3] = {"gate_up (fold)", "down (fold)", "other"};
   static const char* const names[5] = {"start->waited", "->routed", "->loop begins", "first unit's chunks", "->end"};
   print_stage_table("units", g_units_clocks, kinds, names, 5);
+  static const char* const rkinds[2] = {"gate_up", "down"};
+  static const char* const rnames[4] = {"->issued", "->sums in", "->top-k", "->met"};
+  print_stage_table("fold route (one token)", g_fold_route_clocks, rkinds, rnames, 4);
 }
 #else
 #define UNITS_CLOCK(i) do {} while (0)
@@ -106,13 +113,30 @@ __device__ __forceinline__ int scan_units_fold(const SkinnyArgs& a, int tb, int*
   if (!a.r.settled) pdl_wait();
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
   if (f.n == 1) {
+#ifdef GPTOSS_DIAG_UNITS_CLOCKS
+    long long rclk[5] = {clock64(), 0, 0, 0, 0};
+    long long* keys_clock = &rclk[2];
+#else
+    long long* keys_clock = nullptr;
+#endif
+    // The sums' loads go out first: the routing waits on them, the row only on the first weights.
+    // (Issued behind the row's copy, they arrived ~600 cycles later: H200, s34r2.)
+    router_fold::FoldSums sums;
+    if (warp == 0) router_fold::fold_load_sums(f, 0, sums);
     if (f.gate_up) {
       for (int i = threadIdx.x; i < a.W.K / 4; i += blockDim.x) ptx::cp_async16(scratch + 4 * i, f.xg + 4 * i, true);
       ptx::cp_async_commit();
     }
+#ifdef GPTOSS_DIAG_UNITS_CLOCKS
+    rclk[1] = clock64();
+#endif
     if (warp == 0) {
       float inv_rms;
-      const router_fold::FoldPick p = router_fold::fold_route_warp(f, 0, f.gate_up || f.moe_out, inv_rms);
+      const router_fold::FoldPick p = router_fold::fold_route_sums(f, sums, f.gate_up || f.moe_out, inv_rms, keys_clock);
+#ifdef GPTOSS_DIAG_UNITS_CLOCKS
+      asm volatile("" ::"r"(p.e), "f"(p.w), "r"(p.slot) : "memory");
+      rclk[3] = clock64();
+#endif
       if (lane < f.k) {
         s_w[p.slot] = p.w;
         s_unit0[p.slot] = p.slot * tb;
@@ -128,6 +152,14 @@ __device__ __forceinline__ int scan_units_fold(const SkinnyArgs& a, int tb, int*
       }
     }
     __syncthreads();
+#ifdef GPTOSS_DIAG_UNITS_CLOCKS
+    rclk[4] = clock64();
+    if (threadIdx.x == 0) {
+      for (int i = 0; i < 4; ++i)
+        atomicAdd(&g_fold_route_clocks[f.gate_up ? 0 : 1][i], (unsigned long long)(rclk[i + 1] - rclk[i]));
+      atomicAdd(&g_fold_route_clocks[f.gate_up ? 0 : 1][7], 1ull);
+    }
+#endif
     return f.k * tb;
   }
   // 2-8 tokens. The picks in token order ([t][j], as topk_idx), then the sort.

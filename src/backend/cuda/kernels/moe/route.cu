@@ -104,6 +104,38 @@ __global__ void moe_route_small_kernel(const float* __restrict__ logits, int n, 
   moe_sort_block(n * k, E, k, r, eb, ee, r.topk_idx, r.topk_w, sm);
 }
 
+namespace {
+// A warp a row of E keys (order_key words; 0 = none or NaN): warp_top_k's selection for k <= 4
+// (warp_top_k_merge) or the round-by-round form, for the test that holds them equal.
+template <bool MERGE>
+__global__ void warp_top_k_probe_kernel(const uint32_t* keys, int E, int k, int* sel_e, float* sel_v) {
+  const int lane = threadIdx.x, row = blockIdx.x;
+  uint32_t key[kMaxExpertsPerLane];
+#pragma unroll
+  for (int i = 0; i < kMaxExpertsPerLane; ++i) key[i] = lane + 32 * i < E ? keys[size_t(row) * E + lane + 32 * i] : 0u;
+  float v[kMaxTopK];
+  int e[kMaxTopK];
+  if constexpr (MERGE)
+    warp_top_k_merge<kMaxExpertsPerLane, 4>(key, k, v, e);
+  else
+    warp_top_k_rounds(key, k, v, e);
+  if (lane == 0)
+    for (int j = 0; j < k; ++j) {
+      sel_e[row * k + j] = e[j];
+      sel_v[row * k + j] = v[j];
+    }
+}
+}  // namespace
+
+void warp_top_k_probe(const uint32_t* keys, int rows, int E, int k, bool merge, int* sel_e, float* sel_v) {
+  if (E > 32 * kMaxExpertsPerLane || k < 1 || k > 4) throw Error("warp_top_k_probe: E <= 256, k in 1..4");
+  if (merge)
+    warp_top_k_probe_kernel<true><<<rows, 32>>>(keys, E, k, sel_e, sel_v);
+  else
+    warp_top_k_probe_kernel<false><<<rows, 32>>>(keys, E, k, sel_e, sel_v);
+  GPTOSS_CUDA_CHECK(cudaGetLastError());
+}
+
 void moe_route(const float* logits, int n, int E, int k, const MoeRouting& r, cudaStream_t s, int eb, int ee) {
   if (n <= 0) return;
   if (ee < 0) ee = E;

@@ -191,11 +191,62 @@ __device__ __forceinline__ float key_value(uint32_t k) {
   return __uint_as_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k);
 }
 
-// One token's top-k over a warp (all 32 lanes): key[i] is expert lane + 32 i's order_key (0 for
-// none); sel_v / sel_e get the k largest in order, ties to the lower expert index (as moe_route
-// and the CPU), the same in every lane. key is consumed.
+// warp_top_k for k <= L: each lane keeps its L largest (key, expert) pairs as 64-bit words
+// (key << 32 | ~expert, so one unsigned compare orders by key, then by the lower expert; key 0,
+// none or NaN, is the word 0), sorted; five butterfly steps merge a lane's list with its partner's
+// (the larger of a[j] and b[L-1-j] are the union's L largest, in bitonic order, which a bitonic
+// merger sorts), and every lane ends with the warp's L largest. Where the warp's j-th largest is 0
+// (nothing but NaN or none left), expert 0 and key 0's value, as the round-by-round form gives.
+// Why: the round-by-round form (two warp reductions a selection, one after the other) took ~1,700
+// cycles for four of 128 in the one-token fold's routing (H200, s34r2); this takes five rounds of
+// independent shuffles.
+template <int N, int L>
+__device__ __forceinline__ void warp_top_k_merge(const uint32_t (&key)[N], int k, float* sel_v, int* sel_e) {
+  using u64 = unsigned long long;
+  const int lane = threadIdx.x & 31;
+  u64 c[L];
+#pragma unroll
+  for (int j = 0; j < L; ++j) c[j] = 0ull;
+#pragma unroll
+  for (int i = 0; i < N; ++i) {  // insertion into the sorted list
+    u64 x = key[i] ? (u64(key[i]) << 32) | u64(~uint32_t(lane + 32 * i)) : 0ull;
+#pragma unroll
+    for (int j = 0; j < L; ++j) {
+      const u64 hi = c[j] > x ? c[j] : x;
+      x = c[j] > x ? x : c[j];
+      c[j] = hi;
+    }
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    u64 d[L];
+#pragma unroll
+    for (int j = 0; j < L; ++j) d[j] = __shfl_xor_sync(0xffffffffu, c[L - 1 - j], o);
+#pragma unroll
+    for (int j = 0; j < L; ++j) c[j] = c[j] > d[j] ? c[j] : d[j];
+#pragma unroll
+    for (int h = L / 2; h > 0; h /= 2)  // bitonic merger, descending
+#pragma unroll
+      for (int j = 0; j < L; ++j)
+        if ((j & h) == 0) {
+          const u64 a = c[j], b = c[j + h];
+          c[j] = a > b ? a : b;
+          c[j + h] = a > b ? b : a;
+        }
+  }
+#pragma unroll
+  for (int j = 0; j < L; ++j)
+    if (j < k) {
+      const uint32_t hi = uint32_t(c[j] >> 32);
+      sel_v[j] = key_value(hi);
+      sel_e[j] = hi ? int(~uint32_t(c[j])) : 0;
+    }
+}
+
+// warp_top_k (below) for any k, a selection a round: its largest by two warp reductions (the key, then the
+// lowest expert holding it), removed before the next.
 template <int N>
-__device__ __forceinline__ void warp_top_k(uint32_t (&key)[N], int k, float* sel_v, int* sel_e) {
+__device__ __forceinline__ void warp_top_k_rounds(uint32_t (&key)[N], int k, float* sel_v, int* sel_e) {
   const int lane = threadIdx.x & 31;
 #pragma unroll
   for (int j = 0; j < kMaxTopK; ++j) {
@@ -215,6 +266,18 @@ __device__ __forceinline__ void warp_top_k(uint32_t (&key)[N], int k, float* sel
       sel_e[j] = win;
     }
   }
+}
+
+// One token's top-k over a warp (all 32 lanes): key[i] is expert lane + 32 i's order_key (0 for
+// none); sel_v / sel_e get the k largest in order, ties to the lower expert index (as moe_route
+// and the CPU), the same in every lane. key is consumed. k <= 4 (gpt-oss): warp_top_k_merge.
+template <int N>
+__device__ __forceinline__ void warp_top_k(uint32_t (&key)[N], int k, float* sel_v, int* sel_e) {
+  if (k <= 4) {
+    warp_top_k_merge<N, 4>(key, k, sel_v, sel_e);
+    return;
+  }
+  warp_top_k_rounds(key, k, sel_v, sel_e);
 }
 
 // Top-k softmax weights of one token from its selected logits (sel_v[0] the largest), written in

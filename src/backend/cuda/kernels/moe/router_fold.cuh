@@ -85,31 +85,48 @@ struct FoldPick {
   int slot = 0;
 };
 
-// All 32 lanes of one warp, once acc is complete (after the wait that follows o_proj, or two
-// launches later): the logits from the fixed-point sums (RMS scale, then the bias o_proj's block 0
-// copied beside them), top-k (ties to the lower expert, as moe_route and the CPU), softmax over the
-// k. One L2 round trip; registers only (every index static). Explicitly rounded operations, so
-// every kernel that inlines this picks the same experts. inv_rms: the residual's RMS scale.
-// Token t's sums: f.acc + t * (E + 1).
-__device__ __forceinline__ FoldPick fold_route_warp(const RouterFold& f, int t, bool weights, float& inv_rms) {
-  const int lane = threadIdx.x & 31, E = f.E, k = f.k;
-  const long long* acc = f.acc + t * (E + 1);
+// One token's sums as a lane of the routing warp holds them (experts lane + 32 i), with the
+// router's bias (the copy o_proj's block 0 leaves in L2): fold_load_sums issues the loads and
+// fold_route_sums uses them, so a caller can put other requests between the two.
+struct FoldSums {
   long long v[kLaneExperts];
   float b[kLaneExperts];
+  long long ss;
+};
+__device__ __forceinline__ void fold_load_sums(const RouterFold& f, int t, FoldSums& s) {
+  const int lane = threadIdx.x & 31, E = f.E;
+  const long long* acc = f.acc + t * (E + 1);
 #pragma unroll
   for (int i = 0; i < kLaneExperts; ++i) {
     const bool in = lane + 32 * i < E;
-    v[i] = in ? __ldcg(acc + lane + 32 * i) : 0;
-    b[i] = in ? __ldcg(f.bias_l2 + lane + 32 * i) : 0.f;
+    s.v[i] = in ? __ldcg(acc + lane + 32 * i) : 0;
+    s.b[i] = in ? __ldcg(f.bias_l2 + lane + 32 * i) : 0.f;
   }
-  const long long ss = __ldcg(acc + E);
-  const float mean = __fdiv_rn(__fmul_rn(__ll2float_rn(ss), 1.f / kSsScale), float(f.H));
+  s.ss = __ldcg(acc + E);
+}
+
+// All 32 lanes of one warp, once acc is complete (after the wait that follows o_proj, or two
+// launches later) and its sums loaded (fold_load_sums): the logits from the fixed-point sums (RMS
+// scale, then the bias), top-k (ties to the lower expert, as moe_route and the CPU), softmax over
+// the k by topk_softmax's formula (each lane sums the k exponentials in selection order, so the
+// weights are the decode router's and moe_route's bits for the same logits). Registers only (every
+// index static). Explicitly rounded operations, so every kernel that inlines this picks the same
+// experts. inv_rms: the residual's RMS scale. keys_clock (diagnostic builds): stamped once the
+// sums are in.
+__device__ __forceinline__ FoldPick fold_route_sums(const RouterFold& f, const FoldSums& s, bool weights, float& inv_rms,
+                                                    long long* keys_clock = nullptr) {
+  const int lane = threadIdx.x & 31, E = f.E, k = f.k;
+  const float mean = __fdiv_rn(__fmul_rn(__ll2float_rn(s.ss), 1.f / kSsScale), float(f.H));
   inv_rms = rsqrtf(__fadd_rn(mean, f.eps));
   const float scale = __fmul_rn(inv_rms, 1.f / kLogitScale);
   uint32_t key[kLaneExperts];
 #pragma unroll
   for (int i = 0; i < kLaneExperts; ++i)
-    key[i] = lane + 32 * i < E ? order_key(__fadd_rn(__fmul_rn(__ll2float_rn(v[i]), scale), b[i])) : 0u;
+    key[i] = lane + 32 * i < E ? order_key(__fadd_rn(__fmul_rn(__ll2float_rn(s.v[i]), scale), s.b[i])) : 0u;
+  if (keys_clock) {
+    asm volatile("" ::"r"(key[0]), "r"(key[kLaneExperts - 1]) : "memory");
+    *keys_clock = clock64();
+  }
   float sel_v[kMaxTopK];
   int sel_e[kMaxTopK];
   warp_top_k<kLaneExperts>(key, k, sel_v, sel_e);
@@ -124,11 +141,21 @@ __device__ __forceinline__ FoldPick fold_route_warp(const RouterFold& f, int t, 
 #pragma unroll
   for (int j = 0; j < kMaxTopK; ++j)
     if (j < k) p.slot += sel_e[j] < p.e;
-  if (weights) {  // softmax over the k (sel_v[0] the largest), summed over the lanes
-    const float ex = lane < k ? expf(my_v - sel_v[0]) : 0.f;
-    p.w = ex / warp_sum(ex);
+  if (weights) {
+    float sum = 0.f;
+#pragma unroll
+    for (int j = 0; j < kMaxTopK; ++j)
+      if (j < k) sum += expf(sel_v[j] - sel_v[0]);
+    p.w = lane < k ? expf(my_v - sel_v[0]) / sum : 0.f;
   }
   return p;
+}
+
+// fold_load_sums then fold_route_sums.
+__device__ __forceinline__ FoldPick fold_route_warp(const RouterFold& f, int t, bool weights, float& inv_rms) {
+  FoldSums s;
+  fold_load_sums(f, t, s);
+  return fold_route_sums(f, s, weights, inv_rms);
 }
 
 // gate_up's block 0, lane j < k of the routing warp (its FoldPick): the routing arrays the combine
