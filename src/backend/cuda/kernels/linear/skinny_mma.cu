@@ -121,20 +121,47 @@ __device__ __forceinline__ void stage_row_norm_in(const SkinnyArgs& a, uint16_t*
   }
 }
 
+// A folded o_proj block, every thread, right after its wait: its rows of the residual (each of
+// the pass's tokens) and of the previous layer's MoE output (moe_in, one token) into shared
+// memory by cp.async, so the epilogue finds them there instead of asking L2 after the block's
+// reduction, on the path to the expert kernels' routing. (Both were written launches back: the
+// residual by the previous o_proj, moe_in by the previous down.) kRows rows from tile0's.
+template <int RT>
+__device__ __forceinline__ void fold_copy_residual(const SkinnyArgs& a, int tile0, float* x_s, long long* m_s) {
+  constexpr int kRows = RT * 16, kX4 = kRows / 4, kM2 = kRows / 2;  // 16-byte pieces a token's rows / moe_in's
+  const size_t row0 = size_t(tile0) * 16;
+  const float* x = static_cast<const float*>(a.epi.out);
+  const int nx = a.M * kX4, n = nx + (a.r.fold.moe_in ? kM2 : 0);
+  for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    if (i < nx) {
+      const int t = i / kX4, c = i - t * kX4;
+      ptx::cp_async16(x_s + t * kRows + 4 * c, x + size_t(t) * a.epi.ldo + row0 + 4 * c, true);
+    } else {
+      const int c = i - nx;
+      ptx::cp_async16(m_s + 2 * c, a.r.fold.moe_in + row0 + 2 * c, true);
+    }
+  }
+  ptx::cp_async_commit();
+}
+
 // The router folded into o_proj (RouterFold, 1-8 tokens, staged launches): finish_tiles with the
 // residual add written out, then each finished row's x * norm_w and x^2 (every token of the pass)
 // to shared memory and xg, and the block's partial logits and sums of squares into the fold's sums.
 // w_s / g_s: the block's rows' router and norm weights, staged before the wait.
 // bias_v: block 0's thread t < E holds the router's bias of expert t, copied to the fold's bias_l2.
 // CAP: the launch's fold capacity (kernels.h), a.M <= CAP.
+// x_s / m_s: the block's rows of the residual ([t][kRows]) and of moe_in, copied by
+// fold_copy_residual after the wait (waited for here).
 template <int FMT, int KS, int RT, int CAP>
 __device__ __forceinline__ void finish_tiles_fold(const SkinnyArgs& a, float* red, const float (&acc)[RT][1][4],
-                                                  int tile0, const uint16_t* w_s, const float* g_s, float bias_v) {
+                                                  int tile0, const uint16_t* w_s, const float* g_s, float bias_v,
+                                                  const float* x_s, const long long* m_s) {
   constexpr int kRows = RT * 16;
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
   const RouterFold& f = a.r.fold;
   const int ntok = a.M;
   __shared__ float xg_s[CAP * kRows], sq_s[CAP * kRows];
+  ptx::cp_async_wait<0>();  // fold_copy_residual's rows (sum_tile_slices' first barrier publishes them)
   float fin[1][4];
   // Rows g, g + 8 of tile tile0 + warp; token 2 tq + c is column c of the lane's pair (fin[0][c],
   // fin[0][2 + c]).
@@ -151,11 +178,11 @@ __device__ __forceinline__ void finish_tiles_fold(const SkinnyArgs& a, float* re
       // the combine would have added it.
       float m0 = 0.f, m1 = 0.f;
       if (f.moe_in) {
-        m0 = __ll2float_rn(__ldcg(f.moe_in + tr.lr0)) * (1.f / router_fold::kLogitScale);
-        m1 = __ll2float_rn(__ldcg(f.moe_in + tr.lr1)) * (1.f / router_fold::kLogitScale);
+        m0 = __ll2float_rn(m_s[l0]) * (1.f / router_fold::kLogitScale);
+        m1 = __ll2float_rn(m_s[l1]) * (1.f / router_fold::kLogitScale);
       }
-      const float n0 = (x[tr.lr0] + m0) + (fin[0][c] * tr.sc0 + tr.b0),
-                  n1 = (x[tr.lr1] + m1) + (fin[0][2 + c] * tr.sc1 + tr.b1);
+      const float n0 = (x_s[t * kRows + l0] + m0) + (fin[0][c] * tr.sc0 + tr.b0),
+                  n1 = (x_s[t * kRows + l1] + m1) + (fin[0][2 + c] * tr.sc1 + tr.b1);
       x[tr.lr0] = n0;
       x[tr.lr1] = n1;
       const float xg0 = n0 * g_s[l0], xg1 = n1 * g_s[l1];
@@ -302,6 +329,9 @@ __global__ void __launch_bounds__(KS * 32, skinny_min_blocks(NT, KS, RT)) skinny
   }
   pdl_trigger();
   const char* A = static_cast<const char*>(a.A);
+  __shared__ __align__(16) float fold_x_s[FOLD ? FOLD_CAP * RT * 16 : 1];
+  __shared__ __align__(16) long long fold_m_s[FOLD ? RT * 16 : 1];
+  if constexpr (FOLD) fold_copy_residual<RT>(a, tile0, fold_x_s, fold_m_s);
 
   for (int tok0 = row_begin; tok0 < row_end; tok0 += 8 * NT) {
     if (!early || tok0 != row_begin) {
@@ -406,7 +436,7 @@ __global__ void __launch_bounds__(KS * 32, skinny_min_blocks(NT, KS, RT)) skinny
     sl = sl0;
 
     if constexpr (FOLD)  // at most 8 tokens: this is the only pass
-      finish_tiles_fold<FMT, KS, RT, FOLD_CAP>(a, red, acc, tile0, fold_w, fold_g, fold_bias);
+      finish_tiles_fold<FMT, KS, RT, FOLD_CAP>(a, red, acc, tile0, fold_w, fold_g, fold_bias, fold_x_s, fold_m_s);
     else
       finish_tiles<FMT, NT, KS, RT>(a, red, acc, nrt, tile0, expert, tok0, row_end);
   }
