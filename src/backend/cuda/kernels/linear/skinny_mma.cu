@@ -15,8 +15,10 @@
 #include <cuda_fp8.h>
 
 #include <algorithm>
+#include <cstdlib>
 
 #include "backend/cuda/cuda_common.h"
+#include "backend/cuda/diag_clocks.h"
 #include "backend/cuda/device_utils.cuh"
 #include "backend/cuda/tensor_core_ptx.cuh"
 #include "backend/cuda/bulk_copy_ptx.cuh"
@@ -121,6 +123,24 @@ __device__ __forceinline__ void stage_row_norm_in(const SkinnyArgs& a, uint16_t*
   }
 }
 
+#ifdef GPTOSS_DIAG_MMA_CLOCKS
+// Diagnostic builds only (tools/gpu/diag_binary.sh): skinny_mma_kernel's thread 0 adds the cycles
+// between its stages to [kind][stage] (kind 0: qkv staging its row as rmsnorm(x + moe), the one-token
+// step's; 1: o_proj with the router folded in; 2: other staged dense launches; 3: the rest), a count
+// in [kind][7]; printed at exit. Stages: start -> the wait returned -> the pass's rows staged -> the
+// staged chunks' MMAs done (their bulk copies waited for) -> the chunks through registers done ->
+// the block's end (reduction, epilogue; the fold's partial sums).
+__device__ unsigned long long g_mma_clocks[4][8];
+#define MMA_CLOCK(i) GPTOSS_STAGE_CLOCK(mclk, i)
+void print_mma_clocks() {
+  static const char* const kinds[4] = {"qkv (norm-in)", "o_proj (fold)", "other staged", "other"};
+  static const char* const names[5] = {"start->waited", "->rows staged", "->staged chunks", "->register chunks", "->end"};
+  print_stage_table("skinny mma", g_mma_clocks, kinds, names, 5);
+}
+#else
+#define MMA_CLOCK(i) do {} while (0)
+#endif
+
 // A folded o_proj block, every thread, right after its wait: its rows of the residual (each of
 // the pass's tokens) and of the previous layer's MoE output (moe_in, one token) into shared
 // memory by cp.async, so the epilogue finds them there instead of asking L2 after the block's
@@ -224,6 +244,10 @@ __global__ void __launch_bounds__(KS * 32, skinny_min_blocks(NT, KS, RT)) skinny
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
   const int N = a.W.N, C = CC > 0 ? CC : a.W.K / 64, T = N / 16;
   const int tile0 = blockIdx.x * RT;
+#ifdef GPTOSS_DIAG_MMA_CLOCKS
+  long long mclk[6] = {0, 0, 0, 0, 0, 0};
+#endif
+  MMA_CLOCK(0);
   const int nrt = CC > 0 ? RT : min(RT, T - tile0);  // row tiles of this block (the last block may have fewer)
   // Shared memory: the partial sums [KS][RT][NT][4][32] f32, then (one n-tile: XS) the block's
   // a.xs_rows (min(M, 8)) activation rows, K + 8 halves each (the pad spreads the rows over the
@@ -328,6 +352,7 @@ __global__ void __launch_bounds__(KS * 32, skinny_min_blocks(NT, KS, RT)) skinny
     pdl_wait();
   }
   pdl_trigger();
+  MMA_CLOCK(1);
   const char* A = static_cast<const char*>(a.A);
   __shared__ __align__(16) float fold_x_s[FOLD ? FOLD_CAP * RT * 16 : 1];
   __shared__ __align__(16) long long fold_m_s[FOLD ? RT * 16 : 1];
@@ -359,6 +384,7 @@ __global__ void __launch_bounds__(KS * 32, skinny_min_blocks(NT, KS, RT)) skinny
       else
         stage_rows<kStageF16>(a, tok0, ntok, xs, xs_ld);
       __syncthreads();
+      MMA_CLOCK(2);
     } else {
 #pragma unroll
       for (int u = 0; u < PF; ++u)
@@ -397,6 +423,10 @@ __global__ void __launch_bounds__(KS * 32, skinny_min_blocks(NT, KS, RT)) skinny
           chunk_mma<FMT, NT, kChunkF16>(w, xbuf[0], acc[r]);
         }
       }
+#ifdef GPTOSS_DIAG_MMA_CLOCKS
+      asm volatile("" ::"f"(acc[0][0][0]) : "memory");
+#endif
+      MMA_CLOCK(3);
     }
     auto step = [&](int base, int u) {
       if (base + u < my_n) {
@@ -434,12 +464,26 @@ __global__ void __launch_bounds__(KS * 32, skinny_min_blocks(NT, KS, RT)) skinny
     }
     wl = wl0;  // the next token pass starts over
     sl = sl0;
+#ifdef GPTOSS_DIAG_MMA_CLOCKS
+    asm volatile("" ::"f"(acc[0][0][0]) : "memory");
+#endif
+    MMA_CLOCK(4);
 
     if constexpr (FOLD)  // at most 8 tokens: this is the only pass
       finish_tiles_fold<FMT, KS, RT, FOLD_CAP>(a, red, acc, tile0, fold_w, fold_g, fold_bias, fold_x_s, fold_m_s);
     else
       finish_tiles<FMT, NT, KS, RT>(a, red, acc, nrt, tile0, expert, tok0, row_end);
   }
+#ifdef GPTOSS_DIAG_MMA_CLOCKS
+  MMA_CLOCK(5);
+  if (threadIdx.x == 0 && row_begin < row_end) {  // (one pass: the stages of more are the last one's)
+    const int kind = NORM_IN ? 0 : FOLD ? 1 : SD > 0 ? 2 : 3;
+    if (SD == 0) mclk[3] = mclk[2];  // (no staged chunks)
+    if (!XS) mclk[2] = mclk[1];      // (no staged rows)
+    for (int i = 0; i < 5; ++i) atomicAdd(&g_mma_clocks[kind][i], (unsigned long long)(mclk[i + 1] - mclk[i]));
+    atomicAdd(&g_mma_clocks[kind][7], 1ull);
+  }
+#endif
 }
 
 // Kernel shapes (warps splitting K, row tiles whose blocks share the activation loads, chunks
@@ -459,6 +503,10 @@ size_t skinny_smem_bytes(const SkinnyArgs& a, int NT, int KS, int RT, int SD) {
 template <int FMT, int NT, int KS, int RT, int PF, bool XF16, bool TRY_CC = false, int SD = 0, int FOLD_CAP = 0,
           bool NORM_IN = false>
 void launch_shape(const SkinnyArgs& a, int tiles, int groups, cudaStream_t s) {
+#ifdef GPTOSS_DIAG_MMA_CLOCKS
+  static const bool registered = (std::atexit(print_mma_clocks), true);
+  (void)registered;
+#endif
   const size_t smem = skinny_smem_bytes<FMT>(a, NT, KS, RT, SD);
   if constexpr (FOLD_CAP > 0) {  // linear_router_fold: o_proj's K only
     if (a.W.K != 4096) throw Error("router fold: o_proj's staged kernel takes K = 4096 only");
