@@ -456,11 +456,12 @@ void flash_attention(const bf16_t* qkv, int n, int Hq, int Hkv, int D, int windo
 // Expert parallelism: only experts [expert_begin, expert_end) get groups (numbered from
 // expert_begin: group_expert holds the index among the held experts, as their weights are
 // stored); the other experts' pairs keep their sorted slots but no kernel computes them.
+void moe_route(const float* logits, int n, int E, int k, const MoeRouting& r, cudaStream_t s, int expert_begin = 0,
+               int expert_end = -1);
+
 // Tests only: the device's top-k of `rows` rows of E order keys (device arrays; k <= 4, E <= 256)
 // by the shuffle-merge form (merge) or the round-by-round form, into sel_e / sel_v [rows][k].
 void warp_top_k_probe(const uint32_t* keys, int rows, int E, int k, bool merge, int* sel_e, float* sel_v);
-void moe_route(const float* logits, int n, int E, int k, const MoeRouting& r, cudaStream_t s, int expert_begin = 0,
-               int expert_end = -1);
 
 // Decode sizes (router_route_fuses): the router's RMSNorm + bf16 GEMV + moe_route in one launch.
 // Leaves the normalized rows in xn (fp16 if xn_f16) when xn is not null, the logits in `logits`.

@@ -243,8 +243,8 @@ __device__ __forceinline__ void warp_top_k_merge(const uint32_t (&key)[N], int k
     }
 }
 
-// warp_top_k (below) for any k, a selection a round: its largest by two warp reductions (the key, then the
-// lowest expert holding it), removed before the next.
+// warp_top_k (below) at any k, one selection a round: the largest key by a warp reduction, then
+// the lowest expert holding it by another, removed before the next round.
 template <int N>
 __device__ __forceinline__ void warp_top_k_rounds(uint32_t (&key)[N], int k, float* sel_v, int* sel_e) {
   const int lane = threadIdx.x & 31;
