@@ -352,6 +352,9 @@ void set_gemv_variant(int v);
 constexpr int kSkinnyVariants = 27;
 void set_skinny_variant(int v);
 const char* skinny_variant_name(int v);
+// Tests: the blocks a cluster of qkv's one-token norm-in kernel stages its row with (1, 2, 4 or 8;
+// GPTOSS_NORM_IN_CLUSTER sets it for a run, 4 by default).
+void set_norm_in_cluster(int blocks);
 
 // x (f32 [n, H]) -> y (bf16 [n, H]) = x / rms(x) * w. rows: optional row gather (y row i = x row rows[i]).
 void rmsnorm(const float* x, const float* w, int n, int H, float eps, const int32_t* rows, bf16_t* y,

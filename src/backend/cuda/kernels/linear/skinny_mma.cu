@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <cstdlib>
 
+#include "backend/cuda/cluster.cuh"
 #include "backend/cuda/cuda_common.h"
 #include "backend/cuda/diag_clocks.h"
 #include "backend/cuda/device_utils.cuh"
@@ -64,10 +65,40 @@ using namespace skinny;
 
 // Float4s of a row each thread of a NORM_IN block holds (K / 4 <= kNormPer * threads).
 constexpr int kNormPer = 3;
+
+#ifdef GPTOSS_DIAG_MMA_CLOCKS
+// Diagnostic builds only: the norm-in staging's own stages, thread 0's cycles summed into
+// [0: each block reads the row, 1: clusters][stage], a count in [.][7] (printed with the others):
+// the wait returned -> the row's loads in -> the sums of squares met (the block's or the
+// cluster's barrier) -> the normalized row written.
+__device__ unsigned long long g_norm_clocks[2][8];
+#define NORM_CLOCK(i) GPTOSS_STAGE_CLOCK(nclk, i)
+#define NORM_CLOCKS_ADD(kind)                                                            \
+  do {                                                                                   \
+    if (threadIdx.x == 0) {                                                              \
+      for (int i_ = 0; i_ < 3; ++i_)                                                     \
+        atomicAdd(&g_norm_clocks[kind][i_], (unsigned long long)(nclk[i_ + 1] - nclk[i_])); \
+      atomicAdd(&g_norm_clocks[kind][7], 1ull);                                          \
+    }                                                                                    \
+  } while (0)
+#define NORM_CLOCKS_DECL long long nclk[4] = {0, 0, 0, 0}
+#define NORM_CLOCK_AFTER(v, i)            \
+  do {                                    \
+    asm volatile("" ::"f"(v) : "memory"); \
+    NORM_CLOCK(i);                        \
+  } while (0)
+#else
+#define NORM_CLOCKS_DECL do {} while (0)
+#define NORM_CLOCK(i) do {} while (0)
+#define NORM_CLOCK_AFTER(v, i) do {} while (0)
+#define NORM_CLOCKS_ADD(kind) do {} while (0)
+#endif
+// Float4s of the row a cluster's norm-in staging holds in each block (stage_row_norm_in_cluster).
+constexpr int kNormInRowMax = 720;
 // qkv after a folded combine (NormIn, one token): stages rmsnorm(x + moe x 2^-32) * norm_w into
 // xs (bf16, or fp16 where F16), every thread; norm_w's lines were prefetched into L2 before the
-// wait. The sum of squares meets in `scratch` (a float a warp), added in warp order. The caller
-// brackets it with __syncthreads. norm_w's loads go out with x's and moe's (one round trip), or
+// wait. The sum of squares meets in `scratch` (a float a warp), summed by a fixed butterfly. The
+// caller brackets it with __syncthreads. norm_w's loads go out with x's and moe's (one round trip), or
 // with LATE_NW after the sum of squares' barrier instead of held in registers across it (the
 // MXFP4 kernel's decode keeps more registers live; held, they spill there).
 template <bool F16, bool LATE_NW = false>
@@ -80,6 +111,8 @@ __device__ __forceinline__ void stage_row_norm_in(const SkinnyArgs& a, uint16_t*
   constexpr float kUnscale = 1.f / 4294967296.f;  // router_fold::kLogitScale's inverse
   float4 v[kNormPer], nw[kNormPer];
   float ss = 0.f;
+  NORM_CLOCKS_DECL;
+  NORM_CLOCK(0);
 #pragma unroll
   for (int u = 0; u < kNormPer; ++u) {
     const int i = tid + u * blockDim.x;
@@ -95,11 +128,13 @@ __device__ __forceinline__ void stage_row_norm_in(const SkinnyArgs& a, uint16_t*
       ss += xv.x * xv.x + xv.y * xv.y + xv.z * xv.z + xv.w * xv.w;
     }
   }
+  NORM_CLOCK_AFTER(ss, 1);
   ss = warp_sum(ss);
   if ((tid & 31) == 0) scratch[tid >> 5] = ss;
   __syncthreads();
-  float tot = 0.f;
-  for (int w = 0; w < nwarps; ++w) tot += scratch[w];
+  NORM_CLOCK(2);
+  // (A butterfly over the warps' sums, where a loop of dependent shared loads took ~300 cycles.)
+  const float tot = warp_sum((tid & 31) < nwarps ? scratch[tid & 31] : 0.f);
   const float inv = rsqrtf(tot / float(a.W.K) + in.eps);
 #pragma unroll
   for (int u = 0; u < kNormPer; ++u) {
@@ -121,6 +156,92 @@ __device__ __forceinline__ void stage_row_norm_in(const SkinnyArgs& a, uint16_t*
       *reinterpret_cast<uint2*>(xs + 4 * i) = o;
     }
   }
+  NORM_CLOCK(3);
+  NORM_CLOCKS_ADD(0);
+}
+
+// The same row staged by a cluster of CL blocks (qkv's 320 one-token blocks in clusters; NormIn).
+// Each block reading the whole row (46 KB: x, moe and norm_w) asks L2 for 14.7 MB a launch, which
+// at L2's ~5.5 TB/s took ~5,200 cycles (thirty-fifth session's clocks); here block r reads only
+// slice r and stores the slice's (x + moe x 2^-32) * norm_w as f32, and its warps' sums of
+// squares, into every block's row_s and ss_s. After the cluster barrier each block scales its
+// full row by the inverse RMS, its sum taken in the same order everywhere (a fixed butterfly over
+// the cluster's warp sums), so every block and every cluster stages the same bits. (It rounds
+// (x + moe) * norm_w * inv where stage_row_norm_in rounds (x + moe) * inv * norm_w.)
+// nw: this thread's norm_w pieces, loaded before the wait. The kernel arrived (relaxed) on the
+// cluster barrier at its start; the wait here makes the remote stores safe.
+constexpr int kNormClusterWarps = 8;  // ss_s's entries a rank (the norm-in launch's warps)
+template <int CL>
+constexpr int norm_pieces() { return CL == 2 ? 2 : 1; }  // float4s of the slice a thread holds (720 / CL over 256)
+template <int CL>
+__device__ __forceinline__ int norm_slice(const SkinnyArgs& a) { return a.W.K / 4 / CL; }
+template <bool F16, int CL>
+__device__ __forceinline__ void stage_row_norm_in_cluster(const SkinnyArgs& a, uint16_t* xs, float4* row_s, float* ss_s,
+                                                          const float4 (&nw)[norm_pieces<CL>()]) {
+  constexpr int kP = norm_pieces<CL>();
+  const NormIn& in = a.norm_in;
+  const int n4 = a.W.K / 4, slice = n4 / CL, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int rank = int(cooperative_groups::this_cluster().block_rank());
+  constexpr float kUnscale = 1.f / 4294967296.f;  // router_fold::kLogitScale's inverse
+  NORM_CLOCKS_DECL;
+  NORM_CLOCK(0);
+  float ss = 0.f;
+  float4 vw[kP];
+#pragma unroll
+  for (int p = 0; p < kP; ++p) {
+    const int e = tid + p * int(blockDim.x);
+    vw[p] = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (e < slice) {
+      const int i = rank * slice + e;
+      float4 xv = __ldcg(reinterpret_cast<const float4*>(in.x) + i);
+      const longlong2* m2 = reinterpret_cast<const longlong2*>(in.moe);
+      const longlong2 lo = __ldcg(m2 + 2 * i), hi = __ldcg(m2 + 2 * i + 1);
+      xv.x += __ll2float_rn(lo.x) * kUnscale;
+      xv.y += __ll2float_rn(lo.y) * kUnscale;
+      xv.z += __ll2float_rn(hi.x) * kUnscale;
+      xv.w += __ll2float_rn(hi.y) * kUnscale;
+      ss += xv.x * xv.x + xv.y * xv.y + xv.z * xv.z + xv.w * xv.w;
+      vw[p] = make_float4(xv.x * nw[p].x, xv.y * nw[p].y, xv.z * nw[p].z, xv.w * nw[p].w);
+    }
+  }
+  NORM_CLOCK_AFTER(ss, 1);
+  ss = warp_sum(ss);
+  cluster_wait();  // every block has started (the kernel's first arrive): its shared memory takes stores
+#pragma unroll
+  for (int p = 0; p < kP; ++p) {
+    const int e = tid + p * int(blockDim.x);
+    if (e < slice)
+#pragma unroll
+      for (int b = 0; b < CL; ++b) *in_block(row_s + rank * slice + e, b) = vw[p];
+  }
+  if (lane == 0)  // (every warp, 0 where it held none of the slice)
+#pragma unroll
+    for (int b = 0; b < CL; ++b) *in_block(ss_s + rank * kNormClusterWarps + warp, b) = ss;
+  cluster_sync_all();
+  NORM_CLOCK(2);
+  constexpr int kSums = CL * kNormClusterWarps;
+  float part = 0.f;
+#pragma unroll
+  for (int q = 0; q < kSums; q += 32)
+    if (q + lane < kSums) part += ss_s[q + lane];
+  const float tot = warp_sum(part);
+  const float inv = rsqrtf(tot / float(a.W.K) + in.eps);
+  for (int j = tid; j < n4; j += blockDim.x) {
+    const float4 v = row_s[j];
+    const float y0 = v.x * inv, y1 = v.y * inv, y2 = v.z * inv, y3 = v.w * inv;
+    uint2 o;
+    if constexpr (F16) {
+      const __half2 lo = __floats2half2_rn(y0, y1), hi = __floats2half2_rn(y2, y3);
+      o.x = *reinterpret_cast<const uint32_t*>(&lo);
+      o.y = *reinterpret_cast<const uint32_t*>(&hi);
+    } else {
+      o.x = pack_bf16x2(y0, y1);
+      o.y = pack_bf16x2(y2, y3);
+    }
+    *reinterpret_cast<uint2*>(xs + 4 * j) = o;
+  }
+  NORM_CLOCK(3);
+  NORM_CLOCKS_ADD(1);
 }
 
 #ifdef GPTOSS_DIAG_MMA_CLOCKS
@@ -136,6 +257,9 @@ void print_mma_clocks() {
   static const char* const kinds[4] = {"qkv (norm-in)", "o_proj (fold)", "other staged", "other"};
   static const char* const names[5] = {"start->waited", "->rows staged", "->staged chunks", "->register chunks", "->end"};
   print_stage_table("skinny mma", g_mma_clocks, kinds, names, 5);
+  static const char* const nkinds[2] = {"each block", "clusters"};
+  static const char* const nnames[3] = {"waited->loads in", "->sums met", "->row written"};
+  print_stage_table("norm-in staging", g_norm_clocks, nkinds, nnames, 3);
 }
 #else
 #define MMA_CLOCK(i) do {} while (0)
@@ -231,15 +355,17 @@ __device__ __forceinline__ void finish_tiles_fold(const SkinnyArgs& a, float* re
 // router's partial sums in the epilogue (finish_tiles_fold), its rows' router and norm weights
 // staged beside the weights; its shared rows sized for FOLD_CAP tokens (4 or 8: kernels.h).
 // NORM_IN (staged one-token qkv launches only, linear_norm_in): the row staged as
-// rmsnorm(x + moe) by stage_row_norm_in, its norm weights loaded before the wait.
+// rmsnorm(x + moe) by stage_row_norm_in, its norm weights loaded before the wait; NCL > 1: by
+// clusters of NCL blocks, each reading a slice (stage_row_norm_in_cluster).
 template <int FMT, int NT, int KS, int RT, int PF, bool XF16, int CC, int SD = 0, int FOLD_CAP = 0,
-          bool NORM_IN = false>
+          bool NORM_IN = false, int NCL = 1>
 __global__ void __launch_bounds__(KS * 32, skinny_min_blocks(NT, KS, RT)) skinny_mma_kernel(SkinnyArgs a) {
   constexpr bool FOLD = FOLD_CAP > 0;
   static_assert(PF >= 1 && RT <= KS, "prefetch depth; one finishing warp per row tile");
   static_assert(SD == 0 || (CC > 0 && NT == 1 && SD * KS <= CC), "staged chunks");
   static_assert(!FOLD || (SD > 0 && NT == 1), "the router fold rides the staged one-n-tile kernel");
   static_assert(!NORM_IN || (SD > 0 && NT == 1 && !FOLD), "the norm-in staging rides the staged one-token kernel");
+  static_assert(NCL == 1 || (NORM_IN && KS <= kNormClusterWarps), "clusters stage the norm-in row only");
   constexpr int P = SD * KS;  // chunks of each row tile staged in shared memory
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
   const int N = a.W.N, C = CC > 0 ? CC : a.W.K / 64, T = N / 16;
@@ -248,6 +374,7 @@ __global__ void __launch_bounds__(KS * 32, skinny_min_blocks(NT, KS, RT)) skinny
   long long mclk[6] = {0, 0, 0, 0, 0, 0};
 #endif
   MMA_CLOCK(0);
+  if constexpr (NCL > 1) cluster_arrive_relaxed();  // (stage_row_norm_in_cluster waits on it)
   const int nrt = CC > 0 ? RT : min(RT, T - tile0);  // row tiles of this block (the last block may have fewer)
   // Shared memory: the partial sums [KS][RT][NT][4][32] f32, then (one n-tile: XS) the block's
   // a.xs_rows (min(M, 8)) activation rows, K + 8 halves each (the pad spreads the rows over the
@@ -339,9 +466,21 @@ __global__ void __launch_bounds__(KS * 32, skinny_min_blocks(NT, KS, RT)) skinny
     if constexpr (CC > 0) set_lane_ptrs();
   }
   if (warp < nrt) prefetch_tile_rows<FMT>(a, expert, tile0 + warp, g);
-  if constexpr (NORM_IN)  // the norm weights' lines into L2 (stage_row_norm_in reads them after the wait)
+  // The norm weights: their lines into L2 (stage_row_norm_in reads them after the wait), or this
+  // thread's piece of the block's slice into registers (clusters).
+  float4 norm_w_piece[norm_pieces<NCL>()];
+  if constexpr (NORM_IN && NCL == 1)
     for (int l = threadIdx.x; l < a.W.K * 4 / 128; l += blockDim.x)
       asm volatile("prefetch.global.L2 [%0];" ::"l"(reinterpret_cast<const char*>(a.norm_in.norm_w) + l * 128));
+  if constexpr (NCL > 1) {
+    const int slice = norm_slice<NCL>(a), rank = int(cooperative_groups::this_cluster().block_rank());
+#pragma unroll
+    for (int p = 0; p < norm_pieces<NCL>(); ++p) {
+      const int e = int(threadIdx.x) + p * int(blockDim.x);
+      norm_w_piece[p] = e < slice ? __ldg(reinterpret_cast<const float4*>(a.norm_in.norm_w) + rank * slice + e)
+                                  : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+  }
   float fold_bias = 0.f;  // block 0: the router's bias for the fold's copy (finish_tiles_fold)
   if constexpr (FOLD)
     if (blockIdx.x == 0 && threadIdx.x < a.r.fold.E) fold_bias = __ldg(a.r.fold.bias + threadIdx.x);
@@ -379,10 +518,15 @@ __global__ void __launch_bounds__(KS * 32, skinny_min_blocks(NT, KS, RT)) skinny
     const int ntok = min(8 * NT, row_end - tok0);
     if constexpr (XS) {
       __syncthreads();  // the previous pass's readers are done with xs
-      if constexpr (NORM_IN)
+      if constexpr (NCL > 1) {
+        __shared__ __align__(16) float4 norm_row_s[NCL > 1 ? kNormInRowMax : 1];
+        __shared__ float norm_ss_s[NCL > 1 ? NCL * kNormClusterWarps : 1];
+        stage_row_norm_in_cluster<kChunkF16, NCL>(a, xs, norm_row_s, norm_ss_s, norm_w_piece);
+      } else if constexpr (NORM_IN) {
         stage_row_norm_in<kChunkF16, FMT == WeightMat::kFragMXFP4>(a, xs, red);
-      else
+      } else {
         stage_rows<kStageF16>(a, tok0, ntok, xs, xs_ld);
+      }
       __syncthreads();
       MMA_CLOCK(2);
     } else {
@@ -501,7 +645,7 @@ size_t skinny_smem_bytes(const SkinnyArgs& a, int NT, int KS, int RT, int SD) {
 }
 
 template <int FMT, int NT, int KS, int RT, int PF, bool XF16, bool TRY_CC = false, int SD = 0, int FOLD_CAP = 0,
-          bool NORM_IN = false>
+          bool NORM_IN = false, int NCL = 1>
 void launch_shape(const SkinnyArgs& a, int tiles, int groups, cudaStream_t s) {
 #ifdef GPTOSS_DIAG_MMA_CLOCKS
   static const bool registered = (std::atexit(print_mma_clocks), true);
@@ -518,9 +662,10 @@ void launch_shape(const SkinnyArgs& a, int tiles, int groups, cudaStream_t s) {
   if constexpr (NORM_IN) {  // linear_norm_in: qkv's K only
     if constexpr (SD * KS <= 45) {
       if (a.W.K != 2880) throw Error("norm-in: qkv's staged kernel takes K = 2880 only");
-      allow_dynamic_smem(skinny_mma_kernel<FMT, NT, KS, RT, PF, XF16, 45, SD, 0, true>, smem);
-      launch_pdl(skinny_mma_kernel<FMT, NT, KS, RT, PF, XF16, 45, SD, 0, true>, dim3((tiles + RT - 1) / RT, groups),
-                 dim3(KS * 32), smem, s, a);
+      const auto k = skinny_mma_kernel<FMT, NT, KS, RT, PF, XF16, 45, SD, 0, true, NCL>;
+      allow_dynamic_smem(k, smem);
+      static_assert(NCL <= 8, "past 8, clusters need the non-portable size opt-in");
+      launch_pdl_cluster(k, dim3((tiles + RT - 1) / RT, groups), dim3(KS * 32), smem, dim3(NCL, 1, 1), s, a);
     } else {
       throw Error("norm-in: too many staged chunk groups for K = 2880");
     }
@@ -547,6 +692,19 @@ void launch_shape(const SkinnyArgs& a, int tiles, int groups, cudaStream_t s) {
   go(skinny_mma_kernel<FMT, NT, KS, RT, PF, XF16, 0>);
 }
 
+// Blocks a cluster of qkv's one-token kernel stages its row with (stage_row_norm_in_cluster):
+// GPTOSS_NORM_IN_CLUSTER = 1 (each block reads the whole row), 2, 4 or 8, or set_norm_in_cluster
+// (tests). 4 by default: H200, thirty-fifth session (s35r4), tg128 at one token against 1 (each
+// block reading the row), twice each: 120b fp8 591.56, 590.43 against 575.13, 574.74 (2: 583.3,
+// 582.6; 8: 586.4, 587.2; 16 was slower than 1 in s35r2 and is not built); bf16 508.50, 508.29
+// against 499.27, 499.81 (2: 510.2, 510.0); MXFP4 dense 599.71, 599.46 against 588.22, 588.21;
+// 20b fp8 859.04, 862.07 against 838.03, 839.12.
+int g_norm_in_cluster = [] {
+  const int c = env_int("GPTOSS_NORM_IN_CLUSTER", 4);
+  if (c != 1 && c != 2 && c != 4 && c != 8) throw Error("GPTOSS_NORM_IN_CLUSTER: expected 1, 2, 4 or 8");
+  return c;
+}();
+
 // bench-kernels: other MXFP4 one-n-tile shapes (set_skinny_variant); GPTOSS_SKINNY_VARIANT sets
 // it for a whole run (a step's comparison: `gptoss bench`), 0 the default by grid.
 int g_skinny_variant = env_int("GPTOSS_SKINNY_VARIANT", 0);
@@ -564,7 +722,7 @@ static int dense_stage_digits() {
   static const int v = env_int("GPTOSS_DENSE_STAGE", 32);
   return v;
 }
-template <int FMT, int NT, int KS, int RT, int PF, bool XF16, int FOLD_CAP = 0, bool NORM_IN = false>
+template <int FMT, int NT, int KS, int RT, int PF, bool XF16, int FOLD_CAP = 0, bool NORM_IN = false, int NCL = 1>
 bool launch_staged(const SkinnyArgs& a, int tiles, int groups, int sd, cudaStream_t s) {
   if constexpr (NT == 1) {
     // (The router fold stages at any of its 1-8 rows: its sums ride the staged kernel.)
@@ -574,13 +732,14 @@ bool launch_staged(const SkinnyArgs& a, int tiles, int groups, int sd, cudaStrea
       return false;
     // Fewer staged groups where the block would not fit in shared memory (227 KB, less the
     // static barrier, the fold's row sums and the dynamic part's 128-byte alignment).
-    constexpr size_t kStatic = 1024 + 2 * size_t(FOLD_CAP) * RT * 16 * sizeof(float);
+    constexpr size_t kStatic = 1024 + 2 * size_t(FOLD_CAP) * RT * 16 * sizeof(float) +
+                               (NCL > 1 ? kNormInRowMax * 16 + NCL * kNormClusterWarps * 4 : 0);
     while (sd > 0 && skinny_smem_bytes<FMT>(a, NT, KS, RT, sd) > 227 * 1024 - kStatic) --sd;
     switch (sd) {
-      case 1: launch_shape<FMT, NT, KS, RT, PF, XF16, true, 1, FOLD_CAP, NORM_IN>(a, tiles, groups, s); return true;
-      case 2: launch_shape<FMT, NT, KS, RT, PF, XF16, true, 2, FOLD_CAP, NORM_IN>(a, tiles, groups, s); return true;
-      case 3: launch_shape<FMT, NT, KS, RT, PF, XF16, true, 3, FOLD_CAP, NORM_IN>(a, tiles, groups, s); return true;
-      case 4: if constexpr (KS == 8) { launch_shape<FMT, NT, KS, RT, PF, XF16, true, 4, FOLD_CAP, NORM_IN>(a, tiles, groups, s); return true; }
+      case 1: launch_shape<FMT, NT, KS, RT, PF, XF16, true, 1, FOLD_CAP, NORM_IN, NCL>(a, tiles, groups, s); return true;
+      case 2: launch_shape<FMT, NT, KS, RT, PF, XF16, true, 2, FOLD_CAP, NORM_IN, NCL>(a, tiles, groups, s); return true;
+      case 3: launch_shape<FMT, NT, KS, RT, PF, XF16, true, 3, FOLD_CAP, NORM_IN, NCL>(a, tiles, groups, s); return true;
+      case 4: if constexpr (KS == 8) { launch_shape<FMT, NT, KS, RT, PF, XF16, true, 4, FOLD_CAP, NORM_IN, NCL>(a, tiles, groups, s); return true; }
         return false;
       default: return false;
     }
@@ -708,6 +867,10 @@ void launch_nt(const SkinnyArgs& a, int max_tokens, int tiles, int groups, int k
 }  // namespace
 
 void set_skinny_variant(int v) { g_skinny_variant = v; }
+void set_norm_in_cluster(int blocks) {
+  if (blocks != 1 && blocks != 2 && blocks != 4 && blocks != 8) throw Error("set_norm_in_cluster: 1, 2, 4 or 8 blocks");
+  g_norm_in_cluster = blocks;
+}
 const char* skinny_variant_name(int v) {
   static const char* names[] = {"default (by grid)", "ks8 rt4 pf2", "ks16 rt2 pf3", "ks8 rt1 pf4",
                                 "ks16 rt1 pf4", "ks8 rt2 pf4", "ks4 rt2 pf4", "ks16 rt4 pf2",
@@ -751,6 +914,19 @@ bool skinny_router_fold(const WeightMat& W, const bf16_t* A, int lda, const Epil
   return ok;
 }
 
+template <int FMT, int PF>
+bool launch_norm_in(const SkinnyArgs& a, int tiles, int sd, cudaStream_t s) {
+  // Clusters need the grid (one row tile a block) and the row's float4s to split evenly.
+  const int cl = g_norm_in_cluster, n4 = a.W.K / 4;
+  const bool fits = tiles % cl == 0 && n4 % cl == 0 && n4 <= kNormInRowMax && n4 / cl <= 2 * 8 * 32;
+  switch (fits ? cl : 1) {
+    case 2: return launch_staged<FMT, 1, 8, 1, PF, false, 0, true, 2>(a, tiles, 1, sd, s);
+    case 4: return launch_staged<FMT, 1, 8, 1, PF, false, 0, true, 4>(a, tiles, 1, sd, s);
+    case 8: return launch_staged<FMT, 1, 8, 1, PF, false, 0, true, 8>(a, tiles, 1, sd, s);
+    default: return launch_staged<FMT, 1, 8, 1, PF, false, 0, true>(a, tiles, 1, sd, s);
+  }
+}
+
 bool skinny_norm_in(const WeightMat& W, const NormIn& in, const Epilogue& epi, cudaStream_t s) {
   // qkv's one-token shape (launch_fmt: K = 2880, 8 warps over K, one row tile a block, staged).
   const int tiles = W.N / 16;
@@ -763,9 +939,9 @@ bool skinny_norm_in(const WeightMat& W, const NormIn& in, const Epilogue& epi, c
   const int sd = dense_stage_digits() % 10;
   bool ok = false;
   switch (W.fmt) {
-    case WeightMat::kFragBF16: ok = launch_staged<WeightMat::kFragBF16, 1, 8, 1, 2, false, 0, true>(a, tiles, 1, sd, s); break;
-    case WeightMat::kFragFP8: ok = launch_staged<WeightMat::kFragFP8, 1, 8, 1, 2, false, 0, true>(a, tiles, 1, sd, s); break;
-    case WeightMat::kFragMXFP4: ok = launch_staged<WeightMat::kFragMXFP4, 1, 8, 1, 3, false, 0, true>(a, tiles, 1, sd, s); break;
+    case WeightMat::kFragBF16: ok = launch_norm_in<WeightMat::kFragBF16, 2>(a, tiles, sd, s); break;
+    case WeightMat::kFragFP8: ok = launch_norm_in<WeightMat::kFragFP8, 2>(a, tiles, sd, s); break;
+    case WeightMat::kFragMXFP4: ok = launch_norm_in<WeightMat::kFragMXFP4, 3>(a, tiles, sd, s); break;
     default: break;
   }
   if (ok) GPTOSS_CUDA_LAUNCH_CHECK();

@@ -4,7 +4,7 @@
 #include <cstdio>
 #include <string>
 
-#include "backend/cuda/cluster_sum.cuh"
+#include "backend/cuda/cluster.cuh"
 #include "backend/cuda/cuda_common.h"
 #include "backend/cuda/device_utils.cuh"
 #include "backend/cuda/kernels.h"

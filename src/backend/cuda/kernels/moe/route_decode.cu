@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "backend/cuda/cluster.cuh"
 #include "backend/cuda/cuda_common.h"
 #include "backend/cuda/device_utils.cuh"
 #include "backend/cuda/diag_clocks.h"
@@ -46,23 +47,6 @@ int env_variant(const char* var, const char* const* names, int count, int dflt) 
   for (int i = 1; i < count; ++i) all += std::string(", ") + names[i];
   throw Error(std::string(var) + "=" + s + ": expected one of " + all);
 }
-
-// ---- cluster barriers (split arrive / wait, PTX ISA 8.0) ----
-__device__ __forceinline__ void cluster_arrive_relaxed() {
-  asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
-}
-__device__ __forceinline__ void cluster_arrive() { asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void cluster_sync_all() {
-  cluster_arrive();
-  cluster_wait();
-}
-// p (this block's shared memory) as seen in block `rank` of the cluster.
-template <typename T>
-__device__ __forceinline__ T* in_block(T* p, int rank) {
-  return cg::this_cluster().map_shared_rank(p, rank);
-}
-
 
 #ifdef GPTOSS_DIAG_ROUTER_CLOCKS
 // Diagnostic builds only (tools/gpu/diag_binary.sh): router_v2_kernel's thread 0 adds the cycles
