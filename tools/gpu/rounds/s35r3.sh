@@ -3,6 +3,8 @@
 # groups 1 / 2 / 3 (GPTOSS_DENSE_STAGE 31 / 32 / 33) and its first register chunks loaded before
 # or after the wait (GPTOSS_DIAG_LATE_W).
 # Pack: EXTRA_BINS="build/diag/gptoss_mma_clocks" PACK_TESTS="" tools/gpu/pack.sh
+# (GPTOSS_DIAG_LATE_W was a knob of that call's diagnostic build only, removed after it: held late,
+# the loads made the staging slower, 3,751 -> 5,790 cycles for the row's loads.)
 source tools/gpu/rounds/prelude.sh
 for cl in 1 4; do
   for st in 32 31 33; do

@@ -3,6 +3,8 @@
 # (.gpu-carry/gptoss_cl4: qkv's norm-in clusters of 4 already in both): the one-token expert
 # kernels' stage clocks (gate_up's routing issue was ~1,360 cycles), then tg128 pairs.
 # Pack: EXTRA_BINS="/tmp/gptoss_cl4 build/diag/gptoss_units_clocks" PACK_TESTS="" tools/gpu/pack.sh
+# (Dropped after this call: no change; warm_param_lines and the __grid_constant__ parameters are
+# not in the tree. .gpu-carry/gptoss_cl4 was a copy of build/gptoss before the change.)
 source tools/gpu/rounds/prelude.sh
 for mf in "120b --dense-dtype fp8" "20b --dense-dtype fp8"; do
   m=${mf%% *}; f=${mf#$m}
