@@ -30,6 +30,21 @@ struct SkinnyArgs {
   NormIn norm_in;           // one-token dense launches after a folded combine (skinny_norm_in)
 };
 
+// Four values of a staged row into shared memory as fp16 (F16) or bf16, one 8-byte store.
+template <bool F16>
+__device__ __forceinline__ void store_staged4(uint16_t* dst, float y0, float y1, float y2, float y3) {
+  uint2 o;
+  if constexpr (F16) {
+    const __half2 lo = __floats2half2_rn(y0, y1), hi = __floats2half2_rn(y2, y3);
+    o.x = *reinterpret_cast<const uint32_t*>(&lo);
+    o.y = *reinterpret_cast<const uint32_t*>(&hi);
+  } else {
+    o.x = pack_bf16x2(y0, y1);
+    o.y = pack_bf16x2(y2, y3);
+  }
+  *reinterpret_cast<uint2*>(dst) = o;
+}
+
 // Bytes of one tile-chunk (16 rows x 64 K) of a fragment format.
 template <int FMT>
 constexpr size_t chunk_bytes() {

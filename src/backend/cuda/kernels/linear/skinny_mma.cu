@@ -143,17 +143,7 @@ __device__ __forceinline__ void stage_row_norm_in(const SkinnyArgs& a, uint16_t*
       float4 w;
       if constexpr (LATE_NW) w = __ldg(w4 + i);
       else w = nw[u];
-      const float y0 = v[u].x * inv * w.x, y1 = v[u].y * inv * w.y, y2 = v[u].z * inv * w.z, y3 = v[u].w * inv * w.w;
-      uint2 o;
-      if constexpr (F16) {
-        const __half2 lo = __floats2half2_rn(y0, y1), hi = __floats2half2_rn(y2, y3);
-        o.x = *reinterpret_cast<const uint32_t*>(&lo);
-        o.y = *reinterpret_cast<const uint32_t*>(&hi);
-      } else {
-        o.x = pack_bf16x2(y0, y1);
-        o.y = pack_bf16x2(y2, y3);
-      }
-      *reinterpret_cast<uint2*>(xs + 4 * i) = o;
+      store_staged4<F16>(xs + 4 * i, v[u].x * inv * w.x, v[u].y * inv * w.y, v[u].z * inv * w.z, v[u].w * inv * w.w);
     }
   }
   NORM_CLOCK(3);
@@ -228,17 +218,7 @@ __device__ __forceinline__ void stage_row_norm_in_cluster(const SkinnyArgs& a, u
   const float inv = rsqrtf(tot / float(a.W.K) + in.eps);
   for (int j = tid; j < n4; j += blockDim.x) {
     const float4 v = row_s[j];
-    const float y0 = v.x * inv, y1 = v.y * inv, y2 = v.z * inv, y3 = v.w * inv;
-    uint2 o;
-    if constexpr (F16) {
-      const __half2 lo = __floats2half2_rn(y0, y1), hi = __floats2half2_rn(y2, y3);
-      o.x = *reinterpret_cast<const uint32_t*>(&lo);
-      o.y = *reinterpret_cast<const uint32_t*>(&hi);
-    } else {
-      o.x = pack_bf16x2(y0, y1);
-      o.y = pack_bf16x2(y2, y3);
-    }
-    *reinterpret_cast<uint2*>(xs + 4 * j) = o;
+    store_staged4<F16>(xs + 4 * j, v.x * inv, v.y * inv, v.z * inv, v.w * inv);
   }
   NORM_CLOCK(3);
   NORM_CLOCKS_ADD(1);

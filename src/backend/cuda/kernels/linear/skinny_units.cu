@@ -236,11 +236,7 @@ __device__ __forceinline__ void stage_row_fold(const SkinnyArgs& a, const float*
                                                uint16_t* xs, int xs_ld) {
   const RouterFold& f = a.r.fold;
   auto store = [&](uint16_t* dst, float4 v, float inv_rms) {
-    const __half2 lo = __floats2half2_rn(v.x * inv_rms, v.y * inv_rms), hi = __floats2half2_rn(v.z * inv_rms, v.w * inv_rms);
-    uint2 w;
-    w.x = *reinterpret_cast<const uint32_t*>(&lo);
-    w.y = *reinterpret_cast<const uint32_t*>(&hi);
-    *reinterpret_cast<uint2*>(dst) = w;
+    store_staged4<true>(dst, v.x * inv_rms, v.y * inv_rms, v.z * inv_rms, v.w * inv_rms);
   };
   const int n4 = a.W.K / 4;
   if (f.n == 1) {
