@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <string>
 
 #include "backend/cuda/cluster.cuh"
 #include "backend/cuda/cuda_common.h"
@@ -95,6 +96,19 @@ __device__ unsigned long long g_norm_clocks[2][8];
 #endif
 // Float4s of the row a cluster's norm-in staging holds in each block (stage_row_norm_in_cluster).
 constexpr int kNormInRowMax = 720;
+// Float4 i of the next layer's input before its norm (NormIn): the residual plus the MoE's
+// fixed-point sums, x + moe x 2^-32, both read from L2.
+__device__ __forceinline__ float4 norm_in_residual(const NormIn& in, int i) {
+  float4 xv = __ldcg(reinterpret_cast<const float4*>(in.x) + i);
+  const longlong2* m2 = reinterpret_cast<const longlong2*>(in.moe);
+  const longlong2 lo = __ldcg(m2 + 2 * i), hi = __ldcg(m2 + 2 * i + 1);
+  xv.x += router_fold::from_fixed_logit(lo.x);
+  xv.y += router_fold::from_fixed_logit(lo.y);
+  xv.z += router_fold::from_fixed_logit(hi.x);
+  xv.w += router_fold::from_fixed_logit(hi.y);
+  return xv;
+}
+
 // qkv after a folded combine (NormIn, one token): stages rmsnorm(x + moe x 2^-32) * norm_w into
 // xs (bf16, or fp16 where F16), every thread; norm_w's lines were prefetched into L2 before the
 // wait. The sum of squares meets in `scratch` (a float a warp), summed by a fixed butterfly. The
@@ -105,10 +119,7 @@ template <bool F16, bool LATE_NW = false>
 __device__ __forceinline__ void stage_row_norm_in(const SkinnyArgs& a, uint16_t* xs, float* scratch) {
   const NormIn& in = a.norm_in;
   const int n4 = a.W.K / 4, tid = threadIdx.x, nwarps = blockDim.x / 32;
-  const float4* x4 = reinterpret_cast<const float4*>(in.x);
   const float4* w4 = reinterpret_cast<const float4*>(in.norm_w);
-  const longlong2* m2 = reinterpret_cast<const longlong2*>(in.moe);
-  constexpr float kUnscale = 1.f / 4294967296.f;  // router_fold::kLogitScale's inverse
   float4 v[kNormPer], nw[kNormPer];
   float ss = 0.f;
   NORM_CLOCKS_DECL;
@@ -118,12 +129,7 @@ __device__ __forceinline__ void stage_row_norm_in(const SkinnyArgs& a, uint16_t*
     const int i = tid + u * blockDim.x;
     if (i < n4) {
       if constexpr (!LATE_NW) nw[u] = __ldg(w4 + i);
-      float4 xv = __ldcg(x4 + i);
-      const longlong2 lo = __ldcg(m2 + 2 * i), hi = __ldcg(m2 + 2 * i + 1);
-      xv.x += __ll2float_rn(lo.x) * kUnscale;
-      xv.y += __ll2float_rn(lo.y) * kUnscale;
-      xv.z += __ll2float_rn(hi.x) * kUnscale;
-      xv.w += __ll2float_rn(hi.y) * kUnscale;
+      const float4 xv = norm_in_residual(in, i);
       v[u] = xv;
       ss += xv.x * xv.x + xv.y * xv.y + xv.z * xv.z + xv.w * xv.w;
     }
@@ -172,7 +178,6 @@ __device__ __forceinline__ void stage_row_norm_in_cluster(const SkinnyArgs& a, u
   const NormIn& in = a.norm_in;
   const int n4 = a.W.K / 4, slice = n4 / CL, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int rank = int(cooperative_groups::this_cluster().block_rank());
-  constexpr float kUnscale = 1.f / 4294967296.f;  // router_fold::kLogitScale's inverse
   NORM_CLOCKS_DECL;
   NORM_CLOCK(0);
   float ss = 0.f;
@@ -182,14 +187,7 @@ __device__ __forceinline__ void stage_row_norm_in_cluster(const SkinnyArgs& a, u
     const int e = tid + p * int(blockDim.x);
     vw[p] = make_float4(0.f, 0.f, 0.f, 0.f);
     if (e < slice) {
-      const int i = rank * slice + e;
-      float4 xv = __ldcg(reinterpret_cast<const float4*>(in.x) + i);
-      const longlong2* m2 = reinterpret_cast<const longlong2*>(in.moe);
-      const longlong2 lo = __ldcg(m2 + 2 * i), hi = __ldcg(m2 + 2 * i + 1);
-      xv.x += __ll2float_rn(lo.x) * kUnscale;
-      xv.y += __ll2float_rn(lo.y) * kUnscale;
-      xv.z += __ll2float_rn(hi.x) * kUnscale;
-      xv.w += __ll2float_rn(hi.y) * kUnscale;
+      const float4 xv = norm_in_residual(in, rank * slice + e);
       ss += xv.x * xv.x + xv.y * xv.y + xv.z * xv.z + xv.w * xv.w;
       vw[p] = make_float4(xv.x * nw[p].x, xv.y * nw[p].y, xv.z * nw[p].z, xv.w * nw[p].w);
     }
@@ -302,8 +300,8 @@ __device__ __forceinline__ void finish_tiles_fold(const SkinnyArgs& a, float* re
       // the combine would have added it.
       float m0 = 0.f, m1 = 0.f;
       if (f.moe_in) {
-        m0 = __ll2float_rn(m_s[l0]) * (1.f / router_fold::kLogitScale);
-        m1 = __ll2float_rn(m_s[l1]) * (1.f / router_fold::kLogitScale);
+        m0 = router_fold::from_fixed_logit(m_s[l0]);
+        m1 = router_fold::from_fixed_logit(m_s[l1]);
       }
       const float n0 = (x_s[t * kRows + l0] + m0) + (fin[0][c] * tr.sc0 + tr.b0),
                   n1 = (x_s[t * kRows + l1] + m1) + (fin[0][2 + c] * tr.sc1 + tr.b1);
@@ -679,11 +677,11 @@ void launch_shape(const SkinnyArgs& a, int tiles, int groups, cudaStream_t s) {
 // 582.6; 8: 586.4, 587.2; 16 was slower than 1 in s35r2 and is not built); bf16 508.50, 508.29
 // against 499.27, 499.81 (2: 510.2, 510.0); MXFP4 dense 599.71, 599.46 against 588.22, 588.21;
 // 20b fp8 859.04, 862.07 against 838.03, 839.12.
-int g_norm_in_cluster = [] {
-  const int c = env_int("GPTOSS_NORM_IN_CLUSTER", 4);
-  if (c != 1 && c != 2 && c != 4 && c != 8) throw Error("GPTOSS_NORM_IN_CLUSTER: expected 1, 2, 4 or 8");
-  return c;
-}();
+int checked_norm_in_cluster(int blocks, const char* who) {
+  if (blocks != 1 && blocks != 2 && blocks != 4 && blocks != 8) throw Error(std::string(who) + ": 1, 2, 4 or 8 blocks");
+  return blocks;
+}
+int g_norm_in_cluster = checked_norm_in_cluster(env_int("GPTOSS_NORM_IN_CLUSTER", 4), "GPTOSS_NORM_IN_CLUSTER");
 
 // bench-kernels: other MXFP4 one-n-tile shapes (set_skinny_variant); GPTOSS_SKINNY_VARIANT sets
 // it for a whole run (a step's comparison: `gptoss bench`), 0 the default by grid.
@@ -847,10 +845,7 @@ void launch_nt(const SkinnyArgs& a, int max_tokens, int tiles, int groups, int k
 }  // namespace
 
 void set_skinny_variant(int v) { g_skinny_variant = v; }
-void set_norm_in_cluster(int blocks) {
-  if (blocks != 1 && blocks != 2 && blocks != 4 && blocks != 8) throw Error("set_norm_in_cluster: 1, 2, 4 or 8 blocks");
-  g_norm_in_cluster = blocks;
-}
+void set_norm_in_cluster(int blocks) { g_norm_in_cluster = checked_norm_in_cluster(blocks, "set_norm_in_cluster"); }
 const char* skinny_variant_name(int v) {
   static const char* names[] = {"default (by grid)", "ks8 rt4 pf2", "ks16 rt2 pf3", "ks8 rt1 pf4",
                                 "ks16 rt1 pf4", "ks8 rt2 pf4", "ks4 rt2 pf4", "ks16 rt4 pf2",

@@ -33,6 +33,8 @@ __device__ __forceinline__ void add_fixed(long long* dst, float v, float scale) 
   const long long q = __float2ll_rn(v * scale);  // saturates past the range (documented above)
   atomicAdd(reinterpret_cast<unsigned long long*>(dst), static_cast<unsigned long long>(q));
 }
+// A logit-scaled fixed-point sum back to float (the folded combine's MoE output, x 2^-32).
+__device__ __forceinline__ float from_fixed_logit(long long q) { return __ll2float_rn(q) * (1.f / kLogitScale); }
 
 // Every thread of an o_proj block, once its rows of the new residual are final: xg_s[t][r] = x *
 // norm_w and sq_s[t][r] = x^2 of its `rows` rows for each of the pass's ntok tokens, w_s their
@@ -141,13 +143,7 @@ __device__ __forceinline__ FoldPick fold_route_sums(const RouterFold& f, const F
 #pragma unroll
   for (int j = 0; j < kMaxTopK; ++j)
     if (j < k) p.slot += sel_e[j] < p.e;
-  if (weights) {
-    float sum = 0.f;
-#pragma unroll
-    for (int j = 0; j < kMaxTopK; ++j)
-      if (j < k) sum += expf(sel_v[j] - sel_v[0]);
-    p.w = lane < k ? expf(my_v - sel_v[0]) / sum : 0.f;
-  }
+  if (weights) p.w = lane < k ? expf(my_v - sel_v[0]) / topk_exp_sum(sel_v, k) : 0.f;  // (topk_softmax's formula)
   return p;
 }
 
