@@ -1314,16 +1314,30 @@ bool check_router_fold(WeightMat::Format ofmt, const FoldCase& c, uint64_t seed,
     ge.out_f16 = true;
     cuda::linear_grouped(pgu, act.p(), H, k, E, true, rg, ge, 0, 1, true);
     cuda::linear_grouped(pdn, act.p(), I, k, E, false, rd, Epilogue{Epilogue::kStoreF32, y.p(), H}, 0, 1, true);
-    // qkv's norm-in kernel with its row staged by each block alone and by clusters of 2, 8 and 4
-    // blocks (the default last), each against the CPU below.
+    // qkv's norm-in kernel with its row staged by each block alone, by clusters of 2, 8 and 4
+    // blocks, and by clusters of 4 through the bulk-copy engine's multicast (last: the cluster
+    // size left at the default), each against the CPU below. The multicast staging runs each
+    // block's arithmetic on the same row, so where it is taken (sm_90a code on a 9.0 device) its
+    // result is the each-block one, bit for bit.
     std::vector<std::vector<uint16_t>> q_by_cluster;
-    for (int cl : {1, 2, 8, 4}) {
-      cuda::set_norm_in_cluster(cl);
+    for (int cl : {1, 2, 8, 4, -4}) {
+      cuda::set_norm_in_cluster(cl < 0 ? -cl : cl);
+      const bool was = cuda::set_norm_in_multicast(cl < 0);
+      dq.upload(std::vector<uint16_t>(c.QKV, 0));
       ok = cuda::linear_norm_in(dense_qkv.P, cuda::NormIn{dx.p(), moe.p(), dnw2.p(), 1e-5f}, 1,
                                 Epilogue{Epilogue::kStoreBF16, dq.p(), c.QKV}, 0);
+      cuda::set_norm_in_multicast(was);
       EXPECT_TRUE(ok) << at << ": qkv's norm-in kernel, clusters of " << cl;
       if (!ok) return true;
       q_by_cluster.push_back(dq.download());
+      const std::string staged = cuda::last_norm_in_staging();
+      if (cl > 0) EXPECT_EQ(staged, cl == 1 ? "block" : "cluster") << at;
+      else EXPECT_TRUE(staged == "multicast" || staged == "cluster") << at << ": " << staged;
+      if (cl < 0 && cuda::expert_gemm_v3_available()) {
+        EXPECT_EQ(staged, "multicast") << at << ": sm_90a on a 9.0 device: the multicast staging";
+        EXPECT_EQ(0, std::memcmp(q_by_cluster.front().data(), q_by_cluster.back().data(), c.QKV * 2))
+            << at << ": the multicast staging's qkv differs from each block's";
+      }
     }
     cuda::RouterFold f2 = fold;
     f2.acc = acc2.p();

@@ -34,6 +34,8 @@ cp -r "$root/tests/data/." "$stage/data/"
 tik=${GPTOSS_TIKTOKEN:-${XDG_CACHE_HOME:-$HOME/.cache}/gptoss/o200k_base.tiktoken}
 [ -f "$tik" ] && cp "$tik" "$stage/o200k_base.tiktoken"
 mkdir -p "$root/.gpu-carry-pack"
-tar -C "$stage" -cJf "$root/.gpu-carry-pack/bin.tar.xz" .
+# xz -9's 64 MiB window spans the binaries, which share most of their bytes (the kernels' fatbins):
+# gptoss, test_cuda_kernels and two diagnostic copies of gptoss pack into 26 MB, 43 MB at xz's default.
+XZ_OPT=${XZ_OPT:--9} tar -C "$stage" -cJf "$root/.gpu-carry-pack/bin.tar.xz" .
 du -sh "$root/.gpu-carry-pack/bin.tar.xz"
 ls "$stage" "$stage/lib"

@@ -69,4 +69,21 @@ __device__ __forceinline__ void bulk_copy_g2s(uint32_t dst, const void* src, uin
                : "memory");
 #endif
 }
+// The same copy delivered by the bulk-copy engine into every block of the cluster named in
+// cta_mask (bit r: rank r), at dst's offset in each, counted on the barrier at bar's offset in
+// each: one L2 read for the whole cluster. Every destination's barrier must be initialised (and
+// the cluster synchronised after) before the copy is issued. sm_90a only (the host launches it
+// where expert_gemm_v3_available()); elsewhere it traps.
+__device__ __forceinline__ void bulk_copy_g2s_multicast(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar,
+                                                        uint16_t cta_mask) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1], %2, [%3], %4;\n" ::
+          "r"(dst),
+      "l"(src), "r"(bytes), "r"(bar), "h"(cta_mask)
+      : "memory");
+#elif defined(__CUDA_ARCH__)
+  __trap();
+#endif
+}
 }  // namespace gptoss::cuda::ptx

@@ -355,6 +355,11 @@ const char* skinny_variant_name(int v);
 // Tests: the blocks a cluster of qkv's one-token norm-in kernel stages its row with (1, 2, 4 or 8;
 // GPTOSS_NORM_IN_CLUSTER sets it for a run, 4 by default).
 void set_norm_in_cluster(int blocks);
+// Tests: clusters of 4 bring the row in by the bulk-copy engine's multicast where they can
+// (GPTOSS_NORM_IN_MULTICAST=0 turns it off for a run); returns the previous setting. Where the
+// last norm-in launch staged its row: "block", "cluster" or "multicast" ("none" before any).
+bool set_norm_in_multicast(bool on);
+const char* last_norm_in_staging();
 
 // x (f32 [n, H]) -> y (bf16 [n, H]) = x / rms(x) * w. rows: optional row gather (y row i = x row rows[i]).
 void rmsnorm(const float* x, const float* w, int n, int H, float eps, const int32_t* rows, bf16_t* y,

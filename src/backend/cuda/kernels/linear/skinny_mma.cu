@@ -69,10 +69,11 @@ constexpr int kNormPer = 3;
 
 #ifdef GPTOSS_DIAG_MMA_CLOCKS
 // Diagnostic builds only: the norm-in staging's own stages, thread 0's cycles summed into
-// [0: each block reads the row, 1: clusters][stage], a count in [.][7] (printed with the others):
+// [0: each block reads the row, 1: clusters, 2: multicast][stage], a count in [.][7] (printed with
+// the others):
 // the wait returned -> the row's loads in -> the sums of squares met (the block's or the
 // cluster's barrier) -> the normalized row written.
-__device__ unsigned long long g_norm_clocks[2][8];
+__device__ unsigned long long g_norm_clocks[3][8];
 #define NORM_CLOCK(i) GPTOSS_STAGE_CLOCK(nclk, i)
 #define NORM_CLOCKS_ADD(kind)                                                            \
   do {                                                                                   \
@@ -96,17 +97,19 @@ __device__ unsigned long long g_norm_clocks[2][8];
 #endif
 // Float4s of the row a cluster's norm-in staging holds in each block (stage_row_norm_in_cluster).
 constexpr int kNormInRowMax = 720;
-// Float4 i of the next layer's input before its norm (NormIn): the residual plus the MoE's
-// fixed-point sums, x + moe x 2^-32, both read from L2.
-__device__ __forceinline__ float4 norm_in_residual(const NormIn& in, int i) {
-  float4 xv = __ldcg(reinterpret_cast<const float4*>(in.x) + i);
-  const longlong2* m2 = reinterpret_cast<const longlong2*>(in.moe);
-  const longlong2 lo = __ldcg(m2 + 2 * i), hi = __ldcg(m2 + 2 * i + 1);
+// Four values of the next layer's input before its norm (NormIn): the residual plus the MoE's
+// fixed-point sums, x + moe x 2^-32.
+__device__ __forceinline__ float4 add_moe_fixed(float4 xv, longlong2 lo, longlong2 hi) {
   xv.x += router_fold::from_fixed_logit(lo.x);
   xv.y += router_fold::from_fixed_logit(lo.y);
   xv.z += router_fold::from_fixed_logit(hi.x);
   xv.w += router_fold::from_fixed_logit(hi.y);
   return xv;
+}
+// Float4 i of it, both read from L2.
+__device__ __forceinline__ float4 norm_in_residual(const NormIn& in, int i) {
+  const longlong2* m2 = reinterpret_cast<const longlong2*>(in.moe);
+  return add_moe_fixed(__ldcg(reinterpret_cast<const float4*>(in.x) + i), __ldcg(m2 + 2 * i), __ldcg(m2 + 2 * i + 1));
 }
 
 // qkv after a folded combine (NormIn, one token): stages rmsnorm(x + moe x 2^-32) * norm_w into
@@ -115,21 +118,24 @@ __device__ __forceinline__ float4 norm_in_residual(const NormIn& in, int i) {
 // caller brackets it with __syncthreads. norm_w's loads go out with x's and moe's (one round trip), or
 // with LATE_NW after the sum of squares' barrier instead of held in registers across it (the
 // MXFP4 kernel's decode keeps more registers live; held, they spill there).
-template <bool F16, bool LATE_NW = false>
-__device__ __forceinline__ void stage_row_norm_in(const SkinnyArgs& a, uint16_t* xs, float* scratch) {
+// (stage_row_norm_in_multicast takes the same arithmetic from shared memory: residual(i) gives
+// float4 i of x + moe, weight(i) norm_w's, after arrive() has returned; clock_kind: g_norm_clocks' row.)
+template <bool F16, bool LATE_NW, class Arrive, class Residual, class Weight>
+__device__ __forceinline__ void stage_row_norm_in_from(const SkinnyArgs& a, uint16_t* xs, float* scratch, Arrive arrive,
+                                                       Residual residual, Weight weight, int clock_kind) {
   const NormIn& in = a.norm_in;
   const int n4 = a.W.K / 4, tid = threadIdx.x, nwarps = blockDim.x / 32;
-  const float4* w4 = reinterpret_cast<const float4*>(in.norm_w);
   float4 v[kNormPer], nw[kNormPer];
   float ss = 0.f;
   NORM_CLOCKS_DECL;
   NORM_CLOCK(0);
+  arrive();
 #pragma unroll
   for (int u = 0; u < kNormPer; ++u) {
     const int i = tid + u * blockDim.x;
     if (i < n4) {
-      if constexpr (!LATE_NW) nw[u] = __ldg(w4 + i);
-      const float4 xv = norm_in_residual(in, i);
+      if constexpr (!LATE_NW) nw[u] = weight(i);
+      const float4 xv = residual(i);
       v[u] = xv;
       ss += xv.x * xv.x + xv.y * xv.y + xv.z * xv.z + xv.w * xv.w;
     }
@@ -147,13 +153,57 @@ __device__ __forceinline__ void stage_row_norm_in(const SkinnyArgs& a, uint16_t*
     const int i = tid + u * blockDim.x;
     if (i < n4) {
       float4 w;
-      if constexpr (LATE_NW) w = __ldg(w4 + i);
+      if constexpr (LATE_NW) w = weight(i);
       else w = nw[u];
       store_staged4<F16>(xs + 4 * i, v[u].x * inv * w.x, v[u].y * inv * w.y, v[u].z * inv * w.z, v[u].w * inv * w.w);
     }
   }
   NORM_CLOCK(3);
-  NORM_CLOCKS_ADD(0);
+  NORM_CLOCKS_ADD(clock_kind);
+}
+template <bool F16, bool LATE_NW = false>
+__device__ __forceinline__ void stage_row_norm_in(const SkinnyArgs& a, uint16_t* xs, float* scratch) {
+  const float4* w4 = reinterpret_cast<const float4*>(a.norm_in.norm_w);
+  stage_row_norm_in_from<F16, LATE_NW>(
+      a, xs, scratch, [] {}, [&](int i) { return norm_in_residual(a.norm_in, i); }, [&](int i) { return __ldg(w4 + i); },
+      0);
+}
+
+// The same row brought in by the bulk-copy engine's multicast over a cluster of CL blocks (NMC):
+// block r asks L2 once for slice r of x, of the MoE sums and of norm_w, and the engine delivers
+// each slice into every block of the cluster (NormInRow, one transaction barrier a block armed
+// for the whole row), so the cluster reads the row once, as stage_row_norm_in_cluster's does, but
+// without its stores into other blocks and its cluster barrier after the loads. Then each block
+// normalizes the whole row from its shared memory by stage_row_norm_in's arithmetic (the same
+// bits as each block reading the row itself). norm_w's slices go before the wait. (H200,
+// thirty-sixth session, 120b fp8: the row is in ~4,500 cycles after the wait, ~1,800 of them
+// thread 0's issue of the two copies, against the clusters' 1,215 for the loads and ~2,400 for the
+// stores and barrier; qkv's rows staged 5,943 cycles against 7,263, tg128 +0.7-2.7%. Staging the
+// weights by cp.async instead, so that the bulk-copy engine is idle at the wait, did not bring the
+// row in sooner; nor did the clusters' slices pushed by st.async onto transaction barriers.)
+struct NormInRow {
+  float4* x;         // [K / 4]
+  longlong2* moe;    // [K / 2]
+  float4* w;         // [K / 4]
+  uint64_t* full;    // the transaction barrier, armed for K * 16 bytes
+};
+// Thread 0, once every block of the cluster has initialised its barrier: slice `rank` of the row
+// named by src (x, moe or norm_w, `bytes_per` bytes an element) into dst in every block.
+template <int CL>
+__device__ __forceinline__ void multicast_norm_slice(const void* src, void* dst, int K, int bytes_per, const NormInRow& row) {
+  const int rank = int(cooperative_groups::this_cluster().block_rank());
+  const uint32_t slice = uint32_t(K / CL * bytes_per);
+  ptx::bulk_copy_g2s_multicast(ptx::smem_u32(static_cast<char*>(dst) + rank * slice),
+                               static_cast<const char*>(src) + size_t(rank) * slice, slice, ptx::smem_u32(row.full),
+                               uint16_t((1u << CL) - 1));
+}
+template <bool F16>
+__device__ __forceinline__ void stage_row_norm_in_multicast(const SkinnyArgs& a, uint16_t* xs, float* scratch,
+                                                            const NormInRow& row) {
+  stage_row_norm_in_from<F16, true>(
+      a, xs, scratch, [&] { ptx::mbar_wait(ptx::smem_u32(row.full), 0); },
+      [&](int i) { return add_moe_fixed(row.x[i], row.moe[2 * i], row.moe[2 * i + 1]); }, [&](int i) { return row.w[i]; },
+      2);
 }
 
 // The same row staged by a cluster of CL blocks (qkv's 320 one-token blocks in clusters; NormIn).
@@ -230,17 +280,30 @@ __device__ __forceinline__ void stage_row_norm_in_cluster(const SkinnyArgs& a, u
 // staged chunks' MMAs done (their bulk copies waited for) -> the chunks through registers done ->
 // the block's end (reduction, epilogue; the fold's partial sums).
 __device__ unsigned long long g_mma_clocks[4][8];
+// The block's warps against warp 0 (same kinds), each warp's lane 0 stamping: [0] the last warp's
+// wait returned after warp 0's, [1] the last warp at the first pass's barrier after warp 0,
+// [2] warp 0 from its wait to that barrier, [3] the longest a warp took from its first early
+// weight load to its wait's return.
+__device__ unsigned long long g_mma_warp_clocks[4][8];
 #define MMA_CLOCK(i) GPTOSS_STAGE_CLOCK(mclk, i)
+#define WARP_CLOCK(j)                                       \
+  do {                                                      \
+    if ((threadIdx.x & 31) == 0) s_wclk[j][warp] = clock64(); \
+  } while (0)
 void print_mma_clocks() {
   static const char* const kinds[4] = {"qkv (norm-in)", "o_proj (fold)", "other staged", "other"};
   static const char* const names[5] = {"start->waited", "->rows staged", "->staged chunks", "->register chunks", "->end"};
   print_stage_table("skinny mma", g_mma_clocks, kinds, names, 5);
-  static const char* const nkinds[2] = {"each block", "clusters"};
+  static const char* const wnames[4] = {"last wait after warp 0's", "last at the barrier after warp 0",
+                                        "warp 0 wait->barrier", "longest loads->wait"};
+  print_stage_table("skinny mma warps", g_mma_warp_clocks, kinds, wnames, 4);
+  static const char* const nkinds[3] = {"each block", "clusters", "multicast"};
   static const char* const nnames[3] = {"waited->loads in", "->sums met", "->row written"};
   print_stage_table("norm-in staging", g_norm_clocks, nkinds, nnames, 3);
 }
 #else
 #define MMA_CLOCK(i) do {} while (0)
+#define WARP_CLOCK(j) do {} while (0)
 #endif
 
 // A folded o_proj block, every thread, right after its wait: its rows of the residual (each of
@@ -334,9 +397,10 @@ __device__ __forceinline__ void finish_tiles_fold(const SkinnyArgs& a, float* re
 // staged beside the weights; its shared rows sized for FOLD_CAP tokens (4 or 8: kernels.h).
 // NORM_IN (staged one-token qkv launches only, linear_norm_in): the row staged as
 // rmsnorm(x + moe) by stage_row_norm_in, its norm weights loaded before the wait; NCL > 1: by
-// clusters of NCL blocks, each reading a slice (stage_row_norm_in_cluster).
+// clusters of NCL blocks, each reading a slice (stage_row_norm_in_cluster), or with NMC brought in
+// by the bulk-copy engine's multicast (stage_row_norm_in_multicast; norm_w's slices before the wait).
 template <int FMT, int NT, int KS, int RT, int PF, bool XF16, int CC, int SD = 0, int FOLD_CAP = 0,
-          bool NORM_IN = false, int NCL = 1>
+          bool NORM_IN = false, int NCL = 1, bool NMC = false>
 __global__ void __launch_bounds__(KS * 32, skinny_min_blocks(NT, KS, RT)) skinny_mma_kernel(SkinnyArgs a) {
   constexpr bool FOLD = FOLD_CAP > 0;
   static_assert(PF >= 1 && RT <= KS, "prefetch depth; one finishing warp per row tile");
@@ -344,15 +408,33 @@ __global__ void __launch_bounds__(KS * 32, skinny_min_blocks(NT, KS, RT)) skinny
   static_assert(!FOLD || (SD > 0 && NT == 1), "the router fold rides the staged one-n-tile kernel");
   static_assert(!NORM_IN || (SD > 0 && NT == 1 && !FOLD), "the norm-in staging rides the staged one-token kernel");
   static_assert(NCL == 1 || (NORM_IN && KS <= kNormClusterWarps), "clusters stage the norm-in row only");
+  static_assert(!NMC || NCL > 1, "the multicast needs a cluster");
   constexpr int P = SD * KS;  // chunks of each row tile staged in shared memory
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
   const int N = a.W.N, C = CC > 0 ? CC : a.W.K / 64, T = N / 16;
   const int tile0 = blockIdx.x * RT;
 #ifdef GPTOSS_DIAG_MMA_CLOCKS
   long long mclk[6] = {0, 0, 0, 0, 0, 0};
+  __shared__ long long s_wclk[3][KS];
 #endif
   MMA_CLOCK(0);
-  if constexpr (NCL > 1) cluster_arrive_relaxed();  // (stage_row_norm_in_cluster waits on it)
+  // The multicast staging's row, at the same offsets in every block of the cluster (static).
+  __shared__ __align__(16) float4 mc_x_s[NMC ? kNormInRowMax : 1];
+  __shared__ __align__(16) longlong2 mc_m_s[NMC ? 2 * kNormInRowMax : 1];
+  __shared__ __align__(16) float4 mc_w_s[NMC ? kNormInRowMax : 1];
+  __shared__ uint64_t mc_full;
+  __shared__ uint64_t ws_full;  // the staged chunks (SD) landed
+  const NormInRow mc_row{mc_x_s, mc_m_s, mc_w_s, &mc_full};
+  if constexpr (NMC) {
+    if (threadIdx.x == 0) {  // armed for the whole row before the cluster barrier publishes it
+      const uint32_t bar = ptx::smem_u32(&mc_full);
+      ptx::mbar_init(bar, 1);
+      ptx::mbar_init_fence();
+      ptx::mbar_arrive_expect_tx(bar, uint32_t(a.W.K) * 16);
+    }
+  }
+  // (stage_row_norm_in_cluster waits on it; with NMC the wait before norm_w's multicast)
+  if constexpr (NCL > 1) cluster_arrive_relaxed();
   const int nrt = CC > 0 ? RT : min(RT, T - tile0);  // row tiles of this block (the last block may have fewer)
   // Shared memory: the partial sums [KS][RT][NT][4][32] f32, then (one n-tile: XS) the block's
   // a.xs_rows (min(M, 8)) activation rows, K + 8 halves each (the pad spreads the rows over the
@@ -368,7 +450,6 @@ __global__ void __launch_bounds__(KS * 32, skinny_min_blocks(NT, KS, RT)) skinny
   // MXFP4: then their scale words, [RT][P][8].
   const uint4* ws = reinterpret_cast<const uint4*>(xs + size_t(a.xs_rows) * xs_ld);
   const uint32_t* ss = reinterpret_cast<const uint32_t*>(ws + size_t(RT) * P * (chunk_bytes<FMT>() / 16));
-  __shared__ uint64_t ws_full;
   // The router fold (RouterFold; staged one-token launches only): its rows' router weights and
   // norm weights after the staged scale words.
   const uint16_t* fold_w = reinterpret_cast<const uint16_t*>(ss + (FMT == WeightMat::kFragMXFP4 ? RT * P * 8 : 0));
@@ -450,7 +531,10 @@ __global__ void __launch_bounds__(KS * 32, skinny_min_blocks(NT, KS, RT)) skinny
   if constexpr (NORM_IN && NCL == 1)
     for (int l = threadIdx.x; l < a.W.K * 4 / 128; l += blockDim.x)
       asm volatile("prefetch.global.L2 [%0];" ::"l"(reinterpret_cast<const char*>(a.norm_in.norm_w) + l * 128));
-  if constexpr (NCL > 1) {
+  if constexpr (NMC) {
+    cluster_wait();  // every block's barrier is initialised and armed
+    if (threadIdx.x == 0) multicast_norm_slice<NCL>(a.norm_in.norm_w, mc_w_s, a.W.K, 4, mc_row);
+  } else if constexpr (NCL > 1) {
     const int slice = norm_slice<NCL>(a), rank = int(cooperative_groups::this_cluster().block_rank());
 #pragma unroll
     for (int p = 0; p < norm_pieces<NCL>(); ++p) {
@@ -463,13 +547,21 @@ __global__ void __launch_bounds__(KS * 32, skinny_min_blocks(NT, KS, RT)) skinny
   if constexpr (FOLD)
     if (blockIdx.x == 0 && threadIdx.x < a.r.fold.E) fold_bias = __ldg(a.r.fold.bias + threadIdx.x);
   if (early) {
+    WARP_CLOCK(0);
 #pragma unroll
     for (int u = 0; u < PF; ++u)
       if (u < my_n) load_chunk_w(u, u);
     pdl_wait();
   }
+  WARP_CLOCK(1);
   pdl_trigger();
   MMA_CLOCK(1);
+  if constexpr (NMC) {
+    if (threadIdx.x == 0) {
+      multicast_norm_slice<NCL>(a.norm_in.x, mc_x_s, a.W.K, 4, mc_row);
+      multicast_norm_slice<NCL>(a.norm_in.moe, mc_m_s, a.W.K, 8, mc_row);
+    }
+  }
   const char* A = static_cast<const char*>(a.A);
   __shared__ __align__(16) float fold_x_s[FOLD ? FOLD_CAP * RT * 16 : 1];
   __shared__ __align__(16) long long fold_m_s[FOLD ? RT * 16 : 1];
@@ -495,8 +587,11 @@ __global__ void __launch_bounds__(KS * 32, skinny_min_blocks(NT, KS, RT)) skinny
     uint4 xbuf[XS ? 1 : PF][NT][2];
     const int ntok = min(8 * NT, row_end - tok0);
     if constexpr (XS) {
+      if (tok0 == row_begin) WARP_CLOCK(2);
       __syncthreads();  // the previous pass's readers are done with xs
-      if constexpr (NCL > 1) {
+      if constexpr (NMC) {
+        stage_row_norm_in_multicast<kChunkF16>(a, xs, red, mc_row);
+      } else if constexpr (NCL > 1) {
         __shared__ __align__(16) float4 norm_row_s[NCL > 1 ? kNormInRowMax : 1];
         __shared__ float norm_ss_s[NCL > 1 ? NCL * kNormClusterWarps : 1];
         stage_row_norm_in_cluster<kChunkF16, NCL>(a, xs, norm_row_s, norm_ss_s, norm_w_piece);
@@ -604,6 +699,17 @@ __global__ void __launch_bounds__(KS * 32, skinny_min_blocks(NT, KS, RT)) skinny
     if (!XS) mclk[2] = mclk[1];      // (no staged rows)
     for (int i = 0; i < 5; ++i) atomicAdd(&g_mma_clocks[kind][i], (unsigned long long)(mclk[i + 1] - mclk[i]));
     atomicAdd(&g_mma_clocks[kind][7], 1ull);
+    if (early && XS) {
+      long long w1 = s_wclk[1][0], w2 = s_wclk[2][0], lw = 0;
+      for (int w = 0; w < KS; ++w) {
+        w1 = max(w1, s_wclk[1][w]);
+        w2 = max(w2, s_wclk[2][w]);
+        lw = max(lw, s_wclk[1][w] - s_wclk[0][w]);
+      }
+      const long long v[4] = {w1 - s_wclk[1][0], w2 - s_wclk[2][0], s_wclk[2][0] - s_wclk[1][0], lw};
+      for (int i = 0; i < 4; ++i) atomicAdd(&g_mma_warp_clocks[kind][i], (unsigned long long)v[i]);
+      atomicAdd(&g_mma_warp_clocks[kind][7], 1ull);
+    }
   }
 #endif
 }
@@ -622,8 +728,23 @@ size_t skinny_smem_bytes(const SkinnyArgs& a, int NT, int KS, int RT, int SD) {
          (fold ? router_fold::stage_bytes(RT * 16, a.r.fold.E) : 0);
 }
 
+// Where the last norm-in launch staged its row (last_norm_in_staging, for tests).
+const char* g_norm_in_staging = "none";
+
+// Whether an SM holds enough of kernel's blocks (at `smem` dynamic bytes) for the whole grid in one
+// wave: the multicast staging's static row (46 KB) must not cost qkv's kernel its third block an
+// SM (320 blocks over 132 SMs).
+template <typename K>
+bool one_wave(K kernel, int threads, size_t smem, int blocks) {
+  int per_sm = 0, dev = 0, sms = 0;
+  GPTOSS_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem));
+  GPTOSS_CUDA_CHECK(cudaGetDevice(&dev));
+  GPTOSS_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  return size_t(per_sm) * sms >= size_t(blocks);
+}
+
 template <int FMT, int NT, int KS, int RT, int PF, bool XF16, bool TRY_CC = false, int SD = 0, int FOLD_CAP = 0,
-          bool NORM_IN = false, int NCL = 1>
+          bool NORM_IN = false, int NCL = 1, bool NMC = false>
 void launch_shape(const SkinnyArgs& a, int tiles, int groups, cudaStream_t s) {
 #ifdef GPTOSS_DIAG_MMA_CLOCKS
   static const bool registered = (std::atexit(print_mma_clocks), true);
@@ -640,10 +761,27 @@ void launch_shape(const SkinnyArgs& a, int tiles, int groups, cudaStream_t s) {
   if constexpr (NORM_IN) {  // linear_norm_in: qkv's K only
     if constexpr (SD * KS <= 45) {
       if (a.W.K != 2880) throw Error("norm-in: qkv's staged kernel takes K = 2880 only");
-      const auto k = skinny_mma_kernel<FMT, NT, KS, RT, PF, XF16, 45, SD, 0, true, NCL>;
-      allow_dynamic_smem(k, smem);
+      const auto k = skinny_mma_kernel<FMT, NT, KS, RT, PF, XF16, 45, SD, 0, true, NCL, NMC>;
+      const dim3 grid((tiles + RT - 1) / RT, groups);
+      if constexpr (NMC) {
+        // (The static row leaves less than 48 KB for the dynamic part: always opted in.)
+        static const bool fits = [&] {
+          GPTOSS_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+          return one_wave(k, KS * 32, smem, int(grid.x * grid.y));
+        }();
+        // Else fewer staged chunk groups (bf16's two take 32 KB), or clusters without the multicast.
+        if (!fits) {
+          if constexpr (SD > 1)
+            return launch_shape<FMT, NT, KS, RT, PF, XF16, TRY_CC, SD - 1, FOLD_CAP, NORM_IN, NCL, NMC>(a, tiles, groups, s);
+          else
+            return launch_shape<FMT, NT, KS, RT, PF, XF16, TRY_CC, SD, FOLD_CAP, NORM_IN, NCL>(a, tiles, groups, s);
+        }
+      } else {
+        allow_dynamic_smem(k, smem);
+      }
       static_assert(NCL <= 8, "past 8, clusters need the non-portable size opt-in");
-      launch_pdl_cluster(k, dim3((tiles + RT - 1) / RT, groups), dim3(KS * 32), smem, dim3(NCL, 1, 1), s, a);
+      g_norm_in_staging = NMC ? "multicast" : NCL > 1 ? "cluster" : "block";
+      launch_pdl_cluster(k, grid, dim3(KS * 32), smem, dim3(NCL, 1, 1), s, a);
     } else {
       throw Error("norm-in: too many staged chunk groups for K = 2880");
     }
@@ -682,6 +820,14 @@ int checked_norm_in_cluster(int blocks, const char* who) {
   return blocks;
 }
 int g_norm_in_cluster = checked_norm_in_cluster(env_int("GPTOSS_NORM_IN_CLUSTER", 4), "GPTOSS_NORM_IN_CLUSTER");
+// Clusters of 4 bring the row in by the bulk-copy engine's multicast (stage_row_norm_in_multicast)
+// where the device runs sm_90a code (with fewer staged chunk groups where the static row would
+// cost the kernel its one wave: bf16); otherwise clusters as above. GPTOSS_NORM_IN_MULTICAST=0 (or
+// set_norm_in_multicast) turns it off. H200, thirty-sixth session (s36r1), tg128 at one token,
+// multicast against clusters, twice each: 120b fp8 593.08, 594.46 against 590.01, 589.80; MXFP4
+// dense 617.27, 617.47 against 601.73, 601.05; 20b fp8 863.22, 863.71 against 857.63, 858.43.
+bool g_norm_in_multicast = env_int("GPTOSS_NORM_IN_MULTICAST", 1) != 0;
+
 
 // bench-kernels: other MXFP4 one-n-tile shapes (set_skinny_variant); GPTOSS_SKINNY_VARIANT sets
 // it for a whole run (a step's comparison: `gptoss bench`), 0 the default by grid.
@@ -700,7 +846,8 @@ static int dense_stage_digits() {
   static const int v = env_int("GPTOSS_DENSE_STAGE", 32);
   return v;
 }
-template <int FMT, int NT, int KS, int RT, int PF, bool XF16, int FOLD_CAP = 0, bool NORM_IN = false, int NCL = 1>
+template <int FMT, int NT, int KS, int RT, int PF, bool XF16, int FOLD_CAP = 0, bool NORM_IN = false, int NCL = 1,
+          bool NMC = false>
 bool launch_staged(const SkinnyArgs& a, int tiles, int groups, int sd, cudaStream_t s) {
   if constexpr (NT == 1) {
     // (The router fold stages at any of its 1-8 rows: its sums ride the staged kernel.)
@@ -711,13 +858,13 @@ bool launch_staged(const SkinnyArgs& a, int tiles, int groups, int sd, cudaStrea
     // Fewer staged groups where the block would not fit in shared memory (227 KB, less the
     // static barrier, the fold's row sums and the dynamic part's 128-byte alignment).
     constexpr size_t kStatic = 1024 + 2 * size_t(FOLD_CAP) * RT * 16 * sizeof(float) +
-                               (NCL > 1 ? kNormInRowMax * 16 + NCL * kNormClusterWarps * 4 : 0);
+                               (NMC ? kNormInRowMax * 64 + 8 : NCL > 1 ? kNormInRowMax * 16 + NCL * kNormClusterWarps * 4 : 0);
     while (sd > 0 && skinny_smem_bytes<FMT>(a, NT, KS, RT, sd) > 227 * 1024 - kStatic) --sd;
     switch (sd) {
-      case 1: launch_shape<FMT, NT, KS, RT, PF, XF16, true, 1, FOLD_CAP, NORM_IN, NCL>(a, tiles, groups, s); return true;
-      case 2: launch_shape<FMT, NT, KS, RT, PF, XF16, true, 2, FOLD_CAP, NORM_IN, NCL>(a, tiles, groups, s); return true;
-      case 3: launch_shape<FMT, NT, KS, RT, PF, XF16, true, 3, FOLD_CAP, NORM_IN, NCL>(a, tiles, groups, s); return true;
-      case 4: if constexpr (KS == 8) { launch_shape<FMT, NT, KS, RT, PF, XF16, true, 4, FOLD_CAP, NORM_IN, NCL>(a, tiles, groups, s); return true; }
+      case 1: launch_shape<FMT, NT, KS, RT, PF, XF16, true, 1, FOLD_CAP, NORM_IN, NCL, NMC>(a, tiles, groups, s); return true;
+      case 2: launch_shape<FMT, NT, KS, RT, PF, XF16, true, 2, FOLD_CAP, NORM_IN, NCL, NMC>(a, tiles, groups, s); return true;
+      case 3: launch_shape<FMT, NT, KS, RT, PF, XF16, true, 3, FOLD_CAP, NORM_IN, NCL, NMC>(a, tiles, groups, s); return true;
+      case 4: if constexpr (KS == 8) { launch_shape<FMT, NT, KS, RT, PF, XF16, true, 4, FOLD_CAP, NORM_IN, NCL, NMC>(a, tiles, groups, s); return true; }
         return false;
       default: return false;
     }
@@ -846,6 +993,13 @@ void launch_nt(const SkinnyArgs& a, int max_tokens, int tiles, int groups, int k
 
 void set_skinny_variant(int v) { g_skinny_variant = v; }
 void set_norm_in_cluster(int blocks) { g_norm_in_cluster = checked_norm_in_cluster(blocks, "set_norm_in_cluster"); }
+bool set_norm_in_multicast(bool on) {
+  const bool was = g_norm_in_multicast;
+  g_norm_in_multicast = on;
+  return was;
+}
+const char* last_norm_in_staging() { return g_norm_in_staging; }
+
 const char* skinny_variant_name(int v) {
   static const char* names[] = {"default (by grid)", "ks8 rt4 pf2", "ks16 rt2 pf3", "ks8 rt1 pf4",
                                 "ks16 rt1 pf4", "ks8 rt2 pf4", "ks4 rt2 pf4", "ks16 rt4 pf2",
@@ -894,6 +1048,8 @@ bool launch_norm_in(const SkinnyArgs& a, int tiles, int sd, cudaStream_t s) {
   // Clusters need the grid (one row tile a block) and the row's float4s to split evenly.
   const int cl = g_norm_in_cluster, n4 = a.W.K / 4;
   const bool fits = tiles % cl == 0 && n4 % cl == 0 && n4 <= kNormInRowMax && n4 / cl <= 2 * 8 * 32;
+  if (fits && cl == 4 && g_norm_in_multicast && expert_gemm_v3_available())
+    return launch_staged<FMT, 1, 8, 1, PF, false, 0, true, 4, true>(a, tiles, 1, sd, s);
   switch (fits ? cl : 1) {
     case 2: return launch_staged<FMT, 1, 8, 1, PF, false, 0, true, 2>(a, tiles, 1, sd, s);
     case 4: return launch_staged<FMT, 1, 8, 1, PF, false, 0, true, 4>(a, tiles, 1, sd, s);

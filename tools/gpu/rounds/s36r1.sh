@@ -1,0 +1,37 @@
+# Session 36, call 1: two one-token rows brought in by the bulk-copy engine's multicast over
+# clusters of 4, each behind a switch: qkv's norm-in row (GPTOSS_NORM_IN_MULTICAST=1,
+# stage_row_norm_in_multicast) and gate_up's fold sums, bias and row (GPTOSS_FOLD_MULTICAST=1,
+# FoldMulticast). The fold tests (both multicasts against the plain launches, bit for bit),
+# memcheck and racecheck of them, the staging clocks, tg128 pairs of each switch against neither.
+# Pack: EXTRA_BINS="build/diag/gptoss_mma_clocks build/diag/gptoss_units_clocks" \
+#   PACK_TESTS="test_cuda_kernels" tools/gpu/pack.sh
+source tools/gpu/rounds/prelude.sh
+t fold 200 $K --gtest_filter='*RouterFolded*'
+for tool in memcheck racecheck; do
+  GPTOSS_TEST_SMALL=1 timeout 200 compute-sanitizer --tool $tool $K --gtest_filter='Kernels.RouterFoldedIntoOproj' \
+    --gtest_color=no > $out/san_$tool.log 2>&1
+  echo "$tool rc=$?" >> $S
+  grep -E "ERROR SUMMARY|RACECHECK SUMMARY|PASSED|FAILED" $out/san_$tool.log | head -4 >> $S
+done
+ts tests
+for mc in "0 0" "1 0" "0 1" "1 1"; do
+  set -- $mc
+  echo "== clocks 120b fp8 x1 norm_mc=$1 fold_mc=$2" >> $S
+  GPTOSS_NORM_IN_MULTICAST=$1 GPTOSS_FOLD_MULTICAST=$2 timeout 100 $bin/gptoss_mma_clocks bench --device cuda \
+    --random-weights 120b --dense-dtype fp8 --pp '' --tg 64 --batch 1 --runs 1 2>&1 | grep -E "^\| random|norm-in|qkv" |
+    awk '!seen[$0]++' >> $S
+  GPTOSS_NORM_IN_MULTICAST=$1 GPTOSS_FOLD_MULTICAST=$2 timeout 100 $bin/gptoss_units_clocks bench --device cuda \
+    --random-weights 120b --dense-dtype fp8 --pp '' --tg 64 --batch 1 --runs 1 2>&1 | grep -E "^\| random|gate_up|fold route" |
+    awk '!seen[$0]++' >> $S
+done
+ts clocks
+for mf in "120b --dense-dtype fp8" "120b --mxfp4-layers all" "20b --dense-dtype fp8" "120b"; do
+  m=${mf%% *}; f=${mf#$m}
+  for pass in 1 2; do
+    for mc in "0 0" "1 0" "0 1" "1 1"; do
+      set -- $mc
+      GPTOSS_NORM_IN_MULTICAST=$1 GPTOSS_FOLD_MULTICAST=$2 RUNS=1 b "norm_mc=$1 fold_mc=$2" $g $m 128 1 $f
+    done
+  done
+done
+ts done
