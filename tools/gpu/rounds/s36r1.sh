@@ -5,6 +5,9 @@
 # memcheck and racecheck of them, the staging clocks, tg128 pairs of each switch against neither.
 # Pack: EXTRA_BINS="build/diag/gptoss_mma_clocks build/diag/gptoss_units_clocks" \
 #   PACK_TESTS="test_cuda_kernels" tools/gpu/pack.sh
+# (GPTOSS_FOLD_MULTICAST and the fold multicast it switched, FoldMulticast in skinny_units.cu with
+# the fold sums' stride padded to 16 bytes, were measured slower here and never landed; only the
+# norm-in multicast did, as the default.)
 source tools/gpu/rounds/prelude.sh
 t fold 200 $K --gtest_filter='*RouterFolded*'
 for tool in memcheck racecheck; do
