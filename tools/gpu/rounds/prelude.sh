@@ -14,6 +14,8 @@
 #                                  environment set before it; build/libgptoss_kernel_trace.so carried;
 #                                  the report in $out/r_NAME_BATCH.txt, its lines matching $TRACE_GREP
 #                                  (and, node by node, $TRACE_NODES_GREP's lines 3-6) in the summary
+#   sanitize FILTER TOOL...        compute-sanitizer TOOL (memcheck, racecheck, synccheck) over the
+#                                  kernel tests FILTER names, small cases; rc and the summaries
 #   bench_rate RATE N              on a serve_up server: N requests at RATE req/s (Poisson), 256-768
 #                                  in / 128-384 out, seed 1; TTFT, TPOT, ITL and output in the summary
 # The summary is $OUT/summary.txt ($S); logs go beside it. Rounds of sessions 7-11 spell this out
@@ -31,6 +33,15 @@ t() {
   local name=$1 to=$2; shift 2
   timeout $to "$@" --gtest_color=no > $out/$name.log 2>&1; echo "$name rc=$?" >> $S
   grep -E "^\[  FAILED|PASSED|Failure|exception|Expected|actual" $out/$name.log | head -8 >> $S
+}
+sanitize() {
+  local filter=$1; shift
+  for tool in "$@"; do
+    GPTOSS_TEST_SMALL=1 timeout 200 compute-sanitizer --tool $tool $K --gtest_filter="$filter" --gtest_color=no \
+      > $out/san_$tool.log 2>&1
+    echo "$tool rc=$?" >> $S
+    grep -E "ERROR SUMMARY|RACECHECK SUMMARY|PASSED|FAILED" $out/san_$tool.log | head -4 >> $S
+  done
 }
 srv() {
   local port=$1 m=$2; shift 2; local flags=(); while [ "$1" != "--" ]; do flags+=("$1"); shift; done; shift

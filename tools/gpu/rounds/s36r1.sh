@@ -10,12 +10,7 @@
 # norm-in multicast did, as the default.)
 source tools/gpu/rounds/prelude.sh
 t fold 200 $K --gtest_filter='*RouterFolded*'
-for tool in memcheck racecheck; do
-  GPTOSS_TEST_SMALL=1 timeout 200 compute-sanitizer --tool $tool $K --gtest_filter='Kernels.RouterFoldedIntoOproj' \
-    --gtest_color=no > $out/san_$tool.log 2>&1
-  echo "$tool rc=$?" >> $S
-  grep -E "ERROR SUMMARY|RACECHECK SUMMARY|PASSED|FAILED" $out/san_$tool.log | head -4 >> $S
-done
+sanitize 'Kernels.RouterFoldedIntoOproj' memcheck racecheck
 ts tests
 for mc in "0 0" "1 0" "0 1" "1 1"; do
   set -- $mc

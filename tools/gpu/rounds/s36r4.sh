@@ -8,12 +8,7 @@
 # here and are gone.)
 source tools/gpu/rounds/prelude.sh
 t skinny_fold 200 $K --gtest_filter='*RouterFolded*:*Skinny*'
-for tool in memcheck racecheck synccheck; do
-  GPTOSS_TEST_SMALL=1 timeout 200 compute-sanitizer --tool $tool $K --gtest_filter='Kernels.RouterFoldedIntoOproj' \
-    --gtest_color=no > $out/san_$tool.log 2>&1
-  echo "$tool rc=$?" >> $S
-  grep -E "ERROR SUMMARY|RACECHECK SUMMARY|PASSED|FAILED" $out/san_$tool.log | head -4 >> $S
-done
+sanitize 'Kernels.RouterFoldedIntoOproj' memcheck racecheck synccheck
 ts tests
 for mf in "120b --dense-dtype fp8" "120b --mxfp4-layers all"; do
   m=${mf%% *}; f=${mf#$m}
