@@ -736,11 +736,9 @@ const char* g_norm_in_staging = "none";
 // SM (320 blocks over 132 SMs).
 template <typename K>
 bool one_wave(K kernel, int threads, size_t smem, int blocks) {
-  int per_sm = 0, dev = 0, sms = 0;
+  int per_sm = 0;
   GPTOSS_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem));
-  GPTOSS_CUDA_CHECK(cudaGetDevice(&dev));
-  GPTOSS_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  return size_t(per_sm) * sms >= size_t(blocks);
+  return size_t(per_sm) * sm_count() >= size_t(blocks);
 }
 
 template <int FMT, int NT, int KS, int RT, int PF, bool XF16, bool TRY_CC = false, int SD = 0, int FOLD_CAP = 0,
@@ -827,7 +825,6 @@ int g_norm_in_cluster = checked_norm_in_cluster(env_int("GPTOSS_NORM_IN_CLUSTER"
 // multicast against clusters, twice each: 120b fp8 593.08, 594.46 against 590.01, 589.80; MXFP4
 // dense 617.27, 617.47 against 601.73, 601.05; 20b fp8 863.22, 863.71 against 857.63, 858.43.
 bool g_norm_in_multicast = env_int("GPTOSS_NORM_IN_MULTICAST", 1) != 0;
-
 
 // bench-kernels: other MXFP4 one-n-tile shapes (set_skinny_variant); GPTOSS_SKINNY_VARIANT sets
 // it for a whole run (a step's comparison: `gptoss bench`), 0 the default by grid.
