@@ -14,6 +14,9 @@
 #                                  environment set before it; build/libgptoss_kernel_trace.so carried;
 #                                  the report in $out/r_NAME_BATCH.txt, its lines matching $TRACE_GREP
 #                                  (and, node by node, $TRACE_NODES_GREP's lines 3-6) in the summary
+#   clocks NAME GREP MODEL FLAGS...  a diagnostic binary's stage clocks ($bin/gptoss_NAME, from
+#                                  tools/gpu/diag_binary.sh): tg64 at one token under the
+#                                  environment set before it; its lines matching GREP, once each
 #   sanitize FILTER TOOL...        compute-sanitizer TOOL (memcheck, racecheck, synccheck) over the
 #                                  kernel tests FILTER names, small cases; rc and the summaries
 #   bench_rate RATE N              on a serve_up server: N requests at RATE req/s (Poisson), 256-768
@@ -33,6 +36,11 @@ t() {
   local name=$1 to=$2; shift 2
   timeout $to "$@" --gtest_color=no > $out/$name.log 2>&1; echo "$name rc=$?" >> $S
   grep -E "^\[  FAILED|PASSED|Failure|exception|Expected|actual" $out/$name.log | head -8 >> $S
+}
+clocks() {
+  local name=$1 pat=$2; shift 2
+  timeout 100 $bin/gptoss_$name bench --device cuda --random-weights "$@" --pp '' --tg 64 --batch 1 --runs 1 2>&1 |
+    grep -E "^\| random|$pat" | awk '!seen[$0]++' >> $S
 }
 sanitize() {
   local filter=$1; shift

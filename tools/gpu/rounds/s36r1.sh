@@ -15,12 +15,8 @@ ts tests
 for mc in "0 0" "1 0" "0 1" "1 1"; do
   set -- $mc
   echo "== clocks 120b fp8 x1 norm_mc=$1 fold_mc=$2" >> $S
-  GPTOSS_NORM_IN_MULTICAST=$1 GPTOSS_FOLD_MULTICAST=$2 timeout 100 $bin/gptoss_mma_clocks bench --device cuda \
-    --random-weights 120b --dense-dtype fp8 --pp '' --tg 64 --batch 1 --runs 1 2>&1 | grep -E "^\| random|norm-in|qkv" |
-    awk '!seen[$0]++' >> $S
-  GPTOSS_NORM_IN_MULTICAST=$1 GPTOSS_FOLD_MULTICAST=$2 timeout 100 $bin/gptoss_units_clocks bench --device cuda \
-    --random-weights 120b --dense-dtype fp8 --pp '' --tg 64 --batch 1 --runs 1 2>&1 | grep -E "^\| random|gate_up|fold route" |
-    awk '!seen[$0]++' >> $S
+  GPTOSS_NORM_IN_MULTICAST=$1 GPTOSS_FOLD_MULTICAST=$2 clocks mma_clocks "norm-in|qkv" 120b --dense-dtype fp8
+  GPTOSS_NORM_IN_MULTICAST=$1 GPTOSS_FOLD_MULTICAST=$2 clocks units_clocks "gate_up|fold route" 120b --dense-dtype fp8
 done
 ts clocks
 for mf in "120b --dense-dtype fp8" "120b --mxfp4-layers all" "20b --dense-dtype fp8" "120b"; do

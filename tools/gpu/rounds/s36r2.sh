@@ -11,9 +11,7 @@ ts tests
 for st in 30 31 32; do
   for mc in 1 0; do
     echo "== clocks 120b fp8 x1 stage=$st mc=$mc" >> $S
-    GPTOSS_DENSE_STAGE=$st GPTOSS_NORM_IN_MULTICAST=$mc timeout 100 $bin/gptoss_mma_clocks bench --device cuda \
-      --random-weights 120b --dense-dtype fp8 --pp '' --tg 64 --batch 1 --runs 1 2>&1 | grep -E "^\| random|norm-in|qkv" |
-      awk '!seen[$0]++' >> $S
+    GPTOSS_DENSE_STAGE=$st GPTOSS_NORM_IN_MULTICAST=$mc clocks mma_clocks "norm-in|qkv" 120b --dense-dtype fp8
   done
 done
 ts clocks

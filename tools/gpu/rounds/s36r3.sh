@@ -7,8 +7,7 @@ for mf in "120b --dense-dtype fp8" "120b --mxfp4-layers all" "120b" "20b --dense
   m=${mf%% *}; f=${mf#$m}
   for mc in 1 0; do
     echo "== clocks $m$f x1 mc=$mc" >> $S
-    GPTOSS_NORM_IN_MULTICAST=$mc timeout 100 $bin/gptoss_mma_clocks bench --device cuda --random-weights $m $f \
-      --pp '' --tg 64 --batch 1 --runs 1 2>&1 | grep -E "^\| random|norm-in|qkv|o_proj" | awk '!seen[$0]++' >> $S
+    GPTOSS_NORM_IN_MULTICAST=$mc clocks mma_clocks "norm-in|qkv|o_proj" $m $f
   done
 done
 ts done

@@ -14,8 +14,7 @@ for mf in "120b --dense-dtype fp8" "120b --mxfp4-layers all"; do
   m=${mf%% *}; f=${mf#$m}
   for cp in 1 0; do
     echo "== clocks $m$f x1 cp_async=$cp" >> $S
-    GPTOSS_NORM_IN_CHUNKS_CP_ASYNC=$cp timeout 100 $bin/gptoss_mma_clocks bench --device cuda --random-weights $m $f \
-      --pp '' --tg 64 --batch 1 --runs 1 2>&1 | grep -E "^\| random|norm-in|qkv" | awk '!seen[$0]++' >> $S
+    GPTOSS_NORM_IN_CHUNKS_CP_ASYNC=$cp clocks mma_clocks "norm-in|qkv" $m $f
   done
 done
 ts clocks

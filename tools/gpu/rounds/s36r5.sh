@@ -13,9 +13,7 @@ ts tests
 for v in "1 0" "0 1" "0 0"; do
   set -- $v
   echo "== clocks 120b fp8 x1 mc=$1 push=$2" >> $S
-  GPTOSS_NORM_IN_MULTICAST=$1 GPTOSS_NORM_IN_PUSH=$2 timeout 100 $bin/gptoss_mma_clocks bench --device cuda \
-    --random-weights 120b --dense-dtype fp8 --pp '' --tg 64 --batch 1 --runs 1 2>&1 | grep -E "^\| random|norm-in|qkv" |
-    awk '!seen[$0]++' >> $S
+  GPTOSS_NORM_IN_MULTICAST=$1 GPTOSS_NORM_IN_PUSH=$2 clocks mma_clocks "norm-in|qkv" 120b --dense-dtype fp8
 done
 ts clocks
 for mf in "120b --dense-dtype fp8" "120b --mxfp4-layers all" "20b --dense-dtype fp8" "120b"; do
