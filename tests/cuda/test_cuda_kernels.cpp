@@ -436,15 +436,19 @@ TEST_F(Kernels, MoeMxfp4ExpertGemmV5) {
                                 {2049, 32, 4, 256, 256},  {600, 128, 4, 2880, 2880}, {7, 8, 2, 64, 64}};
   if (small_mode()) cases = {{1, 8, 2, 64, 64}, {33, 8, 4, 128, 64}, {100, 8, 4, 64, 128}};
   cuda::set_expert_gemm_version(5);
-  for (int wgs : {2, 4})  // CTAs of 128 and of 256 weight rows
+  for (int wgs : {2, 3, 4})  // CTAs of 128, 192 and 256 weight rows
     for (int pairs : {32, 48, 64, 80, 96, 128})
-      for (int mbar : {1, 0}) {  // permuted activations handed over by mbarriers (128 pairs), or a block barrier
-        if (mbar && (pairs != 128 || wgs != 4)) continue;  // (the others always take the block barrier)
+      for (int mbar : {2, 1, 0}) {  // permuted activations handed over by mbarriers, or a block barrier
+        // Mbarriers at 128 pairs with three or four warpgroups, and at 96 with three under mode 2;
+        // the others always take the block barrier.
+        if (mbar == 1 && (pairs != 128 || wgs == 2)) continue;
+        if (mbar == 2 && (pairs != 96 || wgs != 3)) continue;
         cuda::set_expert_gemm_v5_warpgroups(wgs);
         cuda::set_expert_gemm_v5_tile_pairs(pairs);
         cuda::set_expert_gemm_v5_mbarriers(mbar);
         SCOPED_TRACE("v5 tile pairs " + std::to_string(pairs) + ", " + std::to_string(wgs) + " warpgroups, " +
                      (mbar ? "mbarriers" : "block barrier"));
+        EXPECT_EQ(cuda::expert_gemm_v5_uses_mbarriers(pairs, 4096, true), mbar != 0);  // the kernel this runs
         for (auto& c : cases)
           if (c.n > cuda::kSkinnyMaxTokens)
             for (int path : {3, 4})  // transposed in the kernel (block barrier always); handed over permuted

@@ -281,7 +281,10 @@ int run_kernel_bench(const KernelBenchOptions& o) {
                      {5, 128, false}, {5, 32, true}, {5, 48, true}, {5, 64, true}, {5, 80, true},
                      {5, 96, true}, {5, 128, true}};
       bf16_t* xperm = nullptr;
+      // GPTOSS_BENCH_V5_KPERM_ONLY=1: only the rows the model runs (v5, k-permuted), for sweeps.
+      const bool v5_only = env_int("GPTOSS_BENCH_V5_KPERM_ONLY", 0) != 0;
       for (const auto [version, tile_rows, kperm] : configs) {
+        if (v5_only && (version != 5 || !kperm)) continue;
         if (version >= 3 && !expert_gemm_v3_available()) continue;  // Hopper wgmma only
         if (version == 5 && gw.fmt != WeightMat::kFragMXFP4) continue;  // fragment layout only
         if (kperm && !xperm) xperm = dev_alloc<bf16_t>(size_t(M) * H, owned);

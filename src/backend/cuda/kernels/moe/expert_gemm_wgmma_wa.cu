@@ -104,6 +104,11 @@ __device__ __forceinline__ void wa_transpose_half(const uint4 (&in)[4], uint4 (&
 //
 // WGS warpgroups a CTA share one activation tile: 2 (128 weight rows, two CTAs an SM) or 4 (256
 // rows, one CTA an SM: the same 16 warps an SM, each activation row read from L2 half as often).
+//
+// Three warpgroups (192 rows, one CTA an SM, 384 threads) leave 168 registers a thread instead of
+// 128, so every width keeps two A buffers (the decode of step kt + 1 beside step kt's MMAs, also
+// at 128 pairs), and gpt-oss's row counts (5760 and 2880: 30 and 15 CTAs) leave no warpgroup idle,
+// where four leave down's last row block three of four idle.
 template <int BN, int WGS = 2>
 struct WaTile {
   static constexpr int kThreads = 128 * WGS;
@@ -114,9 +119,11 @@ struct WaTile {
   // 32-96: A double-buffered (the decode of step kt + 1 overlaps step kt's MMAs; 126 registers at
   // 96, no spills); 128: the accumulators leave room for one A buffer (a warpgroup decodes after
   // its MMAs, the other warpgroup's MMAs fill the gap).
-  static constexpr int kABufs = BN <= 96 ? 2 : 1;
+  static constexpr int kABufs = BN <= 96 || WGS == 3 ? 2 : 1;
   static constexpr int kActBytes = BN * 128;  // a stage's activations: BN rows x 64 bf16
-  static constexpr int kStageBytes = kActBytes + kWBytes + kSBytes;
+  // (rounded up to the 1024-byte alignment the next stage's swizzled activations need: three
+  // warpgroups' weights and scales are 7.5 KB)
+  static constexpr int kStageBytes = (kActBytes + kWBytes + kSBytes + 1023) / 1024 * 1024;
   // Stages: two CTAs an SM, as measured (s14r1); one CTA an SM, as many as fit (at most 8).
   static constexpr int kBarBytes = 2 * 8 * 8;  // the mbarrier hand-off's full and empty barriers a stage
   static constexpr int kStages = WGS == 2 ? (BN <= 64 ? 8 : BN == 80 ? 7 : BN == 96 ? 6 : 4)
@@ -127,7 +134,7 @@ struct WaTile {
   // Half-rows a step: 2 BN. Two warpgroups at 64 pairs: they take alternate steps' copies (128
   // threads, one half-row each); otherwise every thread every step, those past 2 BN none.
   static constexpr bool kAlternate = WGS == 2 && 2 * BN == kThreads / 2;
-  static_assert(WGS == 2 || WGS == 4, "two or four warpgroups");
+  static_assert(WGS >= 2 && WGS <= 4, "two, three or four warpgroups");
   static_assert(2 * BN <= kThreads && kStageBytes % 1024 == 0, "a half-row a thread; aligned tiles");
   static_assert(kCtasPerSm * kSmem <= 227 * 1024, "the CTAs an SM fit");
 };
@@ -459,31 +466,37 @@ int g_v5_wgs = -1;  // expert_gemm_v5_warpgroups: -1 not read yet, 0 auto, else 
 int expert_gemm_v5_warpgroups() {
   if (g_v5_wgs < 0) {
     const int v = env_int("GPTOSS_EXPERT_GEMM_V5_WG", 0);
-    if (v != 0 && v != 2 && v != 4) throw Error("GPTOSS_EXPERT_GEMM_V5_WG: expected 2, 4 or 0 (auto)");
+    if (v != 0 && (v < 2 || v > 4)) throw Error("GPTOSS_EXPERT_GEMM_V5_WG: expected 2, 3, 4 or 0 (auto)");
     g_v5_wgs = v;
   }
   return g_v5_wgs;
 }
 
 void set_expert_gemm_v5_warpgroups(int wgs) {
-  if (wgs != -1 && wgs != 0 && wgs != 2 && wgs != 4)
-    throw Error("set_expert_gemm_v5_warpgroups: expected -1 (environment), 0 (auto), 2 or 4");
+  if (wgs != -1 && wgs != 0 && (wgs < 2 || wgs > 4))
+    throw Error("set_expert_gemm_v5_warpgroups: expected -1 (environment), 0 (auto), 2, 3 or 4");
   g_v5_wgs = wgs;
 }
 
 int g_v5_mbar = -1;  // expert_gemm_v5_mbarriers: -1 not read yet, else 0 or 1
 
+int expert_gemm_v5_mbarrier_mode() {
+  expert_gemm_v5_mbarriers();
+  return g_v5_mbar;
+}
+
 bool expert_gemm_v5_mbarriers() {
   if (g_v5_mbar < 0) {
     const int v = env_int("GPTOSS_EXPERT_GEMM_V5_MBAR", 1);
-    if (v != 0 && v != 1) throw Error("GPTOSS_EXPERT_GEMM_V5_MBAR: expected 0 (block barrier) or 1 (mbarriers)");
+    if (v < 0 || v > 2)
+      throw Error("GPTOSS_EXPERT_GEMM_V5_MBAR: expected 0 (block barrier), 1 (mbarriers) or 2 (also 96 pairs on three warpgroups)");
     g_v5_mbar = v;
   }
   return g_v5_mbar != 0;
 }
 
 void set_expert_gemm_v5_mbarriers(int on) {
-  if (on != -1 && on != 0 && on != 1) throw Error("set_expert_gemm_v5_mbarriers: expected -1 (environment), 0 or 1");
+  if (on < -1 || on > 2) throw Error("set_expert_gemm_v5_mbarriers: expected -1 (environment), 0, 1 or 2");
   g_v5_mbar = on;
 }
 
@@ -509,8 +522,11 @@ bool expert_gemm_v5_uses_mbarriers(int tile_pairs, int pairs, bool a_k_permuted)
   // MMAs, and one CTA an SM) the mbarrier hand-off measured 6-9% faster; at 32-96 pairs (two A
   // buffers) 1-14% slower (s25r2); with two warpgroups (two CTAs an SM, which drift apart anyway)
   // 20b pp1024 lost 3.5% (s25r3). Natural-order rows are transposed behind the block barrier.
-  return a_k_permuted && tile_pairs == 128 && expert_gemm_v5_mbarriers() &&
-         expert_gemm_v5_chosen_warpgroups(tile_pairs, pairs) == 4;
+  // Three warpgroups (two A buffers at every width): 128 pairs, and 96 under mode 2 (measurement).
+  if (!a_k_permuted || !expert_gemm_v5_mbarriers()) return false;
+  const int wgs = expert_gemm_v5_chosen_warpgroups(tile_pairs, pairs);
+  if (wgs == 3) return tile_pairs == 128 || (tile_pairs == 96 && expert_gemm_v5_mbarrier_mode() == 2);
+  return tile_pairs == 128 && wgs == 4;
 }
 
 int expert_gemm_v5_tile_pairs() {
@@ -613,12 +629,21 @@ void expert_gemm_v5(const WeightMat& W, const bf16_t* A, int lda, int pairs, int
                    a_k_permuted};
   int bn = expert_gemm_v5_tile_pairs();
   if (bn == 0) bn = expert_gemm_v5_auto_tile_pairs(pairs, E);
-  if (expert_gemm_v5_uses_mbarriers(bn, pairs, a_k_permuted))
-    launch_v5<128, 4, true>(a, pairs, E, s);
-  else if (expert_gemm_v5_chosen_warpgroups(bn, pairs) == 4)
+  const int wgs = expert_gemm_v5_chosen_warpgroups(bn, pairs);
+  if (expert_gemm_v5_uses_mbarriers(bn, pairs, a_k_permuted)) {
+    if (wgs == 4)
+      launch_v5<128, 4, true>(a, pairs, E, s);
+    else if (bn == 128)
+      launch_v5<128, 3, true>(a, pairs, E, s);
+    else
+      launch_v5<96, 3, true>(a, pairs, E, s);
+  } else if (wgs == 4) {
     launch_v5_width<4>(bn, a, pairs, E, s);
-  else
+  } else if (wgs == 3) {
+    launch_v5_width<3>(bn, a, pairs, E, s);
+  } else {
     launch_v5_width<2>(bn, a, pairs, E, s);
+  }
 }
 
 namespace {
