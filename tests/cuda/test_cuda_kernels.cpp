@@ -436,19 +436,15 @@ TEST_F(Kernels, MoeMxfp4ExpertGemmV5) {
                                 {2049, 32, 4, 256, 256},  {600, 128, 4, 2880, 2880}, {7, 8, 2, 64, 64}};
   if (small_mode()) cases = {{1, 8, 2, 64, 64}, {33, 8, 4, 128, 64}, {100, 8, 4, 64, 128}};
   cuda::set_expert_gemm_version(5);
-  for (int wgs : {2, 3, 4})  // CTAs of 128, 192 and 256 weight rows
+  for (int wgs : {2, 4})  // CTAs of 128 and of 256 weight rows
     for (int pairs : {32, 48, 64, 80, 96, 128})
-      for (int mbar : {2, 1, 0}) {  // permuted activations handed over by mbarriers, or a block barrier
-        // Mbarriers at 128 pairs with three or four warpgroups, and at 96 with three under mode 2;
-        // the others always take the block barrier.
-        if (mbar == 1 && (pairs != 128 || wgs == 2)) continue;
-        if (mbar == 2 && (pairs != 96 || wgs != 3)) continue;
+      for (int mbar : {1, 0}) {  // permuted activations handed over by mbarriers (128 pairs), or a block barrier
+        if (mbar && (pairs != 128 || wgs != 4)) continue;  // (the others always take the block barrier)
         cuda::set_expert_gemm_v5_warpgroups(wgs);
         cuda::set_expert_gemm_v5_tile_pairs(pairs);
         cuda::set_expert_gemm_v5_mbarriers(mbar);
         SCOPED_TRACE("v5 tile pairs " + std::to_string(pairs) + ", " + std::to_string(wgs) + " warpgroups, " +
                      (mbar ? "mbarriers" : "block barrier"));
-        EXPECT_EQ(cuda::expert_gemm_v5_uses_mbarriers(pairs, 4096, true), mbar != 0);  // the kernel this runs
         for (auto& c : cases)
           if (c.n > cuda::kSkinnyMaxTokens)
             for (int path : {3, 4})  // transposed in the kernel (block barrier always); handed over permuted
@@ -457,7 +453,37 @@ TEST_F(Kernels, MoeMxfp4ExpertGemmV5) {
   cuda::set_expert_gemm_v5_mbarriers(-1);
   cuda::set_expert_gemm_v5_warpgroups(-1);
   cuda::set_expert_gemm_v5_tile_pairs(-1);
+  // Split tilings (whole tiles of `bulk` pairs, remainders of at most `rem` in a second launch),
+  // forced, each CTA shape as the automatic rules pick it: groups wholly in the remainder launch,
+  // wholly in the bulk one, and cut between them (2049 tokens over 32 experts: ~256 pairs each,
+  // bulk 128 on four warpgroups with mbarriers).
+  for (const auto& [bulk, rem] : {std::pair{48, 32}, {128, 32}, {128, 96}, {80, 64}}) {
+    cuda::set_expert_gemm_v5_split(bulk, rem);
+    SCOPED_TRACE("v5 split tiling " + std::to_string(bulk) + " + " + std::to_string(rem));
+    EXPECT_EQ(cuda::expert_gemm_v5_tiling(4096, 128).rem, rem);
+    for (auto& c : cases)
+      if (c.n > cuda::kSkinnyMaxTokens) check_moe(c, 4);
+  }
+  cuda::set_expert_gemm_v5_split(-1, 0);
   cuda::set_expert_gemm_version(0);
+}
+
+// Version 5's automatic split tiling (host only): by the tile cost model, 120b's experts at 4096
+// tokens (~128 pairs each) in 128-pair tiles with the remainders of up to 32 pairs in a second
+// launch; where the split saves under 3% (120b at 512 tokens, 20b at 16384), one width, the one
+// expert_gemm_v5_auto_tile_pairs picks.
+TEST(ExpertGemmV5Width, SplitsWhereTheModelSavesTiles) {
+  cuda::set_expert_gemm_v5_split(-1, 0);
+  cuda::set_expert_gemm_v5_tile_pairs(0);
+  const auto t4096 = cuda::expert_gemm_v5_auto_tiling(4 * 4096, 128);
+  EXPECT_EQ(t4096.bulk, 128);
+  EXPECT_EQ(t4096.rem, 32);
+  for (const auto& [tokens, experts] : {std::pair{512, 128}, {16384, 32}}) {
+    const auto t = cuda::expert_gemm_v5_auto_tiling(4 * tokens, experts);
+    EXPECT_EQ(t.rem, 0) << tokens << " tokens over " << experts << " experts";
+    EXPECT_EQ(t.bulk, cuda::expert_gemm_v5_auto_tile_pairs(4 * tokens, experts));
+  }
+  cuda::set_expert_gemm_v5_tile_pairs(-1);
 }
 
 // Version 5's automatic tile width (host only): the width bench-kernels measured fastest on the

@@ -279,7 +279,7 @@ int run_kernel_bench(const KernelBenchOptions& o) {
       } configs[] = {{1, 0, false}, {2, 0, false}, {3, 64, false}, {3, 128, false},
                      {5, 32, false}, {5, 48, false}, {5, 64, false}, {5, 80, false}, {5, 96, false},
                      {5, 128, false}, {5, 32, true}, {5, 48, true}, {5, 64, true}, {5, 80, true},
-                     {5, 96, true}, {5, 128, true}};
+                     {5, 96, true}, {5, 128, true}, {5, 0, true}};  // (v5 0: the automatic tiling, split or not)
       bf16_t* xperm = nullptr;
       // GPTOSS_BENCH_V5_KPERM_ONLY=1: only the rows the model runs (v5, k-permuted), for sweeps.
       const bool v5_only = env_int("GPTOSS_BENCH_V5_KPERM_ONLY", 0) != 0;
@@ -305,7 +305,12 @@ int run_kernel_bench(const KernelBenchOptions& o) {
         });
         const double tf_gu = 2.0 * P * 2 * I * H / us_gu / 1e6, tf_dn = 2.0 * P * H * I / us_dn / 1e6;
         std::string v = "expert GEMM v" + std::to_string(version);
-        if (version == 5)
+        if (version == 5 && tile_rows == 0) {
+          const V5Tiling t = expert_gemm_v5_tiling(P, E);
+          v += " n" + std::to_string(t.bulk) + (t.rem ? "+" + std::to_string(t.rem) : "") + " kperm (auto tiling) wg" +
+               std::to_string(expert_gemm_v5_chosen_warpgroups(t.bulk, P)) +
+               (expert_gemm_v5_uses_mbarriers(t.bulk, P, kperm) ? " mbar" : "");
+        } else if (version == 5)
           v += " n" + std::to_string(tile_rows) + (kperm ? " kperm" : "") +
                (tile_rows == expert_gemm_v5_auto_tile_pairs(P, E) ? " (auto)" : "") + " wg" +
                std::to_string(expert_gemm_v5_chosen_warpgroups(tile_rows, P)) +

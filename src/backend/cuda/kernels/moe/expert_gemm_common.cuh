@@ -132,15 +132,31 @@ __device__ __forceinline__ void store_pair(const Epilogue& e, const MoeRouting& 
 // The row tile `tile` of the routing's groups, each cut into ceil(pairs / BM) tiles, in group
 // order: grp (-1 past the last tile) and the tile's index inside its group. Called by whole
 // warps (shuffles); every lane loads its groups' bounds at once (one memory round trip).
+//
+// A group's pairs may instead be cut in two launches (version 5's split tiling): rem_max > 0 (the
+// bulk launch): n / BM whole tiles, plus one for the remainder n % BM only where it holds more than
+// rem_max pairs; bulk > 0 (the remainder launch, BM <= rem_max of the bulk launch): one tile for
+// the remainder n % bulk where it is in [1, BM] (the pairs the bulk launch left), none otherwise.
 template <int BM>
-__device__ __forceinline__ void find_row_tile(const MoeRouting& r, int tile, int lane, int& grp, int& within) {
+__device__ __forceinline__ int group_row_tiles(int n, int rem_max, int bulk) {
+  if (bulk > 0) {
+    const int rem = n % bulk;
+    return rem > 0 && rem <= BM ? 1 : 0;
+  }
+  if (rem_max > 0) return n / BM + (n % BM > rem_max ? 1 : 0);
+  return (n + BM - 1) / BM;
+}
+
+template <int BM>
+__device__ __forceinline__ void find_row_tile(const MoeRouting& r, int tile, int lane, int& grp, int& within,
+                                              int rem_max = 0, int bulk = 0) {
   grp = -1, within = 0;
   const int ng = r.counts[0];
   int nts[kMoeMaxGroups / 32];
 #pragma unroll
   for (int i = 0; i < kMoeMaxGroups / 32; ++i) {
     const int gi = 32 * i + lane;
-    nts[i] = gi < ng ? (r.group_end[gi] - r.group_start[gi] + BM - 1) / BM : 0;
+    nts[i] = gi < ng ? group_row_tiles<BM>(r.group_end[gi] - r.group_start[gi], rem_max, bulk) : 0;
   }
   int base = 0;
 #pragma unroll
@@ -178,19 +194,24 @@ struct ExpertGemmArgs {
   Epilogue epi;
   bool swiglu_rows;  // kFragMXFP4: gate/up rows paired inside each 16-row tile
   bool a_k_permuted = false;  // version 5: A's rows already in the fragment K order (no transpose)
+  // Version 5's split tiling (find_row_tile): tile_rem_max > 0 in the bulk launch, tile_bulk > 0
+  // (the bulk launch's width) in the remainder launch; both 0: one launch, ceil(n / BN) tiles.
+  int tile_rem_max = 0, tile_bulk = 0;
 };
 
 // The rows of a row tile find_row_tile found (group grp >= 0, tile `within` of it): the group's
-// expert and its sorted rows [row0, row_end).
+// expert and its sorted rows [row0, row_end). bulk > 0: the remainder launch's one tile, the
+// group's pairs past its n / bulk whole tiles of the bulk launch.
 struct RowTile {
   int expert, row0, row_end;
 };
 template <int BM>
-__device__ __forceinline__ RowTile row_tile_rows(const MoeRouting& r, int grp, int within) {
+__device__ __forceinline__ RowTile row_tile_rows(const MoeRouting& r, int grp, int within, int bulk = 0) {
   RowTile t;
   t.expert = r.group_expert[grp];
-  t.row0 = r.group_start[grp] + within * BM;
-  t.row_end = min(r.group_end[grp], t.row0 + BM);
+  const int start = r.group_start[grp], end = r.group_end[grp];
+  t.row0 = bulk > 0 ? start + (end - start) / bulk * bulk : start + within * BM;
+  t.row_end = min(end, t.row0 + BM);
   return t;
 }
 

@@ -4,9 +4,8 @@
 
 namespace gptoss::cuda {
 
-// Warpgroups a version 5 CTA: 2 (128 weight rows, two CTAs an SM), 3 (192 rows, one CTA an SM,
-// two A buffers at every width) or 4 (256 weight rows sharing each activation tile, one CTA an
-// SM), or 0: automatic (expert_gemm_v5_auto_warpgroups).
+// Warpgroups a version 5 CTA: 2 (128 weight rows, two CTAs an SM) or 4 (256 weight rows sharing
+// each activation tile, one CTA an SM), or 0: automatic (expert_gemm_v5_auto_warpgroups).
 // GPTOSS_EXPERT_GEMM_V5_WG (read once) or set_expert_gemm_v5_warpgroups (tests, bench; -1 = back
 // to the environment's value).
 int expert_gemm_v5_warpgroups();
@@ -20,14 +19,30 @@ int expert_gemm_v5_chosen_warpgroups(int tile_pairs, int pairs);
 // How a launch of 128-pair tiles with four warpgroups over activations already in the fragment K
 // order hands each step's activation tile between its warpgroups: mbarriers (true, the default:
 // no block barrier a step; the automatic width then counts a 128-pair tile cheaper) or a block
-// barrier a step (false; every other launch takes the block barrier). Three warpgroups take it at
-// 128 pairs too, and at 96 under mode 2 (a measurement knob). GPTOSS_EXPERT_GEMM_V5_MBAR=0|1|2
-// (read once) or set_expert_gemm_v5_mbarriers (tests, bench; -1 = back to the environment's value).
+// barrier a step (false; every other launch takes the block barrier). GPTOSS_EXPERT_GEMM_V5_MBAR=0|1 (read once)
+// or set_expert_gemm_v5_mbarriers (tests, bench; -1 = back to the environment's value).
 bool expert_gemm_v5_mbarriers();
-int expert_gemm_v5_mbarrier_mode();
 void set_expert_gemm_v5_mbarriers(int on);
 // Whether a launch of `pairs` sorted pairs in tiles of tile_pairs takes the mbarrier hand-off
 // (the launcher, the automatic width and bench-kernels' row names all ask this).
 bool expert_gemm_v5_uses_mbarriers(int tile_pairs, int pairs, bool a_k_permuted);
+
+// Split tiling: an expert's pairs in n / bulk whole tiles of `bulk` pairs, and its remainder, where
+// it holds at most `rem` pairs, in one tile of `rem` pairs launched right after (rem 0: one launch,
+// ceil(n / bulk) tiles). The padding of a partly filled last tile is what the remainder launch
+// saves: at 120b's 4096 tokens (~128 pairs an expert) half the experts' second 128-pair tile holds
+// under 32 pairs.
+struct V5Tiling {
+  int bulk = 64, rem = 0;
+};
+// The automatic choice by the tile cost model (expert_gemm_v5_auto_tile_pairs's): a split where
+// it saves at least 3% of the expected cost, else one width.
+V5Tiling expert_gemm_v5_auto_tiling(int pairs, int E);
+// What a launch runs: set_expert_gemm_v5_split's forced tiling, else a forced width (one launch),
+// else the automatic tiling (one width if GPTOSS_EXPERT_GEMM_V5_SPLIT=0).
+V5Tiling expert_gemm_v5_tiling(int pairs, int E);
+bool expert_gemm_v5_split();
+// Tests: force bulk + rem (rem 0: one width); bulk -1: back to the environment and the automatic choice.
+void set_expert_gemm_v5_split(int bulk, int rem);
 
 }  // namespace gptoss::cuda

@@ -58,6 +58,7 @@
 #include <iterator>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 #include "backend/cuda/bulk_copy_ptx.cuh"
 #include "backend/cuda/cuda_common.h"
@@ -104,11 +105,6 @@ __device__ __forceinline__ void wa_transpose_half(const uint4 (&in)[4], uint4 (&
 //
 // WGS warpgroups a CTA share one activation tile: 2 (128 weight rows, two CTAs an SM) or 4 (256
 // rows, one CTA an SM: the same 16 warps an SM, each activation row read from L2 half as often).
-//
-// Three warpgroups (192 rows, one CTA an SM, 384 threads) leave 168 registers a thread instead of
-// 128, so every width keeps two A buffers (the decode of step kt + 1 beside step kt's MMAs, also
-// at 128 pairs), and gpt-oss's row counts (5760 and 2880: 30 and 15 CTAs) leave no warpgroup idle,
-// where four leave down's last row block three of four idle.
 template <int BN, int WGS = 2>
 struct WaTile {
   static constexpr int kThreads = 128 * WGS;
@@ -119,11 +115,9 @@ struct WaTile {
   // 32-96: A double-buffered (the decode of step kt + 1 overlaps step kt's MMAs; 126 registers at
   // 96, no spills); 128: the accumulators leave room for one A buffer (a warpgroup decodes after
   // its MMAs, the other warpgroup's MMAs fill the gap).
-  static constexpr int kABufs = BN <= 96 || WGS == 3 ? 2 : 1;
+  static constexpr int kABufs = BN <= 96 ? 2 : 1;
   static constexpr int kActBytes = BN * 128;  // a stage's activations: BN rows x 64 bf16
-  // (rounded up to the 1024-byte alignment the next stage's swizzled activations need: three
-  // warpgroups' weights and scales are 7.5 KB)
-  static constexpr int kStageBytes = (kActBytes + kWBytes + kSBytes + 1023) / 1024 * 1024;
+  static constexpr int kStageBytes = kActBytes + kWBytes + kSBytes;
   // Stages: two CTAs an SM, as measured (s14r1); one CTA an SM, as many as fit (at most 8).
   static constexpr int kBarBytes = 2 * 8 * 8;  // the mbarrier hand-off's full and empty barriers a stage
   static constexpr int kStages = WGS == 2 ? (BN <= 64 ? 8 : BN == 80 ? 7 : BN == 96 ? 6 : 4)
@@ -134,7 +128,7 @@ struct WaTile {
   // Half-rows a step: 2 BN. Two warpgroups at 64 pairs: they take alternate steps' copies (128
   // threads, one half-row each); otherwise every thread every step, those past 2 BN none.
   static constexpr bool kAlternate = WGS == 2 && 2 * BN == kThreads / 2;
-  static_assert(WGS >= 2 && WGS <= 4, "two, three or four warpgroups");
+  static_assert(WGS == 2 || WGS == 4, "two or four warpgroups");
   static_assert(2 * BN <= kThreads && kStageBytes % 1024 == 0, "a half-row a thread; aligned tiles");
   static_assert(kCtasPerSm * kSmem <= 227 * 1024, "the CTAs an SM fit");
 };
@@ -195,13 +189,27 @@ __global__ void __launch_bounds__(WaTile<BN, WGS>::kThreads, WaTile<BN, WGS>::kC
 #ifdef SM90A_WGMMA
   using L = WaTile<BN, WGS>;
   extern __shared__ __align__(1024) uint8_t smem_raw[];
-  pdl_begin();
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2;
   const int wg = tid >> 7, wtid = tid & 127;
+  // The remainder launch of a split tiling (a.tile_bulk > 0) reads only what the bulk launch just
+  // before it reads, and writes other rows; this grid launches only once every bulk block has
+  // passed its own wait. So it starts at once, filling the SMs the bulk launch's last wave leaves
+  // idle, and thread 0 of each block waits for the bulk launch as the block exits: this grid's
+  // completion, which the next kernel waits for, still implies the bulk launch's.
+  struct WaitAtExit {
+    bool on;
+    __device__ ~WaitAtExit() {
+      if (on) pdl_wait();
+    }
+  } wait_at_exit{a.tile_bulk > 0 && tid == 0};
+  if (a.tile_bulk > 0)
+    pdl_trigger();
+  else
+    pdl_begin();
   int grp, within;
-  find_row_tile<BN>(a.r, int(blockIdx.y), lane, grp, within);
+  find_row_tile<BN>(a.r, int(blockIdx.y), lane, grp, within, a.tile_rem_max, a.tile_bulk);
   if (grp < 0) return;
-  const auto [expert, row0, row_end] = row_tile_rows<BN>(a.r, grp, within);
+  const auto [expert, row0, row_end] = row_tile_rows<BN>(a.r, grp, within, a.tile_bulk);
   const int T = a.N / 16, C = a.K / 64;
   const int tile = int(blockIdx.x) * L::kTiles + warp;  // this warp's weight tile (T % 4 == 0)
   const bool wg_live = int(blockIdx.x) * L::kTiles + kWaTilesWg * wg < T;
@@ -466,37 +474,31 @@ int g_v5_wgs = -1;  // expert_gemm_v5_warpgroups: -1 not read yet, 0 auto, else 
 int expert_gemm_v5_warpgroups() {
   if (g_v5_wgs < 0) {
     const int v = env_int("GPTOSS_EXPERT_GEMM_V5_WG", 0);
-    if (v != 0 && (v < 2 || v > 4)) throw Error("GPTOSS_EXPERT_GEMM_V5_WG: expected 2, 3, 4 or 0 (auto)");
+    if (v != 0 && v != 2 && v != 4) throw Error("GPTOSS_EXPERT_GEMM_V5_WG: expected 2, 4 or 0 (auto)");
     g_v5_wgs = v;
   }
   return g_v5_wgs;
 }
 
 void set_expert_gemm_v5_warpgroups(int wgs) {
-  if (wgs != -1 && wgs != 0 && (wgs < 2 || wgs > 4))
-    throw Error("set_expert_gemm_v5_warpgroups: expected -1 (environment), 0 (auto), 2, 3 or 4");
+  if (wgs != -1 && wgs != 0 && wgs != 2 && wgs != 4)
+    throw Error("set_expert_gemm_v5_warpgroups: expected -1 (environment), 0 (auto), 2 or 4");
   g_v5_wgs = wgs;
 }
 
 int g_v5_mbar = -1;  // expert_gemm_v5_mbarriers: -1 not read yet, else 0 or 1
 
-int expert_gemm_v5_mbarrier_mode() {
-  expert_gemm_v5_mbarriers();
-  return g_v5_mbar;
-}
-
 bool expert_gemm_v5_mbarriers() {
   if (g_v5_mbar < 0) {
     const int v = env_int("GPTOSS_EXPERT_GEMM_V5_MBAR", 1);
-    if (v < 0 || v > 2)
-      throw Error("GPTOSS_EXPERT_GEMM_V5_MBAR: expected 0 (block barrier), 1 (mbarriers) or 2 (also 96 pairs on three warpgroups)");
+    if (v != 0 && v != 1) throw Error("GPTOSS_EXPERT_GEMM_V5_MBAR: expected 0 (block barrier) or 1 (mbarriers)");
     g_v5_mbar = v;
   }
   return g_v5_mbar != 0;
 }
 
 void set_expert_gemm_v5_mbarriers(int on) {
-  if (on < -1 || on > 2) throw Error("set_expert_gemm_v5_mbarriers: expected -1 (environment), 0, 1 or 2");
+  if (on != -1 && on != 0 && on != 1) throw Error("set_expert_gemm_v5_mbarriers: expected -1 (environment), 0 or 1");
   g_v5_mbar = on;
 }
 
@@ -522,11 +524,8 @@ bool expert_gemm_v5_uses_mbarriers(int tile_pairs, int pairs, bool a_k_permuted)
   // MMAs, and one CTA an SM) the mbarrier hand-off measured 6-9% faster; at 32-96 pairs (two A
   // buffers) 1-14% slower (s25r2); with two warpgroups (two CTAs an SM, which drift apart anyway)
   // 20b pp1024 lost 3.5% (s25r3). Natural-order rows are transposed behind the block barrier.
-  // Three warpgroups (two A buffers at every width): 128 pairs, and 96 under mode 2 (measurement).
-  if (!a_k_permuted || !expert_gemm_v5_mbarriers()) return false;
-  const int wgs = expert_gemm_v5_chosen_warpgroups(tile_pairs, pairs);
-  if (wgs == 3) return tile_pairs == 128 || (tile_pairs == 96 && expert_gemm_v5_mbarrier_mode() == 2);
-  return tile_pairs == 128 && wgs == 4;
+  return a_k_permuted && tile_pairs == 128 && expert_gemm_v5_mbarriers() &&
+         expert_gemm_v5_chosen_warpgroups(tile_pairs, pairs) == 4;
 }
 
 int expert_gemm_v5_tile_pairs() {
@@ -577,6 +576,83 @@ int expert_gemm_v5_auto_tile_pairs(int pairs, int E) {
   return best_w;
 }
 
+namespace {
+// P(n) for n = 0 .. hi of a Poisson count with this mean (an expert's pairs under random routing).
+std::vector<double> poisson_pmf(double mean, int hi) {
+  std::vector<double> p(size_t(hi) + 1);
+  for (int n = 0; n <= hi; ++n) p[size_t(n)] = std::exp(n * std::log(mean) - mean - std::lgamma(n + 1.0));
+  return p;
+}
+}  // namespace
+
+int g_v5_split = -1;  // expert_gemm_v5_split: -1 not read yet, else 0 or 1
+int g_v5_split_bulk = 0, g_v5_split_rem = 0;  // set_expert_gemm_v5_split's forced tiling (bulk 0: none)
+
+bool expert_gemm_v5_split() {
+  if (g_v5_split < 0) {
+    const int v = env_int("GPTOSS_EXPERT_GEMM_V5_SPLIT", 1);
+    if (v != 0 && v != 1) throw Error("GPTOSS_EXPERT_GEMM_V5_SPLIT: expected 0 (one width) or 1 (bulk + remainder)");
+    g_v5_split = v;
+  }
+  return g_v5_split != 0;
+}
+
+void set_expert_gemm_v5_split(int bulk, int rem) {
+  if (bulk == -1) {  // back to the environment and the automatic choice
+    g_v5_split = -1, g_v5_split_bulk = 0, g_v5_split_rem = 0;
+    return;
+  }
+  if (!v5_width_ok(bulk) || (rem != 0 && (!v5_width_ok(rem) || rem >= bulk)))
+    throw Error("set_expert_gemm_v5_split: widths of 32-128 pairs, the remainder's narrower than the bulk's");
+  g_v5_split_bulk = bulk, g_v5_split_rem = rem;
+}
+
+V5Tiling expert_gemm_v5_auto_tiling(int pairs, int E) {
+  // The expected cost of an expert's tiles, its pairs n taken as Poisson around the mean, each
+  // tile costing kV5TileCost of a 64-pair tile as in expert_gemm_v5_auto_tile_pairs: one width B
+  // (ceil(n / B) tiles), or B for n / B whole tiles and a narrower W for the remainder where it
+  // fits in W (a second launch). At 120b's 4096 tokens (128 pairs an expert, 128-pair tiles) about
+  // half the experts hold 128-160 pairs, whose second 128-pair tile is then a 32-pair one.
+  if (pairs <= 0 || E <= 0) return {64, 0};
+  thread_local std::unordered_map<uint64_t, V5Tiling> chosen;
+  const bool mbar = expert_gemm_v5_uses_mbarriers(128, pairs, true);
+  const uint64_t key = (uint64_t(uint32_t(pairs)) << 32) | (uint64_t(mbar) << 31) | uint32_t(E);
+  if (const auto it = chosen.find(key); it != chosen.end()) return it->second;
+  if (chosen.size() >= 4096) chosen.clear();
+  const double mean = double(pairs) / std::min(pairs, E);
+  const int hi = int(mean + 12 * std::sqrt(mean) + 16);
+  const std::vector<double> p = poisson_pmf(mean, hi);
+  auto tile_cost = [&](size_t i) { return kV5Widths[i] == 128 && mbar ? kV5TileCost128Mbar : kV5TileCost[i]; };
+  V5Tiling one{64, 0}, split{64, 0};
+  double one_cost = 0, split_cost = 0;
+  for (size_t b = 0; b < std::size(kV5Widths); ++b) {
+    const int B = kV5Widths[b];
+    double c = 0;
+    for (int n = 1; n <= hi; ++n) c += p[size_t(n)] * ((n + B - 1) / B) * tile_cost(b);
+    if (b == 0 || c < one_cost) one_cost = c, one = {B, 0};
+    for (size_t w = 0; w < b; ++w) {
+      const int W = kV5Widths[w];
+      double cs = 0;
+      for (int n = 1; n <= hi; ++n) {
+        const int rem = n % B;
+        cs += p[size_t(n)] * ((n / B + (rem > W ? 1 : 0)) * tile_cost(b) + (rem > 0 && rem <= W ? tile_cost(w) : 0.0));
+      }
+      if (split.rem == 0 || cs < split_cost) split_cost = cs, split = {B, W};
+    }
+  }
+  // A second launch only where it saves at least 3% of the tiles' cost (its own tail and launch).
+  const V5Tiling t = split_cost < 0.97 * one_cost ? split : one;
+  chosen.emplace(key, t);
+  return t;
+}
+
+V5Tiling expert_gemm_v5_tiling(int pairs, int E) {
+  if (g_v5_split_bulk > 0) return {g_v5_split_bulk, g_v5_split_rem};
+  if (const int w = expert_gemm_v5_tile_pairs(); w != 0) return {w, 0};
+  if (!expert_gemm_v5_split()) return {expert_gemm_v5_auto_tile_pairs(pairs, E), 0};
+  return expert_gemm_v5_auto_tiling(pairs, E);
+}
+
 bool expert_gemm_v5_preferred(int pairs, int E) {
   // H200, same binary (s13r1, bench-kernels gate_up + down a layer, fragment layout): 120b at 512
   // tokens (16 pairs an expert) 1500.86 us (v3) -> 1204.52 (v5, 64-pair tiles), at 2048 (64 pairs)
@@ -593,7 +669,8 @@ void launch_v5(const ExpertGemmArgs& a, int pairs, int E, cudaStream_t s) {
   using L = WaTile<BN, WGS>;
   static std::atomic<uint64_t> attr_set{0};
   opt_in_smem_once_per_device(attr_set, L::kSmem, expert_gemm_wa_kernel<BN, WGS, kMbar>);
-  const int max_tiles = (pairs + BN - 1) / BN + std::min(pairs, E);
+  // (a split tiling's remainder launch: at most one tile a group)
+  const int max_tiles = a.tile_bulk > 0 ? std::min(pairs, E) : (pairs + BN - 1) / BN + std::min(pairs, E);
   if (max_tiles > 65535) throw Error("expert_gemm_v5: too many row tiles (" + std::to_string(max_tiles) + ")");
   const int T = a.N / 16;
   const dim3 grid((T + L::kTiles - 1) / L::kTiles, max_tiles);
@@ -627,22 +704,22 @@ void expert_gemm_v5(const WeightMat& W, const bf16_t* A, int lda, int pairs, int
   if (a_k_permuted && W.K % 64 != 0) throw Error("expert_gemm_v5: k-permuted activations need K % 64 == 0");
   ExpertGemmArgs a{static_cast<const uint8_t*>(W.w), W.scales, W.bias, W.N, W.K, A, lda, gather_a, r, epi, W.swiglu_rows,
                    a_k_permuted};
-  int bn = expert_gemm_v5_tile_pairs();
-  if (bn == 0) bn = expert_gemm_v5_auto_tile_pairs(pairs, E);
-  const int wgs = expert_gemm_v5_chosen_warpgroups(bn, pairs);
-  if (expert_gemm_v5_uses_mbarriers(bn, pairs, a_k_permuted)) {
-    if (wgs == 4)
-      launch_v5<128, 4, true>(a, pairs, E, s);
-    else if (bn == 128)
-      launch_v5<128, 3, true>(a, pairs, E, s);
+  auto launch = [&](int bn, const ExpertGemmArgs& la) {
+    if (expert_gemm_v5_uses_mbarriers(bn, pairs, a_k_permuted))
+      launch_v5<128, 4, true>(la, pairs, E, s);
+    else if (expert_gemm_v5_chosen_warpgroups(bn, pairs) == 4)
+      launch_v5_width<4>(bn, la, pairs, E, s);
     else
-      launch_v5<96, 3, true>(a, pairs, E, s);
-  } else if (wgs == 4) {
-    launch_v5_width<4>(bn, a, pairs, E, s);
-  } else if (wgs == 3) {
-    launch_v5_width<3>(bn, a, pairs, E, s);
-  } else {
-    launch_v5_width<2>(bn, a, pairs, E, s);
+      launch_v5_width<2>(bn, la, pairs, E, s);
+  };
+  const V5Tiling t = expert_gemm_v5_tiling(pairs, E);
+  a.tile_rem_max = t.rem;
+  launch(t.bulk, a);
+  if (t.rem > 0) {  // the remainders the bulk launch left, one narrower tile a group
+    ExpertGemmArgs rem = a;
+    rem.tile_rem_max = 0;
+    rem.tile_bulk = t.bulk;
+    launch(t.rem, rem);
   }
 }
 
