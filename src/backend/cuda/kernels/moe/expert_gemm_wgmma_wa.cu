@@ -466,6 +466,9 @@ constexpr double kV5TileCost[] = {0.725, 0.8625, 1.0, 1.15, 1.22, 1.6};
 // gate_up + down over the expected tile counts: 1.37x a 64-pair tile at 120b 2048 tokens, 1.41x
 // at 8192, against 1.49-1.51x for the block barrier on the same run).
 constexpr double kV5TileCost128Mbar = 1.4;
+// What a split tiling's remainder tile costs beyond its width's kV5TileCost (s37r3: see
+// expert_gemm_v5_auto_tiling).
+constexpr double kV5RemainderTileExtra = 0.5;
 bool v5_width_ok(int pairs) { return std::find(std::begin(kV5Widths), std::end(kV5Widths), pairs) != std::end(kV5Widths); }
 }  // namespace
 
@@ -613,6 +616,13 @@ V5Tiling expert_gemm_v5_auto_tiling(int pairs, int E) {
   // (ceil(n / B) tiles), or B for n / B whole tiles and a narrower W for the remainder where it
   // fits in W (a second launch). At 120b's 4096 tokens (128 pairs an expert, 128-pair tiles) about
   // half the experts hold 128-160 pairs, whose second 128-pair tile is then a 32-pair one.
+  //
+  // Measured (H200, s37r3, bench-kernels gate_up + down): a remainder tile costs ~0.5 more than
+  // the same width in a launch of its own (1.19-1.31 units at 32 pairs against 0.725: each tile
+  // decodes its weights whatever its width, and the second launch is small), so 120b at 4096 tokens
+  // 2523 -> 2400 us (128 + 32, where the table alone promised 15%), 20b at 2048 1064 -> 1052; and
+  // splits of narrower bulk widths lost (120b at 2048 tokens 80 + 64: 1405 -> 1467 us; 20b at 1024
+  // 128 + 32 on two warpgroups: 676 -> 726). So only the 128-pair mbarrier kernel is split.
   if (pairs <= 0 || E <= 0) return {64, 0};
   thread_local std::unordered_map<uint64_t, V5Tiling> chosen;
   const bool mbar = expert_gemm_v5_uses_mbarriers(128, pairs, true);
@@ -630,18 +640,21 @@ V5Tiling expert_gemm_v5_auto_tiling(int pairs, int E) {
     double c = 0;
     for (int n = 1; n <= hi; ++n) c += p[size_t(n)] * ((n + B - 1) / B) * tile_cost(b);
     if (b == 0 || c < one_cost) one_cost = c, one = {B, 0};
+    if (B != 128 || !mbar) continue;
     for (size_t w = 0; w < b; ++w) {
       const int W = kV5Widths[w];
       double cs = 0;
       for (int n = 1; n <= hi; ++n) {
         const int rem = n % B;
-        cs += p[size_t(n)] * ((n / B + (rem > W ? 1 : 0)) * tile_cost(b) + (rem > 0 && rem <= W ? tile_cost(w) : 0.0));
+        cs += p[size_t(n)] * ((n / B + (rem > W ? 1 : 0)) * tile_cost(b) +
+                              (rem > 0 && rem <= W ? tile_cost(w) + kV5RemainderTileExtra : 0.0));
       }
       if (split.rem == 0 || cs < split_cost) split_cost = cs, split = {B, W};
     }
   }
-  // A second launch only where it saves at least 3% of the tiles' cost (its own tail and launch).
-  const V5Tiling t = split_cost < 0.97 * one_cost ? split : one;
+  // A second launch only where it saves at least 2% of the tiles' cost: 120b at 4096 and 8192
+  // tokens, 20b at 2048 (s37r3: 120b pp4096 +1.0%, pp8192 +1.5%, 20b pp2048 +2%, two runs each).
+  const V5Tiling t = split.rem > 0 && split_cost < 0.98 * one_cost ? split : one;
   chosen.emplace(key, t);
   return t;
 }
