@@ -27,15 +27,6 @@ void set_expert_gemm_v5_mbarriers(int on);
 // (the launcher, the automatic width and bench-kernels' row names all ask this).
 bool expert_gemm_v5_uses_mbarriers(int tile_pairs, int pairs, bool a_k_permuted);
 
-// Persistent CTAs where a CTA fills its SM (four warpgroups, tiles of 64 pairs and up): one CTA an
-// SM walks the launch's (row block, row tile) items in turn, the next item's first stages in
-// flight while the last one's epilogue stores, instead of a CTA an item that starts with an empty
-// pipeline (Nsight Compute, s37r2: 11-13% of the warps' stall samples before the first MMA, 8%
-// after the last at 80 pairs). GPTOSS_EXPERT_GEMM_V5_PERSIST=0|1 (read once) or
-// set_expert_gemm_v5_persistent (tests, bench; -1 = back to the environment's value).
-bool expert_gemm_v5_persistent();
-void set_expert_gemm_v5_persistent(int on);
-
 // Split tiling: an expert's pairs in n / bulk whole tiles of `bulk` pairs, and its remainder, where
 // it holds at most `rem` pairs, in one tile of `rem` pairs launched right after (rem 0: one launch,
 // ceil(n / bulk) tiles). The padding of a partly filled last tile is what the remainder launch

@@ -183,7 +183,7 @@ __device__ __forceinline__ void wa_decode(const uint4& q, uint32_t fs, uint32_t 
 // "empty" before it refills the stage; so no warp waits for another at a block barrier, and the
 // warpgroups may drift apart by up to two steps (one decoding while another's MMAs run, as two
 // CTAs an SM do), instead of all decoding, then all waiting at the barrier, in lockstep.
-template <int BN, int WGS, bool kMbar, bool kPersist = false>
+template <int BN, int WGS, bool kMbar>
 __global__ void __launch_bounds__(WaTile<BN, WGS>::kThreads, WaTile<BN, WGS>::kCtasPerSm)
     expert_gemm_wa_kernel(ExpertGemmArgs a) {
 #ifdef SM90A_WGMMA
@@ -206,25 +206,22 @@ __global__ void __launch_bounds__(WaTile<BN, WGS>::kThreads, WaTile<BN, WGS>::kC
     pdl_trigger();
   else
     pdl_begin();
+  int grp, within;
+  find_row_tile<BN>(a.r, int(blockIdx.y), lane, grp, within, a.tile_rem_max, a.tile_bulk);
+  if (grp < 0) return;
+  const auto [expert, row0, row_end] = row_tile_rows<BN>(a.r, grp, within, a.tile_bulk);
   const int T = a.N / 16, C = a.K / 64;
-  // Work items: (row block x of kTiles weight tiles, row tile y), x fastest, so that the CTAs
-  // running at once share activation tiles. Without kPersist a CTA takes item (blockIdx.x,
-  // blockIdx.y) alone; with it (one CTA an SM, gridDim.x of them) every gridDim.x-th item in turn,
-  // until a row tile past the last: the next item's first stages are in flight while the last
-  // one's epilogue stores, and no CTA starts or ends between items.
-  const int XB = (T + L::kTiles - 1) / L::kTiles;
-  int item = kPersist ? int(blockIdx.x) : int(blockIdx.y) * XB + int(blockIdx.x);
+  const int tile = int(blockIdx.x) * L::kTiles + warp;  // this warp's weight tile (T % 4 == 0)
+  const bool wg_live = int(blockIdx.x) * L::kTiles + kWaTilesWg * wg < T;
   uint8_t* smem = wa_align1024(smem_raw);
   const uint32_t s_base = ptx::smem_addr(smem);
-  // Stages and barriers are indexed by the CTA's global step gk (its items' steps one after the
-  // other), so a stage's mbarrier phases run on across items.
   // kMbar: stage s's full barrier (its activations landed: 2 BN owner arrivals) at bar_base + 8 s,
   // its empty barrier (every warp's MMAs of it done: one arrival a warp) at bar_base + 8 (kStages + s).
   const uint32_t bar_base = s_base + uint32_t(L::kStages * L::kStageBytes);
-  auto full_bar = [&](int gk) { return bar_base + 8u * (unsigned(gk) % unsigned(L::kStages)); };
-  auto empty_bar = [&](int gk) { return bar_base + 8u * (L::kStages + unsigned(gk) % unsigned(L::kStages)); };
-  // The parity of the phase in which step gk's use of its stage completes (the (gk / kStages)-th).
-  auto use_parity = [&](int gk) { return (unsigned(gk) / unsigned(L::kStages)) & 1u; };
+  auto full_bar = [&](int kt) { return bar_base + 8u * (unsigned(kt) % unsigned(L::kStages)); };
+  auto empty_bar = [&](int kt) { return bar_base + 8u * (L::kStages + unsigned(kt) % unsigned(L::kStages)); };
+  // The parity of the phase in which step kt's use of its stage completes (the (kt / kStages)-th).
+  auto use_parity = [&](int kt) { return (unsigned(kt) / unsigned(L::kStages)) & 1u; };
   if constexpr (kMbar) {
     if (tid == 0) {
       for (int st = 0; st < L::kStages; ++st) {
@@ -236,57 +233,55 @@ __global__ void __launch_bounds__(WaTile<BN, WGS>::kThreads, WaTile<BN, WGS>::kC
     __syncthreads();
   }
 
-  // Step gk's stage: activations (swizzled BN x 128 B), then this CTA's weight chunks (warp w's
+  // Step kt's stage: activations (swizzled BN x 128 B), then this CTA's weight chunks (warp w's
   // 512 bytes at w x 512, lane order) and scale words (lane l of warp w at (32 w + l) x 4).
-  auto stage_off = [&](int gk) { return uint32_t(unsigned(gk) % unsigned(L::kStages)) * L::kStageBytes; };
+  auto stage_off = [&](int kt) { return uint32_t(unsigned(kt) % unsigned(L::kStages)) * L::kStageBytes; };
   // Activations: thread t (64 pairs: thread wtid of the warpgroup that owns step kt, kt % 2) copies
   // half h = t % 2 of row t / 2, in natural order.
   const int a_t = L::kAlternate ? wtid : tid;
   const int a_row = a_t >> 1, a_half = a_t & 1;
   const bool a_live = a_row < BN;  // (threads past 2 BN half-rows copy nothing: 80 and 96 pairs)
   auto owns = [&](int kt) { return a_live && (!L::kAlternate || (kt & 1) == wg); };
+  const int a_pair = row0 + a_row;
+  const bool a_ok = a_pair < row_end;
   // The half-row's four 16-byte chunks: their swizzled slots differ only in bits 4-5 (chunk m of
   // the half at slot (4 a_half + m) ^ row), so each is the first one's offset XOR 16 m, which
   // costs one instruction where the compiler recomputes it instead of holding four registers.
   const uint32_t a_dst0 = sw128_offset(a_row, 32 * a_half);
   auto a_dst = [&](int m) { return a_dst0 ^ uint32_t(m << 4); };
+  // Weights: this lane's 16 bytes and scale word of chunk kt of its tile. A warpgroup past the
+  // last tile (N % 128 == 64) runs on tile 0's weights and stores nothing: every warp issues the
+  // same wgmmas (a branch around them made ptxas serialise them).
+  const size_t tc0 = (size_t(expert) * T + (wg_live ? tile : 0)) * C;
   const uint32_t w_dst = L::kActBytes + uint32_t(warp * 32 + lane) * 16;
   const uint32_t s_dst = L::kActBytes + L::kWBytes + uint32_t(warp * 32 + lane) * 4;
-  // wgmma's B descriptor of stage 0; a stage or k16 slice further is its byte offset / 16 added to
-  // the start-address field (every shared address here is below 2^18, so the field never carries).
-  const uint64_t desc0 = ptx::sw128_desc(s_base);
 
-  // The current item: its row tile, this warp's weight tile and the copies' running state.
-  int row0 = 0, row_end = 0, tile = 0, gbase = 0;
-  bool wg_live = false, a_ok = false;
-  // One cp.async group a step, every thread (empty past the item's last step), steps in order from
-  // 0: step kt's weights (each lane its own bytes, so its own wait makes them readable) and
+  // One cp.async group a step, every thread (empty past the last step), steps in order from 0:
+  // step kt's weights (each lane its own bytes, so its own wait makes them readable) and
   // activations (owner warpgroup). Running source pointers, advanced before their copies (a
   // pointer register rewritten right after the copy that reads it waits for that copy's issue:
   // Nsight Compute counted those waits), so no 64-bit index math a step.
   int kt_cp = -1;
-  const uint8_t* w_cp = nullptr;
-  const uint8_t* s_cp = nullptr;
-  const uint16_t* a_cp = nullptr;
+  const uint8_t* w_cp = a.w + (tc0 * 32 + lane) * 16 - 512;
+  const uint8_t* s_cp = a.scales + (tc0 * 8 + g) * 4 - 32;
+  const uint16_t* a_cp = a.A + size_t(a_ok ? (a.gather_a ? a.r.pair_token[a_pair] : a_pair) : 0) * a.lda + 32 * a_half - 64;
   auto copy_next = [&]() {
     ++kt_cp;
     w_cp += 512;
     s_cp += 32;
     a_cp += 64;
     if (kt_cp < C) {
-      const int gk = gbase + kt_cp;
-      const uint32_t d = s_base + stage_off(gk);
+      const uint32_t d = s_base + stage_off(kt_cp);
       ptx::cp_async16(d + w_dst, w_cp, true);
       asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(d + s_dst), "l"(s_cp));
       if (owns(kt_cp)) {
-        // The stage's last use (step gk - kStages) must be done in every warp before it is
-        // rewritten: the block barrier of step kt_cp - kLead (or the one between items) said so;
-        // with kMbar, its empty barrier.
+        // The stage's last use (step kt_cp - kStages) must be done in every warp before it is
+        // rewritten: the block barrier of step kt_cp - kLead said so; with kMbar, its empty barrier.
         if constexpr (kMbar)
-          if (gk >= L::kStages) ptx::mbar_wait(empty_bar(gk), use_parity(gk) ^ 1u);
+          if (kt_cp >= L::kStages) ptx::mbar_wait(empty_bar(kt_cp), use_parity(kt_cp) ^ 1u);
 #pragma unroll
         for (int m = 0; m < 4; ++m) ptx::cp_async16(d + a_dst(m), a_cp + 8 * m, a_ok);
-        if constexpr (kMbar) ptx::cp_async_mbar_arrive_noinc(full_bar(gk));
+        if constexpr (kMbar) ptx::cp_async_mbar_arrive_noinc(full_bar(kt_cp));
       }
     }
     ptx::cp_async_commit();
@@ -294,7 +289,7 @@ __global__ void __launch_bounds__(WaTile<BN, WGS>::kThreads, WaTile<BN, WGS>::kC
   // The owner's half-row of step kt, transposed in place into the fragment K order (see the head).
   auto permute_act = [&](int kt) {
     if (!kMbar && kt < C && owns(kt) && !a.a_k_permuted) {  // (k-permuted rows arrive in that order)
-      uint8_t* d = smem + stage_off(gbase + kt);
+      uint8_t* d = smem + stage_off(kt);
       uint4 in[4];
 #pragma unroll
       for (int m = 0; m < 4; ++m) in[m] = *reinterpret_cast<const uint4*>(d + a_dst(m));
@@ -306,201 +301,146 @@ __global__ void __launch_bounds__(WaTile<BN, WGS>::kThreads, WaTile<BN, WGS>::kC
   };
   // This lane's weight chunk and scale word of step kt (landed: its own copies).
   auto read_weights = [&](int kt, uint4& q, uint32_t& fs) {
-    const uint8_t* st = smem + stage_off(gbase + kt);
+    const uint8_t* st = smem + stage_off(kt);
     q = *reinterpret_cast<const uint4*>(st + w_dst);
     fs = *reinterpret_cast<const uint32_t*>(st + s_dst);
   };
+  // wgmma's B descriptor of stage 0; a stage or k16 slice further is its byte offset / 16 added to
+  // the start-address field (every shared address here is below 2^18, so the field never carries).
+  const uint64_t desc0 = ptx::sw128_desc(s_base);
+
+  // The epilogue's rows and biases, loaded now (in the epilogue their latency stood alone).
+  const int n_g = frag::tile_row(tile, g, a.swiglu_rows), n_g8 = frag::tile_row(tile, g + 8, a.swiglu_rows);
+  const float b_g = a.bias && wg_live ? __ldg(a.bias + size_t(expert) * a.N + n_g) : 0.f;
+  const float b_g8 = a.bias && wg_live ? __ldg(a.bias + size_t(expert) * a.N + n_g8) : 0.f;
+
+  // Prologue: steps 0 .. kLead - 1 in flight; step 0's activations transposed, its weights read.
+#pragma unroll
+  for (int kt = 0; kt < L::kLead; ++kt) copy_next();
+  // One factor a register for the whole CTA when every scale of its tiles allows it (the
+  // warpgroups' wgmmas need one code path); read once here, while the first copies fly, instead
+  // of tested every step. A tile's C x 8 scale words as 16-byte loads, all issued before any is
+  // used (Nsight Compute: a serial scan of 4-byte loads held ~5% of the samples).
+  bool one = true;
+  {
+    const uint4* sc = reinterpret_cast<const uint4*>(a.scales + tc0 * 32);
+    uint4 w[3];
+#pragma unroll
+    for (int r = 0; r < 3; ++r) {
+      const int i = lane + 32 * r;
+      w[r] = i < 2 * C ? __ldg(sc + i) : make_uint4(0, 0, 0, 0);
+    }
+    for (int i = lane + 96; i < 2 * C; i += 32) {  // K > 3072
+      const uint4 x = __ldg(sc + i);
+      one &= wa_one_factor(x.x) && wa_one_factor(x.y) && wa_one_factor(x.z) && wa_one_factor(x.w);
+    }
+#pragma unroll
+    for (int r = 0; r < 3; ++r)
+      one &= wa_one_factor(w[r].x) && wa_one_factor(w[r].y) && wa_one_factor(w[r].z) && wa_one_factor(w[r].w);
+  }
+  one = __syncthreads_and(one) != 0;
+  ptx::cp_async_wait<L::kLead - 1>();
+  permute_act(0);
+  if (!kMbar && owns(0)) ptx::fence_proxy_async();  // before step 0's barrier (the loop fences steps 1 on)
+  // Weights of steps of either parity (the step loop is unrolled by two, so these stay registers
+  // with no copies between steps).
+  uint4 qw[2];
+  uint32_t fw[2];
+  read_weights(0, qw[0], fw[0]);
 
   constexpr int kAcc = BN / 2;
   float acc[kAcc];
-  // The finished item whose epilogue is still to store (kPersist: it runs once the next item's
-  // first copies are in flight): its rows, this warp's tile rows and biases.
-  struct Done {
-    bool pending = false, live = false;
-    int row0 = 0, row_end = 0, tile = 0, expert = 0;
-    float b_g = 0.f, b_g8 = 0.f;  // (without kPersist: loaded before the item's steps)
-  } done;
+#pragma unroll
+  for (int i = 0; i < kAcc; ++i) acc[i] = 0.f;
+
+  {
+    uint32_t A[L::kABufs][16];
+    for (int kt0 = 0; kt0 < C; kt0 += 2) {
+#pragma unroll
+      for (int v = 0; v < 2; ++v) {
+        const int kt = kt0 + v;
+        if (kt < C) {  // uniform over the CTA
+          // This thread's copies of steps kt and kt + 1 have landed (kt + 2 .. kt + kLead - 1 may not).
+          ptx::cp_async_wait<L::kLead - 2>();
+          // Step kt's weights were read a step ago (kt % 2 == v); step kt + 1's are read now, their
+          // shared-memory latency hidden behind this step's decode.
+          if (kt + 1 < C) read_weights(kt + 1, qw[v ^ 1], fw[v ^ 1]);
+          permute_act(kt + 1);
+          // Decode step kt into A buffer v % kABufs (last read by step kt - kABufs's MMAs, waited for below).
+          uint32_t (&Av)[16] = A[v % L::kABufs];
+          if (one)  // CTA-uniform
+            wa_decode<true>(qw[v], fw[v], Av);
+          else
+            wa_decode<false>(qw[v], fw[v], Av);
+          if constexpr (kMbar) {
+            // Step kt's activations landed (every owner's copies), then to the async proxy that
+            // wgmma reads shared memory through.
+            ptx::mbar_wait(full_bar(kt), use_parity(kt));
+            ptx::fence_proxy_async();
+          } else {
+            // Step kt + 1's activations, transposed just now by their owners, to the async proxy
+            // before the barrier (only owners stored: the others skip the fence and its wait on
+            // their memory operations in flight); step kt's -> the tensor cores.
+            if (owns(kt + 1)) ptx::fence_proxy_async();
+            __syncthreads();
+          }
+          const uint64_t desc = desc0 + (stage_off(kt) >> 4);
+#pragma unroll
+          for (int i = 0; i < kAcc; ++i) ptx::fence_operand(acc[i]);
+          ptx::wgmma_fence();
+#pragma unroll
+          for (int j = 0; j < 4; ++j) ptx::wgmma_bf16_ra<BN>(acc, &Av[4 * j], desc + 2 * j, 1);
+          ptx::wgmma_commit();
+#pragma unroll
+          for (int i = 0; i < kAcc; ++i) ptx::fence_operand(acc[i]);
+          // Step kt + kLead's stage, (kt - 2) % kStages: last read by step kt - 2 (its MMAs, which
+          // every warp waited for before this step's barrier, or which the empty barrier counts;
+          // its weights, read by this lane at step kt - 3).
+          copy_next();
+          ptx::wgmma_wait<L::kABufs - 1>();
+#pragma unroll
+          for (int i = 0; i < kAcc; ++i) ptx::fence_operand(acc[i]);
+          // kMbar: this warp's MMAs of step kt - (kABufs - 1) are done: its stage may be refilled.
+          if constexpr (kMbar)
+            if (lane == 0 && kt >= L::kABufs - 1) ptx::mbar_arrive(empty_bar(kt - (L::kABufs - 1)));
+        }
+      }
+    }
+  }
+  ptx::wgmma_wait<0>();
+#pragma unroll
+  for (int i = 0; i < kAcc; ++i) ptx::fence_operand(acc[i]);
+  ptx::cp_async_wait<0>();
+  if (!wg_live) return;
+
   // Epilogue: acc[i] is weight row g + 8 ((i >> 1) & 1) of this warp's tile, sorted pair
   // row0 + 8 (i >> 2) + 2 tq + (i & 1).
-  auto epilogue = [&]() {
-    if (!done.live) return;
-    const int tq = lane & 3;
-    const int n_g = frag::tile_row(done.tile, g, a.swiglu_rows), n_g8 = frag::tile_row(done.tile, g + 8, a.swiglu_rows);
-    if constexpr (kPersist) {  // (registers: with kPersist the next item's copies hide this latency)
-      done.b_g = a.bias ? __ldg(a.bias + size_t(done.expert) * a.N + n_g) : 0.f;
-      done.b_g8 = a.bias ? __ldg(a.bias + size_t(done.expert) * a.N + n_g8) : 0.f;
-    }
-    if (a.swiglu_rows && a.epi.mode == Epilogue::kSwiGLU) {
-      // Gate (row g) and up (row g + 8) of output column 8 tile + g (k_permuted: stored where the
-      // next version 5 GEMM reads that K, wa_frag_k_pos).
-      const int j = a.epi.k_permuted ? wa_frag_k_pos(8 * done.tile + g) : 8 * done.tile + g;
-#pragma unroll
-      for (int t8 = 0; t8 < BN / 8; ++t8)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int row = done.row0 + 8 * t8 + 2 * tq + e;
-          if (row >= done.row_end) continue;
-          const float gate = acc[4 * t8 + e] + done.b_g, up = acc[4 * t8 + 2 + e] + done.b_g8;
-          static_cast<uint16_t*>(a.epi.out)[size_t(row) * a.epi.ldo + j] =
-              to_half_bits(swiglu_dev(gate, up, a.epi.swiglu_limit), a.epi.out_f16);
-        }
-      return;
-    }
+  const int tq = lane & 3;
+  if (a.swiglu_rows && a.epi.mode == Epilogue::kSwiGLU) {
+    // Gate (row g) and up (row g + 8) of output column 8 tile + g (k_permuted: stored where the
+    // next version 5 GEMM reads that K, wa_frag_k_pos).
+    const int j = a.epi.k_permuted ? wa_frag_k_pos(8 * tile + g) : 8 * tile + g;
 #pragma unroll
     for (int t8 = 0; t8 < BN / 8; ++t8)
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
-        const int row = done.row0 + 8 * t8 + 2 * tq + e;
-        if (row >= done.row_end) continue;
-        store_pair(a.epi, a.r, row, n_g, acc[4 * t8 + e] + done.b_g, 0.f, false);
-        store_pair(a.epi, a.r, row, n_g8, acc[4 * t8 + 2 + e] + done.b_g8, 0.f, false);
+        const int row = row0 + 8 * t8 + 2 * tq + e;
+        if (row >= row_end) continue;
+        const float gate = acc[4 * t8 + e] + b_g, up = acc[4 * t8 + 2 + e] + b_g8;
+        static_cast<uint16_t*>(a.epi.out)[size_t(row) * a.epi.ldo + j] =
+            to_half_bits(swiglu_dev(gate, up, a.epi.swiglu_limit), a.epi.out_f16);
       }
-  };
-
-  for (;;) {
-    int grp = -1, within = 0, expert = 0;
-    if (item >= 0) find_row_tile<BN>(a.r, item / XB, lane, grp, within, a.tile_rem_max, a.tile_bulk);
-    if (grp >= 0) {
-      const RowTile rt = row_tile_rows<BN>(a.r, grp, within, a.tile_bulk);
-      expert = rt.expert, row0 = rt.row0, row_end = rt.row_end;
-      const int x = item % XB;
-      tile = x * L::kTiles + warp;  // this warp's weight tile (T % 4 == 0)
-      wg_live = x * L::kTiles + kWaTilesWg * wg < T;
-      const int a_pair = row0 + a_row;
-      a_ok = a_pair < row_end;
-      // Weights: this lane's 16 bytes and scale word of chunk kt of its tile. A warpgroup past the
-      // last tile (N % 128 == 64) runs on tile 0's weights and stores nothing: every warp issues
-      // the same wgmmas (a branch around them made ptxas serialise them).
-      const size_t tc0 = (size_t(expert) * T + (wg_live ? tile : 0)) * C;
-      kt_cp = -1;
-      w_cp = a.w + (tc0 * 32 + lane) * 16 - 512;
-      s_cp = a.scales + (tc0 * 8 + g) * 4 - 32;
-      a_cp = a.A + size_t(a_ok ? (a.gather_a ? a.r.pair_token[a_pair] : a_pair) : 0) * a.lda + 32 * a_half - 64;
-      // Prologue: steps 0 .. kLead - 1 in flight.
-#pragma unroll
-      for (int kt = 0; kt < L::kLead; ++kt) copy_next();
-    }
-    // The previous item's stores, while this one's first copies fly.
-    if (done.pending) {
-      epilogue();
-      done.pending = false;
-    }
-    if (grp < 0) break;
-
-    // The epilogue's rows, and without kPersist its biases, loaded now (in the epilogue of a CTA
-    // an item their latency stood alone).
-    done.tile = tile, done.row0 = row0, done.row_end = row_end, done.live = wg_live, done.expert = expert;
-    if constexpr (!kPersist) {
-      done.b_g = a.bias && wg_live ? __ldg(a.bias + size_t(expert) * a.N + frag::tile_row(tile, g, a.swiglu_rows)) : 0.f;
-      done.b_g8 = a.bias && wg_live ? __ldg(a.bias + size_t(expert) * a.N + frag::tile_row(tile, g + 8, a.swiglu_rows)) : 0.f;
-    }
-
-    // One factor a register for the whole CTA when every scale of its tiles allows it (the
-    // warpgroups' wgmmas need one code path); read once an item, while the first copies fly,
-    // instead of tested every step. A tile's C x 8 scale words as 16-byte loads, all issued before
-    // any is used (Nsight Compute: a serial scan of 4-byte loads held ~5% of the samples).
-    bool one = true;
-    {
-      const size_t tc0 = (size_t(expert) * T + (wg_live ? tile : 0)) * C;
-      const uint4* sc = reinterpret_cast<const uint4*>(a.scales + tc0 * 32);
-      uint4 w[3];
-#pragma unroll
-      for (int r = 0; r < 3; ++r) {
-        const int i = lane + 32 * r;
-        w[r] = i < 2 * C ? __ldg(sc + i) : make_uint4(0, 0, 0, 0);
-      }
-      for (int i = lane + 96; i < 2 * C; i += 32) {  // K > 3072
-        const uint4 x = __ldg(sc + i);
-        one &= wa_one_factor(x.x) && wa_one_factor(x.y) && wa_one_factor(x.z) && wa_one_factor(x.w);
-      }
-#pragma unroll
-      for (int r = 0; r < 3; ++r)
-        one &= wa_one_factor(w[r].x) && wa_one_factor(w[r].y) && wa_one_factor(w[r].z) && wa_one_factor(w[r].w);
-    }
-    one = __syncthreads_and(one) != 0;
-    ptx::cp_async_wait<L::kLead - 1>();
-    permute_act(0);
-    if (!kMbar && owns(0)) ptx::fence_proxy_async();  // before step 0's barrier (the loop fences steps 1 on)
-    // Weights of steps of either parity (the step loop is unrolled by two, so these stay registers
-    // with no copies between steps).
-    uint4 qw[2];
-    uint32_t fw[2];
-    read_weights(0, qw[0], fw[0]);
-
-#pragma unroll
-    for (int i = 0; i < kAcc; ++i) acc[i] = 0.f;
-
-    {
-      uint32_t A[L::kABufs][16];
-      for (int kt0 = 0; kt0 < C; kt0 += 2) {
-#pragma unroll
-        for (int v = 0; v < 2; ++v) {
-          const int kt = kt0 + v;
-          if (kt < C) {  // uniform over the CTA
-            // This thread's copies of steps kt and kt + 1 have landed (kt + 2 .. kt + kLead - 1 may not).
-            ptx::cp_async_wait<L::kLead - 2>();
-            // Step kt's weights were read a step ago (kt % 2 == v); step kt + 1's are read now, their
-            // shared-memory latency hidden behind this step's decode.
-            if (kt + 1 < C) read_weights(kt + 1, qw[v ^ 1], fw[v ^ 1]);
-            permute_act(kt + 1);
-            // Decode step kt into A buffer v % kABufs (last read by step kt - kABufs's MMAs, waited for below).
-            uint32_t (&Av)[16] = A[v % L::kABufs];
-            if (one)  // CTA-uniform
-              wa_decode<true>(qw[v], fw[v], Av);
-            else
-              wa_decode<false>(qw[v], fw[v], Av);
-            if constexpr (kMbar) {
-              // Step kt's activations landed (every owner's copies), then to the async proxy that
-              // wgmma reads shared memory through.
-              ptx::mbar_wait(full_bar(gbase + kt), use_parity(gbase + kt));
-              ptx::fence_proxy_async();
-            } else {
-              // Step kt + 1's activations, transposed just now by their owners, to the async proxy
-              // before the barrier (only owners stored: the others skip the fence and its wait on
-              // their memory operations in flight); step kt's -> the tensor cores.
-              if (owns(kt + 1)) ptx::fence_proxy_async();
-              __syncthreads();
-            }
-            const uint64_t desc = desc0 + (stage_off(gbase + kt) >> 4);
-#pragma unroll
-            for (int i = 0; i < kAcc; ++i) ptx::fence_operand(acc[i]);
-            ptx::wgmma_fence();
-#pragma unroll
-            for (int j = 0; j < 4; ++j) ptx::wgmma_bf16_ra<BN>(acc, &Av[4 * j], desc + 2 * j, 1);
-            ptx::wgmma_commit();
-#pragma unroll
-            for (int i = 0; i < kAcc; ++i) ptx::fence_operand(acc[i]);
-            // Step kt + kLead's stage, (kt - 2) % kStages: last read by step kt - 2 (its MMAs, which
-            // every warp waited for before this step's barrier, or which the empty barrier counts;
-            // its weights, read by this lane at step kt - 3).
-            copy_next();
-            ptx::wgmma_wait<L::kABufs - 1>();
-#pragma unroll
-            for (int i = 0; i < kAcc; ++i) ptx::fence_operand(acc[i]);
-            // kMbar: this warp's MMAs of step kt - (kABufs - 1) are done: its stage may be refilled.
-            if constexpr (kMbar)
-              if (lane == 0 && kt >= L::kABufs - 1) ptx::mbar_arrive(empty_bar(gbase + kt - (L::kABufs - 1)));
-          }
-        }
-      }
-    }
-    ptx::wgmma_wait<0>();
-#pragma unroll
-    for (int i = 0; i < kAcc; ++i) ptx::fence_operand(acc[i]);
-    ptx::cp_async_wait<0>();
-    // (two A buffers: the item's last step has not said its MMAs are done yet)
-    if constexpr (kMbar && L::kABufs == 2)
-      if (lane == 0) ptx::mbar_arrive(empty_bar(gbase + C - 1));
-    done.pending = true;
-    if constexpr (!kPersist) {
-      epilogue();
-      break;
-    }
-    gbase += C;
-    item += int(gridDim.x);
-    // Every warp is done with this item's stages before the next item's copies rewrite them.
-    __syncthreads();
+    return;
   }
+#pragma unroll
+  for (int t8 = 0; t8 < BN / 8; ++t8)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int row = row0 + 8 * t8 + 2 * tq + e;
+      if (row >= row_end) continue;
+      store_pair(a.epi, a.r, row, n_g, acc[4 * t8 + e] + b_g, 0.f, false);
+      store_pair(a.epi, a.r, row, n_g8, acc[4 * t8 + 2 + e] + b_g8, 0.f, false);
+    }
 #else
   __trap();  // launched only where expert_gemm_v3_available() (sm_90a code on a 9.0 device)
 #endif
@@ -648,22 +588,6 @@ std::vector<double> poisson_pmf(double mean, int hi) {
 }
 }  // namespace
 
-int g_v5_persist = -1;  // expert_gemm_v5_persistent: -1 not read yet, else 0 or 1
-
-bool expert_gemm_v5_persistent() {
-  if (g_v5_persist < 0) {
-    const int v = env_int("GPTOSS_EXPERT_GEMM_V5_PERSIST", 1);
-    if (v != 0 && v != 1) throw Error("GPTOSS_EXPERT_GEMM_V5_PERSIST: expected 0 (a CTA an item) or 1 (persistent)");
-    g_v5_persist = v;
-  }
-  return g_v5_persist != 0;
-}
-
-void set_expert_gemm_v5_persistent(int on) {
-  if (on < -1 || on > 1) throw Error("set_expert_gemm_v5_persistent: expected -1 (environment), 0 or 1");
-  g_v5_persist = on;
-}
-
 int g_v5_split = -1;  // expert_gemm_v5_split: -1 not read yet, else 0 or 1
 int g_v5_split_bulk = 0, g_v5_split_rem = 0;  // set_expert_gemm_v5_split's forced tiling (bulk 0: none)
 
@@ -753,49 +677,31 @@ bool expert_gemm_v5_preferred(int pairs, int E) {
 }
 
 namespace {
-template <int BN, int WGS, bool kMbar, bool kPersist = false>
+template <int BN, int WGS, bool kMbar>
 void launch_v5(const ExpertGemmArgs& a, int pairs, int E, cudaStream_t s) {
   using L = WaTile<BN, WGS>;
-  auto* kernel = expert_gemm_wa_kernel<BN, WGS, kMbar, kPersist>;
   static std::atomic<uint64_t> attr_set{0};
-  opt_in_smem_once_per_device(attr_set, L::kSmem, kernel);
+  opt_in_smem_once_per_device(attr_set, L::kSmem, expert_gemm_wa_kernel<BN, WGS, kMbar>);
   // (a split tiling's remainder launch: at most one tile a group)
   const int max_tiles = a.tile_bulk > 0 ? std::min(pairs, E) : (pairs + BN - 1) / BN + std::min(pairs, E);
   if (max_tiles > 65535) throw Error("expert_gemm_v5: too many row tiles (" + std::to_string(max_tiles) + ")");
-  const int T = a.N / 16, XB = (T + L::kTiles - 1) / L::kTiles;
-  // Persistent: one CTA an SM walks the items (at most XB x max_tiles; the CTAs stop at the first
-  // row tile past the routing's last).
-  const dim3 grid = kPersist ? dim3(unsigned(std::min<long>(long(XB) * max_tiles, long(sm_count()) * L::kCtasPerSm)))
-                             : dim3(unsigned(XB), unsigned(max_tiles));
-  launch_pdl(kernel, grid, dim3(L::kThreads), L::kSmem, s, a);
+  const int T = a.N / 16;
+  const dim3 grid((T + L::kTiles - 1) / L::kTiles, max_tiles);
+  launch_pdl(expert_gemm_wa_kernel<BN, WGS, kMbar>, grid, dim3(L::kThreads), L::kSmem, s, a);
   GPTOSS_CUDA_LAUNCH_CHECK();
 }
 
 // The block-barrier kernel at each width (the mbarrier one is launched directly: 128 pairs, four
-// warpgroups, expert_gemm_v5_uses_mbarriers). Four warpgroups (one CTA an SM) from 64 pairs take
-// the persistent form where expert_gemm_v5_persistent().
+// warpgroups, expert_gemm_v5_uses_mbarriers).
 template <int WGS>
 void launch_v5_width(int bn, const ExpertGemmArgs& a, int pairs, int E, cudaStream_t s) {
-  const bool persist = WGS == 4 && expert_gemm_v5_persistent();
   switch (bn) {
     case 32: launch_v5<32, WGS, false>(a, pairs, E, s); break;
     case 48: launch_v5<48, WGS, false>(a, pairs, E, s); break;
-    case 80:
-      if (persist) launch_v5<80, 4, false, true>(a, pairs, E, s);
-      else launch_v5<80, WGS, false>(a, pairs, E, s);
-      break;
-    case 96:
-      if (persist) launch_v5<96, 4, false, true>(a, pairs, E, s);
-      else launch_v5<96, WGS, false>(a, pairs, E, s);
-      break;
-    case 128:
-      if (persist) launch_v5<128, 4, false, true>(a, pairs, E, s);
-      else launch_v5<128, WGS, false>(a, pairs, E, s);
-      break;
-    default:
-      if (persist) launch_v5<64, 4, false, true>(a, pairs, E, s);
-      else launch_v5<64, WGS, false>(a, pairs, E, s);
-      break;
+    case 80: launch_v5<80, WGS, false>(a, pairs, E, s); break;
+    case 96: launch_v5<96, WGS, false>(a, pairs, E, s); break;
+    case 128: launch_v5<128, WGS, false>(a, pairs, E, s); break;
+    default: launch_v5<64, WGS, false>(a, pairs, E, s); break;
   }
 }
 }  // namespace
@@ -812,12 +718,9 @@ void expert_gemm_v5(const WeightMat& W, const bf16_t* A, int lda, int pairs, int
   ExpertGemmArgs a{static_cast<const uint8_t*>(W.w), W.scales, W.bias, W.N, W.K, A, lda, gather_a, r, epi, W.swiglu_rows,
                    a_k_permuted};
   auto launch = [&](int bn, const ExpertGemmArgs& la) {
-    if (expert_gemm_v5_uses_mbarriers(bn, pairs, a_k_permuted)) {
-      if (expert_gemm_v5_persistent())
-        launch_v5<128, 4, true, true>(la, pairs, E, s);
-      else
-        launch_v5<128, 4, true>(la, pairs, E, s);
-    } else if (expert_gemm_v5_chosen_warpgroups(bn, pairs) == 4)
+    if (expert_gemm_v5_uses_mbarriers(bn, pairs, a_k_permuted))
+      launch_v5<128, 4, true>(la, pairs, E, s);
+    else if (expert_gemm_v5_chosen_warpgroups(bn, pairs) == 4)
       launch_v5_width<4>(bn, la, pairs, E, s);
     else
       launch_v5_width<2>(bn, la, pairs, E, s);
