@@ -35,8 +35,9 @@ bool expert_gemm_v5_uses_mbarriers(int tile_pairs, int pairs, bool a_k_permuted)
 struct V5Tiling {
   int bulk = 64, rem = 0;
 };
-// The automatic choice by the tile cost model (expert_gemm_v5_auto_tile_pairs's): a split where
-// it saves at least 3% of the expected cost, else one width.
+// The automatic choice by the tile cost model (expert_gemm_v5_auto_tile_pairs's, a remainder tile
+// costed as measured): a split of the 128-pair mbarrier kernel where it saves at least 2% of the
+// expected cost, else one width (GPTOSS_EXPERT_GEMM_V5_SPLIT=0: always one width).
 V5Tiling expert_gemm_v5_auto_tiling(int pairs, int E);
 // What a launch runs: set_expert_gemm_v5_split's forced tiling, else a forced width (one launch),
 // else the automatic tiling (one width if GPTOSS_EXPERT_GEMM_V5_SPLIT=0).

@@ -546,6 +546,15 @@ void set_expert_gemm_v5_tile_pairs(int pairs) {
   g_v5_pairs = pairs;
 }
 
+namespace {
+// P(n) for n = 0 .. hi of a Poisson count with this mean (an expert's pairs under random routing).
+std::vector<double> poisson_pmf(double mean, int hi) {
+  std::vector<double> p(size_t(hi) + 1);
+  for (int n = 0; n <= hi; ++n) p[size_t(n)] = std::exp(n * std::log(mean) - mean - std::lgamma(n + 1.0));
+  return p;
+}
+}  // namespace
+
 int expert_gemm_v5_auto_tile_pairs(int pairs, int E) {
   // The width with the least expected work: an expert's pairs taken as Poisson around the mean
   // (what random routing gives), each tile costing kV5TileCost[width] of a 64-pair tile: the
@@ -566,27 +575,18 @@ int expert_gemm_v5_auto_tile_pairs(int pairs, int E) {
   const double mean = double(pairs) / std::min(pairs, E);
   double best = 0;
   int best_w = 64;
+  const int hi = int(mean + 12 * std::sqrt(mean) + 16);
+  const std::vector<double> p = poisson_pmf(mean, hi);
   for (size_t i = 0; i < std::size(kV5Widths); ++i) {
     const int w = kV5Widths[i];
     double tiles = 0;  // E[ceil(n / w)], n ~ Poisson(mean)
-    const int hi = int(mean + 12 * std::sqrt(mean) + 16);
-    for (int n = 1; n <= hi; ++n)
-      tiles += std::exp(n * std::log(mean) - mean - std::lgamma(n + 1.0)) * ((n + w - 1) / w);
+    for (int n = 1; n <= hi; ++n) tiles += p[size_t(n)] * ((n + w - 1) / w);
     const double cost = tiles * (w == 128 && mbar ? kV5TileCost128Mbar : kV5TileCost[i]);
     if (i == 0 || cost < best) best = cost, best_w = w;
   }
   chosen.emplace(key, best_w);
   return best_w;
 }
-
-namespace {
-// P(n) for n = 0 .. hi of a Poisson count with this mean (an expert's pairs under random routing).
-std::vector<double> poisson_pmf(double mean, int hi) {
-  std::vector<double> p(size_t(hi) + 1);
-  for (int n = 0; n <= hi; ++n) p[size_t(n)] = std::exp(n * std::log(mean) - mean - std::lgamma(n + 1.0));
-  return p;
-}
-}  // namespace
 
 int g_v5_split = -1;  // expert_gemm_v5_split: -1 not read yet, else 0 or 1
 int g_v5_split_bulk = 0, g_v5_split_rem = 0;  // set_expert_gemm_v5_split's forced tiling (bulk 0: none)
@@ -653,7 +653,7 @@ V5Tiling expert_gemm_v5_auto_tiling(int pairs, int E) {
     }
   }
   // A second launch only where it saves at least 2% of the tiles' cost: 120b at 4096 and 8192
-  // tokens, 20b at 2048 (s37r3: 120b pp4096 +1.0%, pp8192 +1.5%, 20b pp2048 +2%, two runs each).
+  // tokens, 20b at 2048 (s37r4, two runs each: 120b pp4096 +1.4%, pp8192 +1.7%, 20b pp2048 +1.3%).
   const V5Tiling t = split.rem > 0 && split_cost < 0.98 * one_cost ? split : one;
   chosen.emplace(key, t);
   return t;
