@@ -19,6 +19,11 @@
 #                                  environment set before it; its lines matching GREP, once each
 #   sanitize FILTER TOOL...        compute-sanitizer TOOL (memcheck, racecheck, synccheck) over the
 #                                  kernel tests FILTER names, small cases; rc and the summaries
+#   pp_ab VAR "A B" PPS MODEL...  each MODEL's prefill (`bench --pp PPS`) under VAR=A, VAR=B, A, B,
+#                                  each run's rows under an "== MODEL VAR=v" line
+#   bk_v5 NAME MODEL TOKENS [GREP]  bench-kernels' version 5 k-permuted rows
+#                                  (GPTOSS_BENCH_V5_KPERM_ONLY=1) at TOKENS under the environment
+#                                  set before it, under "== NAME"; the rows matching GREP (all: v5)
 #   bench_rate RATE N              on a serve_up server: N requests at RATE req/s (Poisson), 256-768
 #                                  in / 128-384 out, seed 1; TTFT, TPOT, ITL and output in the summary
 # The summary is $OUT/summary.txt ($S); logs go beside it. Rounds of sessions 7-11 spell this out
@@ -103,4 +108,20 @@ trace_bench() {
     python3 tools/gpu/kernel_trace_report.py --nodes $out/t_${name}_$batch.csv 2>&1 | grep -E "$TRACE_NODES_GREP" | sed -n 3,6p >> $S
   fi
   rm -f $out/t_${name}_$batch.csv  # (a call brings back few files)
+}
+pp_ab() {
+  local var=$1 vals=$2 pps=$3; shift 3
+  for m in "$@"; do for v in $vals $vals; do
+    echo "== $m $var=$v" >> $S
+    env "$var=$v" timeout 100 $g bench --device cuda --random-weights $m --pp $pps --tg '' --runs 1 2>&1 |
+      grep -E "^\| random" >> $S
+  done; done
+}
+bk_v5() {
+  local name=$1 m=$2 tk=$3 pat=${4:-v5}
+  local log=$out/bk_$(printf '%s' "$name" | tr -c 'A-Za-z0-9_' '_').txt
+  echo "== $name" >> $S
+  GPTOSS_BENCH_V5_KPERM_ONLY=1 timeout 90 $g bench-kernels --model $m --tokens $tk --iters 5 > "$log" 2>&1
+  grep -E "gate_up \+ down.*v5.*kperm" "$log" | grep -E "$pat" |
+    sed -E 's/^\| experts gate_up \+ down \| [^|]*\| //' >> $S
 }

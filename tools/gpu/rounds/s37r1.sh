@@ -10,16 +10,11 @@ for m in 120b 20b; do for tk in 2048 8192; do for w in 3 4 2; do
   [ $tk = 8192 ] && [ $w = 2 ] && continue
   for mb in 1 2; do
     [ $mb = 2 ] && [ $w != 3 ] && continue
-    echo "== $m $tk WG=$w MBAR=$mb" >> $S
-    GPTOSS_EXPERT_GEMM_V5_WG=$w GPTOSS_EXPERT_GEMM_V5_MBAR=$mb GPTOSS_BENCH_V5_KPERM_ONLY=1 timeout 90 $g bench-kernels --model $m --tokens $tk --iters 5 > $out/bk_${m}_${tk}_${w}_$mb.txt 2>&1
-    grep -E "gate_up \+ down.*v5.*kperm" $out/bk_${m}_${tk}_${w}_$mb.txt | sed -E 's/^\| experts gate_up \+ down \| [^|]*\| //' >> $S
+    GPTOSS_EXPERT_GEMM_V5_WG=$w GPTOSS_EXPERT_GEMM_V5_MBAR=$mb bk_v5 "$m $tk WG=$w MBAR=$mb" $m $tk
   done
 done; done; done
 ts prefill
-for m in 120b 20b; do for w in 0 3 0 3; do
-  echo "== $m WG=$w" >> $S
-  GPTOSS_EXPERT_GEMM_V5_WG=$w timeout 100 $g bench --device cuda --random-weights $m --pp 512,1024,2048,4096,8192 --tg '' --runs 1 2>&1 | grep -E "^\| random" >> $S
-done; done
+pp_ab GPTOSS_EXPERT_GEMM_V5_WG "0 3" 512,1024,2048,4096,8192 120b 20b
 ts tests
 t k 240 $K --gtest_filter='Kernels.MoeMxfp4ExpertGemmV5:Kernels.ExpertGemmAwkward*:Kernels.MoeMxfp4Fragments'
 ts done

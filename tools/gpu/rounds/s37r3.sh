@@ -6,17 +6,9 @@
 # Pack: PACK_TESTS="test_cuda_kernels" tools/gpu/pack.sh
 source tools/gpu/rounds/prelude.sh
 ts bench-kernels
-for mt in 120b:4096 120b:2048 20b:1024 20b:2048; do
-  m=${mt%:*}; tk=${mt#*:}
-  echo "== $m $tk" >> $S
-  GPTOSS_BENCH_V5_KPERM_ONLY=1 timeout 90 $g bench-kernels --model $m --tokens $tk --iters 5 > $out/bk_${m}_$tk.txt 2>&1
-  grep -E "gate_up \+ down.*v5.*kperm" $out/bk_${m}_$tk.txt | sed -E 's/^\| experts gate_up \+ down \| [^|]*\| //' >> $S
-done
+for mt in 120b:4096 120b:2048 20b:1024 20b:2048; do bk_v5 "${mt/:/ }" ${mt%:*} ${mt#*:}; done
 ts prefill
-for m in 120b 20b; do for sp in 0 1 0 1; do
-  echo "== $m SPLIT=$sp" >> $S
-  GPTOSS_EXPERT_GEMM_V5_SPLIT=$sp timeout 100 $g bench --device cuda --random-weights $m --pp 512,1024,2048,4096,8192 --tg '' --runs 1 2>&1 | grep -E "^\| random" >> $S
-done; done
+pp_ab GPTOSS_EXPERT_GEMM_V5_SPLIT "0 1" 512,1024,2048,4096,8192 120b 20b
 ts tests
 t k 230 $K --gtest_filter='Kernels.MoeMxfp4ExpertGemmV5:ExpertGemmV5Width.*'
 ts done

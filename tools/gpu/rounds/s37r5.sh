@@ -5,16 +5,10 @@
 source tools/gpu/rounds/prelude.sh
 ts bench-kernels
 for mt in 120b:4096 120b:2048 20b:2048; do for p in 1 0; do
-  m=${mt%:*}; tk=${mt#*:}
-  echo "== $m $tk PERSIST=$p" >> $S
-  GPTOSS_EXPERT_GEMM_V5_PERSIST=$p GPTOSS_BENCH_V5_KPERM_ONLY=1 timeout 90 $g bench-kernels --model $m --tokens $tk --iters 5 > $out/bk.txt 2>&1
-  grep -E "gate_up \+ down.*v5.*kperm" $out/bk.txt | grep -E "wg4" | sed -E 's/^\| experts gate_up \+ down \| [^|]*\| //' >> $S
+  GPTOSS_EXPERT_GEMM_V5_PERSIST=$p bk_v5 "${mt/:/ } PERSIST=$p" ${mt%:*} ${mt#*:} wg4
 done; done
 ts prefill
-for m in 120b 20b; do for p in 1 0 1 0; do
-  echo "== $m PERSIST=$p" >> $S
-  GPTOSS_EXPERT_GEMM_V5_PERSIST=$p timeout 100 $g bench --device cuda --random-weights $m --pp 2048,4096,8192 --tg '' --runs 1 2>&1 | grep -E "^\| random" >> $S
-done; done
+pp_ab GPTOSS_EXPERT_GEMM_V5_PERSIST "1 0" 2048,4096,8192 120b 20b
 ts tests
 t model 200 $bin/test_cuda_model
 t k 230 $K --gtest_filter='Kernels.MoeMxfp4ExpertGemmV5:ExpertGemmV5Width.*'
