@@ -1,6 +1,7 @@
 #pragma once
-// Version 5 of the prefill expert GEMM (expert_gemm_wgmma_wa.cu): its CTA shape, beside the width
-// (kernels.h). Apart from kernels.h so a knob of one kernel does not rebuild the backend.
+// Version 5 of the prefill expert GEMM (expert_gemm_wgmma_wa.cu; the choices below are made in
+// expert_gemm_v5_choice.cpp): its CTA shape, hand-off and tiling, beside the width (kernels.h).
+// Apart from kernels.h so a knob of one kernel does not rebuild the backend.
 
 namespace gptoss::cuda {
 
