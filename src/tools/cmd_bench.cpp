@@ -2,11 +2,13 @@
 // N-token prompt (logits of the last token only). tgN: N greedy decode steps after a prompt of
 // --tg-prompt tokens (as a real request would run), each step one forward (graph-captured on
 // CUDA, greedy token picked on the device). tgN xB (--batch B): B sequences decoding together
-// after their prompts, one forward a step, t/s over all of them. The steps are pipelined as a
-// server with async scheduling runs them (Backend::launch_greedy): step N + 1 is launched with its
-// tokens taken on the device from step N's, and N's ids are read while N + 1 runs; --sync-steps
-// reads each step's ids before launching the next. Prints a markdown table; --json adds the
-// results as JSON (to a file, or alone on stdout with '-').
+// after their prompts, one forward a step, t/s over all of them. ppN xB (--pp-batch B): B
+// sequences of N tokens prefilled in one forward pass, as a server's prefill pass holds several
+// prompts (each its own pages, the logits of each one's last token), t/s over all of them. The
+// tg steps are pipelined as a server with async scheduling runs them (Backend::launch_greedy):
+// step N + 1 is launched with its tokens taken on the device from step N's, and N's ids are read
+// while N + 1 runs; --sync-steps reads each step's ids before launching the next. Prints a
+// markdown table; --json adds the results as JSON (to a file, or alone on stdout with '-').
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -32,7 +34,7 @@ namespace {
 
 struct Args {
   gptoss::BackendOptions backend;
-  std::string pp = "512,2048,8192", tg = "32,128", batch = "1", json_path, kv_dtype = "bf16";
+  std::string pp = "512,2048,8192", tg = "32,128", batch = "1", pp_batch = "1", json_path, kv_dtype = "bf16";
   bool json = false;  // --json given (an empty path means stdout)
   bool sync_steps = false;  // --sync-steps: each tg step's ids read before the next is launched
   int runs = 5, tg_prompt = 512, page_size = 16;
@@ -52,28 +54,26 @@ double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-// One sequence on pages 0..n-1 of both groups.
-struct Seq {
-  gptoss::Backend& b;
-  std::vector<int32_t> pages;
-  int len = 0;
-  void forward(const std::vector<int32_t>& toks, int32_t* next) {
-    gptoss::ForwardBatch fb;
-    fb.tokens = toks;
+// One prefill pass over `prompts`, each a fresh sequence on its own pages (the same table for both
+// groups), the logits of each one's last token; next gets one greedy token a prompt.
+void prefill_pass(gptoss::Backend& b, const std::vector<std::vector<int32_t>>& prompts,
+                  const std::vector<std::vector<int32_t>>& pages, int32_t* next) {
+  gptoss::ForwardBatch fb;
+  for (size_t q = 0; q < prompts.size(); ++q) {
     gptoss::SeqBatchInfo s;
-    s.first_token = 0;
-    s.n_tokens = int(toks.size());
-    s.start_pos = len;
+    s.first_token = int32_t(fb.tokens.size());
+    s.n_tokens = int32_t(prompts[q].size());
+    s.start_pos = 0;
     for (int g = 0; g < 2; ++g) {
-      s.pages[g] = pages.data();
-      s.n_pages[g] = int(pages.size());
+      s.pages[g] = pages[q].data();
+      s.n_pages[g] = int32_t(pages[q].size());
     }
+    fb.tokens.insert(fb.tokens.end(), prompts[q].begin(), prompts[q].end());
     fb.seqs.push_back(s);
-    fb.logit_rows.push_back(int(toks.size()) - 1);
-    b.forward_greedy(fb, next);
-    len += int(toks.size());
+    fb.logit_rows.push_back(int32_t(fb.tokens.size()) - 1);
   }
-};
+  b.forward_greedy(fb, next);
+}
 
 int run(Args& a) {
   using namespace gptoss;
@@ -93,16 +93,18 @@ int run(Args& a) {
   int max_len = 1;
   for (int p : pps) max_len = std::max(max_len, p);
   for (int t : tgs) max_len = std::max(max_len, a.tg_prompt + t);
-  const auto batches = parse_list(a.batch);
-  int max_batch = 1;
+  const auto batches = parse_list(a.batch), pp_batches = parse_list(a.pp_batch);
+  int max_batch = 1, max_pp_batch = 1;
   for (int b : batches) max_batch = std::max(max_batch, b);
+  for (int b : pp_batches) max_pp_batch = std::max(max_pp_batch, b);
   KvCacheConfig kv;
   kv.page_size = a.page_size;
   int pages = (max_len + a.page_size - 1) / a.page_size + 1;
-  // Batched tg runs give each of their sequences its own pages.
-  int tg_pages = 0;
+  // Batched tg runs and batched prefill passes give each of their sequences its own pages.
+  int tg_pages = 0, pp_pages = 0;
   for (int t : tgs) tg_pages = std::max(tg_pages, (a.tg_prompt + t + a.page_size - 1) / a.page_size + 1);
-  kv.num_pages[0] = kv.num_pages[1] = std::max(pages, tg_pages * max_batch);
+  for (int p : pps) pp_pages = std::max(pp_pages, (p + a.page_size - 1) / a.page_size + 1);
+  kv.num_pages[0] = kv.num_pages[1] = std::max({pages, tg_pages * max_batch, pp_pages * max_pp_batch});
   if (a.kv_dtype == "fp8")
     kv.dtype = DType::F8_E4M3;
   else if (a.kv_dtype != "bf16")
@@ -131,20 +133,25 @@ int run(Args& a) {
     for (double x : v) s += (x - m) * (x - m);
     return Result{name, m, v.size() > 1 ? std::sqrt(s / (v.size() - 1)) : 0.0, v};
   };
-  for (int p : pps) {
-    std::vector<double> tps;
-    for (int r = -1; r < a.runs; ++r) {  // r = -1: warm-up
-      Seq s{*be, page_ids};
-      auto toks = rand_tokens(p);
-      int32_t next;
-      double t0 = now_s();
-      s.forward(toks, &next);
-      double dt = now_s() - t0;
-      if (r >= 0) tps.push_back(p / dt);
+  for (int p : pps)
+    for (int B : pp_batches) {
+      const int per = (p + a.page_size - 1) / a.page_size + 1;
+      std::vector<std::vector<int32_t>> seq_pages(B, std::vector<int32_t>(per));
+      for (int q = 0; q < B; ++q) std::iota(seq_pages[q].begin(), seq_pages[q].end(), q * per);
+      std::vector<double> tps;
+      for (int r = -1; r < a.runs; ++r) {  // r = -1: warm-up
+        std::vector<std::vector<int32_t>> prompts;
+        for (int q = 0; q < B; ++q) prompts.push_back(rand_tokens(p));
+        std::vector<int32_t> next(B);
+        double t0 = now_s();
+        prefill_pass(*be, prompts, seq_pages, next.data());
+        double dt = now_s() - t0;
+        if (r >= 0) tps.push_back(double(B) * p / dt);
+      }
+      const std::string name = "pp" + std::to_string(p) + (B > 1 ? " x" + std::to_string(B) : "");
+      results.push_back(stats(name, tps));
+      std::fprintf(stderr, "%s: %.1f t/s%s\n", name.c_str(), results.back().mean, B > 1 ? " (all sequences)" : "");
     }
-    results.push_back(stats("pp" + std::to_string(p), tps));
-    std::fprintf(stderr, "pp%d: %.1f t/s\n", p, results.back().mean);
-  }
   for (int t : tgs)
     for (int B : batches) {
       if (B == 1) continue;  // the plain tgN below
@@ -239,6 +246,11 @@ gptoss::tools::RegisterCommand reg({"bench", "Prompt-processing and generation t
   app->add_option("--batch", a->batch,
                   "Sequences decoding together in tg runs, comma-separated (tgN xB: B sequences after their "
                   "prompts, one forward a step; t/s counts all of them)")
+      ->capture_default_str()
+      ->check(positive_int_list());
+  app->add_option("--pp-batch", a->pp_batch,
+                  "Prompts prefilled together in pp runs, comma-separated (ppN xB: B prompts of N tokens in one "
+                  "forward pass, as a server's prefill pass; t/s counts all of them)")
       ->capture_default_str()
       ->check(positive_int_list());
   app->add_option("--runs", a->runs, "Timed runs per test (after one warm-up)")->capture_default_str()->check(int_range(1));

@@ -114,6 +114,9 @@ check "an id not in the cache names the paths tried" 'HF_HUB_CACHE="$tmp/hub" er
 check "logits without --model" '"$bin" logits --prompt-ids 1,2 --out "$tmp/b.safetensors" >/dev/null 2>&1 && [ -s "$tmp/b.safetensors" ]'
 "$bin" bench --pp 8 --tg 2 --tg-prompt 4 --runs 1 >"$tmp/bench.txt" 2>/dev/null
 check "bench without --model prints a table, no JSON" 'grep -q "| pp8 |" "$tmp/bench.txt" && ! grep -q "{" "$tmp/bench.txt"'
+"$bin" bench --pp 8 --pp-batch 1,3 --tg "" --runs 1 >"$tmp/bench_ppb.txt" 2>/dev/null
+check "bench --pp-batch prints ppN and ppN xB rows" 'grep -q "| pp8 |" "$tmp/bench_ppb.txt" && grep -q "| pp8 x3 |" "$tmp/bench_ppb.txt"'
+check "--pp-batch 0" 'usage "$bin" bench --pp-batch 0'
 "$bin" bench --pp 8 --tg "" --runs 1 --json - >"$tmp/bench.json" 2>"$tmp/bench.err"
 check "bench --json - prints only JSON on stdout" 'python3 -c "import json,sys; j=json.load(open(sys.argv[1])); assert j[\"results\"][0][\"test\"]==\"pp8\"" "$tmp/bench.json" && grep -q "| pp8 |" "$tmp/bench.err"'
 "$bin" bench --pp 8 --tg "" --runs 1 --json "$tmp/b2.json" >"$tmp/bench.txt" 2>/dev/null
