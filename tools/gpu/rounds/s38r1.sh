@@ -3,7 +3,7 @@
 # timeline; s37r4: pp4096 31.2). The server's shape of pass alone (`--pp-batch`: 8 prompts of 512
 # in one pass, and 4 of 1024, 2 of 2048) beside one prompt of the same total, then a traced
 # serve at 64 streams for the prefill passes' kernels.
-# Pack: EXTRA_BINS=build/libgptoss_kernel_trace.so tools/gpu/pack.sh
+# Pack: tools/gpu/pack.sh
 source tools/gpu/rounds/prelude.sh
 ts "pp-batch"
 for m in 120b 20b; do
