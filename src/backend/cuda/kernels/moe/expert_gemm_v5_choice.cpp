@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdint>
 #include <iterator>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
@@ -32,17 +33,25 @@ constexpr double kV5TileCost128Mbar = 1.4;
 // expert_gemm_v5_auto_tiling).
 constexpr double kV5RemainderTileExtra = 0.5;
 bool v5_width_ok(int pairs) { return std::find(std::begin(kV5Widths), std::end(kV5Widths), pairs) != std::end(kV5Widths); }
+
+// A switch read once from the environment into `cached` (-1: not read yet, as the setters below
+// put it back), refused unless ok(value): "NAME: expected <expected>".
+template <class Ok>
+int env_switch(int& cached, const char* name, int dflt, Ok ok, const char* expected) {
+  if (cached < 0) {
+    const int v = env_int(name, dflt);
+    if (!ok(v)) throw Error(std::string(name) + ": expected " + expected);
+    cached = v;
+  }
+  return cached;
+}
 }  // namespace
 
 int g_v5_wgs = -1;  // expert_gemm_v5_warpgroups: -1 not read yet, 0 auto, else 2 or 4
 
 int expert_gemm_v5_warpgroups() {
-  if (g_v5_wgs < 0) {
-    const int v = env_int("GPTOSS_EXPERT_GEMM_V5_WG", 0);
-    if (v != 0 && v != 2 && v != 4) throw Error("GPTOSS_EXPERT_GEMM_V5_WG: expected 2, 4 or 0 (auto)");
-    g_v5_wgs = v;
-  }
-  return g_v5_wgs;
+  return env_switch(g_v5_wgs, "GPTOSS_EXPERT_GEMM_V5_WG", 0, [](int v) { return v == 0 || v == 2 || v == 4; },
+                    "2, 4 or 0 (auto)");
 }
 
 void set_expert_gemm_v5_warpgroups(int wgs) {
@@ -54,12 +63,8 @@ void set_expert_gemm_v5_warpgroups(int wgs) {
 int g_v5_mbar = -1;  // expert_gemm_v5_mbarriers: -1 not read yet, else 0 or 1
 
 bool expert_gemm_v5_mbarriers() {
-  if (g_v5_mbar < 0) {
-    const int v = env_int("GPTOSS_EXPERT_GEMM_V5_MBAR", 1);
-    if (v != 0 && v != 1) throw Error("GPTOSS_EXPERT_GEMM_V5_MBAR: expected 0 (block barrier) or 1 (mbarriers)");
-    g_v5_mbar = v;
-  }
-  return g_v5_mbar != 0;
+  return env_switch(g_v5_mbar, "GPTOSS_EXPERT_GEMM_V5_MBAR", 1, [](int v) { return v == 0 || v == 1; },
+                    "0 (block barrier) or 1 (mbarriers)") != 0;
 }
 
 void set_expert_gemm_v5_mbarriers(int on) {
@@ -94,12 +99,8 @@ bool expert_gemm_v5_uses_mbarriers(int tile_pairs, int pairs, bool a_k_permuted)
 }
 
 int expert_gemm_v5_tile_pairs() {
-  if (g_v5_pairs < 0) {
-    const int v = env_int("GPTOSS_EXPERT_GEMM_V5_N", 0);
-    if (v != 0 && !v5_width_ok(v)) throw Error("GPTOSS_EXPERT_GEMM_V5_N: expected 32, 48, 64, 80, 96, 128 or 0 (auto)");
-    g_v5_pairs = v;
-  }
-  return g_v5_pairs;
+  return env_switch(g_v5_pairs, "GPTOSS_EXPERT_GEMM_V5_N", 0, [](int v) { return v == 0 || v5_width_ok(v); },
+                    "32, 48, 64, 80, 96, 128 or 0 (auto)");
 }
 
 void set_expert_gemm_v5_tile_pairs(int pairs) {
@@ -154,12 +155,8 @@ int g_v5_split = -1;  // expert_gemm_v5_split: -1 not read yet, else 0 or 1
 int g_v5_split_bulk = 0, g_v5_split_rem = 0;  // set_expert_gemm_v5_split's forced tiling (bulk 0: none)
 
 bool expert_gemm_v5_split() {
-  if (g_v5_split < 0) {
-    const int v = env_int("GPTOSS_EXPERT_GEMM_V5_SPLIT", 1);
-    if (v != 0 && v != 1) throw Error("GPTOSS_EXPERT_GEMM_V5_SPLIT: expected 0 (one width) or 1 (bulk + remainder)");
-    g_v5_split = v;
-  }
-  return g_v5_split != 0;
+  return env_switch(g_v5_split, "GPTOSS_EXPERT_GEMM_V5_SPLIT", 1, [](int v) { return v == 0 || v == 1; },
+                    "0 (one width) or 1 (bulk + remainder)") != 0;
 }
 
 void set_expert_gemm_v5_split(int bulk, int rem) {
