@@ -50,6 +50,13 @@ std::vector<int> parse_list(const std::string& s) {
   return v;
 }
 
+// Page tables of n sequences of `per` pages each: sequence q on pages q * per .. q * per + per - 1.
+std::vector<std::vector<int32_t>> seq_page_tables(int n, int per) {
+  std::vector<std::vector<int32_t>> t(size_t(n), std::vector<int32_t>(size_t(per), 0));
+  for (int q = 0; q < n; ++q) std::iota(t[size_t(q)].begin(), t[size_t(q)].end(), q * per);
+  return t;
+}
+
 double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
@@ -90,28 +97,23 @@ int run(Args& a) {
   const double kv_avail = double(be->kv_memory_available());
   const double per_tok_fp8 = double(kv_page_bytes(c, kKvFull, 1, DType::F8_E4M3));
   const double per_tok_bf16 = double(kv_page_bytes(c, kKvFull, 1, DType::BF16));
-  int max_len = 1;
-  for (int p : pps) max_len = std::max(max_len, p);
-  for (int t : tgs) max_len = std::max(max_len, a.tg_prompt + t);
   const auto batches = parse_list(a.batch), pp_batches = parse_list(a.pp_batch);
   int max_batch = 1, max_pp_batch = 1;
   for (int b : batches) max_batch = std::max(max_batch, b);
   for (int b : pp_batches) max_pp_batch = std::max(max_pp_batch, b);
   KvCacheConfig kv;
   kv.page_size = a.page_size;
-  int pages = (max_len + a.page_size - 1) / a.page_size + 1;
-  // Batched tg runs and batched prefill passes give each of their sequences its own pages.
+  // Pages a sequence of n positions takes; every sequence of a run has its own (seq_page_tables).
+  auto pages_for = [&](int n) { return (n + a.page_size - 1) / a.page_size + 1; };
   int tg_pages = 0, pp_pages = 0;
-  for (int t : tgs) tg_pages = std::max(tg_pages, (a.tg_prompt + t + a.page_size - 1) / a.page_size + 1);
-  for (int p : pps) pp_pages = std::max(pp_pages, (p + a.page_size - 1) / a.page_size + 1);
-  kv.num_pages[0] = kv.num_pages[1] = std::max({pages, tg_pages * max_batch, pp_pages * max_pp_batch});
+  for (int t : tgs) tg_pages = std::max(tg_pages, pages_for(a.tg_prompt + t));
+  for (int p : pps) pp_pages = std::max(pp_pages, pages_for(p));
+  kv.num_pages[0] = kv.num_pages[1] = std::max(tg_pages * max_batch, pp_pages * max_pp_batch);
   if (a.kv_dtype == "fp8")
     kv.dtype = DType::F8_E4M3;
   else if (a.kv_dtype != "bf16")
     throw Error("--kv-cache-dtype must be bf16 or fp8");
   be->init_kv_cache(kv);
-  std::vector<int32_t> page_ids(pages);
-  std::iota(page_ids.begin(), page_ids.end(), 0);
   uint64_t rng = 88172645463325252ull;
   auto rand_tokens = [&](int n) {
     std::vector<int32_t> t(n);
@@ -135,9 +137,7 @@ int run(Args& a) {
   };
   for (int p : pps)
     for (int B : pp_batches) {
-      const int per = (p + a.page_size - 1) / a.page_size + 1;
-      std::vector<std::vector<int32_t>> seq_pages(B, std::vector<int32_t>(per));
-      for (int q = 0; q < B; ++q) std::iota(seq_pages[q].begin(), seq_pages[q].end(), q * per);
+      const auto seq_pages = seq_page_tables(B, pages_for(p));
       std::vector<double> tps;
       for (int r = -1; r < a.runs; ++r) {  // r = -1: warm-up
         std::vector<std::vector<int32_t>> prompts;
@@ -156,11 +156,8 @@ int run(Args& a) {
     for (int B : batches) {
       if (B == 1) continue;  // the plain tgN below
       std::vector<double> tps;
-      const int per = (a.tg_prompt + t + a.page_size - 1) / a.page_size + 1;
       for (int r = -1; r < a.runs; ++r) {
-        std::vector<std::vector<int32_t>> seq_pages(B, std::vector<int32_t>(per));
-        for (int q = 0; q < B; ++q) std::iota(seq_pages[q].begin(), seq_pages[q].end(), q * per);
-        DecodeBatch bt(*be, std::move(seq_pages));
+        DecodeBatch bt(*be, seq_page_tables(B, pages_for(a.tg_prompt + t)));
         for (int q = 0; q < B; ++q) bt.prefill(q, rand_tokens(a.tg_prompt));
         double t0 = now_s();
         bt.decode(t, !a.sync_steps);
@@ -174,7 +171,7 @@ int run(Args& a) {
     if (std::find(batches.begin(), batches.end(), 1) == batches.end()) break;
     std::vector<double> tps;
     for (int r = -1; r < a.runs; ++r) {
-      DecodeBatch one(*be, {page_ids});
+      DecodeBatch one(*be, seq_page_tables(1, pages_for(a.tg_prompt + t)));
       one.prefill(0, rand_tokens(a.tg_prompt));
       double t0 = now_s();
       one.decode(t, !a.sync_steps);
