@@ -118,37 +118,73 @@ std::vector<double> poisson_pmf(double mean, int hi) {
 }
 }  // namespace
 
-int expert_gemm_v5_auto_tile_pairs(int pairs, int E) {
-  // The width with the least expected work: an expert's pairs taken as Poisson around the mean
-  // (what random routing gives), each tile costing kV5TileCost[width] of a 64-pair tile: the
-  // 80-128-pair costs are what a tile took in bench-kernels (H200, s14r1, gate_up + down over the
-  // expected tile counts at 2048 tokens: 80 pairs 1.13-1.17x a 64-pair tile, 96 1.21-1.24x, 128
-  // 1.59-1.62x), the 32 and 48 ones that line extended (where every width is one tile a group,
-  // s14r3 measured 0.86x and 0.92x: the tile's fixed cost weighs more when it is light). At every
-  // size measured (120b and 20b, 256-8192 tokens) the choice was the fastest width or within 0.4%.
-  if (pairs <= 0 || E <= 0) return 64;
+namespace {
+// What the tile cost model says of a launch of `pairs` sorted pairs over E experts: the cheapest
+// single width and the cheapest split tiling, each with its expected cost in 64-pair tiles an
+// expert (an expert's pairs taken as Poisson around the mean, what random routing gives).
+struct V5Choice {
+  int width = 64;
+  double width_cost = 0;
+  V5Tiling split{64, 0};  // rem 0: no split considered (the 128-pair tile is not the mbarrier kernel)
+  double split_cost = 0;
+};
+
+const V5Choice& v5_choice(int pairs, int E) {
+  // Single widths: each tile costs kV5TileCost[width] of a 64-pair tile: the 80-128-pair costs
+  // are what a tile took in bench-kernels (H200, s14r1, gate_up + down over the expected tile
+  // counts at 2048 tokens: 80 pairs 1.13-1.17x a 64-pair tile, 96 1.21-1.24x, 128 1.59-1.62x),
+  // the 32 and 48 ones that line extended (where every width is one tile a group, s14r3 measured
+  // 0.86x and 0.92x: the tile's fixed cost weighs more when it is light). At every size measured
+  // (120b and 20b, 256-8192 tokens) the choice was the fastest width or within 0.4%.
+  //
+  // Splits: B for n / B whole tiles and a narrower W for the remainder where it fits in W (a
+  // second launch). At 120b's 4096 tokens (128 pairs an expert, 128-pair tiles) about half the
+  // experts hold 128-160 pairs, whose second 128-pair tile is then a 32-pair one. Measured (H200,
+  // s37r3, bench-kernels gate_up + down): a remainder tile costs ~0.5 more than the same width in
+  // a launch of its own (1.19-1.31 units at 32 pairs against 0.725: each tile decodes its weights
+  // whatever its width, and the second launch is small), so 120b at 4096 tokens 2523 -> 2400 us
+  // (128 + 32, where the table alone promised 15%), 20b at 2048 1064 -> 1052; and splits of
+  // narrower bulk widths lost (120b at 2048 tokens 80 + 64: 1405 -> 1467 us; 20b at 1024 128 + 32
+  // on two warpgroups: 676 -> 726). So only the 128-pair mbarrier kernel is split.
+  //
   // The sums take ~30-270 us of host time at 120b/20b prefill sizes, twice a layer: kept per
   // (pairs, E), which a server's chunk sizes repeat.
-  thread_local std::unordered_map<uint64_t, int> chosen;
+  thread_local std::unordered_map<uint64_t, V5Choice> chosen;
   // (the cheaper 128-pair tile only where it runs; the backend hands version 5 k-permuted rows)
   const bool mbar = expert_gemm_v5_uses_mbarriers(128, pairs, true);
   const uint64_t key = (uint64_t(uint32_t(pairs)) << 32) | (uint64_t(mbar) << 31) | uint32_t(E);
   if (const auto it = chosen.find(key); it != chosen.end()) return it->second;
   if (chosen.size() >= 4096) chosen.clear();
   const double mean = double(pairs) / std::min(pairs, E);
-  double best = 0;
-  int best_w = 64;
   const int hi = int(mean + 12 * std::sqrt(mean) + 16);
   const std::vector<double> p = poisson_pmf(mean, hi);
-  for (size_t i = 0; i < std::size(kV5Widths); ++i) {
-    const int w = kV5Widths[i];
-    double tiles = 0;  // E[ceil(n / w)], n ~ Poisson(mean)
-    for (int n = 1; n <= hi; ++n) tiles += p[size_t(n)] * ((n + w - 1) / w);
-    const double cost = tiles * (w == 128 && mbar ? kV5TileCost128Mbar : kV5TileCost[i]);
-    if (i == 0 || cost < best) best = cost, best_w = w;
+  auto tile_cost = [&](size_t i) { return kV5Widths[i] == 128 && mbar ? kV5TileCost128Mbar : kV5TileCost[i]; };
+  V5Choice ch;
+  for (size_t b = 0; b < std::size(kV5Widths); ++b) {
+    const int B = kV5Widths[b];
+    double tiles = 0;  // E[ceil(n / B)]
+    for (int n = 1; n <= hi; ++n) tiles += p[size_t(n)] * ((n + B - 1) / B);
+    const double cost = tiles * tile_cost(b);
+    if (b == 0 || cost < ch.width_cost) ch.width_cost = cost, ch.width = B;
+    if (B != 128 || !mbar) continue;
+    for (size_t w = 0; w < b; ++w) {
+      const int W = kV5Widths[w];
+      double cs = 0;
+      for (int n = 1; n <= hi; ++n) {
+        const int rem = n % B;
+        cs += p[size_t(n)] * ((n / B + (rem > W ? 1 : 0)) * tile_cost(b) +
+                              (rem > 0 && rem <= W ? tile_cost(w) + kV5RemainderTileExtra : 0.0));
+      }
+      if (ch.split.rem == 0 || cs < ch.split_cost) ch.split_cost = cs, ch.split = {B, W};
+    }
   }
-  chosen.emplace(key, best_w);
-  return best_w;
+  return chosen.emplace(key, ch).first->second;
+}
+}  // namespace
+
+int expert_gemm_v5_auto_tile_pairs(int pairs, int E) {
+  if (pairs <= 0 || E <= 0) return 64;
+  return v5_choice(pairs, E).width;
 }
 
 int g_v5_split = -1;  // expert_gemm_v5_split: -1 not read yet, else 0 or 1
@@ -170,52 +206,12 @@ void set_expert_gemm_v5_split(int bulk, int rem) {
 }
 
 V5Tiling expert_gemm_v5_auto_tiling(int pairs, int E) {
-  // The expected cost of an expert's tiles, its pairs n taken as Poisson around the mean, each
-  // tile costing kV5TileCost of a 64-pair tile as in expert_gemm_v5_auto_tile_pairs: one width B
-  // (ceil(n / B) tiles), or B for n / B whole tiles and a narrower W for the remainder where it
-  // fits in W (a second launch). At 120b's 4096 tokens (128 pairs an expert, 128-pair tiles) about
-  // half the experts hold 128-160 pairs, whose second 128-pair tile is then a 32-pair one.
-  //
-  // Measured (H200, s37r3, bench-kernels gate_up + down): a remainder tile costs ~0.5 more than
-  // the same width in a launch of its own (1.19-1.31 units at 32 pairs against 0.725: each tile
-  // decodes its weights whatever its width, and the second launch is small), so 120b at 4096 tokens
-  // 2523 -> 2400 us (128 + 32, where the table alone promised 15%), 20b at 2048 1064 -> 1052; and
-  // splits of narrower bulk widths lost (120b at 2048 tokens 80 + 64: 1405 -> 1467 us; 20b at 1024
-  // 128 + 32 on two warpgroups: 676 -> 726). So only the 128-pair mbarrier kernel is split.
   if (pairs <= 0 || E <= 0) return {64, 0};
-  thread_local std::unordered_map<uint64_t, V5Tiling> chosen;
-  const bool mbar = expert_gemm_v5_uses_mbarriers(128, pairs, true);
-  const uint64_t key = (uint64_t(uint32_t(pairs)) << 32) | (uint64_t(mbar) << 31) | uint32_t(E);
-  if (const auto it = chosen.find(key); it != chosen.end()) return it->second;
-  if (chosen.size() >= 4096) chosen.clear();
-  const double mean = double(pairs) / std::min(pairs, E);
-  const int hi = int(mean + 12 * std::sqrt(mean) + 16);
-  const std::vector<double> p = poisson_pmf(mean, hi);
-  auto tile_cost = [&](size_t i) { return kV5Widths[i] == 128 && mbar ? kV5TileCost128Mbar : kV5TileCost[i]; };
-  V5Tiling one{64, 0}, split{64, 0};
-  double one_cost = 0, split_cost = 0;
-  for (size_t b = 0; b < std::size(kV5Widths); ++b) {
-    const int B = kV5Widths[b];
-    double c = 0;
-    for (int n = 1; n <= hi; ++n) c += p[size_t(n)] * ((n + B - 1) / B) * tile_cost(b);
-    if (b == 0 || c < one_cost) one_cost = c, one = {B, 0};
-    if (B != 128 || !mbar) continue;
-    for (size_t w = 0; w < b; ++w) {
-      const int W = kV5Widths[w];
-      double cs = 0;
-      for (int n = 1; n <= hi; ++n) {
-        const int rem = n % B;
-        cs += p[size_t(n)] * ((n / B + (rem > W ? 1 : 0)) * tile_cost(b) +
-                              (rem > 0 && rem <= W ? tile_cost(w) + kV5RemainderTileExtra : 0.0));
-      }
-      if (split.rem == 0 || cs < split_cost) split_cost = cs, split = {B, W};
-    }
-  }
+  const V5Choice& ch = v5_choice(pairs, E);
   // A second launch only where it saves at least 2% of the tiles' cost: 120b at 4096 and 8192
   // tokens, 20b at 2048 (s37r4, two runs each: 120b pp4096 +1.4%, pp8192 +1.7%, 20b pp2048 +1.3%).
-  const V5Tiling t = split.rem > 0 && split_cost < 0.98 * one_cost ? split : one;
-  chosen.emplace(key, t);
-  return t;
+  if (ch.split.rem > 0 && ch.split_cost < 0.98 * ch.width_cost) return ch.split;
+  return {ch.width, 0};
 }
 
 V5Tiling expert_gemm_v5_tiling(int pairs, int E) {
