@@ -305,18 +305,16 @@ int run_kernel_bench(const KernelBenchOptions& o) {
         });
         const double tf_gu = 2.0 * P * 2 * I * H / us_gu / 1e6, tf_dn = 2.0 * P * H * I / us_dn / 1e6;
         std::string v = "expert GEMM v" + std::to_string(version);
-        if (version == 5 && tile_rows == 0) {
-          const V5Tiling t = expert_gemm_v5_tiling(P, E);
-          v += " n" + std::to_string(t.bulk) + (t.rem ? "+" + std::to_string(t.rem) : "") + " kperm (auto tiling) wg" +
-               std::to_string(expert_gemm_v5_chosen_warpgroups(t.bulk, P)) +
+        if (version == 5) {  // (tile_rows 0: the automatic tiling, split or not, as the model runs it)
+          const V5Tiling t = tile_rows ? V5Tiling{tile_rows, 0} : expert_gemm_v5_tiling(P, E);
+          const char* how = tile_rows == 0 ? " (auto tiling)"
+                            : tile_rows == expert_gemm_v5_auto_tile_pairs(P, E) ? " (auto)" : "";
+          v += " n" + std::to_string(t.bulk) + (t.rem ? "+" + std::to_string(t.rem) : "") + (kperm ? " kperm" : "") +
+               how + " wg" + std::to_string(expert_gemm_v5_chosen_warpgroups(t.bulk, P)) +
                (expert_gemm_v5_uses_mbarriers(t.bulk, P, kperm) ? " mbar" : "");
-        } else if (version == 5)
-          v += " n" + std::to_string(tile_rows) + (kperm ? " kperm" : "") +
-               (tile_rows == expert_gemm_v5_auto_tile_pairs(P, E) ? " (auto)" : "") + " wg" +
-               std::to_string(expert_gemm_v5_chosen_warpgroups(tile_rows, P)) +
-               (expert_gemm_v5_uses_mbarriers(tile_rows, P, kperm) ? " mbar" : "");
-        else if (tile_rows)
+        } else if (tile_rows) {
           v += " m" + std::to_string(tile_rows) + (tile_rows == auto_rows ? " (auto)" : "");
+        }
         v += std::string(" ") + layout;
         const std::string vg = v + ", " + std::to_string(int(tf_gu)) + " TFLOP/s";
         const std::string vd = v + ", " + std::to_string(int(tf_dn)) + " TFLOP/s";
