@@ -280,11 +280,9 @@ __device__ __forceinline__ void warp_top_k(uint32_t (&key)[N], int k, float* sel
   warp_top_k_rounds(key, k, sel_v, sel_e);
 }
 
-// Top-k softmax weights of one token from its selected logits (sel_v[0] the largest), written in
-// selection order: the formula moe_route and both decode routers share, so their weights agree
-// bit for bit on the same logits.
-// The softmax's denominator alone, the k exponentials summed in selection order (k <= kMaxTopK;
-// every index static, so a caller holding sel_v in registers keeps it there: the fold's routing).
+// The top-k softmax's denominator alone, the k exponentials summed in selection order (k <=
+// kMaxTopK; every index static, so a caller holding sel_v in registers keeps it there: the fold's
+// routing).
 __device__ __forceinline__ float topk_exp_sum(const float* sel_v, int k) {
   float sum = 0.f;
 #pragma unroll
@@ -292,6 +290,9 @@ __device__ __forceinline__ float topk_exp_sum(const float* sel_v, int k) {
     if (j < k) sum += expf(sel_v[j] - sel_v[0]);
   return sum;
 }
+// Top-k softmax weights of one token from its selected logits (sel_v[0] the largest), written in
+// selection order: the formula moe_route and both decode routers share, so their weights agree
+// bit for bit on the same logits.
 __device__ inline void topk_softmax(const float* sel_v, int k, float* w) {
   const float m = sel_v[0], sum = topk_exp_sum(sel_v, k);
   for (int j = 0; j < k; ++j) w[j] = expf(sel_v[j] - m) / sum;
