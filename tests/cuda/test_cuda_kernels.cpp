@@ -2140,22 +2140,83 @@ TEST_F(Kernels, FlashAttentionMixedPass) {
   std::vector<AttnSeq> decode_heavy = {{100, 40}};
   for (int i = 0; i < 20; ++i) decode_heavy.push_back({50 + 37 * i, 1});
   decode_heavy.push_back({0, 70});
+  // A serving pass's shape: decode tokens first, then prompt chunks (the per-token range at the
+  // front); decode tokens between and after prompts (two ranges apart: the per-token launch covers
+  // the flash blocks between, which return).
+  std::vector<AttnSeq> serve_like;
+  for (int i = 0; i < 7; ++i) serve_like.push_back({40 + 11 * i, 1});
+  for (int i = 0; i < 3; ++i) serve_like.push_back({0, 100 + 13 * i});
+  std::vector<AttnSeq> scattered = {{0, 70}, {9, 1}, {30, 1}, {12, 1}, {0, 90}, {200, 40}, {3, 1}, {77, 1}, {5, 1}};
   const std::vector<std::vector<AttnSeq>> batches = {
       {{0, 65}, {300, 129}, {5, 1}, {0, 16}},  // block 192..207 holds 3 sequences: per-token
-      decode_heavy,
+      decode_heavy, serve_like, scattered,
       {{0, 65}, {300, 129}, {0, 16}},  // every sequence >= 16 tokens: the flash kernel alone
   };
   for (auto& b : batches) {
     int most = 0, fewest = 1 << 30;
+    std::vector<int> seq_tokens;
     for (auto& q : b) {
       most = std::max(most, q.n);
       fewest = std::min(fewest, q.n);
+      seq_tokens.push_back(q.n);
     }
     for (int window : {0, 128})
       for (bool fp8 : {false, true})
         for (int nsplit : {1, 5})
-          check_attention(b, window, fp8, nsplit, Hq, Hkv, 64, AttnRun{.path = cuda::AttentionPath::kAuto, .page_size = 16, .seed = 0, .info = {int(b.size()), most, fewest}});
+          // Without the sequences' token counts (the per-token launch over every token) and with
+          // them (over the range attention_per_token_range gives).
+          for (bool counts : {false, true})
+            check_attention(b, window, fp8, nsplit, Hq, Hkv, 64,
+                            AttnRun{.path = cuda::AttentionPath::kAuto, .page_size = 16, .seed = 0,
+                                    .info = {int(b.size()), most, fewest, counts ? seq_tokens : std::vector<int>{}}});
   }
+}
+
+// The per-token kernel's range against flash_takes_block's rule applied token by token: every
+// block of more than kFlashMaxRuns (2) sequences lies inside it, and it starts and ends at such
+// blocks.
+TEST(AttentionPerTokenRange, CoversTheBlocksTheFlashKernelLeaves) {
+  FastRng r(fresh_seed());
+  for (int trial = 0; trial < 2000; ++trial) {
+    const int tq = trial % 3 == 0 ? 16 : 1 + int(r.next() % 40);
+    std::vector<int> seq_tokens;
+    std::vector<int> seq_of;  // sequence of each pass row
+    const int seqs = 1 + int(r.next() % 12);
+    for (int i = 0; i < seqs; ++i) {
+      const int kind = int(r.next() % 4);  // decode tokens, short and long chunks, now and then empty
+      const int c = kind == 0 ? 1 : kind == 1 ? int(r.next() % 20) : int(r.next() % 200);
+      seq_tokens.push_back(c);
+      seq_of.insert(seq_of.end(), size_t(c), i);
+    }
+    const int n = int(seq_of.size());
+    const cuda::TokenRange got = cuda::attention_per_token_range(seq_tokens, n, tq);
+    int first = n, end = 0;
+    for (int t0 = 0; t0 < n; t0 += tq) {
+      int runs = 1;
+      for (int t = t0 + 1; t < std::min(n, t0 + tq); ++t) runs += seq_of[size_t(t)] != seq_of[size_t(t - 1)];
+      if (runs > 2) first = std::min(first, t0), end = std::min(n, t0 + tq);
+    }
+    if (first >= end) {
+      // No such block: nothing for the per-token kernel (or, with empty sequences, a range it
+      // covers without need: the kernel's blocks still check).
+      EXPECT_LE(got.begin, got.end);
+      continue;
+    }
+    EXPECT_LE(got.begin, first) << "trial " << trial;
+    EXPECT_GE(got.end, end) << "trial " << trial;
+    // Empty sequences are the only reason to reach further.
+    if (std::find(seq_tokens.begin(), seq_tokens.end(), 0) == seq_tokens.end()) {
+      EXPECT_EQ(got.begin, first) << "trial " << trial;
+      EXPECT_EQ(got.end, end) << "trial " << trial;
+    }
+  }
+  // Unknown counts, or counts that do not add up to n: every token.
+  EXPECT_EQ(cuda::attention_per_token_range({}, 50, 16).end, 50);
+  EXPECT_EQ(cuda::attention_per_token_range({10, 10}, 50, 16).end, 50);
+  EXPECT_EQ(cuda::attention_per_token_range({10, 10}, 50, 16).begin, 0);
+  // Sequences of at least a block each: none.
+  const cuda::TokenRange none = cuda::attention_per_token_range({16, 40, 16}, 72, 16);
+  EXPECT_EQ(none.begin, none.end);
 }
 
 // Batch invariance of the flash kernel: a sequence's rows are bit-identical alone and batched

@@ -103,7 +103,7 @@ void bench_prefill_attention(const GptOssConfig& c, int iters) {
           bf16_t* o = (k == 0 ? out0 : out1).as<bf16_t>();
           auto launch = [&] {
             attention(qkv.as<bf16_t>(), cs.n, Hq, Hkv, D, window, sinks.as<float>(), tm, kv, nsplit,
-                      part.as<float>(), o, s, path, AttentionPassInfo{1, cs.n, cs.n});
+                      part.as<float>(), o, s, path, AttentionPassInfo{1, cs.n, cs.n, {}});
           };
           for (int i = 0; i < 2; ++i) launch();
           GPTOSS_CUDA_CHECK(cudaEventRecord(a, s));

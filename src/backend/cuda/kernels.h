@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <type_traits>
+#include <vector>
 
 namespace gptoss {
 struct RowSampling;  // backend/backend.h
@@ -405,7 +406,19 @@ struct AttentionPassInfo {
   int num_seqs = 0;        // sequences with tokens in the pass
   int max_seq_tokens = 0;  // most new tokens of one sequence
   int min_seq_tokens = 0;  // fewest
+  // New tokens of each sequence, in the pass's row order (empty: unknown). With it, kAuto's
+  // per-token launches cover only the tokens from the first to the last block the flash kernel
+  // leaves, not all n: a serving pass of 47 decode tokens and 3,600 prompt tokens otherwise runs
+  // ~29K per-token and ~117K merge blocks a layer that only find their block taken and return.
+  std::vector<int> seq_tokens;
 };
+// The token range [begin, end) of the blocks of tq tokens that hold more than kFlashMaxRuns
+// sequences' tokens (flash_blocks.cuh: the per-token kernel's, under kAuto); {0, n} when
+// seq_tokens is empty, {0, 0} when the flash kernel takes every block.
+struct TokenRange {
+  int begin = 0, end = 0;
+};
+TokenRange attention_per_token_range(const std::vector<int>& seq_tokens, int n, int tq);
 size_t attention_partial_floats(int n, int Hq, int D, int nsplit);
 void attention(const bf16_t* qkv, int n, int Hq, int Hkv, int D, int window, const float* sinks,
                const TokenMeta& tm, const KvLayer& kv, int nsplit, float* partial, bf16_t* out, cudaStream_t s,

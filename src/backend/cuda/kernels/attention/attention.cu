@@ -81,7 +81,7 @@ template <int D, AttnMode MODE>
 __global__ void __launch_bounds__(kWarps * 32) attention_kernel(const uint16_t* __restrict__ qkv, int Hq, int Hkv,
                                                                 int window, TokenMeta tm, KvLayer kv, int nsplit,
                                                                 float* __restrict__ partial, int n, int flash_tq,
-                                                                const float* __restrict__ inv_freq, float rope_scaling,
+                                                                int t_begin, const float* __restrict__ inv_freq, float rope_scaling,
                                                                 const float* __restrict__ sinks,
                                                                 uint16_t* __restrict__ out) {
   constexpr bool kFused = MODE != AttnMode::kStored;
@@ -103,9 +103,10 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel(const uint16_t* 
   if constexpr (!kFused) {
     pdl_begin();
     // Tokens the flash kernel takes in this pass (flash_tq > 0) are not ours.
-    if (flash_tq > 0 && flash_takes_block(tm.pt_off, n, blockIdx.x / flash_tq * flash_tq, flash_tq)) return;
+    const int tb = t_begin + int(blockIdx.x);
+    if (flash_tq > 0 && flash_takes_block(tm.pt_off, n, tb / flash_tq * flash_tq, flash_tq)) return;
   }
-  const int t = blockIdx.x, kvh = blockIdx.y, split = blockIdx.z;
+  const int t = t_begin + int(blockIdx.x), kvh = blockIdx.y, split = blockIdx.z;
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
   const int G = Hq / Hkv;
   const int pos = tm.pos[t];
@@ -311,10 +312,10 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel(const uint16_t* 
 template <int D>
 __global__ void attention_combine_kernel(const float* __restrict__ partial, int Hq, int nsplit,
                                          const float* __restrict__ sinks, uint16_t* __restrict__ out,
-                                         const int32_t* __restrict__ pt_off, int n, int flash_tq) {
+                                         const int32_t* __restrict__ pt_off, int n, int flash_tq, int t_begin) {
   pdl_begin();
-  if (flash_tq > 0 && flash_takes_block(pt_off, n, blockIdx.x / flash_tq * flash_tq, flash_tq)) return;
-  const int t = blockIdx.x;
+  const int t = t_begin + int(blockIdx.x);
+  if (flash_tq > 0 && flash_takes_block(pt_off, n, t / flash_tq * flash_tq, flash_tq)) return;
   const int h = blockIdx.y * (blockDim.x / 32) + threadIdx.x / 32;
   const int lane = threadIdx.x & 31;
   if (h >= Hq) return;
@@ -322,11 +323,35 @@ __global__ void attention_combine_kernel(const float* __restrict__ partial, int 
   merge_splits<D>([&](int s) { return p + s * (D + 2); }, nsplit, sinks[h], out + (size_t(t) * Hq + h) * D, lane);
 }
 
+TokenRange attention_per_token_range(const std::vector<int>& seq_tokens, int n, int tq) {
+  long total = 0;
+  for (int c : seq_tokens) total += c;
+  if (seq_tokens.empty() || tq <= 0 || total != n) return {0, n};
+  // flash_takes_block on the host: a block's runs are the sequences it meets (each sequence has
+  // its own page-table offset, so a change of sequence is a change of pt_off). An empty sequence
+  // counts as a run here and not there: the range can only grow, and its blocks still check.
+  TokenRange r{n, 0};
+  const int last = int(seq_tokens.size()) - 1;
+  int s0 = 0, s0_end = seq_tokens[0];  // the sequence holding the block's first token, its end
+  for (int t0 = 0; t0 < n; t0 += tq) {
+    const int end = std::min(n, t0 + tq);
+    while (s0_end <= t0 && s0 < last) s0_end += seq_tokens[++s0];
+    int s1 = s0, s1_end = s0_end;  // the sequence holding the block's last token
+    while (s1_end < end && s1 < last) s1_end += seq_tokens[++s1];
+    if (s1 - s0 + 1 > kFlashMaxRuns) {
+      r.begin = std::min(r.begin, t0);
+      r.end = end;
+    }
+  }
+  return r.begin < r.end ? r : TokenRange{0, 0};
+}
+
 void attention(const bf16_t* qkv, int n, int Hq, int Hkv, int D, int window, const float* sinks,
                const TokenMeta& tm, const KvLayer& kv, int nsplit, float* partial, bf16_t* out, cudaStream_t s,
                AttentionPath path, const AttentionPassInfo& info) {
   if (n <= 0) return;
   int flash_tq = 0;  // > 0: the flash kernel takes the blocks of this many tokens it suits
+  TokenRange mine{0, n};  // the per-token kernel's tokens (blocks in it that flash takes return)
   if (flash_attention_supported(Hq, Hkv, D)) {
     const int tq = flash_attention_block_tokens(Hq, Hkv);
     // Runs of one sequence a block can hold: at most one a sequence, one a token.
@@ -340,27 +365,30 @@ void attention(const bf16_t* qkv, int n, int Hq, int Hkv, int D, int window, con
       flash_attention(qkv, n, Hq, Hkv, D, window, sinks, tm, kv, out, s, false, std::min(max_runs, kFlashMaxRuns));
       // Every sequence at least a block long: no block holds three, the flash kernel took all.
       if (info.min_seq_tokens >= tq) return;
+      mine = attention_per_token_range(info.seq_tokens, n, tq);
+      if (mine.end <= mine.begin) return;
     }
   }
   if (Hq % Hkv != 0 || Hq / Hkv > kWarps) throw Error("attention: needs 1..8 query heads per kv head");
   if (nsplit < 1) nsplit = 1;
   if (nsplit > 32) throw Error("attention: at most 32 KV splits");
-  dim3 grid(n, Hkv, nsplit);
-  dim3 cgrid(n, (Hq + 1) / 2);  // two heads (warps) a block: many small blocks for decode
+  const int nt = mine.end - mine.begin;
+  dim3 grid(nt, Hkv, nsplit);
+  dim3 cgrid(nt, (Hq + 1) / 2);  // two heads (warps) a block: many small blocks for decode
   auto* q = reinterpret_cast<const uint16_t*>(qkv);
   auto* o = reinterpret_cast<uint16_t*>(out);
   if (D == 64) {
     launch_pdl(attention_kernel<64, AttnMode::kStored>, grid, dim3(kWarps * 32), 0, s, q, Hq, Hkv, window, tm, kv,
-               nsplit, partial, n, flash_tq, nullptr, 0.f, nullptr, nullptr);
+               nsplit, partial, n, flash_tq, mine.begin, nullptr, 0.f, nullptr, nullptr);
     GPTOSS_CUDA_LAUNCH_CHECK();
     launch_pdl(attention_combine_kernel<64>, cgrid, dim3(64), 0, s, partial, Hq, nsplit, sinks, o, tm.pt_off, n,
-               flash_tq);
+               flash_tq, mine.begin);
   } else if (D == 32) {
     launch_pdl(attention_kernel<32, AttnMode::kStored>, grid, dim3(kWarps * 32), 0, s, q, Hq, Hkv, window, tm, kv,
-               nsplit, partial, n, flash_tq, nullptr, 0.f, nullptr, nullptr);
+               nsplit, partial, n, flash_tq, mine.begin, nullptr, 0.f, nullptr, nullptr);
     GPTOSS_CUDA_LAUNCH_CHECK();
     launch_pdl(attention_combine_kernel<32>, cgrid, dim3(64), 0, s, partial, Hq, nsplit, sinks, o, tm.pt_off, n,
-               flash_tq);
+               flash_tq, mine.begin);
   } else {
     throw Error("attention: head_dim must be 32 or 64");
   }
@@ -395,11 +423,11 @@ void launch_decode(const uint16_t* q, int n, int Hq, int Hkv, int window, const 
   }
   const dim3 cluster(1, 1, MODE == AttnMode::kFusedCluster ? unsigned(nsplit) : 1u);
   launch_pdl_cluster(attention_kernel<D, MODE>, dim3(n, Hkv, nsplit), dim3(kWarps * 32), 0, cluster, s, q, Hq, Hkv,
-                     window, tm, kv, nsplit, partial, n, 0, inv_freq, scaling, sinks, o);
+                     window, tm, kv, nsplit, partial, n, 0, 0, inv_freq, scaling, sinks, o);
   GPTOSS_CUDA_LAUNCH_CHECK();
   if (MODE == AttnMode::kFusedPartial)
     launch_pdl(attention_combine_kernel<D>, dim3(n, (Hq + 1) / 2), dim3(64), 0, s, static_cast<const float*>(partial),
-               Hq, nsplit, sinks, o, tm.pt_off, n, 0);
+               Hq, nsplit, sinks, o, tm.pt_off, n, 0, 0);
 }
 
 }  // namespace
@@ -426,7 +454,7 @@ void attention_decode(const bf16_t* qkv, int n, int Hq, int Hkv, int D, int wind
                          kv_stored, partial, o, s);
     if (!plan.cluster)
       launch_pdl(attention_combine_kernel<64>, dim3(n, (Hq + 1) / 2), dim3(64), 0, s,
-                 static_cast<const float*>(partial), Hq, plan.nsplit, sinks, o, tm.pt_off, n, 0);
+                 static_cast<const float*>(partial), Hq, plan.nsplit, sinks, o, tm.pt_off, n, 0, 0);
   } else if (D == 64) {
     if (plan.cluster)
       launch_decode<64, AttnMode::kFusedCluster>(q, n, Hq, Hkv, window, sinks, inv_freq, attn_scaling, tm, kv,
