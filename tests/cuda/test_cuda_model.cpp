@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -128,6 +129,25 @@ TEST_F(CudaModel, TinyFixtureMatchesCpu) {
   std::printf("tiny fixture, fp8 KV: prefill logits rel err %.3g, greedy equal %d/16\n", c8.prefill_err,
               c8.greedy_equal);
   EXPECT_LE(c8.prefill_err, 8e-2);
+}
+
+// An eager pass longer than the backend's chunk (GPTOSS_MAX_CHUNK; 8192 tokens on an H200) runs
+// as chunks in batch order, each token attending through the pages to the earlier chunks' K/V:
+// a 150-token prompt cut into chunks of 37 (the last with logits rows of two chunks) against the
+// CPU, as the uncut prompt is held in TinyFixtureMatchesCpu.
+TEST_F(CudaModel, ChunkedPassMatchesCpu) {
+  ::setenv("GPTOSS_MAX_CHUNK", "37", 1);
+  auto gpu = make("cuda", kFixture);
+  ::unsetenv("GPTOSS_MAX_CHUNK");
+  auto cpu = make("cpu", kFixture);
+  FastRng r(fresh_seed());
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 150; ++i) prompt.push_back(int(r.next() % cpu->config().vocab));
+  Compare c = compare(*gpu, *cpu, prompt, 4);
+  std::printf("tiny fixture, 150-token prompt in chunks of 37: prefill logits rel err %.3g\n", c.prefill_err);
+  EXPECT_LE(c.median_row_err, 2e-2);
+  EXPECT_LE(c.frac_rows_over, 0.1);
+  EXPECT_LE(c.prefill_err, 5e-2);
 }
 
 // Several sequences decoding in one batch (a graph bucket with padding) give each sequence's

@@ -2,7 +2,7 @@
 // kernels of kernels.h into the gpt-oss forward pass. Batches of decode and speculative-verify
 // shape (at most kMaxGraphSeqTokens tokens a sequence, kMaxGraphBatch in all) run as CUDA graphs
 // captured per padded-size bucket; everything else (longer prefill chunks, big mixed batches)
-// runs eagerly, in chunks of at most kMaxChunk tokens.
+// runs eagerly, in chunks of at most max_chunk_ tokens.
 #include "backend/cuda/cuda_backend.h"
 
 #include <algorithm>
@@ -33,7 +33,6 @@ namespace {
 
 using namespace gptoss::cuda;
 
-constexpr int kMaxChunk = 4096;      // tokens per eager pass (bounds the workspaces)
 constexpr int kMaxGraphBatch = 64;   // largest decode bucket captured in a graph
 // The decode buckets: a graphed pass of M tokens runs padded to the smallest bucket >= M. Steps
 // of 8 past 8 (vLLM captures the same sizes). Padding tokens take no expert pair
@@ -249,7 +248,12 @@ class CudaBackend final : public Backend {
   DeviceBuffer kv_pool_[2];
   size_t kv_layer_bytes_[2] = {0, 0};
 
-  // Workspaces (sized for kMaxChunk tokens).
+  // Tokens of an eager pass (the workspaces' size): the serving token budget on large GPUs (8192),
+  // so that a full prefill pass runs as one chunk and the expert GEMM reads each expert's weights
+  // once for all its pairs (4096 + 4096 read them twice); 4096 elsewhere. GPTOSS_MAX_CHUNK sets
+  // it (tests: a small chunk, to cut passes).
+  int max_chunk_ = 4096;
+  // Workspaces (sized for max_chunk_ tokens).
   float* x_ = nullptr;
   bf16_t* xn_ = nullptr;
   bf16_t* qkv_ = nullptr;
@@ -433,6 +437,7 @@ CudaBackend::CudaBackend(const BackendOptions& opts) {
     layers_[l].sliding = cfg_.layer_sliding[l];
     layers_[l].group_index = idx[layers_[l].sliding ? kKvSliding : kKvFull]++;
   }
+  max_chunk_ = std::clamp(env_int("GPTOSS_MAX_CHUNK", default_max_num_batched_tokens() >= 8192 ? 8192 : 4096), 1, 16384);
   alloc_workspace();
   blas_ = make_dense_gemm(opts.dense_gemm, invariant_);
   if (blas_) {
@@ -847,7 +852,7 @@ void CudaBackend::repack_weights() {
 }
 
 void CudaBackend::alloc_workspace() {
-  const int T = kMaxChunk, H = cfg_.hidden, E = cfg_.num_experts, k = cfg_.experts_per_token;
+  const int T = max_chunk_, H = cfg_.hidden, E = cfg_.num_experts, k = cfg_.experts_per_token;
   const int QKV = cfg_.q_dim() + 2 * cfg_.kv_dim();
   const int P = T * k;
   x_ = dalloc<float>(size_t(T) * H);
@@ -1218,6 +1223,7 @@ void CudaBackend::stage_chunk(const ForwardBatch& b, int t0, int t1, Staged* st,
     AttentionPassInfo& ai = st->attn;
     ai.min_seq_tokens = ai.num_seqs++ == 0 ? e - a : std::min(ai.min_seq_tokens, e - a);
     ai.max_seq_tokens = std::max(ai.max_seq_tokens, e - a);
+    ai.seq_tokens.push_back(e - a);  // (pass rows follow b.seqs' order)
     int last_pos = s.start_pos + (e - s.first_token) - 1;
     int need = last_pos / ps + 1;
     int off[2];
@@ -1403,10 +1409,10 @@ void CudaBackend::run_batch_impl(const ForwardBatch& b, float* logits, int32_t* 
     }
     return;
   }
-  // Eager path: chunks of kMaxChunk tokens in batch order (each token attends through the
+  // Eager path: chunks of max_chunk_ tokens in batch order (each token attends through the
   // pages, so a sequence split across chunks sees its earlier tokens' K/V).
-  for (int t0 = 0; t0 < M; t0 += kMaxChunk) {
-    int t1 = std::min(M, t0 + kMaxChunk);
+  for (int t0 = 0; t0 < M; t0 += max_chunk_) {
+    int t1 = std::min(M, t0 + max_chunk_);
     Staged st;
     stage_chunk(b, t0, t1, &st, nullptr);
     // Pass rows follow the sequences' order within the chunk.
@@ -1432,7 +1438,7 @@ void CudaBackend::run_batch_impl(const ForwardBatch& b, float* logits, int32_t* 
       // The whole batch's rows (chunks fill their parts); pass row -> batch token.
       if (t0 == 0 && dev_taps_.bytes() < size_t(M) * tap_width * sizeof(bf16_t))
         dev_taps_.alloc(size_t(M) * tap_width * sizeof(bf16_t));
-      if (tap_rows_.bytes() == 0) tap_rows_.alloc(size_t(kMaxChunk) * sizeof(int32_t));
+      if (tap_rows_.bytes() == 0) tap_rows_.alloc(size_t(max_chunk_) * sizeof(int32_t));
       tap_rows_host_.assign(size_t(n), -1);
       bool in_order = true;
       for (int t = t0; t < t1; ++t) {
