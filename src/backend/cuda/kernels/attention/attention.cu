@@ -452,7 +452,7 @@ void attention_decode(const bf16_t* qkv, int n, int Hq, int Hkv, int D, int wind
   if (plan.mma && attention_decode_mma_supported(Hq, Hkv, D)) {
     attention_decode_mma(q, n, Hq, Hkv, window, sinks, inv_freq, attn_scaling, tm, kv, plan.nsplit, plan.cluster,
                          kv_stored, partial, o, s);
-    if (!plan.cluster)
+    if (!plan.cluster && plan.nsplit > 1)  // (one split: the kernel stores the output rows)
       launch_pdl(attention_combine_kernel<64>, dim3(n, (Hq + 1) / 2), dim3(64), 0, s,
                  static_cast<const float*>(partial), Hq, plan.nsplit, sinks, o, tm.pt_off, n, 0, 0);
   } else if (D == 64) {

@@ -95,7 +95,9 @@ __global__ void __launch_bounds__(kThreads) attention_decode_mma_kernel(
   __shared__ float merge_rows[kMaxG][kD + 2];  // the block's partial row a head (m, l, O)
   // Cluster merge: the partial rows of the heads this block merges (g % nsplit == rank), every
   // split's, [g / nsplit][split], written into it by their blocks before the cluster barrier.
-  __shared__ float recv_rows[kMaxG + kDecodeClusterMax - 1][kD + 2];
+  // (Cluster kernels only: without its 6 KB a bf16 block's shared memory, 48 KB of stages and the
+  // rest, fits four blocks an SM, not three.)
+  __shared__ float recv_rows[CLUSTER ? kMaxG + kDecodeClusterMax - 1 : 1][kD + 2];
 
   const int t = blockIdx.x, kvh = blockIdx.y, split = blockIdx.z;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid & 31;
@@ -410,7 +412,17 @@ __global__ void __launch_bounds__(kThreads) attention_decode_mma_kernel(
     }
   }
   ATTN_CLOCK(5);
-  if constexpr (!CLUSTER) {
+  if (nsplit == 1) {
+    // One split (either kernel): the block's rows are the heads' whole rows; merge them here.
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < kMaxG / kWarps; ++i) {
+      const int g = warp + i * kWarps;
+      if (g < G)
+        merge_splits<kD>([&](int) { return &merge_rows[g][0]; }, 1, sink_v[i],
+                         out + (size_t(t) * Hq + kvh * G + g) * kD, lane);
+    }
+  } else if constexpr (!CLUSTER) {
     __syncthreads();
     for (int i = tid; i < G * (kD + 2); i += kThreads) {
       const int g = i / (kD + 2), e = i % (kD + 2);
@@ -419,39 +431,28 @@ __global__ void __launch_bounds__(kThreads) attention_decode_mma_kernel(
   } else {
     // The nsplit (= gridDim.z = cluster size) blocks of this (token, kv head) merge through
     // distributed shared memory: block r merges the heads g with g % nsplit == r.
-    if (nsplit == 1) {
-      __syncthreads();
-#pragma unroll
-      for (int i = 0; i < kMaxG / kWarps; ++i) {
-        const int g = warp + i * kWarps;
-        if (g < G)
-          merge_splits<kD>([&](int) { return &merge_rows[g][0]; }, 1, sink_v[i],
-                           out + (size_t(t) * Hq + kvh * G + g) * kD, lane);
-      }
-    } else {
-      // Each head's partial row goes to the block that merges it, by stores into that block's
-      // shared memory (they need no reply, where reading the others' rows took round trips);
-      // the barrier's release makes them visible there. After it every block reads only its own
-      // shared memory, so none waits for another before exiting.
-      cg::cluster_group cluster = cg::this_cluster();
-      asm volatile("barrier.cluster.wait;\n" ::: "memory");  // every block has started
-      __syncthreads();  // merge_rows
-      for (int i = tid; i < G * (kD + 2); i += kThreads) {
-        const int g = i / (kD + 2), e = i % (kD + 2);
-        float* dst = &recv_rows[(g / nsplit) * nsplit + split][e];
-        *static_cast<float*>(cluster.map_shared_rank(dst, g % nsplit)) = merge_rows[g][e];
-      }
-      cluster.sync();
-      ATTN_CLOCK(6);
-#pragma unroll
-      for (int i = 0; i < kMaxG / kWarps; ++i) {
-        const int g = warp + i * kWarps;
-        if (g < G && g % nsplit == int(cluster.block_rank()))
-          merge_splits<kD>([&](int s) { return &recv_rows[(g / nsplit) * nsplit + s][0]; }, nsplit, sink_v[i],
-                           out + (size_t(t) * Hq + kvh * G + g) * kD, lane);
-      }
-      ATTN_CLOCK(7);
+    // Each head's partial row goes to the block that merges it, by stores into that block's
+    // shared memory (they need no reply, where reading the others' rows took round trips);
+    // the barrier's release makes them visible there. After it every block reads only its own
+    // shared memory, so none waits for another before exiting.
+    cg::cluster_group cluster = cg::this_cluster();
+    asm volatile("barrier.cluster.wait;\n" ::: "memory");  // every block has started
+    __syncthreads();  // merge_rows
+    for (int i = tid; i < G * (kD + 2); i += kThreads) {
+      const int g = i / (kD + 2), e = i % (kD + 2);
+      float* dst = &recv_rows[(g / nsplit) * nsplit + split][e];
+      *static_cast<float*>(cluster.map_shared_rank(dst, g % nsplit)) = merge_rows[g][e];
     }
+    cluster.sync();
+    ATTN_CLOCK(6);
+#pragma unroll
+    for (int i = 0; i < kMaxG / kWarps; ++i) {
+      const int g = warp + i * kWarps;
+      if (g < G && g % nsplit == int(cluster.block_rank()))
+        merge_splits<kD>([&](int s) { return &recv_rows[(g / nsplit) * nsplit + s][0]; }, nsplit, sink_v[i],
+                         out + (size_t(t) * Hq + kvh * G + g) * kD, lane);
+    }
+    ATTN_CLOCK(7);
   }
 #ifdef GPTOSS_DIAG_ATTN_CLOCKS
   ATTN_CLOCK(8);
@@ -529,7 +530,9 @@ DecodeAttentionPlan decode_attention_mma_plan(int n, int Hkv, int max_keys, int 
   while (2 * c <= most && n * Hkv * 2 * c <= wave) c *= 2;
   const int per = (tiles + c - 1) / c;  // tiles a cluster split walks
   if (split_nsplit > c && per > 4) return DecodeAttentionPlan{std::min(split_nsplit, 32), false, true};
-  if (per > 8) return DecodeAttentionPlan{c, false, true};
+  // One split: the kernel without the cluster merge's receive rows (four bf16 blocks an SM, not
+  // three: 64 sequences' 512 blocks in one wave), which stores its output rows itself.
+  if (per > 8 || c == 1) return DecodeAttentionPlan{c, false, true};
   return DecodeAttentionPlan{c, true, true};
 }
 
