@@ -1,7 +1,9 @@
 # Session 39, round 1 (prepared in the thirty-eighth session, not yet run): what 2044e49 (one-split
 # decode attention on the kernel without the cluster merge) was not checked with on the GPU:
 # test_cuda_model, the fused-against-two-kernels attention test, then serving 120b at 32 and 64
-# streams and 20b at 64 (the last serving rows, s38r3, predate it).
+# streams and 20b at 64 (the last serving rows, s38r3, predate it). The same run checks the split of
+# cuda_backend.cpp into cuda_backend_impl.h / cuda_backend.cpp / cuda_weights.cpp (code moved, no
+# change meant; compiled and linked here only).
 # Pack: PACK_TESTS="test_cuda_kernels test_cuda_model" tools/gpu/pack.sh
 source tools/gpu/rounds/prelude.sh
 ts tests
