@@ -1,6 +1,6 @@
 // The CUDA backend's weights: checkpoint tensors uploaded (MXFP4 experts kept packed), random
-// weights built on the GPU, tensor-parallel shards, and the repacks into the layouts the kernels
-// read (the fragment layout of the decode kernels, the prefill GEMM's k-permuted one).
+// weights built on the GPU, tensor-parallel shards, and the repacks into the tensor-core fragment
+// layout the decode kernels read (the experts, and the dense layers' decode copies).
 #include "backend/cuda/cuda_backend_impl.h"
 
 namespace gptoss::cuda_impl {
