@@ -81,8 +81,8 @@ template <int D, AttnMode MODE>
 __global__ void __launch_bounds__(kWarps * 32) attention_kernel(const uint16_t* __restrict__ qkv, int Hq, int Hkv,
                                                                 int window, TokenMeta tm, KvLayer kv, int nsplit,
                                                                 float* __restrict__ partial, int n, int flash_tq,
-                                                                int t_begin, const float* __restrict__ inv_freq, float rope_scaling,
-                                                                const float* __restrict__ sinks,
+                                                                int t_begin, const float* __restrict__ inv_freq,
+                                                                float rope_scaling, const float* __restrict__ sinks,
                                                                 uint16_t* __restrict__ out) {
   constexpr bool kFused = MODE != AttnMode::kStored;
   constexpr int kThreads = kWarps * 32;
