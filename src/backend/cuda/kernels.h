@@ -200,7 +200,7 @@ bool expert_gemm_v5_runs(const WeightMat& W, const void* A, int lda, int pairs, 
 void permute_rows_frag_k(const bf16_t* src, int rows, int K, bf16_t* dst, cudaStream_t s);
 
 // Prefill expert GEMM versions (kernels/moe/expert_gemm_mxfp4_bf16.cu): linear_grouped's GEMM
-// path over MXFP4 experts (checkpoint or fragment layout) runs version 1 (gemm_kernel, gemv_gemm.cu)
+// path over MXFP4 experts (checkpoint or fragment layout) runs version 1 (gemm_kernel, gemm_mma.cu)
 // or version 2 (tall tiles, 4-stage cp.async, weights decoded into the MMA's registers). Chosen by
 // GPTOSS_EXPERT_GEMM=v1|v2|v3|v5|auto (read once; default auto: version 5 where
 // expert_gemm_v5_preferred, else version 3 = Hopper wgmma, below; version 2 where those are

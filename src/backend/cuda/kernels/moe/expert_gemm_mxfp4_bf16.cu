@@ -1,7 +1,7 @@
 // Grouped MoE expert GEMM for prefill, version 2: MXFP4 weights (the checkpoint layout, as
 // loaded) x bf16 activations -> fp32 accumulators on mma.sync m16n8k16, one CTA per
 // (expert row tile of up to 128 sorted pairs, 128 weight rows). Version 1 is gemm_kernel in
-// kernels/linear/gemv_gemm.cu; linear_grouped picks between them (GPTOSS_EXPERT_GEMM=v1|v2).
+// kernels/linear/gemm_mma.cu; linear_grouped picks between them (GPTOSS_EXPERT_GEMM=v1|v2).
 //
 // Why it is shaped this way (v1 ran at ~150 TFLOP/s on an H200):
 // - Weights are decoded once per CTA, straight from shared memory into the MMA's B registers
