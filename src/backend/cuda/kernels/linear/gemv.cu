@@ -35,6 +35,19 @@ __device__ __forceinline__ void lane_token_store(const LinArgs& a, int rb, int n
   }
 }
 
+// 1 / rms of the fused norm's f32 row `row` (K values) as rmsnorm_kernel computes it, a warp's
+// lanes summing strided float4s; every lane gets the result.
+__device__ __forceinline__ float fused_norm_inv_rms(const FusedNorm& fn, int row, int K, int lane) {
+  const float4* xr = reinterpret_cast<const float4*>(fn.x + size_t(row) * K);
+  float ss = 0.f;
+  for (int i = lane; i < K / 4; i += 32) {
+    float4 v = xr[i];
+    ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+  }
+  ss = warp_sum(ss);
+  return 1.0f / sqrtf(ss / float(K) + fn.eps);
+}
+
 // Eight inputs of chunk c (8 columns) of token row `row` as four bf16 pairs: straight from A,
 // or normalized from the f32 rows exactly as rmsnorm_kernel rounds them (x * inv * w -> bf16).
 __device__ __forceinline__ uint4 gemv_x8(const LinArgs& a, const FusedNorm& fn, const uint16_t* xrow, int row,
@@ -82,14 +95,8 @@ __global__ void __launch_bounds__(256, 3) gemv_bf16_kernel(LinArgs a, FusedNorm 
   if (fn.x) {
     // Dense only (M <= kGemvMaxM = warps): warp m finds token m's 1 / rms.
     if (warp < a.M) {
-      const float4* xr = reinterpret_cast<const float4*>(fn.x + size_t(warp) * K);
-      float ss = 0.f;
-      for (int i = lane; i < K / 4; i += 32) {
-        float4 v = xr[i];
-        ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
-      }
-      ss = warp_sum(ss);
-      if (lane == 0) inv_rms[warp] = 1.0f / sqrtf(ss / float(K) + fn.eps);
+      const float inv = fused_norm_inv_rms(fn, warp, K, lane);
+      if (lane == 0) inv_rms[warp] = inv;
     }
     __syncthreads();
     if (fn.xn_out && blockIdx.x == 0) {
@@ -233,14 +240,8 @@ __global__ void __launch_bounds__(256, 2) gemv_bf16_rows_kernel(LinArgs a, Fused
   pdl_begin();
   if (fn.x) {
     if (warp < M) {
-      const float4* xr = reinterpret_cast<const float4*>(fn.x + size_t(warp) * K);
-      float ss = 0.f;
-      for (int i = lane; i < K / 4; i += 32) {
-        float4 v = xr[i];
-        ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
-      }
-      ss = warp_sum(ss);
-      if (lane == 0) inv_rms[warp] = 1.0f / sqrtf(ss / float(K) + fn.eps);
+      const float inv = fused_norm_inv_rms(fn, warp, K, lane);
+      if (lane == 0) inv_rms[warp] = inv;
     }
     __syncthreads();
   }
