@@ -44,8 +44,7 @@ def main():
     for r in rows:
         s, e = int(r["start_ns"]), int(r["end_ns"])
         f = family(r["name"], r["grid"], r["block"])
-        add = min(e - max(last_end, 0), e - s) if last_end else e - s
-        adds[f] += max(add, 0)
+        adds[f] += max(min(e - last_end, e - s), 0)  # (last_end 0: its own duration)
         own[f] += e - s
         count[f] += 1
         gx, gy, gz = (int(v) for v in r["grid"].split("x"))
