@@ -76,6 +76,11 @@ class Regex {
 // `final` they are replaced by one U+FFFD instead (and 0 is returned).
 size_t utf8_decode_lossy(std::string_view in, std::string& out, bool final);
 
+// A token's bytes in GPT-2's byte-level alphabet (as tokenizer.json spells its vocabulary and
+// token_piece shows tokens), and back (false: a character outside the alphabet).
+std::string bytes_to_bl(std::string_view bytes);
+bool bl_to_bytes(std::string_view s, std::string& out);
+
 struct Tokenizer::Impl {
   ByteMap ranks;                                      // bytes -> merge rank and id
   ByteMap whole;  // tokenizer.json with ignore_merges: whole-piece tokens no merge produces
