@@ -4,8 +4,8 @@
 // issues the copies against it; the barrier's phase completes when every byte has landed, and
 // readers wait on it. A wait names the parity of the phase it waits to see completed (0 for a
 // fresh barrier's first). Used by the dense decode kernels (skinny_mma.cu) to stage weights
-// before griddepcontrol.wait, and by the prefill expert GEMM (expert_gemm_wgmma_wa.cu) to hand
-// cp.async copies between warpgroups.
+// before griddepcontrol.wait, and by the prefill expert GEMM (expert_gemm_wgmma_wa.cu: to hand
+// cp.async copies between warpgroups; expert_gemm_v5_ws.cu: a producer warp's bulk and tensor copies).
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -84,6 +84,24 @@ __device__ __forceinline__ void bulk_copy_g2s_multicast(uint32_t dst, const void
       : "memory");
 #elif defined(__CUDA_ARCH__)
   __trap();
+#endif
+}
+// A two-dimensional box of a tensor map (`tmap`: the generic address of a __grid_constant__
+// CUtensorMap) at element coordinates (c0 innermost, c1) into shared memory at dst, counted on
+// `bar` (the box's bytes, as the map's swizzle lays them out by dst's address bits).
+__device__ __forceinline__ void tma_load_2d(uint32_t dst, const void* tmap, int c0, int c1, uint32_t bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::
+          "r"(dst),
+      "l"(reinterpret_cast<uint64_t>(tmap)), "r"(c0), "r"(c1), "r"(bar)
+      : "memory");
+#endif
+}
+// Brings a tensor map into the cache the copies above read it through.
+__device__ __forceinline__ void prefetch_tensormap(const void* tmap) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(tmap)) : "memory");
 #endif
 }
 }  // namespace gptoss::cuda::ptx

@@ -234,8 +234,10 @@ int expert_gemm_v3_auto_tile_rows(int pairs, int E);
 // (stored in the fragment layout's K order). Fragment layout, N % 64 == 0, and where version 3 is
 // available; linear_grouped falls back to version 3 elsewhere.
 bool expert_gemm_v5_supports(const WeightMat& W, const void* A, int lda, int a_rows, const Epilogue& epi);
+// a_rows: the rows of A (tokens when gather_a, else pairs), which the warp-specialized kernel's
+// tensor copies are bounded by (expert_gemm_v5_warp_specialized, expert_gemm_v5.h).
 void expert_gemm_v5(const WeightMat& W, const bf16_t* A, int lda, int pairs, int E, bool gather_a, bool a_k_permuted,
-                    const MoeRouting& r, const Epilogue& epi, cudaStream_t s);
+                    const MoeRouting& r, const Epilogue& epi, cudaStream_t s, int a_rows);
 // Pairs a version 5 tile (wgmma N): 32, 48, 64, 80, 96, 128, or 0 (auto: expert_gemm_v5_auto_tile_pairs).
 // GPTOSS_EXPERT_GEMM_V5_N (read once) or set_expert_gemm_v5_tile_pairs (tests, bench; -1 = back
 // to the environment's choice).

@@ -54,6 +54,16 @@ __device__ __forceinline__ void wgmma_wait() {
 }
 // Keeps the compiler from moving accesses of an accumulator across the wgmma fences/waits.
 __device__ __forceinline__ void fence_operand(float& r) { asm volatile("" : "+f"(r)::"memory"); }
+// A warpgroup's registers a thread, raised or lowered (a multiple of 8 in [24, 256]; every warp of
+// the warpgroup executes it): a producer warpgroup gives registers back to the consumers'.
+template <int N>
+__device__ __forceinline__ void setmaxnreg_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+template <int N>
+__device__ __forceinline__ void setmaxnreg_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+}
 
 // d (64 x 128, f32) = (scale_d ? d : 0) + A (64 x 16, bf16) . B (128 x 16, bf16)^T; both K-major
 // tiles in shared memory (descriptors above).

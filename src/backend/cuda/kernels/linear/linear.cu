@@ -214,7 +214,7 @@ void linear_grouped(const WeightMat& W, const void* A, int lda, int pairs, int E
   // (Hopper wgmma) where the GPU and the build have it; version 2 otherwise.
   const int version = expert_gemm_version();
   if (v5) {
-    expert_gemm_v5(W, static_cast<const bf16_t*>(A), lda, pairs, E, gather_a, a_k_permuted, r, epi, s);
+    expert_gemm_v5(W, static_cast<const bf16_t*>(A), lda, pairs, E, gather_a, a_k_permuted, r, epi, s, a_rows);
     return;
   }
   if (mx && version >= 3 && expert_gemm_v3_supports(W, A, lda, a_rows, epi)) {

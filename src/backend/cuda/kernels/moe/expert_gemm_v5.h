@@ -27,6 +27,13 @@ void set_expert_gemm_v5_mbarriers(int on);
 // Whether a launch of `pairs` sorted pairs in tiles of tile_pairs takes the mbarrier hand-off
 // (the launcher, the automatic width and bench-kernels' row names all ask this).
 bool expert_gemm_v5_uses_mbarriers(int tile_pairs, int pairs, bool a_k_permuted);
+// Whether a launch that takes the mbarrier hand-off runs the warp-specialized kernel instead
+// (expert_gemm_v5_ws.cu: a producer warp makes every copy, tensor copies of the activation rows and
+// bulk copies of the weights; the 16 other warps only decode and multiply). Opt-in while it is
+// measured: GPTOSS_EXPERT_GEMM_V5_WS=0|1 (read once, default 0) or set_expert_gemm_v5_warp_specialized
+// (tests, bench; -1 = back to the environment's value).
+bool expert_gemm_v5_warp_specialized();
+void set_expert_gemm_v5_warp_specialized(int on);
 
 // Split tiling: an expert's pairs in n / bulk whole tiles of `bulk` pairs, and its remainder, where
 // it holds at most `rem` pairs, in one tile of `rem` pairs launched right after (rem 0: one launch,

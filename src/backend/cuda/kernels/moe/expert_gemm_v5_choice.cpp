@@ -72,6 +72,19 @@ void set_expert_gemm_v5_mbarriers(int on) {
   g_v5_mbar = on;
 }
 
+int g_v5_ws = -1;  // expert_gemm_v5_warp_specialized: -1 not read yet, else 0 or 1
+
+bool expert_gemm_v5_warp_specialized() {
+  return env_switch(g_v5_ws, "GPTOSS_EXPERT_GEMM_V5_WS", 0, [](int v) { return v == 0 || v == 1; },
+                    "0 (the mbarrier kernel) or 1 (warp-specialized)") != 0;
+}
+
+void set_expert_gemm_v5_warp_specialized(int on) {
+  if (on != -1 && on != 0 && on != 1)
+    throw Error("set_expert_gemm_v5_warp_specialized: expected -1 (environment), 0 or 1");
+  g_v5_ws = on;
+}
+
 int expert_gemm_v5_auto_warpgroups(int tile_pairs, int pairs) {
   // bench-kernels, gate_up + down a layer, two warpgroups -> four (H200, s24r1): 120b at 2048
   // tokens 80 pairs 1383 -> 1339 us, 96 1452 -> 1434, 64 1682 -> 1677; at 8192 96 pairs 4864 ->

@@ -1,0 +1,33 @@
+# Session 39, round 3 (prepared in the thirty-ninth session, which had no machine; not yet run):
+# version 5's warp-specialized kernel (kernels/moe/expert_gemm_v5_ws.cu, GPTOSS_EXPERT_GEMM_V5_WS=1,
+# opt-in): the 128-pair four-warpgroup tiles with every copy made by a producer warp (tensor copies
+# of the activation rows, bulk copies of the weights) so the 16 other warps only decode and
+# multiply; the thirty-seventh session's Nsight Compute put ~60 of the mbarrier kernel's ~240 warp
+# instructions a K step on copies and their waits. Never run on a GPU before this round: first the
+# version 5 test (every width; the new kernel as its own case, alone and in split tilings) and the
+# sanitizers over it, then bench-kernels and prefill A/B (the mbarrier kernel against it), then
+# Nsight Compute of the new kernel at 120b pp8192's 4096-token chunk.
+# Pack: PACK_TESTS="test_cuda_kernels" tools/gpu/pack.sh
+source tools/gpu/rounds/prelude.sh
+ts tests
+t v5 300 $K --gtest_filter='Kernels.MoeMxfp4ExpertGemmV5'
+grep -E "warp-specialized|Failure" $out/v5.log | head -6 >> $S
+sanitize 'Kernels.MoeMxfp4ExpertGemmV5' memcheck racecheck synccheck
+ts "bench-kernels, gate_up + down a layer (the mbarrier kernel, then warp-specialized)"
+for m_tk in 120b:4096 120b:8192 20b:2048 20b:8192; do
+  m=${m_tk%%:*} tk=${m_tk##*:}
+  bk_v5 "$m $tk mbar" $m $tk "mbar"
+  GPTOSS_EXPERT_GEMM_V5_WS=1 bk_v5 "$m $tk ws" $m $tk " ws"
+done
+ts "prefill A/B"
+pp_ab GPTOSS_EXPERT_GEMM_V5_WS "0 1" 4096,8192 120b 20b
+ts "ncu, warp-specialized, 120b pp8192 (a 8192-token pass)"
+sec="--section SpeedOfLight --section WarpStateStats --section SchedulerStats --section LaunchStats --section Occupancy --section SourceCounters"
+GPTOSS_EXPERT_GEMM_V5_WS=1 timeout 200 ncu --clock-control none --import-source no -k "regex:expert_gemm_ws_kernel" \
+  --launch-count 1 $sec -o $out/ws $g bench --device cuda --random-weights 120b --pp 8192 --tg '' --runs 1 > $out/ncu_ws.txt 2>&1
+echo "ncu rc=$?" >> $S
+ncu -i $out/ws.ncu-rep --page details 2>&1 | grep -vE "^\s*-+\s*$" |
+  grep -E "expert_gemm_ws|Duration|Busy|Eligible|Executed Ipc|Registers|No Eligible|Warp Cycles|Issued Warp|Stall" | head -30 >> $S
+ncu -i $out/ws.ncu-rep --page source --csv --print-source sass > $out/sass_ws.csv 2>&1
+rm -f $out/ws.ncu-rep
+ts done
