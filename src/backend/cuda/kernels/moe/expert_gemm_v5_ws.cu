@@ -54,7 +54,8 @@ struct WsTile {
   // with 17 warps the fifth warp of an SM sub-partition would cap every warp at 96 registers
   // (16K a sub-partition / 5 warps), and the consumers' wgmmas were serialized for want of them.
   // The producer warpgroup lowers itself to kProducerRegs and the consumers rise to kConsumerRegs
-  // (4 x 32 x 120 + 32 x 24 <= 16384).
+  // (4 x 32 x 120 + 32 x 24 <= 16384). One A buffer a warp: a second (the next step's decode beside
+  // this step's MMAs) does not fit in 120 registers; ptxas then serializes the wgmmas (tried).
   static constexpr int kConsumerWarps = 16, kThreads = (kConsumerWarps + 4) * 32;
   static constexpr int kProducerRegs = 24, kConsumerRegs = 120;
   static constexpr int kTiles = 16;
