@@ -169,15 +169,16 @@ TEST_F(Kernels, MoeMxfp4ExpertGemmV5) {
   cuda::set_expert_gemm_version(5);
   for (int wgs : {2, 4})  // CTAs of 128 and of 256 weight rows
     for (int pairs : {32, 48, 64, 80, 96, 128})
-      for (int mbar : {2, 1, 0}) {  // permuted activations handed over by mbarriers (128 pairs): a producer
-                                    // warp's copies (2, warp-specialized) or each warp's own (1); or a block barrier
+      for (int mbar : {3, 2, 1, 0}) {  // permuted activations handed over by mbarriers (128 pairs): a producer
+                                       // warp's copies (warp-specialized: cp.async 3, tensor copies 2) or each
+                                       // warp's own (1); or a block barrier (0)
         if (mbar && (pairs != 128 || wgs != 4)) continue;  // (the others always take the block barrier)
         cuda::set_expert_gemm_v5_warpgroups(wgs);
         cuda::set_expert_gemm_v5_tile_pairs(pairs);
         cuda::set_expert_gemm_v5_mbarriers(mbar ? 1 : 0);
-        cuda::set_expert_gemm_v5_warp_specialized(mbar == 2 ? 1 : 0);
-        SCOPED_TRACE("v5 tile pairs " + std::to_string(pairs) + ", " + std::to_string(wgs) + " warpgroups, " +
-                     (mbar == 2 ? "warp-specialized" : mbar ? "mbarriers" : "block barrier"));
+        cuda::set_expert_gemm_v5_warp_specialized(mbar >= 2 ? mbar - 1 : 0);
+        const char* how[] = {"block barrier", "mbarriers", "warp-specialized, tensor copies", "warp-specialized, cp.async"};
+        SCOPED_TRACE("v5 tile pairs " + std::to_string(pairs) + ", " + std::to_string(wgs) + " warpgroups, " + how[mbar]);
         for (auto& c : cases)
           if (c.n > cuda::kSkinnyMaxTokens)
             for (int path : {3, 4})  // transposed in the kernel (block barrier always); handed over permuted
@@ -191,13 +192,13 @@ TEST_F(Kernels, MoeMxfp4ExpertGemmV5) {
   // forced, each CTA shape as the automatic rules pick it: groups wholly in the remainder launch,
   // wholly in the bulk one, and cut between them (2049 tokens over 32 experts: ~256 pairs each,
   // bulk 128 on four warpgroups with mbarriers).
-  for (int ws : {0, 1})  // the bulk launch's 128-pair mbarrier tiles: each warp's copies, or a producer warp's
+  for (int ws : {0, 1, 2})  // the bulk launch's 128-pair mbarrier tiles: each warp's copies, or a producer warp's
     for (const auto& [bulk, rem] : {std::pair{48, 32}, {128, 32}, {128, 96}, {80, 64}}) {
       if (ws && bulk != 128) continue;
       cuda::set_expert_gemm_v5_split(bulk, rem);
       cuda::set_expert_gemm_v5_warp_specialized(ws);
       SCOPED_TRACE("v5 split tiling " + std::to_string(bulk) + " + " + std::to_string(rem) +
-                   (ws ? ", warp-specialized" : ""));
+                   (ws ? ", warp-specialized " + std::to_string(ws) : std::string()));
       EXPECT_EQ(cuda::expert_gemm_v5_tiling(4096, 128).rem, rem);
       for (auto& c : cases)
         if (c.n > cuda::kSkinnyMaxTokens) check_moe(c, 4);

@@ -309,8 +309,10 @@ int run_kernel_bench(const KernelBenchOptions& o) {
           const V5Tiling t = tile_rows ? V5Tiling{tile_rows, 0} : expert_gemm_v5_tiling(P, E);
           const char* how = tile_rows == 0 ? " (auto tiling)"
                             : tile_rows == expert_gemm_v5_auto_tile_pairs(P, E) ? " (auto)" : "";
+          const int ws = expert_gemm_v5_warp_specialized();
           const char* hand_off = !expert_gemm_v5_uses_mbarriers(t.bulk, P, kperm) ? ""
-                                 : expert_gemm_v5_warp_specialized()                ? " ws"
+                                 : ws == 1                                          ? " ws-tma"
+                                 : ws == 2                                          ? " ws-cpasync"
                                                                                     : " mbar";
           v += " n" + std::to_string(t.bulk) + (t.rem ? "+" + std::to_string(t.rem) : "") + (kperm ? " kperm" : "") +
                how + " wg" + std::to_string(expert_gemm_v5_chosen_warpgroups(t.bulk, P)) + hand_off;

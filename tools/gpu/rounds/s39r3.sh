@@ -1,7 +1,7 @@
 # Session 39, round 3 (prepared in the thirty-ninth session, which had no machine; not yet run):
-# version 5's warp-specialized kernel (kernels/moe/expert_gemm_v5_ws.cu, GPTOSS_EXPERT_GEMM_V5_WS=1,
-# opt-in): the 128-pair four-warpgroup tiles with every copy made by a producer warp (tensor copies
-# of the activation rows, bulk copies of the weights) so the 16 other warps only decode and
+# version 5's warp-specialized kernel (kernels/moe/expert_gemm_v5_ws.cu, GPTOSS_EXPERT_GEMM_V5_WS=1|2,
+# opt-in): the 128-pair four-warpgroup tiles with every copy made by a producer warp (the activation
+# rows by tensor copies (1) or cp.async (2), bulk copies of the weights) so the 16 other warps only decode and
 # multiply; the thirty-seventh session's Nsight Compute put ~60 of the mbarrier kernel's ~240 warp
 # instructions a K step on copies and their waits. Never run on a GPU before this round: first the
 # version 5 test (every width; the new kernel as its own case, alone and in split tilings) and the
@@ -17,10 +17,11 @@ ts "bench-kernels, gate_up + down a layer (the mbarrier kernel, then warp-specia
 for m_tk in 120b:4096 120b:8192 20b:2048 20b:8192; do
   m=${m_tk%%:*} tk=${m_tk##*:}
   bk_v5 "$m $tk mbar" $m $tk "mbar"
-  GPTOSS_EXPERT_GEMM_V5_WS=1 bk_v5 "$m $tk ws" $m $tk " ws"
+  GPTOSS_EXPERT_GEMM_V5_WS=1 bk_v5 "$m $tk ws-tma" $m $tk "ws-tma"
+  GPTOSS_EXPERT_GEMM_V5_WS=2 bk_v5 "$m $tk ws-cpasync" $m $tk "ws-cpasync"
 done
 ts "prefill A/B"
-pp_ab GPTOSS_EXPERT_GEMM_V5_WS "0 1" 4096,8192 120b 20b
+pp_ab GPTOSS_EXPERT_GEMM_V5_WS "0 1 2" 4096,8192 120b 20b
 ts "ncu, warp-specialized, 120b pp8192 (a 8192-token pass)"
 sec="--section SpeedOfLight --section WarpStateStats --section SchedulerStats --section LaunchStats --section Occupancy --section SourceCounters"
 GPTOSS_EXPERT_GEMM_V5_WS=1 timeout 200 ncu --clock-control none --import-source no -k "regex:expert_gemm_ws_kernel" \

@@ -28,12 +28,12 @@ void set_expert_gemm_v5_mbarriers(int on);
 // (the launcher, the automatic width and bench-kernels' row names all ask this).
 bool expert_gemm_v5_uses_mbarriers(int tile_pairs, int pairs, bool a_k_permuted);
 // Whether a launch that takes the mbarrier hand-off runs the warp-specialized kernel instead
-// (expert_gemm_v5_ws.cu: a producer warp makes every copy, tensor copies of the activation rows and
-// bulk copies of the weights; the 16 other warps only decode and multiply). Opt-in while it is
-// measured: GPTOSS_EXPERT_GEMM_V5_WS=0|1 (read once, default 0) or set_expert_gemm_v5_warp_specialized
-// (tests, bench; -1 = back to the environment's value).
-bool expert_gemm_v5_warp_specialized();
-void set_expert_gemm_v5_warp_specialized(int on);
+// (expert_gemm_v5_ws.cu: a producer warp makes every copy, bulk copies of the weights and the
+// activation rows by tensor copies (1) or by cp.async (2); the 16 other warps only decode and
+// multiply), or not (0). Opt-in while it is measured: GPTOSS_EXPERT_GEMM_V5_WS=0|1|2 (read once,
+// default 0) or set_expert_gemm_v5_warp_specialized (tests, bench; -1 = back to the environment's value).
+int expert_gemm_v5_warp_specialized();
+void set_expert_gemm_v5_warp_specialized(int mode);
 
 // Split tiling: an expert's pairs in n / bulk whole tiles of `bulk` pairs, and its remainder, where
 // it holds at most `rem` pairs, in one tile of `rem` pairs launched right after (rem 0: one launch,

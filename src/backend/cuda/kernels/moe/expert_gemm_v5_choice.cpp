@@ -72,17 +72,16 @@ void set_expert_gemm_v5_mbarriers(int on) {
   g_v5_mbar = on;
 }
 
-int g_v5_ws = -1;  // expert_gemm_v5_warp_specialized: -1 not read yet, else 0 or 1
+int g_v5_ws = -1;  // expert_gemm_v5_warp_specialized: -1 not read yet, else 0, 1 or 2
 
-bool expert_gemm_v5_warp_specialized() {
-  return env_switch(g_v5_ws, "GPTOSS_EXPERT_GEMM_V5_WS", 0, [](int v) { return v == 0 || v == 1; },
-                    "0 (the mbarrier kernel) or 1 (warp-specialized)") != 0;
+int expert_gemm_v5_warp_specialized() {
+  return env_switch(g_v5_ws, "GPTOSS_EXPERT_GEMM_V5_WS", 0, [](int v) { return v >= 0 && v <= 2; },
+                    "0 (the mbarrier kernel), 1 (warp-specialized, tensor copies) or 2 (warp-specialized, cp.async)");
 }
 
-void set_expert_gemm_v5_warp_specialized(int on) {
-  if (on != -1 && on != 0 && on != 1)
-    throw Error("set_expert_gemm_v5_warp_specialized: expected -1 (environment), 0 or 1");
-  g_v5_ws = on;
+void set_expert_gemm_v5_warp_specialized(int mode) {
+  if (mode < -1 || mode > 2) throw Error("set_expert_gemm_v5_warp_specialized: expected -1 (environment), 0, 1 or 2");
+  g_v5_ws = mode;
 }
 
 int expert_gemm_v5_auto_warpgroups(int tile_pairs, int pairs) {

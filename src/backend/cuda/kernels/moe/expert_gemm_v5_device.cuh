@@ -25,7 +25,8 @@ static_assert(wa_frag_k_pos(4) == 16 && wa_frag_k_pos(2) == 8 && wa_frag_k_pos(8
 
 // Launches the warp-specialized kernel (expert_gemm_v5_ws.cu) over 128-pair tiles: k-permuted
 // activations of a_rows rows (the tensor copies' bound), four warpgroups and a producer warp.
-void launch_expert_gemm_v5_ws(const ExpertGemmArgs& a, int a_rows, int pairs, int E, cudaStream_t s);
+// tma: the activation rows by tensor copies (else by the producer warp's cp.async).
+void launch_expert_gemm_v5_ws(const ExpertGemmArgs& a, int a_rows, int pairs, int E, bool tma, cudaStream_t s);
 
 #ifdef SM90A_WGMMA
 __device__ __forceinline__ uint8_t* wa_align1024(uint8_t* p) {

@@ -48,6 +48,7 @@ using namespace moe_gemm;
 // The CTA: four consumer warpgroups over 16 tiles of 16 weight rows (256 rows) x 128 sorted pairs,
 // and one producer warp; one CTA an SM. A stage: the activation tile, then the 16 tiles' code
 // chunks, then their scale sectors, padded to 1 KB (the next tile's swizzle alignment).
+template <bool kTma>
 struct WsTile {
   static constexpr int kBN = 128;
   // A fifth warpgroup produces (one warp of it copies; the others only give their registers back):
@@ -56,25 +57,33 @@ struct WsTile {
   // The producer warpgroup lowers itself to kProducerRegs and the consumers rise to kConsumerRegs
   // (4 x 32 x 120 + 32 x 24 <= 16384). One A buffer a warp: a second (the next step's decode beside
   // this step's MMAs) does not fit in 120 registers; ptxas then serializes the wgmmas (tried).
+  // kTma false (GPTOSS_EXPERT_GEMM_V5_WS=2): the producer warp copies the activation rows with
+  // cp.async instead (128 x 8 16-byte copies a step, the swizzle computed), in case the tensor
+  // copies' per-row destinations do not serve; it needs 40 registers, so the consumers get 112.
   static constexpr int kConsumerWarps = 16, kThreads = (kConsumerWarps + 4) * 32;
-  static constexpr int kProducerRegs = 24, kConsumerRegs = 120;
+  static constexpr int kProducerRegs = kTma ? 24 : 40, kConsumerRegs = kTma ? 120 : 112;
   static constexpr int kTiles = 16;
   static constexpr int kActBytes = kBN * 128;  // 128 rows x 64 bf16
   static constexpr int kWBytes = kTiles * 512;
   static constexpr int kSBytes = kTiles * 32;
-  static constexpr int kTxBytes = kActBytes + kWBytes + kSBytes;  // what a step's full barrier counts
-  static constexpr int kStageBytes = (kTxBytes + 1023) / 1024 * 1024;
+  // What a step's full barrier counts: its bytes (tensor and bulk copies), and arrivals: the
+  // producer lane 0's, plus (cp.async) each producer lane's once its copies have landed.
+  static constexpr int kTxBytes = (kTma ? kActBytes : 0) + kWBytes + kSBytes;
+  static constexpr int kFullArrivals = kTma ? 1 : 33;
+  static constexpr int kStageBytes = (kActBytes + kWBytes + kSBytes + 1023) / 1024 * 1024;
   static constexpr int kStages = 8;
   static constexpr int kBarBytes = 2 * kStages * 8;
-  static constexpr size_t kSmem = size_t(kStages) * kStageBytes + 1024 + kBarBytes;
+  static constexpr int kTokBytes = kTma ? 0 : kBN * 4;  // cp.async: the tile's token rows, after the barriers
+  static constexpr size_t kSmem = size_t(kStages) * kStageBytes + 1024 + kBarBytes + kTokBytes;
   static_assert(kTiles == 4 * kWaTilesWg && kSmem <= 227 * 1024, "four warpgroups; one CTA an SM");
   static_assert(4 * 32 * kConsumerRegs + 32 * kProducerRegs <= 16384, "a sub-partition's registers");
 };
 
-__global__ void __launch_bounds__(WsTile::kThreads, 1)
+template <bool kTma>
+__global__ void __launch_bounds__(WsTile<kTma>::kThreads, 1)
     expert_gemm_ws_kernel(const __grid_constant__ CUtensorMap act, const ExpertGemmArgs a) {
 #ifdef SM90A_WGMMA
-  using L = WsTile;
+  using L = WsTile<kTma>;
   constexpr int BN = L::kBN;
   constexpr unsigned S = L::kStages;
   extern __shared__ __align__(1024) uint8_t smem_raw[];
@@ -98,7 +107,7 @@ __global__ void __launch_bounds__(WsTile::kThreads, 1)
   auto use_parity = [&](int kt) { return (unsigned(kt) / S) & 1u; };
   if (tid == 0) {
     for (unsigned st = 0; st < S; ++st) {
-      ptx::mbar_init(full_bar(int(st)), 1);
+      ptx::mbar_init(full_bar(int(st)), L::kFullArrivals);
       ptx::mbar_init(empty_bar(int(st)), L::kConsumerWarps);
     }
     ptx::mbar_init_fence();
@@ -117,13 +126,21 @@ __global__ void __launch_bounds__(WsTile::kThreads, 1)
     ptx::setmaxnreg_dec<L::kProducerRegs>();
     if (warp != L::kConsumerWarps) return;  // one warp copies
     // Lane l copies pair rows l, l + 32, l + 64, l + 96 of the tile: their rows of A. A pair past
-    // the tile's end copies row0's row (its bytes must arrive all the same; its columns are never stored).
-    int arow[4];
+    // the tile's end copies row0's row (its bytes must arrive all the same; its columns are never
+    // stored). cp.async: the rows' tokens in shared memory (-1 past the end: a zero-filled copy),
+    // and lane l copies 16-byte chunk l % 8 of rows l / 8 + 4 i.
+    int arow[kTma ? 4 : 1];
+    int* s_tok = reinterpret_cast<int*>(smem + S * L::kStageBytes + L::kBarBytes);
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       const int p = row0 + lane + 32 * j, pp = p < row_end ? p : row0;
-      arow[j] = a.gather_a ? a.r.pair_token[pp] : pp;
+      const int tok = a.gather_a ? a.r.pair_token[pp] : pp;
+      if constexpr (kTma)
+        arow[j] = tok;
+      else
+        s_tok[lane + 32 * j] = p < row_end ? tok : -1;
     }
+    __syncwarp();
     // Lanes 0-15: tile l's 512-byte code chunk of the step; lanes 16-31: tile l - 16's scale sector.
     const bool codes = lane < 16;
     const int pt = int(blockIdx.x) * L::kTiles + (lane & 15);
@@ -132,15 +149,28 @@ __global__ void __launch_bounds__(WsTile::kThreads, 1)
     const uint32_t bytes = codes ? 512u : 32u;
     const uint32_t dst = uint32_t(L::kActBytes) +
                          (codes ? uint32_t(lane) * 512u : uint32_t(L::kWBytes) + uint32_t(lane - 16) * 32u);
-    if (lane == 0) ptx::prefetch_tensormap(&act);
+    if (kTma && lane == 0) ptx::prefetch_tensormap(&act);
+    const int cc = lane & 7, rr = lane >> 3;  // (cp.async: this lane's chunk and first row)
     for (int kt = 0; kt < C; ++kt) {
       // The stage's last use (step kt - S) done in every consumer warp.
       if (kt >= int(S)) ptx::mbar_wait(empty_bar(kt), use_parity(kt) ^ 1u);
       const uint32_t st = s_base + stage_off(kt);
       if (lane == 0) ptx::mbar_arrive_expect_tx(full_bar(kt), uint32_t(L::kTxBytes));
       __syncwarp();
+      if constexpr (kTma) {
 #pragma unroll
-      for (int j = 0; j < 4; ++j) ptx::tma_load_2d(st + uint32_t(lane + 32 * j) * 128u, &act, kt * 64, arow[j], full_bar(kt));
+        for (int j = 0; j < 4; ++j)
+          ptx::tma_load_2d(st + uint32_t(lane + 32 * j) * 128u, &act, kt * 64, arow[j], full_bar(kt));
+      } else {
+#pragma unroll 8
+        for (int i = 0; i < BN / 4; ++i) {
+          const int r = rr + 4 * i, tok = s_tok[r];
+          const uint16_t* src_row = a.A + size_t(tok >= 0 ? tok : 0) * a.lda + kt * 64 + cc * 8;
+          ptx::cp_async16(st + uint32_t(r) * 128u + (uint32_t((cc ^ r) & 7) << 4), src_row, tok >= 0);
+        }
+        ptx::cp_async_mbar_arrive_noinc(full_bar(kt));
+        ptx::cp_async_commit();
+      }
       ptx::bulk_copy_g2s(st + dst, src + size_t(kt) * bytes, bytes, full_bar(kt));
     }
     return;
@@ -167,7 +197,12 @@ __global__ void __launch_bounds__(WsTile::kThreads, 1)
   for (int i = 0; i < kAcc; ++i) acc[i] = 0.f;
   uint4 q;
   uint32_t fs;
-  ptx::mbar_wait(full_bar(0), 0u);
+  // cp.async's rows are ordinary shared-memory writes: to the async proxy wgmma reads through.
+  auto wait_full = [&](int kt) {
+    ptx::mbar_wait(full_bar(kt), use_parity(kt));
+    if constexpr (!kTma) ptx::fence_proxy_async();
+  };
+  wait_full(0);
   read_weights(0, q, fs);
   uint32_t A[16];
   for (int kt = 0; kt < C; ++kt) {
@@ -186,7 +221,7 @@ __global__ void __launch_bounds__(WsTile::kThreads, 1)
     for (int i = 0; i < kAcc; ++i) ptx::fence_operand(acc[i]);
     // The next step's weights while this step's MMAs run.
     if (kt + 1 < C) {
-      ptx::mbar_wait(full_bar(kt + 1), use_parity(kt + 1));
+      wait_full(kt + 1);
       read_weights(kt + 1, q, fs);
     }
     ptx::wgmma_wait<0>();
@@ -233,19 +268,25 @@ CUtensorMap activation_map(const uint16_t* A, int lda, int K, int rows) {
 
 namespace moe_gemm {
 
-void launch_expert_gemm_v5_ws(const ExpertGemmArgs& a, int a_rows, int pairs, int E, cudaStream_t s) {
-  using L = WsTile;
+void launch_expert_gemm_v5_ws(const ExpertGemmArgs& a, int a_rows, int pairs, int E, bool tma, cudaStream_t s) {
   if (!a.a_k_permuted) throw Error("expert_gemm_v5 (warp-specialized): k-permuted activations only");
   if (a_rows <= 0) throw Error("expert_gemm_v5 (warp-specialized): the activations' row count is needed");
   if (a.tile_bulk > 0) throw Error("expert_gemm_v5 (warp-specialized): 128-pair tiles only, never a remainder launch");
+  constexpr int BN = WsTile<true>::kBN, kTiles = WsTile<true>::kTiles;
   static std::atomic<uint64_t> attr_set{0};
-  opt_in_smem_once_per_device(attr_set, L::kSmem, expert_gemm_ws_kernel);
-  const int max_tiles = (pairs + L::kBN - 1) / L::kBN + std::min(pairs, E);
+  opt_in_smem_once_per_device(attr_set, std::max(WsTile<true>::kSmem, WsTile<false>::kSmem), expert_gemm_ws_kernel<true>,
+                              expert_gemm_ws_kernel<false>);
+  const int max_tiles = (pairs + BN - 1) / BN + std::min(pairs, E);
   if (max_tiles > 65535) throw Error("expert_gemm_v5: too many row tiles (" + std::to_string(max_tiles) + ")");
   const int T = a.N / 16;
-  const dim3 grid((T + L::kTiles - 1) / L::kTiles, max_tiles);
-  const CUtensorMap m = activation_map(a.A, a.lda, a.K, a_rows);
-  launch_pdl(expert_gemm_ws_kernel, grid, dim3(L::kThreads), L::kSmem, s, m, a);
+  const dim3 grid((T + kTiles - 1) / kTiles, max_tiles);
+  if (tma) {
+    const CUtensorMap m = activation_map(a.A, a.lda, a.K, a_rows);
+    launch_pdl(expert_gemm_ws_kernel<true>, grid, dim3(WsTile<true>::kThreads), WsTile<true>::kSmem, s, m, a);
+  } else {
+    const CUtensorMap none{};  // (unused)
+    launch_pdl(expert_gemm_ws_kernel<false>, grid, dim3(WsTile<false>::kThreads), WsTile<false>::kSmem, s, none, a);
+  }
   GPTOSS_CUDA_LAUNCH_CHECK();
 }
 

@@ -397,8 +397,8 @@ void expert_gemm_v5(const WeightMat& W, const bf16_t* A, int lda, int pairs, int
                    a_k_permuted};
   auto launch = [&](int bn, const ExpertGemmArgs& la) {
     if (expert_gemm_v5_uses_mbarriers(bn, pairs, a_k_permuted)) {
-      if (expert_gemm_v5_warp_specialized())
-        launch_expert_gemm_v5_ws(la, a_rows, pairs, E, s);
+      if (const int ws = expert_gemm_v5_warp_specialized())
+        launch_expert_gemm_v5_ws(la, a_rows, pairs, E, ws == 1, s);
       else
         launch_v5<128, 4, true>(la, pairs, E, s);
     }
