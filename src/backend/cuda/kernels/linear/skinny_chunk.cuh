@@ -86,18 +86,38 @@ __device__ __forceinline__ uint4 ld_stream(const uint4* p) {
   return v;
 }
 
-// How a lane's weight words are read: __ldg, ld_stream (skipping L1), or plain loads (chunks
-// staged in shared memory in their global layout).
-enum class WLoad { kNc, kStream, kStaged };
+// The same load as ld_stream without `volatile`: the compiler may move it as it moves __ldg.
+__device__ __forceinline__ uint4 ld_no_l1(const uint4* p) {
+  uint4 v;
+  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "l"(p));
+  return v;
+}
+
+// How a lane's weight words are read: __ldg, ld_stream (skipping L1), ld_no_l1, or plain loads
+// (chunks staged in shared memory in their global layout).
+enum class WLoad { kNc, kStream, kNoL1, kStaged };
+// The decode kernels' default: __ldg. GPTOSS_WEIGHTS_SKIP_L1 (an experiment, built into a copy of
+// gptoss by tools/gpu/diag_binary.sh; the values are the same, so whole steps mean something too):
+// ld_no_l1, the L1::no_allocate loads the plain-read floors of bench-kernels make, which the
+// 8-64-token warp walk trails by 1.14x at its own occupancy.
+#ifdef GPTOSS_WEIGHTS_SKIP_L1
+inline constexpr WLoad kWeightLoad = WLoad::kNoL1;
+#else
+inline constexpr WLoad kWeightLoad = WLoad::kNc;
+#endif
 
 // A lane's weights of the chunk `off` chunks past its pointers: wl at its 16-byte word of a chunk
 // (W.w as uint4 + chunk * chunk_bytes / 16 + lane), sl (MXFP4) at its scale word (W.scales as
 // uint32 + chunk * 8 + lane / 4).
-template <int FMT, WLoad L = WLoad::kNc>
+template <int FMT, WLoad L = kWeightLoad>
 __device__ __forceinline__ void load_w_at(const uint4* wl, const uint32_t* sl, size_t off, WChunk<FMT>& w) {
   auto ld = [](const uint4* p) {
     if constexpr (L == WLoad::kStream)
       return ld_stream(p);
+    else if constexpr (L == WLoad::kNoL1)
+      return ld_no_l1(p);
     else if constexpr (L == WLoad::kStaged)
       return *p;
     else
@@ -127,7 +147,7 @@ template <int FMT, bool STREAM = false>
 __device__ __forceinline__ void load_w(const SkinnyArgs& a, size_t tc, int lane, WChunk<FMT>& w) {
   const uint32_t* sl = nullptr;
   if constexpr (FMT == WeightMat::kFragMXFP4) sl = reinterpret_cast<const uint32_t*>(a.W.scales) + lane / 4;
-  load_w_at<FMT, STREAM ? WLoad::kStream : WLoad::kNc>(static_cast<const uint4*>(a.W.w) + lane, sl, tc, w);
+  load_w_at<FMT, STREAM ? WLoad::kStream : kWeightLoad>(static_cast<const uint4*>(a.W.w) + lane, sl, tc, w);
 }
 
 // The lane's activations of one chunk for n-tile i: 8 consecutive elements at 8 tq and 32 + 8 tq.
