@@ -5,8 +5,8 @@
 # multiply; the thirty-seventh session's Nsight Compute put ~60 of the mbarrier kernel's ~240 warp
 # instructions a K step on copies and their waits. Never run on a GPU before this round: first the
 # version 5 test (every width; the new kernel as its own case, alone and in split tilings) and the
-# sanitizers over it, then bench-kernels and prefill A/B (the mbarrier kernel against it), then
-# Nsight Compute of the new kernel at 120b pp8192's 4096-token chunk.
+# sanitizers over it, then bench-kernels A/B (the mbarrier kernel against it); s39r5 has the
+# prefill A/B and Nsight Compute (one call each: ~8 and ~6 minutes).
 # Pack: PACK_TESTS="test_cuda_kernels" tools/gpu/pack.sh
 source tools/gpu/rounds/prelude.sh
 ts tests
@@ -20,15 +20,4 @@ for m_tk in 120b:4096 120b:8192 20b:2048 20b:8192; do
   GPTOSS_EXPERT_GEMM_V5_WS=1 bk_v5 "$m $tk ws-tma" $m $tk "ws-tma"
   GPTOSS_EXPERT_GEMM_V5_WS=2 bk_v5 "$m $tk ws-cpasync" $m $tk "ws-cpasync"
 done
-ts "prefill A/B"
-pp_ab GPTOSS_EXPERT_GEMM_V5_WS "0 1 2" 4096,8192 120b 20b
-ts "ncu, warp-specialized, 120b pp8192 (a 8192-token pass)"
-sec="--section SpeedOfLight --section WarpStateStats --section SchedulerStats --section LaunchStats --section Occupancy --section SourceCounters"
-GPTOSS_EXPERT_GEMM_V5_WS=1 timeout 200 ncu --clock-control none --import-source no -k "regex:expert_gemm_ws_kernel" \
-  --launch-count 1 $sec -o $out/ws $g bench --device cuda --random-weights 120b --pp 8192 --tg '' --runs 1 > $out/ncu_ws.txt 2>&1
-echo "ncu rc=$?" >> $S
-ncu -i $out/ws.ncu-rep --page details 2>&1 | grep -vE "^\s*-+\s*$" |
-  grep -E "expert_gemm_ws|Duration|Busy|Eligible|Executed Ipc|Registers|No Eligible|Warp Cycles|Issued Warp|Stall" | head -30 >> $S
-ncu -i $out/ws.ncu-rep --page source --csv --print-source sass > $out/sass_ws.csv 2>&1
-rm -f $out/ws.ncu-rep
 ts done
