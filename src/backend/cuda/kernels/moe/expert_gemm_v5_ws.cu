@@ -77,6 +77,7 @@ struct WsTile {
   static constexpr size_t kSmem = size_t(kStages) * kStageBytes + 1024 + kBarBytes + kTokBytes;
   static_assert(kTiles == 4 * kWaTilesWg && kSmem <= 227 * 1024, "four warpgroups; one CTA an SM");
   static_assert(4 * 32 * kConsumerRegs + 32 * kProducerRegs <= 16384, "a sub-partition's registers");
+  static_assert(kTxBytes % 16 == 0 && kFullArrivals == (kTma ? 1 : 33), "the copies' bytes; the producer's arrivals");
 };
 
 template <bool kTma>
