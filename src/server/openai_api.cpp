@@ -49,11 +49,6 @@ const char* type_name(const ojson& v) {
   }
 }
 
-ReadKeys*& read_keys_slot() {
-  thread_local ReadKeys* slot = nullptr;
-  return slot;
-}
-
 // Returns the value of key when present and not null.
 const ojson* get(const ojson& j, const char* key) {
   if (ReadKeys* rk = read_keys_slot(); rk && rk->obj == &j) rk->keys.emplace_back(key);

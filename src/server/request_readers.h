@@ -21,7 +21,10 @@ struct ReadKeys {
   std::vector<std::string> keys;
 };
 // The parse in progress on this thread (null outside parse_fields): get() records its reads there.
-ReadKeys*& read_keys_slot();
+inline ReadKeys*& read_keys_slot() {
+  thread_local ReadKeys* slot = nullptr;
+  return slot;
+}
 
 const char* type_name(const ojson& v);
 // Returns the value of key when present and not null.

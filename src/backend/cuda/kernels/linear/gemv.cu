@@ -82,14 +82,8 @@ __global__ void __launch_bounds__(256, 3) gemv_bf16_kernel(LinArgs a, FusedNorm 
     for (int l = lane; l < lines; l += 32) asm volatile("prefetch.global.L2 [%0];" ::"l"(base + size_t(l) * 128));
   }
   pdl_begin();
-  int row_begin = 0, row_end = a.M, expert = 0;
-  if (a.grouped) {
-    int g = blockIdx.y;
-    if (g >= a.r.counts[0]) return;  // uniform over the block
-    row_begin = a.r.group_start[g];
-    row_end = a.r.group_end[g];
-    expert = a.r.group_expert[g];
-  }
+  int row_begin, row_end, expert;
+  if (!gemv_block_rows(a, row_begin, row_end, expert)) return;  // uniform over the block
   __shared__ float inv_rms[kGemvMaxM];
   __shared__ float red[KS > 1 ? kGemvWarps : 1][2 * kGemvMT];
   if (fn.x) {
@@ -445,14 +439,8 @@ __global__ void __launch_bounds__(256, 2) gemv_mxfp4_kernel(LinArgs a) {
   __shared__ __align__(16) __half2 xh[kGemvMT][XS];
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
   const int N = a.W.N, kb = a.W.K / 32;
-  int row_begin = 0, row_end = a.M, expert = 0;
-  if (a.grouped) {
-    int g = blockIdx.y;
-    if (g >= a.r.counts[0]) return;  // uniform over the block
-    row_begin = a.r.group_start[g];
-    row_end = a.r.group_end[g];
-    expert = a.r.group_expert[g];
-  }
+  int row_begin, row_end, expert;
+  if (!gemv_block_rows(a, row_begin, row_end, expert)) return;  // uniform over the block
   const int stride = gridDim.x * kGemvRowsPerBlock;
   const int first = blockIdx.x * kGemvRowsPerBlock + 2 * warp;
   // DB: the next pair loads into w* while the current one (c*) is computed. Without it (U = 4,

@@ -19,6 +19,20 @@ struct LinArgs {
   Epilogue epi;
 };
 
+// The GEMV kernels' rows: in a grouped launch, grid row blockIdx.y is a group, its sorted rows
+// [row_begin, row_end) and its expert (false past the routing's groups: the block has nothing to
+// do); dense, every row and expert 0.
+__device__ __forceinline__ bool gemv_block_rows(const LinArgs& a, int& row_begin, int& row_end, int& expert) {
+  row_begin = 0, row_end = a.M, expert = 0;
+  if (!a.grouped) return true;
+  const int g = blockIdx.y;
+  if (g >= a.r.counts[0]) return false;
+  row_begin = a.r.group_start[g];
+  row_end = a.r.group_end[g];
+  expert = a.r.group_expert[g];
+  return true;
+}
+
 // e2m1 nibble -> float carrying a 2^-126 factor: the 3 magnitude bits land on the exponent's
 // two low bits and the mantissa's top bit, which maps the subnormal code (0.5) right as well.
 __device__ __forceinline__ float e2m1_bits(uint32_t nib) {
