@@ -160,53 +160,56 @@ TEST_F(Kernels, MoeMxfp4ExpertGemmV3) {
 }
 
 // Version 5 (weights as wgmma's register A, activations stored in the fragment K order) on the
-// fragment layout at real and awkward shapes, against the CPU.
-TEST_F(Kernels, MoeMxfp4ExpertGemmV5) {
+// fragment layout at real and awkward shapes, against the CPU, with the 128-pair tiles' copies made
+// `ws` ways: 0 each warp its own (mbarriers) or a block barrier, at every width; 1 and 2 a producer
+// warp's, warp-specialized (tensor copies / cp.async), at 128 pairs on four warpgroups only. Both
+// alone and in split tilings (whole tiles of `bulk` pairs, remainders of at most `rem` in a second
+// launch), forced, each CTA shape as the automatic rules pick it: groups wholly in the remainder
+// launch, wholly in the bulk one, and cut between them (2049 tokens over 32 experts: ~256 pairs
+// each, bulk 128 on four warpgroups with mbarriers). One test a mode, so each runs in a process of
+// its own on the GPU rounds: a kernel that faults poisons its context for every test after it.
+void check_expert_gemm_v5(int ws) {
   if (!cuda::expert_gemm_v3_available()) GTEST_SKIP() << "expert GEMM v5 needs sm_90a (Hopper)";
   std::vector<MoeCase> cases = {{1, 128, 4, 2880, 2880}, {33, 128, 4, 2880, 2880}, {129, 32, 4, 2880, 2880},
                                 {2049, 32, 4, 256, 256},  {600, 128, 4, 2880, 2880}, {7, 8, 2, 64, 64}};
   if (small_mode()) cases = {{1, 8, 2, 64, 64}, {33, 8, 4, 128, 64}, {100, 8, 4, 64, 128}};
+  const char* ws_name[] = {"", ", warp-specialized, tensor copies", ", warp-specialized, cp.async"};
   cuda::set_expert_gemm_version(5);
+  cuda::set_expert_gemm_v5_warp_specialized(ws);
   for (int wgs : {2, 4})  // CTAs of 128 and of 256 weight rows
     for (int pairs : {32, 48, 64, 80, 96, 128})
-      for (int mbar : {3, 2, 1, 0}) {  // permuted activations handed over by mbarriers (128 pairs): a producer
-                                       // warp's copies (warp-specialized: cp.async 3, tensor copies 2) or each
-                                       // warp's own (1); or a block barrier (0)
+      for (int mbar : {1, 0}) {  // permuted activations handed over by mbarriers (128 pairs) or a block barrier
         if (mbar && (pairs != 128 || wgs != 4)) continue;  // (the others always take the block barrier)
+        if (ws && !mbar) continue;                         // (only the mbarrier tiles are warp-specialized)
         cuda::set_expert_gemm_v5_warpgroups(wgs);
         cuda::set_expert_gemm_v5_tile_pairs(pairs);
-        cuda::set_expert_gemm_v5_mbarriers(mbar ? 1 : 0);
-        cuda::set_expert_gemm_v5_warp_specialized(mbar >= 2 ? mbar - 1 : 0);
-        const char* how[] = {"block barrier", "mbarriers", "warp-specialized, tensor copies", "warp-specialized, cp.async"};
-        SCOPED_TRACE("v5 tile pairs " + std::to_string(pairs) + ", " + std::to_string(wgs) + " warpgroups, " + how[mbar]);
+        cuda::set_expert_gemm_v5_mbarriers(mbar);
+        SCOPED_TRACE("v5 tile pairs " + std::to_string(pairs) + ", " + std::to_string(wgs) + " warpgroups, " +
+                     (mbar ? "mbarriers" : "block barrier") + ws_name[ws]);
         for (auto& c : cases)
           if (c.n > cuda::kSkinnyMaxTokens)
             for (int path : {3, 4})  // transposed in the kernel (block barrier always); handed over permuted
               if (path == 4 || !mbar) check_moe(c, path);
       }
   cuda::set_expert_gemm_v5_mbarriers(-1);
-  cuda::set_expert_gemm_v5_warp_specialized(-1);
   cuda::set_expert_gemm_v5_warpgroups(-1);
   cuda::set_expert_gemm_v5_tile_pairs(-1);
-  // Split tilings (whole tiles of `bulk` pairs, remainders of at most `rem` in a second launch),
-  // forced, each CTA shape as the automatic rules pick it: groups wholly in the remainder launch,
-  // wholly in the bulk one, and cut between them (2049 tokens over 32 experts: ~256 pairs each,
-  // bulk 128 on four warpgroups with mbarriers).
-  for (int ws : {0, 1, 2})  // the bulk launch's 128-pair mbarrier tiles: each warp's copies, or a producer warp's
-    for (const auto& [bulk, rem] : {std::pair{48, 32}, {128, 32}, {128, 96}, {80, 64}}) {
-      if (ws && bulk != 128) continue;
-      cuda::set_expert_gemm_v5_split(bulk, rem);
-      cuda::set_expert_gemm_v5_warp_specialized(ws);
-      SCOPED_TRACE("v5 split tiling " + std::to_string(bulk) + " + " + std::to_string(rem) +
-                   (ws ? ", warp-specialized " + std::to_string(ws) : std::string()));
-      EXPECT_EQ(cuda::expert_gemm_v5_tiling(4096, 128).rem, rem);
-      for (auto& c : cases)
-        if (c.n > cuda::kSkinnyMaxTokens) check_moe(c, 4);
-    }
+  for (const auto& [bulk, rem] : {std::pair{48, 32}, {128, 32}, {128, 96}, {80, 64}}) {
+    if (ws && bulk != 128) continue;
+    cuda::set_expert_gemm_v5_split(bulk, rem);
+    SCOPED_TRACE("v5 split tiling " + std::to_string(bulk) + " + " + std::to_string(rem) + ws_name[ws]);
+    EXPECT_EQ(cuda::expert_gemm_v5_tiling(4096, 128).rem, rem);
+    for (auto& c : cases)
+      if (c.n > cuda::kSkinnyMaxTokens) check_moe(c, 4);
+  }
   cuda::set_expert_gemm_v5_warp_specialized(-1);
   cuda::set_expert_gemm_v5_split(-1, 0);
   cuda::set_expert_gemm_version(0);
 }
+
+TEST_F(Kernels, MoeMxfp4ExpertGemmV5) { check_expert_gemm_v5(0); }
+TEST_F(Kernels, MoeMxfp4ExpertGemmV5WarpSpecializedTma) { check_expert_gemm_v5(1); }
+TEST_F(Kernels, MoeMxfp4ExpertGemmV5WarpSpecializedCpAsync) { check_expert_gemm_v5(2); }
 
 // Version 5's automatic split tiling (host only): by the tile cost model, 120b's experts at 4096
 // tokens (~128 pairs each) in 128-pair tiles with the remainders of up to 32 pairs in a second

@@ -46,6 +46,32 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
   } while (!done);
 #endif
 }
+// mbar_wait with a deadline: after `timeout_us` of waiting (the GPU's global timer, in 1.024 us
+// units kept in one 32-bit register) the thread traps, so a pipeline that never fills fails its
+// launch (an error at the next synchronize) instead of hanging the process. The kernels not yet
+// proven on a GPU wait this way (expert_gemm_v5_ws.cu); the timer is read only after a failed
+// try_wait, which already suspends the thread a while.
+__device__ __forceinline__ void mbar_wait_bounded(uint32_t bar, uint32_t parity, uint32_t timeout_us) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  uint32_t start = 0;  // 0: not read yet (a read of 0 is taken as 1)
+  for (;;) {
+    uint32_t done = 0;
+    asm volatile(
+        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.b32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+    if (done) return;
+    uint64_t ns;
+    asm volatile("mov.u64 %0, %globaltimer;" : "=l"(ns));
+    const uint32_t now = uint32_t(ns >> 10) | 1u;
+    if (start == 0)
+      start = now;
+    else if (now - start > timeout_us)
+      __trap();
+  }
+#endif
+}
 // One plain arrival (release: this thread's earlier shared-memory reads and writes happen before
 // the phase completes for a waiter).
 __device__ __forceinline__ void mbar_arrive(uint32_t bar) {

@@ -54,14 +54,21 @@ struct WsTile {
   // A fifth warpgroup produces (one warp of it copies; the others only give their registers back):
   // with 17 warps the fifth warp of an SM sub-partition would cap every warp at 96 registers
   // (16K a sub-partition / 5 warps), and the consumers' wgmmas were serialized for want of them.
-  // The producer warpgroup lowers itself to kProducerRegs and the consumers rise to kConsumerRegs
-  // (4 x 32 x 120 + 32 x 24 <= 16384). One A buffer a warp: a second (the next step's decode beside
-  // this step's MMAs) does not fit in 120 registers; ptxas then serializes the wgmmas (tried).
+  // The producer warpgroup lowers itself to kProducerRegs and the consumers rise to kConsumerRegs.
+  // setmaxnreg moves registers within the CTA's own pool, the registers it was launched with
+  // (kThreads x the kernel's count, at most kLaunchRegs = 96 at 640 threads), not the SM's: the
+  // raises block until the pool holds them, so 128 x kProducerRegs + 512 x kConsumerRegs must fit
+  // in 640 x 96 = 61,440, or the consumers wait forever. 112 each (ptxas: no spills, the wgmmas
+  // not serialized; 104 serializes them). One A buffer a warp: a second (the next step's decode
+  // beside this step's MMAs) does not fit; ptxas then serializes the wgmmas (tried at 120).
   // kTma false (GPTOSS_EXPERT_GEMM_V5_WS=2): the producer warp copies the activation rows with
   // cp.async instead (128 x 8 16-byte copies a step, the swizzle computed), in case the tensor
-  // copies' per-row destinations do not serve; it needs 40 registers, so the consumers get 112.
+  // copies' per-row destinations do not serve; it takes 32 registers, the pool's remainder (the
+  // thirty-ninth session gave it 40, which with the consumers' 112 overdrew the pool).
   static constexpr int kConsumerWarps = 16, kThreads = (kConsumerWarps + 4) * 32;
-  static constexpr int kProducerRegs = kTma ? 24 : 40, kConsumerRegs = kTma ? 120 : 112;
+  static constexpr int kLaunchRegs = 65536 / kThreads / 8 * 8;
+  static constexpr int kProducerRegs = kTma ? 24 : 32, kConsumerRegs = 112;
+  static constexpr int kPoolNeeded = 128 * kProducerRegs + 32 * kConsumerWarps * kConsumerRegs;
   static constexpr int kTiles = 16;
   static constexpr int kActBytes = kBN * 128;  // 128 rows x 64 bf16
   static constexpr int kWBytes = kTiles * 512;
@@ -76,7 +83,7 @@ struct WsTile {
   static constexpr int kTokBytes = kTma ? 0 : kBN * 4;  // cp.async: the tile's token rows, after the barriers
   static constexpr size_t kSmem = size_t(kStages) * kStageBytes + 1024 + kBarBytes + kTokBytes;
   static_assert(kTiles == 4 * kWaTilesWg && kSmem <= 227 * 1024, "four warpgroups; one CTA an SM");
-  static_assert(4 * 32 * kConsumerRegs + 32 * kProducerRegs <= 16384, "a sub-partition's registers");
+  static_assert(kPoolNeeded <= kThreads * kLaunchRegs, "the CTA's register pool (setmaxnreg.inc would block)");
   static_assert(kTxBytes % 16 == 0 && kFullArrivals == (kTma ? 1 : 33), "the copies' bytes; the producer's arrivals");
 };
 
@@ -106,6 +113,9 @@ __global__ void __launch_bounds__(WsTile<kTma>::kThreads, 1)
   auto stage_off = [&](int kt) { return (unsigned(kt) % S) * uint32_t(L::kStageBytes); };
   // The parity of the phase in which step kt's use of its stage completes (the (kt / S)-th).
   auto use_parity = [&](int kt) { return (unsigned(kt) / S) & 1u; };
+  // Every wait gives up after 20 s (a launch error, not a hung process: this kernel has yet to run
+  // on a GPU; a step's wait takes microseconds, under compute-sanitizer milliseconds).
+  auto wait = [](uint32_t bar, uint32_t parity) { ptx::mbar_wait_bounded(bar, parity, 20'000'000u); };
   if (tid == 0) {
     for (unsigned st = 0; st < S; ++st) {
       ptx::mbar_init(full_bar(int(st)), L::kFullArrivals);
@@ -154,7 +164,7 @@ __global__ void __launch_bounds__(WsTile<kTma>::kThreads, 1)
     const int cc = lane & 7, rr = lane >> 3;  // (cp.async: this lane's chunk and first row)
     for (int kt = 0; kt < C; ++kt) {
       // The stage's last use (step kt - S) done in every consumer warp.
-      if (kt >= int(S)) ptx::mbar_wait(empty_bar(kt), use_parity(kt) ^ 1u);
+      if (kt >= int(S)) wait(empty_bar(kt), use_parity(kt) ^ 1u);
       const uint32_t st = s_base + stage_off(kt);
       if (lane == 0) ptx::mbar_arrive_expect_tx(full_bar(kt), uint32_t(L::kTxBytes));
       __syncwarp();
@@ -199,8 +209,14 @@ __global__ void __launch_bounds__(WsTile<kTma>::kThreads, 1)
   uint4 q;
   uint32_t fs;
   // cp.async's rows are ordinary shared-memory writes: to the async proxy wgmma reads through.
+  // The first step's wait has the deadline (every step counts the same bytes, so a miscount shows
+  // there); the loop's waits cannot: any bound beside the in-flight wgmmas, even a try counter,
+  // takes registers ptxas then finds only by serializing the wgmmas.
   auto wait_full = [&](int kt) {
-    ptx::mbar_wait(full_bar(kt), use_parity(kt));
+    if (kt == 0)
+      wait(full_bar(kt), use_parity(kt));
+    else
+      ptx::mbar_wait(full_bar(kt), use_parity(kt));
     if constexpr (!kTma) ptx::fence_proxy_async();
   };
   wait_full(0);
@@ -265,6 +281,23 @@ CUtensorMap activation_map(const uint16_t* A, int lda, int K, int rows) {
   return m;
 }
 
+// The registers the kernel is launched with (the CTA's setmaxnreg pool) must hold what its
+// warpgroups raise themselves to: a build whose ptxas gave the kernel fewer than WsTile assumes
+// would hang at the consumers' setmaxnreg.inc, so it is refused here, once a mode.
+template <bool kTma>
+void check_register_pool() {
+  static const int regs = [] {
+    cudaFuncAttributes fa{};
+    GPTOSS_CUDA_CHECK(cudaFuncGetAttributes(&fa, expert_gemm_ws_kernel<kTma>));
+    return fa.numRegs;
+  }();
+  using L = WsTile<kTma>;
+  if (regs * L::kThreads < L::kPoolNeeded)
+    throw Error("expert_gemm_v5 (warp-specialized): the kernel was built with " + std::to_string(regs) +
+                " registers a thread; its warpgroups need " + std::to_string(L::kPoolNeeded) + " in all, " +
+                std::to_string(L::kThreads) + " threads launched");
+}
+
 }  // namespace
 
 namespace moe_gemm {
@@ -282,9 +315,11 @@ void launch_expert_gemm_v5_ws(const ExpertGemmArgs& a, int a_rows, int pairs, in
   const int T = a.N / 16;
   const dim3 grid((T + kTiles - 1) / kTiles, max_tiles);
   if (tma) {
+    check_register_pool<true>();
     const CUtensorMap m = activation_map(a.A, a.lda, a.K, a_rows);
     launch_pdl(expert_gemm_ws_kernel<true>, grid, dim3(WsTile<true>::kThreads), WsTile<true>::kSmem, s, m, a);
   } else {
+    check_register_pool<false>();
     const CUtensorMap none{};  // (unused)
     launch_pdl(expert_gemm_ws_kernel<false>, grid, dim3(WsTile<false>::kThreads), WsTile<false>::kSmem, s, none, a);
   }
