@@ -87,7 +87,10 @@ harmony::Conversation build_conversation(const ChatRequest& r) {
             break;
           }
       }
-      if (name.empty()) bad_request("A tool message must answer an earlier tool call (tool_call_id).", "messages");
+      if (name.empty())
+        bad_request("A tool result (a tool message, or a function_call_output item) must answer an earlier tool call "
+                    "(its tool_call_id or call_id).",
+                    "messages");
       c.messages.push_back(Message::tool_result("functions." + name, *m.content));
     }
   }

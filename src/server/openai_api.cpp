@@ -23,9 +23,26 @@ void bad_request(const std::string& msg, const std::string& param, const std::st
 
 ojson parse_body(const std::string& body) {
   if (body.empty()) bad_request("The request has no body: send a JSON object.", "", "missing_body");
+  // A raw NUL is never JSON (strings spell it \u0000), but the parser stops at one as at the end.
+  if (body.find('\0') != std::string::npos)
+    bad_request("The request body is not valid JSON: it holds a NUL byte.", "", "invalid_json");
+  // Arrays and objects nested past kMaxJsonDepth are refused while parsing: what later copies,
+  // prints or renders the values (tool arguments and schemas, response formats) recurses, and a
+  // value nested 100,000 deep overflowed the stack; no real request comes near the limit (a
+  // schema at the structured-output checker's 24 levels takes ~50).
+  struct TooDeep {};
   ojson j;
   try {
-    j = ojson::parse(body);
+    j = ojson::parse(body, [](int depth, ojson::parse_event_t ev, ojson&) {
+      if ((ev == ojson::parse_event_t::object_start || ev == ojson::parse_event_t::array_start) &&
+          depth >= kMaxJsonDepth)
+        throw TooDeep{};
+      return true;
+    });
+  } catch (const TooDeep&) {
+    bad_request("The request body nests arrays and objects more than " + std::to_string(kMaxJsonDepth) +
+                    " levels deep.",
+                "", "invalid_json");
   } catch (const std::exception& e) {
     bad_request(std::string("The request body is not valid JSON: ") + e.what(), "", "invalid_json");
   }
@@ -80,7 +97,8 @@ std::optional<int64_t> get_int(const ojson& j, const char* key, int64_t lo, int6
   if (v->is_number_float()) {
     double d = v->get<double>();
     if (std::floor(d) != d) wrong_type(key, "an integer", *v);
-    if (d < double(lo) || d > double(hi))
+    // (2^63 itself passes `d > double(INT64_MAX)`, which rounds to it, and would not convert)
+    if (d < double(lo) || d > double(hi) || d >= 9223372036854775808.0)
       bad_request("'" + std::string(key) + "' must be between " + std::to_string(lo) + " and " + std::to_string(hi) + ".",
                   key, "invalid_value");
     return int64_t(d);
@@ -113,6 +131,13 @@ std::optional<std::string> get_string(const ojson& j, const char* key) {
   const ojson* v = get(j, key);
   if (!v) return std::nullopt;
   if (!v->is_string()) wrong_type(key, "a string", *v);
+  return v->get<std::string>();
+}
+
+std::optional<std::string> get_string_at(const ojson& j, const char* key, const std::string& where) {
+  const ojson* v = get(j, key);
+  if (!v) return std::nullopt;
+  if (!v->is_string()) wrong_type(where + "." + key, "a string", *v);
   return v->get<std::string>();
 }
 
@@ -320,13 +345,12 @@ void parse_common(const ojson& j, CommonRequest& r) {
   const ojson* model = get(j, "model");
   if (model && !model->is_string()) wrong_type("model", "a string", *model);
   if (model) r.model = model->get<std::string>();
-  auto mt = get_int(j, "max_completion_tokens", INT64_MIN, INT64_MAX);
-  if (!mt) mt = get_int(j, "max_tokens", INT64_MIN, INT64_MAX);
-  if (mt) {
-    if (*mt < 1)
-      bad_request("'max_tokens' must be at least 1, got " + std::to_string(*mt) + ".", "max_tokens", "invalid_value");
-    r.max_tokens = int(std::min<int64_t>(*mt, 1 << 30));
-  }
+  // max_completion_tokens is the newer name of max_tokens: either, or both when they agree.
+  const auto mct = get_int(j, "max_completion_tokens", 1, INT64_MAX);
+  const auto mt = get_int(j, "max_tokens", 1, INT64_MAX);
+  if (mct && mt && *mct != *mt)
+    bad_request("'max_tokens' and 'max_completion_tokens' disagree; send one of them.", "max_tokens", "invalid_value");
+  if (mct || mt) r.max_tokens = int(std::min<int64_t>(mct ? *mct : *mt, 1 << 30));
   SamplingParams& sp = r.sampling;
   if (auto t = get_number(j, "temperature", 0.0, 2.0)) sp.temperature = float(*t);
   if (auto t = get_number(j, "top_p", 0.0, 1.0)) {
@@ -359,6 +383,12 @@ void parse_common(const ojson& j, CommonRequest& r) {
     if (!ids->is_array()) wrong_type("stop_token_ids", "an array of integers", *ids);
     for (const auto& v : *ids) {
       if (!v.is_number_integer()) wrong_type("stop_token_ids", "an array of integers", v);
+      // The range before the cast: 2^32 + 32 must not become token 32 (the vocabulary is checked
+      // when the request is submitted).
+      const bool in_range = v.is_number_unsigned() ? v.get<uint64_t>() <= uint64_t(INT32_MAX)
+                                                   : v.get<int64_t>() >= 0 && v.get<int64_t>() <= INT32_MAX;
+      if (!in_range)
+        bad_request("stop_token_ids holds an id outside the vocabulary.", "stop_token_ids", "invalid_value");
       sp.stop_token_ids.push_back(int32_t(v.get<int64_t>()));
     }
   }
@@ -440,30 +470,47 @@ ChatRequest parse_chat_body(const ojson& j) {
     std::string where = "messages[" + std::to_string(i) + "]";
     if (!m.is_object()) wrong_type(where, "an object", m);
     ChatMessage cm;
-    auto role = get_string(m, "role");
+    auto role = get_string_at(m, "role", where);
     if (!role) bad_request(where + " needs a 'role'.", where + ".role", "missing_required_parameter");
     cm.role = *role;
     if (cm.role != "system" && cm.role != "developer" && cm.role != "user" && cm.role != "assistant" &&
         cm.role != "tool")
       bad_request(where + ".role '" + cm.role + "' is not one of system, developer, user, assistant, tool.",
                   where + ".role", "invalid_value");
+    // Each role's keys: anything else would be read by nobody. `name` only names a tool message's
+    // function: harmony gives the other roles no author names. An assistant message as clients
+    // echo it back may carry an empty refusal and annotations.
+    if (cm.role == "assistant")
+      only_known_keys(m, where, {"role", "content", "reasoning_content", "reasoning", "tool_calls", "refusal", "annotations"});
+    else if (cm.role == "tool")
+      only_known_keys(m, where, {"role", "content", "tool_call_id", "name"});
+    else
+      only_known_keys(m, where, {"role", "content"});
     if (const ojson* c = get(m, "content")) cm.content = content_text(*c, where + ".content");
-    if (auto n = get_string(m, "name")) cm.name = *n;
     if (cm.role == "assistant") {
-      if (auto rc = get_string(m, "reasoning_content")) cm.reasoning = *rc;
-      else if (auto rs = get_string(m, "reasoning")) cm.reasoning = *rs;
+      if (auto rf = get_string_at(m, "refusal", where); rf && !rf->empty())
+        bad_request(where + ".refusal: refusals are not supported in the conversation.", where + ".refusal",
+                    "unsupported_value");
+      if (const ojson* an = get(m, "annotations"); an && !(an->is_array() && an->empty()))
+        bad_request(where + ".annotations: annotations are not supported.", where + ".annotations", "unsupported_value");
+      if (auto rc = get_string_at(m, "reasoning_content", where)) cm.reasoning = *rc;
+      else if (auto rs = get_string_at(m, "reasoning", where)) cm.reasoning = *rs;
       if (const ojson* tcs = get(m, "tool_calls")) {
         if (!tcs->is_array()) wrong_type(where + ".tool_calls", "an array", *tcs);
-        for (const auto& tc : *tcs) {
-          if (!tc.is_object()) wrong_type(where + ".tool_calls", "an array of objects", tc);
+        for (size_t k = 0; k < tcs->size(); ++k) {
+          const ojson& tc = (*tcs)[k];
+          const std::string tw = where + ".tool_calls[" + std::to_string(k) + "]";
+          if (!tc.is_object()) wrong_type(tw, "an object", tc);
+          only_known_keys(tc, tw, {"id", "type", "function"});
+          if (auto type = get_string_at(tc, "type", tw); type && *type != "function")
+            bad_request(tw + ".type must be 'function'.", tw + ".type", "invalid_value");
           ToolCall c;
-          if (auto id = get_string(tc, "id")) c.id = *id;
+          if (auto id = get_string_at(tc, "id", tw)) c.id = *id;
           const ojson* fn = get(tc, "function");
-          if (!fn || !fn->is_object())
-            bad_request(where + ".tool_calls entries need a 'function' object.", where + ".tool_calls", "invalid_value");
-          auto name = get_string(*fn, "name");
-          if (!name || name->empty())
-            bad_request(where + ".tool_calls function needs a 'name'.", where + ".tool_calls", "invalid_value");
+          if (!fn || !fn->is_object()) bad_request(tw + " needs a 'function' object.", tw + ".function", "invalid_value");
+          only_known_keys(*fn, tw + ".function", {"name", "arguments"});
+          auto name = get_string_at(*fn, "name", tw + ".function");
+          if (!name || name->empty()) bad_request(tw + ".function needs a 'name'.", tw + ".function.name", "invalid_value");
           c.name = *name;
           if (const ojson* a = get(*fn, "arguments")) c.arguments = a->is_string() ? a->get<std::string>() : a->dump();
           cm.tool_calls.push_back(std::move(c));
@@ -476,32 +523,49 @@ ChatRequest parse_chat_body(const ojson& j) {
         bad_request(where + " needs 'content'.", where + ".content", "missing_required_parameter");
     }
     if (cm.role == "tool") {
-      if (auto id = get_string(m, "tool_call_id")) cm.tool_call_id = *id;
+      if (auto id = get_string_at(m, "tool_call_id", where)) cm.tool_call_id = *id;
+      if (auto n = get_string_at(m, "name", where)) cm.name = *n;
     }
     r.messages.push_back(std::move(cm));
   }
   if (const ojson* tools = get(j, "tools")) {
     if (!tools->is_array()) wrong_type("tools", "an array", *tools);
-    for (const auto& t : *tools) {
-      if (!t.is_object()) wrong_type("tools", "an array of objects", t);
-      auto type = get_string(t, "type");
+    for (size_t k = 0; k < tools->size(); ++k) {
+      const ojson& t = (*tools)[k];
+      const std::string tw = "tools[" + std::to_string(k) + "]";
+      if (!t.is_object()) wrong_type(tw, "an object", t);
+      only_known_keys(t, tw, {"type", "function"});
+      auto type = get_string_at(t, "type", tw);
       if (type && *type != "function")
-        bad_request("Only tools of type 'function' are supported.", "tools", "unsupported_value");
+        bad_request("Only tools of type 'function' are supported.", tw + ".type", "unsupported_value");
       const ojson* fn = get(t, "function");
-      if (!fn || !fn->is_object()) bad_request("Each tool needs a 'function' object.", "tools", "invalid_value");
+      if (!fn || !fn->is_object()) bad_request("Each tool needs a 'function' object.", tw + ".function", "invalid_value");
+      const std::string fw = tw + ".function";
+      only_known_keys(*fn, fw, {"name", "description", "parameters", "strict"});
       FunctionTool ft;
-      auto name = get_string(*fn, "name");
-      if (!name || name->empty()) bad_request("Each tool function needs a 'name'.", "tools", "invalid_value");
+      auto name = get_string_at(*fn, "name", fw);
+      if (!name || name->empty()) bad_request("Each tool function needs a 'name'.", fw + ".name", "invalid_value");
+      if (name->size() > 64) bad_request("Tool names may have at most 64 characters.", fw + ".name", "invalid_value");
       for (char ch : *name)
         if (!(std::isalnum(static_cast<unsigned char>(ch)) || ch == '_' || ch == '-'))
-          bad_request("Tool names may hold only letters, digits, '_' and '-'.", "tools", "invalid_value");
+          bad_request("Tool names may hold only letters, digits, '_' and '-'.", fw + ".name", "invalid_value");
+      for (const auto& other : r.tools)
+        if (other.name == *name)
+          bad_request("Two tools are named '" + *name + "'.", fw + ".name", "invalid_value");
       ft.name = *name;
-      if (auto d = get_string(*fn, "description")) ft.description = *d;
+      if (auto d = get_string_at(*fn, "description", fw)) ft.description = *d;
       if (const ojson* p = get(*fn, "parameters")) {
-        if (!p->is_object()) wrong_type("tools.function.parameters", "an object", *p);
+        if (!p->is_object()) wrong_type(fw + ".parameters", "an object", *p);
+        // A function's arguments are an object: a schema whose top type is another is refused, as OpenAI does.
+        if (auto pt = p->find("type"); pt != p->end() && !(pt->is_string() && *pt == "object"))
+          bad_request("Invalid schema for function '" + *name + "': its parameters must be of type 'object'.",
+                      fw + ".parameters", "invalid_schema");
         ft.parameters = *p;
       }
-      if (auto st = get_bool(*fn, "strict")) ft.strict = *st;
+      if (const ojson* st = get(*fn, "strict")) {
+        if (!st->is_boolean()) wrong_type(fw + ".strict", "a boolean", *st);
+        ft.strict = st->get<bool>();
+      }
       r.tools.push_back(std::move(ft));
     }
   }
@@ -511,7 +575,11 @@ ChatRequest parse_chat_body(const ojson& j) {
       if (r.tool_choice != "none" && r.tool_choice != "auto" && r.tool_choice != "required")
         bad_request("'tool_choice' must be none, auto, required or a function.", "tool_choice", "invalid_value");
     } else if (tc->is_object()) {
+      only_known_keys(*tc, "tool_choice", {"type", "function"});
+      if (auto type = get_string_at(*tc, "type", "tool_choice"); type && *type != "function")
+        bad_request("'tool_choice.type' must be 'function'.", "tool_choice.type", "invalid_value");
       const ojson* fn = get(*tc, "function");
+      if (fn && fn->is_object()) only_known_keys(*fn, "tool_choice.function", {"name"});
       auto name = fn && fn->is_object() ? get_string(*fn, "name") : std::nullopt;
       if (!name) bad_request("'tool_choice' object needs function.name.", "tool_choice", "invalid_value");
       bool found = false;

@@ -131,7 +131,9 @@ ResponsesRequest parse_responses_request(const ojson& j);
 // `where` names the field in errors ("input").
 std::vector<ChatMessage> responses_items_to_messages(const ojson& items, const std::string& where);
 
-// Parse the body text (throws ApiError 400 on malformed JSON or wrong types/values).
+// Parse the body text (throws ApiError 400 on malformed JSON or wrong types/values, on a raw NUL
+// byte, and on arrays and objects nested more than kMaxJsonDepth levels: the body object is level 1).
+constexpr int kMaxJsonDepth = 128;
 ojson parse_body(const std::string& body);
 ChatRequest parse_chat_request(const ojson& j);
 CompletionRequest parse_completion_request(const ojson& j);

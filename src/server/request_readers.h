@@ -34,6 +34,8 @@ std::optional<double> get_number(const ojson& j, const char* key, double lo, dou
 std::optional<int64_t> get_int(const ojson& j, const char* key, int64_t lo, int64_t hi);
 std::optional<bool> get_bool(const ojson& j, const char* key);
 std::optional<std::string> get_string(const ojson& j, const char* key);
+// get_string for a sub-field: a wrong type is named "where.key".
+std::optional<std::string> get_string_at(const ojson& j, const char* key, const std::string& where);
 const RequestField* find_field(std::span<const RequestField> table, const std::string& key);
 // Sub-fields of an object field: anything but `known` is refused, naming "field.key".
 void only_known_keys(const ojson& obj, const std::string& field, std::initializer_list<const char*> known);

@@ -146,6 +146,13 @@ ApiError Server::Handlers::response_not_found(const std::string& id) {
 }
 
 void Server::Handlers::get_response(const http::Request& req, http::Response& res) {
+  if (const size_t slash = req.path_param.find('/'); slash != std::string::npos) {
+    if (req.path_param.substr(slash) == "/input_items")
+      throw ApiError{404, "GET /v1/responses/{id}/input_items is not implemented by this server; GET /v1/responses/{id} "
+                          "answers the response itself.",
+                     "invalid_request_error", "", "not_implemented"};
+    throw ApiError{404, "Not found: GET " + req.path, "invalid_request_error", "", "not_found"};
+  }
   std::optional<StoredResponse> r = s.store_->get(req.path_param);
   if (!r) throw response_not_found(req.path_param);
   set_json(res, 200, r->response);

@@ -137,7 +137,8 @@ std::shared_ptr<RequestStream> Server::Handlers::submit(const std::vector<int32_
 std::vector<int32_t> Server::Handlers::render_prompt(const ChatRequest& r, const char* param) {
   try {
     return render_chat_prompt(s.renderer_, r);
-  } catch (const ApiError&) {
+  } catch (ApiError& e) {
+    if (e.param == "messages") e.param = param;  // the route's name for the conversation ("input" on /v1/responses)
     throw;
   } catch (const std::exception& e) {
     throw ApiError{400, std::string("Could not render the conversation: ") + e.what(), "invalid_request_error", param,

@@ -411,7 +411,7 @@ TEST(HttpTransport, WrongMethodIs405WithAllow) {
   EXPECT_EQ(r->get_header_value("Allow"), "POST, OPTIONS");
   auto h = c.Post("/health", "", "application/json");
   expect_error(h, 405);
-  EXPECT_EQ(h->get_header_value("Allow"), "GET, OPTIONS");
+  EXPECT_EQ(h->get_header_value("Allow"), "GET, HEAD, OPTIONS");
   expect_error(c.Delete("/v1/models/test-model"), 405);
   expect_error(c.Get("/nothing/here"), 404);
 }
@@ -621,6 +621,53 @@ TEST(HttpTransport, OversizedHeadersAndChunkedBodies) {
     EXPECT_EQ(r.find("Transfer-Encoding"), std::string::npos) << r;
     EXPECT_NE(r.find("data: [DONE]\n\n"), std::string::npos) << r;
   }
+}
+
+// Codings the server does not decode are refused, not read as plain bytes (gzip, chunked) or left
+// on the connection for the next request (gzip alone); HEAD is answered wherever GET is.
+TEST(HttpTransport, UnsupportedCodingsAndHead) {
+  Fixture f;
+  const std::string body = json{{"prompt", "Hi"}, {"max_tokens", 1}}.dump();
+  auto send = [&](const std::string& head, const std::string& until) {
+    RawConn c(f.port);
+    c.send(head + body);
+    return c.read(10000, nullptr, until);
+  };
+  std::string r = send("POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip, chunked\r\n\r\n", "}}");
+  EXPECT_EQ(r.rfind("HTTP/1.1 501", 0), 0u) << r.substr(0, 300);
+  EXPECT_NE(r.find("Transfer-Encoding 'gzip, chunked'"), std::string::npos) << r;
+  r = send("POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\n\r\n", "}}");
+  EXPECT_EQ(r.rfind("HTTP/1.1 501", 0), 0u) << r.substr(0, 300);
+  r = send("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Encoding: gzip\r\nContent-Length: " +
+               std::to_string(body.size()) + "\r\n\r\n",
+           "}}");
+  EXPECT_EQ(r.rfind("HTTP/1.1 415", 0), 0u) << r.substr(0, 300);
+  // identity is no coding at all
+  r = send("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Encoding: identity\r\nContent-Length: " +
+               std::to_string(body.size()) + "\r\n\r\n",
+           "total_tokens");
+  EXPECT_EQ(r.rfind("HTTP/1.1 200", 0), 0u) << r.substr(0, 300);
+
+  auto c = f.client();
+  auto get = c.Get("/health");
+  ASSERT_TRUE(get);
+  auto head = c.Head("/health");
+  ASSERT_TRUE(head);
+  EXPECT_EQ(head->status, 200);
+  EXPECT_TRUE(head->body.empty());
+  EXPECT_EQ(head->get_header_value("Content-Length"), std::to_string(get->body.size()));
+  // On one keep-alive connection: nothing of the left-out body is read as the next answer.
+  RawConn k(f.port);
+  k.send("HEAD /v1/models HTTP/1.1\r\nHost: x\r\n\r\nGET /health HTTP/1.1\r\nHost: x\r\n\r\n");
+  std::string both = k.read(10000, nullptr, "}");
+  EXPECT_EQ(both.rfind("HTTP/1.1 200", 0), 0u) << both;
+  const size_t second = both.find("HTTP/1.1 200", 1);
+  ASSERT_NE(second, std::string::npos) << both;
+  EXPECT_EQ(both.substr(0, second).find("\"data\""), std::string::npos) << both;  // the models list stayed out
+  auto h404 = c.Head("/nothing/here");
+  ASSERT_TRUE(h404);
+  EXPECT_EQ(h404->status, 404);
+  EXPECT_TRUE(h404->body.empty());
 }
 
 TEST(HttpTransport, SlowReaderIsDroppedWithoutStallingOthers) {

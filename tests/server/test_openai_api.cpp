@@ -78,10 +78,94 @@ TEST(OpenAiApi, RejectsBadChat) {
   EXPECT_EQ(err_of("{" + m + R"(,"model":5})").param, "model");
   EXPECT_EQ(err_of("{" + m + R"(,"top_logprobs":3})").param, "top_logprobs");
   EXPECT_EQ(err_of("{" + m + R"(,"reasoning_effort":"max"})").param, "reasoning_effort");
-  EXPECT_EQ(err_of("{" + m + R"(,"tools":[{"type":"function","function":{}}]})").param, "tools");
+  EXPECT_EQ(err_of("{" + m + R"(,"tools":[{"type":"function","function":{}}]})").param, "tools[0].function.name");
   EXPECT_EQ(err_of("{" + m + R"(,"tool_choice":"required"})").param, "tool_choice");
   EXPECT_EQ(err_of("{" + m + R"(,"tool_choice":"sometimes"})").param, "tool_choice");
   EXPECT_EQ(err_of("{" + m + R"(,"stream_options":5})").param, "stream_options");
+}
+
+// What a fuzzing pass found (fortieth session): each once answered 200 with the value misread or
+// ignored, or (the nesting) crashed the server.
+TEST(OpenAiApi, RefusesNestingPastTheLimit) {
+  // The body object is level 1: kMaxJsonDepth levels parse, one more is refused (while parsing:
+  // what copies and prints tool arguments and schemas recurses, and 100,000 levels overflowed the stack).
+  auto body = [](int levels) {  // `levels` levels in all: the body, metadata, then levels - 2 arrays
+    std::string v = "0";
+    for (int i = 0; i < levels - 2; ++i) v = "[" + v + "]";
+    return R"({"metadata":{"a":)" + v + "}}";
+  };
+  EXPECT_NO_THROW(parse_body(body(kMaxJsonDepth)));
+  ApiError e = err_of(body(kMaxJsonDepth + 1));
+  EXPECT_EQ(e.status, 400);
+  EXPECT_EQ(e.code, "invalid_json");
+  EXPECT_NE(e.message.find("levels deep"), std::string::npos) << e.message;
+  // The case that crashed: a tool call's arguments 100,000 arrays deep.
+  std::string deep(100000, '[');
+  deep += std::string(100000, ']');
+  EXPECT_EQ(err_of(R"({"messages":[{"role":"assistant","tool_calls":[{"id":"c","type":"function","function":{"name":"f","arguments":)" +
+                   deep + "}}]}]}")
+                .code,
+            "invalid_json");
+  // A raw NUL ends the text for the parser; it is never JSON.
+  EXPECT_EQ(err_of(std::string(R"({"messages":[{"role":"user","content":"x"}]})") + '\0').code, "invalid_json");
+}
+
+TEST(OpenAiApi, RefusesWhatNoOneReads) {
+  const std::string m = R"("messages":[{"role":"user","content":"x"}])";
+  // stop_token_ids out of 32 bits: once cut to 32 bits (2^32 + 32 became token 32).
+  EXPECT_EQ(err_of("{" + m + R"(,"stop_token_ids":[4294967328]})").param, "stop_token_ids");
+  EXPECT_EQ(err_of("{" + m + R"(,"stop_token_ids":[-1]})").param, "stop_token_ids");
+  EXPECT_EQ(err_of("{" + m + R"(,"stop_token_ids":[18446744073709551615]})").param, "stop_token_ids");
+  EXPECT_EQ(parse_chat_request(parse_body("{" + m + R"(,"stop_token_ids":[200012]})")).sampling.stop_token_ids,
+            std::vector<int32_t>{200012});
+  // max_tokens and max_completion_tokens: both when they agree, refused when not; each names itself.
+  EXPECT_EQ(*parse_chat_request(parse_body("{" + m + R"(,"max_tokens":5,"max_completion_tokens":5})")).max_tokens, 5);
+  EXPECT_EQ(*parse_chat_request(parse_body("{" + m + R"(,"max_completion_tokens":6})")).max_tokens, 6);
+  EXPECT_EQ(err_of("{" + m + R"(,"max_tokens":5,"max_completion_tokens":6})").message.find("disagree") != std::string::npos,
+            true);
+  EXPECT_EQ(err_of("{" + m + R"(,"max_completion_tokens":0})").param, "max_completion_tokens");
+  EXPECT_EQ(err_of("{" + m + R"(,"max_tokens":9223372036854775808.0})").param, "max_tokens");
+  // A message's keys, by role; a wrong type names the message's field.
+  EXPECT_EQ(err_of(R"({"messages":[{"role":"user","content":"x","foo":1}]})").param, "messages[0].foo");
+  EXPECT_EQ(err_of(R"({"messages":[{"role":"user","content":"x","name":"bob"}]})").param, "messages[0].name");
+  EXPECT_EQ(err_of(R"({"messages":[{"role":"user","content":"x","tool_call_id":"c"}]})").param, "messages[0].tool_call_id");
+  EXPECT_EQ(err_of(R"({"messages":[{"role":"user","content":"x","reasoning_content":"r"}]})").param,
+            "messages[0].reasoning_content");
+  EXPECT_EQ(err_of(R"({"messages":[{"role":1,"content":"x"}]})").param, "messages[0].role");
+  EXPECT_EQ(err_of(R"({"messages":[{"role":"tool","content":"x","name":5}]})").param, "messages[0].name");
+  EXPECT_EQ(err_of(R"({"messages":[{"role":"assistant","content":"x","refusal":"no"}]})").param, "messages[0].refusal");
+  // An assistant message as a client echoes it back (nulls, an empty refusal and annotations) is taken.
+  auto echo = parse_chat_request(parse_body(
+      R"({"messages":[{"role":"user","content":"x"},{"role":"assistant","content":"y","refusal":null,"annotations":[],)"
+      R"("audio":null,"function_call":null,"reasoning_content":"r","reasoning":"r"},{"role":"user","content":"z"}]})"));
+  EXPECT_EQ(*echo.messages[1].reasoning, "r");
+  const std::string call = R"({"messages":[{"role":"assistant","tool_calls":[)";
+  EXPECT_EQ(err_of(call + R"({"id":"c","type":"function","function":{"name":"f","arguments":"{}"},"x":1}]}]})").param,
+            "messages[0].tool_calls[0].x");
+  EXPECT_EQ(err_of(call + R"({"id":"c","type":"custom","function":{"name":"f","arguments":"{}"}}]}]})").param,
+            "messages[0].tool_calls[0].type");
+  EXPECT_EQ(err_of(call + R"({"id":"c","function":{"name":"f","arguments":"{}","strict":true}}]}]})").param,
+            "messages[0].tool_calls[0].function.strict");
+  // Tools: their keys, names (at most 64 characters, each once), parameters of type object.
+  auto tools = [&](const std::string& t) { return err_of("{" + m + R"(,"tools":)" + t + "}"); };
+  EXPECT_EQ(tools(R"([{"type":"function","function":{"name":"x"},"foo":1}])").param, "tools[0].foo");
+  EXPECT_EQ(tools(R"([{"type":"function","function":{"name":"x","foo":1}}])").param, "tools[0].function.foo");
+  EXPECT_EQ(tools(R"([{"type":"function","function":{"name":")" + std::string(65, 'a') + R"("}}])").param,
+            "tools[0].function.name");
+  EXPECT_EQ(tools(R"([{"function":{"name":"x"}},{"function":{"name":"x"}}])").param, "tools[1].function.name");
+  EXPECT_EQ(tools(R"([{"function":{"name":"x","parameters":{"type":"array"}}}])").code, "invalid_schema");
+  EXPECT_EQ(parse_chat_request(parse_body("{" + m + R"(,"tools":[{"function":{"name":")" + std::string(64, 'a') +
+                                          R"(","parameters":{}}}]})"))
+                .tools.size(),
+            1u);
+  // tool_choice: of type function, with function.name alone.
+  const std::string t = R"(,"tools":[{"type":"function","function":{"name":"x"}}])";
+  EXPECT_EQ(err_of("{" + m + t + R"(,"tool_choice":{"type":"custom","function":{"name":"x"}}})").param, "tool_choice.type");
+  EXPECT_EQ(err_of("{" + m + t + R"(,"tool_choice":{"type":"function","function":{"name":"x","a":1}}})").param,
+            "tool_choice.function.a");
+  EXPECT_EQ(parse_chat_request(parse_body("{" + m + t + R"(,"tool_choice":{"type":"function","function":{"name":"x"}}})"))
+                .tool_choice,
+            "x");
 }
 
 TEST(OpenAiApi, ParsesCompletions) {

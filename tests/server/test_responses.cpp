@@ -280,6 +280,18 @@ TEST(ResponsesRoute, CreateStreamRetrieveDeleteContinue) {
   ASSERT_TRUE(got);
   EXPECT_EQ(got->status, 200);
   EXPECT_EQ(json::parse(got->body)["output"], first["output"]);
+  // input_items is not implemented: said so, not "no response with id '<id>/input_items'".
+  auto items = c.Get(("/v1/responses/" + id + "/input_items").c_str());
+  ASSERT_TRUE(items);
+  EXPECT_EQ(items->status, 404);
+  EXPECT_EQ(json::parse(items->body)["error"]["code"], "not_implemented") << items->body;
+  // A function_call_output that answers no call is named as the Responses API names it.
+  auto orphan = c.Post("/v1/responses",
+                       json{{"input", {{{"type", "function_call_output"}, {"call_id", "x"}, {"output", "y"}}}}}.dump(),
+                       "application/json");
+  ASSERT_TRUE(orphan);
+  EXPECT_EQ(orphan->status, 400);
+  EXPECT_EQ(json::parse(orphan->body)["error"]["param"], "input") << orphan->body;
 
   // previous_response_id: the earlier turn is part of the prompt (more input tokens than the
   // first turn's whole conversation), and the instructions are not carried over.

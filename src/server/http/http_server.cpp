@@ -44,6 +44,12 @@ bool iequals(std::string_view a, std::string_view b) {
   return true;
 }
 
+std::string trim(std::string_view s) {
+  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
+  while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
+  return std::string(s);
+}
+
 std::string percent_decode(std::string_view s) {
   std::string out;
   for (size_t i = 0; i < s.size(); ++i) {
@@ -233,6 +239,18 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void on_header(beast::error_code ec) {
     if (closed_) return;
     if (ec) return read_failed(ec);
+    // Bodies come as they are or chunked, uncompressed: anything else would be read as plain
+    // bytes (gzip, chunked) or not at all (gzip alone: no length, so "no body", its bytes then
+    // taken for the next request), so it is refused and the connection closed.
+    const auto& h = parser_->get();
+    if (const std::string te = trim(h[bhttp::field::transfer_encoding]); !te.empty() && !iequals(te, "chunked")) {
+      reply_and_close(501, "Transfer-Encoding '" + te + "' is not supported: send the body as it is, or chunked.");
+      return;
+    }
+    if (const std::string ce = trim(h[bhttp::field::content_encoding]); !ce.empty() && !iequals(ce, "identity")) {
+      reply_and_close(415, "Content-Encoding '" + ce + "' is not supported: send the body uncompressed.");
+      return;
+    }
     if (auto cl = parser_->content_length(); cl && *cl > opts().max_body_bytes) {
       reply_and_close(413, "The request body is too large.");
       return;
@@ -278,12 +296,16 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
     std::string allow;
     const Route* route = nullptr;
+    // HEAD is answered wherever GET is (RFC 9110): the GET handler runs, its body is left out.
+    head_ = req_.method == "HEAD";
+    const std::string method = head_ ? "GET" : req_.method;
     for (const auto& r : srv_->routes) {
       bool match = r.prefix ? req_.path.size() > r.path.size() && req_.path.compare(0, r.path.size(), r.path) == 0
                             : req_.path == r.path;
       if (!match) continue;
       if (allow.find(r.method) == std::string::npos) allow += (allow.empty() ? "" : ", ") + r.method;
-      if (r.method == req_.method && !route) {
+      if (r.method == "GET" && allow.find("HEAD") == std::string::npos) allow += ", HEAD";
+      if (r.method == method && !route) {
         route = &r;
         if (r.prefix) req_.path_param = percent_decode(std::string_view(req_.path).substr(r.path.size()));
       }
@@ -347,7 +369,13 @@ class Connection : public std::enable_shared_from_this<Connection> {
     if (srv_->closing) keep_alive_ = false;
     if (!res.source) {
       out_ += response_head(res.status, res.content_type, res.headers, int64_t(res.body.size()), keep_alive_, http10_);
-      out_ += res.body;
+      if (!head_) out_ += res.body;
+      body_done_ = true;
+      return flush();
+    }
+    if (head_) {  // (no GET route streams today; a source's length is unknown, so the head says chunked)
+      res.source->finish(false);
+      out_ += response_head(res.status, res.content_type, res.headers, -1, keep_alive_ && !http10_, http10_);
       body_done_ = true;
       return flush();
     }
@@ -512,6 +540,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   Clock::time_point t0_;
   std::string origin_;  // the Access-Control-Allow-Origin for this request ("" none)
   bool keep_alive_ = true, http10_ = false;
+  bool head_ = false;  // the request in hand is a HEAD: its GET answer goes out without the body
   int status_ = 0;
   // the response under way
   std::shared_ptr<BodySource> source_;
