@@ -157,6 +157,23 @@ void only_known_keys(const ojson& obj, const std::string& field, std::initialize
   }
 }
 
+void check_tool_name(const std::string& name, const std::vector<FunctionTool>& tools, const std::string& param) {
+  if (name.empty()) bad_request("Each tool needs a 'name'.", param, "missing_required_parameter");
+  if (name.size() > 64) bad_request("Tool names may have at most 64 characters.", param, "invalid_value");
+  for (char ch : name)
+    if (!(std::isalnum(static_cast<unsigned char>(ch)) || ch == '_' || ch == '-'))
+      bad_request("Tool names may hold only letters, digits, '_' and '-'.", param, "invalid_value");
+  for (const auto& other : tools)
+    if (other.name == name) bad_request("Two tools are named '" + name + "'.", param, "invalid_value");
+}
+
+void check_tool_parameters(const ojson& p, const std::string& name, const std::string& param) {
+  if (!p.is_object()) wrong_type(param, "an object", p);
+  if (auto t = p.find("type"); t != p.end() && !(t->is_string() && *t == "object"))
+    bad_request("Invalid schema for function '" + name + "': its parameters must be of type 'object'.", param,
+                "invalid_schema");
+}
+
 std::optional<std::string> parse_effort(const ojson& v, const std::string& key) {
   if (!v.is_string()) wrong_type(key, "a string", v);
   std::string e = v.get<std::string>();
@@ -543,23 +560,11 @@ ChatRequest parse_chat_body(const ojson& j) {
       const std::string fw = tw + ".function";
       only_known_keys(*fn, fw, {"name", "description", "parameters", "strict"});
       FunctionTool ft;
-      auto name = get_string_at(*fn, "name", fw);
-      if (!name || name->empty()) bad_request("Each tool function needs a 'name'.", fw + ".name", "invalid_value");
-      if (name->size() > 64) bad_request("Tool names may have at most 64 characters.", fw + ".name", "invalid_value");
-      for (char ch : *name)
-        if (!(std::isalnum(static_cast<unsigned char>(ch)) || ch == '_' || ch == '-'))
-          bad_request("Tool names may hold only letters, digits, '_' and '-'.", fw + ".name", "invalid_value");
-      for (const auto& other : r.tools)
-        if (other.name == *name)
-          bad_request("Two tools are named '" + *name + "'.", fw + ".name", "invalid_value");
-      ft.name = *name;
+      ft.name = get_string_at(*fn, "name", fw).value_or("");
+      check_tool_name(ft.name, r.tools, fw + ".name");
       if (auto d = get_string_at(*fn, "description", fw)) ft.description = *d;
       if (const ojson* p = get(*fn, "parameters")) {
-        if (!p->is_object()) wrong_type(fw + ".parameters", "an object", *p);
-        // A function's arguments are an object: a schema whose top type is another is refused, as OpenAI does.
-        if (auto pt = p->find("type"); pt != p->end() && !(pt->is_string() && *pt == "object"))
-          bad_request("Invalid schema for function '" + *name + "': its parameters must be of type 'object'.",
-                      fw + ".parameters", "invalid_schema");
+        check_tool_parameters(*p, ft.name, fw + ".parameters");
         ft.parameters = *p;
       }
       if (const ojson* st = get(*fn, "strict")) {

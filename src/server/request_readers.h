@@ -39,6 +39,10 @@ std::optional<std::string> get_string_at(const ojson& j, const char* key, const 
 const RequestField* find_field(std::span<const RequestField> table, const std::string& key);
 // Sub-fields of an object field: anything but `known` is refused, naming "field.key".
 void only_known_keys(const ojson& obj, const std::string& field, std::initializer_list<const char*> known);
+// A function tool's name (1-64 letters, digits, '_' and '-'), new among `tools`; its parameters
+// schema (an object whose type, if given, is "object", as OpenAI requires). `param` names the field.
+void check_tool_name(const std::string& name, const std::vector<FunctionTool>& tools, const std::string& param);
+void check_tool_parameters(const ojson& p, const std::string& name, const std::string& param);
 // A reasoning effort: low, medium or high.
 std::optional<std::string> parse_effort(const ojson& v, const std::string& key);
 // A string, or an array of text content parts (text, input_text, output_text) joined.

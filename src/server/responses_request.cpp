@@ -59,7 +59,7 @@ ResponseFormat parse_text_format(const ojson& text, ojson& echo) {
 std::string item_text(const ojson& c, const std::string& where) { return content_text(c, where); }
 
 // Responses tools: {"type": "function", "name", "description", "parameters", "strict"}.
-FunctionTool parse_responses_tool(const ojson& t, const std::string& where) {
+FunctionTool parse_responses_tool(const ojson& t, const std::string& where, const std::vector<FunctionTool>& earlier) {
   if (!t.is_object()) wrong_type(where, "an object", t);
   auto type = get_string(t, "type");
   if (!type || *type != "function")
@@ -67,15 +67,11 @@ FunctionTool parse_responses_tool(const ojson& t, const std::string& where) {
                 "unsupported_value");
   only_known_keys(t, where, {"type", "name", "description", "parameters", "strict"});
   FunctionTool ft;
-  auto name = get_string(t, "name");
-  if (!name || name->empty()) bad_request(where + " needs a 'name'.", where + ".name", "missing_required_parameter");
-  for (char ch : *name)
-    if (!(std::isalnum(static_cast<unsigned char>(ch)) || ch == '_' || ch == '-'))
-      bad_request("Tool names may hold only letters, digits, '_' and '-'.", where + ".name", "invalid_value");
-  ft.name = *name;
-  if (auto d = get_string(t, "description")) ft.description = *d;
+  ft.name = get_string_at(t, "name", where).value_or("");
+  check_tool_name(ft.name, earlier, where + ".name");
+  if (auto d = get_string_at(t, "description", where)) ft.description = *d;
   if (const ojson* p = get(t, "parameters")) {
-    if (!p->is_object()) wrong_type(where + ".parameters", "an object", *p);
+    check_tool_parameters(*p, ft.name, where + ".parameters");
     ft.parameters = *p;
   }
   // The arguments are constrained to `parameters` either way (StructuredOutput); strict also
@@ -146,7 +142,7 @@ ResponsesRequest parse_responses_body(const ojson& j) {
   if (const ojson* tools = get(j, "tools")) {
     if (!tools->is_array()) wrong_type("tools", "an array", *tools);
     for (size_t i = 0; i < tools->size(); ++i)
-      c.tools.push_back(parse_responses_tool((*tools)[i], "tools[" + std::to_string(i) + "]"));
+      c.tools.push_back(parse_responses_tool((*tools)[i], "tools[" + std::to_string(i) + "]", c.tools));
     echo["tools"] = *tools;
   }
   echo["tool_choice"] = "auto";

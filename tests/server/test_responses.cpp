@@ -129,6 +129,15 @@ TEST(ResponsesApi, RefusesWhatItCannotHonour) {
             "input[0].content");
   EXPECT_EQ(responses_error(R"({"input":[{"type":"function_call_output","output":"x"}]})").param, "input[0].call_id");
   EXPECT_EQ(responses_error(R"({"input":"x","tool_choice":{"type":"function","name":"g"}})").param, "tool_choice");
+  // Function tools as on chat completions: names of at most 64 characters, each once; parameters of type object.
+  EXPECT_EQ(responses_error(R"({"input":"x","tools":[{"type":"function","name":"f"},{"type":"function","name":"f"}]})").param,
+            "tools[1].name");
+  EXPECT_EQ(responses_error(R"({"input":"x","tools":[{"type":"function","name":")" + std::string(65, 'f') + R"("}]})").param,
+            "tools[0].name");
+  EXPECT_EQ(
+      responses_error(R"({"input":"x","tools":[{"type":"function","name":"f","parameters":{"type":"string"}}]})").code,
+      "invalid_schema");
+  EXPECT_EQ(responses_error(R"({"input":"x","tools":[{"type":"function","name":5}]})").param, "tools[0].name");
 }
 
 // text.format maps onto the chat path's response format (so the same structured-output code
