@@ -624,7 +624,8 @@ TEST(HttpTransport, OversizedHeadersAndChunkedBodies) {
 }
 
 // Codings the server does not decode are refused, not read as plain bytes (gzip, chunked) or left
-// on the connection for the next request (gzip alone); HEAD is answered wherever GET is.
+// on the connection for the next request (gzip alone); HEAD is answered wherever GET is, and a
+// target in absolute form is served.
 TEST(HttpTransport, UnsupportedCodingsAndHead) {
   Fixture f;
   const std::string body = json{{"prompt", "Hi"}, {"max_tokens", 1}}.dump();
@@ -664,6 +665,11 @@ TEST(HttpTransport, UnsupportedCodingsAndHead) {
   const size_t second = both.find("HTTP/1.1 200", 1);
   ASSERT_NE(second, std::string::npos) << both;
   EXPECT_EQ(both.substr(0, second).find("\"data\""), std::string::npos) << both;  // the models list stayed out
+  // The absolute form of a request target (what a client talking to a proxy sends) is served too.
+  RawConn a(f.port);
+  a.send("GET http://localhost:1234/health HTTP/1.1\r\nHost: localhost\r\n\r\n");
+  std::string abs = a.read(10000, nullptr, "}");
+  EXPECT_EQ(abs.rfind("HTTP/1.1 200", 0), 0u) << abs;
   auto h404 = c.Head("/nothing/here");
   ASSERT_TRUE(h404);
   EXPECT_EQ(h404->status, 404);

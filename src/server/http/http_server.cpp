@@ -20,6 +20,7 @@
 #include <boost/beast/http/read.hpp>
 #include <boost/beast/http/string_body.hpp>
 #include <cstdio>
+#include <cstring>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -284,6 +285,15 @@ class Connection : public std::enable_shared_from_this<Connection> {
     req_ = Request{};
     req_.method = std::string(m.method_string());
     req_.target = std::string(m.target());
+    // The absolute form (RFC 9112 3.2.2; what a client speaking to a proxy sends, and a server must
+    // accept): the path is what follows the authority.
+    for (const char* scheme : {"http://", "https://"})
+      if (req_.target.size() > std::strlen(scheme) &&
+          iequals(std::string_view(req_.target).substr(0, std::strlen(scheme)), scheme)) {
+        const size_t slash = req_.target.find_first_of("/?", std::strlen(scheme));
+        req_.target = slash == std::string::npos ? "/" : req_.target[slash] == '?' ? "/" + req_.target.substr(slash)
+                                                                                     : req_.target.substr(slash);
+      }
     req_.path = req_.target.substr(0, req_.target.find('?'));
     req_.remote = remote_;
     for (const auto& f : m) req_.headers.emplace_back(std::string(f.name_string()), std::string(f.value()));
