@@ -1,10 +1,12 @@
 #include "model/config.h"
 
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "common/error.h"
+#include "common/files.h"
 #include "model/json_keys.h"
 
 namespace gptoss {
@@ -24,6 +26,15 @@ namespace {
 void positive(int v, const char* key, const std::string& where) {
   if (v <= 0) throw Error(where + ": \"" + key + "\" must be positive");
 }
+// Sizes far past any gpt-oss model are refused, so that no product of them (q_dim, the expert
+// matrices, a layer's KV row) overflows the int the code keeps it in: 16 heads of 2^30 + 16 once
+// wrapped to 256 and passed every shape check, then wrote past a buffer.
+void at_most(int64_t v, int64_t hi, const char* what, const std::string& where) {
+  if (v > hi) throw Error(where + ": " + what + " is " + std::to_string(v) + ", more than this engine takes (" + std::to_string(hi) + ")");
+}
+void finite_positive(double v, const char* key, const std::string& where) {
+  if (!std::isfinite(v) || v <= 0) throw Error(where + ": \"" + key + "\" must be a positive finite number");
+}
 }  // namespace
 
 GptOssConfig GptOssConfig::from_json(const json& j, const std::string& where) {
@@ -39,6 +50,9 @@ GptOssConfig GptOssConfig::from_json(const json& j, const std::string& where) {
   c.num_experts = need<int>(j, "num_local_experts", where);
   if (j.contains("num_experts_per_tok")) c.experts_per_token = need<int>(j, "num_experts_per_tok", where);
   else c.experts_per_token = need<int>(j, "experts_per_token", where);
+  if (j.contains("num_experts_per_tok") && j.contains("experts_per_token") && !j["experts_per_token"].is_null() &&
+      need<int>(j, "experts_per_token", where) != c.experts_per_token)
+    throw Error(where + ": \"experts_per_token\" and \"num_experts_per_tok\" disagree");
   c.intermediate = need<int>(j, "intermediate_size", where);
   c.vocab = need<int>(j, "vocab_size", where);
   c.sliding_window = want<int>(j, "sliding_window", 128, where);
@@ -53,6 +67,23 @@ GptOssConfig GptOssConfig::from_json(const json& j, const std::string& where) {
                       {c.experts_per_token, "num_experts_per_tok"}, {c.intermediate, "intermediate_size"},
                       {c.vocab, "vocab_size"}, {c.sliding_window, "sliding_window"}})
     positive(v, k, where);
+  if (c.max_position_embeddings < 2) throw Error(where + ": \"max_position_embeddings\" must be at least 2");
+  at_most(c.hidden, 1 << 16, "hidden_size", where);
+  at_most(c.num_layers, 1 << 12, "num_hidden_layers", where);
+  at_most(c.num_heads, 1 << 12, "num_attention_heads", where);
+  at_most(c.head_dim, 1 << 12, "head_dim", where);
+  at_most(int64_t(c.num_heads) * c.head_dim, 1 << 18, "num_attention_heads x head_dim", where);
+  at_most(c.num_experts, 1 << 16, "num_local_experts", where);
+  at_most(c.intermediate, 1 << 18, "intermediate_size", where);
+  at_most(c.vocab, 1 << 24, "vocab_size", where);
+  finite_positive(c.rms_eps, "rms_norm_eps", where);
+  if (c.rms_eps >= 1) throw Error(where + ": \"rms_norm_eps\" must be below 1");
+  finite_positive(c.swiglu_limit, "swiglu_limit", where);
+  // (A token id, or -1 for none; not bounded by vocab_size: a model whose rows are a subset of
+  // o200k, as the built-in one, keeps o200k's ids for its specials.)
+  for (auto [v, k] : {std::pair{c.eos_token_id, "eos_token_id"}, {c.pad_token_id, "pad_token_id"}})
+    if (v < -1 || v >= (1 << 24))
+      throw Error(where + ": \"" + std::string(k) + "\" is " + std::to_string(v) + ", not a token id (-1 for none)");
   if (c.num_heads % c.num_kv_heads) throw Error(where + ": num_attention_heads must be a multiple of num_key_value_heads");
   if (c.experts_per_token > c.num_experts) throw Error(where + ": num_experts_per_tok exceeds num_local_experts");
   if (c.hidden % 32 || c.intermediate % 32) throw Error(where + ": hidden_size and intermediate_size must be multiples of 32 (MXFP4 blocks)");
@@ -88,6 +119,13 @@ GptOssConfig GptOssConfig::from_json(const json& j, const std::string& where) {
   } else {
     c.rope.factor = 1.0;
   }
+  // A zero or negative theta, factor or original context made every logit NaN (the rotation
+  // tables), and a model that answers token 0 forever.
+  finite_positive(c.rope.theta, "rope_theta", where);
+  finite_positive(c.rope.original_max_position, "rope_scaling.original_max_position_embeddings", where);
+  finite_positive(c.rope.factor, "rope_scaling.factor", where);
+  if (!std::isfinite(c.rope.beta_fast) || !std::isfinite(c.rope.beta_slow))
+    throw Error(where + ": rope_scaling.beta_fast and beta_slow must be finite");
   if (j.contains("quantization_config") && !j["quantization_config"].is_null()) {
     auto qm = want<std::string>(j["quantization_config"], "quant_method", "", where + ": quantization_config");
     if (qm != "mxfp4") throw Error(where + ": quantization_config.quant_method \"" + qm + "\" is not supported (expected mxfp4)");
@@ -96,10 +134,11 @@ GptOssConfig GptOssConfig::from_json(const json& j, const std::string& where) {
 }
 
 nlohmann::json read_json_file(const std::string& path, const std::string& missing_hint) {
-  std::ifstream f(path);
-  if (!f) throw Error(path + ": cannot open" + missing_hint);
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) throw Error(path + ": cannot open" + missing_hint);
+  const std::string text = read_regular_file(path);  // (a directory or a FIFO: an error naming it)
   try {
-    return json::parse(f);
+    return json::parse(text);
   } catch (const json::exception& e) {
     throw Error(path + ": invalid JSON: " + e.what());
   }

@@ -10,15 +10,17 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <unordered_set>
 
 #include "common/error.h"
+#include "common/files.h"
 
 namespace gptoss {
 
 using nlohmann::json;
 namespace fs = std::filesystem;
 
-int64_t TensorView::numel() const {
+int64_t TensorView::numel() const {  // (a loaded view's product was checked not to overflow)
   int64_t n = 1;
   for (auto d : shape) n *= d;
   return n;
@@ -30,9 +32,22 @@ std::string TensorView::shape_str() const {
   return s + "]";
 }
 
+namespace {
+
+// A JSON integer >= 0 and < 2^62 (a shape's dimension, a data offset), or an error naming the tensor:
+// nlohmann's get<int64_t> would take 64.5 as 64 and 2^64 - 1 as -1.
+int64_t header_count(const json& v, const std::string& path, const std::string& name, const char* what) {
+  if (!v.is_number_integer()) throw Error(path + ": tensor " + name + " has a " + what + " that is not an integer");
+  if (v.is_number_unsigned() ? v.get<uint64_t>() >= (uint64_t(1) << 62) : v.get<int64_t>() >= (int64_t(1) << 62))
+    throw Error(path + ": tensor " + name + " has a " + what + " too large (" + v.dump() + ")");
+  if (!v.is_number_unsigned() && v.get<int64_t>() < 0) throw Error(path + ": tensor " + name + " has a negative " + what);
+  return v.get<int64_t>();
+}
+
+}  // namespace
+
 SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
-  int fd = ::open(path.c_str(), O_RDONLY);
-  if (fd < 0) throw Error(path + ": cannot open (" + std::strerror(errno) + ")");
+  int fd = open_regular_file(path);  // (a directory or a FIFO: an error naming it, not a hang)
   struct stat st {};
   if (fstat(fd, &st) != 0) {
     ::close(fd);
@@ -53,40 +68,71 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
   uint64_t hlen;
   std::memcpy(&hlen, base, 8);
   if (hlen > size_ - 8) throw Error(path + ": truncated safetensors header (header length " + std::to_string(hlen) + ")");
+  // The header's tensor names, each once: JSON would let a second entry of a name replace the first.
+  std::string duplicate;
+  std::unordered_set<std::string> seen;
   json h;
   try {
-    h = json::parse(base + 8, base + 8 + hlen);
+    h = json::parse(base + 8, base + 8 + hlen, [&](int depth, json::parse_event_t ev, json& parsed) {
+      if (depth == 1 && ev == json::parse_event_t::key && parsed.is_string() &&
+          !seen.insert(parsed.get<std::string>()).second && duplicate.empty())
+        duplicate = parsed.get<std::string>();
+      return true;
+    });
   } catch (const json::exception& e) {
     throw Error(path + ": invalid safetensors header: " + e.what());
   }
   if (!h.is_object()) throw Error(path + ": safetensors header is not an object");
+  if (!duplicate.empty()) throw Error(path + ": tensor " + duplicate + " appears twice in the header");
   const uint8_t* data = base + 8 + hlen;
   const size_t data_size = size_ - 8 - hlen;
+  std::vector<std::pair<uint64_t, uint64_t>> ranges;  // [begin, end) of each tensor with bytes, to find overlaps
+  std::vector<std::string> range_names;
   for (auto& [name, v] : h.items()) {
     if (name == "__metadata__") continue;
     TensorView t;
     t.name = name;
     t.file = path;
-    try {
-      std::string dt = v.at("dtype").get<std::string>();
-      if (!dtype_from_name(dt, &t.dtype)) throw Error(path + ": tensor " + name + " has unsupported dtype " + dt);
-      t.shape = v.at("shape").get<std::vector<int64_t>>();
-      auto off = v.at("data_offsets").get<std::vector<uint64_t>>();
-      if (off.size() != 2 || off[0] > off[1]) throw Error(path + ": tensor " + name + " has bad data_offsets");
-      if (off[1] > data_size)
-        throw Error(path + ": tensor " + name + " extends past the end of the file (truncated?)");
-      t.data = data + off[0];
-      t.nbytes = off[1] - off[0];
-    } catch (const json::exception& e) {
-      throw Error(path + ": tensor " + name + " has a malformed header entry: " + e.what());
+    if (!v.is_object()) throw Error(path + ": tensor " + name + " has a malformed header entry (not an object)");
+    for (const char* k : {"dtype", "shape", "data_offsets"})
+      if (!v.contains(k)) throw Error(path + ": tensor " + name + " has no \"" + k + "\"");
+    if (!v["dtype"].is_string()) throw Error(path + ": tensor " + name + " has a dtype that is not a string");
+    const std::string dt = v["dtype"].get<std::string>();
+    if (!dtype_from_name(dt, &t.dtype)) throw Error(path + ": tensor " + name + " has unsupported dtype " + dt);
+    if (!v["shape"].is_array()) throw Error(path + ": tensor " + name + " has a shape that is not an array");
+    // The element count in 128 bits: a shape whose product overflows 64 bits once wrapped to 0 bytes.
+    unsigned __int128 count = 1;
+    for (const auto& d : v["shape"]) {
+      t.shape.push_back(header_count(d, path, name, "dimension"));
+      count *= uint64_t(t.shape.back());
+      if (count > (unsigned __int128)(uint64_t(1) << 62))
+        throw Error(path + ": tensor " + name + " has a shape " + t.shape_str() + " too large");
     }
-    for (auto d : t.shape)
-      if (d < 0) throw Error(path + ": tensor " + name + " has a negative dimension");
-    if (size_t(t.numel()) * dtype_size(t.dtype) != t.nbytes)
+    const json& off = v["data_offsets"];
+    if (!off.is_array() || off.size() != 2) throw Error(path + ": tensor " + name + " has bad data_offsets");
+    const uint64_t b = uint64_t(header_count(off[0], path, name, "data offset"));
+    const uint64_t e = uint64_t(header_count(off[1], path, name, "data offset"));
+    if (b > e) throw Error(path + ": tensor " + name + " has bad data_offsets");
+    if (e > data_size) throw Error(path + ": tensor " + name + " extends past the end of the file (truncated?)");
+    t.data = data + b;
+    t.nbytes = e - b;
+    if (count * dtype_size(t.dtype) != t.nbytes)
       throw Error(path + ": tensor " + name + " byte size " + std::to_string(t.nbytes) + " does not match " +
                   dtype_name(t.dtype) + " " + t.shape_str());
+    if (t.nbytes) {
+      ranges.emplace_back(b, e);
+      range_names.push_back(name);
+    }
     tensors_.emplace(name, std::move(t));
   }
+  // No two tensors may share bytes (the format's rule; one would load the other's values).
+  std::vector<size_t> order(ranges.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](size_t x, size_t y) { return ranges[x] < ranges[y]; });
+  for (size_t i = 1; i < order.size(); ++i)
+    if (ranges[order[i]].first < ranges[order[i - 1]].second)
+      throw Error(path + ": tensors " + range_names[order[i - 1]] + " and " + range_names[order[i]] +
+                  " overlap in the file");
 }
 
 SafetensorsFile::~SafetensorsFile() {
@@ -105,16 +151,24 @@ Checkpoint::Checkpoint(const std::string& dir) : dir_(dir) {
   fs::path single = fs::path(dir) / "model.safetensors";
   std::map<std::string, std::string> weight_map;
   if (fs::exists(index)) {
-    std::ifstream f(index);
+    const std::string text = read_regular_file(index.string());
     json j;
     try {
-      j = json::parse(f);
+      j = json::parse(text);
       weight_map = j.at("weight_map").get<std::map<std::string, std::string>>();
     } catch (const json::exception& e) {
       throw Error(index.string() + ": invalid index: " + e.what());
     }
-    for (auto& [n, fn] : weight_map)
+    for (auto& [n, fn] : weight_map) {
+      // A shard is a file of this directory: no absolute path, no way out of it ("..").
+      const fs::path rel(fn);
+      bool outside = fn.empty() || rel.is_absolute() || fn == ".";
+      for (const auto& part : rel) outside |= part == "..";
+      if (outside)
+        throw Error(index.string() + ": tensor " + n + " is placed in \"" + fn +
+                    "\", which is not a file of the model directory");
       if (std::find(files.begin(), files.end(), fn) == files.end()) files.push_back(fn);
+    }
   } else if (fs::exists(single)) {
     files.push_back("model.safetensors");
   } else {
@@ -126,7 +180,10 @@ Checkpoint::Checkpoint(const std::string& dir) : dir_(dir) {
     files_.push_back(std::make_unique<SafetensorsFile>(p.string()));
   }
   for (auto& f : files_)
-    for (auto& [n, t] : f->tensors()) index_[n] = &t;
+    for (auto& [n, t] : f->tensors())
+      if (auto [it, fresh] = index_.emplace(n, &t); !fresh)
+        throw Error(dir + ": tensor " + n + " is in two shards, " + fs::path(it->second->file).filename().string() +
+                    " and " + fs::path(t.file).filename().string());
   for (auto& [n, fn] : weight_map) {
     auto it = index_.find(n);
     if (it == index_.end()) throw Error((fs::path(dir) / fn).string() + ": tensor " + n + " listed in the index is missing");

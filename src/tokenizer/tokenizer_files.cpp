@@ -7,10 +7,12 @@
 #include <fstream>
 #include <sstream>
 #include <unordered_map>
+#include <unordered_set>
 
 #include <nlohmann/json.hpp>
 
 #include "common/error.h"
+#include "common/files.h"
 #include "tokenizer/tokenizer.h"
 #include "tokenizer/tokenizer_impl.h"
 
@@ -23,15 +25,16 @@ namespace fs = std::filesystem;
 
 namespace {
 
+// The largest token id a tokenizer file may give (o200k's are below 2^18): the tables are sized by
+// the largest id, so one id of 10^9 asked for ~32 GB.
+constexpr int64_t kMaxTokenId = (int64_t(1) << 24) - 1;
+
 std::string read_file(const std::string& path) {
-  std::ifstream f(path, std::ios::binary | std::ios::ate);
-  if (!f) throw Error("tokenizer: cannot open " + path);
-  std::streamsize n = f.tellg();
-  if (n < 0) throw Error("tokenizer: cannot read " + path);
-  std::string s(static_cast<size_t>(n), '\0');
-  f.seekg(0);
-  if (!f.read(s.data(), n)) throw Error("tokenizer: cannot read " + path);
-  return s;
+  try {
+    return read_regular_file(path);  // (a directory or a FIFO: an error naming it, not a hang)
+  } catch (const Error& e) {
+    throw Error(std::string("tokenizer: ") + e.what());
+  }
 }
 
 int b64val(unsigned char c) {
@@ -143,6 +146,7 @@ std::vector<std::pair<std::string, uint32_t>> read_tiktoken(const std::string& p
   out.reserve(200000);
   size_t pos = 0, line_no = 0;
   std::string bytes;
+  std::unordered_set<uint32_t> ranks_seen;
   while (pos < data.size()) {
     size_t eol = data.find('\n', pos);
     if (eol == std::string::npos) eol = data.size();
@@ -159,9 +163,11 @@ std::vector<std::pair<std::string, uint32_t>> read_tiktoken(const std::string& p
     uint64_t rank = 0;
     if (rs.empty()) throw Error(where() + "no rank");
     for (char c : rs) {
-      if (c < '0' || c > '9' || rank > 100000000) throw Error(where() + "bad rank");
+      if (c < '0' || c > '9' || rank > uint64_t(kMaxTokenId)) throw Error(where() + "bad rank");
       rank = rank * 10 + uint64_t(c - '0');
     }
+    if (rank > uint64_t(kMaxTokenId)) throw Error(where() + "rank " + std::to_string(rank) + " is beyond 2^24 - 1");
+    if (!ranks_seen.insert(uint32_t(rank)).second) throw Error(where() + "rank " + std::to_string(rank) + " given twice");
     out.emplace_back(bytes, uint32_t(rank));
   }
   if (out.empty()) throw Error("tokenizer: " + path + " holds no tokens");
@@ -226,7 +232,11 @@ struct TokenizerJsonSax : nlohmann::json_sax<nlohmann::json> {
     return true;
   }
   bool value_string(std::string& v) {
-    if (at(2, "model", "type")) {
+    if (at(3, "model", "vocab") && st[2].obj) {  // ("104" where 104 belongs: once dropped silently)
+      if (problem.empty()) problem = "vocab entry " + st[2].key + " has an id that is not an integer";
+    } else if (at(3, "added_tokens") && st[2].obj && st[2].key == "id") {
+      if (problem.empty()) problem = "added token id that is not an integer";
+    } else if (at(2, "model", "type")) {
       model_type = v;
     } else if (at(3, "model", "merges") && !st[2].obj) {
       size_t sp = v.find(' ');
@@ -255,7 +265,12 @@ struct TokenizerJsonSax : nlohmann::json_sax<nlohmann::json> {
   bool number_unsigned(number_unsigned_t v) override {
     return value_number(v > uint64_t(INT64_MAX) ? -1 : int64_t(v));
   }
-  bool number_float(number_float_t, const string_t&) override { return true; }
+  bool number_float(number_float_t, const string_t& text) override {
+    if (((at(3, "model", "vocab") && st[2].obj) || (at(3, "added_tokens") && st[2].obj && st[2].key == "id")) &&
+        problem.empty())
+      problem = "token id " + text + " is not an integer";
+    return true;
+  }
   bool string(string_t& v) override { return value_string(v); }
   bool binary(binary_t&) override { return true; }
   bool start_object(std::size_t) override {
@@ -325,7 +340,7 @@ Tokenizer Tokenizer::from_tokenizer_json(const std::string& path) {
   for (auto& [key, id] : sax.vocab) {
     if (!bl_to_bytes(key, bytes) || bytes.empty())
       throw bad("vocab entry outside the byte-level alphabet: " + key);
-    if (id < 0 || id > 100000000) throw bad("bad id for vocab entry " + key);
+    if (id < 0 || id > kMaxTokenId) throw bad("bad id " + std::to_string(id) + " for vocab entry " + key + " (ids run 0 to 2^24 - 1)");
     vocab.emplace(bytes, TokenId(id));
     all.emplace_back(bytes, TokenId(id));
   }
@@ -358,14 +373,20 @@ Tokenizer Tokenizer::from_tokenizer_json(const std::string& path) {
   }
   // ignore_merges: a pre-tokenized piece that is a vocab entry is that token, merges or not.
   if (!whole.empty()) impl->whole.build(whole);
-  // Pre-tokenizer: the Split regex if there is one, else o200k's.
-  impl->regex = std::make_shared<Regex>(sax.regex ? *sax.regex : std::string(kO200kPattern));
   std::vector<std::pair<std::string, TokenId>> specials;
   for (auto& [content, id] : sax.added) {
-    if (id > 100000000) throw bad("bad id for added token " + content);
+    if (id > kMaxTokenId) throw bad("bad id " + std::to_string(id) + " for added token " + content + " (ids run 0 to 2^24 - 1)");
     specials.emplace_back(content, TokenId(id));
   }
-  impl->finish(entries, std::move(all), std::move(specials));
+  try {  // (their errors name the file too)
+    // Pre-tokenizer: the Split regex if there is one, else o200k's.
+    impl->regex = std::make_shared<Regex>(sax.regex ? *sax.regex : std::string(kO200kPattern));
+    impl->finish(entries, std::move(all), std::move(specials));
+  } catch (const Error& e) {
+    std::string what = e.what();
+    if (what.rfind("tokenizer: ", 0) == 0) what = what.substr(11);
+    throw bad(what);
+  }
   return Tokenizer(std::move(impl));
 }
 
@@ -383,11 +404,9 @@ Tokenizer Tokenizer::from_file(const std::string& path) {
   if (path.size() >= 5 && path.compare(path.size() - 5, 5, ".json") == 0)
     return from_tokenizer_json(path);
   // Sniff: JSON starts with '{'.
-  std::ifstream f(path, std::ios::binary);
-  char c = 0;
-  while (f.get(c) && std::isspace(static_cast<unsigned char>(c))) {
-  }
-  return c == '{' ? from_tokenizer_json(path) : from_tiktoken(path);
+  const std::string text = read_file(path);
+  const size_t first = text.find_first_not_of(" \t\r\n");
+  return first != std::string::npos && text[first] == '{' ? from_tokenizer_json(path) : from_tiktoken(path);
 }
 
 std::string default_tiktoken_path() {

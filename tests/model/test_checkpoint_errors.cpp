@@ -2,10 +2,14 @@
 // tensor, never a crash.
 #include <nlohmann/json.hpp>
 
+#include <sys/stat.h>
+
+#include <algorithm>
 #include <fstream>
 
 #include "common/error.h"
 #include "model/make_model.h"
+#include "model/safetensors.h"
 #include "model/weights.h"
 #include "test_util.h"
 
@@ -47,11 +51,11 @@ void edit_header(const std::string& path, const std::function<void(nlohmann::jso
   std::memcpy(&hlen, bytes.data(), 8);
   auto h = nlohmann::json::parse(bytes.substr(8, hlen));
   edit(h);
-  std::string hs = h.dump();
-  while (hs.size() < hlen) hs.push_back(' ');
-  ASSERT_EQ(hs.size(), hlen) << "edited header must keep its length";
+  std::string hs = h.dump();  // (offsets count from the data's start: the header may change length)
+  while (hs.size() < hlen || hs.size() % 8) hs.push_back(' ');
+  const uint64_t nlen = hs.size();
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out.write(bytes.data(), 8);
+  out.write(reinterpret_cast<const char*>(&nlen), 8);
   out.write(hs.data(), std::streamsize(hs.size()));
   out.write(bytes.data() + 8 + hlen, std::streamsize(bytes.size() - 8 - hlen));
 }
@@ -180,6 +184,151 @@ TEST(CheckpointErrors, GarbageHeader) {
   }
   auto msg = load_error(d);
   EXPECT_NE(msg.find(shard), std::string::npos) << msg;
+}
+
+// What a fuzzing pass found (fortieth session): inputs that crashed, hung, or loaded other
+// values than the file says, each now one clear error naming the file and the problem.
+
+// Rewrites config.json through `edit`.
+void edit_config(const std::string& dir, const std::function<void(nlohmann::json&)>& edit) {
+  auto p = fs::path(dir) / "config.json";
+  auto j = nlohmann::json::parse(std::ifstream(p));
+  edit(j);
+  std::ofstream(p) << j.dump();
+}
+
+TEST(CheckpointErrors, ConfigValuesOutOfRange) {
+  struct Case {
+    const char* name;
+    std::function<void(nlohmann::json&)> edit;
+    const char* expect;
+  };
+  const Case cases[] = {
+      // 16 heads of 2^30 + 16 wrapped to 256 in int and passed every shape check, then wrote past a buffer.
+      {"headdim", [](nlohmann::json& j) { j["head_dim"] = (1 << 30) + 16; }, "head_dim"},
+      {"wrap", [](nlohmann::json& j) { j["hidden_size"] = (int64_t(1) << 32) + 64; }, "hidden_size"},  // once read as 64
+      {"float", [](nlohmann::json& j) { j["num_hidden_layers"] = 2.9; }, "num_hidden_layers"},         // once read as 2
+      {"bool", [](nlohmann::json& j) { j["hidden_size"] = true; }, "hidden_size"},
+      {"layers", [](nlohmann::json& j) { j["num_hidden_layers"] = 1000000000; }, "num_hidden_layers"},
+      // NaN logits, token 0 forever:
+      {"theta", [](nlohmann::json& j) { j["rope_theta"] = 0; }, "rope_theta"},
+      {"eps", [](nlohmann::json& j) { j["rms_norm_eps"] = -1.0; }, "rms_norm_eps"},
+      {"orig", [](nlohmann::json& j) { j["rope_scaling"]["original_max_position_embeddings"] = 0; }, "original_max_position"},
+      {"ept", [](nlohmann::json& j) { j["experts_per_token"] = j["num_experts_per_tok"].get<int>() + 1; }, "disagree"},
+      {"eos", [](nlohmann::json& j) { j["eos_token_id"] = -7; }, "eos_token_id"},
+      {"maxpos", [](nlohmann::json& j) { j["max_position_embeddings"] = 1; }, "max_position_embeddings"},
+  };
+  for (const auto& c : cases) {
+    auto d = fresh_model(std::string("cfg_") + c.name);
+    edit_config(d, c.edit);
+    auto msg = load_error(d);
+    EXPECT_NE(msg.find("config.json"), std::string::npos) << c.name << ": " << msg;
+    EXPECT_NE(msg.find(c.expect), std::string::npos) << c.name << ": " << msg;
+  }
+}
+
+TEST(CheckpointErrors, HeaderEntriesTheFormatForbids) {
+  auto victim_of = [](const std::string& shard) {
+    SafetensorsFile f(shard);
+    std::vector<std::string> names;
+    for (auto& [n, t] : f.tensors())
+      if (t.nbytes > 0) names.push_back(n);
+    std::sort(names.begin(), names.end());
+    return names;
+  };
+  {  // two tensors over the same bytes: the second loaded the first's values
+    auto d = fresh_model("overlap");
+    auto shard = first_shard(d);
+    auto names = victim_of(shard);
+    ASSERT_GE(names.size(), 2u);
+    edit_header(shard, [&](nlohmann::json& h) {
+      auto a = h[names[0]]["data_offsets"], b = h[names[1]]["data_offsets"];
+      if (a[1].get<uint64_t>() - a[0].get<uint64_t>() <= b[1].get<uint64_t>() - b[0].get<uint64_t>()) {
+        const uint64_t n = a[1].get<uint64_t>() - a[0].get<uint64_t>();
+        h[names[0]]["data_offsets"] = {b[0].get<uint64_t>(), b[0].get<uint64_t>() + n};
+      } else {
+        const uint64_t n = b[1].get<uint64_t>() - b[0].get<uint64_t>();
+        h[names[1]]["data_offsets"] = {a[0].get<uint64_t>(), a[0].get<uint64_t>() + n};
+      }
+    });
+    auto msg = load_error(d);
+    EXPECT_NE(msg.find("overlap"), std::string::npos) << msg;
+  }
+  {  // a fractional dimension (once truncated) and one whose product overflows 64 bits (once 0 bytes)
+    auto d = fresh_model("fraction");
+    auto shard = first_shard(d);
+    auto names = victim_of(shard);
+    edit_header(shard, [&](nlohmann::json& h) { h[names[0]]["shape"][0] = 1.5; });
+    EXPECT_NE(load_error(d).find("not an integer"), std::string::npos);
+    auto d2 = fresh_model("overflow");
+    auto shard2 = first_shard(d2);
+    edit_header(shard2, [&](nlohmann::json& h) {
+      h["zz_huge"] = {{"dtype", "U8"}, {"shape", {int64_t(1) << 40, int64_t(1) << 30}}, {"data_offsets", {0, 0}}};
+    });
+    EXPECT_NE(load_error(d2).find("too large"), std::string::npos);
+  }
+  {  // a name twice in the header (JSON would keep the last)
+    auto d = fresh_model("dupname");
+    auto shard = first_shard(d);
+    auto names = victim_of(shard);
+    std::ifstream in(shard, std::ios::binary);
+    std::string bytes((std::istreambuf_iterator<char>(in)), {});
+    uint64_t hlen;
+    std::memcpy(&hlen, bytes.data(), 8);
+    std::string h = bytes.substr(8, hlen);
+    const std::string entry = "\"" + names[0] + "\":";
+    const size_t at = h.find(entry);
+    ASSERT_NE(at, std::string::npos);
+    const size_t end = h.find('}', at);
+    const std::string copy = h.substr(at, end + 1 - at);
+    h.insert(1, copy + ",");
+    uint64_t nlen = h.size();
+    std::ofstream out(shard, std::ios::binary | std::ios::trunc);
+    out.write(reinterpret_cast<const char*>(&nlen), 8);
+    out.write(h.data(), std::streamsize(h.size()));
+    out.write(bytes.data() + 8 + hlen, std::streamsize(bytes.size() - 8 - hlen));
+    out.close();
+    auto msg = load_error(d);
+    EXPECT_NE(msg.find("appears twice"), std::string::npos) << msg;
+  }
+}
+
+TEST(CheckpointErrors, IndexAndFilesOutsideTheRules) {
+  {  // a shard path out of the model directory
+    for (const char* where : {"/etc/passwd", "../elsewhere.safetensors", ""}) {
+      auto d = fresh_model("outside");
+      auto p = fs::path(d) / "model.safetensors.index.json";
+      auto j = nlohmann::json::parse(std::ifstream(p));
+      j["weight_map"]["lm_head.weight"] = where;
+      std::ofstream(p) << j.dump();
+      auto msg = load_error(d);
+      EXPECT_NE(msg.find("not a file of the model directory"), std::string::npos) << where << ": " << msg;
+    }
+  }
+  {  // a tensor in two shards
+    auto d = fresh_model("twice");
+    auto shard = first_shard(d);
+    fs::copy_file(shard, fs::path(d) / "copy.safetensors");
+    auto p = fs::path(d) / "model.safetensors.index.json";
+    auto j = nlohmann::json::parse(std::ifstream(p));
+    SafetensorsFile f(shard);
+    j["weight_map"][f.tensors().begin()->first] = "copy.safetensors";
+    std::ofstream(p) << j.dump();
+    auto msg = load_error(d);
+    EXPECT_NE(msg.find("two shards"), std::string::npos) << msg;
+  }
+  {  // a directory or a FIFO where a file belongs: once "basic_filebuf::underflow" and a hang
+    auto d = fresh_model("dir");
+    fs::remove(fs::path(d) / "config.json");
+    fs::create_directory(fs::path(d) / "config.json");
+    EXPECT_NE(load_error(d).find("is a directory"), std::string::npos);
+    auto d2 = fresh_model("fifo");
+    auto shard = first_shard(d2);
+    fs::remove(shard);
+    ASSERT_EQ(mkfifo(shard.c_str(), 0600), 0);
+    auto msg = load_error(d2);
+    EXPECT_NE(msg.find("not a regular file"), std::string::npos) << msg;
+  }
 }
 
 }  // namespace
