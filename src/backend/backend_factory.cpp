@@ -54,6 +54,9 @@ void check_options(const BackendOptions& o) {
     throw Error("--tensor-parallel-size must be 1, 2, 4 or 8 (got " + std::to_string(n) + ")");
   for (int d : o.device_indices)
     if (d < 0) throw Error("--device-index: a device ordinal is 0 or more (got " + std::to_string(d) + ")");
+  if (int(o.device_indices.size()) > n)
+    throw Error("--device-index lists " + std::to_string(o.device_indices.size()) +
+                " devices but --tensor-parallel-size is " + std::to_string(n) + " (one ordinal per rank)");
   if (o.random_loop_tokens > 0 && o.random_weights.empty())
     throw Error("--random-loop-tokens shapes --random-weights (with --model, write the loop model with "
                 "`gptoss make-model --loop-tokens N`)");
@@ -66,6 +69,12 @@ void check_options(const BackendOptions& o) {
       throw Error("--mxfp4-layers is a CUDA option (the CPU backend is the exact reference)");
     if (o.dense_dtype != "bf16")
       throw Error("--dense-dtype " + o.dense_dtype + " is a CUDA option (the CPU backend is the exact reference)");
+    if (o.mxfp4_backend != "auto")
+      throw Error("--mxfp4-backend " + o.mxfp4_backend + " is a CUDA option (the CPU backend is the exact reference)");
+    if (o.dense_gemm != "auto")
+      throw Error("--dense-gemm " + o.dense_gemm + " is a CUDA option (the CPU backend is the exact reference)");
+    if (!o.device_indices.empty())
+      throw Error("--device-index is a CUDA option (the CPU backend runs on the host's cores; --threads sets how many)");
   }
 #ifndef GPTOSS_HAVE_CUDA
   if (o.device == "cuda") throw Error("this gptoss was built without CUDA (configure with nvcc available)");

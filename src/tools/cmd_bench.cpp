@@ -89,6 +89,23 @@ int run(Args& a) {
   auto pps = parse_list(a.pp), tgs = parse_list(a.tg);
   if (pps.empty() && tgs.empty()) throw Error("nothing to run: --pp and --tg are both empty");
   tools::ModelChoice mc = tools::choose_model(a.backend);
+  {
+    // Lengths past the model's context are refused before anything loads (serve's wording for
+    // --max-model-len).
+    const GptOssConfig pre = a.backend.random_weights.empty()
+                                 ? GptOssConfig::from_file(a.backend.model_dir + "/config.json")
+                                 : GptOssConfig::preset(a.backend.random_weights);
+    const int64_t max_pos = pre.max_position_embeddings;
+    for (int p : pps)
+      if (p > max_pos)
+        throw Error("--pp " + std::to_string(p) + " is larger than the model's max_position_embeddings (" +
+                    std::to_string(max_pos) + ")");
+    for (int t : tgs)
+      if (int64_t(a.tg_prompt) + t > max_pos)
+        throw Error("--tg-prompt " + std::to_string(a.tg_prompt) + " + --tg " + std::to_string(t) + " (" +
+                    std::to_string(int64_t(a.tg_prompt) + t) + ") is larger than the model's max_position_embeddings (" +
+                    std::to_string(max_pos) + ")");
+  }
   a.backend.load_progress = tools::stderr_load_progress();
   auto be = create_backend(a.backend);
   const GptOssConfig& c = be->config();
@@ -113,7 +130,14 @@ int run(Args& a) {
     kv.dtype = DType::F8_E4M3;
   else if (a.kv_dtype != "bf16")
     throw Error("--kv-cache-dtype must be bf16 or fp8");
-  be->init_kv_cache(kv);
+  try {
+    be->init_kv_cache(kv);
+  } catch (const std::bad_alloc&) {
+    throw Error("out of memory allocating the KV cache of --pp/--tg with --pp-batch/--batch (" +
+                std::to_string(kv.num_pages[0]) + " pages of " + std::to_string(kv.page_size) + " positions)");
+  } catch (const Error& e) {
+    throw Error(std::string(e.what()) + " (for --pp/--tg-prompt + --tg times --pp-batch/--batch)");
+  }
   uint64_t rng = 88172645463325252ull;
   auto rand_tokens = [&](int n) {
     std::vector<int32_t> t(n);
@@ -233,7 +257,7 @@ gptoss::tools::RegisterCommand reg({"bench", "Prompt-processing and generation t
   auto a = std::make_shared<Args>();
   using namespace gptoss::tools;
   add_backend_options(app, a->backend);
-  app->add_option("--pp", a->pp, "Prompt lengths, comma-separated ('' for none)")
+  app->add_option("--pp", a->pp, "Prompt lengths, comma-separated ('' for none; at most the model's context)")
       ->capture_default_str()
       ->check(positive_int_list());
   app->add_option("--tg", a->tg, "Generated lengths, comma-separated ('' for none)")
@@ -241,15 +265,15 @@ gptoss::tools::RegisterCommand reg({"bench", "Prompt-processing and generation t
       ->check(positive_int_list());
   app->add_option("--tg-prompt", a->tg_prompt, "Prompt tokens before each tg run")->capture_default_str()->check(int_range(1));
   app->add_option("--batch", a->batch,
-                  "Sequences decoding together in tg runs, comma-separated (tgN xB: B sequences after their "
-                  "prompts, one forward a step; t/s counts all of them)")
+                  "Sequences decoding together in tg runs, comma-separated, each from 1 to 4096 (tgN xB: B "
+                  "sequences after their prompts, one forward a step; t/s counts all of them)")
       ->capture_default_str()
-      ->check(positive_int_list());
+      ->check(positive_int_list(kMaxBenchBatch, /*allow_none=*/false));
   app->add_option("--pp-batch", a->pp_batch,
-                  "Prompts prefilled together in pp runs, comma-separated (ppN xB: B prompts of N tokens in one "
-                  "forward pass, as a server's prefill pass; t/s counts all of them)")
+                  "Prompts prefilled together in pp runs, comma-separated, each from 1 to 4096 (ppN xB: B prompts "
+                  "of N tokens in one forward pass, as a server's prefill pass; t/s counts all of them)")
       ->capture_default_str()
-      ->check(positive_int_list());
+      ->check(positive_int_list(kMaxBenchBatch, /*allow_none=*/false));
   app->add_option("--runs", a->runs, "Timed runs per test (after one warm-up)")->capture_default_str()->check(int_range(1));
   app->add_flag("--sync-steps", a->sync_steps,
                 "tg: read each step's tokens before launching the next (default: pipelined, step N + 1 launched "

@@ -3,6 +3,7 @@
 #include <cstdio>
 
 #include "tools/command.h"
+#include "tools/options.h"
 #ifdef GPTOSS_HAVE_CUDA
 #include "backend/cuda/allreduce_bench.h"
 #endif
@@ -16,10 +17,11 @@ struct Args {
 gptoss::tools::RegisterCommand reg({"bench-allreduce", "Time the tensor-parallel all-reduce, NCCL vs the peer-memory kernels (CUDA)",
                                     [](CLI::App* app) {
   auto a = std::make_shared<Args>();
-  app->add_option("--gpus", a->tp, "GPUs in the group (one rank each)")->capture_default_str()->check(CLI::Range(2, 8));
-  app->add_option("--calls", a->iters, "All-reduces per captured graph")->capture_default_str()->check(CLI::PositiveNumber);
-  app->add_option("--reps", a->reps, "Graph replays timed (best reported)")->capture_default_str()->check(CLI::PositiveNumber);
-  app->add_option("--first-device", a->first_device, "First GPU of the group")->capture_default_str()->check(CLI::NonNegativeNumber);
+  using gptoss::tools::int_range;
+  app->add_option("--gpus", a->tp, "GPUs in the group (one rank each)")->capture_default_str()->check(int_range(2, 8));
+  app->add_option("--calls", a->iters, "All-reduces per captured graph")->capture_default_str()->check(int_range(1));
+  app->add_option("--reps", a->reps, "Graph replays timed (best reported)")->capture_default_str()->check(int_range(1));
+  app->add_option("--first-device", a->first_device, "First GPU of the group")->capture_default_str()->check(int_range(0));
   return [a]() {
 #ifdef GPTOSS_HAVE_CUDA
     gptoss::cuda::AllReduceBenchOptions o;

@@ -3,6 +3,7 @@
 #include <cstdio>
 
 #include "tools/command.h"
+#include "tools/options.h"
 #ifdef GPTOSS_HAVE_CUDA
 #include "backend/cuda/kernel_bench.h"
 #endif
@@ -19,15 +20,16 @@ gptoss::tools::RegisterCommand reg({"bench-kernels", "Time each decode kernel (a
                                     [](CLI::App* app) {
   auto a = std::make_shared<Args>();
   app->add_option("--model", a->model, "Shapes of this preset: 120b or 20b")->capture_default_str();
-  app->add_option("--iters", a->iters, "Timed launches per kernel")->capture_default_str()->check(CLI::PositiveNumber);
+  using gptoss::tools::int_range;
+  app->add_option("--iters", a->iters, "Timed launches per kernel")->capture_default_str()->check(int_range(1));
   app->add_option("--tokens", a->tokens,
                   "Batch (tokens): decode sizes up to 64; past 64 the prefill expert GEMMs (v1/v2, v3 on Hopper) are timed too")
       ->capture_default_str()
-      ->check(CLI::Range(1, 8192));
+      ->check(int_range(1, 8192));
   app->add_option("--tp", a->tp, "Time the shapes of one tensor-parallel rank of this many (experts split on the intermediate)")
       ->capture_default_str()
-      ->check(CLI::Range(1, 8));
-  app->add_option("--tp-rank", a->tp_rank, "The rank whose shapes --tp times")->capture_default_str()->check(CLI::Range(0, 7));
+      ->check(int_range(1, 8));
+  app->add_option("--tp-rank", a->tp_rank, "The rank whose shapes --tp times")->capture_default_str()->check(int_range(0, 7));
   app->add_flag("--attention-only", a->attention_only, "Only the attention rows (decode: three launches vs the fused kernel; prefill: per-token vs flash kernel)");
   return [a]() {
 #ifdef GPTOSS_HAVE_CUDA

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/error.h"
+#include "common/files.h"
 #include "server/chat_format.h"
 #include "server/openai_api.h"
 #include "tokenizer/harmony.h"
@@ -30,11 +31,7 @@ std::string slurp(const std::string& path) {
     ss << std::cin.rdbuf();
     return ss.str();
   }
-  std::ifstream f(path, std::ios::binary);
-  if (!f) throw gptoss::Error("cannot open " + path);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
+  return gptoss::read_regular_file(path);
 }
 
 gptoss::tools::RegisterCommand reg_render(
@@ -46,8 +43,9 @@ gptoss::tools::RegisterCommand reg_render(
        auto date = std::make_shared<std::string>();
        auto jsonl = std::make_shared<bool>(false);
        gptoss::tools::add_tokenizer_option(sub, *path);
-       sub->add_option("--request", *request, "Request JSON file ('-': stdin)");
-       sub->add_option("--date", *date, "Current date for the system message (e.g. 2025-06-28)");
+       sub->add_option("--request", *request, "Request JSON file ('-': stdin)")->check(gptoss::tools::non_empty());
+       sub->add_option("--date", *date, "Current date for the system message, YYYY-MM-DD (e.g. 2025-06-28)")
+           ->check(gptoss::tools::iso_date());
        sub->add_flag("--ids", *ids, "Print token ids (a JSON array) instead of text");
        sub->add_flag("--jsonl", *jsonl,
                      "Many requests, one JSON object a line; print one JSON value a line "

@@ -35,9 +35,9 @@ gptoss::tools::RegisterCommand reg({"make-model", "Write a random-weight gpt-oss
       ->check(gptoss::tools::seed_value());
   app->add_option("--layers", a->layers, "Number of layers instead of the preset's (e.g. 2 layers of 120b shape)")
       ->check(gptoss::tools::int_range(1, 1000));
-  app->add_option("--shard-gb", a->shard_gb, "Approximate shard size in GB")
+  app->add_option("--shard-gb", a->shard_gb, "Approximate shard size in GB, at most 1000000")
       ->capture_default_str()
-      ->check(gptoss::tools::positive_number());
+      ->check(gptoss::tools::positive_number(true, 1e6));
   app->add_flag("--no-tokenizer", a->no_tokenizer, "Do not write tokenizer.json (o200k_harmony)");
   app->add_option("--loop-tokens", a->loop_tokens,
                   "A loop model: random weights whose greedy continuation of token 1000 + i is 1000 + (i + 1) % N "

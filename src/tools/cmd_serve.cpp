@@ -165,11 +165,26 @@ int run_serve(Args& a) {
     throw gptoss::Error("--kv-cache-dtype must be bf16 or fp8");
   }
   if (a.kv_cache_gb > 0) a.engine.kv_cache_bytes = size_t(a.kv_cache_gb * double(size_t(1) << 30));
+  char kv_cache_gb_text[32];
+  std::snprintf(kv_cache_gb_text, sizeof kv_cache_gb_text, "%g", a.kv_cache_gb);
   a.engine.stop_token_ids = gptoss::server::default_stop_tokens(tok, backend->config());
   a.engine.token_text = gptoss::server::token_text_fn(tok);
   a.engine.batch_invariant = a.backend.batch_invariant;
   a.engine.speculative.target_model = a.backend.model_dir;  // an Eagle3 head without embed_tokens shares its embedding
-  gptoss::Engine engine(*backend, a.engine);
+  // The KV cache is allocated here: a size past the machine's memory (on the CPU) names the flag that asked for it.
+  std::optional<gptoss::Engine> engine_holder;
+  const std::string kv_flag = a.engine.kv_cache_tokens > 0 ? "--kv-cache-tokens " + std::to_string(a.engine.kv_cache_tokens)
+                              : a.kv_cache_gb > 0         ? std::string("--kv-cache-memory ") + kv_cache_gb_text
+                                                          : "";
+  try {
+    engine_holder.emplace(*backend, a.engine);
+  } catch (const std::bad_alloc&) {
+    throw gptoss::Error((kv_flag.empty() ? "" : kv_flag + ": ") + "out of memory allocating the KV cache");
+  } catch (const gptoss::Error& e) {
+    if (kv_flag.empty() || std::string(e.what()).find("KV cache") == std::string::npos) throw;
+    throw gptoss::Error(kv_flag + ": " + e.what());
+  }
+  gptoss::Engine& engine = *engine_holder;
   // Before listening: the first users should not pay the GPU's one-time costs (engine/warm_up.h).
   std::optional<gptoss::WarmUpResult> warmed;
   if (a.warmup == "on" || (a.warmup == "auto" && a.backend.device == "cuda")) warmed = gptoss::warm_up(engine);
@@ -239,12 +254,17 @@ gptoss::tools::RegisterCommand reg({"serve", "Serve a model through an OpenAI-co
   a->server.served_model_name.clear();
   using namespace gptoss::tools;
   add_backend_options(app, a->backend);
-  app->add_option("--host", a->server.host, "Address to listen on")->capture_default_str();
+  app->add_option("--host", a->server.host, "Address to listen on (0.0.0.0: every interface)")
+      ->capture_default_str()
+      ->check(non_empty());
   app->add_option("--port", a->server.port, "Port to listen on (0: any free one)")->capture_default_str()->check(int_range(0, 65535));
   app->add_option("--served-model-name", a->server.served_model_name,
-                  "Model name in the API (default: the --model directory's name or Hugging Face id)");
-  app->add_option("--api-key", a->server.api_key, "Require 'Authorization: Bearer KEY' on /v1/*")
-      ->envname("GPTOSS_API_KEY");
+                  "Model name in the API (default: the --model directory's name or Hugging Face id)")
+      ->check(non_empty());
+  app->add_option("--api-key", a->server.api_key,
+                  "Require 'Authorization: Bearer KEY' on /v1/* (GPTOSS_API_KEY when not given; unset or empty: no key)")
+      ->envname("GPTOSS_API_KEY")
+      ->check(non_empty());
   app->add_option("--max-model-len", a->engine.max_model_len,
                   "Context length (default: the model's max_position_embeddings, lowered to what the KV cache holds; "
                   "4096 for the built-in tiny model). Above either limit it is refused")
@@ -257,36 +277,52 @@ gptoss::tools::RegisterCommand reg({"serve", "Serve a model through an OpenAI-co
       ->check(int_range(1));
   app->add_option("--kv-cache-tokens", a->engine.kv_cache_tokens,
                   "Positions in the KV cache (default: from device memory; on cpu max-num-seqs x max-model-len, at "
-                  "most 256K and ~1 GiB); must hold one sequence of max-model-len")
-      ->check(int_range(1, std::numeric_limits<long long>::max()));
+                  "most 256K and ~1 GiB); must hold one sequence of max-model-len; on cpu it must fit the "
+                  "machine's memory (held as f32)")
+      ->check(int_range(1));
   app->add_option("--kv-cache-memory", a->kv_cache_gb,
-                  "GiB for the KV cache when --kv-cache-tokens is not given (default: what the device has left)")
-      ->check(positive_number());
+                  "GiB for the KV cache when --kv-cache-tokens is not given, at most 1000000 (default: what the "
+                  "device has left)")
+      ->check(positive_number(true, 1e6));
   add_kv_cache_dtype_option(app, a->kv_cache_dtype);
-  app->add_flag("--async-scheduling,!--no-async-scheduling", a->engine.async_scheduling,
-                "Launch each forward pass from the previous pass's sampled tokens and do that pass's bookkeeping "
-                "(logprobs, detokenization, stop strings, streaming) while the new one runs (default on)");
+  // Each pair of flags is two options, so that giving both is an error instead of the last one winning.
+  auto* async_on = app->add_flag("--async-scheduling", a->engine.async_scheduling,
+                                 "Launch each forward pass from the previous pass's sampled tokens and do that pass's "
+                                 "bookkeeping (logprobs, detokenization, stop strings, streaming) while the new one runs "
+                                 "(default on)");
+  app->add_flag_callback("--no-async-scheduling", [a] { a->engine.async_scheduling = false; },
+                         "Turn --async-scheduling off")
+      ->excludes(async_on);
   app->add_option("--warmup", a->warmup,
                   "Before listening, run each decode batch size once (short requests) so the first users do not pay "
                   "one-time costs (CUDA graph captures, kernel loading): auto (on with --device cuda), on, off")
       ->capture_default_str()
       ->check(one_of({"auto", "on", "off"}));
-  app->add_flag("--enable-prefix-caching,!--no-enable-prefix-caching", a->engine.enable_prefix_caching,
-                "Reuse the KV pages of a cached token prefix across requests (default on)");
+  auto* prefix_on = app->add_flag("--enable-prefix-caching", a->engine.enable_prefix_caching,
+                                  "Reuse the KV pages of a cached token prefix across requests (default on)");
+  app->add_flag_callback("--no-enable-prefix-caching", [a] { a->engine.enable_prefix_caching = false; },
+                         "Turn --enable-prefix-caching off")
+      ->excludes(prefix_on);
   app->add_option("--speculative-config", a->speculative_config,
                   "Speculative decoding as JSON, e.g. '{\"method\":\"ngram\",\"num_speculative_tokens\":4,"
                   "\"prompt_lookup_max\":4,\"prompt_lookup_min\":1}' (prompt lookup) or "
-                  "'{\"method\":\"eagle3\",\"model\":DIR,\"num_speculative_tokens\":1}' (an Eagle3 draft head: on the GPU with --device cuda, else on the host)");
+                  "'{\"method\":\"eagle3\",\"model\":DIR,\"num_speculative_tokens\":1}' (an Eagle3 draft head: on the GPU with --device cuda, else on the host)")
+      ->check(non_empty());
   app->add_option("--speculative-model", a->speculative_model,
-                  "An Eagle3 draft head directory: eagle3 drafts, K=1 (with --profile spec: instead of ngram)");
+                  "An Eagle3 draft head directory: eagle3 drafts, K=1 (with --profile spec: instead of ngram)")
+      ->check(non_empty());
   app->add_option("--profile", a->profile,
                   "Presets under explicit flags: spec (ngram drafts K=3, or eagle3 K=1 with --speculative-model; 4 slots: "
-                  "latency first) or plain (64 slots, no speculation)");
+                  "latency first) or plain (64 slots, no speculation)")
+      ->check(one_of({"spec", "plain"}));
   add_tokenizer_option(app, a->tokenizer);
-  app->add_option("--max-body-mb", a->max_body_mb, "Largest request body (413 beyond)")->capture_default_str()->check(positive_number());
+  app->add_option("--max-body-mb", a->max_body_mb, "Largest request body in MiB, at most 1000000 (413 beyond)")
+      ->capture_default_str()
+      ->check(positive_number(true, 1e6));
   app->add_option("--http-threads", a->server.http_threads,
-                  "HTTP event-loop threads, and as many threads parsing requests (0: 2); connections do not take threads")
-      ->check(int_range(0));
+                  "HTTP event-loop threads, and as many threads parsing requests (0: 2; at most 1024); connections do "
+                  "not take threads")
+      ->check(int_range(0, kMaxThreads));
   app->add_option("--max-connections", a->server.max_connections,
                   "Open connections at most; past it a 503 and close (kept below the file-descriptor limit)")
       ->capture_default_str()
@@ -304,7 +340,8 @@ gptoss::tools::RegisterCommand reg({"serve", "Serve a model through an OpenAI-co
       ->check(int_range(1));
   app->add_option("--allowed-origins", a->server.allowed_origins,
                   "CORS: origins browsers may call from (e.g. http://localhost:3000), '*' for any (default: none)")
-      ->delimiter(',');
+      ->delimiter(',')
+      ->check(non_empty());
   app->add_option("--drain-timeout", a->server.drain_timeout_s, "Seconds SIGTERM waits for running requests")
       ->capture_default_str()
       ->check(int_range(0));
@@ -312,7 +349,8 @@ gptoss::tools::RegisterCommand reg({"serve", "Serve a model through an OpenAI-co
                 "Log each request to stderr: time, client, request, status, latency, tokens in/out");
   app->add_option("--response-store", a->server.response_store,
                   "SQLite file of stored /v1/responses (store, previous_response_id); ':memory:' keeps them until exit "
-                  "(default: ${XDG_CACHE_HOME:-~/.cache}/gptoss/responses.sqlite)");
+                  "(default: ${XDG_CACHE_HOME:-~/.cache}/gptoss/responses.sqlite)")
+      ->check(non_empty());
   app->add_option("--log-stats-interval", a->server.log_stats_interval_s,
                   "Seconds between throughput lines while busy (0: none)")
       ->capture_default_str()

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/error.h"
+#include "common/files.h"
 #include "tokenizer/tokenizer.h"
 #include "tools/command.h"
 #include "tools/options.h"
@@ -50,8 +51,21 @@ gptoss::tools::RegisterCommand reg_tokenize(
              if (!v.is_array()) throw gptoss::Error("tokenize: line " + std::to_string(line_no) +
                                                     ": expected a JSON array of ids");
              std::vector<gptoss::TokenId> ids;
-             for (auto& x : v) ids.push_back(x.get<gptoss::TokenId>());
-             out = nlohmann::json(tok.decode(ids)).dump();
+             for (auto& x : v) {
+               // An integer id from 0 to 2^31-1: not 1.5, "a" or a value that would wrap.
+               const bool ok = x.is_number_unsigned() ? x.get<uint64_t>() <= uint64_t(INT32_MAX)
+                               : x.is_number_integer() ? x.get<int64_t>() >= 0 && x.get<int64_t>() <= INT32_MAX
+                                                       : false;
+               if (!ok)
+                 throw gptoss::Error("tokenize: line " + std::to_string(line_no) + ": token id " + x.dump() +
+                                     " is not an integer from 0 to 2147483647");
+               ids.push_back(gptoss::TokenId(x.get<int64_t>()));
+             }
+             try {
+               out = nlohmann::json(tok.decode(ids)).dump();
+             } catch (const gptoss::Error& e) {
+               throw gptoss::Error("tokenize: line " + std::to_string(line_no) + ": " + e.what());
+             }
            } else {
              std::string text;
              if (v.is_string())
@@ -89,11 +103,7 @@ gptoss::tools::RegisterCommand reg_bench(
        sub->add_option("--seconds", *seconds, "Time to spend (default 3)")->check(gptoss::tools::positive_number());
        return [=]() {
          auto tok = load(*path);
-         std::ifstream f(*file, std::ios::binary);
-         if (!f) throw gptoss::Error("tokenize-bench: cannot open " + *file);
-         std::stringstream ss;
-         ss << f.rdbuf();
-         std::string text = ss.str();
+         std::string text = gptoss::read_regular_file(*file);
          using clock = std::chrono::steady_clock;
          size_t tokens = tok.encode(text).size();  // warm-up
          size_t bytes = 0, iters = 0;

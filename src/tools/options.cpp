@@ -4,6 +4,9 @@
 #include <cmath>
 #include <cstdlib>
 
+#include "common/error.h"
+#include "tools/prompt_ids.h"
+
 namespace gptoss::tools {
 
 namespace {
@@ -23,26 +26,34 @@ bool parse_real(const std::string& s, double& v) {
   return end && *end == '\0' && std::isfinite(v);
 }
 
+// An integer that does not fit a long long: "+99999999999999999999".
+bool is_big_positive(const std::string& s) {
+  size_t i = !s.empty() && s[0] == '+' ? 1 : 0;
+  return i < s.size() && s.find_first_not_of("0123456789", i) == std::string::npos;
+}
+
 std::string num(double v) {
   char b[32];
-  std::snprintf(b, sizeof b, "%g", v);
+  std::snprintf(b, sizeof b, "%.15g", v);
   return b;
 }
 
 }  // namespace
 
 CLI::Validator int_range(long long lo, long long hi) {
-  std::string want = hi >= std::numeric_limits<int>::max()
-                         ? "an integer >= " + std::to_string(lo)
-                         : "an integer from " + std::to_string(lo) + " to " + std::to_string(hi);
+  const bool open_top = hi >= std::numeric_limits<int>::max();
+  const std::string from_to = "an integer from " + std::to_string(lo) + " to " + std::to_string(hi);
+  const std::string want = open_top ? "an integer >= " + std::to_string(lo) : from_to;
   return CLI::Validator(
       [=](std::string& s) -> std::string {
         long long v;
-        if (!parse_int(s, v) || v < lo || v > hi) return "must be " + want + " (got \"" + s + "\")";
-        return {};
+        const bool ok = parse_int(s, v);
+        if (ok && v >= lo && v <= hi) return {};
+        // Past the top (or past what a long long holds): ">= 1" alone would be a false statement.
+        const bool past_top = ok ? v > hi : is_big_positive(s);
+        return "must be " + (past_top ? from_to : want) + " (got \"" + s + "\")";
       },
-      hi >= std::numeric_limits<int>::max() ? "INT>=" + std::to_string(lo)
-                                            : "INT in [" + std::to_string(lo) + "," + std::to_string(hi) + "]");
+      open_top ? "INT>=" + std::to_string(lo) : "INT in [" + std::to_string(lo) + "," + std::to_string(hi) + "]");
 }
 
 CLI::Validator seed_value() {
@@ -58,15 +69,16 @@ CLI::Validator seed_value() {
       "UINT64");
 }
 
-CLI::Validator positive_number(bool strictly) {
+CLI::Validator positive_number(bool strictly, double hi) {
+  const bool bounded = std::isfinite(hi);
+  const std::string want = std::string("a number ") + (strictly ? "> 0" : ">= 0") + (bounded ? " and <= " + num(hi) : "");
   return CLI::Validator(
       [=](std::string& s) -> std::string {
         double v;
-        if (!parse_real(s, v) || (strictly ? v <= 0 : v < 0))
-          return std::string("must be a number ") + (strictly ? "> 0" : ">= 0") + " (got \"" + s + "\")";
+        if (!parse_real(s, v) || (strictly ? v <= 0 : v < 0) || v > hi) return "must be " + want + " (got \"" + s + "\")";
         return {};
       },
-      strictly ? "NUM>0" : "NUM>=0");
+      std::string(strictly ? "NUM>0" : "NUM>=0") + (bounded ? ",<=" + num(hi) : ""));
 }
 
 CLI::Validator real_range(double lo, double hi) {
@@ -80,22 +92,60 @@ CLI::Validator real_range(double lo, double hi) {
       "NUM in [" + num(lo) + "," + num(hi) + "]");
 }
 
-CLI::Validator positive_int_list() {
+CLI::Validator positive_int_list(int hi, bool allow_none) {
+  const bool open_top = hi >= std::numeric_limits<int>::max();
+  const std::string want = open_top ? "integers >= 1, e.g. 512,2048" : "integers from 1 to " + std::to_string(hi);
   return CLI::Validator(
-      [](std::string& s) -> std::string {
-        std::string bad = "must be a comma-separated list of integers >= 1, e.g. 512,2048 (got \"" + s + "\")";
-        if (s.empty()) return {};  // none
+      [=](std::string& s) -> std::string {
+        std::string bad = "must be a comma-separated list of " + want + " (got \"" + s + "\")";
+        if (s.empty()) return allow_none ? std::string() : bad;  // none
         size_t at = 0;
         while (at <= s.size()) {
           size_t end = s.find(',', at);
           if (end == std::string::npos) end = s.size();
           long long v;
-          if (!parse_int(s.substr(at, end - at), v) || v < 1 || v > std::numeric_limits<int>::max()) return bad;
+          if (!parse_int(s.substr(at, end - at), v) || v < 1 || v > hi) return bad;
           at = end + 1;
         }
         return {};
       },
       "N[,N...]");
+}
+
+CLI::Validator token_id_list() {
+  return CLI::Validator(
+      [](std::string& s) -> std::string {
+        try {
+          parse_ids(s);
+        } catch (const Error&) {
+          return "must be comma-separated token ids from 0 to 2147483647, e.g. 1,2,3 (got \"" + s + "\")";
+        }
+        return {};
+      },
+      "ID[,ID...]");
+}
+
+CLI::Validator non_empty() {
+  return CLI::Validator(
+      [](std::string& s) -> std::string { return s.empty() ? "must not be empty (leave the option out for its default)" : ""; },
+      "");
+}
+
+CLI::Validator iso_date() {
+  return CLI::Validator(
+      [](std::string& s) -> std::string {
+        const std::string bad = "must be a date YYYY-MM-DD, e.g. 2025-06-28 (got \"" + s + "\")";
+        if (s.size() != 10 || s[4] != '-' || s[7] != '-') return bad;
+        for (int i : {0, 1, 2, 3, 5, 6, 8, 9})
+          if (s[i] < '0' || s[i] > '9') return bad;
+        const int y = std::stoi(s.substr(0, 4)), m = std::stoi(s.substr(5, 2)), d = std::stoi(s.substr(8, 2));
+        static const int days[] = {31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31};
+        if (m < 1 || m > 12) return bad;
+        const bool leap = (y % 4 == 0 && y % 100 != 0) || y % 400 == 0;
+        if (d < 1 || d > days[m - 1] + (m == 2 && leap ? 1 : 0)) return bad;
+        return {};
+      },
+      "YYYY-MM-DD");
 }
 
 CLI::Validator one_of(std::vector<std::string> names) {
@@ -116,7 +166,8 @@ void add_backend_options(CLI::App* app, BackendOptions& o) {
   app->add_option("--model", o.model_dir,
                   "Checkpoint directory (Hugging Face layout), or a Hugging Face id such as openai/gpt-oss-20b "
                   "found in the local Hugging Face cache (HF_HUB_CACHE, HF_HOME; never downloaded). "
-                  "Default: the built-in tiny random model");
+                  "Default: the built-in tiny random model")
+      ->check(non_empty());
   app->add_option("--device", o.device, "Where the model runs: cpu or cuda")
       ->capture_default_str()
       ->check(one_of({"cpu", "cuda"}));
@@ -124,9 +175,11 @@ void add_backend_options(CLI::App* app, BackendOptions& o) {
                   "Instead of --model, random weights of a preset (tiny, 20b, 120b) generated on the GPU at start "
                   "(needs --device cuda; for the CPU, write such a model with `gptoss make-model`)")
       ->check(one_of({"tiny", "20b", "120b"}));
+  auto* random_weights = app->get_option("--random-weights");
   app->add_option("--weights-seed", o.seed, "Seed of --random-weights (same seed, same weights)")
       ->capture_default_str()
-      ->check(seed_value());
+      ->check(seed_value())
+      ->needs(random_weights);
   app->add_option("--random-loop-tokens", o.random_loop_tokens,
                   "With --random-weights: make them a loop model whose greedy continuation of token 1000 + i is "
                   "1000 + (i + 1) % N (speculative-decoding benchmarks at real shapes; `gptoss make-model "
@@ -153,7 +206,9 @@ void add_backend_options(CLI::App* app, BackendOptions& o) {
                   "or own. GPTOSS_DENSE_GEMM sets it when this is auto; GPTOSS_CUBLASLT names the library file")
       ->capture_default_str()
       ->check(one_of({"auto", "cublas", "own"}));
-  app->add_option("--threads", o.threads, "CPU threads (0: all cores)")->capture_default_str()->check(int_range(0));
+  app->add_option("--threads", o.threads, "CPU threads (0: all cores; at most " + std::to_string(kMaxThreads) + ")")
+      ->capture_default_str()
+      ->check(int_range(0, kMaxThreads));
   app->add_option("--device-index", o.device_indices,
                   "CUDA device ordinal(s): one (0), or with --tensor-parallel-size one per rank (0,1); ordinals count "
                   "the devices CUDA_VISIBLE_DEVICES leaves visible (default: 0, or 0..N-1 for N ranks; a process "
@@ -224,7 +279,8 @@ CLI::Option* add_kv_cache_dtype_option(CLI::App* app, std::string& v) {
 CLI::Option* add_tokenizer_option(CLI::App* app, std::string& v) {
   return app->add_option("--tokenizer", v,
                          "tokenizer.json, .tiktoken file or model directory (default: the model's tokenizer.json when "
-                         "there is one, else o200k_harmony)");
+                         "there is one, else o200k_harmony)")
+      ->check(non_empty());
 }
 
 CLI::Option* add_json_option(CLI::App* app, std::string& v) {
@@ -235,7 +291,7 @@ CLI::Option* add_json_option(CLI::App* app, std::string& v) {
 }
 
 CLI::Option* add_prompt_ids_option(CLI::App* app, std::string& v) {
-  return app->add_option("--prompt-ids", v, "The prompt as comma-separated token ids");
+  return app->add_option("--prompt-ids", v, "The prompt as comma-separated token ids")->check(token_id_list());
 }
 
 }  // namespace gptoss::tools

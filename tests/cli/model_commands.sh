@@ -67,7 +67,6 @@ check "logits header names the shape" 'head -c 200 "$tmp/l.safetensors" | grep -
 # Errors: one clear line, exit 1, no crash.
 err() { "$@" >/dev/null 2>"$tmp/err"; rc=$?; [ $rc -eq 1 ] && grep -q "^error: " "$tmp/err"; }
 check "missing model dir" 'err "$bin" logits --model /nonexistent --prompt-ids 1 --out "$tmp/x"'
-check "bad prompt ids" 'err "$bin" logits --model "$fx" --prompt-ids 1,x --out "$tmp/x"'
 check "--mxfp4-layers on the CPU" 'err "$bin" generate --model "$fx" --prompt-ids 1 --max-tokens 1 --mxfp4-layers qkv,o && grep -q "CUDA option" "$tmp/err"'
 check "--mxfp4-layers with an unknown name" 'err "$bin" generate --model "$fx" --prompt-ids 1 --max-tokens 1 --mxfp4-layers qkv,mlp && grep -q "unknown layer \"mlp\"" "$tmp/err"'
 check "--mxfp4-layers experts is the default" '"$bin" generate --model "$fx" --prompt-ids 1 --max-tokens 1 --mxfp4-layers experts >/dev/null 2>&1'
@@ -82,6 +81,8 @@ check "--pp abc" 'usage "$bin" bench --pp abc && grep -q "^error: --pp: must be 
 check "--max-tokens 0" 'usage "$bin" generate --prompt-ids 1 --max-tokens 0 && grep -q "must be an integer >= 1 (got \"0\")" "$tmp/err"'
 check "--layers 0" 'usage "$bin" make-model --layers 0 --out "$tmp/c" && [ ! -e "$tmp/c" ]'
 check "--shard-gb 0" 'usage "$bin" make-model --shard-gb 0 --out "$tmp/c" && [ ! -e "$tmp/c" ]'
+check "bad prompt ids" 'usage "$bin" logits --model "$fx" --prompt-ids 1,x --out "$tmp/x" && grep -q "^error: --prompt-ids: must be comma-separated token ids" "$tmp/err"'
+check "a trailing comma in prompt ids" 'usage "$bin" generate --model "$fx" --prompt-ids 1,2, --max-tokens 1'
 check "unknown command lists the commands" 'usage "$bin" foo && grep -q "unknown command \"foo\"" "$tmp/err" && grep -q "serve" "$tmp/err"'
 check "--version" '"$bin" --version | grep -q "^gptoss [0-9]"'
 check "help COMMAND" '"$bin" help serve | grep -q -- "--max-model-len"'

@@ -2,8 +2,11 @@
 // help texts that match what the code does, the top-level conventions (--version, help, unknown
 // commands), the range checks, model naming and the load progress text.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cstdio>
+#include <fstream>
+#include <iostream>
 #include <map>
 #include <set>
 #include <string>
@@ -13,6 +16,7 @@
 #include "tools/load_progress.h"
 #include "tools/model_source.h"
 #include "tools/options.h"
+#include "tools/prompt_ids.h"
 
 namespace gptoss::tools {
 namespace {
@@ -22,6 +26,38 @@ int run(std::vector<std::string> args) {
   std::vector<const char*> argv;
   for (auto& a : args) argv.push_back(a.c_str());
   return run_cli(int(argv.size()), argv.data());
+}
+
+// run(), with what it wrote to stderr.
+struct Outcome {
+  int rc;
+  std::string err;
+};
+Outcome run_err(std::vector<std::string> args) {
+  std::fflush(stderr);
+  std::FILE* f = std::tmpfile();
+  const int saved = dup(2);
+  dup2(fileno(f), 2);
+  const int rc = run(std::move(args));
+  std::fflush(stderr);
+  dup2(saved, 2);
+  close(saved);
+  std::rewind(f);
+  std::string s;
+  for (int c; (c = std::fgetc(f)) != EOF;) s += char(c);
+  std::fclose(f);
+  return {rc, s};
+}
+
+// The exit code is `rc` and stderr has `text`.
+::testing::AssertionResult fails_with(const std::vector<std::string>& args, int rc, const std::string& text) {
+  Outcome o = run_err(args);
+  std::string cmd;
+  for (const auto& a : args) cmd += " '" + a + "'";
+  if (o.rc != rc) return ::testing::AssertionFailure() << "gptoss" << cmd << ": exit " << o.rc << ", want " << rc << "; " << o.err;
+  if (o.err.find(text) == std::string::npos)
+    return ::testing::AssertionFailure() << "gptoss" << cmd << ": stderr lacks \"" << text << "\": " << o.err;
+  return ::testing::AssertionSuccess();
 }
 
 struct App {
@@ -168,6 +204,122 @@ TEST(Cli, OutOfRangeValuesAreUsageErrors) {
   EXPECT_EQ(bad({"serve", "--tp", "2", "--tp-expert-sharding", "expert", "--device-index", "0,1"}), 1);  // valid
 }
 
+// Values that used to crash, hang, overflow or be silently ignored (a fuzzing pass of the command
+// line). Each is refused while parsing (exit 2) with a message naming the flag, before anything
+// loads; every case also names a model or place that does not exist, so a value that slips
+// through fails at run time (exit 1) instead of running.
+TEST(Cli, BoundsOnThreadsSizesAndEmptyValues) {
+  auto usage = [](std::vector<std::string> args, const std::string& text) {
+    const std::string cmd = args[0];
+    if (cmd == "serve" || cmd == "generate" || cmd == "bench" || cmd == "logits")
+      args.insert(args.end(), {"--model", "/nonexistent"});
+    if (cmd == "generate") args.insert(args.end(), {"--max-tokens", "1"});
+    if (cmd == "logits") args.insert(args.end(), {"--out", "/dev/null/x"});
+    if (cmd == "make-model") args.insert(args.end(), {"--out", "/dev/null/x"});
+    if (cmd == "harmony-render") args.insert(args.end(), {"--request", "/nonexistent.json"});
+    return fails_with(args, 2, text);
+  };
+  // 1, 2: thread counts (100000 crashed libgomp; 100000 HTTP threads never listened).
+  EXPECT_TRUE(usage({"generate", "--prompt-ids", "1", "--threads", "100000"},
+                    "--threads: must be an integer from 0 to 1024 (got \"100000\")"));
+  EXPECT_TRUE(usage({"serve", "--threads", "1025"}, "--threads: must be an integer from 0 to 1024"));
+  EXPECT_TRUE(usage({"serve", "--http-threads", "100000"}, "--http-threads: must be an integer from 0 to 1024"));
+  EXPECT_EQ(run({"serve", "--threads", "1024", "--http-threads", "1024", "--model", "/nonexistent"}), 1);  // valid
+  // 3: batch sizes that reached std::bad_alloc or the OOM killer.
+  EXPECT_TRUE(usage({"bench", "--pp", "", "--tg", "2", "--batch", "100000"},
+                    "--batch: must be a comma-separated list of integers from 1 to 4096"));
+  EXPECT_TRUE(usage({"bench", "--pp", "64", "--tg", "", "--pp-batch", "1,4097"}, "--pp-batch: must be"));
+  EXPECT_TRUE(usage({"serve", "--kv-cache-tokens", "3000000000"}, "--kv-cache-tokens: must be an integer from 1 to"));
+  // 4: sizes whose conversion to bytes overflowed.
+  EXPECT_TRUE(usage({"serve", "--max-body-mb", "2e13"}, "--max-body-mb: must be a number > 0 and <= 1000000 (got \"2e13\")"));
+  EXPECT_TRUE(usage({"serve", "--kv-cache-memory", "1e30"}, "--kv-cache-memory: must be a number > 0 and <= 1000000"));
+  EXPECT_TRUE(usage({"make-model", "--shard-gb", "1e11"}, "--shard-gb: must be a number > 0 and <= 1000000"));
+  EXPECT_EQ(run({"serve", "--max-body-mb", "1e6", "--kv-cache-memory", "0.5", "--model", "/nonexistent"}), 1);  // valid
+  // 5: an empty --host listened everywhere while the banner said "http://:PORT".
+  EXPECT_TRUE(usage({"serve", "--host", ""}, "--host: must not be empty"));
+  // 6: empty batch lists ran nothing and exited 0 ('' means none only for --pp and --tg).
+  EXPECT_TRUE(usage({"bench", "--batch", ""}, "--batch: must be"));
+  EXPECT_TRUE(usage({"bench", "--pp-batch", ""}, "--pp-batch: must be"));
+  EXPECT_EQ(run({"bench", "--pp", "", "--tg", "2", "--model", "/nonexistent"}), 1);  // valid
+  // 7: --weights-seed seeds --random-weights only.
+  EXPECT_TRUE(usage({"generate", "--prompt-ids", "1", "--weights-seed", "5"}, "--weights-seed requires --random-weights"));
+  // 11: empty strings that silently meant the default.
+  EXPECT_TRUE(usage({"generate", "--prompt-ids", "1", "--model", ""}, "--model: must not be empty"));
+  EXPECT_TRUE(usage({"generate", "--prompt-ids", "1", "--tokenizer", ""}, "--tokenizer: must not be empty"));
+  for (const char* opt : {"--served-model-name", "--response-store", "--speculative-config", "--allowed-origins",
+                          "--api-key", "--speculative-model"})
+    EXPECT_TRUE(usage({"serve", opt, ""}, std::string(opt) + ": must not be empty"));
+  EXPECT_TRUE(usage({"serve", "--profile", ""}, "--profile: must be one of spec, plain"));
+  EXPECT_TRUE(usage({"harmony-render", "--date", ""}, "--date: must be a date YYYY-MM-DD"));
+  EXPECT_TRUE(usage({"harmony-render", "--date", "notadate"}, "--date: must be a date YYYY-MM-DD"));
+  EXPECT_TRUE(usage({"harmony-render", "--date", "2025-13-01"}, "--date: must be a date YYYY-MM-DD"));
+  EXPECT_EQ(run({"harmony-render", "--date", "2024-02-29", "--request", "/nonexistent.json"}), 1);  // valid
+  // 12: a trailing comma was accepted where "1,,2" was refused.
+  for (const char* ids : {"1,2,", "1,,2", ",1", "", "1,-2", "2147483648"}) {
+    EXPECT_TRUE(usage({"generate", "--prompt-ids", ids}, "--prompt-ids: must be comma-separated token ids")) << ids;
+    EXPECT_TRUE(usage({"logits", "--prompt-ids", ids}, "--prompt-ids: must be comma-separated token ids")) << ids;
+  }
+  EXPECT_THROW(parse_ids("1,2,"), std::exception);
+  EXPECT_EQ(parse_ids("1,2,2147483647"), (std::vector<int32_t>{1, 2, 2147483647}));
+  // 14: both flags of a pair.
+  EXPECT_TRUE(usage({"serve", "--async-scheduling", "--no-async-scheduling"}, "excludes"));
+  EXPECT_TRUE(usage({"serve", "--no-enable-prefix-caching", "--enable-prefix-caching"}, "excludes"));
+  EXPECT_EQ(run({"serve", "--no-async-scheduling", "--no-enable-prefix-caching", "--model", "/nonexistent"}), 1);  // valid
+  // 9: CLI11's own range checks printed the limits of a double.
+  EXPECT_TRUE(usage({"bench-kernels", "--iters", "0"}, "--iters: must be an integer >= 1 (got \"0\")"));
+  EXPECT_TRUE(usage({"bench-allreduce", "--calls", "0"}, "--calls: must be an integer >= 1"));
+  EXPECT_TRUE(usage({"bench-allreduce", "--first-device", "-1"}, "--first-device: must be an integer >= 0"));
+}
+
+// CUDA-only options on the CPU are refused (as --mxfp4-layers and --dense-dtype were), not ignored:
+// the check runs before the weights load.
+TEST(Cli, CudaOptionsOnTheCpuAreErrors) {
+  const std::string model = std::string(GPTOSS_TEST_DATA) + "/tiny-gptoss";
+  auto gen = [&](std::vector<std::string> extra) {
+    std::vector<std::string> args = {"generate", "--model", model, "--prompt-ids", "1", "--max-tokens", "1", "--print-ids"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    return args;
+  };
+  EXPECT_TRUE(fails_with(gen({"--mxfp4-backend", "mma"}), 1, "--mxfp4-backend mma is a CUDA option"));
+  EXPECT_TRUE(fails_with(gen({"--dense-gemm", "cublas"}), 1, "--dense-gemm cublas is a CUDA option"));
+  EXPECT_TRUE(fails_with(gen({"--device-index", "5"}), 1, "--device-index is a CUDA option"));
+  EXPECT_TRUE(fails_with(gen({"--device-index", "0,1"}), 1, "--device-index lists 2 devices but --tensor-parallel-size is 1"));
+  EXPECT_TRUE(fails_with(gen({"--mxfp4-layers", "all"}), 1, "--mxfp4-layers is a CUDA option"));  // as before
+}
+
+// `tokenize --decode`: ids must be integers from 0 to 2^31-1, and every error names its line.
+TEST(Cli, TokenizeDecodeChecksIds) {
+  auto decode = [](const std::string& input, int rc, const std::string& text) {
+    std::FILE* in = std::tmpfile();
+    std::fputs(input.c_str(), in);
+    std::rewind(in);
+    const int saved = dup(0);
+    dup2(fileno(in), 0);
+    auto r = fails_with({"tokenize", "--decode"}, rc, text);
+    dup2(saved, 0);
+    close(saved);
+    std::fclose(in);
+    std::cin.clear();
+    return r;
+  };
+  EXPECT_TRUE(decode("[1.5]\n", 1, "line 1: token id 1.5 is not an integer from 0 to 2147483647"));
+  EXPECT_TRUE(decode("[1]\n[2147483648]\n", 1, "line 2: token id 2147483648 is not an integer"));
+  EXPECT_TRUE(decode("[-1]\n", 1, "line 1: token id -1 is not an integer"));
+  EXPECT_TRUE(decode("[1]\n\n[\"a\"]\n", 1, "line 3: token id \"a\" is not an integer"));
+  EXPECT_TRUE(decode("[999999999]\n", 1, "line 1: "));
+  EXPECT_TRUE(decode("[1,2]\n", 0, ""));
+}
+
+// Files a command reads that are directories: an error naming the path, not an empty input.
+TEST(Cli, DirectoriesAreNotInputFiles) {
+  char tmpl[] = "/tmp/gptoss_cli_XXXXXX";
+  const std::string dir = mkdtemp(tmpl);
+  EXPECT_TRUE(fails_with({"tokenize-bench", "--file", dir, "--seconds", "0.01"}, 1, dir + ": is a directory, not a file"));
+  EXPECT_TRUE(fails_with({"harmony-render", "--request", dir}, 1, dir + ": is a directory, not a file"));
+  EXPECT_TRUE(fails_with({"isa-audit", "list", "--catalog", dir}, 1, dir + ": is a directory, not a file"));
+  rmdir(dir.c_str());
+}
+
 TEST(Cli, RangeCheckMessages) {
   std::string v = "99999";
   EXPECT_EQ(int_range(0, 65535)(v), "must be an integer from 0 to 65535 (got \"99999\")");
@@ -177,6 +329,25 @@ TEST(Cli, RangeCheckMessages) {
   EXPECT_EQ(int_range(1)(v), "must be an integer >= 1 (got \"0\")");
   v = "1x";
   EXPECT_NE(int_range(1)(v), "");
+  // Past INT_MAX, ">= 1" alone would be false: the upper limit is said too.
+  v = "2147483648";
+  EXPECT_EQ(int_range(1)(v), "must be an integer from 1 to 2147483647 (got \"2147483648\")");
+  v = "99999999999999999999";
+  EXPECT_EQ(int_range(0)(v), "must be an integer from 0 to 2147483647 (got \"99999999999999999999\")");
+  v = "-5";
+  EXPECT_EQ(int_range(1)(v), "must be an integer >= 1 (got \"-5\")");
+  v = "1e7";
+  EXPECT_EQ(positive_number(true, 1e6)(v), "must be a number > 0 and <= 1000000 (got \"1e7\")");
+  v = "1e6";
+  EXPECT_EQ(positive_number(true, 1e6)(v), "");
+  for (std::string bad : {"", "4097", "1,,2"}) EXPECT_NE(positive_int_list(4096, false)(bad), "") << bad;
+  v = "1,4096";
+  EXPECT_EQ(positive_int_list(4096, false)(v), "");
+  v = "";
+  EXPECT_NE(non_empty()(v), "");
+  for (std::string ok : {"2025-06-28", "2024-02-29"}) EXPECT_EQ(iso_date()(ok), "") << ok;
+  for (std::string bad : {"2025-02-29", "2025-6-28", "28-06-2025", "2025-06-31", "2025-00-10"})
+    EXPECT_NE(iso_date()(bad), "") << bad;
   v = "0";
   EXPECT_EQ(positive_number()(v), "must be a number > 0 (got \"0\")");
   v = "0";

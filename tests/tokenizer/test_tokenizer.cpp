@@ -1,6 +1,7 @@
 // Tokenizer tests: ids against the reference (tiktoken, stored as test data), tokenizer.json vs
 // .tiktoken agreement, round trips, streaming decode, specials, UTF-8 replacement rules.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <filesystem>
 #include <random>
@@ -239,6 +240,42 @@ TEST(Tokenizer, LoadErrorsAreClear) {
                gptoss::Error);
   EXPECT_THROW(Tokenizer::from_file(write("bad3.json", R"({"model": {"vocab": {"a": 0, "b": 1},
       "merges": ["a b"]}})")), gptoss::Error);  // merge result "ab" is not in the vocab
+}
+
+// What a fuzzing pass found (fortieth session): each loaded, asked for gigabytes, or hung.
+TEST(Tokenizer, LoadErrorsNameTheFileAndTheProblem) {
+  auto dir = std::filesystem::path(GPTOSS_BINARY_DIR) / "test_tokenizer_data";
+  std::filesystem::create_directories(dir);
+  auto write = [&](const std::string& name, const std::string& text) {
+    std::ofstream(dir / name) << text;
+    return (dir / name).string();
+  };
+  auto error_of = [](const std::string& path) -> std::string {
+    try {
+      Tokenizer::from_file(path);
+    } catch (const gptoss::Error& e) {
+      return e.what();
+    }
+    ADD_FAILURE() << path << " loaded";
+    return "";
+  };
+  // A rank of 10^9 sized the tables for 10^9 tokens (~32 GB); two tokens of one rank loaded.
+  EXPECT_NE(error_of(write("huge.tiktoken", "aGk= 999999999\n")).find("bad rank"), std::string::npos);
+  EXPECT_NE(error_of(write("dup.tiktoken", "YQ== 0\nYg== 0\n")).find("given twice"), std::string::npos);
+  // An id written as a string was dropped silently (the error then blamed a merge).
+  const std::string sid = error_of(write("strid.json", R"({"model": {"type": "BPE", "vocab": {"a": "0", "b": 1}, "merges": []}})"));
+  EXPECT_NE(sid.find("not an integer"), std::string::npos) << sid;
+  EXPECT_NE(sid.find("strid.json"), std::string::npos) << sid;
+  const std::string big = error_of(write("bigid.json", R"({"model": {"type": "BPE", "vocab": {"a": 100000000}, "merges": []}})"));
+  EXPECT_NE(big.find("bad id"), std::string::npos) << big;
+  // A directory or a FIFO named as the file: an error naming it, not bad_alloc or a hang.
+  auto model = dir / "model_with_dir";  // (a directory named as the tokenizer is a model directory)
+  std::filesystem::create_directories(model / "tokenizer.json");
+  EXPECT_NE(error_of(model.string()).find("is a directory"), std::string::npos);
+  auto fifo = (dir / "fifo.tiktoken").string();
+  std::filesystem::remove(fifo);
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  EXPECT_NE(error_of(fifo).find("not a regular file"), std::string::npos);
 }
 
 // A tiny hand-made tokenizer.json: merges decide, not vocab order.

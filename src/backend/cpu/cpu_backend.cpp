@@ -2,10 +2,13 @@
 #include "backend/kv_layout.h"
 
 #include <omp.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
+#include <new>
 #include <vector>
 
 #include "backend/cpu/cpu_ops.h"
@@ -135,11 +138,36 @@ class CpuBackend final : public Backend {
     if (kv.page_size <= 0) throw Error("KV cache page size must be positive");
     if (kv.dtype != DType::BF16 && kv.dtype != DType::F8_E4M3 && kv.dtype != DType::F32)
       throw Error("KV cache dtype must be bf16 or fp8");
-    kv_ = kv;
+    // The cache is f32 in host memory: refuse one larger than the machine's memory (a clear error
+    // where the allocation would throw std::bad_alloc or the kernel would kill the process).
+    size_t floats[2];
+    double need = 0;
     for (int g = 0; g < 2; ++g) {
       int layers = g == kKvSliding ? c_.num_sliding_layers() : c_.num_full_layers();
-      cache_[g].assign(size_t(layers) * kv.num_pages[g] * 2 * kv.page_size * kv_dim(), 0.0f);
+      if (kv.num_pages[g] < 0) throw Error("KV cache page count must not be negative");
+      floats[g] = size_t(layers) * size_t(kv.num_pages[g]) * 2 * size_t(kv.page_size) * size_t(kv_dim());
+      need += double(floats[g]) * sizeof(float);
     }
+    const double have = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGESIZE));
+    if (have > 0 && need > have) {
+      char msg[256];
+      std::snprintf(msg, sizeof msg,
+                    "the KV cache (%d + %d pages of %d positions, held as f32 on the CPU) needs %.1f GiB of memory; "
+                    "this machine has %.1f GiB",
+                    kv.num_pages[kKvFull], kv.num_pages[kKvSliding], kv.page_size, need / double(1ull << 30),
+                    have / double(1ull << 30));
+      throw Error(msg);
+    }
+    for (int g = 0; g < 2; ++g) {
+      cache_[g].clear();
+      cache_[g].shrink_to_fit();  // not the old cache and the new one at once
+    }
+    try {
+      for (int g = 0; g < 2; ++g) cache_[g].assign(floats[g], 0.0f);
+    } catch (const std::bad_alloc&) {
+      throw Error("cannot allocate the KV cache (" + std::to_string(size_t(need / double(1 << 20))) + " MiB)");
+    }
+    kv_ = kv;
   }
 
   void forward(const ForwardBatch& b, float* logits) override {

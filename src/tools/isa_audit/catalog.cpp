@@ -159,6 +159,12 @@ std::vector<Probe> parse_catalog(const std::string& text, const std::string& ori
 }
 
 std::vector<Probe> load_catalog(const std::string& path) {
+  // Not a regular file: the errors of common/files.h (this library is also a standalone program
+  // that does not link gptoss_common). A directory opened as a stream reads as empty.
+  std::error_code ec;
+  const auto st = fs::status(path, ec);
+  if (!ec && fs::is_directory(st)) throw Error(path + ": is a directory, not a file");
+  if (!ec && fs::exists(st) && !fs::is_regular_file(st)) throw Error(path + ": not a regular file");
   std::ifstream f(path);
   if (!f) throw Error("cannot read catalog " + path);
   std::stringstream ss;
