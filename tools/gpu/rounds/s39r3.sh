@@ -5,8 +5,9 @@
 # multiply; the thirty-seventh session's Nsight Compute put ~60 of the mbarrier kernel's ~240 warp
 # instructions a K step on copies and their waits. Never run on a GPU before this round: first the
 # version 5 tests (every width; each warp-specialized mode its own test, alone and in split tilings)
-# and the sanitizers over them, then bench-kernels A/B (the mbarrier kernel against it); s39r5 has the
-# prefill A/B and Nsight Compute (one call each: ~8 and ~6 minutes).
+# and the sanitizers over them (~7 minutes: one call; the fortieth session moved the bench-kernels
+# A/B to s39r5 so that the call stays under its 10 minutes); s39r5 has the bench-kernels and prefill
+# A/B, s39r6 Nsight Compute (one call each).
 # Pack: PACK_TESTS="test_cuda_kernels" tools/gpu/pack.sh
 source tools/gpu/rounds/prelude.sh
 ts tests
@@ -19,12 +20,5 @@ for mode in CpAsync Tma; do
   t v5_$mode 120 $K --gtest_filter="Kernels.MoeMxfp4ExpertGemmV5WarpSpecialized$mode"
   grep -E "warp-specialized|Failure|error" $out/v5_$mode.log | head -6 >> $S
   sanitize "Kernels.MoeMxfp4ExpertGemmV5WarpSpecialized$mode" memcheck racecheck synccheck
-done
-ts "bench-kernels, gate_up + down a layer (the mbarrier kernel, then warp-specialized)"
-for m_tk in 120b:4096 120b:8192 20b:2048 20b:8192; do
-  m=${m_tk%%:*} tk=${m_tk##*:}
-  bk_v5 "$m $tk mbar" $m $tk "mbar"
-  GPTOSS_EXPERT_GEMM_V5_WS=1 bk_v5 "$m $tk ws-tma" $m $tk "ws-tma"
-  GPTOSS_EXPERT_GEMM_V5_WS=2 bk_v5 "$m $tk ws-cpasync" $m $tk "ws-cpasync"
 done
 ts done
