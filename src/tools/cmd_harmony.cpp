@@ -16,6 +16,7 @@
 #include "tokenizer/harmony.h"
 #include "tools/command.h"
 #include "tools/options.h"
+#include "tools/prompt_ids.h"
 
 namespace {
 
@@ -102,9 +103,20 @@ gptoss::tools::RegisterCommand reg_parse(
        return [=]() {
          auto tok = load(*path);
          std::string line;
+         size_t line_no = 0;
          while (std::getline(std::cin, line)) {
+           ++line_no;
            if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-           auto ids = nlohmann::json::parse(line).get<std::vector<gptoss::TokenId>>();
+           const std::string where = "harmony-parse: line " + std::to_string(line_no);
+           nlohmann::json v;
+           try {
+             v = nlohmann::json::parse(line);
+           } catch (const nlohmann::json::exception& e) {
+             throw gptoss::Error(where + ": invalid JSON: " + e.what());
+           }
+           const auto ids = gptoss::tools::ids_of_json_array(v, where);
+           for (auto id : ids)
+             if (!tok.has_token(id)) throw gptoss::Error(where + ": unknown token id " + std::to_string(id));
            auto msgs = gptoss::harmony::parse_completion(
                tok, ids, *no_role ? std::nullopt : std::optional<Role>(Role::Assistant),
                gptoss::harmony::ParseOptions{!*lenient});

@@ -16,6 +16,7 @@
 #include "tokenizer/tokenizer.h"
 #include "tools/command.h"
 #include "tools/options.h"
+#include "tools/prompt_ids.h"
 
 namespace {
 
@@ -48,19 +49,8 @@ gptoss::tools::RegisterCommand reg_tokenize(
            }
            std::string out;
            if (*decode) {
-             if (!v.is_array()) throw gptoss::Error("tokenize: line " + std::to_string(line_no) +
-                                                    ": expected a JSON array of ids");
-             std::vector<gptoss::TokenId> ids;
-             for (auto& x : v) {
-               // An integer id from 0 to 2^31-1: not 1.5, "a" or a value that would wrap.
-               const bool ok = x.is_number_unsigned() ? x.get<uint64_t>() <= uint64_t(INT32_MAX)
-                               : x.is_number_integer() ? x.get<int64_t>() >= 0 && x.get<int64_t>() <= INT32_MAX
-                                                       : false;
-               if (!ok)
-                 throw gptoss::Error("tokenize: line " + std::to_string(line_no) + ": token id " + x.dump() +
-                                     " is not an integer from 0 to 2147483647");
-               ids.push_back(gptoss::TokenId(x.get<int64_t>()));
-             }
+             const std::vector<gptoss::TokenId> ids =
+                 gptoss::tools::ids_of_json_array(v, "tokenize: line " + std::to_string(line_no));
              try {
                out = nlohmann::json(tok.decode(ids)).dump();
              } catch (const gptoss::Error& e) {

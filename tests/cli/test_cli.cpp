@@ -288,19 +288,28 @@ TEST(Cli, CudaOptionsOnTheCpuAreErrors) {
 }
 
 // `tokenize --decode`: ids must be integers from 0 to 2^31-1, and every error names its line.
+// `args` run with `input` as standard input.
+::testing::AssertionResult with_stdin(const std::vector<std::string>& args, const std::string& input, int rc,
+                                      const std::string& text) {
+  std::FILE* in = std::tmpfile();
+  std::fputs(input.c_str(), in);
+  std::rewind(in);
+  const int saved = dup(0);
+  dup2(fileno(in), 0);
+  std::clearerr(stdin);  // (an earlier run that read to the end left stdio's end-of-file mark)
+  std::cin.clear();
+  auto r = fails_with(args, rc, text);
+  dup2(saved, 0);
+  close(saved);
+  std::fclose(in);
+  std::clearerr(stdin);
+  std::cin.clear();
+  return r;
+}
+
 TEST(Cli, TokenizeDecodeChecksIds) {
   auto decode = [](const std::string& input, int rc, const std::string& text) {
-    std::FILE* in = std::tmpfile();
-    std::fputs(input.c_str(), in);
-    std::rewind(in);
-    const int saved = dup(0);
-    dup2(fileno(in), 0);
-    auto r = fails_with({"tokenize", "--decode"}, rc, text);
-    dup2(saved, 0);
-    close(saved);
-    std::fclose(in);
-    std::cin.clear();
-    return r;
+    return with_stdin({"tokenize", "--decode"}, input, rc, text);
   };
   EXPECT_TRUE(decode("[1.5]\n", 1, "line 1: token id 1.5 is not an integer from 0 to 2147483647"));
   EXPECT_TRUE(decode("[1]\n[2147483648]\n", 1, "line 2: token id 2147483648 is not an integer"));
@@ -308,6 +317,11 @@ TEST(Cli, TokenizeDecodeChecksIds) {
   EXPECT_TRUE(decode("[1]\n\n[\"a\"]\n", 1, "line 3: token id \"a\" is not an integer"));
   EXPECT_TRUE(decode("[999999999]\n", 1, "line 1: "));
   EXPECT_TRUE(decode("[1,2]\n", 0, ""));
+  // harmony-parse reads its ids the same way, and names unknown ids (it said "the stream ended inside a
+  // message header" for [-5] and [999999999], and gave a raw parser error without the line).
+  EXPECT_TRUE(with_stdin({"harmony-parse"}, "[-5]\n", 1, "harmony-parse: line 1: token id -5 is not an integer"));
+  EXPECT_TRUE(with_stdin({"harmony-parse"}, "[999999999]\n", 1, "harmony-parse: line 1: unknown token id 999999999"));
+  EXPECT_TRUE(with_stdin({"harmony-parse"}, "\nx\n", 1, "harmony-parse: line 2: invalid JSON"));
 }
 
 // Files a command reads that are directories: an error naming the path, not an empty input.
