@@ -7,7 +7,7 @@
 // 240 spent on copies: each lane's cp.async of its weight chunk and scale word, the owners'
 // activation half-rows, their mbarrier arrivals and the spin loops of the waits for them.
 //
-// Here a fifth warpgroup produces (one warp of it), and the 16 consumer warps only wait, read their 16 bytes and scale
+// Here a fifth warpgroup produces (its four warps), and the 16 consumer warps only wait, read their 16 bytes and scale
 // word, decode and issue wgmma:
 // - the activation tile: one tensor copy (TMA) a pair row, 64 bf16 of K into its 128-byte row of
 //   the stage, swizzled by the copy engine (128-byte swizzle, which follows the shared address, so
@@ -46,12 +46,12 @@ namespace {
 using namespace moe_gemm;
 
 // The CTA: four consumer warpgroups over 16 tiles of 16 weight rows (256 rows) x 128 sorted pairs,
-// and one producer warp; one CTA an SM. A stage: the activation tile, then the 16 tiles' code
+// and a producer warpgroup; one CTA an SM. A stage: the activation tile, then the 16 tiles' code
 // chunks, then their scale sectors, padded to 1 KB (the next tile's swizzle alignment).
 template <bool kTma>
 struct WsTile {
   static constexpr int kBN = 128;
-  // A fifth warpgroup produces (one warp of it copies; the others only give their registers back):
+  // A fifth warpgroup produces (its four warps copy; a fifth warpgroup, not a lone warp, because):
   // with 17 warps the fifth warp of an SM sub-partition would cap every warp at 96 registers
   // (16K a sub-partition / 5 warps), and the consumers' wgmmas were serialized for want of them.
   // The producer warpgroup lowers itself to kProducerRegs and the consumers rise to kConsumerRegs.
@@ -76,7 +76,7 @@ struct WsTile {
   // What a step's full barrier counts: its bytes (tensor and bulk copies), and arrivals: the
   // producer lane 0's, plus (cp.async) each producer lane's once its copies have landed.
   static constexpr int kTxBytes = (kTma ? kActBytes : 0) + kWBytes + kSBytes;
-  static constexpr int kFullArrivals = kTma ? 1 : 33;
+  static constexpr int kFullArrivals = kTma ? 1 : 1 + 128;  // (cp.async: every producer lane's, once its copies land)
   static constexpr int kStageBytes = (kActBytes + kWBytes + kSBytes + 1023) / 1024 * 1024;
   static constexpr int kStages = 8;
   static constexpr int kBarBytes = 2 * kStages * 8;
@@ -84,7 +84,7 @@ struct WsTile {
   static constexpr size_t kSmem = size_t(kStages) * kStageBytes + 1024 + kBarBytes + kTokBytes;
   static_assert(kTiles == 4 * kWaTilesWg && kSmem <= 227 * 1024, "four warpgroups; one CTA an SM");
   static_assert(kPoolNeeded <= kThreads * kLaunchRegs, "the CTA's register pool (setmaxnreg.inc would block)");
-  static_assert(kTxBytes % 16 == 0 && kFullArrivals == (kTma ? 1 : 33), "the copies' bytes; the producer's arrivals");
+  static_assert(kTxBytes % 16 == 0, "the copies' bytes");
 };
 
 template <bool kTma>
@@ -135,24 +135,27 @@ __global__ void __launch_bounds__(WsTile<kTma>::kThreads, 1)
 
   if (producer) {
     ptx::setmaxnreg_dec<L::kProducerRegs>();
-    if (warp != L::kConsumerWarps) return;  // one warp copies
-    // Lane l copies pair rows l, l + 32, l + 64, l + 96 of the tile: their rows of A. A pair past
-    // the tile's end copies row0's row (its bytes must arrive all the same; its columns are never
-    // stored). cp.async: the rows' tokens in shared memory (-1 past the end: a zero-filled copy),
-    // and lane l copies 16-byte chunk l % 8 of rows l / 8 + 4 i.
-    int arow[kTma ? 4 : 1];
+    // The producer warpgroup's four warps copy (one warp alone measured 3.2-4.7x slower than the
+    // mbarrier kernel: 128 tensor copies, or 1,024 cp.async, a step from one warp do not keep up
+    // with the wgmmas; fortieth session). Warp pw copies pair rows 32 pw .. 32 pw + 31 of the
+    // tile, warp 0 also the weights. A pair past the tile's end copies row0's row (its bytes must
+    // arrive all the same; its columns are never stored). cp.async: the rows' tokens in shared
+    // memory (-1 past the end: a zero-filled copy), lane l copying 16-byte chunk l % 8 of rows
+    // 32 pw + l / 8 + 4 i.
+    const int pw = warp - L::kConsumerWarps;
     int* s_tok = reinterpret_cast<int*>(smem + S * L::kStageBytes + L::kBarBytes);
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int p = row0 + lane + 32 * j, pp = p < row_end ? p : row0;
+    const int my_row = 32 * pw + lane;
+    int arow = 0;
+    {
+      const int p = row0 + my_row, pp = p < row_end ? p : row0;
       const int tok = a.gather_a ? a.r.pair_token[pp] : pp;
       if constexpr (kTma)
-        arow[j] = tok;
+        arow = tok;
       else
-        s_tok[lane + 32 * j] = p < row_end ? tok : -1;
+        s_tok[my_row] = p < row_end ? tok : -1;
     }
     __syncwarp();
-    // Lanes 0-15: tile l's 512-byte code chunk of the step; lanes 16-31: tile l - 16's scale sector.
+    // Warp 0, lanes 0-15: tile l's 512-byte code chunk of the step; lanes 16-31: tile l - 16's scale sector.
     const bool codes = lane < 16;
     const int pt = int(blockIdx.x) * L::kTiles + (lane & 15);
     const size_t ptc = (size_t(expert) * T + (pt < T ? pt : 0)) * C;
@@ -161,20 +164,19 @@ __global__ void __launch_bounds__(WsTile<kTma>::kThreads, 1)
     const uint32_t dst = uint32_t(L::kActBytes) +
                          (codes ? uint32_t(lane) * 512u : uint32_t(L::kWBytes) + uint32_t(lane - 16) * 32u);
     if (kTma && lane == 0) ptx::prefetch_tensormap(&act);
-    const int cc = lane & 7, rr = lane >> 3;  // (cp.async: this lane's chunk and first row)
+    const int cc = lane & 7, rr = 32 * pw + (lane >> 3);  // (cp.async: this lane's chunk and first row)
     for (int kt = 0; kt < C; ++kt) {
       // The stage's last use (step kt - S) done in every consumer warp.
       if (kt >= int(S)) wait(empty_bar(kt), use_parity(kt) ^ 1u);
       const uint32_t st = s_base + stage_off(kt);
-      if (lane == 0) ptx::mbar_arrive_expect_tx(full_bar(kt), uint32_t(L::kTxBytes));
-      __syncwarp();
+      // (The step's bytes are announced once; copies of the other warps may land before it: a
+      // phase's transaction count may go below zero, and the phase waits for this arrival.)
+      if (pw == 0 && lane == 0) ptx::mbar_arrive_expect_tx(full_bar(kt), uint32_t(L::kTxBytes));
       if constexpr (kTma) {
-#pragma unroll
-        for (int j = 0; j < 4; ++j)
-          ptx::tma_load_2d(st + uint32_t(lane + 32 * j) * 128u, &act, kt * 64, arow[j], full_bar(kt));
+        ptx::tma_load_2d(st + uint32_t(my_row) * 128u, &act, kt * 64, arow, full_bar(kt));
       } else {
-#pragma unroll 8
-        for (int i = 0; i < BN / 4; ++i) {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
           const int r = rr + 4 * i, tok = s_tok[r];
           const uint16_t* src_row = a.A + size_t(tok >= 0 ? tok : 0) * a.lda + kt * 64 + cc * 8;
           ptx::cp_async16(st + uint32_t(r) * 128u + (uint32_t((cc ^ r) & 7) << 4), src_row, tok >= 0);
@@ -182,7 +184,7 @@ __global__ void __launch_bounds__(WsTile<kTma>::kThreads, 1)
         ptx::cp_async_mbar_arrive_noinc(full_bar(kt));
         ptx::cp_async_commit();
       }
-      ptx::bulk_copy_g2s(st + dst, src + size_t(kt) * bytes, bytes, full_bar(kt));
+      if (pw == 0) ptx::bulk_copy_g2s(st + dst, src + size_t(kt) * bytes, bytes, full_bar(kt));
     }
     return;
   }
