@@ -86,8 +86,11 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
   if (!duplicate.empty()) throw Error(path + ": tensor " + duplicate + " appears twice in the header");
   const uint8_t* data = base + 8 + hlen;
   const size_t data_size = size_ - 8 - hlen;
-  std::vector<std::pair<uint64_t, uint64_t>> ranges;  // [begin, end) of each tensor with bytes, to find overlaps
-  std::vector<std::string> range_names;
+  struct Range {
+    uint64_t begin, end;  // [begin, end) of a tensor with bytes, to find overlaps
+    std::string name;
+  };
+  std::vector<Range> ranges;
   for (auto& [name, v] : h.items()) {
     if (name == "__metadata__") continue;
     TensorView t;
@@ -120,18 +123,15 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
       throw Error(path + ": tensor " + name + " byte size " + std::to_string(t.nbytes) + " does not match " +
                   dtype_name(t.dtype) + " " + t.shape_str());
     if (t.nbytes) {
-      ranges.emplace_back(b, e);
-      range_names.push_back(name);
+      ranges.push_back({b, e, name});
     }
     tensors_.emplace(name, std::move(t));
   }
   // No two tensors may share bytes (the format's rule; one would load the other's values).
-  std::vector<size_t> order(ranges.size());
-  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::sort(order.begin(), order.end(), [&](size_t x, size_t y) { return ranges[x] < ranges[y]; });
-  for (size_t i = 1; i < order.size(); ++i)
-    if (ranges[order[i]].first < ranges[order[i - 1]].second)
-      throw Error(path + ": tensors " + range_names[order[i - 1]] + " and " + range_names[order[i]] +
+  std::sort(ranges.begin(), ranges.end(), [](const Range& x, const Range& y) { return x.begin < y.begin; });
+  for (size_t i = 1; i < ranges.size(); ++i)
+    if (ranges[i].begin < ranges[i - 1].end)
+      throw Error(path + ": tensors " + ranges[i - 1].name + " and " + ranges[i].name +
                   " overlap in the file");
 }
 

@@ -174,6 +174,26 @@ void check_tool_parameters(const ojson& p, const std::string& name, const std::s
                 "invalid_schema");
 }
 
+std::string resolve_tool_choice(const ojson& tc, const std::optional<std::string>& named,
+                                const std::vector<FunctionTool>& tools) {
+  std::string choice;
+  if (tc.is_string()) {
+    choice = tc.get<std::string>();
+    if (choice != "none" && choice != "auto" && choice != "required")
+      bad_request("'tool_choice' must be none, auto, required or a function.", "tool_choice", "invalid_value");
+  } else if (tc.is_object()) {
+    bool found = false;
+    for (const auto& t : tools) found |= t.name == *named;
+    if (!found) bad_request("'tool_choice' names a function not in 'tools'.", "tool_choice", "invalid_value");
+    choice = *named;
+  } else {
+    wrong_type("tool_choice", "a string or an object", tc);
+  }
+  if (choice == "required" && tools.empty())
+    bad_request("'tool_choice' is required but no 'tools' were given.", "tool_choice", "invalid_value");
+  return choice;
+}
+
 std::optional<std::string> parse_effort(const ojson& v, const std::string& key) {
   if (!v.is_string()) wrong_type(key, "a string", v);
   std::string e = v.get<std::string>();
@@ -575,27 +595,17 @@ ChatRequest parse_chat_body(const ojson& j) {
     }
   }
   if (const ojson* tc = get(j, "tool_choice")) {
-    if (tc->is_string()) {
-      r.tool_choice = tc->get<std::string>();
-      if (r.tool_choice != "none" && r.tool_choice != "auto" && r.tool_choice != "required")
-        bad_request("'tool_choice' must be none, auto, required or a function.", "tool_choice", "invalid_value");
-    } else if (tc->is_object()) {
+    std::optional<std::string> name;  // chat's object form: {"type": "function", "function": {"name"}}
+    if (tc->is_object()) {
       only_known_keys(*tc, "tool_choice", {"type", "function"});
       if (auto type = get_string_at(*tc, "type", "tool_choice"); type && *type != "function")
         bad_request("'tool_choice.type' must be 'function'.", "tool_choice.type", "invalid_value");
       const ojson* fn = get(*tc, "function");
       if (fn && fn->is_object()) only_known_keys(*fn, "tool_choice.function", {"name"});
-      auto name = fn && fn->is_object() ? get_string(*fn, "name") : std::nullopt;
+      name = fn && fn->is_object() ? get_string(*fn, "name") : std::nullopt;
       if (!name) bad_request("'tool_choice' object needs function.name.", "tool_choice", "invalid_value");
-      bool found = false;
-      for (const auto& t : r.tools) found |= t.name == *name;
-      if (!found) bad_request("'tool_choice' names a function not in 'tools'.", "tool_choice", "invalid_value");
-      r.tool_choice = *name;
-    } else {
-      wrong_type("tool_choice", "a string or an object", *tc);
     }
-    if (r.tool_choice == "required" && r.tools.empty())
-      bad_request("'tool_choice' is required but no 'tools' were given.", "tool_choice", "invalid_value");
+    r.tool_choice = resolve_tool_choice(*tc, name, r.tools);
   }
   parse_reasoning(j, r);
   if (const ojson* rf = get(j, "response_format")) r.response_format = parse_response_format(*rf);

@@ -147,25 +147,15 @@ ResponsesRequest parse_responses_body(const ojson& j) {
   }
   echo["tool_choice"] = "auto";
   if (const ojson* tc = get(j, "tool_choice")) {
-    if (tc->is_string()) {
-      c.tool_choice = tc->get<std::string>();
-      if (c.tool_choice != "none" && c.tool_choice != "auto" && c.tool_choice != "required")
-        bad_request("'tool_choice' must be none, auto, required or a function.", "tool_choice", "invalid_value");
-    } else if (tc->is_object()) {
+    std::optional<std::string> name;  // the Responses API's flat object form: {"type": "function", "name"}
+    if (tc->is_object()) {
       auto type = get_string(*tc, "type");
       if (!type || *type != "function")
         bad_request("'tool_choice' objects must be of type 'function'.", "tool_choice", "unsupported_value");
-      auto name = get_string(*tc, "name");
+      name = get_string(*tc, "name");
       if (!name) bad_request("'tool_choice' needs the function's 'name'.", "tool_choice", "invalid_value");
-      bool found = false;
-      for (const auto& t : c.tools) found |= t.name == *name;
-      if (!found) bad_request("'tool_choice' names a function not in 'tools'.", "tool_choice", "invalid_value");
-      c.tool_choice = *name;
-    } else {
-      wrong_type("tool_choice", "a string or an object", *tc);
     }
-    if (c.tool_choice == "required" && c.tools.empty())
-      bad_request("'tool_choice' is required but no 'tools' were given.", "tool_choice", "invalid_value");
+    c.tool_choice = resolve_tool_choice(*tc, name, c.tools);
     echo["tool_choice"] = *tc;
   }
   echo["reasoning"] = {{"effort", nullptr}, {"summary", nullptr}};

@@ -226,15 +226,18 @@ struct TokenizerJsonSax : nlohmann::json_sax<nlohmann::json> {
     if (st[0].key != k0) return false;
     return !k1 || (st.size() > 1 && st[1].key == k1);
   }
+  // The value in hand is a vocab entry's id, or an added token's.
+  bool at_vocab_id() const { return at(3, "model", "vocab") && st[2].obj; }
+  bool at_added_id() const { return at(3, "added_tokens") && st[2].obj && st[2].key == "id"; }
   bool value_number(int64_t v) {
-    if (at(3, "model", "vocab") && st[2].obj) vocab.emplace_back(st[2].key, v);
-    else if (at(3, "added_tokens") && st[2].obj && st[2].key == "id") added_id = v;
+    if (at_vocab_id()) vocab.emplace_back(st[2].key, v);
+    else if (at_added_id()) added_id = v;
     return true;
   }
   bool value_string(std::string& v) {
-    if (at(3, "model", "vocab") && st[2].obj) {  // ("104" where 104 belongs: once dropped silently)
+    if (at_vocab_id()) {  // ("104" where 104 belongs: once dropped silently)
       if (problem.empty()) problem = "vocab entry " + st[2].key + " has an id that is not an integer";
-    } else if (at(3, "added_tokens") && st[2].obj && st[2].key == "id") {
+    } else if (at_added_id()) {
       if (problem.empty()) problem = "added token id that is not an integer";
     } else if (at(2, "model", "type")) {
       model_type = v;
@@ -266,9 +269,7 @@ struct TokenizerJsonSax : nlohmann::json_sax<nlohmann::json> {
     return value_number(v > uint64_t(INT64_MAX) ? -1 : int64_t(v));
   }
   bool number_float(number_float_t, const string_t& text) override {
-    if (((at(3, "model", "vocab") && st[2].obj) || (at(3, "added_tokens") && st[2].obj && st[2].key == "id")) &&
-        problem.empty())
-      problem = "token id " + text + " is not an integer";
+    if ((at_vocab_id() || at_added_id()) && problem.empty()) problem = "token id " + text + " is not an integer";
     return true;
   }
   bool string(string_t& v) override { return value_string(v); }

@@ -34,16 +34,23 @@ __device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t byt
 #endif
 }
 // Returns once the phase of parity `parity` has completed.
+// One try (the hardware suspends the thread a while before saying no): 1 once the phase of parity
+// `parity` has completed.
+__device__ __forceinline__ uint32_t mbar_try_wait(uint32_t bar, uint32_t parity) {
+  uint32_t done = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile(
+      "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.b32 %0, 1, 0, p;\n}\n"
+      : "=r"(done)
+      : "r"(bar), "r"(parity)
+      : "memory");
+#endif
+  return done;
+}
 __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  uint32_t done = 0;
-  do {
-    asm volatile(
-        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.b32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(bar), "r"(parity)
-        : "memory");
-  } while (!done);
+  while (!mbar_try_wait(bar, parity)) {
+  }
 #endif
 }
 // mbar_wait with a deadline: after `timeout_us` of waiting (the GPU's global timer, in 1.024 us
@@ -55,13 +62,7 @@ __device__ __forceinline__ void mbar_wait_bounded(uint32_t bar, uint32_t parity,
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   uint32_t start = 0;  // 0: not read yet (a read of 0 is taken as 1)
   for (;;) {
-    uint32_t done = 0;
-    asm volatile(
-        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.b32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(bar), "r"(parity)
-        : "memory");
-    if (done) return;
+    if (mbar_try_wait(bar, parity)) return;
     uint64_t ns;
     asm volatile("mov.u64 %0, %globaltimer;" : "=l"(ns));
     const uint32_t now = uint32_t(ns >> 10) | 1u;
