@@ -650,9 +650,12 @@ void Engine::complete(Launched& l) {
   // while they equal the drawn token, and the first token that differs (or the one after the
   // last draft) ends the sequence's tokens for this step (engine/speculative.h: why this is the
   // speculative-sampling rule and leaves the output unchanged).
-  // A constrained row's logits are masked first (so its logprobs are those of the allowed
-  // tokens); a constraint that allows nothing ends its request with an error. Constrained
-  // sequences get no drafts (the constraint would have to advance through each draft).
+  // An active constraint's row is masked first (so its logprobs are those of the allowed
+  // tokens); a constraint that allows nothing ends its request with an error. An inactive
+  // constraint's token was drawn without the mask: one it refuses is dropped and its position
+  // computed again by the next step, drawn then from the masked row (rejection sampling: the
+  // masked distribution exactly). Constrained sequences get no drafts (the constraint would have
+  // to advance through each draft).
   const int rows = int(l.row_seq.size());
   std::vector<int> group_first;
   for (int r = 0; r < rows; ++r)
@@ -662,6 +665,7 @@ void Engine::complete(Launched& l) {
   std::vector<TokenLogprob> lps(rows);
   std::vector<uint8_t> no_token(size_t(rows), 0);
   std::vector<int> emitted(groups, 0);  // tokens this step gives each sequence
+  std::vector<uint8_t> redraw(size_t(groups), 0);  // its token refused by its constraint: draw again
   const bool host = !l.backend_samples;
 #pragma omp parallel for schedule(dynamic, 1) if (groups > 1 && host)
   for (int g = 0; g < groups; ++g) {
@@ -689,6 +693,10 @@ void Engine::complete(Launched& l) {
         lps[r].token = l.toks[r];
         lps[r].logprob = l.lps[size_t(r)];
       }
+      if (s.sp.constraint && s.sp.constraint->rejects(l.toks[r])) {
+        redraw[size_t(g)] = 1;
+        break;
+      }
       if (j == n_rows - 1 || l.toks[r] != s.draft[j]) break;
     }
     emitted[g] = j + 1;
@@ -715,6 +723,13 @@ void Engine::complete(Launched& l) {
     Sequence& s = *l.row_seq[group_first[g]];
     if (s.done) continue;
     if (!host && !l.tokens_taken) s.rng.discard(emitted[g]);  // the draws launch() took from a copy
+    if (redraw[size_t(g)]) {
+      // The position's K/V stays (its token is unchanged); only its draw is repeated, masked.
+      s.sp.constraint->mask_next();
+      --s.num_computed;
+      ++metrics_.constraint_redraws;
+      continue;
+    }
     const int drafts = group_first[g + 1] - group_first[g] - 1;
     for (int j = 0; j < emitted[g] && !s.done; ++j) {
       const int r = group_first[g] + j;
@@ -782,7 +797,9 @@ bool Engine::take_tokens_early(Launched& l) {
   if (l.error || !l.backend_samples || !l.prompt_rows.empty() || drafter_) return false;
   const size_t rows = l.row_seq.size();
   for (size_t r = 0; r < rows; ++r)
-    if ((r > 0 && l.row_seq[r] == l.row_seq[r - 1]) || l.row_seq[r]->sp.constraint) return false;
+    if ((r > 0 && l.row_seq[r] == l.row_seq[r - 1]) ||
+        (l.row_seq[r]->sp.constraint && !l.row_seq[r]->sp.constraint->stays_inactive(l.toks[r])))
+      return false;
   for (size_t r = 0; r < rows; ++r) {
     Sequence& s = *l.row_seq[r];
     if (s.done) continue;

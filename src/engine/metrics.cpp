@@ -57,7 +57,7 @@ void Histogram::render(const std::string& name, const std::string& help, std::st
 void EngineMetrics::reset() {
   for (std::atomic<int64_t>* c : {&prompt_tokens, &generation_tokens, &requests_finished, &requests_aborted, &preemptions,
                                   &prefix_cache_queries, &prefix_cache_hits, &steps, &early_launches, &spec_draft_tokens,
-                                  &spec_accepted_tokens, &spec_gated_tokens, &spec_draft_us})
+                                  &spec_accepted_tokens, &spec_gated_tokens, &spec_draft_us, &constraint_redraws})
     c->store(0);
   for (Histogram* h : {&ttft_s, &itl_s, &step_forward_s, &step_host_s, &e2e_s}) h->reset();
 }

@@ -49,6 +49,9 @@ struct EngineMetrics {
   // Time the drafter took (proposals, and the Eagle3 head's commits), in microseconds: the
   // draft step's cost, which bench-serve reports per draft token.
   std::atomic<int64_t> spec_draft_us{0};
+  // Structured output: tokens drawn without the mask that the constraint refused, each drawn
+  // again masked (a step's row more for its sequence).
+  std::atomic<int64_t> constraint_redraws{0};
   Histogram ttft_s{{0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0}};
   Histogram itl_s{{0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5}};
   // Per forward pass: the backend call, and the host time before it since the previous pass

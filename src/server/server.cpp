@@ -291,6 +291,9 @@ std::string Server::metrics_text() const {
         double(m.spec_gated_tokens), "counter");
   gauge("gptoss:spec_decode_draft_seconds_total", "Time the drafter took (proposals and Eagle3 head commits).",
         double(m.spec_draft_us) * 1e-6, "counter");
+  gauge("gptoss:structured_output_redraws_total",
+        "Tokens drawn without the structured-output mask that the constraint refused (each drawn again, masked).",
+        double(m.constraint_redraws), "counter");
   gauge("gptoss:http_requests_total", "HTTP API requests.", double(http_requests_), "counter");
   gauge("gptoss:http_errors_total", "HTTP API requests answered with an error.", double(http_errors_), "counter");
   gauge("gptoss:client_disconnects_total", "Streams whose client went away.", double(client_disconnects_), "counter");

@@ -64,13 +64,18 @@ std::shared_ptr<structured::JsonConstraint> StructuredOutput::for_chat(const Cha
   } else if (rf.type == "json_schema") {
     spec.final_format = masker(rf.schema ? &*rf.schema : nullptr, rf.strict, format_param);
   }
-  // Tool schemas are checked whatever the model; they constrain calls only in harmony output.
-  for (const auto& t : r.tools)
-    if (t.parameters) {
-      auto m = masker(&*t.parameters, t.strict, "tools");
-      if (harmony_ && r.tool_choice != "none") spec.tools[t.name] = std::move(m);
-    }
-  if (!spec.final_format && spec.tools.empty()) return nullptr;
+  // Tool schemas are checked whatever the model. In harmony output a request with tools or a
+  // format is constrained as a whole: its headers may call only the functions tool_choice allows
+  // (none: no call; a function's name: that one), and required or named choices leave no final
+  // channel, so the turn ends in a call. A function without parameters takes any JSON object.
+  const bool must_call = r.tool_choice != "none" && r.tool_choice != "auto";
+  for (const auto& t : r.tools) {
+    auto m = t.parameters ? masker(&*t.parameters, t.strict, "tools") : masker(nullptr, false, "tools");
+    const bool callable = r.tool_choice == "auto" || r.tool_choice == "required" || r.tool_choice == t.name;
+    if (harmony_ && callable) spec.tools[t.name] = std::move(m);
+  }
+  if (harmony_ && must_call) spec.final_channel = spec.preambles = false;
+  if (!spec.final_format && r.tools.empty()) return nullptr;
   if (spec.whole_output && !spec.final_format) return nullptr;
   spec.vocab = vocabulary();  // built on the first constrained request only
   return std::make_shared<structured::JsonConstraint>(std::move(spec));

@@ -43,37 +43,45 @@ void apply_mask(const TokenBitset& allowed, float* logits, int vocab) {
 }
 
 JsonConstraint::JsonConstraint(JsonConstraintSpec spec) : spec_(std::move(spec)) {
-  if (spec_.whole_output && spec_.final_format) {
-    phase_ = Phase::kJson;
-    masker_ = spec_.final_format.get();
-    state_ = masker_->matcher().start();
-    end_token_ = spec_.ids.return_;
+  if (spec_.whole_output) {
+    if (spec_.final_format) {
+      phase_ = Phase::kJson;
+      masker_ = spec_.final_format.get();
+      state_ = masker_->matcher().start();
+      end_token_ = spec_.ids.return_;
+    } else {
+      phase_ = Phase::kFree;  // nothing to constrain
+    }
+    return;
   }
+  HeaderRules rules;
+  rules.final_channel = spec_.final_channel;
+  rules.preambles = spec_.preambles;
+  for (const auto& [name, masker] : spec_.tools) rules.functions.push_back(name);
+  headers_ = std::make_shared<const HarmonyHeaders>(rules, spec_.ids, spec_.vocab);
 }
 
-void JsonConstraint::on_message_start() {
-  // The header: e.g. "<|channel|>final", " to=functions.get_weather<|channel|>commentary
-  // <|constrain|>json", "assistant<|channel|>analysis".
-  auto word_after = [&](const std::string& marker) -> std::optional<std::string> {
-    size_t p = header_.find(marker);
-    if (p == std::string::npos) return std::nullopt;
-    p += marker.size();
-    size_t e = p;
-    while (e < header_.size() && header_[e] != ' ' && header_[e] != '<' && header_[e] != '\n') ++e;
-    return header_.substr(p, e - p);
-  };
-  auto channel = word_after("<|channel|>");
-  auto recipient = word_after("to=");
+void JsonConstraint::start_message(const HarmonyHeaders::Meaning& m) {
+  using K = HarmonyHeaders::Kind;
   masker_ = nullptr;
-  if (recipient && recipient->rfind("functions.", 0) == 0) {
-    auto it = spec_.tools.find(recipient->substr(10));
+  free_end_ = free_end2_ = -1;
+  if (m.kind == K::kCall) {
+    auto it = spec_.tools.find(m.function);
     if (it != spec_.tools.end() && it->second) {
       masker_ = it->second.get();
       end_token_ = spec_.ids.call;
+    } else {
+      free_end_ = spec_.ids.call;
     }
-  } else if (!recipient && channel && *channel == "final" && spec_.final_format) {
-    masker_ = spec_.final_format.get();
-    end_token_ = spec_.ids.return_;
+  } else if (m.kind == K::kFinal) {
+    if (spec_.final_format) {
+      masker_ = spec_.final_format.get();
+      end_token_ = spec_.ids.return_;
+    } else {
+      free_end_ = spec_.ids.return_;
+    }
+  } else {
+    free_end_ = spec_.ids.end;  // analysis and preambles: another message follows
   }
   if (masker_) {
     state_ = masker_->matcher().start();
@@ -83,14 +91,57 @@ void JsonConstraint::on_message_start() {
   }
 }
 
+bool JsonConstraint::active() const {
+  return phase_ == Phase::kHeader || phase_ == Phase::kJson || (redraw_ && phase_ != Phase::kEnd);
+}
+
+bool JsonConstraint::rejects(int32_t t) const {
+  switch (phase_) {
+    case Phase::kFree:
+      if (spec_.whole_output) return false;
+      if (free_end(t)) return false;
+      return t < 0 || !spec_.vocab || size_t(t) >= spec_.vocab->size() || spec_.vocab->special(t);
+    case Phase::kEnd: return !spec_.whole_output || spec_.final_format;
+    default: return false;  // masked phases draw from the mask
+  }
+}
+
+bool JsonConstraint::stays_inactive(int32_t t) const {
+  return phase_ == Phase::kFree && !redraw_ && !rejects(t) && !free_end(t);
+}
+
 bool JsonConstraint::mask_logits(float* logits, int vocab) {
-  if (phase_ != Phase::kJson) return true;
+  const float ninf = -std::numeric_limits<float>::infinity();
+  switch (phase_) {
+    case Phase::kEnd:
+      if (spec_.whole_output && !spec_.final_format) return true;
+      std::fill(logits, logits + vocab, ninf);
+      return false;
+    case Phase::kFree: {
+      if (spec_.whole_output) return true;
+      // Every ordinary token, and the message's end token(s): no other special token.
+      for (int32_t id : spec_.vocab->special_ids()) {
+        if (id >= vocab) break;
+        if (!free_end(id)) logits[id] = ninf;
+      }
+      for (int i = int(spec_.vocab->size()); i < vocab; ++i)
+        if (!free_end(i)) logits[i] = ninf;
+      return true;
+    }
+    case Phase::kHeader: {
+      TokenBitset bits(size_t(std::max(vocab, 0)));
+      headers_->allowed(cursor_, bits);
+      apply_mask(bits, logits, vocab);
+      return bits.count() > 0;
+    }
+    case Phase::kJson: break;
+  }
   const JsonMatcher& m = masker_->matcher();
   const bool can_end = m.can_end(state_) && end_token_ >= 0 && end_token_ < vocab;
   const float keep_end = can_end ? logits[end_token_] : 0.0f;
   if (state_.depth == 0) {
     if (!can_end) return false;
-    std::fill(logits, logits + vocab, -std::numeric_limits<float>::infinity());
+    std::fill(logits, logits + vocab, ninf);
   } else {
     auto bits = masker_->allowed(state_);
     apply_mask(*bits, logits, vocab);
@@ -101,39 +152,34 @@ bool JsonConstraint::mask_logits(float* logits, int vocab) {
 }
 
 bool JsonConstraint::accept(int32_t t) {
-  const HarmonyTokenIds& id = spec_.ids;
+  redraw_ = false;
   switch (phase_) {
     case Phase::kJson: {
       if (t == end_token_) {
         if (!masker_->matcher().can_end(state_)) return false;
         json_done_ = true;
-        phase_ = spec_.whole_output ? Phase::kEnd : Phase::kFree;
+        phase_ = Phase::kEnd;  // <|return|> and <|call|> both end the turn
         return true;
       }
       const TokenVocabulary& v = masker_->vocab();
       if (t < 0 || size_t(t) >= v.size() || v.special(t)) return false;
       return masker_->matcher().advance(state_, v.bytes(t));
     }
-    case Phase::kEnd: return false;
-    case Phase::kHeader:
-      if (t == id.message) {
-        on_message_start();
-      } else if (t == id.channel) {
-        header_ += "<|channel|>";
-      } else if (t == id.constrain) {
-        header_ += "<|constrain|>";
-      } else if (t == id.start || t == id.end) {
-        header_.clear();
-      } else if (spec_.vocab && t >= 0 && size_t(t) < spec_.vocab->size() && !spec_.vocab->special(t) &&
-                 header_.size() < 4096) {
-        header_ += spec_.vocab->bytes(t);
-      }
+    case Phase::kEnd: return spec_.whole_output && !spec_.final_format;
+    case Phase::kHeader: {
+      std::optional<HarmonyHeaders::Meaning> done;
+      if (!headers_->advance(cursor_, t, &done)) return false;
+      if (done) start_message(*done);
       return true;
+    }
     case Phase::kFree:
-      // A message's text, until it ends; the next message's header follows <|start|>.
-      if (t == id.start || t == id.end || t == id.call || t == id.return_) {
-        header_.clear();
+      if (spec_.whole_output) return true;
+      if (rejects(t)) return false;
+      if (t == spec_.ids.end && free_end(t)) {
+        cursor_ = HarmonyHeaders::Cursor{{}, false};  // the next message's header
         phase_ = Phase::kHeader;
+      } else if (free_end(t)) {
+        phase_ = Phase::kEnd;
       }
       return true;
   }

@@ -1,28 +1,34 @@
 #pragma once
-// JSON constraints on a model's output, placed by the harmony format: the text of the `final`
-// channel follows the response format's grammar and then the turn must end (<|return|>); the
-// arguments of a call to `functions.NAME` follow that tool's parameter grammar and end the
-// call (<|call|>). The analysis channel and message headers are free. For a model that does
-// not write harmony (random weights), the whole output is the response format's JSON.
+// Structured output placed by the harmony format. The model's messages follow harmony's
+// grammar: every header is one the request allows (HarmonyHeaders: the channels, and calls to
+// the declared functions only); the text of the `final` channel follows the response format's
+// grammar and then the turn ends (<|return|>); the arguments of a call to `functions.NAME`
+// follow that tool's parameter grammar and end the call (<|call|>). The text of an analysis or
+// preamble message is free but may not hold harmony's special tokens, and ends with <|end|>
+// (a free final message with <|return|>). For a model that does not write harmony (random
+// weights), the whole output is the response format's JSON.
+//
+// Headers and JSON are masked (active(): sampled on the host). Free text is not: a token drawn
+// there without the mask goes through rejects(), and a refused one is drawn again with the mask
+// (the engine's redraw), which is the masked distribution exactly (rejection sampling).
 #include <map>
 #include <memory>
 #include <optional>
 #include <string>
 
+#include "structured/harmony_headers.h"
 #include "structured/token_constraint.h"
 #include "structured/token_masker.h"
 
 namespace gptoss::structured {
 
-// Ids of the harmony formatting tokens (looked up by name by whoever builds the constraint).
-struct HarmonyTokenIds {
-  int32_t start = -1, channel = -1, message = -1, end = -1, return_ = -1, call = -1, constrain = -1;
-};
-
 struct JsonConstraintSpec {
-  std::shared_ptr<const TokenVocabulary> vocab;          // token bytes (for the message headers)
+  std::shared_ptr<const TokenVocabulary> vocab;
   std::shared_ptr<const JsonTokenMasker> final_format;  // null: the final channel is free
-  std::map<std::string, std::shared_ptr<const JsonTokenMasker>> tools;  // by function name
+  // The functions the model may call, by name, each with its arguments' grammar.
+  std::map<std::string, std::shared_ptr<const JsonTokenMasker>> tools;
+  bool final_channel = true;  // false: the turn must end in a call (tool_choice required or named)
+  bool preambles = true;      // commentary messages to the user before a call
   bool whole_output = false;  // not harmony: the whole output is final_format's JSON
   HarmonyTokenIds ids;
 };
@@ -30,24 +36,34 @@ struct JsonConstraintSpec {
 class JsonConstraint : public TokenConstraint {
  public:
   explicit JsonConstraint(JsonConstraintSpec spec);
-  bool active() const override { return phase_ == Phase::kJson; }
+  bool active() const override;
   bool mask_logits(float* logits, int vocab) override;
   bool accept(int32_t token) override;
+  bool rejects(int32_t token) const override;
+  void mask_next() override { redraw_ = true; }
+  bool stays_inactive(int32_t token) const override;
 
-  // The header text of the message in progress, with <|channel|>/<|constrain|> spelled out.
-  const std::string& header() const { return header_; }
+  // The header of the message in progress (or last begun), special tokens by name.
+  std::string header() const { return headers_ ? headers_->readable(cursor_) : std::string(); }
   bool finished_json() const { return json_done_; }
 
  private:
+  // kHeader: a message header (masked); kJson: JSON (masked); kFree: a message's free text;
+  // kEnd: after the turn's last token (nothing more is allowed).
   enum class Phase { kHeader, kFree, kJson, kEnd };
-  void on_message_start();
+  void start_message(const HarmonyHeaders::Meaning& m);
+  bool free_end(int32_t t) const { return t == free_end_ || t == free_end2_; }
+
   JsonConstraintSpec spec_;
+  std::shared_ptr<const HarmonyHeaders> headers_;  // null: not harmony
   Phase phase_ = Phase::kHeader;
-  std::string header_;
+  HarmonyHeaders::Cursor cursor_;
   const JsonTokenMasker* masker_ = nullptr;
   MatchState state_;
-  int32_t end_token_ = -1;
+  int32_t end_token_ = -1;               // kJson: the token that ends the JSON's message
+  int32_t free_end_ = -1, free_end2_ = -1;  // kFree: the tokens that may end the message
   bool json_done_ = false;
+  bool redraw_ = false;  // the last unmasked draw was refused: mask the next one
 };
 
 // Sets logits[i] = -inf for every i < vocab whose bit is clear (ids past the mask included).

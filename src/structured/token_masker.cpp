@@ -21,6 +21,7 @@ TokenVocabulary::TokenVocabulary(std::vector<std::string> token_bytes, const std
   std::vector<int32_t> order;
   for (size_t i = 0; i < bytes_.size(); ++i) {
     special_[i] = i < special.size() && special[i];
+    if (special_[i]) special_ids_.push_back(int32_t(i));
     if (special_[i] || bytes_[i].empty()) continue;
     order.push_back(int32_t(i));
     max_len_ = std::max(max_len_, int(bytes_[i].size()));
@@ -61,6 +62,23 @@ TokenVocabulary::TokenVocabulary(std::vector<std::string> token_bytes, const std
     path.pop_back();
   }
   plain_string_tokens(0);  // the state of nearly every string token: ready before the first request
+}
+
+void TokenVocabulary::tokens_prefixing(std::string_view text, std::vector<int32_t>& out) const {
+  // Down the trie one byte of `text` at a time: a node's children follow it in preorder, each
+  // sibling after the previous one's subtree.
+  size_t i = 0, end = trie_.size();
+  for (unsigned char c : text) {
+    while (i < end && trie_[i].byte != c) i = trie_[i].subtree_end;
+    if (i >= end) return;
+    if (const int32_t t = trie_[i].token; t >= 0) {
+      out.push_back(t);
+      for (const auto& [in_trie, other] : aliases_)
+        if (in_trie == t) out.push_back(other);
+    }
+    end = trie_[i].subtree_end;
+    ++i;
+  }
 }
 
 std::shared_ptr<const TokenBitset> TokenVocabulary::plain_string_tokens(uint32_t utf8) const {

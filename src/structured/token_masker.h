@@ -50,12 +50,17 @@ class TokenVocabulary {
   // Tokens made only of string bytes (no '"', '\\', control) valid from UTF-8 state `utf8`.
   std::shared_ptr<const TokenBitset> plain_string_tokens(uint32_t utf8) const;
   int max_token_len() const { return max_len_; }
+  // Appends every ordinary token whose bytes are a nonempty prefix of `text` (a walk down the trie).
+  void tokens_prefixing(std::string_view text, std::vector<int32_t>& out) const;
+  // The special (and unused) ids, ascending.
+  const std::vector<int32_t>& special_ids() const { return special_ids_; }
   // (token in the trie, another token with the same bytes)
   const std::vector<std::pair<int32_t, int32_t>>& aliases() const { return aliases_; }
 
  private:
   std::vector<std::string> bytes_;
   std::vector<bool> special_;
+  std::vector<int32_t> special_ids_;
   std::vector<TrieNode> trie_;
   std::vector<int32_t> breakers_;
   std::vector<int32_t> plain_;  // tokens of string bytes only

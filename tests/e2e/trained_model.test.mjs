@@ -83,3 +83,86 @@ test('calls an offered function with JSON arguments, then answers from its resul
     assert.ok(good >= TRIES * 0.6, `${good}/${TRIES} well-formed get_weather calls`);
     assert.ok(answered >= good * 0.6, `${answered}/${good} answers after the tool result`);
   });
+
+// Structured output on a model that writes harmony: the constraint covers the message headers
+// (engine-side masks), so these hold on every finished answer, not most of them: a required or
+// named tool_choice ends in a call to an allowed function, and a json_schema answer's content is
+// valid under the schema after free reasoning. Answers cut by max_tokens are counted apart.
+const timeTool = {
+  type: 'function',
+  function: {
+    name: 'get_time',
+    description: 'Get the current time in a city',
+    // the parameters of get_weather, which the model was trained on: a call forced to this
+    // function by name still gets arguments the model knows how to finish
+    parameters: { type: 'object', properties: { location: { type: 'string' } }, required: ['location'] },
+  },
+};
+
+test('tool_choice required or named: every finished answer calls an allowed function',
+  { skip: !trained && 'no trained built-in model' }, async () => {
+    let finished = 0;
+    const cities = ['Paris', 'Tokyo', 'Berlin', 'Lima', 'Oslo'];
+    for (let i = 0; i < TRIES; i++) {
+      const named = i % 2 === 1;
+      const r = await client.chat.completions.create({
+        ...opts(300 + i), max_tokens: 240,
+        messages: [{ role: 'user', content: `What is the weather in ${cities[i % cities.length]}?` }],
+        tools: [weather, timeTool],
+        tool_choice: named ? { type: 'function', function: { name: 'get_time' } } : 'required',
+      });
+      const c = r.choices[0];
+      if (c.finish_reason === 'length') {
+        console.log('cut by max_tokens:', JSON.stringify(c));
+        continue;
+      }
+      finished++;
+      assert.equal(c.finish_reason, 'tool_calls', JSON.stringify(c));
+      assert.equal(c.message.tool_calls.length, 1, JSON.stringify(c));
+      const call = c.message.tool_calls[0];
+      assert.ok(named ? call.function.name === 'get_time' : ['get_weather', 'get_time'].includes(call.function.name),
+        JSON.stringify(c));
+      const args = JSON.parse(call.function.arguments);
+      assert.ok(args && typeof args === 'object' && !Array.isArray(args), call.function.arguments);
+    }
+    console.log(`required / named tool_choice: ${finished}/${TRIES} finished, each a call to an allowed function`);
+    assert.ok(finished >= TRIES * 0.6, `${finished}/${TRIES} finished within max_tokens`);
+  });
+
+test('response_format json_schema: reasoning, then content valid under the schema',
+  { skip: !trained && 'no trained built-in model' }, async () => {
+    const schema = {
+      type: 'object',
+      // no free string: a tiny model writing one may not close it within max_tokens
+      properties: { city: { enum: ['Paris', 'Tokyo', 'Berlin', 'Lima', 'Oslo'] }, sunny: { type: 'boolean' } },
+      required: ['city', 'sunny'],
+      additionalProperties: false,
+    };
+    let finished = 0;
+    const cities = ['Paris', 'Tokyo', 'Berlin', 'Lima', 'Oslo'];
+    for (let i = 0; i < TRIES; i++) {
+      const r = await client.chat.completions.create({
+        ...opts(400 + i), max_tokens: 240,
+        messages: [{ role: 'user', content: `Is it sunny in ${cities[i % cities.length]}?` }],
+        tools: i % 2 ? [weather] : undefined,
+        response_format: { type: 'json_schema', json_schema: { name: 'weather', strict: true, schema } },
+      });
+      const c = r.choices[0];
+      if (c.finish_reason === 'length') {
+        console.log('cut by max_tokens:', JSON.stringify(c));
+        continue;
+      }
+      finished++;
+      if (c.finish_reason === 'tool_calls') {  // offered a tool, the model may call it first
+        assert.equal(c.message.tool_calls[0].function.name, 'get_weather', JSON.stringify(c));
+        continue;
+      }
+      assert.equal(c.finish_reason, 'stop', JSON.stringify(c));
+      const v = JSON.parse(c.message.content);
+      assert.deepEqual(Object.keys(v).sort(), ['city', 'sunny'], c.message.content);
+      assert.ok(cities.includes(v.city), c.message.content);
+      assert.equal(typeof v.sunny, 'boolean');
+    }
+    console.log(`json_schema: ${finished}/${TRIES} finished, each valid`);
+    assert.ok(finished >= TRIES * 0.6, `${finished}/${TRIES} finished within max_tokens`);
+  });

@@ -851,6 +851,80 @@ TEST(Engine, ConstraintMasksSamplingWhileActive) {
   }
 }
 
+namespace {
+// A toy constraint in the manner of structured output's free text: never active, but odd ids
+// are refused (rejects); after mask_next() one draw is masked to even ids. `always_mask`: active
+// on every step instead (the reference a greedy run must equal).
+class NoOddIdsConstraint : public structured::TokenConstraint {
+ public:
+  bool always_mask = false;
+  bool redraw = false;
+  std::vector<int32_t> seen;
+  bool active() const override { return always_mask || redraw; }
+  bool mask_logits(float* logits, int vocab) override {
+    for (int i = 1; i < vocab; i += 2) logits[i] = -INFINITY;
+    return true;
+  }
+  bool accept(int32_t t) override {
+    redraw = false;
+    seen.push_back(t);
+    return t % 2 == 0;
+  }
+  bool rejects(int32_t t) const override { return t % 2 != 0; }
+  void mask_next() override { redraw = true; }
+  bool stays_inactive(int32_t t) const override { return !active() && t % 2 == 0; }
+};
+}  // namespace
+
+// A token drawn without the mask that the constraint refuses is dropped and its position drawn
+// again, masked: every token stands, the refused ones never reach the output or the constraint,
+// and a greedy run equals one masked at every step (its K/V recomputed on the right context:
+// the fake model's logits hash the whole context). With prefix caching, 4-token pages and
+// overlapped passes, so redraws meet page boundaries and early-taken tokens.
+TEST(Engine, ConstraintRedrawsARefusedUnmaskedToken) {
+  for (int async = 0; async < 2; ++async)
+    for (float temperature : {0.0f, 1.0f}) {
+      std::vector<int32_t> reference;
+      for (bool always : {true, false}) {
+        FakeBackend be;
+        EngineConfig cfg = small_cfg();
+        cfg.async_scheduling = async;
+        cfg.enable_prefix_caching = true;
+        Engine e(be, cfg);
+        auto c = std::make_shared<NoOddIdsConstraint>();
+        c->always_mask = always;
+        SamplingParams sp;
+        sp.temperature = temperature;
+        sp.seed = 9;
+        sp.max_tokens = 40;
+        sp.constraint = c;
+        auto s = e.submit(prompt_of(7, 3), sp);
+        // A second request beside it: its tokens are unaffected by the other's redraws.
+        SamplingParams plain;
+        plain.temperature = 0.0f;
+        plain.max_tokens = 40;
+        auto other = e.submit(prompt_of(5, 4), plain);
+        if (async) e.start();
+        else run_idle(e);
+        Result r = collect(*s);
+        Result o = collect(*other);
+        e.stop();
+        ASSERT_EQ(r.reason, FinishReason::kLength);
+        ASSERT_EQ(r.tokens.size(), 40u);
+        EXPECT_EQ(c->seen, r.tokens);
+        for (int32_t t : r.tokens) EXPECT_EQ(t % 2, 0) << t;
+        EXPECT_EQ(o.tokens, run_alone(prompt_of(5, 4), plain).tokens);
+        if (always) {
+          EXPECT_EQ(e.metrics().constraint_redraws.load(), 0);
+          reference = r.tokens;
+        } else {
+          EXPECT_GT(e.metrics().constraint_redraws.load(), 5) << "about half the unmasked draws are odd";
+          if (temperature == 0.0f) EXPECT_EQ(r.tokens, reference) << "greedy: the argmax of the even ids either way";
+        }
+      }
+    }
+}
+
 TEST(Engine, ConstraintAllowingNothingEndsWithAnError) {
   FakeBackend be;
   Engine e(be, small_cfg());

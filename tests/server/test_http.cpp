@@ -890,3 +890,127 @@ TEST(Http, StructuredOutputOnlyInTheFinalChannelAndToolArguments) {
     }
   }
 }
+
+namespace {
+// A scripted model that misbehaves: at generated step g it favours steps[g][0] by 100 and any
+// alternatives after it by 80, 60, ... (what a masked draw falls back to).
+struct Script {
+  std::vector<std::vector<int32_t>> steps;
+  Script& text(const std::string& t) {
+    for (int32_t id : tok().encode(t, true)) steps.push_back({id});
+    return *this;
+  }
+  Script& either(const std::string& first, const std::string& second) {
+    auto a = tok().encode(first, true), b = tok().encode(second, true);
+    EXPECT_EQ(a.size() + b.size(), 2u) << first << " / " << second << ": one token each";
+    steps.push_back({a[0], b[0]});
+    return *this;
+  }
+  std::function<void(const std::vector<int32_t>&, float*)> shape(size_t prompt_len) const {
+    return [steps = steps, prompt_len](const std::vector<int32_t>& ctx, float* logits) {
+      const size_t g = ctx.size() - prompt_len;
+      if (ctx.size() < prompt_len || g >= steps.size()) return;
+      for (size_t k = 0; k < steps[g].size(); ++k) logits[steps[g][k]] += 100.0f - 20.0f * float(k);
+    };
+  }
+};
+json tool_fn(const std::string& name, const json& params) {
+  return {{"type", "function"}, {"function", {{"name", name}, {"parameters", params}}}};
+}
+}  // namespace
+
+// The headers a harmony model writes are constrained too: it calls only declared functions,
+// tool_choice required and named end the turn in a call (to the named function), none in no
+// call, and a format's final message comes even when the model would end its analysis with
+// <|return|> (refused unmasked, drawn again masked). The scripted model tries each mistake.
+TEST(Http, StructuredOutputHeadersFollowToolChoice) {
+  const json params = json::parse(R"({"type":"object","properties":{"unit":{"enum":["c","f"]},
+      "days":{"type":"integer"}},"required":["unit","days"],"additionalProperties":false})");
+  const json schema = json::parse(R"({"type":"object","properties":{"kind":{"enum":["cat","dog"]},
+      "n":{"type":"integer"}},"required":["kind","n"],"additionalProperties":false})");
+  struct Case {
+    const char* what;
+    json tools, tool_choice, response_format;
+    Script script;
+    const char* called;  // the function the answer must call; null: no call, a final answer
+  };
+  const json weather = tool_fn("get_weather", params), time = tool_fn("get_time", params);
+  std::vector<Case> cases;
+  cases.push_back({"an undeclared function", json::array({weather}), "auto", nullptr,
+                   Script().text("<|channel|>analysis<|message|>Mail it.<|end|><|start|>assistant<|channel|>commentary "
+                                 "to=functions.send_email <|constrain|>json<|message|>{\"to\":\"a\"}<|call|>"),
+                   "get_weather"});
+  cases.push_back({"required, the model answering instead", json::array({weather}), "required", nullptr,
+                   Script()
+                       .text("<|channel|>analysis<|message|>Easy.<|end|><|start|>assistant<|channel|>")
+                       .either("final", "comment")
+                       .text("<|message|>It is sunny.<|return|>"),
+                   "get_weather"});
+  cases.push_back({"named, the model calling another", json::array({weather, time}),
+                   {{"type", "function"}, {"function", {{"name", "get_time"}}}}, nullptr,
+                   Script().text("<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{}<|call|>"),
+                   "get_time"});
+  cases.push_back({"a format, analysis ending with <|return|>", json::array({weather}), "auto", schema_format(schema),
+                   Script()
+                       .text("<|channel|>analysis<|message|>Thinking")
+                       .either("<|return|>", "<|end|>")
+                       .text("<|start|>assistant<|channel|>final<|message|>{\"kind\""),
+                   nullptr});
+  Fixture f;  // harmony_output: true
+  for (const Case& c : cases) {
+    json body = structured_body(c.response_format.is_null() ? json{{"type", "text"}} : c.response_format, 1, 300);
+    body["temperature"] = 1.0;
+    body["tools"] = c.tools;
+    body["tool_choice"] = c.tool_choice;
+    harmony::Renderer ren(tok());
+    const size_t prompt_len = render_chat_prompt(ren, parse_chat_request(parse_body(body.dump()))).size();
+    f.backend.shape_logits = c.script.shape(prompt_len);
+    const int64_t redraws = f.engine->metrics().constraint_redraws.load();
+    for (uint64_t seed = 1; seed <= 4; ++seed) {
+      body["seed"] = seed;
+      auto r = f.post("/v1/chat/completions", body.dump());
+      ASSERT_TRUE(r);
+      ASSERT_EQ(r->status, 200) << c.what << ": " << r->body;
+      const json choice = json::parse(r->body)["choices"][0];
+      const json& msg = choice["message"];
+      EXPECT_EQ(r->body.find("send_email"), std::string::npos) << c.what << ": " << r->body;
+      if (c.called) {
+        ASSERT_EQ(choice["finish_reason"], "tool_calls") << c.what << ": " << r->body;
+        ASSERT_EQ(msg["tool_calls"].size(), 1u) << r->body;
+        EXPECT_EQ(msg["tool_calls"][0]["function"]["name"], c.called) << c.what << ": " << r->body;
+        json args;
+        ASSERT_NO_THROW(args = json::parse(msg["tool_calls"][0]["function"]["arguments"].get<std::string>())) << r->body;
+        EXPECT_TRUE(gptoss::testing::schema_valid(params, args)) << r->body;
+        EXPECT_TRUE(msg["content"].is_null() || msg["content"] == "") << c.what << ": " << r->body;
+      } else {
+        ASSERT_EQ(choice["finish_reason"], "stop") << c.what << ": " << r->body;
+        EXPECT_FALSE(msg.contains("tool_calls") && !msg["tool_calls"].empty()) << r->body;
+        EXPECT_EQ(msg["reasoning_content"], "Thinking") << r->body;
+        json v;
+        ASSERT_NO_THROW(v = json::parse(msg["content"].get<std::string>())) << r->body;
+        EXPECT_TRUE(gptoss::testing::schema_valid(schema, v)) << r->body;
+      }
+    }
+    if (!c.called) EXPECT_GE(f.engine->metrics().constraint_redraws.load(), redraws + 4) << "each <|return|> drawn again";
+  }
+  // tool_choice none: no call, whatever the model writes (its header text cannot name one).
+  json body = chat_body(40);
+  body["temperature"] = 1.0;
+  body["tools"] = json::array({weather});
+  body["tool_choice"] = "none";
+  harmony::Renderer ren(tok());
+  const size_t prompt_len = render_chat_prompt(ren, parse_chat_request(parse_body(body.dump()))).size();
+  f.backend.shape_logits =
+      Script().text("<|channel|>commentary to=functions.get_weather<|message|>{}<|call|>").shape(prompt_len);
+  for (uint64_t seed = 1; seed <= 4; ++seed) {
+    body["seed"] = seed;
+    auto r = f.post("/v1/chat/completions", body.dump());
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->status, 200) << r->body;
+    const json choice = json::parse(r->body)["choices"][0];
+    EXPECT_NE(choice["finish_reason"], "tool_calls") << r->body;
+    EXPECT_FALSE(choice["message"].contains("tool_calls") && !choice["message"]["tool_calls"].empty()) << r->body;
+    EXPECT_EQ(choice["message"].value("content", json()).dump().find("<|"), std::string::npos) << r->body;
+  }
+  f.backend.shape_logits = nullptr;
+}

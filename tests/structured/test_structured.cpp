@@ -257,7 +257,8 @@ TEST(StructuredMask, O200kMatchesBruteForce) {
   }
 }
 
-TEST(StructuredConstraint, OnlyTheFinalChannelAndToolArgumentsAreConstrained) {
+namespace {
+HarmonyTokenIds harmony_ids() {
   const auto& tok = o200k();
   HarmonyTokenIds ids;
   ids.start = tok.require_token_id("<|start|>");
@@ -267,25 +268,60 @@ TEST(StructuredConstraint, OnlyTheFinalChannelAndToolArgumentsAreConstrained) {
   ids.return_ = tok.require_token_id("<|return|>");
   ids.call = tok.require_token_id("<|call|>");
   ids.constrain = tok.require_token_id("<|constrain|>");
-  JsonConstraintSpec spec;
-  spec.ids = ids;
-  spec.vocab = o200k_vocab();
-  spec.final_format = std::make_shared<JsonTokenMasker>(compile_json_schema(test_schemas()[0], true), o200k_vocab());
-  spec.tools["get_weather"] = std::make_shared<JsonTokenMasker>(
+  return ids;
+}
+std::shared_ptr<const JsonTokenMasker> weather_params() {
+  static const auto m = std::make_shared<const JsonTokenMasker>(
       compile_json_schema(json::parse(R"({"type":"object","properties":{"city":{"type":"string"}},"required":["city"],
                                           "additionalProperties":false})"),
                           true),
       o200k_vocab());
-  auto feed = [&](JsonConstraint& c, const std::string& text) {
-    for (int32_t t : tok.encode(text, true)) {
-      if (!c.accept(t)) return false;
-    }
-    return true;
-  };
-  const int V = int(tok.vocab_size());
+  return m;
+}
+// A harmony constraint: the final channel's format (test schema 0) when `format`, and the tools.
+JsonConstraintSpec harmony_spec(bool format, const std::vector<std::string>& tools) {
+  JsonConstraintSpec spec;
+  spec.ids = harmony_ids();
+  spec.vocab = o200k_vocab();
+  if (format) spec.final_format = std::make_shared<JsonTokenMasker>(compile_json_schema(test_schemas()[0], true), o200k_vocab());
+  for (const auto& name : tools) spec.tools[name] = weather_params();
+  return spec;
+}
+// Feeds text's tokens (special tokens by name); false at the first one refused.
+bool feed(JsonConstraint& c, const std::string& text) {
+  for (int32_t t : o200k().encode(text, true))
+    if (!c.accept(t)) return false;
+  return true;
+}
+// The tokens mask_logits() leaves, checked against trying every token on a copy of the constraint.
+std::vector<int32_t> expect_mask_is_accept(JsonConstraint& c) {
+  const int V = int(o200k().vocab_size());
   std::vector<float> logits(size_t(V), 0.0f);
-  JsonConstraint c(spec);
-  EXPECT_FALSE(c.active()) << "the header is free";
+  JsonConstraint masking = c;
+  masking.mask_logits(logits.data(), V);
+  std::vector<int32_t> allowed;
+  for (int t = 0; t < V; ++t) {
+    JsonConstraint copy = c;
+    const bool accepted = copy.accept(t);
+    EXPECT_EQ(!std::isinf(logits[size_t(t)]), accepted) << "token " << t << " after " << c.header();
+    if (accepted) allowed.push_back(t);
+  }
+  return allowed;
+}
+bool allows(const std::vector<int32_t>& allowed, int32_t t) { return std::find(allowed.begin(), allowed.end(), t) != allowed.end(); }
+int32_t token_of(const std::string& text) {
+  auto ids = o200k().encode(text, true);
+  EXPECT_EQ(ids.size(), 1u) << text;
+  return ids.empty() ? -1 : ids[0];
+}
+}  // namespace
+
+TEST(StructuredConstraint, OnlyTheFinalChannelAndToolArgumentsAreConstrained) {
+  const HarmonyTokenIds ids = harmony_ids();
+  const int V = int(o200k().vocab_size());
+  std::vector<float> logits(size_t(V), 0.0f);
+  JsonConstraint c(harmony_spec(true, {"get_weather"}));
+  EXPECT_TRUE(c.active()) << "headers are masked";
   ASSERT_TRUE(feed(c, "<|channel|>analysis<|message|>Let me think { not json"));
   EXPECT_FALSE(c.active()) << "analysis is free";
   ASSERT_TRUE(feed(c, "<|end|><|start|>assistant to=functions.get_weather<|channel|>commentary <|constrain|>json<|message|>"));
@@ -298,30 +334,172 @@ TEST(StructuredConstraint, OnlyTheFinalChannelAndToolArgumentsAreConstrained) {
   ASSERT_TRUE(c.mask_logits(logits.data(), V));
   for (int i = 0; i < V; ++i) ASSERT_EQ(std::isinf(logits[size_t(i)]), i != ids.call) << i;
   ASSERT_TRUE(c.accept(ids.call));
-  EXPECT_FALSE(c.active());
-  ASSERT_TRUE(feed(c, "<|start|>functions.get_weather to=assistant<|channel|>commentary<|message|>{\"sunny\": true}<|end|>"));
-  EXPECT_FALSE(c.active()) << "tool results are not the model's";
-  ASSERT_TRUE(feed(c, "<|start|>assistant<|channel|>final<|message|>"));
-  ASSERT_TRUE(c.active());
+  EXPECT_TRUE(c.finished_json());
+  EXPECT_TRUE(c.rejects(ids.start)) << "the call ends the turn";
+
+  JsonConstraint f(harmony_spec(true, {"get_weather"}));
+  ASSERT_TRUE(feed(f, "<|channel|>analysis<|message|>Hmm.<|end|><|start|>assistant<|channel|>final<|message|>"));
+  ASSERT_TRUE(f.active());
   std::fill(logits.begin(), logits.end(), 0.0f);
-  ASSERT_TRUE(c.mask_logits(logits.data(), V));
-  EXPECT_FALSE(std::isinf(logits[size_t(tok.encode("{\"")[0])]));
-  EXPECT_TRUE(std::isinf(logits[size_t(tok.encode("Sure")[0])]));
+  ASSERT_TRUE(f.mask_logits(logits.data(), V));
+  EXPECT_FALSE(std::isinf(logits[size_t(o200k().encode("{\"")[0])]));
+  EXPECT_TRUE(std::isinf(logits[size_t(o200k().encode("Sure")[0])]));
   EXPECT_TRUE(std::isinf(logits[size_t(ids.return_)])) << "not before the JSON is complete";
-  ASSERT_TRUE(feed(c, R"({"name":"Ann","age":3})"));
+  ASSERT_TRUE(feed(f, R"({"name":"Ann","age":3})"));
   std::fill(logits.begin(), logits.end(), 0.0f);
-  ASSERT_TRUE(c.mask_logits(logits.data(), V));
+  ASSERT_TRUE(f.mask_logits(logits.data(), V));
   EXPECT_FALSE(std::isinf(logits[size_t(ids.return_)]));
   EXPECT_EQ(std::count_if(logits.begin(), logits.end(), [](float x) { return !std::isinf(x); }), 1);
-  EXPECT_TRUE(c.accept(ids.return_));
-  EXPECT_TRUE(c.finished_json());
+  EXPECT_TRUE(f.accept(ids.return_));
+  EXPECT_TRUE(f.finished_json());
 
-  JsonConstraintSpec whole = spec;
+  JsonConstraintSpec whole = harmony_spec(true, {});
   whole.whole_output = true;
   JsonConstraint w(whole);
   EXPECT_TRUE(w.active()) << "not harmony: constrained from the first token";
   JsonConstraint w2(whole);
   EXPECT_FALSE(w2.accept(ids.channel));
+}
+
+// Headers: the mask is exactly the tokens the constraint accepts (every o200k token tried), and
+// those are the channels allowed and calls to declared functions only, in every form gpt-oss
+// writes them.
+TEST(StructuredConstraint, HeadersNameOnlyAllowedChannelsAndDeclaredFunctions) {
+  const HarmonyTokenIds ids = harmony_ids();
+  JsonConstraint c(harmony_spec(false, {"get_weather", "get_time"}));
+  auto first = expect_mask_is_accept(c);
+  EXPECT_TRUE(allows(first, ids.channel));
+  EXPECT_TRUE(allows(first, token_of(" to"))) << "the recipient may come before the channel";
+  EXPECT_FALSE(allows(first, ids.message));
+  EXPECT_FALSE(allows(first, ids.start)) << "the prompt wrote this header's <|start|>assistant";
+  EXPECT_FALSE(allows(first, token_of("Sure")));
+  {
+    JsonConstraint h = c;
+    ASSERT_TRUE(feed(h, "<|channel|>"));
+    auto after_channel = expect_mask_is_accept(h);
+    for (const char* w : {"analysis", "final", "comment"}) EXPECT_TRUE(allows(after_channel, token_of(w))) << w;
+    EXPECT_FALSE(allows(after_channel, token_of("python")));
+    JsonConstraint a = h;
+    ASSERT_TRUE(feed(a, "analysis"));
+    EXPECT_EQ(expect_mask_is_accept(a), std::vector<int32_t>{ids.message});
+    JsonConstraint p = h;
+    ASSERT_TRUE(feed(p, "commentary"));
+    auto after_commentary = expect_mask_is_accept(p);
+    EXPECT_TRUE(allows(after_commentary, ids.message)) << "a preamble";
+    EXPECT_TRUE(allows(after_commentary, token_of(" to")));
+    EXPECT_FALSE(allows(after_commentary, token_of(" json"))) << "a content type needs a recipient";
+    ASSERT_TRUE(feed(h, "commentary to=functions."));
+    auto after_functions = expect_mask_is_accept(h);
+    EXPECT_TRUE(allows(after_functions, token_of("get")));
+    EXPECT_FALSE(allows(after_functions, token_of("send")));
+    EXPECT_FALSE(allows(after_functions, ids.message)) << "a recipient needs a name";
+    JsonConstraint bad = h;
+    EXPECT_FALSE(feed(bad, "send_email"));
+  }
+  for (const char* bad : {"<|channel|>commentary to=browser.search<|message|>", "<|channel|>analysis to=python<|message|>",
+                          "<|channel|>commentary to=functions.get_weathers<|message|>", "<|channel|>final json<|message|>",
+                          "<|channel|>reasoning<|message|>", "assistant<|channel|>final<|message|>", "<|message|>"}) {
+    JsonConstraint h = c;
+    EXPECT_FALSE(feed(h, bad)) << bad;
+  }
+  // The forms of a call: recipient after or before the channel, content type or none.
+  for (const char* call : {"<|channel|>commentary to=functions.get_time <|constrain|>json<|message|>",
+                           "<|channel|>commentary to=functions.get_time<|constrain|>json<|message|>",
+                           "<|channel|>commentary to=functions.get_time json<|message|>",
+                           "<|channel|>commentary to=functions.get_time<|message|>",
+                           " to=functions.get_time<|channel|>commentary <|constrain|>json<|message|>",
+                           " to=functions.get_time<|channel|>commentary<|constrain|>json<|message|>",
+                           " to=functions.get_time<|channel|>commentary json<|message|>",
+                           " to=functions.get_time<|channel|>commentary<|message|>"}) {
+    for (bool later : {false, true}) {
+      JsonConstraint h = c;
+      if (later) ASSERT_TRUE(feed(h, "<|channel|>analysis<|message|>x<|end|><|start|>assistant"));
+      ASSERT_TRUE(feed(h, call)) << call;
+      EXPECT_TRUE(h.active()) << call << ": the arguments are JSON";
+      EXPECT_TRUE(feed(h, R"({"city":"Oslo"}<|call|>)")) << call;
+    }
+  }
+  // A later header starts with <|start|>assistant, and nothing else may follow <|end|>.
+  JsonConstraint later = c;
+  ASSERT_TRUE(feed(later, "<|channel|>analysis<|message|>x<|end|>"));
+  EXPECT_TRUE(later.active());
+  auto after_end = expect_mask_is_accept(later);
+  ASSERT_EQ(after_end.size(), 1u);
+  EXPECT_EQ(after_end[0], ids.start);
+  ASSERT_TRUE(feed(later, "<|start|>"));
+  auto role = expect_mask_is_accept(later);
+  EXPECT_TRUE(allows(role, token_of("assistant")));
+  EXPECT_FALSE(allows(role, token_of("user")));
+}
+
+TEST(StructuredConstraint, ToolChoiceRequiredNamedAndNone) {
+  // required (and named): no final channel and no preamble; the turn ends in a call.
+  JsonConstraintSpec required = harmony_spec(true, {"get_weather", "get_time"});
+  required.final_channel = required.preambles = false;
+  JsonConstraint r(required);
+  {
+    JsonConstraint h = r;
+    EXPECT_FALSE(feed(h, "<|channel|>final<|message|>"));
+    JsonConstraint p = r;
+    EXPECT_FALSE(feed(p, "<|channel|>commentary<|message|>"));
+    JsonConstraint a = r;
+    EXPECT_TRUE(feed(a, "<|channel|>analysis<|message|>Let me call.<|end|><|start|>assistant<|channel|>commentary to=functions.get_weather<|message|>"));
+  }
+  JsonConstraintSpec named = harmony_spec(false, {"get_time"});  // the server passes only the named function
+  named.final_channel = named.preambles = false;
+  JsonConstraint n(named);
+  {
+    JsonConstraint h = n;
+    EXPECT_FALSE(feed(h, "<|channel|>commentary to=functions.get_weather<|message|>"));
+    JsonConstraint ok = n;
+    EXPECT_TRUE(feed(ok, "<|channel|>commentary to=functions.get_time<|message|>{\"city\":\"Rome\"}<|call|>"));
+  }
+  // none: no function at all; the final channel and preambles are free text.
+  JsonConstraint none(harmony_spec(false, {}));
+  {
+    JsonConstraint h = none;
+    EXPECT_FALSE(feed(h, "<|channel|>commentary to=functions.get_weather<|message|>"));
+    JsonConstraint ok = none;
+    ASSERT_TRUE(feed(ok, "<|channel|>commentary<|message|>One moment.<|end|><|start|>assistant<|channel|>final<|message|>Done."));
+    EXPECT_FALSE(ok.active()) << "a final message without a format is free";
+    EXPECT_TRUE(ok.accept(harmony_ids().return_));
+  }
+}
+
+// Free text is drawn unmasked: rejects() refuses special tokens other than the message's end, and
+// after mask_next() the mask removes exactly those (the engine's redraw).
+TEST(StructuredConstraint, FreeTextRefusesSpecialTokensButItsEnd) {
+  const HarmonyTokenIds ids = harmony_ids();
+  const int32_t text = token_of("Sure");
+  JsonConstraint c(harmony_spec(true, {"get_weather"}));
+  ASSERT_TRUE(feed(c, "<|channel|>analysis<|message|>Thinking"));
+  ASSERT_FALSE(c.active());
+  EXPECT_FALSE(c.rejects(text));
+  EXPECT_FALSE(c.rejects(ids.end));
+  for (int32_t t : {ids.return_, ids.call, ids.start, ids.channel, ids.message, ids.constrain,
+                    o200k().require_token_id("<|endoftext|>"), int32_t(o200k().vocab_size())})
+    EXPECT_TRUE(c.rejects(t)) << t;
+  EXPECT_TRUE(c.stays_inactive(text));
+  EXPECT_FALSE(c.stays_inactive(ids.end)) << "<|end|> starts a masked header";
+  EXPECT_FALSE(c.stays_inactive(ids.return_));
+  c.mask_next();
+  EXPECT_TRUE(c.active());
+  EXPECT_FALSE(c.stays_inactive(text));
+  auto allowed = expect_mask_is_accept(c);
+  EXPECT_TRUE(allows(allowed, ids.end));
+  EXPECT_FALSE(allows(allowed, ids.return_));
+  size_t specials_allowed = 0;
+  for (int32_t t : allowed) specials_allowed += o200k_vocab()->special(t);
+  EXPECT_EQ(specials_allowed, 1u);
+  EXPECT_EQ(allowed.size(), o200k_vocab()->size() - o200k_vocab()->special_ids().size() + 1);
+  ASSERT_TRUE(c.accept(text));
+  EXPECT_FALSE(c.active()) << "the redraw masks one draw";
+  // A free final message (no format) ends with <|return|> only.
+  JsonConstraint f(harmony_spec(false, {"get_weather"}));
+  ASSERT_TRUE(feed(f, "<|channel|>final<|message|>It is sunny."));
+  EXPECT_FALSE(f.rejects(ids.return_));
+  EXPECT_TRUE(f.rejects(ids.end));
+  EXPECT_TRUE(f.rejects(ids.call));
 }
 
 // Prints the per-token cost of masks: 32 streams each writing a document by picking random
