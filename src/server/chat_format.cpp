@@ -24,13 +24,13 @@ harmony::Conversation build_conversation(const ChatRequest& r) {
       if (!instructions.empty()) instructions += "\n\n";
       instructions += *m.content;
     }
-  bool with_tools = !r.tools.empty() && r.tool_choice != "none";
-  if (with_tools && r.tool_choice == "required") {
+  bool with_tools = !r.tools.empty() && r.tool_choice.mode != "none";
+  if (with_tools && r.tool_choice.mode == "required") {
     if (!instructions.empty()) instructions += "\n\n";
     instructions += "You must call one of the functions.";
-  } else if (with_tools && r.tool_choice != "auto") {
+  } else if (with_tools && r.tool_choice.mode == "function") {
     if (!instructions.empty()) instructions += "\n\n";
-    instructions += "You must call the function " + r.tool_choice + ".";
+    instructions += "You must call the function " + r.tool_choice.function + ".";
   }
   if (!instructions.empty()) dev.instructions = instructions;
   if (r.response_format.type == "json_schema") {

@@ -174,22 +174,23 @@ void check_tool_parameters(const ojson& p, const std::string& name, const std::s
                 "invalid_schema");
 }
 
-std::string resolve_tool_choice(const ojson& tc, const std::optional<std::string>& named,
-                                const std::vector<FunctionTool>& tools) {
-  std::string choice;
+ToolChoice resolve_tool_choice(const ojson& tc, const std::optional<std::string>& named,
+                               const std::vector<FunctionTool>& tools) {
+  ToolChoice choice;
   if (tc.is_string()) {
-    choice = tc.get<std::string>();
-    if (choice != "none" && choice != "auto" && choice != "required")
+    choice.mode = tc.get<std::string>();
+    if (choice.mode != "none" && choice.mode != "auto" && choice.mode != "required")
       bad_request("'tool_choice' must be none, auto, required or a function.", "tool_choice", "invalid_value");
   } else if (tc.is_object()) {
     bool found = false;
     for (const auto& t : tools) found |= t.name == *named;
     if (!found) bad_request("'tool_choice' names a function not in 'tools'.", "tool_choice", "invalid_value");
-    choice = *named;
+    choice.mode = "function";
+    choice.function = *named;
   } else {
     wrong_type("tool_choice", "a string or an object", tc);
   }
-  if (choice == "required" && tools.empty())
+  if (choice.mode == "required" && tools.empty())
     bad_request("'tool_choice' is required but no 'tools' were given.", "tool_choice", "invalid_value");
   return choice;
 }

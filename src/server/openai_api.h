@@ -90,10 +90,21 @@ struct CommonRequest {
   int top_logprobs = 0;
 };
 
+// tool_choice: a mode, and for a forced call the function (kept apart: a function may be named
+// "auto" or "none").
+struct ToolChoice {
+  std::string mode = "auto";  // none, auto, required, function
+  std::string function;       // mode function: the function the model must call
+  bool must_call() const { return mode == "required" || mode == "function"; }
+  bool may_call(const std::string& name) const {
+    return mode == "auto" || mode == "required" || (mode == "function" && name == function);
+  }
+};
+
 struct ChatRequest : CommonRequest {
   std::vector<ChatMessage> messages;
   std::vector<FunctionTool> tools;
-  std::string tool_choice = "auto";  // none, auto, required, or a function name when forced
+  ToolChoice tool_choice;
   std::optional<std::string> reasoning_effort;  // low, medium, high (reasoning_effort or reasoning.effort)
   ResponseFormat response_format;
 };

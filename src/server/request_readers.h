@@ -46,9 +46,9 @@ void check_tool_parameters(const ojson& p, const std::string& name, const std::s
 // tool_choice as chat completions and the Responses API share it: a string (none, auto, required)
 // or an object whose function name the caller read into `named` (each API places it differently;
 // the caller refuses an object without one). The function must be among `tools`; required needs
-// tools. Returns the choice (the mode, or the function's name).
-std::string resolve_tool_choice(const ojson& tc, const std::optional<std::string>& named,
-                                const std::vector<FunctionTool>& tools);
+// tools.
+ToolChoice resolve_tool_choice(const ojson& tc, const std::optional<std::string>& named,
+                               const std::vector<FunctionTool>& tools);
 // A reasoning effort: low, medium or high.
 std::optional<std::string> parse_effort(const ojson& v, const std::string& key);
 // A string, or an array of text content parts (text, input_text, output_text) joined.

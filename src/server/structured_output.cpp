@@ -68,13 +68,11 @@ std::shared_ptr<structured::JsonConstraint> StructuredOutput::for_chat(const Cha
   // format is constrained as a whole: its headers may call only the functions tool_choice allows
   // (none: no call; a function's name: that one), and required or named choices leave no final
   // channel, so the turn ends in a call. A function without parameters takes any JSON object.
-  const bool must_call = r.tool_choice != "none" && r.tool_choice != "auto";
   for (const auto& t : r.tools) {
     auto m = t.parameters ? masker(&*t.parameters, t.strict, "tools") : masker(nullptr, false, "tools");
-    const bool callable = r.tool_choice == "auto" || r.tool_choice == "required" || r.tool_choice == t.name;
-    if (harmony_ && callable) spec.tools[t.name] = std::move(m);
+    if (harmony_ && r.tool_choice.may_call(t.name)) spec.tools[t.name] = std::move(m);
   }
-  if (harmony_ && must_call) spec.final_channel = spec.preambles = false;
+  if (harmony_ && r.tool_choice.must_call()) spec.final_channel = spec.preambles = false;
   if (!spec.final_format && r.tools.empty()) return nullptr;
   if (spec.whole_output && !spec.final_format) return nullptr;
   spec.vocab = vocabulary();  // built on the first constrained request only

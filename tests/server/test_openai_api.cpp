@@ -51,7 +51,8 @@ TEST(OpenAiApi, ParsesChat) {
   EXPECT_EQ(r.messages[2].tool_calls[0].name, "f");
   EXPECT_EQ(r.messages[3].tool_call_id, "call_1");
   ASSERT_EQ(r.tools.size(), 1u);
-  EXPECT_EQ(r.tool_choice, "f");
+  EXPECT_EQ(r.tool_choice.mode, "function");
+  EXPECT_EQ(r.tool_choice.function, "f");
 }
 
 TEST(OpenAiApi, RejectsBadChat) {
@@ -164,8 +165,15 @@ TEST(OpenAiApi, RefusesWhatNoOneReads) {
   EXPECT_EQ(err_of("{" + m + t + R"(,"tool_choice":{"type":"function","function":{"name":"x","a":1}}})").param,
             "tool_choice.function.a");
   EXPECT_EQ(parse_chat_request(parse_body("{" + m + t + R"(,"tool_choice":{"type":"function","function":{"name":"x"}}})"))
-                .tool_choice,
+                .tool_choice.function,
             "x");
+  // A function may be named like a mode: forcing it is not that mode.
+  const std::string named_auto = R"(,"tools":[{"type":"function","function":{"name":"auto"}}])";
+  const auto forced = parse_chat_request(
+      parse_body("{" + m + named_auto + R"(,"tool_choice":{"type":"function","function":{"name":"auto"}}})"));
+  EXPECT_EQ(forced.tool_choice.mode, "function");
+  EXPECT_TRUE(forced.tool_choice.must_call());
+  EXPECT_FALSE(forced.tool_choice.may_call("other"));
 }
 
 TEST(OpenAiApi, ParsesCompletions) {

@@ -75,7 +75,7 @@ TEST(ResponsesApi, ParsesItems) {
   EXPECT_EQ(*r.chat.reasoning_effort, "high");
   EXPECT_FALSE(r.store);
   EXPECT_EQ(*r.instructions, "be brief");
-  EXPECT_EQ(r.chat.tool_choice, "f");
+  EXPECT_EQ(r.chat.tool_choice.function, "f");
   ASSERT_EQ(r.chat.tools.size(), 1u);
   ASSERT_EQ(r.chat.messages.size(), 5u);
   EXPECT_EQ(r.chat.messages[0].role, "user");
