@@ -87,12 +87,20 @@ double row_logsumexp(const float* logits, int vocab) {
 float clamp_logprob(double v) { return std::isnan(v) ? -9999.0f : float(std::max(v, -9999.0)); }
 
 void Backend::forward_sample(const ForwardBatch& batch, const RowSampling* rows, int32_t* tokens_out,
-                             float* logprobs_out) {
+                             float* logprobs_out, float* kept_logits) {
   const int V = config().vocab;
   std::vector<float> logits(batch.logit_rows.size() * size_t(V)), scratch;
   forward(batch, logits.data());
+  size_t kept = 0;
   for (size_t r = 0; r < batch.logit_rows.size(); ++r) {
     const float* row = logits.data() + r * V;
+    if (rows[r].keep_logits) {
+      if (!kept_logits) throw Error("forward_sample: a keep_logits row without kept_logits");
+      std::copy_n(row, V, kept_logits + kept++ * size_t(V));
+      tokens_out[r] = -1;
+      if (logprobs_out) logprobs_out[r] = 0.0f;
+      continue;
+    }
     tokens_out[r] = sample_row(row, V, rows[r], scratch);
     if (logprobs_out) logprobs_out[r] = clamp_logprob(double(row[tokens_out[r]]) - row_logsumexp(row, V));
   }

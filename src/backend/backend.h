@@ -69,6 +69,8 @@ struct RowSampling {
   float min_p = 0.0f;
   int top_k = 0;  // <= 0: off
   float u = 0.0f;
+  // Not drawn: the row's logits go to forward_sample's kept_logits (its token there is -1).
+  int32_t keep_logits = 0;
 };
 
 // The host implementation of that rule (the reference the CUDA sampler is tested against).
@@ -111,8 +113,14 @@ class Backend {
   // logprobs_out (when given and samples_logprobs()): each drawn token's logprob under the row's
   // logits (logit - row_logsumexp, clamped as clamp_logprob), so a request asking only for its
   // tokens' logprobs needs no [rows, vocab] copy to the host.
+  // kept_logits (when keeps_logits()): the logits of the rows marked keep_logits, in row order,
+  // [kept rows, vocab]; those rows are not drawn (token -1). The host then samples them itself
+  // (penalties, a structured-output mask) while the backend draws the rest.
   virtual void forward_sample(const ForwardBatch& batch, const RowSampling* rows, int32_t* tokens_out,
-                              float* logprobs_out = nullptr);
+                              float* logprobs_out = nullptr, float* kept_logits = nullptr);
+  // Whether forward_sample takes keep_logits rows (the default and one CUDA GPU do; a
+  // tensor-parallel group does not).
+  virtual bool keeps_logits() const { return true; }
   // Whether forward_sample fills logprobs_out (the default and one CUDA GPU do; a tensor-parallel
   // group, whose vocabulary is split over the ranks, does not).
   virtual bool samples_logprobs() const { return true; }

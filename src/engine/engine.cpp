@@ -582,13 +582,26 @@ std::unique_ptr<Engine::Launched> Engine::launch(Planned planned) {
         l->error = std::make_exception_ptr(
             Error("injected fault: GPTOSS_TEST_FAIL_AT_OUTPUT_TOKEN=" + std::to_string(cfg_.test_fail_at_output_token)));
   l->toks.resize(rows);
-  l->backend_samples =
-      rows > 0 && l->prompt_rows.empty() && std::all_of(l->row_seq.begin(), l->row_seq.end(), [&](const Sequence* s) {
-        return (s->sp.logprobs < 0 || (s->sp.logprobs == 0 && backend_.samples_logprobs())) &&
-               s->sp.presence_penalty == 0.0f && s->sp.frequency_penalty == 0.0f &&
-               s->sp.logit_bias.empty() && (!cfg_.batch_invariant || s->sp.temperature < 1e-5f) &&
-               !(s->sp.constraint && s->sp.constraint->active());
-      });
+  auto backend_may_draw = [&](const Sequence* s) {
+    return (s->sp.logprobs < 0 || (s->sp.logprobs == 0 && backend_.samples_logprobs())) &&
+           s->sp.presence_penalty == 0.0f && s->sp.frequency_penalty == 0.0f && s->sp.logit_bias.empty() &&
+           (!cfg_.batch_invariant || s->sp.temperature < 1e-5f) && !(s->sp.constraint && s->sp.constraint->active());
+  };
+  // Rows the backend may not draw: all of them drawn on the host from [rows, vocab] logits, or,
+  // when the backend keeps chosen rows' logits (Backend::keeps_logits), the backend draws the
+  // others and only those rows' logits come to the host (one request with penalties or a
+  // structured-output header no longer moves its whole batch to the host).
+  std::vector<uint8_t> on_host(size_t(rows), 0);
+  int n_host = 0;
+  for (int r = 0; r < rows; ++r) n_host += on_host[size_t(r)] = !backend_may_draw(l->row_seq[r]);
+  l->backend_samples = rows > 0 && l->prompt_rows.empty() && (n_host == 0 || (backend_.keeps_logits() && n_host < rows));
+  l->kept.clear();
+  if (l->backend_samples && n_host > 0) {
+    l->kept.assign(size_t(rows), -1);
+    for (int r = 0, k = 0; r < rows; ++r)
+      if (on_host[size_t(r)]) l->kept[size_t(r)] = k++;
+    logits_.resize(size_t(n_host) * size_t(vocab_));
+  }
   if (l->backend_samples) {
     // Each row's uniform is the one the host sampler would take for that position. They are
     // drawn from a copy of the generator: complete() advances the request's own generator by
@@ -599,7 +612,10 @@ std::unique_ptr<Engine::Launched> Engine::launch(Planned planned) {
     for (int r = 0; r < rows;) {
       Sequence* s = l->row_seq[r];
       std::mt19937_64 peek = s->rng;
-      for (; r < rows && l->row_seq[r] == s; ++r) l->how[r] = row_sampling(s->sp, uniform01(peek));
+      for (; r < rows && l->row_seq[r] == s; ++r) {
+        l->how[r] = row_sampling(s->sp, uniform01(peek));
+        l->how[r].keep_logits = !l->kept.empty() && l->kept[size_t(r)] >= 0;
+      }
     }
   } else {
     // One pass at a time uses the host logits (N's are consumed before N+1 is launched).
@@ -618,7 +634,8 @@ void Engine::run_forward(Launched& l) {
   }
   try {
     if (l.backend_samples)
-      backend_.forward_sample(l.batch, l.how.data(), l.toks.data(), l.lps.empty() ? nullptr : l.lps.data());
+      backend_.forward_sample(l.batch, l.how.data(), l.toks.data(), l.lps.empty() ? nullptr : l.lps.data(),
+                              l.kept.empty() ? nullptr : logits_.data());
     else
       backend_.forward(l.batch, logits_.data());
   } catch (...) {
@@ -666,18 +683,22 @@ void Engine::complete(Launched& l) {
   std::vector<uint8_t> no_token(size_t(rows), 0);
   std::vector<int> emitted(groups, 0);  // tokens this step gives each sequence
   std::vector<uint8_t> redraw(size_t(groups), 0);  // its token refused by its constraint: draw again
-  const bool host = !l.backend_samples;
-#pragma omp parallel for schedule(dynamic, 1) if (groups > 1 && host)
+  // A group is drawn on the host when the whole step is, or when its rows are kept ones (a
+  // sequence's rows are all kept or none: the same sampling parameters).
+  auto host_row = [&](int r) { return !l.backend_samples ? r : l.kept.empty() ? -1 : l.kept[size_t(r)]; };
+  const bool any_host = !l.backend_samples || !l.kept.empty();
+#pragma omp parallel for schedule(dynamic, 1) if (groups > 1 && any_host)
   for (int g = 0; g < groups; ++g) {
     Sequence& s = *l.row_seq[group_first[g]];
     if (s.done) continue;
     const int n_rows = group_first[g + 1] - group_first[g];
+    const bool host = host_row(group_first[g]) >= 0;
     thread_local std::vector<float> scratch;
     thread_local std::vector<int32_t> idx;
     int j = 0;
     for (; j < n_rows; ++j) {
       const int r = group_first[g] + j;
-      float* row = logits_.data() + size_t(r) * vocab_;
+      float* row = host ? logits_.data() + size_t(host_row(r)) * vocab_ : nullptr;
       if (host) {
         if (s.sp.constraint && s.sp.constraint->active() && !s.sp.constraint->mask_logits(row, vocab_)) {
           no_token[size_t(r)] = 1;
@@ -722,7 +743,8 @@ void Engine::complete(Launched& l) {
   for (int g = 0; g < groups; ++g) {
     Sequence& s = *l.row_seq[group_first[g]];
     if (s.done) continue;
-    if (!host && !l.tokens_taken) s.rng.discard(emitted[g]);  // the draws launch() took from a copy
+    if (host_row(group_first[g]) < 0 && !l.tokens_taken)
+      s.rng.discard(emitted[g]);  // the draws launch() took from a copy
     if (redraw[size_t(g)]) {
       // The position's K/V stays (its token is unchanged); only its draw is repeated, masked.
       s.sp.constraint->mask_next();
@@ -794,7 +816,7 @@ void Engine::commit_drafts(Launched& l) {
 }
 
 bool Engine::take_tokens_early(Launched& l) {
-  if (l.error || !l.backend_samples || !l.prompt_rows.empty() || drafter_) return false;
+  if (l.error || !l.backend_samples || !l.kept.empty() || !l.prompt_rows.empty() || drafter_) return false;
   const size_t rows = l.row_seq.size();
   for (size_t r = 0; r < rows; ++r)
     if ((r > 0 && l.row_seq[r] == l.row_seq[r - 1]) ||

@@ -23,7 +23,8 @@ namespace {
 // Tokens without logits: the pass sleeps pass_us and draws arbitrary ids below the special tokens.
 struct TimedBackend : testing::FakeBackend {
   using FakeBackend::FakeBackend;
-  void forward_sample(const ForwardBatch& b, const RowSampling*, int32_t* out, float* lp) override {
+  bool keeps_logits() const override { return false; }
+  void forward_sample(const ForwardBatch& b, const RowSampling*, int32_t* out, float* lp, float*) override {
     for (size_t r = 0; r < b.logit_rows.size(); ++r) {
       out[r] = int32_t(5 + (r * 7919 + b.tokens.size()) % 90000);
       if (lp) lp[r] = -1.5f;

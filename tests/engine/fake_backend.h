@@ -46,9 +46,14 @@ class FakeBackend : public Backend {
   int sample_calls = 0;
   bool sampled_logprobs = true;  // false: as a backend that gives no logprobs from forward_sample
   bool samples_logprobs() const override { return sampled_logprobs; }
-  void forward_sample(const ForwardBatch& b, const RowSampling* rows, int32_t* out, float* lp = nullptr) override {
+  bool keeps_rows = true;  // false: as a backend that cannot keep chosen rows' logits
+  bool keeps_logits() const override { return keeps_rows; }
+  int kept_rows = 0;  // rows whose logits forward_sample kept for the host
+  void forward_sample(const ForwardBatch& b, const RowSampling* rows, int32_t* out, float* lp = nullptr,
+                      float* kept = nullptr) override {
     ++sample_calls;
-    Backend::forward_sample(b, rows, out, lp);
+    for (size_t r = 0; r < b.logit_rows.size(); ++r) kept_rows += rows[r].keep_logits != 0;
+    Backend::forward_sample(b, rows, out, lp, kept);
   }
   void forward(const ForwardBatch& b, float* logits) override {
     ++forward_calls;

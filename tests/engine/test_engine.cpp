@@ -434,6 +434,51 @@ TEST(Engine, BackendSamplesUnlessLogitsAreNeeded) {
   }
 }
 
+// A batch mixing rows the backend may draw with rows that need their logits on the host (top
+// logprobs, penalties, logit_bias): the backend draws the former and keeps only the latter's
+// logits for the host (Backend::keeps_logits), or, on a backend that keeps none, every row is
+// drawn on the host. Each request's tokens and logprobs equal those it gets alone, either way.
+TEST(Engine, MixedBatchKeepsOnlyTheHostRowsLogits) {
+  for (bool keeps : {true, false})
+    for (int async = 0; async < 2; ++async) {
+      std::vector<SamplingParams> sps(4);
+      for (size_t i = 0; i < sps.size(); ++i) {
+        sps[i].temperature = i % 2 ? 0.8f : 0.0f;
+        sps[i].seed = 21 + i;
+        sps[i].max_tokens = 12;
+      }
+      sps[1].presence_penalty = 0.7f;
+      sps[2].logprobs = 2;
+      sps[3].logit_bias = {{5, 3.0f}};
+      FakeBackend be;
+      be.keeps_rows = keeps;
+      EngineConfig cfg = small_cfg();
+      cfg.async_scheduling = async;
+      Engine e(be, cfg);
+      std::vector<std::shared_ptr<RequestStream>> streams;
+      for (size_t i = 0; i < sps.size(); ++i) streams.push_back(e.submit(prompt_of(6 + int(i), 5 + int(i)), sps[i]));
+      if (async) e.start();
+      else run_idle(e);
+      for (size_t i = 0; i < sps.size(); ++i) {
+        Result r = collect(*streams[i]);
+        Result alone = run_alone(prompt_of(6 + int(i), 5 + int(i)), sps[i]);
+        EXPECT_EQ(r.tokens, alone.tokens) << "request " << i << (keeps ? " kept rows" : " all on the host");
+        ASSERT_EQ(r.logprobs.size(), alone.logprobs.size());
+        for (size_t j = 0; j < r.logprobs.size(); ++j) EXPECT_EQ(r.logprobs[j].top, alone.logprobs[j].top) << i;
+      }
+      e.stop();
+      if (keeps) {
+        EXPECT_GT(be.sample_calls, 0);
+        // The three host requests' rows, in the steps that also hold the plain request (a step of
+        // host rows alone is drawn on the host whole).
+        EXPECT_GT(be.kept_rows, 12);
+        EXPECT_LE(be.kept_rows, 3 * 12);
+      } else {
+        EXPECT_EQ(be.kept_rows, 0);
+      }
+    }
+}
+
 // Prompt logprobs (completions echo): one per prompt token after the first, each the
 // log-softmax at the position before it, all sent once although the prompt is prefilled in
 // chunks over several steps.

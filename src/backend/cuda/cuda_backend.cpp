@@ -656,6 +656,7 @@ void CudaBackend::run_batch_impl(const ForwardBatch& b, float* logits, int32_t* 
       std::vector<float> lps(logprobs ? B : 0);
       GPTOSS_CUDA_CHECK(cudaMemcpyAsync(ids.data(), d_greedy_, B * 4, cudaMemcpyDeviceToHost, stream_));
       if (logprobs) GPTOSS_CUDA_CHECK(cudaMemcpyAsync(lps.data(), d_lp_, B * 4, cudaMemcpyDeviceToHost, stream_));
+      copy_kept_rows(b, 0, b.logit_rows.size(), [&](size_t i) { return row_of[b.logit_rows[i]]; });
       GPTOSS_CUDA_CHECK(cudaStreamSynchronize(stream_));
       for (size_t i = 0; i < b.logit_rows.size(); ++i) {
         greedy[i] = ids[row_of[b.logit_rows[i]]];
@@ -757,6 +758,7 @@ void CudaBackend::run_batch_impl(const ForwardBatch& b, float* logits, int32_t* 
           std::vector<RowSampling> per(cnt);
           for (int i = 0; i < cnt; ++i) per[i] = how[outs[done + i]];
           sample_on_device(per, cnt, logprobs != nullptr);
+          copy_kept_rows(b, 0, size_t(cnt), [&](size_t i) { return int(i); }, outs.data() + done);
         } else if (!tp_.active()) {
           argmax_rows(d_logits_, cnt, V, d_greedy_, stream_);
         }
@@ -855,10 +857,38 @@ void CudaBackend::finish_greedy(int32_t* tokens_out) {
 }
 
 void CudaBackend::forward_sample(const ForwardBatch& batch, const RowSampling* rows, int32_t* tokens_out,
-                                 float* logprobs_out) {
+                                 float* logprobs_out, float* kept_logits) {
   if (logprobs_out && !samples_logprobs())
     throw Error("cuda backend: a tensor-parallel rank gives no logprobs from forward_sample");
-  run_batch(batch, nullptr, tokens_out, rows, logprobs_out);
+  kept_at_.assign(batch.logit_rows.size(), -1);
+  int32_t kept = 0;
+  for (size_t i = 0; i < batch.logit_rows.size(); ++i)
+    if (rows[i].keep_logits) kept_at_[i] = kept++;
+  if (kept > 0 && (!kept_logits || !keeps_logits()))
+    throw Error("cuda backend: keep_logits rows need kept_logits (and one GPU)");
+  kept_logits_ = kept > 0 ? kept_logits : nullptr;
+  try {
+    run_batch(batch, nullptr, tokens_out, rows, logprobs_out);
+  } catch (...) {
+    kept_logits_ = nullptr;
+    throw;
+  }
+  kept_logits_ = nullptr;
+}
+
+template <class DeviceRow>
+void CudaBackend::copy_kept_rows(const ForwardBatch& b, size_t first, size_t n, DeviceRow device_row,
+                                 const int32_t* rows) {
+  // Queued before the caller's synchronize; the sampler left these rows' logits untouched.
+  if (!kept_logits_) return;
+  const int V = cfg_.vocab;
+  for (size_t i = first; i < first + n; ++i) {
+    const size_t row = rows ? size_t(rows[i]) : i;  // the logit row (index into b.logit_rows)
+    if (row >= kept_at_.size() || kept_at_[row] < 0) continue;
+    GPTOSS_CUDA_CHECK(cudaMemcpyAsync(kept_logits_ + size_t(kept_at_[row]) * V, d_logits_ + size_t(device_row(i)) * V,
+                                      size_t(V) * 4, cudaMemcpyDeviceToHost, stream_));
+  }
+  (void)b;
 }
 
 std::unique_ptr<Eagle3Head> CudaBackend::make_eagle3_head(std::shared_ptr<const Eagle3Weights> head) {

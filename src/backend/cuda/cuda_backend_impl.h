@@ -89,9 +89,10 @@ class CudaBackend final : public Backend {
   void launch_greedy(const ForwardBatch& batch, bool tokens_from_last) override;
   void finish_greedy(int32_t* tokens_out) override;
   void forward_sample(const ForwardBatch& batch, const RowSampling* rows, int32_t* tokens_out,
-                      float* logprobs_out = nullptr) override;
+                      float* logprobs_out = nullptr, float* kept_logits = nullptr) override;
   // One GPU: the sampler leaves each drawn token's logprob; tensor-parallel ranks hold a vocab slice.
   bool samples_logprobs() const override { return !tp_.active(); }
+  bool keeps_logits() const override { return !tp_.active(); }
   size_t kv_memory_available() const override;
   int default_max_num_batched_tokens() const override;
   bool supports_hidden_taps() const override { return true; }
@@ -187,6 +188,11 @@ class CudaBackend final : public Backend {
                  float* logprobs = nullptr);
   void run_batch_impl(const ForwardBatch& b, float* logits, int32_t* greedy, const RowSampling* how,
                       float* logprobs);
+  // forward_sample's kept rows among logit rows [first, first + n) (rows[i] the logit row of i,
+  // or i itself), each from device row device_row(i) of d_logits_, to kept_logits_.
+  template <class DeviceRow>
+  void copy_kept_rows(const ForwardBatch& b, size_t first, size_t n, DeviceRow device_row,
+                      const int32_t* rows = nullptr);
   // Draws rows [0, n) of d_logits_ by per[i] on the device; ids land in d_greedy_ (and with
   // logprobs, the drawn tokens' logprobs in d_lp_).
   void sample_on_device(const std::vector<RowSampling>& per, int n, bool logprobs);
@@ -318,7 +324,10 @@ class CudaBackend final : public Backend {
   // synchronous pass), and whether its tokens are copied from d_greedy_ on the device.
   int pipe_slot_ = -1;
   bool tokens_from_device_ = false;
-  bool pipe_copied_ = false;  // the pass left its ids to the slot (run_batch_impl's graph branch)
+  bool pipe_copied_ = false;
+  // forward_sample's kept_logits around run_batch, and each logit row's place in it (-1: drawn).
+  float* kept_logits_ = nullptr;
+  std::vector<int32_t> kept_at_;  // the pass left its ids to the slot (run_batch_impl's graph branch)
 
   // Captured decode passes by padded size (and tapped layers: graphs that store device taps).
   // (padded size, decode attention plan key, tapped layers)

@@ -529,7 +529,8 @@ void argmax_merge_parts(const RowMax* parts, int world, int n, int32_t* ids, cud
                         bool sampler_rule = false);
 
 // out[i] = the token drawn from row i by how[i] (backend.h's RowSampling rule; how is device
-// memory). Overwrites the rows with their unnormalized probabilities. lp_out (optional, [n]):
+// memory). Overwrites the rows with their unnormalized probabilities; a keep_logits row is not
+// drawn (out -1) and keeps its logits. lp_out (optional, [n]):
 // each drawn token's logprob under the row's logits (Backend::forward_sample's logprobs_out).
 void sample_rows(float* logits, int n, int V, const RowSampling* how, int32_t* out, cudaStream_t s,
                  float* lp_out = nullptr);

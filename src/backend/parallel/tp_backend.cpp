@@ -111,9 +111,12 @@ class TpBackend final : public Backend {
 
   // The vocabulary is split over the ranks: the drawn tokens' logprobs need the host logits.
   bool samples_logprobs() const override { return false; }
+  // Nor keeps chosen rows' logits (the ranks draw every row together).
+  bool keeps_logits() const override { return false; }
   void forward_sample(const ForwardBatch& batch, const RowSampling* rows, int32_t* tokens_out,
-                      float* logprobs_out = nullptr) override {
+                      float* logprobs_out = nullptr, float* kept_logits = nullptr) override {
     if (logprobs_out) throw Error("tensor parallel: forward_sample gives no logprobs (samples_logprobs() is false)");
+    if (kept_logits) throw Error("tensor parallel: forward_sample keeps no logits (keeps_logits() is false)");
     validate_forward_batch(batch, config_, kv_config());
     run(TpRemoteRanks::Call::kForwardSample, nullptr, &batch, rows, [&](int r, Backend& b) {
       if (r == 0) return b.forward_sample(batch, rows, tokens_out);

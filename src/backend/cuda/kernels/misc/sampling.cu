@@ -62,6 +62,13 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(float* __restrict__ lo
   float* p = logits + size_t(blockIdx.x) * V;
   const RowSampling s = how[blockIdx.x];
   const int tid = threadIdx.x;
+  if (s.keep_logits) {  // the host draws this row from its logits, which stay as they are
+    if (tid == 0) {
+      out[blockIdx.x] = -1;
+      if (lp_out) lp_out[blockIdx.x] = 0.0f;
+    }
+    return;
+  }
 
   // Greedy, and the maximum for the softmax: (value, lowest id) per thread, then the block.
   float best = -INFINITY;
