@@ -165,6 +165,7 @@ double quantile(std::vector<double> v, double q) {
 struct RequestSpec {
   std::variant<std::string, std::vector<int32_t>> prompt;
   int max_tokens = 0;
+  json extra;  // fields added to the body (BenchOptions::extra_body), or null
 };
 
 BenchRequestResult one_request(const BenchOptions& o, const Url& url, const RequestSpec& spec) {
@@ -188,6 +189,7 @@ BenchRequestResult one_request(const BenchOptions& o, const Url& url, const Requ
   }
   if (!o.model.empty()) body["model"] = o.model;
   if (o.ignore_eos) body["ignore_eos"] = true;
+  if (spec.extra.is_object()) body.update(spec.extra);
   httplib::Request req;
   req.method = "POST";
   req.path = url.prefix + (chat ? "/chat/completions" : "/completions");
@@ -322,6 +324,12 @@ std::vector<RequestSpec> make_specs(const BenchOptions& o) {
     }
   }
   for (auto& s : specs) s.max_tokens = draw(out);
+  if (!o.extra_body.empty()) {
+    json extra = json::parse(o.extra_body, nullptr, false);
+    if (!extra.is_object()) throw Error("--extra-body: not a JSON object: " + o.extra_body);
+    if (o.extra_body_every < 1) throw Error("--extra-body-every: must be at least 1");
+    for (int i = 0; i < o.requests; i += o.extra_body_every) specs[size_t(i)].extra = extra;
+  }
   return specs;
 }
 

@@ -40,6 +40,10 @@ struct BenchOptions {
   bool token_timing = true;
   // Service-level objective for goodput, "ttft:300,tpot:50,e2e:5000" (milliseconds; any subset).
   std::string goodput;
+  // A JSON object whose fields are added to the body of every `extra_body_every`-th request (the
+  // first, then every N-th): mixed traffic, e.g. some requests with presence_penalty. "": none.
+  std::string extra_body;
+  int extra_body_every = 1;
 };
 
 // "N" or "A:B" with 1 <= A <= B; throws gptoss::Error naming `what` otherwise.

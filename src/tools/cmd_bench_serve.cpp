@@ -52,6 +52,13 @@ gptoss::tools::RegisterCommand reg({"bench-serve", "Load-test an OpenAI-compatib
   auto* input_len = app->add_option("--input-len", a->o.input_len,
                                     "Random-token prompts of N or A:B (uniform) tokens, sent as ids to /v1/completions");
   auto* goodput = app->add_option("--goodput", a->o.goodput, "SLO for goodput in ms, e.g. ttft:300,tpot:50,e2e:5000");
+  auto* extra_body = app->add_option("--extra-body", a->o.extra_body,
+                                     "A JSON object whose fields are added to each request's body, e.g. '{\"presence_penalty\": 0.5}'");
+  auto* extra_every = app->add_option("--extra-body-every", a->o.extra_body_every,
+                                      "With --extra-body: only the first request and every N-th after it (mixed traffic)")
+                          ->capture_default_str()
+                          ->check(int_range(1))
+                          ->needs(extra_body);
   auto* outputs = app->add_option("--outputs", a->outputs_out, "Write each request's text to this file (JSON lines, request order)");
   auto* prompts = app->add_option("--prompts", a->o.prompts_file, "File with one prompt a line: text, {\"prompt\": \"text\"} or {\"prompt\": [token ids]} (sent to /v1/completions as they are)");
   // llama-benchy's report: one request at a time, random-token prompts of depth + pp tokens.
@@ -78,7 +85,8 @@ gptoss::tools::RegisterCommand reg({"bench-serve", "Load-test an OpenAI-compatib
       ->check(one_of({"api", "generation", "none"}))
       ->needs(depth);
   app->add_flag("!--no-warmup", a->d.warmup, "With --depth: no warm-up request first")->needs(depth);
-  for (CLI::Option* o : {requests, concurrency, rate, max_tokens, output_len, input_len, goodput, outputs, prompts})
+  for (CLI::Option* o : {requests, concurrency, rate, max_tokens, output_len, input_len, goodput, outputs, prompts,
+                         extra_body, extra_every})
     depth->excludes(o);
   add_temperature_option(app, a->o.temperature);
   add_ignore_eos_option(app, a->o.ignore_eos);

@@ -200,6 +200,32 @@ TEST(BenchServe, PromptsFileTakesTokenIds) {
   std::filesystem::remove_all(dir);
 }
 
+// --extra-body reaches the first request and every N-th after it (here it overrides max_tokens,
+// which the response shows); anything but a JSON object is an error.
+TEST(BenchServe, ExtraBodyEveryNthRequest) {
+  EngineConfig ec;
+  ec.max_num_seqs = 4;
+  auto live = std::make_unique<httptest::Fixture>(ec);
+  BenchOptions o;
+  o.base_url = "http://127.0.0.1:" + std::to_string(live->port);
+  o.model = "test-model";
+  o.requests = 7;
+  o.concurrency = 4;
+  o.input_len = "12";
+  o.output_len = "6";
+  o.ignore_eos = true;
+  o.extra_body = R"({"max_tokens": 2, "presence_penalty": 0.5})";
+  o.extra_body_every = 3;
+  BenchReport rep = run_bench(o);
+  ASSERT_EQ(rep.ok, 7) << rep.to_text();
+  for (int i = 0; i < 7; ++i) EXPECT_EQ(rep.results[size_t(i)].completion_tokens, i % 3 == 0 ? 2 : 6) << i;
+  o.extra_body = "[1]";
+  EXPECT_THROW(run_bench(o), Error);
+  o.extra_body = "{";
+  EXPECT_THROW(run_bench(o), Error);
+  live.reset();
+}
+
 // ---------------------------------------------------------------------------- --depth report
 
 TEST(BenchServeDepth, IntListsAndMeanStd) {

@@ -92,6 +92,8 @@ CudaBackend::CudaBackend(const BackendOptions& opts) {
   }
   if (const char* mma = std::getenv("GPTOSS_DECODE_ATTENTION_MMA")) decode_attn_mma_ = std::string(mma) != "0";
   if (const char* kp = std::getenv("GPTOSS_EXPERT_GEMM_KPERM")) expert_kperm_ = std::string(kp) != "0";
+  // A/B of mixed sampling: =1 keeps no rows' logits, so a step with one host row draws all on the host.
+  if (const char* nk = std::getenv("GPTOSS_SAMPLER_KEEPS_NO_LOGITS")) keeps_no_logits_ = std::string(nk) != "0";
   route_padding_ = env_int("GPTOSS_ROUTE_PADDING", 0) != 0;
   if (profile_) GPTOSS_CUDA_CHECK(cudaEventCreate(&prof_start_));
 }

@@ -92,7 +92,7 @@ class CudaBackend final : public Backend {
                       float* logprobs_out = nullptr, float* kept_logits = nullptr) override;
   // One GPU: the sampler leaves each drawn token's logprob; tensor-parallel ranks hold a vocab slice.
   bool samples_logprobs() const override { return !tp_.active(); }
-  bool keeps_logits() const override { return !tp_.active(); }
+  bool keeps_logits() const override { return !tp_.active() && !keeps_no_logits_; }
   size_t kv_memory_available() const override;
   int default_max_num_batched_tokens() const override;
   bool supports_hidden_taps() const override { return true; }
@@ -327,6 +327,7 @@ class CudaBackend final : public Backend {
   bool pipe_copied_ = false;
   // forward_sample's kept_logits around run_batch, and each logit row's place in it (-1: drawn).
   float* kept_logits_ = nullptr;
+  bool keeps_no_logits_ = false;  // GPTOSS_SAMPLER_KEEPS_NO_LOGITS=1 (an A/B of mixed sampling)
   std::vector<int32_t> kept_at_;  // the pass left its ids to the slot (run_batch_impl's graph branch)
 
   // Captured decode passes by padded size (and tapped layers: graphs that store device taps).
