@@ -430,7 +430,9 @@ Engine::Planned Engine::plan_next() {
       seqs.push_back(s.get());
       view.push_back(view_of(*s));
       s->draft.clear();
-      if (cfg_.speculative.enabled() && view.back().decoding() && !s->sp.constraint) {
+      // A constrained sequence drafts while its constraint is inactive (free text): each drawn
+      // token then still goes through rejects() (complete()).
+      if (cfg_.speculative.enabled() && view.back().decoding() && !(s->sp.constraint && s->sp.constraint->active())) {
         // Drafts past max_tokens or max_model_len would be wasted: the verified token after
         // them could not be emitted.
         const int room = std::min(s->sp.max_tokens - s->output_len(), max_model_len_ - int(s->tokens.size())) - 1;
@@ -671,8 +673,8 @@ void Engine::complete(Launched& l) {
   // tokens); a constraint that allows nothing ends its request with an error. An inactive
   // constraint's token was drawn without the mask: one it refuses is dropped and its position
   // computed again by the next step, drawn then from the masked row (rejection sampling: the
-  // masked distribution exactly). Constrained sequences get no drafts (the constraint would have
-  // to advance through each draft).
+  // masked distribution exactly). A constrained sequence drafts only while inactive, and its
+  // step's tokens end at a refused one (not emitted) or one that changes the constraint's phase.
   const int rows = int(l.row_seq.size());
   std::vector<int> group_first;
   for (int r = 0; r < rows; ++r)
@@ -699,8 +701,9 @@ void Engine::complete(Launched& l) {
     for (; j < n_rows; ++j) {
       const int r = group_first[g] + j;
       float* row = host ? logits_.data() + size_t(host_row(r)) * vocab_ : nullptr;
+      const bool masked = host && s.sp.constraint && s.sp.constraint->active();
       if (host) {
-        if (s.sp.constraint && s.sp.constraint->active() && !s.sp.constraint->mask_logits(row, vocab_)) {
+        if (masked && !s.sp.constraint->mask_logits(row, vocab_)) {
           no_token[size_t(r)] = 1;
           break;
         }
@@ -714,10 +717,13 @@ void Engine::complete(Launched& l) {
         lps[r].token = l.toks[r];
         lps[r].logprob = l.lps[size_t(r)];
       }
-      if (s.sp.constraint && s.sp.constraint->rejects(l.toks[r])) {
+      if (s.sp.constraint && !masked && s.sp.constraint->rejects(l.toks[r])) {
         redraw[size_t(g)] = 1;
         break;
       }
+      // A token that changes the constraint's phase (a message's end) is the step's last: the
+      // rows after it were drawn unmasked, as if the phase went on.
+      if (j < n_rows - 1 && s.sp.constraint && !s.sp.constraint->stays_inactive(l.toks[r])) break;
       if (j == n_rows - 1 || l.toks[r] != s.draft[j]) break;
     }
     emitted[g] = j + 1;
@@ -745,15 +751,11 @@ void Engine::complete(Launched& l) {
     if (s.done) continue;
     if (host_row(group_first[g]) < 0 && !l.tokens_taken)
       s.rng.discard(emitted[g]);  // the draws launch() took from a copy
-    if (redraw[size_t(g)]) {
-      // The position's K/V stays (its token is unchanged); only its draw is repeated, masked.
-      s.sp.constraint->mask_next();
-      --s.num_computed;
-      ++metrics_.constraint_redraws;
-      continue;
-    }
+    // A refused token is drawn but not emitted: its position is computed again by the next step
+    // (the rollback below) and drawn then from the masked row.
+    const int n_emit = emitted[g] - redraw[size_t(g)];
     const int drafts = group_first[g + 1] - group_first[g] - 1;
-    for (int j = 0; j < emitted[g] && !s.done; ++j) {
+    for (int j = 0; j < n_emit && !s.done; ++j) {
       const int r = group_first[g] + j;
       EngineEvent ev;
       if (no_token[size_t(r)]) {
@@ -763,19 +765,25 @@ void Engine::complete(Launched& l) {
       }
       append_token(s, l.toks[r], s.sp.logprobs >= 0 ? &lps[r] : nullptr, ev, l.tokens_taken);
     }
+    if (redraw[size_t(g)] && !s.done) {
+      s.sp.constraint->mask_next();
+      ++metrics_.constraint_redraws;
+    }
     if (drafts > 0) {
+      int accepted = 0;  // the emitted tokens that equal their drafts (all but a last bonus token)
+      while (accepted < std::min(n_emit, drafts) && l.toks[group_first[g] + accepted] == s.draft[accepted]) ++accepted;
       metrics_.spec_draft_tokens += drafts;
-      metrics_.spec_accepted_tokens += emitted[g] - 1;
+      metrics_.spec_accepted_tokens += accepted;
       s.spec_proposed += drafts;
-      s.spec_accepted += emitted[g] - 1;
-      s.draft_len.update(drafts, emitted[g] - 1);
-      // Roll back the KV of rejected drafts: positions from the last emitted token on are
-      // recomputed by the next step (that token is its input), so K/V written there for
-      // rejected drafts is never read.
-      if (!s.done && s.num_computed > int32_t(s.tokens.size()) - 1) {
-        s.num_computed = int32_t(s.tokens.size()) - 1;
-        kv_->truncate(int64_t(s.id), s.num_computed);
-      }
+      s.spec_accepted += accepted;
+      s.draft_len.update(drafts, accepted);
+    }
+    // Roll back the KV of rejected drafts (and of a refused token's row): positions from the
+    // last emitted token on are recomputed by the next step (that token is its input), so K/V
+    // written there for rejected drafts is never read.
+    if ((drafts > 0 || redraw[size_t(g)]) && !s.done && s.num_computed > int32_t(s.tokens.size()) - 1) {
+      s.num_computed = int32_t(s.tokens.size()) - 1;
+      kv_->truncate(int64_t(s.id), s.num_computed);
     }
     s.draft.clear();
   }

@@ -20,7 +20,8 @@ class TokenConstraint {
   virtual bool mask_logits(float* logits, int vocab) = 0;
   // Advances on the sampled token. False when the token breaks the constraint.
   virtual bool accept(int32_t token) = 0;
-  // For a token drawn without the mask: true when mask_logits() would have removed it.
+  // For a token drawn without the mask (asked only then): true when mask_logits() would have
+  // removed it.
   virtual bool rejects(int32_t /*token*/) const { return false; }
   // After a refused draw: the next draw is masked (active() is true until the next accept()).
   virtual void mask_next() {}

@@ -50,7 +50,7 @@ EngineConfig config(int k) {
 
 struct SpecRun {
   std::vector<std::vector<int32_t>> tokens;
-  int64_t drafted = 0, accepted = 0;
+  int64_t drafted = 0, accepted = 0, redraws = 0;
 };
 
 // Submits every request at once and steps the engine until idle. After each step, every
@@ -84,6 +84,7 @@ SpecRun serve(EngineConfig c, const std::vector<std::vector<int32_t>>& prompts, 
   EXPECT_EQ(e.num_active(), 0);
   out.drafted = e.metrics().spec_draft_tokens.load();
   out.accepted = e.metrics().spec_accepted_tokens.load();
+  out.redraws = e.metrics().constraint_redraws.load();
   return out;
 }
 
@@ -339,6 +340,81 @@ TEST(SpeculativeEngineCpu, GreedyEqualsPlainWithPrefillChunksAndStops) {
     stopped += plain[i].second == FinishReason::kStop;
   }
   EXPECT_GT(stopped, 0);
+}
+
+namespace {
+// A structured-output-like constraint: in free text ids = 1 (mod 3) are refused (drawn unmasked,
+// refused, drawn again masked), and an id = 0 (mod 4) changes its phase: the next two tokens
+// are masked to ids = 0 (mod 5), as a harmony header is masked to a few tokens.
+class ModuloConstraint : public structured::TokenConstraint {
+ public:
+  bool redraw = false;
+  int masked_left = 0;
+  std::vector<int32_t> seen;
+  bool active() const override { return redraw || masked_left > 0; }
+  bool mask_logits(float* logits, int vocab) override {
+    for (int i = 0; i < vocab; ++i)
+      if (masked_left > 0 ? i % 5 != 0 : i % 3 == 1) logits[i] = -INFINITY;
+    return true;
+  }
+  bool accept(int32_t t) override {
+    const bool was_masked = masked_left > 0;
+    redraw = false;
+    seen.push_back(t);
+    if (was_masked) {
+      --masked_left;
+      return t % 5 == 0;
+    }
+    if (t % 4 == 0) masked_left = 2;
+    return t % 3 != 1;
+  }
+  bool rejects(int32_t t) const override { return t % 3 == 1; }
+  void mask_next() override { redraw = true; }
+  bool stays_inactive(int32_t t) const override { return !active() && t % 3 != 1 && t % 4 != 0; }
+};
+}  // namespace
+
+// A constrained sequence drafts while its constraint is inactive: a refused token ends the
+// step's tokens before it (drawn again masked next step), a phase-changing one ends them after
+// it. Greedy and seeded outputs equal plain decoding's under the same constraint, every token
+// allowed, and the constraint sees exactly the output.
+TEST(SpeculativeEngineCpu, ConstrainedSequencesDraftInFreeText) {
+  const int n = 8;
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < n; ++i) prompts.push_back(prompt_of(i));
+  for (float temperature : {0.0f, 0.4f}) {
+    auto params = [&](std::vector<std::shared_ptr<ModuloConstraint>>& cs) {
+      std::vector<SamplingParams> sps;
+      cs.clear();
+      for (int i = 0; i < n; ++i) {
+        SamplingParams sp = greedy(30);
+        sp.temperature = temperature;
+        sp.top_k = 3;
+        sp.seed = 500 + i;
+        cs.push_back(std::make_shared<ModuloConstraint>());
+        if (i % 4 != 3) sp.constraint = cs.back();  // and some plain requests beside them
+        sps.push_back(sp);
+      }
+      return sps;
+    };
+    std::vector<std::shared_ptr<ModuloConstraint>> cp, cs;
+    // (No per-step page count: a first token refused leaves a sequence with pages and no output.)
+    const SpecRun plain = serve(config(0), prompts, params(cp), false);
+    EngineConfig sc = config(3);
+    sc.speculative.adaptive = false;
+    const SpecRun spec = serve(sc, prompts, params(cs), false);
+    std::printf("constrained, T=%.1f K=3: %lld drafts, %lld accepted\n", temperature, (long long)spec.drafted,
+                (long long)spec.accepted);
+    EXPECT_GT(spec.accepted, 0);
+    EXPECT_GT(spec.redraws, 0);
+    EXPECT_EQ(spec.redraws, plain.redraws) << "the same draws refused";
+    for (int i = 0; i < n; ++i) {
+      EXPECT_EQ(spec.tokens[i], plain.tokens[i]) << "T=" << temperature << " request " << i;
+      EXPECT_EQ(spec.tokens[i].size(), 30u) << "T=" << temperature << " request " << i << ": ended early";
+      if (i % 4 == 3) continue;
+      EXPECT_EQ(cs[size_t(i)]->seen, spec.tokens[i]) << i;
+    }
+  }
 }
 
 // Sampled and seeded: speculation draws one uniform per emitted token in position order, so a
