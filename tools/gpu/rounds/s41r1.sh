@@ -5,7 +5,7 @@
 # for presence_penalty (its rows drawn on the host), kept rows on and off
 # (GPTOSS_SAMPLER_KEEPS_NO_LOGITS=1: the old path, every row of such a step on the host), and the
 # same traffic without the penalty.
-# Pack: PACK_TESTS="test_cuda_kernels test_cuda_model test_cuda_spec" tools/gpu/pack.sh
+# Pack: PACK_TESTS="test_cuda_kernels test_cuda_model test_cuda_spec" tools/gpu/pack.sh (binaries of 9914529)
 source tools/gpu/rounds/prelude.sh
 ts tests
 t model 300 $bin/test_cuda_model --gtest_filter='*BatchedDecode*:*BatchInvariantDecode*:*GraphReplay*'
@@ -18,9 +18,9 @@ mixed() {  # NAME EXTRA-BODY-ARGS...
 for keep in 0 1; do
   ts "serve 120b, GPTOSS_SAMPLER_KEEPS_NO_LOGITS=$keep"
   GPTOSS_SAMPLER_KEEPS_NO_LOGITS=$keep serve_up 120b
-  mixed "plain c32"
+  [ $keep = 0 ] && mixed "plain c32"
   mixed "1 in 8 with presence_penalty, c32" --extra-body '{"presence_penalty": 0.5}' --extra-body-every 8
-  mixed "every request with presence_penalty, c32" --extra-body '{"presence_penalty": 0.5}'
+  mixed "1 in 8 with presence_penalty, c32, again" --extra-body '{"presence_penalty": 0.5}' --extra-body-every 8
   serve_down
 done
 ts done
