@@ -3,7 +3,8 @@
 // Engine::start() over a fake backend whose passes take a fixed time and draw tokens without
 // logits. Prints the engine's step_host_s (the gap a GPU would idle for, absent overlap) per step.
 // Not a test (ctest does not run it): `build/tests/engine/bench_engine_host [clients] [pass_us]
-// [output_tokens] [async 0|1]`. Seventeenth session, the H200 machine's host (16 cores): 236 us a step at 64
+// [output_tokens] [async 0|1] [penalized_every]` (penalized_every N > 0: every N-th client asks for
+// presence_penalty, so its rows are kept for the host and drawn there: mixed sampling). Seventeenth session, the H200 machine's host (16 cores): 236 us a step at 64
 // clients, 120 us at 32 (5 ms passes, 256 tokens); complete() about half of it, planning and the
 // launch a third.
 #include <chrono>
@@ -23,11 +24,18 @@ namespace {
 // Tokens without logits: the pass sleeps pass_us and draws arbitrary ids below the special tokens.
 struct TimedBackend : testing::FakeBackend {
   using FakeBackend::FakeBackend;
-  bool keeps_logits() const override { return false; }
-  void forward_sample(const ForwardBatch& b, const RowSampling*, int32_t* out, float* lp, float*) override {
+  bool keeps_logits() const override { return true; }
+  void forward_sample(const ForwardBatch& b, const RowSampling* how, int32_t* out, float* lp, float* kept) override {
+    size_t k = 0;
     for (size_t r = 0; r < b.logit_rows.size(); ++r) {
       out[r] = int32_t(5 + (r * 7919 + b.tokens.size()) % 90000);
       if (lp) lp[r] = -1.5f;
+      if (how[r].keep_logits) {  // a kept row's logits (the copy a GPU backend makes): one id wins
+        float* row = kept + k++ * size_t(config().vocab);
+        std::fill(row, row + config().vocab, 0.0f);
+        row[out[r]] = 1.0f;
+        out[r] = -1;
+      }
     }
     if (delay_us > 0) std::this_thread::sleep_for(std::chrono::microseconds(delay_us));
   }
@@ -40,6 +48,7 @@ int main(int argc, char** argv) {
   const int pass_us = argc > 2 ? std::atoi(argv[2]) : 5000;
   const int out = argc > 3 ? std::atoi(argv[3]) : 256;
   const bool async = argc > 4 && std::atoi(argv[4]) != 0;  // EngineConfig::async_scheduling
+  const int penalized_every = argc > 5 ? std::atoi(argv[5]) : 0;
   TimedBackend be(201088, 128, 8192);
   be.delay_us = pass_us;
   EngineConfig c;
@@ -61,6 +70,7 @@ int main(int argc, char** argv) {
       sp.max_tokens = out;
       sp.ignore_eos = true;
       sp.logprobs = 0;
+      if (penalized_every > 0 && i % penalized_every == 0) sp.presence_penalty = 0.5f, sp.logprobs = -1;
       std::vector<int32_t> p(512);
       for (int j = 0; j < 512; ++j) p[j] = (i * 131 + j * 7) % 100000;
       auto s = e.submit(p, sp);
@@ -72,8 +82,10 @@ int main(int argc, char** argv) {
   e.stop();
   const EngineMetrics& m = e.metrics();
   const double steps = double(m.step_host_s.count());
-  std::printf("%d clients, %d us passes%s: %.0f steps in %.2f s; engine host time %.1f us a step (%lld launched early)\n",
-              clients, pass_us, async ? ", async scheduling" : "", steps, secs,
+  std::printf("%d clients, %d us passes%s%s: %.0f steps in %.2f s; engine host time %.1f us a step (%lld launched early)\n",
+              clients, pass_us, async ? ", async scheduling" : "",
+              penalized_every > 0 ? (", every " + std::to_string(penalized_every) + "th with presence_penalty").c_str() : "",
+              steps, secs,
               steps > 0 ? m.step_host_s.sum() / steps * 1e6 : 0.0, (long long)m.early_launches.load());
   return 0;
 }

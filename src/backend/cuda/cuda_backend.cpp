@@ -2,6 +2,8 @@
 // composes the kernels of kernels.h (the class: cuda_backend_impl.h; its weights: cuda_weights.cpp).
 #include "backend/cuda/cuda_backend_impl.h"
 
+#include <cstring>
+
 namespace gptoss {
 namespace cuda_impl {
 
@@ -120,6 +122,7 @@ CudaBackend::~CudaBackend() {
     if (h_greedy_[i]) cudaFreeHost(h_greedy_[i]);
     if (greedy_copied_[i]) cudaEventDestroy(greedy_copied_[i]);
   }
+  if (h_kept_) cudaFreeHost(h_kept_);
   if (stream_) cudaStreamDestroy(stream_);
 }
 
@@ -868,7 +871,16 @@ void CudaBackend::forward_sample(const ForwardBatch& batch, const RowSampling* r
     if (rows[i].keep_logits) kept_at_[i] = kept++;
   if (kept > 0 && (!kept_logits || !keeps_logits()))
     throw Error("cuda backend: keep_logits rows need kept_logits (and one GPU)");
-  kept_logits_ = kept > 0 ? kept_logits : nullptr;
+  // Kept rows come through pinned staging (a copy to pageable memory is staged by the driver in
+  // chunks, each waited for), then one host copy to the caller's buffer.
+  const size_t V = size_t(cfg_.vocab);
+  if (size_t(kept) > h_kept_rows_) {
+    if (h_kept_) GPTOSS_CUDA_CHECK(cudaFreeHost(h_kept_));
+    h_kept_ = nullptr;
+    h_kept_rows_ = std::max<size_t>(size_t(kept), 2 * h_kept_rows_);
+    GPTOSS_CUDA_CHECK(cudaMallocHost(&h_kept_, h_kept_rows_ * V * sizeof(float)));
+  }
+  kept_logits_ = kept > 0 ? h_kept_ : nullptr;
   try {
     run_batch(batch, nullptr, tokens_out, rows, logprobs_out);
   } catch (...) {
@@ -876,6 +888,7 @@ void CudaBackend::forward_sample(const ForwardBatch& batch, const RowSampling* r
     throw;
   }
   kept_logits_ = nullptr;
+  if (kept > 0) std::memcpy(kept_logits, h_kept_, size_t(kept) * V * sizeof(float));
 }
 
 template <class DeviceRow>

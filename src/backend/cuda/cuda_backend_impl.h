@@ -325,8 +325,11 @@ class CudaBackend final : public Backend {
   int pipe_slot_ = -1;
   bool tokens_from_device_ = false;
   bool pipe_copied_ = false;
-  // forward_sample's kept_logits around run_batch, and each logit row's place in it (-1: drawn).
+  // Where run_batch copies forward_sample's kept rows (h_kept_, pinned, h_kept_rows_ rows; null
+  // outside forward_sample), and each logit row's place there (-1: drawn).
   float* kept_logits_ = nullptr;
+  float* h_kept_ = nullptr;
+  size_t h_kept_rows_ = 0;
   bool keeps_no_logits_ = false;  // GPTOSS_SAMPLER_KEEPS_NO_LOGITS=1 (an A/B of mixed sampling)
   std::vector<int32_t> kept_at_;  // the pass left its ids to the slot (run_batch_impl's graph branch)
 

@@ -98,10 +98,11 @@ __device__ __forceinline__ uint4 ld_no_l1(const uint4* p) {
 // How a lane's weight words are read: __ldg, ld_stream (skipping L1), ld_no_l1, or plain loads
 // (chunks staged in shared memory in their global layout).
 enum class WLoad { kNc, kStream, kNoL1, kStaged };
-// The decode kernels' default: __ldg. GPTOSS_WEIGHTS_SKIP_L1 (an experiment, built into a copy of
-// gptoss by tools/gpu/diag_binary.sh; the values are the same, so whole steps mean something too):
-// ld_no_l1, the L1::no_allocate loads the plain-read floors of bench-kernels make, which the
-// 8-64-token warp walk trails by 1.14x at its own occupancy.
+// The dense decode kernels' default: __ldg (the expert kernels of skinny_units.cu read past L1:
+// kExpertWeightLoad there). GPTOSS_WEIGHTS_SKIP_L1 (an experiment, built into a copy of gptoss by
+// tools/gpu/diag_binary.sh; the values are the same, so whole steps mean something too): ld_no_l1,
+// the L1::no_allocate loads the plain-read floors of bench-kernels make; s39r4 measured the dense
+// kernels 1% slower so.
 #ifdef GPTOSS_WEIGHTS_SKIP_L1
 inline constexpr WLoad kWeightLoad = WLoad::kNoL1;
 #else

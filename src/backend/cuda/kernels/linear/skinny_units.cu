@@ -25,6 +25,13 @@ namespace {
 
 using namespace skinny;
 
+// The experts' weights are read once a step and never again within it: past L1
+// (ld.global.nc.L1::no_allocate, as bench-kernels' plain-read floors read them). Measured on the
+// H200 (s39r4, paired runs, the same binary but this TU): 120b bf16 tg128 517.7 -> 519.7 tok/s at
+// one sequence, 3612 -> 3628 at 64, 20b at 64 11251 -> 11331; the dense decode kernels
+// (skinny_mma.cu) lost 1% the same way and keep __ldg.
+constexpr WLoad kExpertWeightLoad = WLoad::kNoL1;
+
 #ifdef GPTOSS_DIAG_UNITS_CLOCKS
 // Diagnostic builds only (tools/gpu/diag_binary.sh): skinny_units_kernel's thread 0 adds the
 // cycles between its stages to [kind][stage] (kind 0: gate_up after a folded router, 1: down after
@@ -347,7 +354,7 @@ __global__ void __launch_bounds__(KS * 32, skinny_min_blocks(1, KS, RT, PF)) ski
     for (int u = 0; u < PF; ++u)
       if (u < my_n)
 #pragma unroll
-        for (int r = 0; r < RT; ++r) load_w_at<FMT>(wl, sl, r * CC + u * KS, wbuf[u][r]);
+        for (int r = 0; r < RT; ++r) load_w_at<FMT, kExpertWeightLoad>(wl, sl, r * CC + u * KS, wbuf[u][r]);
   };
   Unit cur = unit_at(u0);
   load_first(cur);
@@ -391,7 +398,7 @@ __global__ void __launch_bounds__(KS * 32, skinny_min_blocks(1, KS, RT, PF)) ski
             // As in skinny_mma_kernel: the loads after this chunk's MMAs, which free their registers.
             if constexpr (RT >= 4) asm volatile("" ::: "memory");
 #pragma unroll
-            for (int r = 0; r < RT; ++r) load_w_at<FMT>(wl, sl, r * CC + (v + PF) * KS, wbuf[v][r]);
+            for (int r = 0; r < RT; ++r) load_w_at<FMT, kExpertWeightLoad>(wl, sl, r * CC + (v + PF) * KS, wbuf[v][r]);
           }
         }
       }
@@ -495,7 +502,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) skinny_warp_units_kernel(Skinny
     for (int v = 0; v < PF; ++v)
       if (v < C)
 #pragma unroll
-        for (int r = 0; r < RTW; ++r) load_w_at<FMT>(w, sc, r * CC + v, wbuf[v][r]);
+        for (int r = 0; r < RTW; ++r) load_w_at<FMT, kExpertWeightLoad>(w, sc, r * CC + v, wbuf[v][r]);
   };
   Unit cur = unit_at(u0);
   const uint4* wl;
@@ -565,7 +572,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) skinny_warp_units_kernel(Skinny
           chunk(base + v, wbuf[v], acc);
           if (base + v + PF < C)
 #pragma unroll
-            for (int r = 0; r < RTW; ++r) load_w_at<FMT>(w, sc, r * CC + v + PF, wbuf[v][r]);
+            for (int r = 0; r < RTW; ++r) load_w_at<FMT, kExpertWeightLoad>(w, sc, r * CC + v + PF, wbuf[v][r]);
         }
         w += PF * (chunk_bytes<FMT>() / 16);
         sc += PF * 8;
@@ -577,7 +584,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) skinny_warp_units_kernel(Skinny
         if (CP - PF + v < C) chunk(CP - PF + v, wbuf[v], acc);
         if (nwl && v < C)
 #pragma unroll
-          for (int r = 0; r < RTW; ++r) load_w_at<FMT>(nwl, nsl, r * CC + v, wbuf[v][r]);
+          for (int r = 0; r < RTW; ++r) load_w_at<FMT, kExpertWeightLoad>(nwl, nsl, r * CC + v, wbuf[v][r]);
       }
 #pragma unroll
       for (int r = 0; r < RTW; ++r) {
