@@ -5,8 +5,10 @@
 # the engine's gap between passes 3.2 ms). Tests of the expert decode kernels (against the CPU and
 # the block-per-tile kernel) and of the kept rows; decode steps against s39r4's HEAD rows; serving
 # 120b at 32 streams plain and mixed.
-# Pack: PACK_TESTS="test_cuda_kernels test_cuda_model test_cuda_spec" tools/gpu/pack.sh
+# Pack: PACK_TESTS="test_cuda_kernels test_cuda_model test_cuda_spec" EXTRA_BINS=build/tests/engine/bench_engine_host tools/gpu/pack.sh
 source tools/gpu/rounds/prelude.sh
+ts "the engine's host time a step on this host (fake 12 ms passes, 32 clients; plain, then 1 in 8 penalized)"
+for pe in 0 8; do timeout 60 $bin/bench_engine_host 32 12000 128 1 $pe >> $S 2>&1; done
 ts tests
 t moe 200 $K --gtest_filter='Kernels.MoeMxfp4:Kernels.MoeMxfp4Fragments*:Kernels.SkinnyUnits*'
 t model 200 $bin/test_cuda_model --gtest_filter='*BatchedDecode*:*GraphReplay*'
