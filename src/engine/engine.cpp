@@ -695,8 +695,6 @@ void Engine::complete(Launched& l) {
     if (s.done) continue;
     const int n_rows = group_first[g + 1] - group_first[g];
     const bool host = host_row(group_first[g]) >= 0;
-    thread_local std::vector<float> scratch;
-    thread_local std::vector<int32_t> idx;
     int j = 0;
     for (; j < n_rows; ++j) {
       const int r = group_first[g] + j;
@@ -709,7 +707,7 @@ void Engine::complete(Launched& l) {
         }
         // Penalties see the drafts accepted before this position, as they would in plain decoding.
         if (j > 0) ++s.counts[s.draft[j - 1]];
-        l.toks[r] = sample_token(row, vocab_, s.sp, s.counts, s.rng, scratch, idx);
+        l.toks[r] = sample_token(row, vocab_, s.sp, s.counts, s.rng);
       }
       if (host && s.sp.logprobs >= 0) {
         lps[r] = compute_logprobs(row, vocab_, l.toks[r], s.sp.logprobs);

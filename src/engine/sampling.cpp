@@ -16,21 +16,27 @@ RowSampling row_sampling(const SamplingParams& sp, double u) {
   return r;
 }
 
-int32_t sample_token(const float* logits, int vocab, const SamplingParams& sp,
-                     const std::unordered_map<int32_t, int>& counts, std::mt19937_64& rng,
-                     std::vector<float>& x, std::vector<int32_t>& idx) {
+int32_t sample_token(float* logits, int vocab, const SamplingParams& sp, const std::unordered_map<int32_t, int>& counts,
+                     std::mt19937_64& rng) {
   const double u = uniform01(rng);
-  x.assign(logits, logits + vocab);
-  for (auto& v : x)
-    if (std::isnan(v)) v = -std::numeric_limits<float>::infinity();
-  for (auto [tok, bias] : sp.logit_bias)
-    if (tok >= 0 && tok < vocab) x[tok] += bias;
+  // logit_bias and penalties change the few tokens they name, in place, and are taken back after
+  // the draw: no copy of the 201,088-float row (on a slow host a copy and a scan cost a penalized
+  // row more than its draw). NaNs stay: sample_row never draws one while a number is left.
+  thread_local std::vector<std::pair<int32_t, float>> saved;
+  saved.clear();
+  auto adjust = [&](int32_t tok, float delta) {
+    if (tok < 0 || tok >= vocab) return;
+    saved.emplace_back(tok, logits[tok]);
+    logits[tok] += delta;
+  };
+  for (auto [tok, bias] : sp.logit_bias) adjust(tok, bias);
   if (sp.presence_penalty != 0.0f || sp.frequency_penalty != 0.0f)
     for (auto [tok, c] : counts)
-      if (tok >= 0 && tok < vocab && c > 0) x[tok] -= sp.frequency_penalty * c + sp.presence_penalty;
+      if (c > 0) adjust(tok, -(sp.frequency_penalty * c + sp.presence_penalty));
   thread_local std::vector<float> scratch;
-  (void)idx;
-  return sample_row(x.data(), vocab, row_sampling(sp, u), scratch);
+  const int32_t t = sample_row(logits, vocab, row_sampling(sp, u), scratch);
+  for (auto it = saved.rbegin(); it != saved.rend(); ++it) logits[it->first] = it->second;  // last change first
+  return t;
 }
 
 TokenLogprob compute_logprobs(const float* logits, int vocab, int32_t chosen, int top_n) {

@@ -50,10 +50,10 @@ RowSampling row_sampling(const SamplingParams& sp, double u);
 // Samples one token id in [0, vocab): logit_bias and penalties on the host, then the backend's rule
 // (sample_row), so host and device sampling agree. `counts`: occurrences of each generated token so far.
 // Draws exactly one number from rng per call (also when greedy), so a seeded request's output
-// does not depend on its parameters' code paths. `scratch` avoids reallocations.
-int32_t sample_token(const float* logits, int vocab, const SamplingParams& sp,
-                     const std::unordered_map<int32_t, int>& counts, std::mt19937_64& rng,
-                     std::vector<float>& scratch, std::vector<int32_t>& idx_scratch);
+// does not depend on its parameters' code paths. The row is changed while it draws and given
+// back as it was.
+int32_t sample_token(float* logits, int vocab, const SamplingParams& sp, const std::unordered_map<int32_t, int>& counts,
+                     std::mt19937_64& rng);
 
 // log-softmax of the raw logits: the chosen token's logprob and the top_n best.
 TokenLogprob compute_logprobs(const float* logits, int vocab, int32_t chosen, int top_n);

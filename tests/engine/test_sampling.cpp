@@ -1,5 +1,7 @@
 #include <gtest/gtest.h>
 
+#include <cstring>
+
 #include <cmath>
 #include <map>
 #include <numeric>
@@ -18,26 +20,22 @@ TEST(Sampling, GreedyIsArgmax) {
   SamplingParams sp;
   sp.temperature = 0;
   std::mt19937_64 rng(1);
-  std::vector<float> s;
-  std::vector<int32_t> idx;
-  EXPECT_EQ(sample_token(l.data(), 4, sp, {}, rng, s, idx), 1);
+  EXPECT_EQ(sample_token(l.data(), 4, sp, {}, rng), 1);
   sp.temperature = 1;
   sp.top_k = 1;
-  for (int i = 0; i < 20; ++i) EXPECT_EQ(sample_token(l.data(), 4, sp, {}, rng, s, idx), 1);
+  for (int i = 0; i < 20; ++i) EXPECT_EQ(sample_token(l.data(), 4, sp, {}, rng), 1);
 }
 
 TEST(Sampling, SeedDeterminism) {
   std::vector<float> l(100);
   for (int i = 0; i < 100; ++i) l[i] = std::sin(i * 0.7f);
   SamplingParams sp;
-  std::vector<float> s;
-  std::vector<int32_t> idx;
   std::mt19937_64 a(42), b(42), c(43);
   std::vector<int> ra, rb, rc;
   for (int i = 0; i < 50; ++i) {
-    ra.push_back(sample_token(l.data(), 100, sp, {}, a, s, idx));
-    rb.push_back(sample_token(l.data(), 100, sp, {}, b, s, idx));
-    rc.push_back(sample_token(l.data(), 100, sp, {}, c, s, idx));
+    ra.push_back(sample_token(l.data(), 100, sp, {}, a));
+    rb.push_back(sample_token(l.data(), 100, sp, {}, b));
+    rc.push_back(sample_token(l.data(), 100, sp, {}, c));
   }
   EXPECT_EQ(ra, rb);
   EXPECT_NE(ra, rc);
@@ -46,38 +44,36 @@ TEST(Sampling, SeedDeterminism) {
 TEST(Sampling, Distribution) {
   auto l = logits_of({0.5f, 0.3f, 0.15f, 0.05f});
   SamplingParams sp;
-  std::vector<float> s;
-  std::vector<int32_t> idx;
   std::mt19937_64 rng(7);
   std::map<int, int> n;
   const int N = 20000;
-  for (int i = 0; i < N; ++i) ++n[sample_token(l.data(), 4, sp, {}, rng, s, idx)];
+  for (int i = 0; i < N; ++i) ++n[sample_token(l.data(), 4, sp, {}, rng)];
   EXPECT_NEAR(n[0] / double(N), 0.5, 0.02);
   EXPECT_NEAR(n[3] / double(N), 0.05, 0.01);
   // top_p 0.75 keeps {0, 1}
   sp.top_p = 0.75f;
   n.clear();
-  for (int i = 0; i < N; ++i) ++n[sample_token(l.data(), 4, sp, {}, rng, s, idx)];
+  for (int i = 0; i < N; ++i) ++n[sample_token(l.data(), 4, sp, {}, rng)];
   EXPECT_EQ(n[2] + n[3], 0);
   EXPECT_NEAR(n[0] / double(N), 0.5 / 0.8, 0.02);
   // min_p 0.5: keeps p >= 0.25 -> {0, 1}
   sp.top_p = 1;
   sp.min_p = 0.5f;
   n.clear();
-  for (int i = 0; i < N; ++i) ++n[sample_token(l.data(), 4, sp, {}, rng, s, idx)];
+  for (int i = 0; i < N; ++i) ++n[sample_token(l.data(), 4, sp, {}, rng)];
   EXPECT_EQ(n[2] + n[3], 0);
   // top_k 3
   sp.min_p = 0;
   sp.top_k = 3;
   n.clear();
-  for (int i = 0; i < N; ++i) ++n[sample_token(l.data(), 4, sp, {}, rng, s, idx)];
+  for (int i = 0; i < N; ++i) ++n[sample_token(l.data(), 4, sp, {}, rng)];
   EXPECT_EQ(n[3], 0);
   EXPECT_GT(n[2], 0);
   // low temperature sharpens
   sp.top_k = 0;
   sp.temperature = 0.1f;
   n.clear();
-  for (int i = 0; i < 2000; ++i) ++n[sample_token(l.data(), 4, sp, {}, rng, s, idx)];
+  for (int i = 0; i < 2000; ++i) ++n[sample_token(l.data(), 4, sp, {}, rng)];
   EXPECT_GT(n[0], 1950);
 }
 
@@ -85,20 +81,31 @@ TEST(Sampling, Penalties) {
   std::vector<float> l = {1.0f, 0.9f, 0.0f};
   SamplingParams sp;
   sp.temperature = 0;
-  std::vector<float> s;
-  std::vector<int32_t> idx;
   std::mt19937_64 rng(1);
   std::unordered_map<int32_t, int> counts{{0, 1}};
-  EXPECT_EQ(sample_token(l.data(), 3, sp, counts, rng, s, idx), 0);
+  EXPECT_EQ(sample_token(l.data(), 3, sp, counts, rng), 0);
   sp.presence_penalty = 0.2f;
-  EXPECT_EQ(sample_token(l.data(), 3, sp, counts, rng, s, idx), 1);
+  EXPECT_EQ(sample_token(l.data(), 3, sp, counts, rng), 1);
   sp.presence_penalty = 0;
   sp.frequency_penalty = 0.05f;
   counts[0] = 3;  // 1 - 0.15 < 0.9
-  EXPECT_EQ(sample_token(l.data(), 3, sp, counts, rng, s, idx), 1);
+  EXPECT_EQ(sample_token(l.data(), 3, sp, counts, rng), 1);
   sp.frequency_penalty = -1.0f;  // negative encourages
   counts = {{2, 2}};
-  EXPECT_EQ(sample_token(l.data(), 3, sp, counts, rng, s, idx), 2);
+  EXPECT_EQ(sample_token(l.data(), 3, sp, counts, rng), 2);
+  // The adjustments are made in the row and taken back: it comes back bit for bit, a token both
+  // biased twice and penalized, and a NaN, included (and a NaN is never drawn while a number is left).
+  std::vector<float> row = {1.0f, NAN, 0.5f, -2.0f};
+  const std::vector<float> before = row;
+  sp.logit_bias = {{0, 2.0f}, {0, -1.5f}, {3, 9.0f}};
+  sp.presence_penalty = 0.3f;
+  sp.frequency_penalty = 0.1f;
+  counts = {{0, 2}, {1, 1}};
+  for (float t : {0.0f, 1.0f}) {
+    sp.temperature = t;
+    EXPECT_EQ(sample_token(row.data(), 4, sp, counts, rng), 3);
+    EXPECT_EQ(std::memcmp(row.data(), before.data(), row.size() * sizeof(float)), 0) << "T=" << t;
+  }
 }
 
 TEST(Sampling, Logprobs) {
@@ -119,16 +126,14 @@ TEST(Sampling, LogitBias) {
   std::vector<float> l = {1.0f, 0.9f, 0.0f};
   SamplingParams sp;
   sp.temperature = 0;
-  std::vector<float> s;
-  std::vector<int32_t> idx;
   std::mt19937_64 rng(1);
   std::unordered_map<int32_t, int> counts;
   sp.logit_bias = {{2, 1.5f}};  // 0 + 1.5 beats 1.0
-  EXPECT_EQ(sample_token(l.data(), 3, sp, counts, rng, s, idx), 2);
+  EXPECT_EQ(sample_token(l.data(), 3, sp, counts, rng), 2);
   sp.logit_bias = {{0, -100.0f}};  // banned
-  EXPECT_EQ(sample_token(l.data(), 3, sp, counts, rng, s, idx), 1);
+  EXPECT_EQ(sample_token(l.data(), 3, sp, counts, rng), 1);
   sp.temperature = 1.0f;  // sampled: a -100 token is never drawn
-  for (int i = 0; i < 200; ++i) EXPECT_NE(sample_token(l.data(), 3, sp, counts, rng, s, idx), 0);
+  for (int i = 0; i < 200; ++i) EXPECT_NE(sample_token(l.data(), 3, sp, counts, rng), 0);
 }
 
 // Pearson's chi-square of observed counts against the analytic softmax(logits / T).
@@ -170,9 +175,10 @@ TEST(Sampling, ChiSquareAgainstSoftmaxAtSeveralTemperatures) {
     // ... and through sample_token, the engine's host path.
     SamplingParams sp;
     sp.temperature = T;
-    std::vector<int32_t> idx;
     std::fill(obs.begin(), obs.end(), 0);
-    for (int i = 0; i < N; ++i) ++obs[sample_token(logits.data(), V, sp, {}, rng, scratch, idx)];
+    std::vector<float> row(logits.begin(), logits.end());
+    for (int i = 0; i < N; ++i) ++obs[sample_token(row.data(), V, sp, {}, rng)];
+    EXPECT_EQ(row, std::vector<float>(logits.begin(), logits.end())) << "the row given back";
     double chi2 = chi_square(obs, logits, T);
     EXPECT_LT(chi2, kChi2Crit7) << "sample_token, T=" << T;
     std::printf("T=%.1f: chi-square %.2f (sample_row), %.2f (sample_token); 7 dof, limit %.2f\n", T, chi, chi2,
