@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/backend.h"
 #include "backend/cuda/cuda_common.h"
 #include "common/dtype.h"
 
@@ -123,6 +124,35 @@ inline double rel_err(const std::vector<float>& a, const std::vector<float>& ref
     den += double(ref[i]) * ref[i];
   }
   return std::sqrt(num / std::max(den, 1e-30));
+}
+
+// forward_sample of batch b, greedy, with the rows `keep` marks kept for the host (the engine's
+// mixed sampling): a kept row is not drawn (-1) and holds the logits forward() gave (`logits`,
+// [rows, V] in logit-row order); every other row is its greedy id.
+inline void expect_kept_rows(Backend& be, const ForwardBatch& b, const std::vector<bool>& keep,
+                             const std::vector<float>& logits, const std::vector<int32_t>& greedy, int V) {
+  const size_t n = b.logit_rows.size();
+  std::vector<RowSampling> how(n);
+  size_t n_kept = 0;
+  for (size_t i = 0; i < n; ++i) {
+    how[i].temperature = 0.0f;
+    how[i].keep_logits = keep[i];
+    n_kept += keep[i];
+  }
+  std::vector<int32_t> ids(n);
+  std::vector<float> kept(n_kept * size_t(V));
+  be.forward_sample(b, how.data(), ids.data(), nullptr, kept.data());
+  for (size_t i = 0, k = 0; i < n; ++i) {
+    if (!keep[i]) {
+      EXPECT_EQ(ids[i], greedy[i]) << "drawn row " << i;
+      continue;
+    }
+    EXPECT_EQ(ids[i], -1) << "kept row " << i;
+    std::vector<float> got(kept.begin() + k * V, kept.begin() + (k + 1) * V);
+    std::vector<float> want(logits.begin() + i * V, logits.begin() + (i + 1) * V);
+    EXPECT_LE(rel_err(got, want), 1e-6) << "kept row " << i;
+    ++k;
+  }
 }
 
 }  // namespace gptoss::test

@@ -219,27 +219,9 @@ void check_batched_decode(bool invariant, int S = 3, bool grow_pt = false) {
   // decode graph's path): kept rows not drawn, their logits those forward() gave; the others
   // drawn as forward_greedy drew them.
   {
-    std::vector<RowSampling> how(S);
-    std::vector<int32_t> ids(S);
-    int n_kept = 0;
-    for (int i = 0; i < S; ++i) {
-      how[i].temperature = 0.0f;
-      how[i].keep_logits = i % 2 == 0;
-      n_kept += how[i].keep_logits;
-    }
-    std::vector<float> kept(size_t(n_kept) * V);
-    gpu->forward_sample(db, how.data(), ids.data(), nullptr, kept.data());
-    for (int i = 0, k = 0; i < S; ++i) {
-      if (!how[i].keep_logits) {
-        EXPECT_EQ(ids[i], greedy[i]) << "drawn row " << i;
-        continue;
-      }
-      EXPECT_EQ(ids[i], -1) << "kept row " << i;
-      std::vector<float> got(kept.begin() + size_t(k) * V, kept.begin() + size_t(k + 1) * V);
-      std::vector<float> want(ld.begin() + size_t(i) * V, ld.begin() + size_t(i + 1) * V);
-      EXPECT_LE(rel_err(got, want), 1e-6) << "kept row " << i;
-      ++k;
-    }
+    std::vector<bool> keep(S, false);
+    for (int i = 0; i < S; ++i) keep[size_t(i)] = i % 2 == 0;
+    expect_kept_rows(*gpu, db, keep, ld, greedy, V);
   }
   if (grow_pt) {  // the second step: each sequence's greedy token at the next position
     ForwardBatch db2 = db;

@@ -115,27 +115,9 @@ void check_verify_pass(bool invariant) {
   // Rows kept for the host (every third, in the shuffled row order): not drawn, their logits
   // those forward() gave, the rest drawn as before (the chunked lm_head's path).
   {
-    std::vector<RowSampling> hw(M);
-    std::vector<int32_t> ids(M);
-    int n_kept = 0;
-    for (int i = 0; i < M; ++i) {
-      hw[i].temperature = 0.0f;
-      hw[i].keep_logits = i % 3 == 1;
-      n_kept += hw[i].keep_logits;
-    }
-    std::vector<float> kept(size_t(n_kept) * V);
-    gpu->forward_sample(vb, hw.data(), ids.data(), nullptr, kept.data());
-    for (int i = 0, k = 0; i < M; ++i) {
-      if (!hw[i].keep_logits) {
-        EXPECT_EQ(ids[i], greedy[i]) << "drawn row " << i;
-        continue;
-      }
-      EXPECT_EQ(ids[i], -1) << "kept row " << i;
-      std::vector<float> got(kept.begin() + size_t(k) * V, kept.begin() + size_t(k + 1) * V);
-      std::vector<float> want(lv.begin() + size_t(i) * V, lv.begin() + size_t(i + 1) * V);
-      EXPECT_LE(rel_err(got, want), 1e-6) << "kept row " << i;
-      ++k;
-    }
+    std::vector<bool> keep(M, false);
+    for (int i = 0; i < M; ++i) keep[size_t(i)] = i % 3 == 1;
+    expect_kept_rows(*gpu, vb, keep, lv, greedy, V);
   }
   for (int s = 0; s < S; ++s) {
     auto alone = make(invariant);

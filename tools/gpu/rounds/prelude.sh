@@ -26,6 +26,8 @@
 #                                  set before it, under "== NAME"; the rows matching GREP (all: v5)
 #   bench_rate RATE N              on a serve_up server: N requests at RATE req/s (Poisson), 256-768
 #                                  in / 128-384 out, seed 1; TTFT, TPOT, ITL and output in the summary
+#   mixed NAME ARGS...             on a serve_up server: 64 requests at 32 streams, 512 in / 256 out,
+#                                  bench-serve's ARGS added (e.g. --extra-body '{...}' --extra-body-every 8)
 # The summary is $OUT/summary.txt ($S); logs go beside it. Rounds of sessions 7-11 spell this out
 # in each script; later ones source it.
 set -uo pipefail
@@ -83,6 +85,11 @@ bench_c() {
 bench_rate() {
   timeout 100 $g bench-serve --base-url http://127.0.0.1:18000 --requests $2 --request-rate $1 --input-len 256:768 \
     --output-len 128:384 --ignore-eos --seed 1 2>&1 | grep -E "^TTFT|^TPOT|^ITL|^aggregate|first error" >> $S
+}
+mixed() {
+  ts "$1"
+  timeout 120 $g bench-serve --base-url http://127.0.0.1:18000 --requests 64 --concurrency 32 --input-len 512 \
+    --output-len 256 --ignore-eos "${@:2}" 2>&1 | grep -E "^TTFT|^TPOT|^aggregate|first error" >> $S
 }
 serve_down() { kill -INT $serve_pid; wait $serve_pid; grep -E "cuda timeline" $out/serve.log >> $S; }
 serve_cs() {

@@ -10,11 +10,6 @@ source tools/gpu/rounds/prelude.sh
 ts tests
 t model 300 $bin/test_cuda_model --gtest_filter='*BatchedDecode*:*BatchInvariantDecode*:*GraphReplay*'
 t spec 200 $bin/test_cuda_spec --gtest_filter='*Verify*'
-mixed() {  # NAME EXTRA-BODY-ARGS...
-  ts "$1"
-  timeout 120 $g bench-serve --base-url http://127.0.0.1:18000 --requests 64 --concurrency 32 --input-len 512 \
-    --output-len 256 --ignore-eos "${@:2}" 2>&1 | grep -E "^TTFT|^TPOT|^aggregate|first error" >> $S
-}
 for keep in 0 1; do
   ts "serve 120b, GPTOSS_SAMPLER_KEEPS_NO_LOGITS=$keep"
   GPTOSS_SAMPLER_KEEPS_NO_LOGITS=$keep serve_up 120b

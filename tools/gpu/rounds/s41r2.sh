@@ -19,11 +19,6 @@ b units_no_l1 $g 120b 128 64
 b units_no_l1 $g 20b 128 64
 ts "serve 120b"
 serve_up 120b
-mixed() {  # NAME EXTRA-BODY-ARGS...
-  ts "$1"
-  timeout 120 $g bench-serve --base-url http://127.0.0.1:18000 --requests 64 --concurrency 32 --input-len 512 \
-    --output-len 256 --ignore-eos "${@:2}" 2>&1 | grep -E "^TTFT|^TPOT|^aggregate|first error" >> $S
-}
 mixed "plain c32"
 mixed "1 in 8 with presence_penalty, c32" --extra-body '{"presence_penalty": 0.5}' --extra-body-every 8
 serve_down

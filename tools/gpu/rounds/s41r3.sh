@@ -8,11 +8,6 @@ ts "the engine's host time a step (fake 12 ms passes, 32 clients; plain, then 1 
 for pe in 0 8; do timeout 60 $bin/bench_engine_host 32 12000 128 1 $pe >> $S 2>&1; done
 ts "serve 120b"
 serve_up 120b
-mixed() {  # NAME EXTRA-BODY-ARGS...
-  ts "$1"
-  timeout 120 $g bench-serve --base-url http://127.0.0.1:18000 --requests 64 --concurrency 32 --input-len 512 \
-    --output-len 256 --ignore-eos "${@:2}" 2>&1 | grep -E "^TTFT|^TPOT|^aggregate|first error" >> $S
-}
 mixed "1 in 8 with presence_penalty, c32" --extra-body '{"presence_penalty": 0.5}' --extra-body-every 8
 mixed "plain c32"
 serve_down
