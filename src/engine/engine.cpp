@@ -766,6 +766,12 @@ void Engine::complete(Launched& l) {
     if (redraw[size_t(g)] && !s.done) {
       s.sp.constraint->mask_next();
       ++metrics_.constraint_redraws;
+      if (!s.sp.constraint->active()) {  // a redraw it would not mask could repeat forever
+        EngineEvent ev;
+        ev.error = "the structured output constraint refused a token it does not mask";
+        finish(s, ev, FinishReason::kError);
+        continue;
+      }
     }
     if (drafts > 0) {
       int accepted = 0;  // the emitted tokens that equal their drafts (all but a last bonus token)

@@ -73,8 +73,10 @@ std::shared_ptr<structured::JsonConstraint> StructuredOutput::for_chat(const Cha
     if (harmony_ && r.tool_choice.may_call(t.name)) spec.tools[t.name] = std::move(m);
   }
   if (harmony_ && r.tool_choice.must_call()) spec.final_channel = spec.preambles = false;
-  if (!spec.final_format && r.tools.empty()) return nullptr;
   if (spec.whole_output && !spec.final_format) return nullptr;
+  // Nothing to constrain: harmony's text guard alone (no special token inside a message's text;
+  // never masked but to draw a refused token again, so it costs a plain request nothing).
+  if (!spec.final_format && r.tools.empty()) spec.text_guard_only = true;
   spec.vocab = vocabulary();  // built on the first constrained request only
   return std::make_shared<structured::JsonConstraint>(std::move(spec));
 }

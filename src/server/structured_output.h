@@ -19,7 +19,8 @@ class StructuredOutput {
   // harmony_output: the model writes harmony (constrain the final channel and tool calls);
   // false: the whole output is the response format's JSON (random weights).
   StructuredOutput(const Tokenizer& tok, bool harmony_output);
-  // The constraint for a chat request, or null when nothing in it is constrained. Throws
+  // The constraint for a chat request: with harmony output always (at least the text guard, see
+  // JsonConstraintSpec::text_guard_only); otherwise for a response format only (else null). Throws
   // ApiError 400 (param `format_param`, or tools) for an invalid or, when strict, unsupported
   // schema. /v1/responses passes its request mapped onto a chat request, with "text.format".
   std::shared_ptr<structured::JsonConstraint> for_chat(const ChatRequest& r,

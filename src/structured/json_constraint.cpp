@@ -54,6 +54,7 @@ JsonConstraint::JsonConstraint(JsonConstraintSpec spec) : spec_(std::move(spec))
     }
     return;
   }
+  if (spec_.text_guard_only) return;  // headers_ stays null: headers are not masked
   HeaderRules rules;
   rules.final_channel = spec_.final_channel;
   rules.preambles = spec_.preambles;
@@ -64,24 +65,24 @@ JsonConstraint::JsonConstraint(JsonConstraintSpec spec) : spec_(std::move(spec))
 void JsonConstraint::start_message(const HarmonyHeaders::Meaning& m) {
   using K = HarmonyHeaders::Kind;
   masker_ = nullptr;
-  free_end_ = free_end2_ = -1;
+  free_ends_ = {-1, -1, -1};
   if (m.kind == K::kCall) {
     auto it = spec_.tools.find(m.function);
     if (it != spec_.tools.end() && it->second) {
       masker_ = it->second.get();
       end_token_ = spec_.ids.call;
     } else {
-      free_end_ = spec_.ids.call;
+      free_ends_[0] = spec_.ids.call;
     }
   } else if (m.kind == K::kFinal) {
     if (spec_.final_format) {
       masker_ = spec_.final_format.get();
       end_token_ = spec_.ids.return_;
     } else {
-      free_end_ = spec_.ids.return_;
+      free_ends_[0] = spec_.ids.return_;
     }
   } else {
-    free_end_ = spec_.ids.end;  // analysis and preambles: another message follows
+    free_ends_[0] = spec_.ids.end;  // analysis and preambles: another message follows
   }
   if (masker_) {
     state_ = masker_->matcher().start();
@@ -92,7 +93,7 @@ void JsonConstraint::start_message(const HarmonyHeaders::Meaning& m) {
 }
 
 bool JsonConstraint::active() const {
-  return phase_ == Phase::kHeader || phase_ == Phase::kJson || (redraw_ && phase_ != Phase::kEnd);
+  return (phase_ == Phase::kHeader && headers_) || phase_ == Phase::kJson || (redraw_ && phase_ != Phase::kEnd);
 }
 
 bool JsonConstraint::rejects(int32_t t) const {
@@ -101,22 +102,20 @@ bool JsonConstraint::rejects(int32_t t) const {
       if (spec_.whole_output) return false;
       if (free_end(t)) return false;
       return t < 0 || !spec_.vocab || size_t(t) >= spec_.vocab->size() || spec_.vocab->special(t);
-    case Phase::kEnd: return !spec_.whole_output || spec_.final_format;
-    default: return false;  // masked phases draw from the mask
+    default: return false;  // masked phases draw from the mask; past the turn's end (ignore_eos) all is free
   }
 }
 
 bool JsonConstraint::stays_inactive(int32_t t) const {
+  if (phase_ == Phase::kEnd) return true;
+  if (spec_.text_guard_only) return !redraw_ && !rejects(t);  // never active: headers are free
   return phase_ == Phase::kFree && !redraw_ && !rejects(t) && !free_end(t);
 }
 
 bool JsonConstraint::mask_logits(float* logits, int vocab) {
   const float ninf = -std::numeric_limits<float>::infinity();
   switch (phase_) {
-    case Phase::kEnd:
-      if (spec_.whole_output && !spec_.final_format) return true;
-      std::fill(logits, logits + vocab, ninf);
-      return false;
+    case Phase::kEnd: return true;  // past the turn's end (ignore_eos): free
     case Phase::kFree: {
       if (spec_.whole_output) return true;
       // Every ordinary token, and the message's end token(s): no other special token.
@@ -129,6 +128,7 @@ bool JsonConstraint::mask_logits(float* logits, int vocab) {
       return true;
     }
     case Phase::kHeader: {
+      if (!headers_) return true;  // the text guard alone: headers are free
       TokenBitset bits(size_t(std::max(vocab, 0)));
       headers_->allowed(cursor_, bits);
       apply_mask(bits, logits, vocab);
@@ -165,8 +165,15 @@ bool JsonConstraint::accept(int32_t t) {
       if (t < 0 || size_t(t) >= v.size() || v.special(t)) return false;
       return masker_->matcher().advance(state_, v.bytes(t));
     }
-    case Phase::kEnd: return spec_.whole_output && !spec_.final_format;
+    case Phase::kEnd: return true;
     case Phase::kHeader: {
+      if (!headers_) {  // the text guard alone: any header; its message may end as any message does
+        if (t == spec_.ids.message) {
+          free_ends_ = {spec_.ids.end, spec_.ids.return_, spec_.ids.call};
+          phase_ = Phase::kFree;
+        }
+        return true;
+      }
       std::optional<HarmonyHeaders::Meaning> done;
       if (!headers_->advance(cursor_, t, &done)) return false;
       if (done) start_message(*done);

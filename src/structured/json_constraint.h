@@ -11,6 +11,8 @@
 // Headers and JSON are masked (active(): sampled on the host). Free text is not: a token drawn
 // there without the mask goes through rejects(), and a refused one is drawn again with the mask
 // (the engine's redraw), which is the masked distribution exactly (rejection sampling).
+#include <algorithm>
+#include <array>
 #include <map>
 #include <memory>
 #include <optional>
@@ -30,6 +32,10 @@ struct JsonConstraintSpec {
   bool final_channel = true;  // false: the turn must end in a call (tool_choice required or named)
   bool preambles = true;      // commentary messages to the user before a call
   bool whole_output = false;  // not harmony: the whole output is final_format's JSON
+  // Harmony's text guard alone (a chat request with no tools and no format): headers are not
+  // masked, and a message's text may hold no special token but one that ends a message
+  // (<|end|>, <|return|>, <|call|>). Never active but to draw a refused token again.
+  bool text_guard_only = false;
   HarmonyTokenIds ids;
 };
 
@@ -49,10 +55,11 @@ class JsonConstraint : public TokenConstraint {
 
  private:
   // kHeader: a message header (masked); kJson: JSON (masked); kFree: a message's free text;
-  // kEnd: after the turn's last token (nothing more is allowed).
+  // kEnd: after the turn's last token (<|return|> or <|call|>): generation stops there unless the
+  // request ignores end tokens (ignore_eos), and what follows is free.
   enum class Phase { kHeader, kFree, kJson, kEnd };
   void start_message(const HarmonyHeaders::Meaning& m);
-  bool free_end(int32_t t) const { return t == free_end_ || t == free_end2_; }
+  bool free_end(int32_t t) const { return t >= 0 && std::find(free_ends_.begin(), free_ends_.end(), t) != free_ends_.end(); }
 
   JsonConstraintSpec spec_;
   std::shared_ptr<const HarmonyHeaders> headers_;  // null: not harmony
@@ -61,7 +68,7 @@ class JsonConstraint : public TokenConstraint {
   const JsonTokenMasker* masker_ = nullptr;
   MatchState state_;
   int32_t end_token_ = -1;               // kJson: the token that ends the JSON's message
-  int32_t free_end_ = -1, free_end2_ = -1;  // kFree: the tokens that may end the message
+  std::array<int32_t, 3> free_ends_{-1, -1, -1};  // kFree: the tokens that may end the message
   bool json_done_ = false;
   bool redraw_ = false;  // the last unmasked draw was refused: mask the next one
 };

@@ -1,9 +1,13 @@
 #include "structured/json_grammar.h"
 
+#include "structured/json_matcher.h"
+
 #include <algorithm>
 #include <bitset>
 #include <map>
 #include <set>
+
+#include "structured/json_matcher.h"
 
 namespace gptoss::structured {
 
@@ -60,6 +64,10 @@ class Compiler {
   std::shared_ptr<const Grammar> compile(bool any_object = false) {
     g_.root = any_object ? g_.any_object : compile(root_, "", 0);
     finish_unions();
+    set_min_frames();
+    if (g_.nodes[size_t(g_.root)].min_frames > kMaxDepth)
+      throw SchemaError("Invalid JSON schema: every document it allows nests deeper than " + std::to_string(kMaxDepth) +
+                        " objects and arrays.");
     if (!unsupported_.empty()) {
       std::string msg = "Unsupported JSON Schema keyword";
       msg += unsupported_.size() > 1 ? "s: " : ": ";
@@ -73,6 +81,40 @@ class Compiler {
   }
 
  private:
+  // GrammarNode::min_frames by iteration to the fixed point (recursion through $ref included): a
+  // container's count is 1 + its deepest required part's (properties listed in required, items
+  // when minItems > 0), a union's its shallowest alternative's. 255: no finite document.
+  void set_min_frames() {
+    auto& nodes = g_.nodes;
+    std::vector<int> m(nodes.size());
+    for (size_t i = 0; i < nodes.size(); ++i) {
+      const NodeKind k = nodes[i].kind;
+      m[i] = k == NodeKind::kObject || k == NodeKind::kArray || k == NodeKind::kUnion ? 255 : 1;
+    }
+    for (bool changed = true; changed;) {
+      changed = false;
+      for (size_t i = 0; i < nodes.size(); ++i) {
+        const GrammarNode& n = nodes[i];
+        int v = m[i];
+        if (n.kind == NodeKind::kObject) {
+          int deepest = 0;
+          for (size_t p = 0; p < n.prop_nodes.size() && p < 64; ++p)
+            if (n.required >> p & 1) deepest = std::max(deepest, m[size_t(n.prop_nodes[p])]);
+          v = std::min(255, 1 + deepest);
+        } else if (n.kind == NodeKind::kArray) {
+          v = std::min(255, 1 + (n.min_items > 0 && n.items >= 0 ? m[size_t(n.items)] : 0));
+        } else if (n.kind == NodeKind::kUnion) {
+          v = 255;
+          for (int32_t a : n.alts) v = std::min(v, m[size_t(a)]);
+        }
+        if (v < m[i]) {
+          m[i] = v;
+          changed = true;
+        }
+      }
+    }
+    for (size_t i = 0; i < nodes.size(); ++i) nodes[i].min_frames = uint8_t(m[i]);
+  }
   static std::string where(const std::string& path) { return path.empty() ? "the schema root" : "'" + path + "'"; }
   [[noreturn]] static void fail(const std::string& path, const std::string& what) {
     throw SchemaError("Invalid JSON schema at " + where(path) + ": " + what);

@@ -65,6 +65,10 @@ struct GrammarNode {
   // kUnion: the alternatives, and the one taking each first byte (-1: none)
   std::vector<int32_t> alts;
   std::vector<int32_t> alt_by_byte;
+  // The fewest matcher frames a shortest value of this node holds at once, its own included:
+  // 1 for a scalar, 1 + the deepest required part for a container. The matcher opens a node only
+  // where that many frames fit under its depth limit, so a recursive schema never strands it.
+  uint8_t min_frames = 1;
 };
 
 struct Grammar {

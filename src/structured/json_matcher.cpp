@@ -153,7 +153,8 @@ MatchState JsonMatcher::start() const {
 }
 
 bool JsonMatcher::push(MatchState& s, int32_t node) const {
-  if (s.depth >= kMaxDepth) return false;
+  // Only where its shortest value fits under the depth limit (GrammarNode::min_frames).
+  if (s.depth + g_.nodes[size_t(node)].min_frames > kMaxDepth) return false;
   s.f[s.depth] = Frame{};
   s.f[s.depth].node = node;
   ++s.depth;
@@ -204,6 +205,7 @@ JsonMatcher::Step JsonMatcher::step(MatchState& s, uint8_t b) const {
     case NodeKind::kUnion: {
       int32_t to = n.alt_by_byte.empty() ? -1 : n.alt_by_byte[b];
       if (to < 0) return kReject;
+      if (s.depth - 1 + g_.nodes[size_t(to)].min_frames > kMaxDepth) return kReject;  // in place of this frame
       f = Frame{};
       f.node = to;
       return kRetry;
@@ -340,7 +342,15 @@ JsonMatcher::Step JsonMatcher::step_number(Frame& f, bool integer, uint8_t b) co
 
 JsonMatcher::Step JsonMatcher::step_object(MatchState& s, Frame& f, const GrammarNode& n, uint8_t b) const {
   const uint64_t all = n.prop_names.size() >= 64 ? ~uint64_t(0) : (uint64_t(1) << n.prop_names.size()) - 1;
-  const bool more_keys = n.additional >= 0 || (all & ~f.seen) != 0;
+  // The properties whose values fit under the depth limit from here (a key is only begun toward
+  // one of them, so no value is left that cannot be written; the required ones always fit: the
+  // object was opened only where they do).
+  const auto fits = [&](int32_t node) { return s.depth + g_.nodes[size_t(node)].min_frames <= kMaxDepth; };
+  uint64_t fit = 0;
+  for (size_t p = 0; p < n.prop_nodes.size() && p < 64; ++p)
+    if (fits(n.prop_nodes[p])) fit |= uint64_t(1) << p;
+  const bool free_keys = n.additional >= 0 && fits(n.additional) && fits(g_.free_key);
+  const bool more_keys = free_keys || (all & ~f.seen & fit) != 0;
   const bool can_close = (n.required & ~f.seen) == 0;
   auto ws = [&]() {
     if (!is_ws(b) || f.aux >= kMaxWhitespace) return kReject;
@@ -349,13 +359,13 @@ JsonMatcher::Step JsonMatcher::step_object(MatchState& s, Frame& f, const Gramma
   };
   auto begin_key = [&]() -> Step {
     int32_t c = n.keys.child(0, '"');
-    if (c >= 0 && (n.additional >= 0 || (n.keys.nodes[size_t(c)].subtree & ~f.seen))) {
+    if (c >= 0 && (free_keys || (n.keys.nodes[size_t(c)].subtree & ~f.seen & fit))) {
       f.mode = kObjKey;
       f.pos = uint32_t(c);
       f.aux = 0;
       return kConsumed;
     }
-    if (n.additional < 0) return kReject;
+    if (!free_keys) return kReject;
     f.mode = kObjFreeKey;
     f.count = kAdditionalProp;
     f.aux = 0;
@@ -380,10 +390,10 @@ JsonMatcher::Step JsonMatcher::step_object(MatchState& s, Frame& f, const Gramma
       // whatever was seen (a seen key is refused at its closing quote, and leaving the trie
       // makes a free key, which cannot spell a listed one); without, only toward unseen keys.
       int32_t c = n.keys.child(int32_t(f.pos), b);
-      if (c >= 0 && (n.additional >= 0 || (n.keys.nodes[size_t(c)].subtree & ~f.seen))) {
+      if (c >= 0 && (free_keys || (n.keys.nodes[size_t(c)].subtree & ~f.seen & fit))) {
         int32_t v = n.keys.nodes[size_t(c)].value;
         if (v >= 0 && b == '"') {  // a listed key, complete
-          if (f.seen & (uint64_t(1) << v)) return kReject;
+          if ((f.seen & (uint64_t(1) << v)) || !(fit & (uint64_t(1) << v))) return kReject;
           f.count = uint16_t(v);
           f.seen |= uint64_t(1) << v;
           f.mode = kObjColon;
@@ -392,7 +402,7 @@ JsonMatcher::Step JsonMatcher::step_object(MatchState& s, Frame& f, const Gramma
         f.pos = uint32_t(c);
         return kConsumed;
       }
-      if (n.additional < 0) return kReject;
+      if (!free_keys) return kReject;
       // Leaves the listed keys: the rest is a free key (the bytes so far are plain ASCII).
       f.mode = kObjFreeKey;
       f.count = kAdditionalProp;
@@ -452,7 +462,7 @@ JsonMatcher::Step JsonMatcher::step_array(MatchState& s, Frame& f, const Grammar
       return item();
     case kArrNeedItem: return item();
     case kArrAfter:
-      if (b == ',' && f.count < n.max_items) {
+      if (b == ',' && f.count < n.max_items && s.depth + g_.nodes[size_t(n.items)].min_frames <= kMaxDepth) {
         f.mode = kArrNeedItem;
         f.aux = 0;
         return kConsumed;

@@ -970,6 +970,28 @@ TEST(Engine, ConstraintRedrawsARefusedUnmaskedToken) {
     }
 }
 
+// A constraint that refuses a token yet does not mask the redraw (a constraint bug) ends its
+// request with an error instead of drawing the same token again forever.
+TEST(Engine, ConstraintRefusingWithoutMaskingEndsWithAnError) {
+  struct RefusesAll : structured::TokenConstraint {
+    bool active() const override { return false; }
+    bool mask_logits(float*, int) override { return true; }
+    bool accept(int32_t) override { return true; }
+    bool rejects(int32_t) const override { return true; }
+  };
+  FakeBackend be;
+  Engine e(be, small_cfg());
+  SamplingParams sp;
+  sp.max_tokens = 5;
+  sp.constraint = std::make_shared<RefusesAll>();
+  auto s = e.submit(prompt_of(4, 1), sp);
+  run_idle(e);
+  Result r = collect(*s);
+  EXPECT_EQ(r.reason, FinishReason::kError);
+  EXPECT_TRUE(r.tokens.empty());
+  EXPECT_EQ(e.num_active(), 0);
+}
+
 TEST(Engine, ConstraintAllowingNothingEndsWithAnError) {
   FakeBackend be;
   Engine e(be, small_cfg());

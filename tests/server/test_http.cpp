@@ -1014,3 +1014,31 @@ TEST(Http, StructuredOutputHeadersFollowToolChoice) {
   }
   f.backend.shape_logits = nullptr;
 }
+
+// A plain chat request (no tools, no format) still never shows harmony's special tokens in its
+// text: the model's <|message|> and <|start|> inside its answer are refused and drawn again.
+TEST(Http, ChatTextHoldsNoSpecialTokens) {
+  Fixture f;
+  json body = chat_body(24);
+  body["temperature"] = 1.0;
+  harmony::Renderer ren(tok());
+  const size_t prompt_len = render_chat_prompt(ren, parse_chat_request(parse_body(body.dump()))).size();
+  f.backend.shape_logits = Script()
+                               .text("<|channel|>final<|message|>Hello")
+                               .either("<|message|>", " there")
+                               .text(" friend")
+                               .either("<|start|>", ".")
+                               .shape(prompt_len);
+  const int64_t redraws = f.engine->metrics().constraint_redraws.load();
+  for (uint64_t seed = 1; seed <= 3; ++seed) {
+    body["seed"] = seed;
+    auto r = f.post("/v1/chat/completions", body.dump());
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->status, 200) << r->body;
+    const std::string content = json::parse(r->body)["choices"][0]["message"]["content"];
+    EXPECT_EQ(content.rfind("Hello there friend.", 0), 0u) << content;
+    EXPECT_EQ(content.find("<|"), std::string::npos) << content;
+  }
+  EXPECT_GE(f.engine->metrics().constraint_redraws.load(), redraws + 6);
+  f.backend.shape_logits = nullptr;
+}

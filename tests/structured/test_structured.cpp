@@ -118,6 +118,57 @@ TEST(StructuredSchema, MatcherAcceptsAndRefuses) {
   EXPECT_FALSE(matches(*any, R"({"a":})"));
 }
 
+// A recursive schema at the matcher's depth limit: a walk that always nests deeper when it may
+// (the way a model once wrote {"kids":[{"kids":[... until nothing was allowed) ends with a valid
+// document, never a state that allows nothing; and a schema every document of which nests deeper
+// than the limit is refused when compiled.
+TEST(StructuredSchema, RecursionNeverStrandsTheMatcherAtTheDepthLimit) {
+  const std::vector<json> trees = {
+      json::parse(R"({"$defs":{"node":{"type":"object","properties":{"v":{"type":"integer"},"kids":{"type":"array",
+                     "items":{"$ref":"#/$defs/node"},"maxItems":2}},"required":["v","kids"],"additionalProperties":false}},
+                     "type":"object","properties":{"root":{"$ref":"#/$defs/node"}},"required":["root"],"additionalProperties":false})"),
+      json::parse(R"({"$defs":{"n":{"anyOf":[{"type":"null"},{"type":"array","items":{"$ref":"#/$defs/n"},"minItems":1}]}},
+                     "$ref":"#/$defs/n"})"),
+      json::parse(R"({"type":"object","properties":{"a":{"$ref":"#"},"b":{"type":"array","items":{"$ref":"#"}}},
+                     "additionalProperties":false})"),
+  };
+  for (size_t i = 0; i < trees.size(); ++i) {
+    auto g = compile_json_schema(trees[i], true);
+    JsonMatcher m(*g);
+    MatchState s = m.start();
+    std::string out;
+    int max_depth = 0;
+    // Deeper while it may (open a container first, then start a key or an item), then close.
+    const std::string deeper = "{[\"akids", closing = "0]}";
+    bool closing_now = false;
+    while (!(s.depth == 0 || (closing_now && m.can_end(s))) && out.size() < 20000) {
+      std::string allowed;
+      for (int b = 0; b < 256; ++b) {
+        MatchState t = s;
+        if (m.advance(t, uint8_t(b))) allowed.push_back(char(b));
+      }
+      ASSERT_FALSE(allowed.empty()) << "schema " << i << ": nothing allowed after ..." << out.substr(out.size() > 120 ? out.size() - 120 : 0);
+      max_depth = std::max(max_depth, int(s.depth));
+      if (s.depth >= kMaxDepth - 1) closing_now = true;
+      char pick = allowed[0];
+      for (char c : closing_now ? closing : deeper)
+        if (allowed.find(c) != std::string::npos) {
+          pick = c;
+          break;
+        }
+      out.push_back(pick);
+      ASSERT_TRUE(m.advance(s, uint8_t(pick)));
+    }
+    EXPECT_TRUE(m.can_end(s)) << "schema " << i << ": " << out.size() << " bytes";
+    EXPECT_GE(max_depth, kMaxDepth - 2) << "schema " << i << " reached the limit";
+    EXPECT_NO_THROW((void)json::parse(out)) << out;
+  }
+  // Every document of this one nests 40 deep.
+  json deep = json::parse(R"({"type":"integer"})");
+  for (int d = 0; d < 40; ++d) deep = json{{"type", "array"}, {"items", deep}, {"minItems", 1}};
+  EXPECT_THROW(compile_json_schema(deep, true), SchemaError);
+}
+
 TEST(StructuredSchema, ErrorsNameTheProblem) {
   auto err = [](const char* text, bool strict) -> std::string {
     try {
@@ -335,7 +386,10 @@ TEST(StructuredConstraint, OnlyTheFinalChannelAndToolArgumentsAreConstrained) {
   for (int i = 0; i < V; ++i) ASSERT_EQ(std::isinf(logits[size_t(i)]), i != ids.call) << i;
   ASSERT_TRUE(c.accept(ids.call));
   EXPECT_TRUE(c.finished_json());
-  EXPECT_TRUE(c.rejects(ids.start)) << "the call ends the turn";
+  // The call ends the turn; a request that ignores end tokens (ignore_eos) goes on unconstrained.
+  EXPECT_FALSE(c.active());
+  EXPECT_FALSE(c.rejects(ids.start));
+  EXPECT_TRUE(feed(c, "<|start|>anything [1"));
 
   JsonConstraint f(harmony_spec(true, {"get_weather"}));
   ASSERT_TRUE(feed(f, "<|channel|>analysis<|message|>Hmm.<|end|><|start|>assistant<|channel|>final<|message|>"));
@@ -500,6 +554,41 @@ TEST(StructuredConstraint, FreeTextRefusesSpecialTokensButItsEnd) {
   EXPECT_FALSE(f.rejects(ids.return_));
   EXPECT_TRUE(f.rejects(ids.end));
   EXPECT_TRUE(f.rejects(ids.call));
+}
+
+// A chat request with nothing to constrain gets harmony's text guard alone: headers free, never
+// active, a message's text refusing special tokens but the ones that end a message.
+TEST(StructuredConstraint, TextGuardAloneRefusesSpecialTokensInText) {
+  const HarmonyTokenIds ids = harmony_ids();
+  JsonConstraintSpec spec = harmony_spec(false, {});
+  spec.text_guard_only = true;
+  JsonConstraint g(spec);
+  EXPECT_FALSE(g.active());
+  EXPECT_FALSE(g.rejects(ids.start)) << "headers are free";
+  ASSERT_TRUE(feed(g, "<|channel|>analysis to=python<|message|>Think."));  // any header
+  EXPECT_FALSE(g.active());
+  for (int32_t t : {ids.start, ids.channel, ids.message, ids.constrain}) {
+    EXPECT_TRUE(g.rejects(t)) << t;
+    EXPECT_FALSE(g.stays_inactive(t)) << t;
+  }
+  for (int32_t t : {ids.end, ids.return_, ids.call}) EXPECT_FALSE(g.rejects(t)) << t;
+  EXPECT_TRUE(g.stays_inactive(token_of("Sure")));
+  EXPECT_TRUE(g.stays_inactive(ids.end)) << "the next header is not masked either";
+  g.mask_next();
+  EXPECT_TRUE(g.active()) << "a refused token's redraw is masked";
+  auto allowed = expect_mask_is_accept(g);
+  EXPECT_TRUE(allows(allowed, ids.end));
+  EXPECT_TRUE(allows(allowed, ids.return_));
+  EXPECT_FALSE(allows(allowed, ids.message));
+  ASSERT_TRUE(feed(g, " More.<|end|><|start|>assistant<|channel|>final<|message|>Done."));
+  EXPECT_FALSE(g.active());
+  EXPECT_TRUE(g.accept(ids.return_));
+  // Past the turn's end (ignore_eos) nothing is refused, so no redraw can repeat unmasked.
+  for (int32_t t : {ids.message, ids.start, ids.return_, token_of("Sure")}) {
+    EXPECT_FALSE(g.rejects(t)) << t;
+    EXPECT_TRUE(g.stays_inactive(t)) << t;
+    EXPECT_TRUE(g.accept(t)) << t;
+  }
 }
 
 // Prints the per-token cost of masks: 32 streams each writing a document by picking random
