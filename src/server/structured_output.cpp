@@ -73,6 +73,8 @@ std::shared_ptr<structured::JsonConstraint> StructuredOutput::for_chat(const Cha
     if (harmony_ && r.tool_choice.may_call(t.name)) spec.tools[t.name] = std::move(m);
   }
   if (harmony_ && r.tool_choice.must_call()) spec.final_channel = spec.preambles = false;
+  // A preamble's text is the answer's content too, which a format holds to its JSON alone.
+  if (spec.final_format) spec.preambles = false;
   if (spec.whole_output && !spec.final_format) return nullptr;
   // Nothing to constrain: harmony's text guard alone (no special token inside a message's text;
   // never masked but to draw a refused token again, so it costs a plain request nothing).

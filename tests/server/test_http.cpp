@@ -933,6 +933,7 @@ TEST(Http, StructuredOutputHeadersFollowToolChoice) {
     json tools, tool_choice, response_format;
     Script script;
     const char* called;  // the function the answer must call; null: no call, a final answer
+    bool redraws = false;  // the script's mistakes are tokens drawn unmasked and refused
   };
   const json weather = tool_fn("get_weather", params), time = tool_fn("get_time", params);
   std::vector<Case> cases;
@@ -955,6 +956,15 @@ TEST(Http, StructuredOutputHeadersFollowToolChoice) {
                        .text("<|channel|>analysis<|message|>Thinking")
                        .either("<|return|>", "<|end|>")
                        .text("<|start|>assistant<|channel|>final<|message|>{\"kind\""),
+                   nullptr, true});
+  // A preamble's text would land in content before the JSON: with a format there is none (the
+  // model's commentary header turns into the final channel's).
+  cases.push_back({"a format, the model writing a preamble first", json::array({weather}), "none",
+                   schema_format(schema),
+                   Script()
+                       .text("<|channel|>analysis<|message|>Thinking<|end|><|start|>assistant<|channel|>")
+                       .either("comment", "final")
+                       .text("ary<|message|>Let me see.<|end|>"),
                    nullptr});
   Fixture f;  // harmony_output: true
   for (const Case& c : cases) {
@@ -991,7 +1001,7 @@ TEST(Http, StructuredOutputHeadersFollowToolChoice) {
         EXPECT_TRUE(gptoss::testing::schema_valid(schema, v)) << r->body;
       }
     }
-    if (!c.called) EXPECT_GE(f.engine->metrics().constraint_redraws.load(), redraws + 4) << "each <|return|> drawn again";
+    if (c.redraws) EXPECT_GE(f.engine->metrics().constraint_redraws.load(), redraws + 4) << "each <|return|> drawn again";
   }
   // tool_choice none: no call, whatever the model writes (its header text cannot name one).
   json body = chat_body(40);
