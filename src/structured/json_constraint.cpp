@@ -43,14 +43,14 @@ void apply_mask(const TokenBitset& allowed, float* logits, int vocab) {
 }
 
 JsonConstraint::JsonConstraint(JsonConstraintSpec spec) : spec_(std::move(spec)) {
-  if (spec_.whole_output) {
+  if (spec_.whole_output) {  // the JSON from the first token, then the turn's end (free)
     if (spec_.final_format) {
       phase_ = Phase::kJson;
       masker_ = spec_.final_format.get();
       state_ = masker_->matcher().start();
       end_token_ = spec_.ids.return_;
     } else {
-      phase_ = Phase::kFree;  // nothing to constrain
+      phase_ = Phase::kEnd;  // nothing to constrain
     }
     return;
   }
@@ -99,7 +99,6 @@ bool JsonConstraint::active() const {
 bool JsonConstraint::rejects(int32_t t) const {
   switch (phase_) {
     case Phase::kFree:
-      if (spec_.whole_output) return false;
       if (free_end(t)) return false;
       return t < 0 || !spec_.vocab || size_t(t) >= spec_.vocab->size() || spec_.vocab->special(t);
     default: return false;  // masked phases draw from the mask; past the turn's end (ignore_eos) all is free
@@ -117,7 +116,6 @@ bool JsonConstraint::mask_logits(float* logits, int vocab) {
   switch (phase_) {
     case Phase::kEnd: return true;  // past the turn's end (ignore_eos): free
     case Phase::kFree: {
-      if (spec_.whole_output) return true;
       // Every ordinary token, and the message's end token(s): no other special token.
       for (int32_t id : spec_.vocab->special_ids()) {
         if (id >= vocab) break;
@@ -180,7 +178,6 @@ bool JsonConstraint::accept(int32_t t) {
       return true;
     }
     case Phase::kFree:
-      if (spec_.whole_output) return true;
       if (rejects(t)) return false;
       if (t == spec_.ids.end && free_end(t)) {
         cursor_ = HarmonyHeaders::Cursor{{}, false};  // the next message's header

@@ -113,7 +113,14 @@ class Compiler {
         }
       }
     }
-    for (size_t i = 0; i < nodes.size(); ++i) nodes[i].min_frames = uint8_t(m[i]);
+    for (size_t i = 0; i < nodes.size(); ++i) {
+      GrammarNode& n = nodes[i];
+      n.min_frames = uint8_t(m[i]);
+      if (n.kind != NodeKind::kObject) continue;
+      int parts = n.additional >= 0 ? m[size_t(n.additional)] : 0;
+      for (int32_t p : n.prop_nodes) parts = std::max(parts, m[size_t(p)]);
+      n.max_part_frames = uint8_t(parts);
+    }
   }
   static std::string where(const std::string& path) { return path.empty() ? "the schema root" : "'" + path + "'"; }
   [[noreturn]] static void fail(const std::string& path, const std::string& what) {

@@ -69,6 +69,9 @@ struct GrammarNode {
   // 1 for a scalar, 1 + the deepest required part for a container. The matcher opens a node only
   // where that many frames fit under its depth limit, so a recursive schema never strands it.
   uint8_t min_frames = 1;
+  // kObject: the largest min_frames of its properties and additional properties (where all of
+  // them fit, the matcher need not check one by one).
+  uint8_t max_part_frames = 0;
 };
 
 struct Grammar {

@@ -346,9 +346,12 @@ JsonMatcher::Step JsonMatcher::step_object(MatchState& s, Frame& f, const Gramma
   // one of them, so no value is left that cannot be written; the required ones always fit: the
   // object was opened only where they do).
   const auto fits = [&](int32_t node) { return s.depth + g_.nodes[size_t(node)].min_frames <= kMaxDepth; };
-  uint64_t fit = 0;
-  for (size_t p = 0; p < n.prop_nodes.size() && p < 64; ++p)
-    if (fits(n.prop_nodes[p])) fit |= uint64_t(1) << p;
+  uint64_t fit = all;
+  if (s.depth + n.max_part_frames > kMaxDepth) {  // near the limit: property by property
+    fit = 0;
+    for (size_t p = 0; p < n.prop_nodes.size() && p < 64; ++p)
+      if (fits(n.prop_nodes[p])) fit |= uint64_t(1) << p;
+  }
   const bool free_keys = n.additional >= 0 && fits(n.additional) && fits(g_.free_key);
   const bool more_keys = free_keys || (all & ~f.seen & fit) != 0;
   const bool can_close = (n.required & ~f.seen) == 0;

@@ -161,7 +161,8 @@ TEST(StructuredSchema, RecursionNeverStrandsTheMatcherAtTheDepthLimit) {
     }
     EXPECT_TRUE(m.can_end(s)) << "schema " << i << ": " << out.size() << " bytes";
     EXPECT_GE(max_depth, kMaxDepth - 2) << "schema " << i << " reached the limit";
-    EXPECT_NO_THROW((void)json::parse(out)) << out;
+    json parsed;
+    EXPECT_NO_THROW(parsed = json::parse(out)) << out;
   }
   // Every document of this one nests 40 deep.
   json deep = json::parse(R"({"type":"integer"})");
@@ -467,7 +468,9 @@ TEST(StructuredConstraint, HeadersNameOnlyAllowedChannelsAndDeclaredFunctions) {
                            " to=functions.get_time<|channel|>commentary<|message|>"}) {
     for (bool later : {false, true}) {
       JsonConstraint h = c;
-      if (later) ASSERT_TRUE(feed(h, "<|channel|>analysis<|message|>x<|end|><|start|>assistant"));
+      if (later) {
+        ASSERT_TRUE(feed(h, "<|channel|>analysis<|message|>x<|end|><|start|>assistant"));
+      }
       ASSERT_TRUE(feed(h, call)) << call;
       EXPECT_TRUE(h.active()) << call << ": the arguments are JSON";
       EXPECT_TRUE(feed(h, R"({"city":"Oslo"}<|call|>)")) << call;

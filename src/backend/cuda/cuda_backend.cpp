@@ -661,7 +661,7 @@ void CudaBackend::run_batch_impl(const ForwardBatch& b, float* logits, int32_t* 
       std::vector<float> lps(logprobs ? B : 0);
       GPTOSS_CUDA_CHECK(cudaMemcpyAsync(ids.data(), d_greedy_, B * 4, cudaMemcpyDeviceToHost, stream_));
       if (logprobs) GPTOSS_CUDA_CHECK(cudaMemcpyAsync(lps.data(), d_lp_, B * 4, cudaMemcpyDeviceToHost, stream_));
-      copy_kept_rows(b, 0, b.logit_rows.size(), [&](size_t i) { return row_of[b.logit_rows[i]]; });
+      for (size_t i = 0; i < b.logit_rows.size(); ++i) copy_kept_row(i, row_of[b.logit_rows[i]]);
       GPTOSS_CUDA_CHECK(cudaStreamSynchronize(stream_));
       for (size_t i = 0; i < b.logit_rows.size(); ++i) {
         greedy[i] = ids[row_of[b.logit_rows[i]]];
@@ -763,7 +763,7 @@ void CudaBackend::run_batch_impl(const ForwardBatch& b, float* logits, int32_t* 
           std::vector<RowSampling> per(cnt);
           for (int i = 0; i < cnt; ++i) per[i] = how[outs[done + i]];
           sample_on_device(per, cnt, logprobs != nullptr);
-          copy_kept_rows(b, 0, size_t(cnt), [&](size_t i) { return int(i); }, outs.data() + done);
+          for (int i = 0; i < cnt; ++i) copy_kept_row(size_t(outs[done + i]), i);
         } else if (!tp_.active()) {
           argmax_rows(d_logits_, cnt, V, d_greedy_, stream_);
         }
@@ -891,19 +891,12 @@ void CudaBackend::forward_sample(const ForwardBatch& batch, const RowSampling* r
   if (kept > 0) std::memcpy(kept_logits, h_kept_, size_t(kept) * V * sizeof(float));
 }
 
-template <class DeviceRow>
-void CudaBackend::copy_kept_rows(const ForwardBatch& b, size_t first, size_t n, DeviceRow device_row,
-                                 const int32_t* rows) {
-  // Queued before the caller's synchronize; the sampler left these rows' logits untouched.
-  if (!kept_logits_) return;
-  const int V = cfg_.vocab;
-  for (size_t i = first; i < first + n; ++i) {
-    const size_t row = rows ? size_t(rows[i]) : i;  // the logit row (index into b.logit_rows)
-    if (row >= kept_at_.size() || kept_at_[row] < 0) continue;
-    GPTOSS_CUDA_CHECK(cudaMemcpyAsync(kept_logits_ + size_t(kept_at_[row]) * V, d_logits_ + size_t(device_row(i)) * V,
-                                      size_t(V) * 4, cudaMemcpyDeviceToHost, stream_));
-  }
-  (void)b;
+void CudaBackend::copy_kept_row(size_t logit_row, int device_row) {
+  // Queued before the caller's synchronize; the sampler left this row's logits untouched.
+  if (!kept_logits_ || logit_row >= kept_at_.size() || kept_at_[logit_row] < 0) return;
+  const size_t V = size_t(cfg_.vocab);
+  GPTOSS_CUDA_CHECK(cudaMemcpyAsync(kept_logits_ + size_t(kept_at_[logit_row]) * V, d_logits_ + size_t(device_row) * V,
+                                    V * sizeof(float), cudaMemcpyDeviceToHost, stream_));
 }
 
 std::unique_ptr<Eagle3Head> CudaBackend::make_eagle3_head(std::shared_ptr<const Eagle3Weights> head) {

@@ -188,11 +188,9 @@ class CudaBackend final : public Backend {
                  float* logprobs = nullptr);
   void run_batch_impl(const ForwardBatch& b, float* logits, int32_t* greedy, const RowSampling* how,
                       float* logprobs);
-  // forward_sample's kept rows among logit rows [first, first + n) (rows[i] the logit row of i,
-  // or i itself), each from device row device_row(i) of d_logits_, to kept_logits_.
-  template <class DeviceRow>
-  void copy_kept_rows(const ForwardBatch& b, size_t first, size_t n, DeviceRow device_row,
-                      const int32_t* rows = nullptr);
+  // Logit row `logit_row` (an index into the batch's logit_rows), at device row `device_row` of
+  // d_logits_, to its place in kept_logits_ when forward_sample keeps it; otherwise nothing.
+  void copy_kept_row(size_t logit_row, int device_row);
   // Draws rows [0, n) of d_logits_ by per[i] on the device; ids land in d_greedy_ (and with
   // logprobs, the drawn tokens' logprobs in d_lp_).
   void sample_on_device(const std::vector<RowSampling>& per, int n, bool logprobs);
