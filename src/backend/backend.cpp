@@ -6,6 +6,7 @@
 #include <functional>
 #include <limits>
 
+#include <string>
 #include <vector>
 
 #include "common/error.h"
@@ -74,6 +75,22 @@ int32_t sample_row(const float* logits, int V, const RowSampling& s, std::vector
   return last >= 0 ? last : argmax();
 }
 
+int32_t sample_row_adjusted(float* logits, int V, const RowSampling& s, const LogitAdd* adds,
+                            std::vector<float>& scratch) {
+  if (s.adds_count <= 0) return sample_row(logits, V, s, scratch);
+  thread_local std::vector<float> saved;
+  saved.resize(size_t(s.adds_count));
+  for (int k = 0; k < s.adds_count; ++k) {
+    const int32_t t = adds[k].token;
+    if (t < 0 || t >= V) throw Error("sample_row_adjusted: token " + std::to_string(t) + " outside the vocabulary");
+    saved[size_t(k)] = logits[t];
+    logits[t] = saved[size_t(k)] + adds[k].delta;
+  }
+  const int32_t tok = sample_row(logits, V, s, scratch);
+  for (int k = 0; k < s.adds_count; ++k) logits[adds[k].token] = saved[size_t(k)];
+  return tok;
+}
+
 double row_logsumexp(const float* logits, int vocab) {
   float mx = -std::numeric_limits<float>::infinity();
   for (int i = 0; i < vocab; ++i)
@@ -87,13 +104,13 @@ double row_logsumexp(const float* logits, int vocab) {
 float clamp_logprob(double v) { return std::isnan(v) ? -9999.0f : float(std::max(v, -9999.0)); }
 
 void Backend::forward_sample(const ForwardBatch& batch, const RowSampling* rows, int32_t* tokens_out,
-                             float* logprobs_out, float* kept_logits) {
+                             float* logprobs_out, float* kept_logits, const LogitAdd* adds) {
   const int V = config().vocab;
   std::vector<float> logits(batch.logit_rows.size() * size_t(V)), scratch;
   forward(batch, logits.data());
   size_t kept = 0;
   for (size_t r = 0; r < batch.logit_rows.size(); ++r) {
-    const float* row = logits.data() + r * V;
+    float* row = logits.data() + r * V;
     if (rows[r].keep_logits) {
       if (!kept_logits) throw Error("forward_sample: a keep_logits row without kept_logits");
       std::copy_n(row, V, kept_logits + kept++ * size_t(V));
@@ -101,7 +118,8 @@ void Backend::forward_sample(const ForwardBatch& batch, const RowSampling* rows,
       if (logprobs_out) logprobs_out[r] = 0.0f;
       continue;
     }
-    tokens_out[r] = sample_row(row, V, rows[r], scratch);
+    if (rows[r].adds_count > 0 && !adds) throw Error("forward_sample: a row with logit adds and no adds");
+    tokens_out[r] = sample_row_adjusted(row, V, rows[r], adds ? adds + rows[r].adds_begin : nullptr, scratch);
     if (logprobs_out) logprobs_out[r] = clamp_logprob(double(row[tokens_out[r]]) - row_logsumexp(row, V));
   }
 }

@@ -56,6 +56,13 @@ struct ForwardBatch {
   bool taps_on_device = false;
 };
 
+// A change to one logit before its row is drawn: logit_bias and the presence/frequency penalties,
+// merged by the engine into one entry per token (engine/sampling.h, logit_adds), in id order.
+struct LogitAdd {
+  int32_t token = 0;
+  float delta = 0.0f;
+};
+
 // How to draw one token from a row of logits (forward_sample). The rule, on any backend:
 // temperature < 1e-5 -> argmax (ties to the lower id); else p_i = exp((l_i - max) / T), keep
 // p_i >= min_p (p_max is 1), then the k largest (top_k > 0), then the largest ones whose mass
@@ -71,11 +78,21 @@ struct RowSampling {
   float u = 0.0f;
   // Not drawn: the row's logits go to forward_sample's kept_logits (its token there is -1).
   int32_t keep_logits = 0;
+  // Before the rule, logit[token] += delta for adds[adds_begin, adds_begin + adds_count) of
+  // forward_sample's `adds` (distinct tokens in [0, vocab), in id order). The logprob a backend
+  // reports stays the raw row's.
+  int32_t adds_begin = 0;
+  int32_t adds_count = 0;
 };
 
 // The host implementation of that rule (the reference the CUDA sampler is tested against).
 // `scratch` avoids reallocations.
 int32_t sample_row(const float* logits, int vocab, const RowSampling& s, std::vector<float>& scratch);
+// sample_row after adding `adds` (s.adds_count entries, the row's own) to the row in place; the
+// row is given back as it was (each changed logit restored from its saved value, not by
+// subtraction).
+int32_t sample_row_adjusted(float* logits, int vocab, const RowSampling& s, const LogitAdd* adds,
+                            std::vector<float>& scratch);
 // log(sum_i exp(logits[i])) over the row's numbers (NaNs left out; max + log of a double sum):
 // a token's logprob is its logit minus this (the model's distribution, before any sampling rule).
 double row_logsumexp(const float* logits, int vocab);
@@ -116,8 +133,13 @@ class Backend {
   // kept_logits (when keeps_logits()): the logits of the rows marked keep_logits, in row order,
   // [kept rows, vocab]; those rows are not drawn (token -1). The host then samples them itself
   // (penalties, a structured-output mask) while the backend draws the rest.
+  // adds (when applies_logit_adds()): the logit changes rows[i].adds_begin / adds_count index.
   virtual void forward_sample(const ForwardBatch& batch, const RowSampling* rows, int32_t* tokens_out,
-                              float* logprobs_out = nullptr, float* kept_logits = nullptr);
+                              float* logprobs_out = nullptr, float* kept_logits = nullptr,
+                              const LogitAdd* adds = nullptr);
+  // Whether forward_sample applies RowSampling's logit adds (logit_bias, penalties), so such rows
+  // need not come to the host (the default and one CUDA GPU do; a tensor-parallel group does not).
+  virtual bool applies_logit_adds() const { return true; }
   // Whether forward_sample takes keep_logits rows (the default and one CUDA GPU do; a
   // tensor-parallel group does not).
   virtual bool keeps_logits() const { return true; }

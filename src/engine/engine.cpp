@@ -586,10 +586,11 @@ std::unique_ptr<Engine::Launched> Engine::launch(Planned planned) {
   l->toks.resize(rows);
   auto backend_may_draw = [&](const Sequence* s) {
     return (s->sp.logprobs < 0 || (s->sp.logprobs == 0 && backend_.samples_logprobs())) &&
-           s->sp.presence_penalty == 0.0f && s->sp.frequency_penalty == 0.0f && s->sp.logit_bias.empty() &&
+           (!changes_logits(s->sp) || backend_.applies_logit_adds()) &&
            (!cfg_.batch_invariant || s->sp.temperature < 1e-5f) && !(s->sp.constraint && s->sp.constraint->active());
   };
-  // Rows the backend may not draw: all of them drawn on the host from [rows, vocab] logits, or,
+  // Rows the backend may not draw (top logprobs, an active constraint, or logit_bias and penalties
+  // on a backend that does not apply them): all of them drawn on the host from [rows, vocab] logits, or,
   // when the backend keeps chosen rows' logits (Backend::keeps_logits), the backend draws the
   // others and only those rows' logits come to the host (one request with penalties or a
   // structured-output header no longer moves its whole batch to the host).
@@ -614,10 +615,21 @@ std::unique_ptr<Engine::Launched> Engine::launch(Planned planned) {
     for (int r = 0; r < rows;) {
       Sequence* s = l->row_seq[r];
       std::mt19937_64 peek = s->rng;
+      const int first = r;
       for (; r < rows && l->row_seq[r] == s; ++r) {
         l->how[r] = row_sampling(s->sp, uniform01(peek));
         l->how[r].keep_logits = !l->kept.empty() && l->kept[size_t(r)] >= 0;
+        if (l->how[r].keep_logits || !changes_logits(s->sp)) continue;
+        // The penalties of a draft's row see the drafts before it, as complete()'s host draw does
+        // (counts are up to date here: take_tokens_early counts the tokens it appends).
+        if (r > first) ++s->counts[s->draft[size_t(r - first - 1)]];
+        l->how[r].adds_begin = int32_t(l->adds.size());
+        logit_adds(s->sp, s->counts, vocab_, l->adds);
+        l->how[r].adds_count = int32_t(l->adds.size()) - l->how[r].adds_begin;
       }
+      if (!l->how[first].keep_logits && changes_logits(s->sp))
+        for (int i = 0; i < r - first - 1; ++i)
+          if (--s->counts[s->draft[size_t(i)]] == 0) s->counts.erase(s->draft[size_t(i)]);
     }
   } else {
     // One pass at a time uses the host logits (N's are consumed before N+1 is launched).
@@ -637,7 +649,7 @@ void Engine::run_forward(Launched& l) {
   try {
     if (l.backend_samples)
       backend_.forward_sample(l.batch, l.how.data(), l.toks.data(), l.lps.empty() ? nullptr : l.lps.data(),
-                              l.kept.empty() ? nullptr : logits_.data());
+                              l.kept.empty() ? nullptr : logits_.data(), l.adds.empty() ? nullptr : l.adds.data());
     else
       backend_.forward(l.batch, logits_.data());
   } catch (...) {
@@ -838,6 +850,7 @@ bool Engine::take_tokens_early(Launched& l) {
     Sequence& s = *l.row_seq[r];
     if (s.done) continue;
     s.tokens.push_back(l.toks[r]);
+    ++s.counts[l.toks[r]];  // the next plan's penalties see it (append_token does not count it again)
     s.rng.discard(1);  // the draw launch() took from a copy
     // complete() ends it (append_token's checks, a stop string aside): no row in the next plan.
     s.ending = is_stop_token(s, l.toks[r]) || at_length_limit(s);

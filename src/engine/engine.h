@@ -237,6 +237,9 @@ class Engine {
     std::vector<float> taps;  // the target's hidden-state taps for a host Eagle3 head (a device head keeps them on the device)
     std::vector<std::vector<int32_t>> tables;  // page tables the batch points into
     std::vector<RowSampling> how;
+    // The logit changes (logit_bias, penalties) of rows the backend draws itself, which how[r]
+    // indexes (Backend::applies_logit_adds).
+    std::vector<LogitAdd> adds;
     // backend_samples with rows it may not draw: row r's index among the rows whose logits the
     // backend kept for the host (logits_), -1 for a row it drew; empty when it drew every row.
     std::vector<int32_t> kept;

@@ -102,8 +102,10 @@ void Engine::append_token(Sequence& s, int32_t tok, TokenLogprob* lp, EngineEven
     metrics_.itl_s.observe(std::chrono::duration<double>(now - s.last_token).count());
   }
   s.last_token = now;
-  if (!appended) s.tokens.push_back(tok);
-  ++s.counts[tok];
+  if (!appended) {  // take_tokens_early appended and counted it
+    s.tokens.push_back(tok);
+    ++s.counts[tok];
+  }
   ++metrics_.generation_tokens;
   ev.tokens.push_back(tok);
   if (lp) ev.logprobs.push_back(std::move(*lp));

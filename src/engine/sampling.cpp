@@ -16,27 +16,41 @@ RowSampling row_sampling(const SamplingParams& sp, double u) {
   return r;
 }
 
+void logit_adds(const SamplingParams& sp, const std::unordered_map<int32_t, int>& counts, int vocab,
+                std::vector<LogitAdd>& out) {
+  const size_t first = out.size();
+  for (auto [tok, bias] : sp.logit_bias)
+    if (tok >= 0 && tok < vocab) out.push_back({tok, bias});
+  if (sp.presence_penalty != 0.0f || sp.frequency_penalty != 0.0f)
+    for (auto [tok, c] : counts)
+      if (c > 0 && tok >= 0 && tok < vocab) out.push_back({tok, -(sp.frequency_penalty * float(c) + sp.presence_penalty)});
+  // In id order, one entry a token: the bias first, then the penalty (the order they are summed in).
+  std::stable_sort(out.begin() + std::ptrdiff_t(first), out.end(),
+                   [](const LogitAdd& a, const LogitAdd& b) { return a.token < b.token; });
+  size_t w = first;
+  for (size_t i = first; i < out.size(); ++i) {
+    if (w > first && out[w - 1].token == out[i].token) out[w - 1].delta += out[i].delta;
+    else out[w++] = out[i];
+  }
+  out.resize(w);
+  out.erase(std::remove_if(out.begin() + std::ptrdiff_t(first), out.end(), [](const LogitAdd& a) { return a.delta == 0.0f; }),
+            out.end());
+}
+
 int32_t sample_token(float* logits, int vocab, const SamplingParams& sp, const std::unordered_map<int32_t, int>& counts,
                      std::mt19937_64& rng) {
   const double u = uniform01(rng);
   // logit_bias and penalties change the few tokens they name, in place, and are taken back after
-  // the draw: no copy of the 201,088-float row (on a slow host a copy and a scan cost a penalized
-  // row more than its draw). NaNs stay: sample_row never draws one while a number is left.
-  thread_local std::vector<std::pair<int32_t, float>> saved;
-  saved.clear();
-  auto adjust = [&](int32_t tok, float delta) {
-    if (tok < 0 || tok >= vocab) return;
-    saved.emplace_back(tok, logits[tok]);
-    logits[tok] += delta;
-  };
-  for (auto [tok, bias] : sp.logit_bias) adjust(tok, bias);
-  if (sp.presence_penalty != 0.0f || sp.frequency_penalty != 0.0f)
-    for (auto [tok, c] : counts)
-      if (c > 0) adjust(tok, -(sp.frequency_penalty * c + sp.presence_penalty));
+  // the draw (sample_row_adjusted): no copy of the 201,088-float row (on a slow host a copy and a
+  // scan cost a penalized row more than its draw). NaNs stay: sample_row never draws one while a
+  // number is left. The same entries a backend applies when it draws the row itself.
+  thread_local std::vector<LogitAdd> adds;
+  adds.clear();
+  if (changes_logits(sp)) logit_adds(sp, counts, vocab, adds);
+  RowSampling how = row_sampling(sp, u);
+  how.adds_count = int32_t(adds.size());
   thread_local std::vector<float> scratch;
-  const int32_t t = sample_row(logits, vocab, row_sampling(sp, u), scratch);
-  for (auto it = saved.rbegin(); it != saved.rend(); ++it) logits[it->first] = it->second;  // last change first
-  return t;
+  return sample_row_adjusted(logits, vocab, how, adds.data(), scratch);
 }
 
 TokenLogprob compute_logprobs(const float* logits, int vocab, int32_t chosen, int top_n) {

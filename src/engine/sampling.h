@@ -47,6 +47,18 @@ inline double uniform01(std::mt19937_64& rng) { return double(rng() >> 11) * 0x1
 // The backend's sampling rule (RowSampling) for these parameters and uniform draw `u`.
 RowSampling row_sampling(const SamplingParams& sp, double u);
 
+// The logit changes sampling makes for these parameters given `counts`: logit_bias plus, for each
+// token generated c > 0 times, -(frequency_penalty x c + presence_penalty); one entry per token in
+// [0, vocab) (a token named by both has the sum of its deltas), in id order, no zero deltas.
+// Appends to `out`. A backend draws the row with them (RowSampling::adds_begin) as sample_token
+// does on the host.
+void logit_adds(const SamplingParams& sp, const std::unordered_map<int32_t, int>& counts, int vocab,
+                std::vector<LogitAdd>& out);
+// Whether logit_adds can give any entry (the row is not the plain rule's).
+inline bool changes_logits(const SamplingParams& sp) {
+  return !sp.logit_bias.empty() || sp.presence_penalty != 0.0f || sp.frequency_penalty != 0.0f;
+}
+
 // Samples one token id in [0, vocab): logit_bias and penalties on the host, then the backend's rule
 // (sample_row), so host and device sampling agree. `counts`: occurrences of each generated token so far.
 // Draws exactly one number from rng per call (also when greedy), so a seeded request's output

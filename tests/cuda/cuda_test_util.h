@@ -2,6 +2,7 @@
 // Helpers of the CUDA tests: device buffers with poison, bf16 rounding, fast random data.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -153,6 +154,50 @@ inline void expect_kept_rows(Backend& be, const ForwardBatch& b, const std::vect
     EXPECT_LE(rel_err(got, want), 1e-6) << "kept row " << i;
     ++k;
   }
+}
+
+// forward_sample of batch b with logit changes on every other row (the engine's logit_bias and
+// penalties, drawn on the device): each such row pushes its raw argmax down by 30 and lifts two
+// other ids, so its greedy id moves; rows are drawn at `temperature` with spread uniforms. Every
+// row's id against the host rule on forward()'s logits (`logits`, [rows, V] in logit-row order)
+// with the same changes (sample_row_adjusted): greedy exactly, sampled but for float rounding at
+// a boundary (at most one row); each drawn token's logprob against the raw row's log-softmax.
+inline void expect_adjusted_rows(Backend& be, const ForwardBatch& b, const std::vector<float>& logits, int V,
+                                 float temperature) {
+  const size_t n = b.logit_rows.size();
+  std::vector<RowSampling> how(n);
+  std::vector<LogitAdd> adds;
+  std::vector<float> row;
+  for (size_t i = 0; i < n; ++i) {
+    how[i].temperature = temperature;
+    how[i].top_p = temperature > 0.0f ? 0.9f : 1.0f;
+    how[i].u = float((i * 37 + 11) % 100) / 100.0f;
+    if (i % 2 == 1) continue;
+    const float* r = logits.data() + i * size_t(V);
+    const int32_t top = int32_t(std::max_element(r, r + V) - r);
+    std::vector<LogitAdd> mine = {{top, -30.0f}, {int32_t((top + 7) % V), 2.5f}, {int32_t((top * 13 + 5) % V), 1.0f}};
+    std::sort(mine.begin(), mine.end(), [](const LogitAdd& x, const LogitAdd& y) { return x.token < y.token; });
+    mine.erase(std::unique(mine.begin(), mine.end(), [](const LogitAdd& x, const LogitAdd& y) { return x.token == y.token; }),
+               mine.end());
+    how[i].adds_begin = int32_t(adds.size());
+    how[i].adds_count = int32_t(mine.size());
+    adds.insert(adds.end(), mine.begin(), mine.end());
+  }
+  std::vector<int32_t> ids(n);
+  std::vector<float> lps(n, 1.0f), scratch;
+  be.forward_sample(b, how.data(), ids.data(), lps.data(), nullptr, adds.data());
+  int differ = 0;
+  for (size_t i = 0; i < n; ++i) {
+    row.assign(logits.begin() + i * size_t(V), logits.begin() + (i + 1) * size_t(V));
+    const int32_t want = sample_row_adjusted(row.data(), V, how[i], adds.data() + how[i].adds_begin, scratch);
+    ASSERT_GE(ids[i], 0) << "row " << i;
+    ASSERT_LT(ids[i], V) << "row " << i;
+    if (temperature == 0.0f) EXPECT_EQ(ids[i], want) << "greedy row " << i << (how[i].adds_count ? " (adjusted)" : "");
+    else differ += ids[i] != want;
+    const double want_lp = double(row[ids[i]]) - row_logsumexp(row.data(), V);  // the raw row's
+    EXPECT_NEAR(lps[i], want_lp, 1e-4 + 1e-5 * std::fabs(want_lp)) << "row " << i;
+  }
+  EXPECT_LE(differ, 1) << "sampled rows differing from the host rule at T=" << temperature;
 }
 
 }  // namespace gptoss::test

@@ -1,6 +1,7 @@
 // The small kernels (kernels/misc) against the CPU reference: RMSNorm, the embedding gather, argmax
 // and the sampler.
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 
@@ -110,6 +111,66 @@ TEST_F(Kernels, SampleRowsMatchHostRule) {
   }
   std::printf("sampled rows differing from the host rule: %d of %d\n", differ, n - per_kind);
   EXPECT_LE(differ, 2);
+}
+
+// Logit changes (logit_bias, penalties) applied by the sampler: rows with 0, 1, a few and
+// thousands of changed ids (the first and last id among them, the row's best pushed down, a
+// NaN logit changed), against the host's sample_row_adjusted on the same rows; the logprob the
+// raw row's; add_raw the raw logits; rows without changes as before.
+TEST_F(Kernels, SampleRowsApplyLogitAdds) {
+  FastRng r(fresh_seed());
+  const int V = small_mode() ? 3000 : 201088;
+  const int n = 24;
+  auto l = rand_f32(size_t(n) * V, r, 3.0f);
+  l[size_t(5) * V + 17] = NAN;  // row 5: a NaN logit with a change
+  std::vector<RowSampling> how(n);
+  std::vector<LogitAdd> adds;
+  for (int i = 0; i < n; ++i) {
+    how[i].temperature = i % 4 == 0 ? 0.0f : 0.6f + 0.1f * float(i % 5);
+    how[i].top_p = i % 3 == 0 ? 0.9f : 1.0f;
+    how[i].top_k = i % 5 == 1 ? 50 : 0;
+    how[i].u = float((r.next() >> 11) * 0x1.0p-53);
+    const int count = i % 6 == 0 ? 0 : i % 6 == 1 ? 1 : i % 6 == 5 ? 3000 : 1 + i % 7;
+    const float* row = l.data() + size_t(i) * V;
+    const int32_t top = int32_t(std::max_element(row, row + V) - row);
+    std::vector<int32_t> ids = {top, 0, V - 1, 17};
+    while (int(ids.size()) < count) ids.push_back(int32_t(r.next() % uint64_t(V)));
+    ids.resize(size_t(count));
+    std::sort(ids.begin(), ids.end());
+    ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+    how[i].adds_begin = int32_t(adds.size());
+    how[i].adds_count = int32_t(ids.size());
+    for (int32_t t : ids) adds.push_back({t, t == top ? -40.0f : float(int(r.next() % 2001) - 1000) * 0.01f});
+  }
+  Dev<float> dl(l);
+  Dev<RowSampling> dh(how);
+  Dev<LogitAdd> da(adds);
+  Dev<float> draw(adds.size());
+  Dev<int32_t> out(n);
+  Dev<float> lp(n);
+  cuda::sample_rows(dl.p(), n, V, dh.p(), out.p(), 0, lp.p(), da.p(), draw.p());
+  const auto got = out.download();
+  const auto got_lp = lp.download();
+  const auto raw = draw.download();
+  std::vector<float> scratch, row;
+  int differ = 0;
+  for (int i = 0; i < n; ++i) {
+    row.assign(l.begin() + size_t(i) * V, l.begin() + size_t(i + 1) * V);
+    for (int k = 0; k < how[i].adds_count; ++k) {
+      const float want_raw = row[adds[size_t(how[i].adds_begin + k)].token];
+      if (std::isnan(want_raw)) EXPECT_TRUE(std::isnan(raw[size_t(how[i].adds_begin + k)])) << "row " << i;
+      else EXPECT_EQ(raw[size_t(how[i].adds_begin + k)], want_raw) << "row " << i << " entry " << k;
+    }
+    const int32_t want = sample_row_adjusted(row.data(), V, how[i], adds.data() + how[i].adds_begin, scratch);
+    ASSERT_GE(got[i], 0);
+    ASSERT_LT(got[i], V);
+    const double want_lp = double(row[got[i]]) - row_logsumexp(row.data(), V);
+    EXPECT_NEAR(got_lp[i], want_lp, 1e-4 + 1e-5 * std::fabs(want_lp)) << "row " << i;
+    if (how[i].temperature == 0.0f) EXPECT_EQ(got[i], want) << "greedy row " << i;
+    else differ += got[i] != want;
+  }
+  std::printf("sampled rows with logit adds differing from the host rule: %d of %d\n", differ, n - n / 4);
+  EXPECT_LE(differ, 1);
 }
 
 }  // namespace

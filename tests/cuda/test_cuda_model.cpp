@@ -223,6 +223,8 @@ void check_batched_decode(bool invariant, int S = 3, bool grow_pt = false) {
     for (int i = 0; i < S; ++i) keep[size_t(i)] = i % 2 == 0;
     expect_kept_rows(*gpu, db, keep, ld, greedy, V);
   }
+  // The same pass with logit_bias / penalties on every other row, drawn on the device.
+  for (float temp : {0.0f, 0.8f}) expect_adjusted_rows(*gpu, db, ld, V, temp);
   if (grow_pt) {  // the second step: each sequence's greedy token at the next position
     ForwardBatch db2 = db;
     for (int s = 0; s < S; ++s) {

@@ -119,6 +119,7 @@ void check_verify_pass(bool invariant) {
     for (int i = 0; i < M; ++i) keep[size_t(i)] = i % 3 == 1;
     expect_kept_rows(*gpu, vb, keep, lv, greedy, V);
   }
+  for (float temp : {0.0f, 1.0f}) expect_adjusted_rows(*gpu, vb, lv, V, temp);  // logit changes, the same path
   for (int s = 0; s < S; ++s) {
     auto alone = make(invariant);
     SoloSequence solo(*alone, maxlen);

@@ -3,8 +3,10 @@
 // Engine::start() over a fake backend whose passes take a fixed time and draw tokens without
 // logits. Prints the engine's step_host_s (the gap a GPU would idle for, absent overlap) per step.
 // Not a test (ctest does not run it): `build/tests/engine/bench_engine_host [clients] [pass_us]
-// [output_tokens] [async 0|1] [penalized_every]` (penalized_every N > 0: every N-th client asks for
-// presence_penalty, so its rows are kept for the host and drawn there: mixed sampling). Seventeenth session, the H200 machine's host (16 cores): 236 us a step at 64
+// [output_tokens] [async 0|1] [penalized_every] [host_adds 0|1]` (penalized_every N > 0: every N-th
+// client asks for presence_penalty; the backend draws its rows with their logit changes, or with
+// host_adds 1, as a backend that applies none, its rows are kept for the host and drawn there:
+// mixed sampling). Seventeenth session, the H200 machine's host (16 cores): 236 us a step at 64
 // clients, 120 us at 32 (5 ms passes, 256 tokens); complete() about half of it, planning and the
 // launch a third.
 #include <chrono>
@@ -25,7 +27,9 @@ namespace {
 struct TimedBackend : testing::FakeBackend {
   using FakeBackend::FakeBackend;
   bool keeps_logits() const override { return true; }
-  void forward_sample(const ForwardBatch& b, const RowSampling* how, int32_t* out, float* lp, float* kept) override {
+  void forward_sample(const ForwardBatch& b, const RowSampling* how, int32_t* out, float* lp, float* kept,
+                      const LogitAdd* adds) override {
+    (void)adds;  // the ids are arbitrary either way
     size_t k = 0;
     for (size_t r = 0; r < b.logit_rows.size(); ++r) {
       out[r] = int32_t(5 + (r * 7919 + b.tokens.size()) % 90000);
@@ -49,8 +53,10 @@ int main(int argc, char** argv) {
   const int out = argc > 3 ? std::atoi(argv[3]) : 256;
   const bool async = argc > 4 && std::atoi(argv[4]) != 0;  // EngineConfig::async_scheduling
   const int penalized_every = argc > 5 ? std::atoi(argv[5]) : 0;
+  const bool host_adds = argc > 6 && std::atoi(argv[6]) != 0;
   TimedBackend be(201088, 128, 8192);
   be.delay_us = pass_us;
+  be.applies_adds = !host_adds;
   EngineConfig c;
   c.max_num_seqs = 64;
   c.max_num_batched_tokens = 2048;
@@ -84,7 +90,8 @@ int main(int argc, char** argv) {
   const double steps = double(m.step_host_s.count());
   std::printf("%d clients, %d us passes%s%s: %.0f steps in %.2f s; engine host time %.1f us a step (%lld launched early)\n",
               clients, pass_us, async ? ", async scheduling" : "",
-              penalized_every > 0 ? (", every " + std::to_string(penalized_every) + "th with presence_penalty").c_str() : "",
+              penalized_every > 0 ? (", every " + std::to_string(penalized_every) + "th with presence_penalty" +
+                                     (host_adds ? " drawn on the host" : " drawn by the backend")).c_str() : "",
               steps, secs,
               steps > 0 ? m.step_host_s.sum() / steps * 1e6 : 0.0, (long long)m.early_launches.load());
   return 0;

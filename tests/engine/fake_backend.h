@@ -49,11 +49,18 @@ class FakeBackend : public Backend {
   bool keeps_rows = true;  // false: as a backend that cannot keep chosen rows' logits
   bool keeps_logits() const override { return keeps_rows; }
   int kept_rows = 0;  // rows whose logits forward_sample kept for the host
+  bool applies_adds = true;  // false: as a backend that applies no logit_bias or penalties
+  bool applies_logit_adds() const override { return applies_adds; }
+  int adjusted_rows = 0;  // rows forward_sample drew with logit changes
   void forward_sample(const ForwardBatch& b, const RowSampling* rows, int32_t* out, float* lp = nullptr,
-                      float* kept = nullptr) override {
+                      float* kept = nullptr, const LogitAdd* adds = nullptr) override {
     ++sample_calls;
-    for (size_t r = 0; r < b.logit_rows.size(); ++r) kept_rows += rows[r].keep_logits != 0;
-    Backend::forward_sample(b, rows, out, lp, kept);
+    for (size_t r = 0; r < b.logit_rows.size(); ++r) {
+      kept_rows += rows[r].keep_logits != 0;
+      adjusted_rows += rows[r].adds_count > 0;
+    }
+    if (!applies_adds && adds) throw std::logic_error("logit adds handed to a backend that does not apply them");
+    Backend::forward_sample(b, rows, out, lp, kept, adds);
   }
   void forward(const ForwardBatch& b, float* logits) override {
     ++forward_calls;

@@ -73,8 +73,11 @@ EngineConfig small_cfg() {
   return c;
 }
 
-Result run_alone(const std::vector<int32_t>& prompt, const SamplingParams& sp, EngineConfig cfg = small_cfg()) {
+// host_adds: on a backend that applies no logit changes (penalties and logit_bias drawn on the host).
+Result run_alone(const std::vector<int32_t>& prompt, const SamplingParams& sp, EngineConfig cfg = small_cfg(),
+                 bool host_adds = false) {
   FakeBackend be;
+  be.applies_adds = !host_adds;
   cfg.max_num_seqs = 1;
   Engine e(be, cfg);
   auto s = e.submit(prompt, sp);
@@ -435,48 +438,61 @@ TEST(Engine, BackendSamplesUnlessLogitsAreNeeded) {
 }
 
 // A batch mixing rows the backend may draw with rows that need their logits on the host (top
-// logprobs, penalties, logit_bias): the backend draws the former and keeps only the latter's
-// logits for the host (Backend::keeps_logits), or, on a backend that keeps none, every row is
-// drawn on the host. Each request's tokens and logprobs equal those it gets alone, either way.
+// logprobs; penalties and logit_bias on a backend that does not apply them): the backend draws
+// the former and keeps only the latter's logits for the host (Backend::keeps_logits), or, on a
+// backend that keeps none, every row is drawn on the host. A backend that applies logit changes
+// (Backend::applies_logit_adds) draws the penalized and biased rows itself. Each request's
+// tokens and logprobs equal those it gets alone, every way.
 TEST(Engine, MixedBatchKeepsOnlyTheHostRowsLogits) {
   for (bool keeps : {true, false})
-    for (int async = 0; async < 2; ++async) {
-      std::vector<SamplingParams> sps(4);
-      for (size_t i = 0; i < sps.size(); ++i) {
-        sps[i].temperature = i % 2 ? 0.8f : 0.0f;
-        sps[i].seed = 21 + i;
-        sps[i].max_tokens = 12;
+    for (bool adds : {true, false})
+      for (int async = 0; async < 2; ++async) {
+        std::vector<SamplingParams> sps(4);
+        for (size_t i = 0; i < sps.size(); ++i) {
+          sps[i].temperature = i % 2 ? 0.8f : 0.0f;
+          sps[i].seed = 21 + i;
+          sps[i].max_tokens = 12;
+        }
+        sps[1].presence_penalty = 0.7f;
+        sps[2].logprobs = 2;
+        sps[3].logit_bias = {{5, 3.0f}};
+        FakeBackend be;
+        be.keeps_rows = keeps;
+        be.applies_adds = adds;
+        EngineConfig cfg = small_cfg();
+        cfg.async_scheduling = async;
+        Engine e(be, cfg);
+        std::vector<std::shared_ptr<RequestStream>> streams;
+        for (size_t i = 0; i < sps.size(); ++i) streams.push_back(e.submit(prompt_of(6 + int(i), 5 + int(i)), sps[i]));
+        if (async) e.start();
+        else run_idle(e);
+        const std::string how = std::string(keeps ? " kept rows" : " all on the host") + (adds ? ", adds" : "") +
+                                (async ? ", async" : "");
+        for (size_t i = 0; i < sps.size(); ++i) {
+          Result r = collect(*streams[i]);
+          Result alone = run_alone(prompt_of(6 + int(i), 5 + int(i)), sps[i]);
+          EXPECT_EQ(r.tokens, alone.tokens) << "request " << i << how;
+          ASSERT_EQ(r.logprobs.size(), alone.logprobs.size());
+          for (size_t j = 0; j < r.logprobs.size(); ++j) EXPECT_EQ(r.logprobs[j].top, alone.logprobs[j].top) << i;
+        }
+        e.stop();
+        const int host_requests = adds ? 1 : 3;  // top logprobs always; penalty and bias without adds
+        if (keeps) {
+          EXPECT_GT(be.sample_calls, 0) << how;
+          // The host requests' rows, in the steps that also hold a request the backend draws (a
+          // step of host rows alone is drawn on the host whole).
+          EXPECT_GT(be.kept_rows, adds ? 6 : 12) << how;
+          EXPECT_LE(be.kept_rows, host_requests * 12) << how;
+        } else {
+          EXPECT_EQ(be.kept_rows, 0) << how;
+        }
+        // With adds, the penalized and biased requests' rows are the backend's wherever it draws.
+        if (adds && keeps) {
+          EXPECT_GE(be.adjusted_rows, 11) << how;
+        } else if (!adds) {
+          EXPECT_EQ(be.adjusted_rows, 0) << how;
+        }
       }
-      sps[1].presence_penalty = 0.7f;
-      sps[2].logprobs = 2;
-      sps[3].logit_bias = {{5, 3.0f}};
-      FakeBackend be;
-      be.keeps_rows = keeps;
-      EngineConfig cfg = small_cfg();
-      cfg.async_scheduling = async;
-      Engine e(be, cfg);
-      std::vector<std::shared_ptr<RequestStream>> streams;
-      for (size_t i = 0; i < sps.size(); ++i) streams.push_back(e.submit(prompt_of(6 + int(i), 5 + int(i)), sps[i]));
-      if (async) e.start();
-      else run_idle(e);
-      for (size_t i = 0; i < sps.size(); ++i) {
-        Result r = collect(*streams[i]);
-        Result alone = run_alone(prompt_of(6 + int(i), 5 + int(i)), sps[i]);
-        EXPECT_EQ(r.tokens, alone.tokens) << "request " << i << (keeps ? " kept rows" : " all on the host");
-        ASSERT_EQ(r.logprobs.size(), alone.logprobs.size());
-        for (size_t j = 0; j < r.logprobs.size(); ++j) EXPECT_EQ(r.logprobs[j].top, alone.logprobs[j].top) << i;
-      }
-      e.stop();
-      if (keeps) {
-        EXPECT_GT(be.sample_calls, 0);
-        // The three host requests' rows, in the steps that also hold the plain request (a step of
-        // host rows alone is drawn on the host whole).
-        EXPECT_GT(be.kept_rows, 12);
-        EXPECT_LE(be.kept_rows, 3 * 12);
-      } else {
-        EXPECT_EQ(be.kept_rows, 0);
-      }
-    }
 }
 
 // Prompt logprobs (completions echo): one per prompt token after the first, each the
@@ -520,21 +536,28 @@ TEST(Engine, PromptLogprobs) {
   EXPECT_EQ(run_alone(prompt, sp).tokens, run_alone(prompt, plain).tokens);
 }
 
-TEST(Engine, LogitBiasOnTheHostPath) {
-  SamplingParams sp;
-  sp.temperature = 0;
-  sp.max_tokens = 4;
-  sp.logit_bias = {{5, 100.0f}};
-  FakeBackend be;
-  EngineConfig cfg = small_cfg();
-  Engine e(be, cfg);
-  auto s = e.submit(prompt_of(6, 2), sp);
-  run_idle(e);
-  Result r = collect(*s);
-  EXPECT_EQ(r.tokens, (std::vector<int32_t>{5, 5, 5, 5}));
-  EXPECT_EQ(be.sample_calls, 0);  // the backend's own sampler knows nothing of the bias
-  sp.logit_bias = {{64, 1.0f}};
-  EXPECT_THROW(e.submit(prompt_of(6, 2), sp), Error);  // outside the vocabulary
+// logit_bias honoured on either path: a backend that applies logit changes draws the row itself
+// (every pass a forward_sample with the row's entries); one that does not leaves it to the host
+// (no forward_sample at all: the request is its pass's only row).
+TEST(Engine, LogitBiasOnEitherPath) {
+  for (bool adds : {true, false}) {
+    SamplingParams sp;
+    sp.temperature = 0;
+    sp.max_tokens = 4;
+    sp.logit_bias = {{5, 100.0f}};
+    FakeBackend be;
+    be.applies_adds = adds;
+    EngineConfig cfg = small_cfg();
+    Engine e(be, cfg);
+    auto s = e.submit(prompt_of(6, 2), sp);
+    run_idle(e);
+    Result r = collect(*s);
+    EXPECT_EQ(r.tokens, (std::vector<int32_t>{5, 5, 5, 5})) << adds;
+    EXPECT_EQ(be.sample_calls, adds ? 4 : 0) << adds;
+    EXPECT_EQ(be.adjusted_rows, adds ? 4 : 0) << adds;
+    sp.logit_bias = {{64, 1.0f}};
+    EXPECT_THROW(e.submit(prompt_of(6, 2), sp), Error);  // outside the vocabulary
+  }
 }
 
 namespace {
@@ -672,7 +695,7 @@ struct Overlapped {
   std::vector<Result> got;
 };
 Overlapped run_overlapped_against_alone(const EngineConfig& c, const std::vector<std::vector<int32_t>>& prompts,
-                                        const std::vector<SamplingParams>& sps) {
+                                        const std::vector<SamplingParams>& sps, bool alone_host_adds = false) {
   Overlapped o;
   FakeBackend be;
   be.delay_us = 300;
@@ -685,7 +708,7 @@ Overlapped run_overlapped_against_alone(const EngineConfig& c, const std::vector
   o.early_launches = e.metrics().early_launches.load();
   o.preemptions = e.metrics().preemptions.load();
   for (size_t i = 0; i < prompts.size(); ++i) {
-    Result alone = run_alone(prompts[i], sps[i], c);
+    Result alone = run_alone(prompts[i], sps[i], c, alone_host_adds);
     EXPECT_EQ(o.got[i].tokens, alone.tokens) << i;
     EXPECT_EQ(o.got[i].text, alone.text) << i;
     EXPECT_EQ(o.got[i].reason, alone.reason) << i;
@@ -749,6 +772,26 @@ TEST(Engine, OverlappedLoopEqualsAlone) {
   EXPECT_GT(o.early_launches, 10);  // passes without a host-sampled row launch early
   EXPECT_GT(o.preemptions, 0);
   EXPECT_EQ(o.got[2].reason, FinishReason::kStop);
+}
+
+// Penalties and logit_bias drawn by the backend (Backend::applies_logit_adds) in the async loop:
+// passes launch early from the ids they take (take_tokens_early), so the next pass's penalties
+// must count those ids before their events are written. Each request against its run alone
+// with the host's penalties (sample_token), preemption included.
+TEST(Engine, OverlappedPenaltiesDrawnByTheBackendEqualHostPenalties) {
+  const EngineConfig c = overlapped_cfg();
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<SamplingParams> sps;
+  mixed_requests(12, prompts, sps);
+  for (int i = 0; i < 12; ++i) {
+    // Strong enough to move most draws over the fake model's logits in [-4, 4).
+    if (i % 2 == 0) sps[i].frequency_penalty = 1.5f;
+    if (i % 3 == 1) sps[i].presence_penalty = 2.0f;
+    if (i % 4 == 3) sps[i].logit_bias = {{7, 2.5f}, {9, -3.0f}};
+  }
+  Overlapped o = run_overlapped_against_alone(c, prompts, sps, true);
+  EXPECT_GT(o.early_launches, 10);  // penalized rows no longer keep a pass from launching early
+  EXPECT_GT(o.preemptions, 0);
 }
 
 // Cancelling requests while their pass is in flight: they end with kAbort, the others are
@@ -964,7 +1007,9 @@ TEST(Engine, ConstraintRedrawsARefusedUnmaskedToken) {
           reference = r.tokens;
         } else {
           EXPECT_GT(e.metrics().constraint_redraws.load(), 5) << "about half the unmasked draws are odd";
-          if (temperature == 0.0f) EXPECT_EQ(r.tokens, reference) << "greedy: the argmax of the even ids either way";
+          if (temperature == 0.0f) {
+            EXPECT_EQ(r.tokens, reference) << "greedy: the argmax of the even ids either way";
+          }
         }
       }
     }

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <map>
 #include <numeric>
+#include <random>
 
 #include "engine/sampling.h"
 
@@ -105,6 +106,56 @@ TEST(Sampling, Penalties) {
     sp.temperature = t;
     EXPECT_EQ(sample_token(row.data(), 4, sp, counts, rng), 3);
     EXPECT_EQ(std::memcmp(row.data(), before.data(), row.size() * sizeof(float)), 0) << "T=" << t;
+  }
+}
+
+// logit_adds, the list a backend applies when it draws a row itself: logit_bias and penalties
+// merged, one entry a token in id order (a token biased twice and penalized has their sum),
+// tokens outside the vocabulary and zero deltas left out; appended after what `out` held.
+TEST(Sampling, LogitAddsMergeBiasAndPenalties) {
+  SamplingParams sp;
+  sp.logit_bias = {{7, 2.0f}, {3, 1.0f}, {7, -0.5f}, {99, 5.0f}, {-1, 1.0f}, {4, 0.0f}};
+  sp.presence_penalty = 0.25f;
+  sp.frequency_penalty = 0.5f;
+  const std::unordered_map<int32_t, int> counts{{7, 2}, {5, 1}, {3, 0}, {50, 1}};
+  std::vector<LogitAdd> out = {{1000, 1.0f}};
+  logit_adds(sp, counts, 60, out);
+  ASSERT_EQ(out.size(), 5u);
+  EXPECT_EQ(out[0].token, 1000);  // what was there stays first
+  const std::vector<std::pair<int32_t, float>> want = {{3, 1.0f}, {5, -0.75f}, {7, 1.5f - 1.25f}, {50, -0.75f}};
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_EQ(out[i + 1].token, want[i].first) << i;
+    EXPECT_FLOAT_EQ(out[i + 1].delta, want[i].second) << i;
+  }
+  // Penalties that cancel a bias exactly leave no entry; no bias and no penalty, no entries.
+  sp = SamplingParams{};
+  sp.logit_bias = {{2, 0.75f}};
+  sp.presence_penalty = 0.75f;
+  out.clear();
+  logit_adds(sp, {{2, 1}}, 60, out);
+  EXPECT_TRUE(out.empty());
+  EXPECT_TRUE(changes_logits(sp));
+  EXPECT_FALSE(changes_logits(SamplingParams{}));
+  // sample_token draws by sample_row_adjusted over these entries: the same token as sample_row
+  // on a copy of the row with the entries added, seeded draws included.
+  std::mt19937_64 gen(5);
+  std::normal_distribution<float> normal(0.0f, 2.0f);
+  std::vector<float> row(300);
+  for (auto& v : row) v = normal(gen);
+  sp = SamplingParams{};
+  sp.temperature = 0.9f;
+  sp.top_p = 0.95f;
+  sp.logit_bias = {{10, 4.0f}, {11, -3.0f}};
+  sp.frequency_penalty = 0.4f;
+  const std::unordered_map<int32_t, int> seen{{10, 2}, {12, 1}, {40, 3}};
+  std::vector<LogitAdd> adds;
+  logit_adds(sp, seen, 300, adds);
+  for (int i = 0; i < 200; ++i) {
+    std::mt19937_64 a(i), b(i);
+    std::vector<float> copy = row, scratch;
+    for (const LogitAdd& e : adds) copy[size_t(e.token)] += e.delta;
+    const int32_t want_tok = sample_row(copy.data(), 300, row_sampling(sp, uniform01(b)), scratch);
+    EXPECT_EQ(sample_token(row.data(), 300, sp, seen, a), want_tok) << "seed " << i;
   }
 }
 

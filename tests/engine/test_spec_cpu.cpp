@@ -56,9 +56,23 @@ struct SpecRun {
 // Submits every request at once and steps the engine until idle. After each step, every
 // running sequence has computed all its tokens but the last, and the full-attention pool holds
 // exactly the pages those positions need: rejected drafts' pages were given back.
+// The CPU backend as one that applies no logit changes: the engine draws penalized and biased
+// rows on the host (sample_token) instead of handing their changes to forward_sample.
+struct HostAddsBackend : Backend {
+  Backend& b;
+  explicit HostAddsBackend(Backend& inner) : b(inner) {}
+  std::string name() const override { return b.name(); }
+  const GptOssConfig& config() const override { return b.config(); }
+  void init_kv_cache(const KvCacheConfig& kv) override { b.init_kv_cache(kv); }
+  const KvCacheConfig& kv_config() const override { return b.kv_config(); }
+  void forward(const ForwardBatch& batch, float* logits) override { b.forward(batch, logits); }
+  bool applies_logit_adds() const override { return false; }
+};
+
 SpecRun serve(EngineConfig c, const std::vector<std::vector<int32_t>>& prompts, const std::vector<SamplingParams>& sps,
-              bool check_pages = true) {
-  Engine e(backend(), c);
+              bool check_pages = true, bool host_adds = false) {
+  HostAddsBackend host(backend());
+  Engine e(host_adds ? static_cast<Backend&>(host) : backend(), c);
   SpecRun out;
   out.tokens.resize(prompts.size());
   std::vector<std::shared_ptr<RequestStream>> ss;
@@ -443,12 +457,56 @@ TEST(SpeculativeEngineCpu, SeededSamplingReproducesPlain) {
   std::printf("sampled K=3: %lld drafts, %lld accepted\n", (long long)spec.drafted, (long long)spec.accepted);
   EXPECT_GT(spec.accepted, 0);
   for (int i = 0; i < n; ++i) EXPECT_EQ(spec.tokens[i], plain.tokens[i]) << i;
+  // The penalized rows drawn by the backend with their logit changes (above: the draft rows'
+  // penalties count the drafts before them) against the host's own penalties, plain and speculative.
+  const SpecRun plain_host = serve(config(0), prompts, sps, true, true);
+  const SpecRun spec_host = serve(sc, prompts, sps, true, true);
+  for (int i = 0; i < n; ++i) {
+    EXPECT_EQ(plain_host.tokens[i], plain.tokens[i]) << i;
+    EXPECT_EQ(spec_host.tokens[i], plain.tokens[i]) << i;
+  }
   // the backend-sampler path alone (no row in the batch needs host logits)
   std::vector<SamplingParams> dev(sps.begin(), sps.end());
   for (auto& sp : dev) sp.logprobs = -1, sp.frequency_penalty = 0;
   const SpecRun plain_dev = serve(config(0), prompts, dev);
   const SpecRun spec_dev = serve(sc, prompts, dev);
   for (int i = 0; i < n; ++i) EXPECT_EQ(spec_dev.tokens[i], plain_dev.tokens[i]) << i;
+}
+
+// Penalties with many draft rows: prompts that end inside the loop the model falls into
+// greedily, so drafts come at every step, and a penalty mild enough to leave the loop likely.
+// A draft row's penalties count the drafts before it (they are tokens by then if it is used):
+// the backend drawing them with its logit changes gives what the host's penalties give, with
+// and without speculation, greedy and seeded.
+TEST(SpeculativeEngineCpu, PenaltiesOnDraftRowsMatchTheHost) {
+  std::vector<int32_t> prompt = prompt_of(1);
+  const SpecRun loop = serve(config(0), {prompt}, {greedy(40)});
+  prompt.insert(prompt.end(), loop.tokens[0].begin(), loop.tokens[0].end());
+  const int n = 12;
+  std::vector<std::vector<int32_t>> prompts(n, prompt);
+  std::vector<SamplingParams> sps(n);
+  for (int i = 0; i < n; ++i) {
+    sps[i].temperature = i % 3 == 0 ? 0.0f : 0.5f;
+    sps[i].seed = 500 + i;
+    sps[i].max_tokens = 24;
+    sps[i].ignore_eos = true;
+    if (i % 2 == 0) sps[i].frequency_penalty = 0.01f * float(1 + i % 4);
+    else sps[i].presence_penalty = 0.02f * float(1 + i % 3);
+    if (i % 4 == 1) sps[i].logit_bias = {{loop.tokens[0][1], -0.05f}};
+  }
+  EngineConfig pc = config(0), sc = config(4);
+  sc.speculative.adaptive = false;
+  pc.enable_prefix_caching = sc.enable_prefix_caching = false;  // serve() counts each sequence's pages
+  pc.max_num_batched_tokens = sc.max_num_batched_tokens = 4096;  // every prompt prefills in the first step
+  const SpecRun plain = serve(pc, prompts, sps);
+  const SpecRun spec = serve(sc, prompts, sps);
+  const SpecRun spec_host = serve(sc, prompts, sps, true, true);
+  std::printf("penalized K=4: %lld drafts, %lld accepted\n", (long long)spec.drafted, (long long)spec.accepted);
+  EXPECT_GT(spec.accepted, 10);  // draft rows after accepted drafts, where the counts matter
+  for (int i = 0; i < n; ++i) {
+    EXPECT_EQ(spec.tokens[i], plain.tokens[i]) << i;
+    EXPECT_EQ(spec_host.tokens[i], plain.tokens[i]) << i;
+  }
 }
 
 // Sampled, different seeds for the two runs: the distribution of each output position's token

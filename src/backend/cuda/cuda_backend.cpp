@@ -96,6 +96,7 @@ CudaBackend::CudaBackend(const BackendOptions& opts) {
   if (const char* kp = std::getenv("GPTOSS_EXPERT_GEMM_KPERM")) expert_kperm_ = std::string(kp) != "0";
   // A/B of mixed sampling: =1 keeps no rows' logits, so a step with one host row draws all on the host.
   if (const char* nk = std::getenv("GPTOSS_SAMPLER_KEEPS_NO_LOGITS")) keeps_no_logits_ = std::string(nk) != "0";
+  if (const char* na = std::getenv("GPTOSS_SAMPLER_NO_LOGIT_ADDS")) applies_no_adds_ = std::string(na) != "0";
   route_padding_ = env_int("GPTOSS_ROUTE_PADDING", 0) != 0;
   if (profile_) GPTOSS_CUDA_CHECK(cudaEventCreate(&prof_start_));
 }
@@ -537,7 +538,21 @@ void CudaBackend::stage_chunk(const ForwardBatch& b, int t0, int t1, Staged* st,
 
 void CudaBackend::sample_on_device(const std::vector<RowSampling>& per, int n, bool logprobs) {
   GPTOSS_CUDA_CHECK(cudaMemcpyAsync(d_how_, per.data(), n * sizeof(RowSampling), cudaMemcpyHostToDevice, stream_));
-  sample_rows(d_logits_, n, cfg_.vocab, d_how_, d_greedy_, stream_, logprobs ? d_lp_ : nullptr);
+  // Rows with logit changes: the whole list goes up (rows index it); the sampler saves each
+  // changed logit's raw value beside it, for the drawn token's logprob.
+  const LogitAdd* dadds = nullptr;
+  float* draw = nullptr;
+  if (adds_ && adds_n_ > 0) {
+    if (d_adds_.bytes() < adds_n_ * sizeof(LogitAdd)) {
+      const size_t cap = std::max<size_t>(adds_n_, 2 * d_adds_.bytes() / sizeof(LogitAdd));
+      d_adds_.alloc(cap * sizeof(LogitAdd));
+      d_add_raw_.alloc(cap * sizeof(float));
+    }
+    GPTOSS_CUDA_CHECK(cudaMemcpyAsync(d_adds_.get(), adds_, adds_n_ * sizeof(LogitAdd), cudaMemcpyHostToDevice, stream_));
+    dadds = d_adds_.get<LogitAdd>();
+    draw = d_add_raw_.get<float>();
+  }
+  sample_rows(d_logits_, n, cfg_.vocab, d_how_, d_greedy_, stream_, logprobs ? d_lp_ : nullptr, dadds, draw);
 }
 
 void CudaBackend::run_batch(const ForwardBatch& b, float* logits, int32_t* greedy, const RowSampling* how,
@@ -862,13 +877,28 @@ void CudaBackend::finish_greedy(int32_t* tokens_out) {
 }
 
 void CudaBackend::forward_sample(const ForwardBatch& batch, const RowSampling* rows, int32_t* tokens_out,
-                                 float* logprobs_out, float* kept_logits) {
+                                 float* logprobs_out, float* kept_logits, const LogitAdd* adds) {
   if (logprobs_out && !samples_logprobs())
     throw Error("cuda backend: a tensor-parallel rank gives no logprobs from forward_sample");
   kept_at_.assign(batch.logit_rows.size(), -1);
   int32_t kept = 0;
-  for (size_t i = 0; i < batch.logit_rows.size(); ++i)
+  size_t n_adds = 0;
+  for (size_t i = 0; i < batch.logit_rows.size(); ++i) {
     if (rows[i].keep_logits) kept_at_[i] = kept++;
+    if (rows[i].adds_count > 0 && !rows[i].keep_logits) {
+      if (!adds || tp_.active() || rows[i].adds_begin < 0)
+        throw Error("cuda backend: logit adds need their list (and one GPU)");
+      n_adds = std::max(n_adds, size_t(rows[i].adds_begin) + size_t(rows[i].adds_count));
+    }
+  }
+  // Each row's entries must be in the vocabulary (the sampler writes their logits) and distinct
+  // (one thread a token): the order logit_adds gives them.
+  for (size_t i = 0; i < batch.logit_rows.size(); ++i)
+    for (int32_t k = 0; k < rows[i].adds_count && !rows[i].keep_logits; ++k) {
+      const LogitAdd& a = adds[rows[i].adds_begin + k];
+      if (a.token < 0 || a.token >= cfg_.vocab || (k > 0 && adds[rows[i].adds_begin + k - 1].token >= a.token))
+        throw Error("cuda backend: a row's logit adds must be distinct vocabulary ids in increasing order");
+    }
   if (kept > 0 && (!kept_logits || !keeps_logits()))
     throw Error("cuda backend: keep_logits rows need kept_logits (and one GPU)");
   // Kept rows come through pinned staging (a copy to pageable memory is staged by the driver in
@@ -881,13 +911,17 @@ void CudaBackend::forward_sample(const ForwardBatch& batch, const RowSampling* r
     GPTOSS_CUDA_CHECK(cudaMallocHost(&h_kept_, h_kept_rows_ * V * sizeof(float)));
   }
   kept_logits_ = kept > 0 ? h_kept_ : nullptr;
+  adds_ = n_adds > 0 ? adds : nullptr;
+  adds_n_ = n_adds;
   try {
     run_batch(batch, nullptr, tokens_out, rows, logprobs_out);
   } catch (...) {
     kept_logits_ = nullptr;
+    adds_ = nullptr;
     throw;
   }
   kept_logits_ = nullptr;
+  adds_ = nullptr;
   if (kept > 0) std::memcpy(kept_logits, h_kept_, size_t(kept) * V * sizeof(float));
 }
 

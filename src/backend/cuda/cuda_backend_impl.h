@@ -89,7 +89,10 @@ class CudaBackend final : public Backend {
   void launch_greedy(const ForwardBatch& batch, bool tokens_from_last) override;
   void finish_greedy(int32_t* tokens_out) override;
   void forward_sample(const ForwardBatch& batch, const RowSampling* rows, int32_t* tokens_out,
-                      float* logprobs_out = nullptr, float* kept_logits = nullptr) override;
+                      float* logprobs_out = nullptr, float* kept_logits = nullptr,
+                      const LogitAdd* adds = nullptr) override;
+  // One GPU: the sampler adds logit_bias and penalties itself (sample_rows' adds).
+  bool applies_logit_adds() const override { return !tp_.active() && !applies_no_adds_; }
   // One GPU: the sampler leaves each drawn token's logprob; tensor-parallel ranks hold a vocab slice.
   bool samples_logprobs() const override { return !tp_.active(); }
   bool keeps_logits() const override { return !tp_.active() && !keeps_no_logits_; }
@@ -329,6 +332,12 @@ class CudaBackend final : public Backend {
   float* h_kept_ = nullptr;
   size_t h_kept_rows_ = 0;
   bool keeps_no_logits_ = false;  // GPTOSS_SAMPLER_KEEPS_NO_LOGITS=1 (an A/B of mixed sampling)
+  bool applies_no_adds_ = false;  // GPTOSS_SAMPLER_NO_LOGIT_ADDS=1 (penalized rows kept for the host: an A/B)
+  // forward_sample's logit changes (host, null outside it; adds_n_ entries), and their device
+  // copy with the raw logits the sampler saves beside them (grown as needed, never in a graph).
+  const LogitAdd* adds_ = nullptr;
+  size_t adds_n_ = 0;
+  DeviceBuffer d_adds_, d_add_raw_;
   std::vector<int32_t> kept_at_;  // the pass left its ids to the slot (run_batch_impl's graph branch)
 
   // Captured decode passes by padded size (and tapped layers: graphs that store device taps).

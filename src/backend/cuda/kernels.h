@@ -11,6 +11,7 @@
 
 namespace gptoss {
 struct RowSampling;  // backend/backend.h
+struct LogitAdd;
 }
 
 namespace gptoss::cuda {
@@ -532,8 +533,11 @@ void argmax_merge_parts(const RowMax* parts, int world, int n, int32_t* ids, cud
 // memory). Overwrites the rows with their unnormalized probabilities; a keep_logits row is not
 // drawn (out -1) and keeps its logits. lp_out (optional, [n]):
 // each drawn token's logprob under the row's logits (Backend::forward_sample's logprobs_out).
+// adds (device, with add_raw beside it, as long): the logit changes how[i].adds_begin /
+// adds_count index (distinct ids of the vocabulary, in increasing order), added to the row before
+// the rule; add_raw[k] receives entry k's raw logit (the logprob stays the raw row's).
 void sample_rows(float* logits, int n, int V, const RowSampling* how, int32_t* out, cudaStream_t s,
-                 float* lp_out = nullptr);
+                 float* lp_out = nullptr, const LogitAdd* adds = nullptr, float* add_raw = nullptr);
 
 // Deterministic random fill from (seed, stream id): bf16 ~ uniform with the given std and mean;
 // bytes uniform in [lo, hi].

@@ -51,9 +51,22 @@ __device__ float block_max(float v, float* red) {
 // rounding of exp and log, ~1e-6 absolute).
 __device__ __forceinline__ float clamp_lp(double v) { return isnan(v) ? -9999.0f : float(fmax(v, -9999.0)); }
 
+// The raw logit of `id` in a row whose logits were changed by the n entries `a` (distinct ids in
+// increasing order; raw[k] saved entry k's): the saved one, or `unchanged` when id has no entry.
+__device__ double raw_logit(int32_t id, const LogitAdd* a, const float* raw, int n, double unchanged) {
+  int lo = 0, hi = n;
+  while (lo < hi) {
+    const int mid = (lo + hi) / 2;
+    if (a[mid].token < id) lo = mid + 1;
+    else hi = mid;
+  }
+  return lo < n && a[lo].token == id ? double(raw[lo]) : unchanged;
+}
+
 __global__ void __launch_bounds__(kThreads) sample_kernel(float* __restrict__ logits, int V,
                                                           const RowSampling* __restrict__ how,
-                                                          int32_t* __restrict__ out, float* __restrict__ lp_out) {
+                                                          int32_t* __restrict__ out, float* __restrict__ lp_out,
+                                                          const LogitAdd* __restrict__ adds, float* __restrict__ add_raw) {
   __shared__ float red[32];
   __shared__ double redd[32];
   __shared__ double prefix[kThreads];
@@ -70,6 +83,35 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(float* __restrict__ lo
     return;
   }
 
+  // logit_bias and penalties (s.adds_count entries): added in place before the rule, as the host's
+  // sample_row_adjusted does. The logprob is the raw row's: its max (mx0) and sum (se0) come first,
+  // and each changed logit's raw value is saved (add_raw) for the drawn token's.
+  const bool adjusted = s.adds_count > 0 && adds;
+  const LogitAdd* a = adjusted ? adds + s.adds_begin : nullptr;
+  float* raw = adjusted ? add_raw + s.adds_begin : nullptr;
+  float mx0 = 0.0f;
+  double se0 = 0.0;
+  if (adjusted) {
+    if (lp_out) {
+      float m = -INFINITY;
+      for (int i = tid; i < V; i += kThreads) m = fmaxf(m, p[i]);  // fmaxf leaves NaNs out
+      mx0 = block_max(m, red);
+      double e = 0;
+      for (int i = tid; i < V; i += kThreads) {
+        const float v = p[i];
+        if (!isnan(v)) e += exp(double(v) - double(mx0));
+      }
+      se0 = block_sum_d(e, redd);  // its barriers also end every read of the raw row
+    }
+    for (int k = tid; k < s.adds_count; k += kThreads) {
+      const int32_t t = a[k].token;
+      const float v = p[t];
+      raw[k] = v;
+      p[t] = v + a[k].delta;
+    }
+    __syncthreads();
+  }
+
   // Greedy, and the maximum for the softmax: (value, lowest id) per thread, then the block.
   float best = -INFINITY;
   int bi = 0x7fffffff;
@@ -84,7 +126,9 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(float* __restrict__ lo
     float fbi = float(bi);  // ids < 2^24 are exact in float
     float lowest = -block_max(-fbi, red);
     const int32_t id = lowest >= float(V) ? 0 : int32_t(lowest);
-    if (lp_out) {
+    if (lp_out && adjusted) {
+      if (tid == 0) lp_out[blockIdx.x] = clamp_lp(raw_logit(id, a, raw, s.adds_count, double(p[id])) - (double(mx0) + log(se0)));
+    } else if (lp_out) {
       double se = 0;
       for (int i = tid; i < V; i += kThreads) {
         const float v = p[i];
@@ -100,10 +144,10 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(float* __restrict__ lo
   double se = 0;  // lp_out: sum exp(logit - max) at temperature 1
   for (int i = tid; i < V; i += kThreads) {
     float v = p[i];
-    if (lp_out && !isnan(v)) se += exp(double(v) - double(mx));
+    if (lp_out && !adjusted && !isnan(v)) se += exp(double(v) - double(mx));
     p[i] = isnan(v) ? 0.0f : expf((v - mx) * inv_t);  // accurate exp: the host rule uses std::exp
   }
-  if (lp_out) se = block_sum_d(se, redd);
+  if (lp_out && !adjusted) se = block_sum_d(se, redd);
   __syncthreads();
 
   auto count = [&](float t) {
@@ -175,15 +219,24 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(float* __restrict__ lo
   __syncthreads();
   if (tid == 0) {
     out[blockIdx.x] = chosen;
-    if (lp_out) lp_out[blockIdx.x] = clamp_lp(double(logf(p[chosen])) * double(s.temperature) - log(se));
+    if (lp_out && adjusted) {
+      // An unchanged token's logit is max + T log p (float rounding of exp and log, as below).
+      const double logit = double(logf(p[chosen])) * double(s.temperature) + double(mx);
+      lp_out[blockIdx.x] =
+          clamp_lp(raw_logit(chosen, a, raw, s.adds_count, logit) - (double(mx0) + log(se0)));
+    } else if (lp_out) {
+      lp_out[blockIdx.x] = clamp_lp(double(logf(p[chosen])) * double(s.temperature) - log(se));
+    }
   }
 }
 
 }  // namespace
 
-void sample_rows(float* logits, int n, int V, const RowSampling* how, int32_t* out, cudaStream_t s, float* lp_out) {
+void sample_rows(float* logits, int n, int V, const RowSampling* how, int32_t* out, cudaStream_t s, float* lp_out,
+                 const LogitAdd* adds, float* add_raw) {
   if (n <= 0) return;
-  sample_kernel<<<n, kThreads, 0, s>>>(logits, V, how, out, lp_out);
+  if ((adds == nullptr) != (add_raw == nullptr)) throw Error("sample_rows: logit adds need add_raw beside them");
+  sample_kernel<<<n, kThreads, 0, s>>>(logits, V, how, out, lp_out, adds, add_raw);
   GPTOSS_CUDA_LAUNCH_CHECK();
 }
 
