@@ -75,6 +75,11 @@ int32_t sample_row(const float* logits, int V, const RowSampling& s, std::vector
   return last >= 0 ? last : argmax();
 }
 
+void mask_row(float* logits, int V, const uint64_t* allowed) {
+  for (int i = 0; i < V; ++i)
+    if (!((allowed[size_t(i) >> 6] >> (i & 63)) & 1)) logits[i] = -INFINITY;
+}
+
 int32_t sample_row_adjusted(float* logits, int V, const RowSampling& s, const LogitAdd* adds,
                             std::vector<float>& scratch) {
   if (s.adds_count <= 0) return sample_row(logits, V, s, scratch);
@@ -104,7 +109,7 @@ double row_logsumexp(const float* logits, int vocab) {
 float clamp_logprob(double v) { return std::isnan(v) ? -9999.0f : float(std::max(v, -9999.0)); }
 
 void Backend::forward_sample(const ForwardBatch& batch, const RowSampling* rows, int32_t* tokens_out,
-                             float* logprobs_out, float* kept_logits, const LogitAdd* adds) {
+                             float* logprobs_out, float* kept_logits, const LogitChanges& changes) {
   const int V = config().vocab;
   std::vector<float> logits(batch.logit_rows.size() * size_t(V)), scratch;
   forward(batch, logits.data());
@@ -118,8 +123,10 @@ void Backend::forward_sample(const ForwardBatch& batch, const RowSampling* rows,
       if (logprobs_out) logprobs_out[r] = 0.0f;
       continue;
     }
-    if (rows[r].adds_count > 0 && !adds) throw Error("forward_sample: a row with logit adds and no adds");
-    tokens_out[r] = sample_row_adjusted(row, V, rows[r], adds ? adds + rows[r].adds_begin : nullptr, scratch);
+    if ((rows[r].adds_count > 0 && !changes.adds) || (rows[r].allowed_row >= 0 && !changes.allowed))
+      throw Error("forward_sample: a row with logit changes and no LogitChanges");
+    if (rows[r].allowed_row >= 0) mask_row(row, V, changes.allowed + size_t(rows[r].allowed_row) * allowed_words(V));
+    tokens_out[r] = sample_row_adjusted(row, V, rows[r], changes.adds ? changes.adds + rows[r].adds_begin : nullptr, scratch);
     if (logprobs_out) logprobs_out[r] = clamp_logprob(double(row[tokens_out[r]]) - row_logsumexp(row, V));
   }
 }

@@ -63,6 +63,17 @@ struct LogitAdd {
   float delta = 0.0f;
 };
 
+// What changes rows' logits before they are drawn (forward_sample), indexed by RowSampling:
+// adds, the logit changes (adds_begin / adds_count); allowed, the allowed-token masks of
+// structured output ([masks][allowed_words(vocab)]: bit i % 64 of word i / 64 set when token i
+// may be drawn; allowed_row). A row is masked first (its refused logits -inf), then changed; the
+// logprob a backend reports is the masked row's, before the changes.
+struct LogitChanges {
+  const LogitAdd* adds = nullptr;
+  const uint64_t* allowed = nullptr;
+};
+inline size_t allowed_words(int vocab) { return vocab > 0 ? (size_t(vocab) + 63) / 64 : 0; }
+
 // How to draw one token from a row of logits (forward_sample). The rule, on any backend:
 // temperature < 1e-5 -> argmax (ties to the lower id); else p_i = exp((l_i - max) / T), keep
 // p_i >= min_p (p_max is 1), then the k largest (top_k > 0), then the largest ones whose mass
@@ -78,16 +89,20 @@ struct RowSampling {
   float u = 0.0f;
   // Not drawn: the row's logits go to forward_sample's kept_logits (its token there is -1).
   int32_t keep_logits = 0;
-  // Before the rule, logit[token] += delta for adds[adds_begin, adds_begin + adds_count) of
-  // forward_sample's `adds` (distinct tokens in [0, vocab), in id order). The logprob a backend
-  // reports stays the raw row's.
+  // Before the rule (LogitChanges): logit[token] += delta for adds[adds_begin, adds_begin +
+  // adds_count) (distinct tokens in [0, vocab), in id order); with allowed_row >= 0, first the
+  // logits of the tokens that mask refuses are set to -inf.
   int32_t adds_begin = 0;
   int32_t adds_count = 0;
+  int32_t allowed_row = -1;
 };
 
 // The host implementation of that rule (the reference the CUDA sampler is tested against).
 // `scratch` avoids reallocations.
 int32_t sample_row(const float* logits, int vocab, const RowSampling& s, std::vector<float>& scratch);
+// Sets logits[i] = -inf for every i < vocab whose bit is clear in `allowed` (allowed_words(vocab)
+// words), in place: the host's form of a structured-output mask.
+void mask_row(float* logits, int vocab, const uint64_t* allowed);
 // sample_row after adding `adds` (s.adds_count entries, the row's own) to the row in place; the
 // row is given back as it was (each changed logit restored from its saved value, not by
 // subtraction).
@@ -133,13 +148,14 @@ class Backend {
   // kept_logits (when keeps_logits()): the logits of the rows marked keep_logits, in row order,
   // [kept rows, vocab]; those rows are not drawn (token -1). The host then samples them itself
   // (penalties, a structured-output mask) while the backend draws the rest.
-  // adds (when applies_logit_adds()): the logit changes rows[i].adds_begin / adds_count index.
+  // changes (when applies_logit_changes()): the logit changes and masks rows[i] index.
   virtual void forward_sample(const ForwardBatch& batch, const RowSampling* rows, int32_t* tokens_out,
                               float* logprobs_out = nullptr, float* kept_logits = nullptr,
-                              const LogitAdd* adds = nullptr);
-  // Whether forward_sample applies RowSampling's logit adds (logit_bias, penalties), so such rows
-  // need not come to the host (the default and one CUDA GPU do; a tensor-parallel group does not).
-  virtual bool applies_logit_adds() const { return true; }
+                              const LogitChanges& changes = {});
+  // Whether forward_sample applies LogitChanges (logit_bias, penalties, structured-output masks),
+  // so such rows need not come to the host (the default and one CUDA GPU do; a tensor-parallel
+  // group does not).
+  virtual bool applies_logit_changes() const { return true; }
   // Whether forward_sample takes keep_logits rows (the default and one CUDA GPU do; a
   // tensor-parallel group does not).
   virtual bool keeps_logits() const { return true; }

@@ -584,19 +584,41 @@ std::unique_ptr<Engine::Launched> Engine::launch(Planned planned) {
         l->error = std::make_exception_ptr(
             Error("injected fault: GPTOSS_TEST_FAIL_AT_OUTPUT_TOKEN=" + std::to_string(cfg_.test_fail_at_output_token)));
   l->toks.resize(rows);
-  auto backend_may_draw = [&](const Sequence* s) {
+  // A sequence's rows (1 + drafts, contiguous) go to the backend or the host together.
+  auto backend_may_draw = [&](const Sequence* s, int n_rows) {
+    const bool masked = s->sp.constraint && s->sp.constraint->active();
     return (s->sp.logprobs < 0 || (s->sp.logprobs == 0 && backend_.samples_logprobs())) &&
-           (!changes_logits(s->sp) || backend_.applies_logit_adds()) &&
-           (!cfg_.batch_invariant || s->sp.temperature < 1e-5f) && !(s->sp.constraint && s->sp.constraint->active());
+           (!cfg_.batch_invariant || s->sp.temperature < 1e-5f) &&
+           ((!changes_logits(s->sp) && !masked) || backend_.applies_logit_changes()) &&
+           !(masked && n_rows > 1);  // a masked row has no drafts after it (one mask a sequence)
   };
-  // Rows the backend may not draw (top logprobs, an active constraint, or logit_bias and penalties
-  // on a backend that does not apply them): all of them drawn on the host from [rows, vocab] logits, or,
-  // when the backend keeps chosen rows' logits (Backend::keeps_logits), the backend draws the
-  // others and only those rows' logits come to the host (one request with penalties or a
-  // structured-output header no longer moves its whole batch to the host).
+  // Rows the backend may not draw (top logprobs; logit_bias, penalties and structured-output
+  // masks on a backend that does not apply them): all of them drawn on the host from [rows, vocab]
+  // logits, or, when the backend keeps chosen rows' logits (Backend::keeps_logits), the backend
+  // draws the others and only those rows' logits come to the host. A masked row the backend draws
+  // takes its constraint's allowed tokens (allowed_row; a constraint that allows none is left to
+  // the host, which ends the request with an error).
   std::vector<uint8_t> on_host(size_t(rows), 0);
+  std::vector<int32_t> allowed_row(size_t(rows), -1);
   int n_host = 0;
-  for (int r = 0; r < rows; ++r) n_host += on_host[size_t(r)] = !backend_may_draw(l->row_seq[r]);
+  const size_t mask_words = allowed_words(vocab_);
+  for (int r = 0; r < rows;) {
+    Sequence* s = l->row_seq[r];
+    int end = r;
+    while (end < rows && l->row_seq[end] == s) ++end;
+    bool host = !backend_may_draw(s, end - r);
+    if (!host && s->sp.constraint && s->sp.constraint->active()) {
+      const size_t at = l->allowed.size();
+      l->allowed.resize(at + mask_words);
+      if (s->sp.constraint->allowed_tokens(l->allowed.data() + at, vocab_)) {
+        allowed_row[size_t(r)] = int32_t(at / mask_words);
+      } else {
+        l->allowed.resize(at);
+        host = true;
+      }
+    }
+    for (; r < end; ++r) n_host += on_host[size_t(r)] = host;
+  }
   l->backend_samples = rows > 0 && l->prompt_rows.empty() && (n_host == 0 || (backend_.keeps_logits() && n_host < rows));
   l->kept.clear();
   if (l->backend_samples && n_host > 0) {
@@ -619,6 +641,7 @@ std::unique_ptr<Engine::Launched> Engine::launch(Planned planned) {
       for (; r < rows && l->row_seq[r] == s; ++r) {
         l->how[r] = row_sampling(s->sp, uniform01(peek));
         l->how[r].keep_logits = !l->kept.empty() && l->kept[size_t(r)] >= 0;
+        l->how[r].allowed_row = allowed_row[size_t(r)];
         if (l->how[r].keep_logits || !changes_logits(s->sp)) continue;
         // The penalties of a draft's row see the drafts before it, as complete()'s host draw does
         // (counts are up to date here: take_tokens_early counts the tokens it appends).
@@ -649,7 +672,9 @@ void Engine::run_forward(Launched& l) {
   try {
     if (l.backend_samples)
       backend_.forward_sample(l.batch, l.how.data(), l.toks.data(), l.lps.empty() ? nullptr : l.lps.data(),
-                              l.kept.empty() ? nullptr : logits_.data(), l.adds.empty() ? nullptr : l.adds.data());
+                              l.kept.empty() ? nullptr : logits_.data(),
+                              LogitChanges{l.adds.empty() ? nullptr : l.adds.data(),
+                                           l.allowed.empty() ? nullptr : l.allowed.data()});
     else
       backend_.forward(l.batch, logits_.data());
   } catch (...) {
@@ -711,7 +736,8 @@ void Engine::complete(Launched& l) {
     for (; j < n_rows; ++j) {
       const int r = group_first[g] + j;
       float* row = host ? logits_.data() + size_t(host_row(r)) * vocab_ : nullptr;
-      const bool masked = host && s.sp.constraint && s.sp.constraint->active();
+      // Masked: on the host now, or by the backend (allowed_row): either way not a draw to check.
+      const bool masked = s.sp.constraint && (host ? s.sp.constraint->active() : l.how[size_t(r)].allowed_row >= 0);
       if (host) {
         if (masked && !s.sp.constraint->mask_logits(row, vocab_)) {
           no_token[size_t(r)] = 1;
@@ -727,7 +753,8 @@ void Engine::complete(Launched& l) {
         lps[r].token = l.toks[r];
         lps[r].logprob = l.lps[size_t(r)];
       }
-      if (s.sp.constraint && !masked && s.sp.constraint->rejects(l.toks[r])) {
+      // (A token taken early was checked then, and its constraint has taken it since.)
+      if (s.sp.constraint && !masked && !l.tokens_taken && s.sp.constraint->rejects(l.toks[r])) {
         redraw[size_t(g)] = 1;
         break;
       }
@@ -842,15 +869,22 @@ void Engine::commit_drafts(Launched& l) {
 bool Engine::take_tokens_early(Launched& l) {
   if (l.error || !l.backend_samples || !l.kept.empty() || !l.prompt_rows.empty() || drafter_) return false;
   const size_t rows = l.row_seq.size();
-  for (size_t r = 0; r < rows; ++r)
+  // A constrained row's token is taken when the backend drew it masked (allowed_row: it is
+  // allowed), or unmasked where the constraint stays inactive after it (no redraw, no phase
+  // change the drafts or the mask would have to follow).
+  for (size_t r = 0; r < rows; ++r) {
+    const auto& c = l.row_seq[r]->sp.constraint;
     if ((r > 0 && l.row_seq[r] == l.row_seq[r - 1]) ||
-        (l.row_seq[r]->sp.constraint && !l.row_seq[r]->sp.constraint->stays_inactive(l.toks[r])))
+        (c && l.how[r].allowed_row < 0 && !c->stays_inactive(l.toks[r])))
       return false;
+  }
   for (size_t r = 0; r < rows; ++r) {
     Sequence& s = *l.row_seq[r];
     if (s.done) continue;
     s.tokens.push_back(l.toks[r]);
     ++s.counts[l.toks[r]];  // the next plan's penalties see it (append_token does not count it again)
+    // And the next plan's mask: the constraint takes it now (append_token does not again).
+    s.constraint_broken = s.sp.constraint && !s.sp.constraint->accept(l.toks[r]);
     s.rng.discard(1);  // the draw launch() took from a copy
     // complete() ends it (append_token's checks, a stop string aside): no row in the next plan.
     s.ending = is_stop_token(s, l.toks[r]) || at_length_limit(s);

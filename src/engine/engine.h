@@ -212,6 +212,8 @@ class Engine {
     // bookkeeping (take_tokens_early).
     int in_flight = 0;
     bool ending = false;          // its last token (taken early) ends it when its pass completes
+    // Its last token, taken early, was refused by its constraint's accept() (a bug): complete() ends it.
+    bool constraint_broken = false;
     std::vector<int32_t> draft;   // speculative drafts verified by the pass planned/in flight
     AdaptiveDraftLength draft_len;
     int64_t spec_proposed = 0, spec_accepted = 0;  // its drafts verified so far, and accepted
@@ -238,8 +240,11 @@ class Engine {
     std::vector<std::vector<int32_t>> tables;  // page tables the batch points into
     std::vector<RowSampling> how;
     // The logit changes (logit_bias, penalties) of rows the backend draws itself, which how[r]
-    // indexes (Backend::applies_logit_adds).
+    // indexes (Backend::applies_logit_changes).
     std::vector<LogitAdd> adds;
+    // The allowed-token masks of the masked rows the backend draws ([masks][allowed_words(vocab)]),
+    // which how[r].allowed_row indexes.
+    std::vector<uint64_t> allowed;
     // backend_samples with rows it may not draw: row r's index among the rows whose logits the
     // backend kept for the host (logits_), -1 for a row it drew; empty when it drew every row.
     std::vector<int32_t> kept;

@@ -102,7 +102,7 @@ void Engine::append_token(Sequence& s, int32_t tok, TokenLogprob* lp, EngineEven
     metrics_.itl_s.observe(std::chrono::duration<double>(now - s.last_token).count());
   }
   s.last_token = now;
-  if (!appended) {  // take_tokens_early appended and counted it
+  if (!appended) {  // take_tokens_early appended and counted it, and gave it to the constraint
     s.tokens.push_back(tok);
     ++s.counts[tok];
   }
@@ -113,7 +113,7 @@ void Engine::append_token(Sequence& s, int32_t tok, TokenLogprob* lp, EngineEven
     ev.prompt_logprobs = std::move(s.prompt_lps);
     s.prompt_lps.clear();
   }
-  if (s.sp.constraint && !s.sp.constraint->accept(tok)) {
+  if (appended ? s.constraint_broken : s.sp.constraint && !s.sp.constraint->accept(tok)) {
     // Only possible when a token was drawn without the mask (a bug): do not stream broken output.
     ev.error = "token " + std::to_string(tok) + " breaks the structured output constraint";
     finish(s, ev, FinishReason::kError);

@@ -6,42 +6,6 @@
 
 namespace gptoss::structured {
 
-namespace {
-// kAdd[byte][i]: 0 where bit i of the byte is set, -inf where clear; adding it masks 8 logits
-// at once (vectorized), so a mask costs about a pass over the row.
-struct AddTable {
-  float v[256][8];
-  AddTable() {
-    for (int b = 0; b < 256; ++b)
-      for (int i = 0; i < 8; ++i) v[b][i] = (b >> i) & 1 ? 0.0f : -std::numeric_limits<float>::infinity();
-  }
-};
-const AddTable kAdd;
-}  // namespace
-
-void apply_mask(const TokenBitset& allowed, float* logits, int vocab) {
-  const float ninf = -std::numeric_limits<float>::infinity();
-  const size_t n = size_t(std::max(vocab, 0));
-  for (size_t w = 0; w * 64 < n; ++w) {
-    uint64_t bits = w < allowed.words.size() ? allowed.words[w] : 0;
-    float* row = logits + w * 64;
-    const size_t len = std::min<size_t>(64, n - w * 64);
-    if (len < 64) {
-      for (size_t i = 0; i < len; ++i) row[i] = ((bits >> i) & 1) ? row[i] : ninf;
-      continue;
-    }
-    if (bits == ~uint64_t(0)) continue;
-    if (bits == 0) {
-      std::fill(row, row + 64, ninf);
-      continue;
-    }
-    for (int k = 0; k < 8; ++k) {
-      const float* add = kAdd.v[(bits >> (8 * k)) & 0xFF];
-      for (int i = 0; i < 8; ++i) row[8 * k + i] += add[i];
-    }
-  }
-}
-
 JsonConstraint::JsonConstraint(JsonConstraintSpec spec) : spec_(std::move(spec)) {
   if (spec_.whole_output) {  // the JSON from the first token, then the turn's end (free)
     if (spec_.final_format) {
@@ -111,41 +75,60 @@ bool JsonConstraint::stays_inactive(int32_t t) const {
   return phase_ == Phase::kFree && !redraw_ && !rejects(t) && !free_end(t);
 }
 
-bool JsonConstraint::mask_logits(float* logits, int vocab) {
-  const float ninf = -std::numeric_limits<float>::infinity();
+bool JsonConstraint::allowed_tokens(uint64_t* words, int vocab) {
+  const size_t n_words = words_for(vocab);
+  auto clear = [&](int32_t id) {
+    if (id >= 0 && id < vocab) words[size_t(id) >> 6] &= ~(uint64_t(1) << (id & 63));
+  };
+  auto set = [&](int32_t id) {
+    if (id >= 0 && id < vocab) words[size_t(id) >> 6] |= uint64_t(1) << (id & 63);
+  };
+  auto all = [&] {
+    std::fill(words, words + n_words, ~uint64_t(0));
+    if (vocab % 64) words[n_words - 1] = (uint64_t(1) << (vocab % 64)) - 1;  // no ids past vocab
+  };
+  // Bits of `b` (ordinary tokens), none past vocab.
+  auto copy = [&](const TokenBitset& b) {
+    std::fill(words, words + n_words, uint64_t(0));
+    std::copy_n(b.words.begin(), std::min(n_words, b.words.size()), words);
+    if (vocab % 64 && b.words.size() >= n_words) words[n_words - 1] &= (uint64_t(1) << (vocab % 64)) - 1;
+  };
   switch (phase_) {
-    case Phase::kEnd: return true;  // past the turn's end (ignore_eos): free
+    case Phase::kEnd: all(); return vocab > 0;  // past the turn's end (ignore_eos): free
     case Phase::kFree: {
       // Every ordinary token, and the message's end token(s): no other special token.
+      all();
       for (int32_t id : spec_.vocab->special_ids()) {
         if (id >= vocab) break;
-        if (!free_end(id)) logits[id] = ninf;
+        if (!free_end(id)) clear(id);
       }
       for (int i = int(spec_.vocab->size()); i < vocab; ++i)
-        if (!free_end(i)) logits[i] = ninf;
+        if (!free_end(i)) clear(i);
       return true;
     }
     case Phase::kHeader: {
-      if (!headers_) return true;  // the text guard alone: headers are free
+      if (!headers_) {  // the text guard alone: headers are free
+        all();
+        return vocab > 0;
+      }
       TokenBitset bits(size_t(std::max(vocab, 0)));
       headers_->allowed(cursor_, bits);
-      apply_mask(bits, logits, vocab);
+      copy(bits);
       return bits.count() > 0;
     }
     case Phase::kJson: break;
   }
   const JsonMatcher& m = masker_->matcher();
   const bool can_end = m.can_end(state_) && end_token_ >= 0 && end_token_ < vocab;
-  const float keep_end = can_end ? logits[end_token_] : 0.0f;
   if (state_.depth == 0) {
+    std::fill(words, words + n_words, uint64_t(0));
     if (!can_end) return false;
-    std::fill(logits, logits + vocab, ninf);
   } else {
     auto bits = masker_->allowed(state_);
-    apply_mask(*bits, logits, vocab);
+    copy(*bits);
     if (!can_end && bits->count() == 0) return false;
   }
-  if (can_end) logits[end_token_] = keep_end;
+  if (can_end) set(end_token_);
   return true;
 }
 

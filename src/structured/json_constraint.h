@@ -43,7 +43,7 @@ class JsonConstraint : public TokenConstraint {
  public:
   explicit JsonConstraint(JsonConstraintSpec spec);
   bool active() const override;
-  bool mask_logits(float* logits, int vocab) override;
+  bool allowed_tokens(uint64_t* words, int vocab) override;
   bool accept(int32_t token) override;
   bool rejects(int32_t token) const override;
   void mask_next() override { redraw_ = true; }
@@ -72,8 +72,5 @@ class JsonConstraint : public TokenConstraint {
   bool json_done_ = false;
   bool redraw_ = false;  // the last unmasked draw was refused: mask the next one
 };
-
-// Sets logits[i] = -inf for every i < vocab whose bit is clear (ids past the mask included).
-void apply_mask(const TokenBitset& allowed, float* logits, int vocab);
 
 }  // namespace gptoss::structured

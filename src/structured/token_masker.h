@@ -29,6 +29,13 @@ struct TokenBitset {
   size_t count() const;
 };
 
+// Sets logits[i] = -inf for every i < vocab whose bit is clear in words[0, n_words) (ids past
+// them included).
+void apply_mask(const uint64_t* words, size_t n_words, float* logits, int vocab);
+inline void apply_mask(const TokenBitset& allowed, float* logits, int vocab) {
+  apply_mask(allowed.words.data(), allowed.words.size(), logits, vocab);
+}
+
 class TokenVocabulary {
  public:
   // token_bytes[id]: the bytes of ordinary token id; special tokens (and unused ids) have

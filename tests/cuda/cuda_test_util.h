@@ -158,20 +158,29 @@ inline void expect_kept_rows(Backend& be, const ForwardBatch& b, const std::vect
 
 // forward_sample of batch b with logit changes on every other row (the engine's logit_bias and
 // penalties, drawn on the device): each such row pushes its raw argmax down by 30 and lifts two
-// other ids, so its greedy id moves; rows are drawn at `temperature` with spread uniforms. Every
-// row's id against the host rule on forward()'s logits (`logits`, [rows, V] in logit-row order)
-// with the same changes (sample_row_adjusted): greedy exactly, sampled but for float rounding at
-// a boundary (at most one row); each drawn token's logprob against the raw row's log-softmax.
+// other ids, so its greedy id moves; rows 1, 4, 7, ... are masked to every third id (a
+// structured-output mask). Rows are drawn at `temperature` with spread uniforms. Every row's id
+// against the host rule on forward()'s logits (`logits`, [rows, V] in logit-row order) with the
+// same mask and changes (mask_row, sample_row_adjusted): greedy exactly, sampled but for float
+// rounding at a boundary (at most one row); each drawn token's logprob against the masked row's
+// log-softmax before the changes.
 inline void expect_adjusted_rows(Backend& be, const ForwardBatch& b, const std::vector<float>& logits, int V,
                                  float temperature) {
   const size_t n = b.logit_rows.size();
   std::vector<RowSampling> how(n);
   std::vector<LogitAdd> adds;
   std::vector<float> row;
+  const size_t words = allowed_words(V);
+  std::vector<uint64_t> allowed;
   for (size_t i = 0; i < n; ++i) {
     how[i].temperature = temperature;
     how[i].top_p = temperature > 0.0f ? 0.9f : 1.0f;
     how[i].u = float((i * 37 + 11) % 100) / 100.0f;
+    if (i % 3 == 1) {
+      how[i].allowed_row = int32_t(allowed.size() / words);
+      allowed.resize(allowed.size() + words, 0);
+      for (int t = 0; t < V; t += 3) allowed[allowed.size() - words + size_t(t) / 64] |= uint64_t(1) << (t % 64);
+    }
     if (i % 2 == 1) continue;
     const float* r = logits.data() + i * size_t(V);
     const int32_t top = int32_t(std::max_element(r, r + V) - r);
@@ -185,16 +194,20 @@ inline void expect_adjusted_rows(Backend& be, const ForwardBatch& b, const std::
   }
   std::vector<int32_t> ids(n);
   std::vector<float> lps(n, 1.0f), scratch;
-  be.forward_sample(b, how.data(), ids.data(), lps.data(), nullptr, adds.data());
+  be.forward_sample(b, how.data(), ids.data(), lps.data(), nullptr, LogitChanges{adds.data(), allowed.data()});
   int differ = 0;
   for (size_t i = 0; i < n; ++i) {
     row.assign(logits.begin() + i * size_t(V), logits.begin() + (i + 1) * size_t(V));
+    if (how[i].allowed_row >= 0) {
+      mask_row(row.data(), V, allowed.data() + size_t(how[i].allowed_row) * words);
+      EXPECT_EQ(ids[i] % 3, 0) << "masked row " << i << " drew a refused token";
+    }
     const int32_t want = sample_row_adjusted(row.data(), V, how[i], adds.data() + how[i].adds_begin, scratch);
     ASSERT_GE(ids[i], 0) << "row " << i;
     ASSERT_LT(ids[i], V) << "row " << i;
     if (temperature == 0.0f) EXPECT_EQ(ids[i], want) << "greedy row " << i << (how[i].adds_count ? " (adjusted)" : "");
     else differ += ids[i] != want;
-    const double want_lp = double(row[ids[i]]) - row_logsumexp(row.data(), V);  // the raw row's
+    const double want_lp = double(row[ids[i]]) - row_logsumexp(row.data(), V);  // masked, before the changes
     EXPECT_NEAR(lps[i], want_lp, 1e-4 + 1e-5 * std::fabs(want_lp)) << "row " << i;
   }
   EXPECT_LE(differ, 1) << "sampled rows differing from the host rule at T=" << temperature;

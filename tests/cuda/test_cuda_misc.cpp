@@ -113,10 +113,12 @@ TEST_F(Kernels, SampleRowsMatchHostRule) {
   EXPECT_LE(differ, 2);
 }
 
-// Logit changes (logit_bias, penalties) applied by the sampler: rows with 0, 1, a few and
-// thousands of changed ids (the first and last id among them, the row's best pushed down, a
-// NaN logit changed), against the host's sample_row_adjusted on the same rows; the logprob the
-// raw row's; add_raw the raw logits; rows without changes as before.
+// Logit changes (logit_bias, penalties) and structured-output masks applied by the sampler: rows
+// with 0, 1, a few and thousands of changed ids (the first and last id among them, the row's
+// best pushed down, a NaN logit changed), every third row masked (half the ids allowed at
+// random, or only a handful), against the host's mask_row + sample_row_adjusted on the same
+// rows; the logprob the masked row's before its changes; add_raw those logits; rows without
+// changes as before.
 TEST_F(Kernels, SampleRowsApplyLogitAdds) {
   FastRng r(fresh_seed());
   const int V = small_mode() ? 3000 : 201088;
@@ -125,7 +127,23 @@ TEST_F(Kernels, SampleRowsApplyLogitAdds) {
   l[size_t(5) * V + 17] = NAN;  // row 5: a NaN logit with a change
   std::vector<RowSampling> how(n);
   std::vector<LogitAdd> adds;
+  const size_t words = allowed_words(V);
+  std::vector<uint64_t> allowed;
   for (int i = 0; i < n; ++i) {
+    if (i % 3 == 2) {
+      how[i].allowed_row = int32_t(allowed.size() / words);
+      allowed.resize(allowed.size() + words, 0);
+      uint64_t* w = allowed.data() + allowed.size() - words;
+      if (i % 2) {
+        for (size_t k = 0; k < words; ++k) w[k] = r.next();
+      } else {
+        for (int k = 0; k < 5; ++k) {
+          const uint64_t id = r.next() % uint64_t(V);
+          w[id / 64] |= uint64_t(1) << (id % 64);
+        }
+      }
+      if (V % 64) w[words - 1] &= (uint64_t(1) << (V % 64)) - 1;
+    }
     how[i].temperature = i % 4 == 0 ? 0.0f : 0.6f + 0.1f * float(i % 5);
     how[i].top_p = i % 3 == 0 ? 0.9f : 1.0f;
     how[i].top_k = i % 5 == 1 ? 50 : 0;
@@ -146,9 +164,10 @@ TEST_F(Kernels, SampleRowsApplyLogitAdds) {
   Dev<RowSampling> dh(how);
   Dev<LogitAdd> da(adds);
   Dev<float> draw(adds.size());
+  Dev<uint64_t> dallowed(allowed);
   Dev<int32_t> out(n);
   Dev<float> lp(n);
-  cuda::sample_rows(dl.p(), n, V, dh.p(), out.p(), 0, lp.p(), da.p(), draw.p());
+  cuda::sample_rows(dl.p(), n, V, dh.p(), out.p(), 0, lp.p(), da.p(), draw.p(), dallowed.p());
   const auto got = out.download();
   const auto got_lp = lp.download();
   const auto raw = draw.download();
@@ -156,6 +175,7 @@ TEST_F(Kernels, SampleRowsApplyLogitAdds) {
   int differ = 0;
   for (int i = 0; i < n; ++i) {
     row.assign(l.begin() + size_t(i) * V, l.begin() + size_t(i + 1) * V);
+    if (how[i].allowed_row >= 0) mask_row(row.data(), V, allowed.data() + size_t(how[i].allowed_row) * words);
     for (int k = 0; k < how[i].adds_count; ++k) {
       const float want_raw = row[adds[size_t(how[i].adds_begin + k)].token];
       if (std::isnan(want_raw)) EXPECT_TRUE(std::isnan(raw[size_t(how[i].adds_begin + k)])) << "row " << i;
@@ -164,12 +184,16 @@ TEST_F(Kernels, SampleRowsApplyLogitAdds) {
     const int32_t want = sample_row_adjusted(row.data(), V, how[i], adds.data() + how[i].adds_begin, scratch);
     ASSERT_GE(got[i], 0);
     ASSERT_LT(got[i], V);
+    if (how[i].allowed_row >= 0) {
+      EXPECT_TRUE((allowed[size_t(how[i].allowed_row) * words + size_t(got[i]) / 64] >> (got[i] % 64)) & 1)
+          << "row " << i << " drew a refused token";
+    }
     const double want_lp = double(row[got[i]]) - row_logsumexp(row.data(), V);
     EXPECT_NEAR(got_lp[i], want_lp, 1e-4 + 1e-5 * std::fabs(want_lp)) << "row " << i;
     if (how[i].temperature == 0.0f) EXPECT_EQ(got[i], want) << "greedy row " << i;
     else differ += got[i] != want;
   }
-  std::printf("sampled rows with logit adds differing from the host rule: %d of %d\n", differ, n - n / 4);
+  std::printf("sampled rows with logit changes differing from the host rule: %d of %d\n", differ, n - n / 4);
   EXPECT_LE(differ, 1);
 }
 

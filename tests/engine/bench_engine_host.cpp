@@ -28,8 +28,8 @@ struct TimedBackend : testing::FakeBackend {
   using FakeBackend::FakeBackend;
   bool keeps_logits() const override { return true; }
   void forward_sample(const ForwardBatch& b, const RowSampling* how, int32_t* out, float* lp, float* kept,
-                      const LogitAdd* adds) override {
-    (void)adds;  // the ids are arbitrary either way
+                      const LogitChanges& changes) override {
+    (void)changes;  // the ids are arbitrary either way
     size_t k = 0;
     for (size_t r = 0; r < b.logit_rows.size(); ++r) {
       out[r] = int32_t(5 + (r * 7919 + b.tokens.size()) % 90000);

@@ -49,18 +49,21 @@ class FakeBackend : public Backend {
   bool keeps_rows = true;  // false: as a backend that cannot keep chosen rows' logits
   bool keeps_logits() const override { return keeps_rows; }
   int kept_rows = 0;  // rows whose logits forward_sample kept for the host
-  bool applies_adds = true;  // false: as a backend that applies no logit_bias or penalties
-  bool applies_logit_adds() const override { return applies_adds; }
+  bool applies_adds = true;  // false: as a backend that applies no logit changes or masks
+  bool applies_logit_changes() const override { return applies_adds; }
   int adjusted_rows = 0;  // rows forward_sample drew with logit changes
+  int masked_rows = 0;    // rows forward_sample drew with an allowed-token mask
   void forward_sample(const ForwardBatch& b, const RowSampling* rows, int32_t* out, float* lp = nullptr,
-                      float* kept = nullptr, const LogitAdd* adds = nullptr) override {
+                      float* kept = nullptr, const LogitChanges& changes = {}) override {
     ++sample_calls;
     for (size_t r = 0; r < b.logit_rows.size(); ++r) {
       kept_rows += rows[r].keep_logits != 0;
       adjusted_rows += rows[r].adds_count > 0;
+      masked_rows += rows[r].allowed_row >= 0;
     }
-    if (!applies_adds && adds) throw std::logic_error("logit adds handed to a backend that does not apply them");
-    Backend::forward_sample(b, rows, out, lp, kept, adds);
+    if (!applies_adds && (changes.adds || changes.allowed))
+      throw std::logic_error("logit changes handed to a backend that does not apply them");
+    Backend::forward_sample(b, rows, out, lp, kept, changes);
   }
   void forward(const ForwardBatch& b, float* logits) override {
     ++forward_calls;

@@ -441,7 +441,7 @@ TEST(Engine, BackendSamplesUnlessLogitsAreNeeded) {
 // logprobs; penalties and logit_bias on a backend that does not apply them): the backend draws
 // the former and keeps only the latter's logits for the host (Backend::keeps_logits), or, on a
 // backend that keeps none, every row is drawn on the host. A backend that applies logit changes
-// (Backend::applies_logit_adds) draws the penalized and biased rows itself. Each request's
+// (Backend::applies_logit_changes) draws the penalized and biased rows itself. Each request's
 // tokens and logprobs equal those it gets alone, every way.
 TEST(Engine, MixedBatchKeepsOnlyTheHostRowsLogits) {
   for (bool keeps : {true, false})
@@ -774,7 +774,7 @@ TEST(Engine, OverlappedLoopEqualsAlone) {
   EXPECT_EQ(o.got[2].reason, FinishReason::kStop);
 }
 
-// Penalties and logit_bias drawn by the backend (Backend::applies_logit_adds) in the async loop:
+// Penalties and logit_bias drawn by the backend (Backend::applies_logit_changes) in the async loop:
 // passes launch early from the ids they take (take_tokens_early), so the next pass's penalties
 // must count those ids before their events are written. Each request against its run alone
 // with the host's penalties (sample_token), preemption included.
@@ -893,10 +893,10 @@ class EvenIdsConstraint : public structured::TokenConstraint {
   bool allow_none = false;
   std::vector<int32_t> seen;
   bool active() const override { return int(seen.size()) >= free; }
-  bool mask_logits(float* logits, int vocab) override {
+  bool allowed_tokens(uint64_t* words, int vocab) override {
+    std::fill(words, words + words_for(vocab), uint64_t(0));
     if (allow_none) return false;
-    for (int i = 0; i < vocab; ++i)
-      if (i >= 10 || i % 2) logits[i] = -INFINITY;
+    for (int i = 0; i < std::min(vocab, 10); i += 2) words[i / 64] |= uint64_t(1) << (i % 64);
     return true;
   }
   bool accept(int32_t t) override {
@@ -907,10 +907,16 @@ class EvenIdsConstraint : public structured::TokenConstraint {
 };
 }  // namespace
 
+// A backend that applies logit changes draws the masked rows too (the constraint's
+// allowed_tokens as the row's mask); one that does not leaves them to the host. Same tokens.
 TEST(Engine, ConstraintMasksSamplingWhileActive) {
+  std::vector<int32_t> reference[2];
+  for (bool on_backend : {true, false})
   for (int async = 0; async < 2; ++async)
-  for (float temperature : {0.0f, 1.0f}) {
+  for (int t = 0; t < 2; ++t) {
+    const float temperature = t ? 1.0f : 0.0f;
     FakeBackend be;
+    be.applies_adds = on_backend;
     EngineConfig cfg = small_cfg();
     cfg.async_scheduling = async;  // overlapped passes: a pass launches after the previous completed
     Engine e(be, cfg);
@@ -935,7 +941,22 @@ TEST(Engine, ConstraintMasksSamplingWhileActive) {
       else EXPECT_TRUE(r.tokens[i] < 10 && r.tokens[i] % 2 == 0) << i << ": " << r.tokens[i];
     }
     EXPECT_TRUE(any_odd_free) << "the unconstrained tokens are not masked";
-    EXPECT_EQ(be.sample_calls, 3) << "inactive steps sample on the backend, active ones on the host";
+    if (on_backend) {
+      EXPECT_EQ(be.sample_calls, 12) << "every step drawn by the backend";
+      EXPECT_EQ(be.masked_rows, 9) << "the active steps with their masks";
+      // Masked rows' tokens are taken early, the constraint advanced before the next mask.
+      if (async) {
+        EXPECT_GE(e.metrics().early_launches.load(), 8);
+      }
+    } else {
+      EXPECT_EQ(be.sample_calls, 3) << "inactive steps sample on the backend, active ones on the host";
+      EXPECT_EQ(be.masked_rows, 0);
+    }
+    if (reference[t].empty()) {
+      reference[t] = r.tokens;
+    } else {
+      EXPECT_EQ(r.tokens, reference[t]) << "backend " << on_backend << " async " << async << " T=" << temperature;
+    }
   }
 }
 
@@ -949,8 +970,9 @@ class NoOddIdsConstraint : public structured::TokenConstraint {
   bool redraw = false;
   std::vector<int32_t> seen;
   bool active() const override { return always_mask || redraw; }
-  bool mask_logits(float* logits, int vocab) override {
-    for (int i = 1; i < vocab; i += 2) logits[i] = -INFINITY;
+  bool allowed_tokens(uint64_t* words, int vocab) override {
+    std::fill(words, words + words_for(vocab), uint64_t(0));
+    for (int i = 0; i < vocab; i += 2) words[i / 64] |= uint64_t(1) << (i % 64);
     return true;
   }
   bool accept(int32_t t) override {
@@ -1020,7 +1042,10 @@ TEST(Engine, ConstraintRedrawsARefusedUnmaskedToken) {
 TEST(Engine, ConstraintRefusingWithoutMaskingEndsWithAnError) {
   struct RefusesAll : structured::TokenConstraint {
     bool active() const override { return false; }
-    bool mask_logits(float*, int) override { return true; }
+    bool allowed_tokens(uint64_t* words, int vocab) override {
+      for (int i = 0; i < vocab; ++i) words[i / 64] |= uint64_t(1) << (i % 64);
+      return true;
+    }
     bool accept(int32_t) override { return true; }
     bool rejects(int32_t) const override { return true; }
   };

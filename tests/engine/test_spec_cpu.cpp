@@ -66,7 +66,7 @@ struct HostAddsBackend : Backend {
   void init_kv_cache(const KvCacheConfig& kv) override { b.init_kv_cache(kv); }
   const KvCacheConfig& kv_config() const override { return b.kv_config(); }
   void forward(const ForwardBatch& batch, float* logits) override { b.forward(batch, logits); }
-  bool applies_logit_adds() const override { return false; }
+  bool applies_logit_changes() const override { return false; }
 };
 
 SpecRun serve(EngineConfig c, const std::vector<std::vector<int32_t>>& prompts, const std::vector<SamplingParams>& sps,
@@ -366,9 +366,10 @@ class ModuloConstraint : public structured::TokenConstraint {
   int masked_left = 0;
   std::vector<int32_t> seen;
   bool active() const override { return redraw || masked_left > 0; }
-  bool mask_logits(float* logits, int vocab) override {
+  bool allowed_tokens(uint64_t* words, int vocab) override {
+    std::fill(words, words + words_for(vocab), uint64_t(0));
     for (int i = 0; i < vocab; ++i)
-      if (masked_left > 0 ? i % 5 != 0 : i % 3 == 1) logits[i] = -INFINITY;
+      if (masked_left > 0 ? i % 5 == 0 : i % 3 != 1) words[i / 64] |= uint64_t(1) << (i % 64);
     return true;
   }
   bool accept(int32_t t) override {

@@ -1001,7 +1001,9 @@ TEST(Http, StructuredOutputHeadersFollowToolChoice) {
         EXPECT_TRUE(gptoss::testing::schema_valid(schema, v)) << r->body;
       }
     }
-    if (c.redraws) EXPECT_GE(f.engine->metrics().constraint_redraws.load(), redraws + 4) << "each <|return|> drawn again";
+    if (c.redraws) {
+      EXPECT_GE(f.engine->metrics().constraint_redraws.load(), redraws + 4) << "each <|return|> drawn again";
+    }
   }
   // tool_choice none: no call, whatever the model writes (its header text cannot name one).
   json body = chat_body(40);

@@ -96,7 +96,7 @@ CudaBackend::CudaBackend(const BackendOptions& opts) {
   if (const char* kp = std::getenv("GPTOSS_EXPERT_GEMM_KPERM")) expert_kperm_ = std::string(kp) != "0";
   // A/B of mixed sampling: =1 keeps no rows' logits, so a step with one host row draws all on the host.
   if (const char* nk = std::getenv("GPTOSS_SAMPLER_KEEPS_NO_LOGITS")) keeps_no_logits_ = std::string(nk) != "0";
-  if (const char* na = std::getenv("GPTOSS_SAMPLER_NO_LOGIT_ADDS")) applies_no_adds_ = std::string(na) != "0";
+  if (const char* na = std::getenv("GPTOSS_SAMPLER_NO_LOGIT_CHANGES")) applies_no_changes_ = std::string(na) != "0";
   route_padding_ = env_int("GPTOSS_ROUTE_PADDING", 0) != 0;
   if (profile_) GPTOSS_CUDA_CHECK(cudaEventCreate(&prof_start_));
 }
@@ -124,6 +124,7 @@ CudaBackend::~CudaBackend() {
     if (greedy_copied_[i]) cudaEventDestroy(greedy_copied_[i]);
   }
   if (h_kept_) cudaFreeHost(h_kept_);
+  if (h_allowed_) cudaFreeHost(h_allowed_);
   if (stream_) cudaStreamDestroy(stream_);
 }
 
@@ -539,20 +540,30 @@ void CudaBackend::stage_chunk(const ForwardBatch& b, int t0, int t1, Staged* st,
 void CudaBackend::sample_on_device(const std::vector<RowSampling>& per, int n, bool logprobs) {
   GPTOSS_CUDA_CHECK(cudaMemcpyAsync(d_how_, per.data(), n * sizeof(RowSampling), cudaMemcpyHostToDevice, stream_));
   // Rows with logit changes: the whole list goes up (rows index it); the sampler saves each
-  // changed logit's raw value beside it, for the drawn token's logprob.
+  // changed logit's raw value beside it, for the drawn token's logprob. Masks likewise.
   const LogitAdd* dadds = nullptr;
   float* draw = nullptr;
-  if (adds_ && adds_n_ > 0) {
+  const uint64_t* dallowed = nullptr;
+  if (changes_.adds && adds_n_ > 0) {
     if (d_adds_.bytes() < adds_n_ * sizeof(LogitAdd)) {
       const size_t cap = std::max<size_t>(adds_n_, 2 * d_adds_.bytes() / sizeof(LogitAdd));
       d_adds_.alloc(cap * sizeof(LogitAdd));
       d_add_raw_.alloc(cap * sizeof(float));
     }
-    GPTOSS_CUDA_CHECK(cudaMemcpyAsync(d_adds_.get(), adds_, adds_n_ * sizeof(LogitAdd), cudaMemcpyHostToDevice, stream_));
+    GPTOSS_CUDA_CHECK(
+        cudaMemcpyAsync(d_adds_.get(), changes_.adds, adds_n_ * sizeof(LogitAdd), cudaMemcpyHostToDevice, stream_));
     dadds = d_adds_.get<LogitAdd>();
     draw = d_add_raw_.get<float>();
   }
-  sample_rows(d_logits_, n, cfg_.vocab, d_how_, d_greedy_, stream_, logprobs ? d_lp_ : nullptr, dadds, draw);
+  if (changes_.allowed && masks_n_ > 0) {  // staged in h_allowed_ by forward_sample
+    const size_t words = masks_n_ * allowed_words(cfg_.vocab);
+    if (d_allowed_.bytes() < words * sizeof(uint64_t)) d_allowed_.alloc(words * sizeof(uint64_t));
+    GPTOSS_CUDA_CHECK(
+        cudaMemcpyAsync(d_allowed_.get(), h_allowed_, words * sizeof(uint64_t), cudaMemcpyHostToDevice, stream_));
+    dallowed = d_allowed_.get<uint64_t>();
+  }
+  sample_rows(d_logits_, n, cfg_.vocab, d_how_, d_greedy_, stream_, logprobs ? d_lp_ : nullptr, dadds, draw,
+              dallowed);
 }
 
 void CudaBackend::run_batch(const ForwardBatch& b, float* logits, int32_t* greedy, const RowSampling* how,
@@ -877,26 +888,31 @@ void CudaBackend::finish_greedy(int32_t* tokens_out) {
 }
 
 void CudaBackend::forward_sample(const ForwardBatch& batch, const RowSampling* rows, int32_t* tokens_out,
-                                 float* logprobs_out, float* kept_logits, const LogitAdd* adds) {
+                                 float* logprobs_out, float* kept_logits, const LogitChanges& changes) {
   if (logprobs_out && !samples_logprobs())
     throw Error("cuda backend: a tensor-parallel rank gives no logprobs from forward_sample");
   kept_at_.assign(batch.logit_rows.size(), -1);
   int32_t kept = 0;
-  size_t n_adds = 0;
+  size_t n_adds = 0, n_masks = 0;
   for (size_t i = 0; i < batch.logit_rows.size(); ++i) {
     if (rows[i].keep_logits) kept_at_[i] = kept++;
-    if (rows[i].adds_count > 0 && !rows[i].keep_logits) {
-      if (!adds || tp_.active() || rows[i].adds_begin < 0)
+    if (rows[i].keep_logits) continue;
+    if (rows[i].adds_count > 0) {
+      if (!changes.adds || tp_.active() || rows[i].adds_begin < 0)
         throw Error("cuda backend: logit adds need their list (and one GPU)");
       n_adds = std::max(n_adds, size_t(rows[i].adds_begin) + size_t(rows[i].adds_count));
+    }
+    if (rows[i].allowed_row >= 0) {
+      if (!changes.allowed || tp_.active()) throw Error("cuda backend: a masked row needs its masks (and one GPU)");
+      n_masks = std::max(n_masks, size_t(rows[i].allowed_row) + 1);
     }
   }
   // Each row's entries must be in the vocabulary (the sampler writes their logits) and distinct
   // (one thread a token): the order logit_adds gives them.
   for (size_t i = 0; i < batch.logit_rows.size(); ++i)
     for (int32_t k = 0; k < rows[i].adds_count && !rows[i].keep_logits; ++k) {
-      const LogitAdd& a = adds[rows[i].adds_begin + k];
-      if (a.token < 0 || a.token >= cfg_.vocab || (k > 0 && adds[rows[i].adds_begin + k - 1].token >= a.token))
+      const LogitAdd& a = changes.adds[rows[i].adds_begin + k];
+      if (a.token < 0 || a.token >= cfg_.vocab || (k > 0 && changes.adds[rows[i].adds_begin + k - 1].token >= a.token))
         throw Error("cuda backend: a row's logit adds must be distinct vocabulary ids in increasing order");
     }
   if (kept > 0 && (!kept_logits || !keeps_logits()))
@@ -911,17 +927,31 @@ void CudaBackend::forward_sample(const ForwardBatch& batch, const RowSampling* r
     GPTOSS_CUDA_CHECK(cudaMallocHost(&h_kept_, h_kept_rows_ * V * sizeof(float)));
   }
   kept_logits_ = kept > 0 ? h_kept_ : nullptr;
-  adds_ = n_adds > 0 ? adds : nullptr;
+  // The masks to pinned memory now, before the pass is queued (every earlier copy from it has
+  // finished: each pass ends with the stream synchronized), so the sampler's upload is one
+  // asynchronous copy after the pass.
+  if (n_masks > 0) {
+    const size_t words = n_masks * allowed_words(cfg_.vocab);
+    if (words > h_allowed_words_) {
+      if (h_allowed_) GPTOSS_CUDA_CHECK(cudaFreeHost(h_allowed_));
+      h_allowed_ = nullptr;
+      h_allowed_words_ = std::max(words, 2 * h_allowed_words_);
+      GPTOSS_CUDA_CHECK(cudaMallocHost(&h_allowed_, h_allowed_words_ * sizeof(uint64_t)));
+    }
+    std::memcpy(h_allowed_, changes.allowed, words * sizeof(uint64_t));
+  }
+  changes_ = changes;
   adds_n_ = n_adds;
+  masks_n_ = n_masks;
   try {
     run_batch(batch, nullptr, tokens_out, rows, logprobs_out);
   } catch (...) {
     kept_logits_ = nullptr;
-    adds_ = nullptr;
+    changes_ = {};
     throw;
   }
   kept_logits_ = nullptr;
-  adds_ = nullptr;
+  changes_ = {};
   if (kept > 0) std::memcpy(kept_logits, h_kept_, size_t(kept) * V * sizeof(float));
 }
 

@@ -90,9 +90,9 @@ class CudaBackend final : public Backend {
   void finish_greedy(int32_t* tokens_out) override;
   void forward_sample(const ForwardBatch& batch, const RowSampling* rows, int32_t* tokens_out,
                       float* logprobs_out = nullptr, float* kept_logits = nullptr,
-                      const LogitAdd* adds = nullptr) override;
-  // One GPU: the sampler adds logit_bias and penalties itself (sample_rows' adds).
-  bool applies_logit_adds() const override { return !tp_.active() && !applies_no_adds_; }
+                      const LogitChanges& changes = {}) override;
+  // One GPU: the sampler masks and changes the rows itself (sample_rows' allowed and adds).
+  bool applies_logit_changes() const override { return !tp_.active() && !applies_no_changes_; }
   // One GPU: the sampler leaves each drawn token's logprob; tensor-parallel ranks hold a vocab slice.
   bool samples_logprobs() const override { return !tp_.active(); }
   bool keeps_logits() const override { return !tp_.active() && !keeps_no_logits_; }
@@ -332,12 +332,17 @@ class CudaBackend final : public Backend {
   float* h_kept_ = nullptr;
   size_t h_kept_rows_ = 0;
   bool keeps_no_logits_ = false;  // GPTOSS_SAMPLER_KEEPS_NO_LOGITS=1 (an A/B of mixed sampling)
-  bool applies_no_adds_ = false;  // GPTOSS_SAMPLER_NO_LOGIT_ADDS=1 (penalized rows kept for the host: an A/B)
-  // forward_sample's logit changes (host, null outside it; adds_n_ entries), and their device
-  // copy with the raw logits the sampler saves beside them (grown as needed, never in a graph).
-  const LogitAdd* adds_ = nullptr;
-  size_t adds_n_ = 0;
-  DeviceBuffer d_adds_, d_add_raw_;
+  // GPTOSS_SAMPLER_NO_LOGIT_CHANGES=1: rows with penalties, logit_bias or a structured-output
+  // mask kept for the host (an A/B).
+  bool applies_no_changes_ = false;
+  // forward_sample's logit changes (host, empty outside it; adds_n_ entries, masks_n_ masks), and
+  // their device copies: the adds with the raw logits the sampler saves beside them, the masks
+  // through pinned staging (h_allowed_, 25 KB a row at o200k). Grown as needed, never in a graph.
+  LogitChanges changes_;
+  size_t adds_n_ = 0, masks_n_ = 0;
+  DeviceBuffer d_adds_, d_add_raw_, d_allowed_;
+  uint64_t* h_allowed_ = nullptr;
+  size_t h_allowed_words_ = 0;
   std::vector<int32_t> kept_at_;  // the pass left its ids to the slot (run_batch_impl's graph branch)
 
   // Captured decode passes by padded size (and tapped layers: graphs that store device taps).

@@ -114,13 +114,14 @@ class TpBackend final : public Backend {
   // Nor keeps chosen rows' logits (the ranks draw every row together).
   bool keeps_logits() const override { return false; }
   // Nor applies logit changes (every rank would need them; the host draws those rows).
-  bool applies_logit_adds() const override { return false; }
+  bool applies_logit_changes() const override { return false; }
   void forward_sample(const ForwardBatch& batch, const RowSampling* rows, int32_t* tokens_out,
                       float* logprobs_out = nullptr, float* kept_logits = nullptr,
-                      const LogitAdd* adds = nullptr) override {
+                      const LogitChanges& changes = {}) override {
     if (logprobs_out) throw Error("tensor parallel: forward_sample gives no logprobs (samples_logprobs() is false)");
     if (kept_logits) throw Error("tensor parallel: forward_sample keeps no logits (keeps_logits() is false)");
-    if (adds) throw Error("tensor parallel: forward_sample applies no logit changes (applies_logit_adds() is false)");
+    if (changes.adds || changes.allowed)
+      throw Error("tensor parallel: forward_sample applies no logit changes (applies_logit_changes() is false)");
     validate_forward_batch(batch, config_, kv_config());
     run(TpRemoteRanks::Call::kForwardSample, nullptr, &batch, rows, [&](int r, Backend& b) {
       if (r == 0) return b.forward_sample(batch, rows, tokens_out);

@@ -66,7 +66,8 @@ __device__ double raw_logit(int32_t id, const LogitAdd* a, const float* raw, int
 __global__ void __launch_bounds__(kThreads) sample_kernel(float* __restrict__ logits, int V,
                                                           const RowSampling* __restrict__ how,
                                                           int32_t* __restrict__ out, float* __restrict__ lp_out,
-                                                          const LogitAdd* __restrict__ adds, float* __restrict__ add_raw) {
+                                                          const LogitAdd* __restrict__ adds, float* __restrict__ add_raw,
+                                                          const uint64_t* __restrict__ allowed) {
   __shared__ float red[32];
   __shared__ double redd[32];
   __shared__ double prefix[kThreads];
@@ -81,6 +82,15 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(float* __restrict__ lo
       if (lp_out) lp_out[blockIdx.x] = 0.0f;
     }
     return;
+  }
+
+  // A structured-output mask (s.allowed_row): the refused logits -inf, in place, as the host's
+  // mask_row does; the row so masked is the one the logprob is of.
+  if (s.allowed_row >= 0 && allowed) {
+    const uint64_t* w = allowed + size_t(s.allowed_row) * ((size_t(V) + 63) / 64);
+    for (int i = tid; i < V; i += kThreads)
+      if (!((w[i >> 6] >> (i & 63)) & 1)) p[i] = -INFINITY;
+    __syncthreads();
   }
 
   // logit_bias and penalties (s.adds_count entries): added in place before the rule, as the host's
@@ -233,10 +243,10 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(float* __restrict__ lo
 }  // namespace
 
 void sample_rows(float* logits, int n, int V, const RowSampling* how, int32_t* out, cudaStream_t s, float* lp_out,
-                 const LogitAdd* adds, float* add_raw) {
+                 const LogitAdd* adds, float* add_raw, const uint64_t* allowed) {
   if (n <= 0) return;
   if ((adds == nullptr) != (add_raw == nullptr)) throw Error("sample_rows: logit adds need add_raw beside them");
-  sample_kernel<<<n, kThreads, 0, s>>>(logits, V, how, out, lp_out, adds, add_raw);
+  sample_kernel<<<n, kThreads, 0, s>>>(logits, V, how, out, lp_out, adds, add_raw, allowed);
   GPTOSS_CUDA_LAUNCH_CHECK();
 }
 
