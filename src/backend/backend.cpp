@@ -108,8 +108,23 @@ double row_logsumexp(const float* logits, int vocab) {
 
 float clamp_logprob(double v) { return std::isnan(v) ? -9999.0f : float(std::max(v, -9999.0)); }
 
+void row_top_logprobs(const float* logits, int vocab, int n, double lse, int32_t* ids, float* logprobs) {
+  n = std::clamp(n, 0, vocab);
+  thread_local std::vector<int32_t> idx;
+  idx.resize(size_t(vocab));
+  for (int i = 0; i < vocab; ++i) idx[size_t(i)] = i;
+  auto val = [&](int i) { return std::isnan(logits[i]) ? -std::numeric_limits<float>::infinity() : logits[i]; };
+  std::partial_sort(idx.begin(), idx.begin() + n, idx.end(),
+                    [&](int a, int b) { return val(a) > val(b) || (val(a) == val(b) && a < b); });
+  for (int k = 0; k < n; ++k) {
+    ids[k] = idx[size_t(k)];
+    logprobs[k] = clamp_logprob(double(logits[idx[size_t(k)]]) - lse);
+  }
+}
+
 void Backend::forward_sample(const ForwardBatch& batch, const RowSampling* rows, int32_t* tokens_out,
-                             float* logprobs_out, float* kept_logits, const LogitChanges& changes) {
+                             float* logprobs_out, float* kept_logits, const LogitChanges& changes,
+                             TopLogprobs* top_out) {
   const int V = config().vocab;
   std::vector<float> logits(batch.logit_rows.size() * size_t(V)), scratch;
   forward(batch, logits.data());
@@ -127,7 +142,12 @@ void Backend::forward_sample(const ForwardBatch& batch, const RowSampling* rows,
       throw Error("forward_sample: a row with logit changes and no LogitChanges");
     if (rows[r].allowed_row >= 0) mask_row(row, V, changes.allowed + size_t(rows[r].allowed_row) * allowed_words(V));
     tokens_out[r] = sample_row_adjusted(row, V, rows[r], changes.adds ? changes.adds + rows[r].adds_begin : nullptr, scratch);
-    if (logprobs_out) logprobs_out[r] = clamp_logprob(double(row[tokens_out[r]]) - row_logsumexp(row, V));
+    if (logprobs_out) {
+      const double lse = row_logsumexp(row, V);
+      logprobs_out[r] = clamp_logprob(double(row[tokens_out[r]]) - lse);
+      if (top_out && rows[r].top_logprobs > 0)
+        row_top_logprobs(row, V, std::min(rows[r].top_logprobs, kMaxTopLogprobs), lse, top_out[r].ids, top_out[r].logprobs);
+    }
   }
 }
 

@@ -74,6 +74,14 @@ struct LogitChanges {
 };
 inline size_t allowed_words(int vocab) { return vocab > 0 ? (size_t(vocab) + 63) / 64 : 0; }
 
+// The most top logprobs a backend gives for a row it draws (RowSampling::top_logprobs; the
+// OpenAI API's limit), and one row's list: its best tokens, best first.
+constexpr int kMaxTopLogprobs = 20;
+struct TopLogprobs {
+  int32_t ids[kMaxTopLogprobs];
+  float logprobs[kMaxTopLogprobs];
+};
+
 // How to draw one token from a row of logits (forward_sample). The rule, on any backend:
 // temperature < 1e-5 -> argmax (ties to the lower id); else p_i = exp((l_i - max) / T), keep
 // p_i >= min_p (p_max is 1), then the k largest (top_k > 0), then the largest ones whose mass
@@ -95,6 +103,9 @@ struct RowSampling {
   int32_t adds_begin = 0;
   int32_t adds_count = 0;
   int32_t allowed_row = -1;
+  // With logprobs_out and top_out: the row's best top_logprobs (<= kMaxTopLogprobs) tokens and
+  // their logprobs (row_top_logprobs) to top_out.
+  int32_t top_logprobs = 0;
 };
 
 // The host implementation of that rule (the reference the CUDA sampler is tested against).
@@ -113,6 +124,9 @@ int32_t sample_row_adjusted(float* logits, int vocab, const RowSampling& s, cons
 double row_logsumexp(const float* logits, int vocab);
 // The logprob a response reports: logit - lse, clamped to -9999 (JSON has no -inf); NaN -> -9999.
 float clamp_logprob(double v);
+// The n (<= vocab) best ids of a row, best first, ties to the lower id, NaN as -inf, and their
+// logprobs clamp_logprob(logit - lse): a top list on every backend.
+void row_top_logprobs(const float* logits, int vocab, int n, double lse, int32_t* ids, float* logprobs);
 
 class Backend {
  public:
@@ -149,9 +163,13 @@ class Backend {
   // [kept rows, vocab]; those rows are not drawn (token -1). The host then samples them itself
   // (penalties, a structured-output mask) while the backend draws the rest.
   // changes (when applies_logit_changes()): the logit changes and masks rows[i] index.
+  // top_out (with logprobs_out, when samples_top_logprobs()): row i's top list when
+  // rows[i].top_logprobs > 0, of the row's logits as its logprob is (masked, before changes).
   virtual void forward_sample(const ForwardBatch& batch, const RowSampling* rows, int32_t* tokens_out,
                               float* logprobs_out = nullptr, float* kept_logits = nullptr,
-                              const LogitChanges& changes = {});
+                              const LogitChanges& changes = {}, TopLogprobs* top_out = nullptr);
+  // Whether forward_sample fills top_out (the default and one CUDA GPU do).
+  virtual bool samples_top_logprobs() const { return samples_logprobs(); }
   // Whether forward_sample applies LogitChanges (logit_bias, penalties, structured-output masks),
   // so such rows need not come to the host (the default and one CUDA GPU do; a tensor-parallel
   // group does not).

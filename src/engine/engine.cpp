@@ -569,12 +569,13 @@ std::unique_ptr<Engine::Launched> Engine::launch(Planned planned) {
       batch.tap_out = l->taps.data();
     }
   }
-  // When no row needs its logits on the host (top logprobs, prompt logprobs, penalties, logit_bias,
-  // an active structured-output constraint: its state already took every earlier token, since
-  // a pass launches after the previous one completed), the backend draws the tokens itself (on the device for CUDA: ids come back instead of
-  // [rows, vocab] logits, and the drawn tokens' logprobs where a row asks for them without a top
-  // list and the backend gives them), with this step's uniform from each request's generator, as
-  // sample_token would use it. Batch-invariant mode: a non-greedy row is always drawn on the host (the device sampler
+  // When no row needs its logits on the host (prompt logprobs; top logprobs, penalties, logit_bias
+  // or an active structured-output constraint on a backend that does not handle them), the
+  // backend draws the tokens itself (on the device for CUDA: ids come back instead of [rows,
+  // vocab] logits, with the drawn tokens' logprobs and top lists where a row asks for them), with
+  // this step's uniform from each request's generator, as sample_token would use it. An active
+  // constraint's state has taken every earlier token by then (a masked row's token is given to it
+  // at the join, take_tokens_early, or in complete() before the next plan). Batch-invariant mode: a non-greedy row is always drawn on the host (the device sampler
   // agrees with the host only up to float rounding), so which path draws a row's token never
   // depends on its companions; greedy rows are an exact argmax on either path.
   const int rows = int(l->row_seq.size());
@@ -587,13 +588,14 @@ std::unique_ptr<Engine::Launched> Engine::launch(Planned planned) {
   // A sequence's rows (1 + drafts, contiguous) go to the backend or the host together.
   auto backend_may_draw = [&](const Sequence* s, int n_rows) {
     const bool masked = s->sp.constraint && s->sp.constraint->active();
-    return (s->sp.logprobs < 0 || (s->sp.logprobs == 0 && backend_.samples_logprobs())) &&
+    return (s->sp.logprobs < 0 || (s->sp.logprobs == 0 && backend_.samples_logprobs()) ||
+            (s->sp.logprobs <= kMaxTopLogprobs && backend_.samples_top_logprobs())) &&
            (!cfg_.batch_invariant || s->sp.temperature < 1e-5f) &&
            ((!changes_logits(s->sp) && !masked) || backend_.applies_logit_changes()) &&
            !(masked && n_rows > 1);  // a masked row has no drafts after it (one mask a sequence)
   };
-  // Rows the backend may not draw (top logprobs; logit_bias, penalties and structured-output
-  // masks on a backend that does not apply them): all of them drawn on the host from [rows, vocab]
+  // Rows the backend may not draw (top logprobs past kMaxTopLogprobs, or on a backend that gives
+  // none; logit_bias, penalties and structured-output masks on a backend that does not apply them): all of them drawn on the host from [rows, vocab]
   // logits, or, when the backend keeps chosen rows' logits (Backend::keeps_logits), the backend
   // draws the others and only those rows' logits come to the host. A masked row the backend draws
   // takes its constraint's allowed tokens (allowed_row; a constraint that allows none is left to
@@ -632,7 +634,7 @@ std::unique_ptr<Engine::Launched> Engine::launch(Planned planned) {
     // drawn from a copy of the generator: complete() advances the request's own generator by
     // the tokens actually emitted (a rejected draft's later rows take no draw).
     l->how.resize(rows);
-    if (std::any_of(l->row_seq.begin(), l->row_seq.end(), [](const Sequence* s) { return s->sp.logprobs == 0; }))
+    if (std::any_of(l->row_seq.begin(), l->row_seq.end(), [](const Sequence* s) { return s->sp.logprobs >= 0; }))
       l->lps.assign(size_t(rows), 0.0f);
     for (int r = 0; r < rows;) {
       Sequence* s = l->row_seq[r];
@@ -642,6 +644,10 @@ std::unique_ptr<Engine::Launched> Engine::launch(Planned planned) {
         l->how[r] = row_sampling(s->sp, uniform01(peek));
         l->how[r].keep_logits = !l->kept.empty() && l->kept[size_t(r)] >= 0;
         l->how[r].allowed_row = allowed_row[size_t(r)];
+        if (!l->how[r].keep_logits && s->sp.logprobs > 0) {
+          l->how[r].top_logprobs = s->sp.logprobs;
+          l->tops.resize(size_t(rows));  // the backend's top lists (only when a row it draws asks)
+        }
         if (l->how[r].keep_logits || !changes_logits(s->sp)) continue;
         // The penalties of a draft's row see the drafts before it, as complete()'s host draw does
         // (counts are up to date here: take_tokens_early counts the tokens it appends).
@@ -674,7 +680,8 @@ void Engine::run_forward(Launched& l) {
       backend_.forward_sample(l.batch, l.how.data(), l.toks.data(), l.lps.empty() ? nullptr : l.lps.data(),
                               l.kept.empty() ? nullptr : logits_.data(),
                               LogitChanges{l.adds.empty() ? nullptr : l.adds.data(),
-                                           l.allowed.empty() ? nullptr : l.allowed.data()});
+                                           l.allowed.empty() ? nullptr : l.allowed.data()},
+                              l.tops.empty() ? nullptr : l.tops.data());
     else
       backend_.forward(l.batch, logits_.data());
   } catch (...) {
@@ -749,9 +756,11 @@ void Engine::complete(Launched& l) {
       }
       if (host && s.sp.logprobs >= 0) {
         lps[r] = compute_logprobs(row, vocab_, l.toks[r], s.sp.logprobs);
-      } else if (s.sp.logprobs >= 0) {  // logprobs == 0: the backend's, for the token it drew
+      } else if (s.sp.logprobs >= 0) {  // the backend's, for the token it drew (and its top list)
         lps[r].token = l.toks[r];
         lps[r].logprob = l.lps[size_t(r)];
+        for (int k = 0; k < s.sp.logprobs; ++k)
+          lps[r].top.emplace_back(l.tops[size_t(r)].ids[k], l.tops[size_t(r)].logprobs[k]);
       }
       // (A token taken early was checked then, and its constraint has taken it since.)
       if (s.sp.constraint && !masked && !l.tokens_taken && s.sp.constraint->rejects(l.toks[r])) {

@@ -249,9 +249,11 @@ class Engine {
     // backend kept for the host (logits_), -1 for a row it drew; empty when it drew every row.
     std::vector<int32_t> kept;
     std::vector<int32_t> toks;
-    // backend_samples with a row asking for its token's logprob (and no top list): the backend's
-    // logprob of each drawn token (Backend::forward_sample), else empty.
+    // backend_samples with a row asking for its token's logprob: the backend's logprob of each
+    // drawn token (Backend::forward_sample), else empty; with a row asking for a top list, each
+    // row's list (tops[r], its first top_logprobs entries).
     std::vector<float> lps;
+    std::vector<TopLogprobs> tops;
     struct PromptRow {  // a prompt-logprob row: logits at `pos` score prompt token pos + 1
       Sequence* s;
       int32_t pos, batch_index;

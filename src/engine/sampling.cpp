@@ -59,14 +59,12 @@ TokenLogprob compute_logprobs(const float* logits, int vocab, int32_t chosen, in
   TokenLogprob out;
   out.token = chosen;
   out.logprob = lp(chosen);
-  if (top_n > 0) {
+  if (top_n > 0) {  // the rule every backend's top list follows
     top_n = std::min(top_n, vocab);
-    std::vector<int32_t> idx(vocab);
-    for (int i = 0; i < vocab; ++i) idx[i] = i;
-    auto val = [&](int i) { return std::isnan(logits[i]) ? -std::numeric_limits<float>::infinity() : logits[i]; };
-    std::partial_sort(idx.begin(), idx.begin() + top_n, idx.end(),
-                      [&](int a, int b) { return val(a) > val(b) || (val(a) == val(b) && a < b); });
-    for (int k = 0; k < top_n; ++k) out.top.emplace_back(idx[k], lp(idx[k]));
+    std::vector<int32_t> ids(static_cast<size_t>(top_n));
+    std::vector<float> lps(static_cast<size_t>(top_n));
+    row_top_logprobs(logits, vocab, top_n, lse, ids.data(), lps.data());
+    for (int k = 0; k < top_n; ++k) out.top.emplace_back(ids[size_t(k)], lps[size_t(k)]);
   }
   return out;
 }

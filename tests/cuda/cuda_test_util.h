@@ -163,7 +163,7 @@ inline void expect_kept_rows(Backend& be, const ForwardBatch& b, const std::vect
 // against the host rule on forward()'s logits (`logits`, [rows, V] in logit-row order) with the
 // same mask and changes (mask_row, sample_row_adjusted): greedy exactly, sampled but for float
 // rounding at a boundary (at most one row); each drawn token's logprob against the masked row's
-// log-softmax before the changes.
+// log-softmax before the changes, and rows 0, 3, 6, ... also their top 5 (row_top_logprobs).
 inline void expect_adjusted_rows(Backend& be, const ForwardBatch& b, const std::vector<float>& logits, int V,
                                  float temperature) {
   const size_t n = b.logit_rows.size();
@@ -176,6 +176,7 @@ inline void expect_adjusted_rows(Backend& be, const ForwardBatch& b, const std::
     how[i].temperature = temperature;
     how[i].top_p = temperature > 0.0f ? 0.9f : 1.0f;
     how[i].u = float((i * 37 + 11) % 100) / 100.0f;
+    if (i % 3 == 0) how[i].top_logprobs = 5;
     if (i % 3 == 1) {
       how[i].allowed_row = int32_t(allowed.size() / words);
       allowed.resize(allowed.size() + words, 0);
@@ -194,7 +195,9 @@ inline void expect_adjusted_rows(Backend& be, const ForwardBatch& b, const std::
   }
   std::vector<int32_t> ids(n);
   std::vector<float> lps(n, 1.0f), scratch;
-  be.forward_sample(b, how.data(), ids.data(), lps.data(), nullptr, LogitChanges{adds.data(), allowed.data()});
+  std::vector<TopLogprobs> tops(n);
+  be.forward_sample(b, how.data(), ids.data(), lps.data(), nullptr, LogitChanges{adds.data(), allowed.data()},
+                    tops.data());
   int differ = 0;
   for (size_t i = 0; i < n; ++i) {
     row.assign(logits.begin() + i * size_t(V), logits.begin() + (i + 1) * size_t(V));
@@ -207,8 +210,18 @@ inline void expect_adjusted_rows(Backend& be, const ForwardBatch& b, const std::
     ASSERT_LT(ids[i], V) << "row " << i;
     if (temperature == 0.0f) EXPECT_EQ(ids[i], want) << "greedy row " << i << (how[i].adds_count ? " (adjusted)" : "");
     else differ += ids[i] != want;
-    const double want_lp = double(row[ids[i]]) - row_logsumexp(row.data(), V);  // masked, before the changes
+    const double lse = row_logsumexp(row.data(), V);
+    const double want_lp = double(row[ids[i]]) - lse;  // masked, before the changes
     EXPECT_NEAR(lps[i], want_lp, 1e-4 + 1e-5 * std::fabs(want_lp)) << "row " << i;
+    if (how[i].top_logprobs > 0) {
+      int32_t top_ids[kMaxTopLogprobs];
+      float top_lps[kMaxTopLogprobs];
+      row_top_logprobs(row.data(), V, how[i].top_logprobs, lse, top_ids, top_lps);
+      for (int j = 0; j < how[i].top_logprobs; ++j) {
+        EXPECT_EQ(tops[i].ids[j], top_ids[j]) << "row " << i << " top " << j;
+        EXPECT_NEAR(tops[i].logprobs[j], top_lps[j], 1e-4 + 1e-5 * std::fabs(top_lps[j])) << "row " << i;
+      }
+    }
   }
   EXPECT_LE(differ, 1) << "sampled rows differing from the host rule at T=" << temperature;
 }

@@ -118,7 +118,8 @@ TEST_F(Kernels, SampleRowsMatchHostRule) {
 // best pushed down, a NaN logit changed), every third row masked (half the ids allowed at
 // random, or only a handful), against the host's mask_row + sample_row_adjusted on the same
 // rows; the logprob the masked row's before its changes; add_raw those logits; rows without
-// changes as before.
+// changes as before. Most rows ask for a top list (1 to 20 tokens: the masked rows' lists run
+// into ties at -inf, which go to the lower ids), against row_top_logprobs: the same ids.
 TEST_F(Kernels, SampleRowsApplyLogitAdds) {
   FastRng r(fresh_seed());
   const int V = small_mode() ? 3000 : 201088;
@@ -148,6 +149,7 @@ TEST_F(Kernels, SampleRowsApplyLogitAdds) {
     how[i].top_p = i % 3 == 0 ? 0.9f : 1.0f;
     how[i].top_k = i % 5 == 1 ? 50 : 0;
     how[i].u = float((r.next() >> 11) * 0x1.0p-53);
+    how[i].top_logprobs = i % 7 == 3 ? 0 : i % 4 == 0 ? kMaxTopLogprobs : 1 + i % 9;
     const int count = i % 6 == 0 ? 0 : i % 6 == 1 ? 1 : i % 6 == 5 ? 3000 : 1 + i % 7;
     const float* row = l.data() + size_t(i) * V;
     const int32_t top = int32_t(std::max_element(row, row + V) - row);
@@ -167,8 +169,10 @@ TEST_F(Kernels, SampleRowsApplyLogitAdds) {
   Dev<uint64_t> dallowed(allowed);
   Dev<int32_t> out(n);
   Dev<float> lp(n);
-  cuda::sample_rows(dl.p(), n, V, dh.p(), out.p(), 0, lp.p(), da.p(), draw.p(), dallowed.p());
+  Dev<TopLogprobs> dtop(n);
+  cuda::sample_rows(dl.p(), n, V, dh.p(), out.p(), 0, lp.p(), da.p(), draw.p(), dallowed.p(), dtop.p());
   const auto got = out.download();
+  const auto tops = dtop.download();
   const auto got_lp = lp.download();
   const auto raw = draw.download();
   std::vector<float> scratch, row;
@@ -188,8 +192,19 @@ TEST_F(Kernels, SampleRowsApplyLogitAdds) {
       EXPECT_TRUE((allowed[size_t(how[i].allowed_row) * words + size_t(got[i]) / 64] >> (got[i] % 64)) & 1)
           << "row " << i << " drew a refused token";
     }
-    const double want_lp = double(row[got[i]]) - row_logsumexp(row.data(), V);
+    const double lse = row_logsumexp(row.data(), V);
+    const double want_lp = double(row[got[i]]) - lse;
     EXPECT_NEAR(got_lp[i], want_lp, 1e-4 + 1e-5 * std::fabs(want_lp)) << "row " << i;
+    if (how[i].top_logprobs > 0) {  // the masked row's list (sample_row_adjusted gave the row back)
+      const int k = how[i].top_logprobs;
+      int32_t ids[kMaxTopLogprobs];
+      float lps[kMaxTopLogprobs];
+      row_top_logprobs(row.data(), V, k, lse, ids, lps);
+      for (int j = 0; j < k; ++j) {
+        EXPECT_EQ(tops[size_t(i)].ids[j], ids[j]) << "row " << i << " top " << j;
+        EXPECT_NEAR(tops[size_t(i)].logprobs[j], lps[j], 1e-4 + 1e-5 * std::fabs(lps[j])) << "row " << i << " top " << j;
+      }
+    }
     if (how[i].temperature == 0.0f) EXPECT_EQ(got[i], want) << "greedy row " << i;
     else differ += got[i] != want;
   }

@@ -60,7 +60,7 @@ class TpRanks final : public Backend {
   bool keeps_logits() const override { return false; }
   bool applies_logit_changes() const override { return false; }
   void forward_sample(const ForwardBatch& b, const RowSampling* how, int32_t* ids, float* = nullptr,
-                      float* = nullptr, const LogitChanges& = {}) override {
+                      float* = nullptr, const LogitChanges& = {}, TopLogprobs* = nullptr) override {
     run<int32_t>(b.logit_rows.size(), ids, [&](int r, int32_t* out) { ranks_[r]->forward_sample(b, how, out); });
   }
   int rank_mismatches() const { return mismatches_; }

@@ -28,12 +28,14 @@ struct TimedBackend : testing::FakeBackend {
   using FakeBackend::FakeBackend;
   bool keeps_logits() const override { return true; }
   void forward_sample(const ForwardBatch& b, const RowSampling* how, int32_t* out, float* lp, float* kept,
-                      const LogitChanges& changes) override {
+                      const LogitChanges& changes, TopLogprobs* top) override {
     (void)changes;  // the ids are arbitrary either way
     size_t k = 0;
     for (size_t r = 0; r < b.logit_rows.size(); ++r) {
       out[r] = int32_t(5 + (r * 7919 + b.tokens.size()) % 90000);
       if (lp) lp[r] = -1.5f;
+      if (top)  // an arbitrary list of the size asked
+        for (int k = 0; k < how[r].top_logprobs; ++k) top[r].ids[k] = out[r] + k, top[r].logprobs[k] = -1.0f - float(k);
       if (how[r].keep_logits) {  // a kept row's logits (the copy a GPU backend makes): one id wins
         float* row = kept + k++ * size_t(config().vocab);
         std::fill(row, row + config().vocab, 0.0f);

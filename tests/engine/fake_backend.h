@@ -53,17 +53,22 @@ class FakeBackend : public Backend {
   bool applies_logit_changes() const override { return applies_adds; }
   int adjusted_rows = 0;  // rows forward_sample drew with logit changes
   int masked_rows = 0;    // rows forward_sample drew with an allowed-token mask
+  bool samples_top = true;  // false: as a backend that gives no top logprobs (those rows on the host)
+  bool samples_top_logprobs() const override { return samples_top && sampled_logprobs; }
+  int top_rows = 0;  // rows forward_sample drew with a top list
   void forward_sample(const ForwardBatch& b, const RowSampling* rows, int32_t* out, float* lp = nullptr,
-                      float* kept = nullptr, const LogitChanges& changes = {}) override {
+                      float* kept = nullptr, const LogitChanges& changes = {}, TopLogprobs* top = nullptr) override {
     ++sample_calls;
     for (size_t r = 0; r < b.logit_rows.size(); ++r) {
       kept_rows += rows[r].keep_logits != 0;
       adjusted_rows += rows[r].adds_count > 0;
       masked_rows += rows[r].allowed_row >= 0;
+      top_rows += rows[r].top_logprobs > 0;
     }
     if (!applies_adds && (changes.adds || changes.allowed))
       throw std::logic_error("logit changes handed to a backend that does not apply them");
-    Backend::forward_sample(b, rows, out, lp, kept, changes);
+    if (!samples_top && top) throw std::logic_error("top_out handed to a backend that gives no top lists");
+    Backend::forward_sample(b, rows, out, lp, kept, changes, top);
   }
   void forward(const ForwardBatch& b, float* logits) override {
     ++forward_calls;

@@ -413,13 +413,22 @@ TEST(Engine, BackendSamplesUnlessLogitsAreNeeded) {
       run_idle(e);
       return collect(*s);
     };
-    FakeBackend a, b, c, d;
+    FakeBackend a, b, c, d, f;
     d.sampled_logprobs = false;  // as a tensor-parallel group
-    const Result ra = run(a, plain), rb = run(b, with_lp), rc = run(c, with_top), rd = run(d, with_lp);
+    f.samples_top = false;       // a backend that gives no top lists
+    const Result ra = run(a, plain), rb = run(b, with_lp), rc = run(c, with_top), rd = run(d, with_lp),
+                 rf = run(f, with_top);
     EXPECT_EQ(a.sample_calls, 6) << temperature;
     EXPECT_EQ(b.sample_calls, 6) << temperature;
-    EXPECT_EQ(c.sample_calls, 0) << temperature;
+    EXPECT_EQ(c.sample_calls, 6) << temperature;  // the top list from the backend
     EXPECT_EQ(d.sample_calls, 0) << temperature;
+    EXPECT_EQ(f.sample_calls, 0) << temperature;  // on the host
+    EXPECT_EQ(rc.tokens, rf.tokens) << temperature;
+    ASSERT_EQ(rf.logprobs.size(), 6u);
+    for (size_t i = 0; i < 6; ++i) {
+      EXPECT_EQ(rc.logprobs[i].logprob, rf.logprobs[i].logprob) << i;
+      EXPECT_EQ(rc.logprobs[i].top, rf.logprobs[i].top) << i;
+    }
     EXPECT_EQ(ra.tokens, rb.tokens) << temperature;
     EXPECT_EQ(ra.tokens, rc.tokens) << temperature;
     EXPECT_EQ(ra.tokens, rd.tokens) << temperature;
@@ -438,29 +447,34 @@ TEST(Engine, BackendSamplesUnlessLogitsAreNeeded) {
 }
 
 // A batch mixing rows the backend may draw with rows that need their logits on the host (top
-// logprobs; penalties and logit_bias on a backend that does not apply them): the backend draws
-// the former and keeps only the latter's logits for the host (Backend::keeps_logits), or, on a
-// backend that keeps none, every row is drawn on the host. A backend that applies logit changes
-// (Backend::applies_logit_changes) draws the penalized and biased rows itself. Each request's
-// tokens and logprobs equal those it gets alone, every way.
+// logprobs past kMaxTopLogprobs; top logprobs, penalties and logit_bias on a backend that gives
+// no top lists and applies no logit changes): the backend draws the former and keeps only the
+// latter's logits for the host (Backend::keeps_logits), or, on a backend that keeps none, every
+// row is drawn on the host. A backend that applies logit changes and gives top lists
+// (Backend::applies_logit_changes, samples_top_logprobs) draws the penalized, biased and top-list
+// rows itself. Each request's tokens and logprobs equal those it gets alone, every way.
 TEST(Engine, MixedBatchKeepsOnlyTheHostRowsLogits) {
   for (bool keeps : {true, false})
     for (bool adds : {true, false})
       for (int async = 0; async < 2; ++async) {
-        std::vector<SamplingParams> sps(4);
+        std::vector<SamplingParams> sps(5);
         for (size_t i = 0; i < sps.size(); ++i) {
           sps[i].temperature = i % 2 ? 0.8f : 0.0f;
           sps[i].seed = 21 + i;
           sps[i].max_tokens = 12;
+          sps[i].ignore_eos = true;  // every request's 12 rows
         }
         sps[1].presence_penalty = 0.7f;
         sps[2].logprobs = 2;
         sps[3].logit_bias = {{5, 3.0f}};
+        sps[4].logprobs = kMaxTopLogprobs + 5;  // on the host whatever the backend gives
         FakeBackend be;
         be.keeps_rows = keeps;
         be.applies_adds = adds;
+        be.samples_top = adds;
         EngineConfig cfg = small_cfg();
         cfg.async_scheduling = async;
+        cfg.max_num_seqs = 5;  // all at once
         Engine e(be, cfg);
         std::vector<std::shared_ptr<RequestStream>> streams;
         for (size_t i = 0; i < sps.size(); ++i) streams.push_back(e.submit(prompt_of(6 + int(i), 5 + int(i)), sps[i]));
@@ -473,10 +487,13 @@ TEST(Engine, MixedBatchKeepsOnlyTheHostRowsLogits) {
           Result alone = run_alone(prompt_of(6 + int(i), 5 + int(i)), sps[i]);
           EXPECT_EQ(r.tokens, alone.tokens) << "request " << i << how;
           ASSERT_EQ(r.logprobs.size(), alone.logprobs.size());
-          for (size_t j = 0; j < r.logprobs.size(); ++j) EXPECT_EQ(r.logprobs[j].top, alone.logprobs[j].top) << i;
+          for (size_t j = 0; j < r.logprobs.size(); ++j) {
+            EXPECT_EQ(r.logprobs[j].logprob, alone.logprobs[j].logprob) << i;
+            EXPECT_EQ(r.logprobs[j].top, alone.logprobs[j].top) << i;
+          }
         }
         e.stop();
-        const int host_requests = adds ? 1 : 3;  // top logprobs always; penalty and bias without adds
+        const int host_requests = adds ? 1 : 4;  // 25 top logprobs always; the others on a backend without
         if (keeps) {
           EXPECT_GT(be.sample_calls, 0) << how;
           // The host requests' rows, in the steps that also hold a request the backend draws (a
@@ -486,11 +503,13 @@ TEST(Engine, MixedBatchKeepsOnlyTheHostRowsLogits) {
         } else {
           EXPECT_EQ(be.kept_rows, 0) << how;
         }
-        // With adds, the penalized and biased requests' rows are the backend's wherever it draws.
+        // With adds, the penalized, biased and top-list requests' rows are the backend's wherever it draws.
         if (adds && keeps) {
           EXPECT_GE(be.adjusted_rows, 11) << how;
+          EXPECT_GE(be.top_rows, 11) << how;
         } else if (!adds) {
           EXPECT_EQ(be.adjusted_rows, 0) << how;
+          EXPECT_EQ(be.top_rows, 0) << how;
         }
       }
 }

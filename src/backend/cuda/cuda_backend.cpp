@@ -562,8 +562,13 @@ void CudaBackend::sample_on_device(const std::vector<RowSampling>& per, int n, b
         cudaMemcpyAsync(d_allowed_.get(), h_allowed_, words * sizeof(uint64_t), cudaMemcpyHostToDevice, stream_));
     dallowed = d_allowed_.get<uint64_t>();
   }
+  TopLogprobs* dtop = nullptr;
+  if (top_out_ && logprobs) {
+    if (d_top_.bytes() == 0) d_top_.alloc(size_t(kMaxLogitRows) * sizeof(TopLogprobs));
+    dtop = d_top_.get<TopLogprobs>();
+  }
   sample_rows(d_logits_, n, cfg_.vocab, d_how_, d_greedy_, stream_, logprobs ? d_lp_ : nullptr, dadds, draw,
-              dallowed);
+              dallowed, dtop);
 }
 
 void CudaBackend::run_batch(const ForwardBatch& b, float* logits, int32_t* greedy, const RowSampling* how,
@@ -687,7 +692,10 @@ void CudaBackend::run_batch_impl(const ForwardBatch& b, float* logits, int32_t* 
       std::vector<float> lps(logprobs ? B : 0);
       GPTOSS_CUDA_CHECK(cudaMemcpyAsync(ids.data(), d_greedy_, B * 4, cudaMemcpyDeviceToHost, stream_));
       if (logprobs) GPTOSS_CUDA_CHECK(cudaMemcpyAsync(lps.data(), d_lp_, B * 4, cudaMemcpyDeviceToHost, stream_));
-      for (size_t i = 0; i < b.logit_rows.size(); ++i) copy_kept_row(i, row_of[b.logit_rows[i]]);
+      for (size_t i = 0; i < b.logit_rows.size(); ++i) {
+        copy_kept_row(i, row_of[b.logit_rows[i]]);
+        copy_top_row(i, row_of[b.logit_rows[i]], how[i]);
+      }
       GPTOSS_CUDA_CHECK(cudaStreamSynchronize(stream_));
       for (size_t i = 0; i < b.logit_rows.size(); ++i) {
         greedy[i] = ids[row_of[b.logit_rows[i]]];
@@ -789,7 +797,10 @@ void CudaBackend::run_batch_impl(const ForwardBatch& b, float* logits, int32_t* 
           std::vector<RowSampling> per(cnt);
           for (int i = 0; i < cnt; ++i) per[i] = how[outs[done + i]];
           sample_on_device(per, cnt, logprobs != nullptr);
-          for (int i = 0; i < cnt; ++i) copy_kept_row(size_t(outs[done + i]), i);
+          for (int i = 0; i < cnt; ++i) {
+            copy_kept_row(size_t(outs[done + i]), i);
+            copy_top_row(size_t(outs[done + i]), i, how[outs[done + i]]);
+          }
         } else if (!tp_.active()) {
           argmax_rows(d_logits_, cnt, V, d_greedy_, stream_);
         }
@@ -888,7 +899,8 @@ void CudaBackend::finish_greedy(int32_t* tokens_out) {
 }
 
 void CudaBackend::forward_sample(const ForwardBatch& batch, const RowSampling* rows, int32_t* tokens_out,
-                                 float* logprobs_out, float* kept_logits, const LogitChanges& changes) {
+                                 float* logprobs_out, float* kept_logits, const LogitChanges& changes,
+                                 TopLogprobs* top_out) {
   if (logprobs_out && !samples_logprobs())
     throw Error("cuda backend: a tensor-parallel rank gives no logprobs from forward_sample");
   kept_at_.assign(batch.logit_rows.size(), -1);
@@ -943,16 +955,25 @@ void CudaBackend::forward_sample(const ForwardBatch& batch, const RowSampling* r
   changes_ = changes;
   adds_n_ = n_adds;
   masks_n_ = n_masks;
+  top_out_ = logprobs_out ? top_out : nullptr;
   try {
     run_batch(batch, nullptr, tokens_out, rows, logprobs_out);
   } catch (...) {
     kept_logits_ = nullptr;
     changes_ = {};
+    top_out_ = nullptr;
     throw;
   }
   kept_logits_ = nullptr;
   changes_ = {};
+  top_out_ = nullptr;
   if (kept > 0) std::memcpy(kept_logits, h_kept_, size_t(kept) * V * sizeof(float));
+}
+
+void CudaBackend::copy_top_row(size_t logit_row, int device_row, const RowSampling& how) {
+  if (!top_out_ || how.top_logprobs <= 0 || how.keep_logits || d_top_.bytes() == 0) return;
+  GPTOSS_CUDA_CHECK(cudaMemcpyAsync(top_out_ + logit_row, d_top_.get<TopLogprobs>() + device_row, sizeof(TopLogprobs),
+                                    cudaMemcpyDeviceToHost, stream_));
 }
 
 void CudaBackend::copy_kept_row(size_t logit_row, int device_row) {

@@ -90,7 +90,7 @@ class CudaBackend final : public Backend {
   void finish_greedy(int32_t* tokens_out) override;
   void forward_sample(const ForwardBatch& batch, const RowSampling* rows, int32_t* tokens_out,
                       float* logprobs_out = nullptr, float* kept_logits = nullptr,
-                      const LogitChanges& changes = {}) override;
+                      const LogitChanges& changes = {}, TopLogprobs* top_out = nullptr) override;
   // One GPU: the sampler masks and changes the rows itself (sample_rows' allowed and adds).
   bool applies_logit_changes() const override { return !tp_.active() && !applies_no_changes_; }
   // One GPU: the sampler leaves each drawn token's logprob; tensor-parallel ranks hold a vocab slice.
@@ -197,6 +197,9 @@ class CudaBackend final : public Backend {
   // Draws rows [0, n) of d_logits_ by per[i] on the device; ids land in d_greedy_ (and with
   // logprobs, the drawn tokens' logprobs in d_lp_).
   void sample_on_device(const std::vector<RowSampling>& per, int n, bool logprobs);
+  // After sample_on_device: row `device_row`'s top list to logit row `logit_row`'s place in
+  // top_out_ when it asked for one (queued; the caller synchronizes).
+  void copy_top_row(size_t logit_row, int device_row, const RowSampling& how);
 
   // The model as the engine sees it (config()), and the shape this rank computes with: the same
   // unless tensor-parallel, when cfg_ holds the rank's heads and intermediate slice.
@@ -339,6 +342,8 @@ class CudaBackend final : public Backend {
   // their device copies: the adds with the raw logits the sampler saves beside them, the masks
   // through pinned staging (h_allowed_, 25 KB a row at o200k). Grown as needed, never in a graph.
   LogitChanges changes_;
+  TopLogprobs* top_out_ = nullptr;  // forward_sample's top lists (host; null outside it)
+  DeviceBuffer d_top_;              // [kMaxLogitRows] the sampler's top lists
   size_t adds_n_ = 0, masks_n_ = 0;
   DeviceBuffer d_adds_, d_add_raw_, d_allowed_;
   uint64_t* h_allowed_ = nullptr;

@@ -12,6 +12,7 @@
 namespace gptoss {
 struct RowSampling;  // backend/backend.h
 struct LogitAdd;
+struct TopLogprobs;
 }
 
 namespace gptoss::cuda {
@@ -533,6 +534,8 @@ void argmax_merge_parts(const RowMax* parts, int world, int n, int32_t* ids, cud
 // memory). Overwrites the rows with their unnormalized probabilities; a keep_logits row is not
 // drawn (out -1) and keeps its logits. lp_out (optional, [n]):
 // each drawn token's logprob under the row's logits (Backend::forward_sample's logprobs_out).
+// top_out (device, [n], with lp_out): a row with how[i].top_logprobs = k > 0 gets its k best
+// tokens there (row_top_logprobs' rule, the masked row before its changes).
 // allowed (device, [masks][(V + 63) / 64] words): a row with how[i].allowed_row >= 0 first has
 // the logits its mask refuses set to -inf (the logprob is then the masked row's). adds (device,
 // with add_raw beside it, as long): the logit changes how[i].adds_begin / adds_count index
@@ -540,7 +543,7 @@ void argmax_merge_parts(const RowMax* parts, int world, int n, int32_t* ids, cud
 // add_raw[k] receives entry k's logit before its change (the logprob is the row's before them).
 void sample_rows(float* logits, int n, int V, const RowSampling* how, int32_t* out, cudaStream_t s,
                  float* lp_out = nullptr, const LogitAdd* adds = nullptr, float* add_raw = nullptr,
-                 const uint64_t* allowed = nullptr);
+                 const uint64_t* allowed = nullptr, TopLogprobs* top_out = nullptr);
 
 // Deterministic random fill from (seed, stream id): bf16 ~ uniform with the given std and mean;
 // bytes uniform in [lo, hi].

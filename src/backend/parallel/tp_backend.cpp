@@ -117,8 +117,8 @@ class TpBackend final : public Backend {
   bool applies_logit_changes() const override { return false; }
   void forward_sample(const ForwardBatch& batch, const RowSampling* rows, int32_t* tokens_out,
                       float* logprobs_out = nullptr, float* kept_logits = nullptr,
-                      const LogitChanges& changes = {}) override {
-    if (logprobs_out) throw Error("tensor parallel: forward_sample gives no logprobs (samples_logprobs() is false)");
+                      const LogitChanges& changes = {}, TopLogprobs* top_out = nullptr) override {
+    if (logprobs_out || top_out) throw Error("tensor parallel: forward_sample gives no logprobs (samples_logprobs() is false)");
     if (kept_logits) throw Error("tensor parallel: forward_sample keeps no logits (keeps_logits() is false)");
     if (changes.adds || changes.allowed)
       throw Error("tensor parallel: forward_sample applies no logit changes (applies_logit_changes() is false)");

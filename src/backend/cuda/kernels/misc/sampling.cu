@@ -63,12 +63,90 @@ __device__ double raw_logit(int32_t id, const LogitAdd* a, const float* raw, int
   return lo < n && a[lo].token == id ? double(raw[lo]) : unchanged;
 }
 
+// Float order as unsigned order (NaN as -inf, the host's order for top lists).
+__device__ __forceinline__ uint32_t order_key(float v) {
+  if (isnan(v)) v = -INFINITY;
+  const uint32_t b = __float_as_uint(v);
+  return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+}
+
+// The n (1..kMaxTopLogprobs, <= V) best ids of row p, ties to the lower id, with their logprobs
+// logit - lse (the host's row_top_logprobs): the n-th best key by a radix select (four passes of
+// 8-bit digits, a 256-bin histogram each), then the keys above it (fewer than n) and the lowest
+// ids of its ties, in id order through each thread's contiguous range. Every thread calls it.
+__device__ void top_logprobs_of_row(const float* p, int V, int n, double lse, TopLogprobs* out, int* hist,
+                                    int* counts, int* cand, int* n_cand, int* sel) {
+  const int tid = threadIdx.x;
+  uint32_t prefix = 0, mask = 0;
+  int want = n;  // of the best n, those with the prefix so far still to place
+  for (int shift = 24; shift >= 0; shift -= 8) {
+    for (int i = tid; i < 256; i += kThreads) hist[i] = 0;
+    __syncthreads();
+    for (int i = tid; i < V; i += kThreads) {
+      const uint32_t k = order_key(p[i]);
+      if ((k & mask) == prefix) atomicAdd(&hist[(k >> shift) & 255], 1);
+    }
+    __syncthreads();
+    if (tid == 0) {
+      int above = 0, d = 255;
+      for (; d > 0 && above + hist[d] < want; --d) above += hist[d];
+      sel[0] = d;
+      sel[1] = want - above;
+    }
+    __syncthreads();
+    prefix |= uint32_t(sel[0]) << shift;
+    mask |= 255u << shift;
+    want = sel[1];
+    __syncthreads();  // sel is read by every thread before thread 0 writes it again
+  }
+  // prefix is the n-th best key: n - want keys above it, and `want` of its ties to take.
+  if (tid == 0) *n_cand = 0;
+  __syncthreads();
+  for (int i = tid; i < V; i += kThreads)
+    if (order_key(p[i]) > prefix) cand[atomicAdd(n_cand, 1)] = i;
+  const int chunk = (V + kThreads - 1) / kThreads;
+  const int lo = min(V, tid * chunk), hi = min(V, lo + chunk);
+  int ties = 0;
+  for (int i = lo; i < hi; ++i) ties += order_key(p[i]) == prefix;
+  counts[tid] = ties;
+  __syncthreads();
+  if (tid == 0) {
+    int acc = 0;
+    for (int t = 0; t < kThreads; ++t) {
+      const int c = counts[t];
+      counts[t] = acc;
+      acc += c;
+    }
+  }
+  __syncthreads();
+  for (int i = lo, at = counts[tid]; i < hi && at < want; ++i)
+    if (order_key(p[i]) == prefix) cand[n - want + at++] = i;
+  __syncthreads();
+  if (tid == 0) {
+    for (int i = 1; i < n; ++i) {  // best first, ties to the lower id
+      const int c = cand[i];
+      const uint32_t kc = order_key(p[c]);
+      int j = i - 1;
+      for (; j >= 0 && (order_key(p[cand[j]]) < kc || (order_key(p[cand[j]]) == kc && cand[j] > c)); --j)
+        cand[j + 1] = cand[j];
+      cand[j + 1] = c;
+    }
+    for (int k = 0; k < n; ++k) {
+      out->ids[k] = cand[k];
+      out->logprobs[k] = clamp_lp(double(p[cand[k]]) - lse);
+    }
+  }
+  __syncthreads();
+}
+
 __global__ void __launch_bounds__(kThreads) sample_kernel(float* __restrict__ logits, int V,
                                                           const RowSampling* __restrict__ how,
                                                           int32_t* __restrict__ out, float* __restrict__ lp_out,
                                                           const LogitAdd* __restrict__ adds, float* __restrict__ add_raw,
-                                                          const uint64_t* __restrict__ allowed) {
+                                                          const uint64_t* __restrict__ allowed,
+                                                          TopLogprobs* __restrict__ top_out) {
   __shared__ float red[32];
+  __shared__ int top_hist[256], top_counts[kThreads], top_cand[kMaxTopLogprobs], top_misc[3];
   __shared__ double redd[32];
   __shared__ double prefix[kThreads];
   __shared__ double total;
@@ -94,25 +172,32 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(float* __restrict__ lo
   }
 
   // logit_bias and penalties (s.adds_count entries): added in place before the rule, as the host's
-  // sample_row_adjusted does. The logprob is the raw row's: its max (mx0) and sum (se0) come first,
-  // and each changed logit's raw value is saved (add_raw) for the drawn token's.
+  // sample_row_adjusted does. The logprobs are the row's before them: its max (mx0) and sum (se0)
+  // come first (raw_lse; also for a top list, which is found then), and each changed logit's
+  // value is saved (add_raw) for the drawn token's.
   const bool adjusted = s.adds_count > 0 && adds;
   const LogitAdd* a = adjusted ? adds + s.adds_begin : nullptr;
   float* raw = adjusted ? add_raw + s.adds_begin : nullptr;
+  const int top_n = lp_out && top_out ? min(min(s.top_logprobs, kMaxTopLogprobs), V) : 0;
+  const bool raw_lse = lp_out && (adjusted || top_n > 0);
+  const int n_adds = adjusted ? s.adds_count : 0;
   float mx0 = 0.0f;
   double se0 = 0.0;
-  if (adjusted) {
-    if (lp_out) {
-      float m = -INFINITY;
-      for (int i = tid; i < V; i += kThreads) m = fmaxf(m, p[i]);  // fmaxf leaves NaNs out
-      mx0 = block_max(m, red);
-      double e = 0;
-      for (int i = tid; i < V; i += kThreads) {
-        const float v = p[i];
-        if (!isnan(v)) e += exp(double(v) - double(mx0));
-      }
-      se0 = block_sum_d(e, redd);  // its barriers also end every read of the raw row
+  if (raw_lse) {
+    float m = -INFINITY;
+    for (int i = tid; i < V; i += kThreads) m = fmaxf(m, p[i]);  // fmaxf leaves NaNs out
+    mx0 = block_max(m, red);
+    double e = 0;
+    for (int i = tid; i < V; i += kThreads) {
+      const float v = p[i];
+      if (!isnan(v)) e += exp(double(v) - double(mx0));
     }
+    se0 = block_sum_d(e, redd);  // its barriers also end every read of the row
+    if (top_n > 0)
+      top_logprobs_of_row(p, V, top_n, double(mx0) + log(se0), top_out + blockIdx.x, top_hist, top_counts, top_cand,
+                          &top_misc[0], &top_misc[1]);
+  }
+  if (adjusted) {
     for (int k = tid; k < s.adds_count; k += kThreads) {
       const int32_t t = a[k].token;
       const float v = p[t];
@@ -136,8 +221,8 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(float* __restrict__ lo
     float fbi = float(bi);  // ids < 2^24 are exact in float
     float lowest = -block_max(-fbi, red);
     const int32_t id = lowest >= float(V) ? 0 : int32_t(lowest);
-    if (lp_out && adjusted) {
-      if (tid == 0) lp_out[blockIdx.x] = clamp_lp(raw_logit(id, a, raw, s.adds_count, double(p[id])) - (double(mx0) + log(se0)));
+    if (raw_lse) {
+      if (tid == 0) lp_out[blockIdx.x] = clamp_lp(raw_logit(id, a, raw, n_adds, double(p[id])) - (double(mx0) + log(se0)));
     } else if (lp_out) {
       double se = 0;
       for (int i = tid; i < V; i += kThreads) {
@@ -154,10 +239,10 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(float* __restrict__ lo
   double se = 0;  // lp_out: sum exp(logit - max) at temperature 1
   for (int i = tid; i < V; i += kThreads) {
     float v = p[i];
-    if (lp_out && !adjusted && !isnan(v)) se += exp(double(v) - double(mx));
+    if (lp_out && !raw_lse && !isnan(v)) se += exp(double(v) - double(mx));
     p[i] = isnan(v) ? 0.0f : expf((v - mx) * inv_t);  // accurate exp: the host rule uses std::exp
   }
-  if (lp_out && !adjusted) se = block_sum_d(se, redd);
+  if (lp_out && !raw_lse) se = block_sum_d(se, redd);
   __syncthreads();
 
   auto count = [&](float t) {
@@ -229,11 +314,10 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(float* __restrict__ lo
   __syncthreads();
   if (tid == 0) {
     out[blockIdx.x] = chosen;
-    if (lp_out && adjusted) {
+    if (raw_lse) {
       // An unchanged token's logit is max + T log p (float rounding of exp and log, as below).
       const double logit = double(logf(p[chosen])) * double(s.temperature) + double(mx);
-      lp_out[blockIdx.x] =
-          clamp_lp(raw_logit(chosen, a, raw, s.adds_count, logit) - (double(mx0) + log(se0)));
+      lp_out[blockIdx.x] = clamp_lp(raw_logit(chosen, a, raw, n_adds, logit) - (double(mx0) + log(se0)));
     } else if (lp_out) {
       lp_out[blockIdx.x] = clamp_lp(double(logf(p[chosen])) * double(s.temperature) - log(se));
     }
@@ -243,10 +327,11 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(float* __restrict__ lo
 }  // namespace
 
 void sample_rows(float* logits, int n, int V, const RowSampling* how, int32_t* out, cudaStream_t s, float* lp_out,
-                 const LogitAdd* adds, float* add_raw, const uint64_t* allowed) {
+                 const LogitAdd* adds, float* add_raw, const uint64_t* allowed, TopLogprobs* top_out) {
   if (n <= 0) return;
   if ((adds == nullptr) != (add_raw == nullptr)) throw Error("sample_rows: logit adds need add_raw beside them");
-  sample_kernel<<<n, kThreads, 0, s>>>(logits, V, how, out, lp_out, adds, add_raw, allowed);
+  if (top_out && !lp_out) throw Error("sample_rows: top logprobs come with lp_out");
+  sample_kernel<<<n, kThreads, 0, s>>>(logits, V, how, out, lp_out, adds, add_raw, allowed, top_out);
   GPTOSS_CUDA_LAUNCH_CHECK();
 }
 
