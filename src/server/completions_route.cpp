@@ -1,6 +1,7 @@
 // /v1/completions: a text or token prompt continued, with echo and the legacy logprobs object,
 // answered whole or streamed.
 #include "server/route_handlers.h"
+#include "server/structured_output.h"
 
 #include <chrono>
 #include <string>
@@ -98,6 +99,7 @@ void Server::Handlers::completions(const http::Request& req, http::Response& res
     }
   }
   finalize(r, prompt.size(), "prompt");
+  r.sampling.constraint = s.structured_->for_completion(r);
   // echo with logprobs lists the prompt's tokens too: the engine computes their logprobs.
   if (r.echo && r.logprobs) r.sampling.prompt_logprobs = r.top_logprobs;
   auto rs = submit(prompt, r.sampling);

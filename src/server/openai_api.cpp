@@ -249,6 +249,8 @@ const RequestField kCommonFields[] = {
     {"stream", FieldUse::kHonoured},
     {"stream_options", FieldUse::kHonoured},
     {"logit_bias", FieldUse::kHonoured},
+    // text, json_object, json_schema (structured output; a completion's whole text, as vLLM's)
+    {"response_format", FieldUse::kHonoured},
     {"skip_special_tokens", FieldUse::kHonoured},         // vLLM's; true only (special tokens never show)
     {"include_stop_str_in_output", FieldUse::kHonoured},  // vLLM's; false only
     {"user", FieldUse::kHarmless, "an end-user id for the provider's abuse monitoring; nothing is kept"},
@@ -266,7 +268,6 @@ const RequestField kChatOnlyFields[] = {
     {"parallel_tool_calls", FieldUse::kHonoured},
     {"reasoning_effort", FieldUse::kHonoured},
     {"reasoning", FieldUse::kHonoured},
-    {"response_format", FieldUse::kHonoured},  // text, json_object, json_schema (structured output)
     {"store", FieldUse::kHonoured},            // false only: this server stores nothing
     {"metadata", FieldUse::kHarmless, "tags for stored completions; this server stores nothing (store is false)"},
     {"safety_identifier", FieldUse::kHarmless, "an end-user id for the provider's abuse monitoring; nothing is kept"},
@@ -379,6 +380,8 @@ void parse_reasoning(const ojson& j, ChatRequest& r) {
   }
 }
 
+ResponseFormat parse_response_format(const ojson& rf);
+
 void parse_common(const ojson& j, CommonRequest& r) {
   const ojson* model = get(j, "model");
   if (model && !model->is_string()) wrong_type("model", "a string", *model);
@@ -446,6 +449,7 @@ void parse_common(const ojson& j, CommonRequest& r) {
   if (auto b = get_bool(j, "include_stop_str_in_output"); b && *b)
     bad_request("'include_stop_str_in_output': true is not supported.", "include_stop_str_in_output",
                 "unsupported_value");
+  if (const ojson* rf = get(j, "response_format")) r.response_format = parse_response_format(*rf);
 }
 
 ResponseFormat parse_response_format(const ojson& rf) {
@@ -609,7 +613,6 @@ ChatRequest parse_chat_body(const ojson& j) {
     r.tool_choice = resolve_tool_choice(*tc, name, r.tools);
   }
   parse_reasoning(j, r);
-  if (const ojson* rf = get(j, "response_format")) r.response_format = parse_response_format(*rf);
   (void)get_bool(j, "parallel_tool_calls");  // type-checked; see kChatFields
   if (auto st = get_bool(j, "store"); st && *st)
     bad_request("'store' is not supported: this server keeps no completions.", "store", "unsupported_value");

@@ -68,8 +68,8 @@ struct FunctionTool {
   bool strict = false;              // function.strict: unsupported schema keywords are refused
 };
 
-// response_format of a chat request: "text", "json_object" or "json_schema" (name, schema,
-// strict, description).
+// response_format of a chat or text completion request: "text", "json_object" or "json_schema"
+// (name, schema, strict, description).
 struct ResponseFormat {
   std::string type = "text";
   std::string name;
@@ -88,6 +88,7 @@ struct CommonRequest {
   bool continuous_usage = false;  // stream_options.continuous_usage_stats (vLLM)
   bool logprobs = false;
   int top_logprobs = 0;
+  ResponseFormat response_format;
 };
 
 // tool_choice: a mode, and for a forced call the function (kept apart: a function may be named
@@ -106,7 +107,6 @@ struct ChatRequest : CommonRequest {
   std::vector<FunctionTool> tools;
   ToolChoice tool_choice;
   std::optional<std::string> reasoning_effort;  // low, medium, high (reasoning_effort or reasoning.effort)
-  ResponseFormat response_format;
 };
 
 struct CompletionRequest : CommonRequest {

@@ -83,4 +83,16 @@ std::shared_ptr<structured::JsonConstraint> StructuredOutput::for_chat(const Cha
   return std::make_shared<structured::JsonConstraint>(std::move(spec));
 }
 
+std::shared_ptr<structured::JsonConstraint> StructuredOutput::for_completion(const CompletionRequest& r) {
+  const ResponseFormat& rf = r.response_format;
+  if (rf.type != "json_object" && rf.type != "json_schema") return nullptr;
+  structured::JsonConstraintSpec spec;
+  spec.ids = ids_;
+  spec.whole_output = true;
+  spec.final_format = rf.type == "json_object" ? masker(nullptr, false, "response_format")
+                                               : masker(rf.schema ? &*rf.schema : nullptr, rf.strict, "response_format");
+  spec.vocab = vocabulary();
+  return std::make_shared<structured::JsonConstraint>(std::move(spec));
+}
+
 }  // namespace gptoss::server

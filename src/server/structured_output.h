@@ -1,6 +1,6 @@
 #pragma once
 // Structured output for chat requests: response_format (json_schema / json_object) and the
-// tools' parameter schemas, compiled into a per-request JsonConstraint (structured/) that the
+// tools' parameter schemas (and a text completion's response_format), compiled into a per-request JsonConstraint (structured/) that the
 // engine applies while sampling. The o200k vocabulary index is built on first use; compiled
 // schemas (with their mask caches) are shared by requests that send the same schema.
 #include <memory>
@@ -27,6 +27,10 @@ class StructuredOutput {
                                                        const char* format_param = "response_format");
   // True when a constraint from for_chat() covers the whole output (not harmony).
   bool whole_output() const { return !harmony_; }
+  // The constraint for a text completion's response_format (json_object / json_schema): the whole
+  // completion is the JSON, then the turn's end token (<|return|>, which stops it), as vLLM
+  // constrains a completion; null for text. Throws ApiError 400 as for_chat does.
+  std::shared_ptr<structured::JsonConstraint> for_completion(const CompletionRequest& r);
 
  private:
   std::shared_ptr<const structured::TokenVocabulary> vocabulary();

@@ -819,6 +819,52 @@ TEST(Http, StructuredOutputIsValidJsonForEverySeed) {
   EXPECT_FALSE(json::accept(text)) << text;
 }
 
+// A text completion's response_format (vLLM's): the whole completion is the JSON, valid under
+// the schema for every seed, streamed or not, then it stops; an invalid schema is a 400 naming
+// response_format; "text" leaves the text alone. Any model: a completion is raw text.
+TEST(Http, CompletionResponseFormatConstrainsTheWholeText) {
+  Fixture f(ServerOptions{}, 2048);
+  const json schema = json::parse(R"({"type":"object","properties":{"kind":{"enum":["cat","dog"]},
+                                     "legs":{"type":"integer"},"ok":{"type":"boolean"}},
+                                     "required":["kind","legs","ok"],"additionalProperties":false})");
+  auto body = [&](const json& rf, uint64_t seed, bool stream) {
+    return json{{"prompt", "The answer, in JSON:"}, {"max_tokens", 300}, {"seed", seed}, {"stream", stream},
+                {"response_format", rf}};
+  };
+  for (uint64_t seed = 1; seed <= 6; ++seed) {
+    const bool stream = seed % 2 == 0;
+    auto r = f.post("/v1/completions", body(schema_format(schema), seed, stream).dump());
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->status, 200) << r->body;
+    std::string text, finish;
+    if (!stream) {
+      json j = json::parse(r->body);
+      text = j["choices"][0]["text"];
+      finish = j["choices"][0]["finish_reason"];
+    } else {
+      bool done;
+      for (auto& e : sse_events(r->body, &done)) {
+        if (e["choices"].empty()) continue;
+        text += e["choices"][0]["text"].get<std::string>();
+        if (!e["choices"][0]["finish_reason"].is_null()) finish = e["choices"][0]["finish_reason"];
+      }
+      EXPECT_TRUE(done);
+    }
+    ASSERT_EQ(finish, "stop") << "seed " << seed << ": " << text;
+    json v;
+    ASSERT_NO_THROW(v = json::parse(text)) << "seed " << seed << ": " << text;
+    EXPECT_TRUE(gptoss::testing::schema_valid(schema, v)) << "seed " << seed << ": " << text;
+  }
+  expect_error(f.post("/v1/completions", body(schema_format(json::parse(R"({"type":"strin"})")), 1, false).dump()),
+               400, "response_format");
+  expect_error(f.post("/v1/completions", body({{"type", "xml"}}, 1, false).dump()), 400, "response_format");
+  auto plain = f.post("/v1/completions", body({{"type", "text"}}, 1, false).dump());
+  ASSERT_TRUE(plain);
+  ASSERT_EQ(plain->status, 200) << plain->body;
+  const std::string text = json::parse(plain->body)["choices"][0]["text"];
+  EXPECT_FALSE(json::accept(text)) << text;
+}
+
 TEST(Http, StructuredOutputRefusesBadSchemas) {
   Fixture f;
   auto post = [&](const json& rf) { return f.post("/v1/chat/completions", structured_body(rf, 1, 4).dump()); };

@@ -88,8 +88,9 @@ TEST(HttpApi, UnsupportedFieldsAreRefusedByName) {
   const json p = {{"prompt", "x"}, {"max_tokens", 2}};
   expect_error(f, "/v1/completions", with(p, "best_of", 2), 400, "best_of", "unsupported_value");
   expect_error(f, "/v1/completions", with(p, "suffix", "y"), 400, "suffix", "unsupported_value");
-  expect_error(f, "/v1/completions", with(p, "response_format", {{"type", "text"}}), 400, "response_format",
-               "unsupported_value");
+  // A completion's response_format is honoured (its whole text), its keys checked as chat's.
+  f.ok("/v1/completions", with(p, "response_format", {{"type", "text"}}));
+  expect_error(f, "/v1/completions", with(p, "response_format", {{"type", "bogus"}}), 400, "response_format");
   // Harmless known fields are accepted.
   f.ok("/v1/chat/completions", with(with(with(c, "user", "u1"), "n", 1), "metadata", {{"k", "v"}}));
   f.ok("/v1/chat/completions", with(with(c, "response_format", {{"type", "text"}}), "parallel_tool_calls", false));
