@@ -96,7 +96,7 @@ CudaBackend::CudaBackend(const BackendOptions& opts) {
   if (const char* kp = std::getenv("GPTOSS_EXPERT_GEMM_KPERM")) expert_kperm_ = std::string(kp) != "0";
   // A/B of mixed sampling: =1 keeps no rows' logits, so a step with one host row draws all on the host.
   if (const char* nk = std::getenv("GPTOSS_SAMPLER_KEEPS_NO_LOGITS")) keeps_no_logits_ = std::string(nk) != "0";
-  if (const char* na = std::getenv("GPTOSS_SAMPLER_NO_LOGIT_CHANGES")) applies_no_changes_ = std::string(na) != "0";
+  if (const char* hr = std::getenv("GPTOSS_SAMPLER_HOST_ROWS")) host_rows_ = std::string(hr) != "0";
   route_padding_ = env_int("GPTOSS_ROUTE_PADDING", 0) != 0;
   if (profile_) GPTOSS_CUDA_CHECK(cudaEventCreate(&prof_start_));
 }

@@ -92,7 +92,8 @@ class CudaBackend final : public Backend {
                       float* logprobs_out = nullptr, float* kept_logits = nullptr,
                       const LogitChanges& changes = {}, TopLogprobs* top_out = nullptr) override;
   // One GPU: the sampler masks and changes the rows itself (sample_rows' allowed and adds).
-  bool applies_logit_changes() const override { return !tp_.active() && !applies_no_changes_; }
+  bool applies_logit_changes() const override { return !tp_.active() && !host_rows_; }
+  bool samples_top_logprobs() const override { return samples_logprobs() && !host_rows_; }
   // One GPU: the sampler leaves each drawn token's logprob; tensor-parallel ranks hold a vocab slice.
   bool samples_logprobs() const override { return !tp_.active(); }
   bool keeps_logits() const override { return !tp_.active() && !keeps_no_logits_; }
@@ -335,9 +336,9 @@ class CudaBackend final : public Backend {
   float* h_kept_ = nullptr;
   size_t h_kept_rows_ = 0;
   bool keeps_no_logits_ = false;  // GPTOSS_SAMPLER_KEEPS_NO_LOGITS=1 (an A/B of mixed sampling)
-  // GPTOSS_SAMPLER_NO_LOGIT_CHANGES=1: rows with penalties, logit_bias or a structured-output
-  // mask kept for the host (an A/B).
-  bool applies_no_changes_ = false;
+  // GPTOSS_SAMPLER_HOST_ROWS=1: rows with penalties, logit_bias, a structured-output mask or top
+  // logprobs kept for the host, as before the forty-second session (an A/B).
+  bool host_rows_ = false;
   // forward_sample's logit changes (host, empty outside it; adds_n_ entries, masks_n_ masks), and
   // their device copies: the adds with the raw logits the sampler saves beside them, the masks
   // through pinned staging (h_allowed_, 25 KB a row at o200k). Grown as needed, never in a graph.
