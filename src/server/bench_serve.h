@@ -35,7 +35,7 @@ struct BenchOptions {
   int timeout_s = 600;       // per request
   // Chat only: ask for logprobs so every sampled token arrives as a chunk of its own: TTFT
   // counts tokens also before a model writes visible text (harmony headers, reasoning-less
-  // random models). Logprobs make the server sample on the host. Random-token prompts count
+  // random models). The server draws such rows on the device all the same. Random-token prompts count
   // tokens from per-chunk usage (continuous_usage_stats) and never ask for logprobs.
   bool token_timing = true;
   // Service-level objective for goodput, "ttft:300,tpot:50,e2e:5000" (milliseconds; any subset).

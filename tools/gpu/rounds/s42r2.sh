@@ -13,6 +13,11 @@ for host in 0 1; do
   mixed "1 in 8 with 5 top logprobs, c32" --extra-body '{"logprobs": 5}' --extra-body-every 8
   mixed "1 in 8 with a json_object response_format, c32" --extra-body '{"response_format": {"type": "json_object"}}' --extra-body-every 8
   [ $host = 0 ] && mixed "every request a json_object response_format, c32" --extra-body '{"response_format": {"type": "json_object"}}'
+  for rf in '' '{"response_format": {"type": "json_object"}}'; do  # chat: the built-in questions
+    ts "chat, 64 requests at 32 streams, 256 tokens out${rf:+, every request $rf}"
+    timeout 120 $g bench-serve --base-url http://127.0.0.1:18000 --requests 64 --concurrency 32 --output-len 256 \
+      --ignore-eos ${rf:+--extra-body "$rf"} 2>&1 | grep -E "^TTFT|^TPOT|^aggregate|first error" >> $S
+  done
   serve_down
 done
 ts done
