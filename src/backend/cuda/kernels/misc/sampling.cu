@@ -139,6 +139,9 @@ __device__ void top_logprobs_of_row(const float* p, int V, int n, double lse, To
   __syncthreads();
 }
 
+// kChanges: the launch holds rows with masks, logit changes or top lists. Without them the
+// kernel is the plain rule's (32 registers a thread against 64: two blocks an SM, not one).
+template <bool kChanges>
 __global__ void __launch_bounds__(kThreads) sample_kernel(float* __restrict__ logits, int V,
                                                           const RowSampling* __restrict__ how,
                                                           int32_t* __restrict__ out, float* __restrict__ lp_out,
@@ -164,7 +167,7 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(float* __restrict__ lo
 
   // A structured-output mask (s.allowed_row): the refused logits -inf, in place, as the host's
   // mask_row does; the row so masked is the one the logprob is of.
-  if (s.allowed_row >= 0 && allowed) {
+  if (kChanges && s.allowed_row >= 0 && allowed) {
     const uint64_t* w = allowed + size_t(s.allowed_row) * ((size_t(V) + 63) / 64);
     for (int i = tid; i < V; i += kThreads)
       if (!((w[i >> 6] >> (i & 63)) & 1)) p[i] = -INFINITY;
@@ -175,10 +178,10 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(float* __restrict__ lo
   // sample_row_adjusted does. The logprobs are the row's before them: its max (mx0) and sum (se0)
   // come first (raw_lse; also for a top list, which is found then), and each changed logit's
   // value is saved (add_raw) for the drawn token's.
-  const bool adjusted = s.adds_count > 0 && adds;
+  const bool adjusted = kChanges && s.adds_count > 0 && adds;
   const LogitAdd* a = adjusted ? adds + s.adds_begin : nullptr;
   float* raw = adjusted ? add_raw + s.adds_begin : nullptr;
-  const int top_n = lp_out && top_out ? min(min(s.top_logprobs, kMaxTopLogprobs), V) : 0;
+  const int top_n = kChanges && lp_out && top_out ? min(min(s.top_logprobs, kMaxTopLogprobs), V) : 0;
   const bool raw_lse = lp_out && (adjusted || top_n > 0);
   const int n_adds = adjusted ? s.adds_count : 0;
   float mx0 = 0.0f;
@@ -331,7 +334,10 @@ void sample_rows(float* logits, int n, int V, const RowSampling* how, int32_t* o
   if (n <= 0) return;
   if ((adds == nullptr) != (add_raw == nullptr)) throw Error("sample_rows: logit adds need add_raw beside them");
   if (top_out && !lp_out) throw Error("sample_rows: top logprobs come with lp_out");
-  sample_kernel<<<n, kThreads, 0, s>>>(logits, V, how, out, lp_out, adds, add_raw, allowed, top_out);
+  if (adds || allowed || top_out)
+    sample_kernel<true><<<n, kThreads, 0, s>>>(logits, V, how, out, lp_out, adds, add_raw, allowed, top_out);
+  else
+    sample_kernel<false><<<n, kThreads, 0, s>>>(logits, V, how, out, lp_out, nullptr, nullptr, nullptr, nullptr);
   GPTOSS_CUDA_LAUNCH_CHECK();
 }
 
