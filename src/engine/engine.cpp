@@ -896,7 +896,7 @@ bool Engine::take_tokens_early(Launched& l) {
     s.constraint_broken = s.sp.constraint && !s.sp.constraint->accept(l.toks[r]);
     s.rng.discard(1);  // the draw launch() took from a copy
     // complete() ends it (append_token's checks, a stop string aside): no row in the next plan.
-    s.ending = is_stop_token(s, l.toks[r]) || at_length_limit(s);
+    s.ending = is_stop_token(s, l.toks[r]) || at_length_limit(s) || s.constraint_broken;
   }
   // The pages this pass wrote are offered to the prefix cache now, as complete() would offer
   // them, before the next plan's prepare() can free a sliding page below the window; an ending
