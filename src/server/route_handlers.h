@@ -24,7 +24,9 @@
 
 namespace gptoss::server {
 
-using json = nlohmann::json;
+// Responses keep the order they are built in: OpenAI's key order, and completions' top_logprobs
+// objects best first (a sorted map would list those tokens alphabetically).
+using json = nlohmann::ordered_json;
 
 std::string dumps(const json& j);
 void set_json(http::Response& res, int status, const json& j);

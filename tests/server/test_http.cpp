@@ -189,6 +189,17 @@ TEST(Http, Completions) {
   int n = j["usage"]["completion_tokens"];
   EXPECT_EQ(int(j["choices"][0]["logprobs"]["tokens"].size()), n);
   EXPECT_EQ(j["choices"][0]["logprobs"]["top_logprobs"][0].size(), 2u);
+  // Each top_logprobs object lists its tokens best first, as vLLM and OpenAI write them (the
+  // response keeps the order it was built in).
+  const auto oj = nlohmann::ordered_json::parse(r->body);
+  for (const auto& top : oj["choices"][0]["logprobs"]["top_logprobs"]) {
+    double prev = 1.0;
+    for (const auto& [tok, lp] : top.items()) {
+      EXPECT_LE(lp.get<double>(), prev) << tok << " in " << top.dump();
+      prev = lp.get<double>();
+    }
+  }
+  EXPECT_EQ(oj.begin().key(), "id");  // OpenAI's key order, not the alphabet's
   auto t = f.post("/v1/completions", json{{"prompt", {1, 2, 3}}, {"max_tokens", 3}, {"stream", true},
                                           {"stream_options", {{"include_usage", true}}}}.dump());
   ASSERT_TRUE(t);
