@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <bitset>
 #include <map>
+#include <regex>
 #include <set>
 
 #include "structured/json_matcher.h"
@@ -126,6 +127,24 @@ class Compiler {
   [[noreturn]] static void fail(const std::string& path, const std::string& what) {
     throw SchemaError("Invalid JSON schema at " + where(path) + ": " + what);
   }
+  // A keyword the grammar does not enforce is still refused when malformed (when not strict it is
+  // ignored, not taken on trust): a pattern must be a valid regular expression (ECMAScript, as
+  // JSON Schema's), lengths and bounds numbers.
+  void check_ignored(const std::string& path, const std::string& k, const json& v) {
+    if (k == "pattern") {
+      if (!v.is_string()) fail(path + "/pattern", "must be a string");
+      try {
+        std::regex re(v.get<std::string>(), std::regex::ECMAScript);
+      } catch (const std::regex_error& e) {
+        fail(path + "/pattern", std::string("is not a valid regular expression (") + e.what() + ")");
+      }
+    } else if (k == "minLength" || k == "maxLength" || k == "minProperties" || k == "maxProperties") {
+      if (!v.is_number_unsigned()) fail(path + "/" + k, "must be a non-negative integer");
+    } else if (k == "minimum" || k == "maximum" || k == "exclusiveMinimum" || k == "exclusiveMaximum" ||
+               k == "multipleOf") {
+      if (!v.is_number()) fail(path + "/" + k, "must be a number");
+    }
+  }
   void unsupported(const std::string& path, const std::string& what) {
     if (strict_) unsupported_.push_back(what + (path.empty() ? "" : " at " + path));
   }
@@ -149,6 +168,7 @@ class Compiler {
     if (!s.is_object()) fail(path, "a schema must be an object or a boolean");
     for (const auto& [k, v] : s.items()) {
       if (kAnnotations.count(k) || kSupported.count(k)) continue;
+      check_ignored(path, k, v);
       unsupported(path, k);
     }
     if (auto it = s.find("$ref"); it != s.end()) {

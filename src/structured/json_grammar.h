@@ -8,7 +8,8 @@
 // $ref ("#", "#/$defs/NAME", "#/definitions/NAME", recursion included). Annotations (title,
 // description, default, examples, ...) are ignored. Other keywords (pattern, minLength,
 // minimum, ...) are refused when `strict` and ignored (the output is then looser than the
-// schema) when not. A malformed schema is refused either way. Errors are SchemaError.
+// schema) when not. A malformed schema is refused either way, an ignored keyword's value too (a
+// pattern that is no regular expression, a length that is no integer). Errors are SchemaError.
 #include <cstdint>
 #include <memory>
 #include <string>

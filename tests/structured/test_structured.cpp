@@ -192,6 +192,16 @@ TEST(StructuredSchema, ErrorsNameTheProblem) {
   EXPECT_NE(u.find("minLength"), std::string::npos) << u;
   EXPECT_EQ(err(R"({"type":"object","properties":{"s":{"type":"string","pattern":"^a"}}})", false), "")
       << "not strict: ignored";
+  // Ignored, yet not taken on trust: a malformed pattern, length or bound is refused either way.
+  for (bool strict : {false, true}) {
+    std::string e = err(R"({"type":"string","pattern":"(("})", strict);
+    EXPECT_NE(e.find("/pattern"), std::string::npos) << e;
+    EXPECT_NE(e.find("regular expression"), std::string::npos) << e;
+    EXPECT_NE(err(R"({"type":"string","maxLength":"3"})", strict).find("maxLength"), std::string::npos);
+    EXPECT_NE(err(R"({"type":"integer","minimum":"low"})", strict).find("minimum"), std::string::npos);
+  }
+  EXPECT_EQ(err(R"({"type":"string","pattern":"^[a-z]+(-[a-z]+)*$","maxLength":8})", false), "");
+  EXPECT_EQ(err(R"({"type":"integer","minimum":1,"maximum":9.5})", false), "");
   EXPECT_NE(err(R"({"anyOf":[{"type":"object"},{"type":"object","properties":{"a":{}}}]})", true).find("anyOf"),
             std::string::npos);
   EXPECT_EQ(err(R"({"title":"t","description":"d","type":"string","default":"x"})", true), "") << "annotations";
