@@ -43,7 +43,7 @@ const std::set<std::string> kAnnotations = {"title",    "description", "default"
 const std::set<std::string> kSupported = {"type",     "properties", "required", "additionalProperties",
                                            "items",    "minItems",   "maxItems", "enum",
                                            "const",    "anyOf",      "oneOf",    "format",
-                                           "$ref"};
+                                           "$ref",     "minLength",  "maxLength"};
 
 class Compiler {
  public:
@@ -74,8 +74,8 @@ class Compiler {
       msg += unsupported_.size() > 1 ? "s: " : ": ";
       for (size_t i = 0; i < unsupported_.size(); ++i) msg += (i ? ", " : "") + unsupported_[i];
       msg += " (strict structured output supports type, properties, required, additionalProperties, items, "
-             "minItems, maxItems, enum, const, anyOf/oneOf of different types, format date/time/date-time/uuid, "
-             "$ref and $defs).";
+             "minItems, maxItems, enum, const, anyOf/oneOf of different types, minLength, maxLength, "
+             "format date/time/date-time/uuid, $ref and $defs).";
       throw SchemaError(msg);
     }
     return std::make_shared<Grammar>(std::move(g_));
@@ -127,6 +127,13 @@ class Compiler {
   [[noreturn]] static void fail(const std::string& path, const std::string& what) {
     throw SchemaError("Invalid JSON schema at " + where(path) + ": " + what);
   }
+  // s[key], a non-negative integer (at most 65535 kept), or dflt when absent.
+  static uint32_t non_negative(const json& s, const char* key, uint32_t dflt, const std::string& path) {
+    auto it = s.find(key);
+    if (it == s.end()) return dflt;
+    if (!it->is_number_integer() || it->get<int64_t>() < 0) fail(path + "/" + key, "must be a non-negative integer");
+    return uint32_t(std::min<int64_t>(it->get<int64_t>(), 65535));
+  }
   // A keyword the grammar does not enforce is still refused when malformed (when not strict it is
   // ignored, not taken on trust): a pattern must be a valid regular expression (ECMAScript, as
   // JSON Schema's), lengths and bounds numbers.
@@ -138,7 +145,7 @@ class Compiler {
       } catch (const std::regex_error& e) {
         fail(path + "/pattern", std::string("is not a valid regular expression (") + e.what() + ")");
       }
-    } else if (k == "minLength" || k == "maxLength" || k == "minProperties" || k == "maxProperties") {
+    } else if (k == "minProperties" || k == "maxProperties") {
       if (!v.is_number_unsigned()) fail(path + "/" + k, "must be a non-negative integer");
     } else if (k == "minimum" || k == "maximum" || k == "exclusiveMinimum" || k == "exclusiveMaximum" ||
                k == "multipleOf") {
@@ -211,7 +218,7 @@ class Compiler {
       types = {"object"};
     } else if (s.contains("items") || s.contains("minItems") || s.contains("maxItems")) {
       types = {"array"};
-    } else if (s.contains("format")) {
+    } else if (s.contains("format") || s.contains("minLength") || s.contains("maxLength")) {
       types = {"string"};
     } else {
       return g_.any;
@@ -245,6 +252,14 @@ class Compiler {
         else if (f == "uuid") sf = StringFormat::kUuid;
         else unsupported(path, "format '" + f + "'");
         g_.nodes[size_t(n)].format = sf;
+      }
+      const uint32_t lo = non_negative(s, "minLength", 0, path), hi = non_negative(s, "maxLength", UINT32_MAX, path);
+      if (lo > hi) fail(path, "minLength is larger than maxLength");
+      if ((lo > 0 || hi != UINT32_MAX) && g_.nodes[size_t(n)].format != StringFormat::kNone) {
+        unsupported(path, "minLength or maxLength beside a format");  // the format fixes the length
+      } else {
+        g_.nodes[size_t(n)].min_len = lo;
+        g_.nodes[size_t(n)].max_len = hi;
       }
       return n;
     }
@@ -313,13 +328,7 @@ class Compiler {
         items = compile(*it, path + "/items", depth + 1);
       }
     }
-    auto count = [&](const char* key, uint32_t dflt) -> uint32_t {
-      auto it = s.find(key);
-      if (it == s.end()) return dflt;
-      if (!it->is_number_integer() || it->get<int64_t>() < 0) fail(path + "/" + key, "must be a non-negative integer");
-      return uint32_t(std::min<int64_t>(it->get<int64_t>(), 65535));
-    };
-    uint32_t lo = count("minItems", 0), hi = count("maxItems", UINT32_MAX);
+    uint32_t lo = non_negative(s, "minItems", 0, path), hi = non_negative(s, "maxItems", UINT32_MAX, path);
     if (items < 0) hi = 0;
     if (lo > hi) fail(path, "minItems is larger than maxItems (or items is false)");
     int32_t n = add(NodeKind::kArray);

@@ -4,10 +4,11 @@
 // Supported: type (object, array, string, number, integer, boolean, null, or a list of them),
 // properties, required, additionalProperties (false, true or a schema), items, minItems,
 // maxItems, enum, const, anyOf/oneOf whose alternatives start with different bytes (e.g.
-// string or null; two objects do not), string formats date, time, date-time and uuid, local
+// string or null; two objects do not), minLength and maxLength (characters; escapes count one;
+// not with a format), string formats date, time, date-time and uuid, local
 // $ref ("#", "#/$defs/NAME", "#/definitions/NAME", recursion included). Annotations (title,
-// description, default, examples, ...) are ignored. Other keywords (pattern, minLength,
-// minimum, ...) are refused when `strict` and ignored (the output is then looser than the
+// description, default, examples, ...) are ignored. Other keywords (pattern, minimum,
+// ...) are refused when `strict` and ignored (the output is then looser than the
 // schema) when not. A malformed schema is refused either way, an ignored keyword's value too (a
 // pattern that is no regular expression, a length that is no integer). Errors are SchemaError.
 #include <cstdint>
@@ -60,6 +61,7 @@ struct GrammarNode {
   uint32_t min_items = 0, max_items = UINT32_MAX;
   // kString
   StringFormat format = StringFormat::kNone;
+  uint32_t min_len = 0, max_len = UINT32_MAX;  // characters (minLength, maxLength; at most 65535)
   bool key = false;         // an object key outside `properties`: no escapes (so bytes = text)
   // kLiteral: serialized JSON values
   ByteTrie literals;

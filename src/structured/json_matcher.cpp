@@ -228,6 +228,14 @@ JsonMatcher::Step JsonMatcher::step(MatchState& s, uint8_t b) const {
   return kReject;
 }
 
+namespace {
+// One more character in a string with length limits (Frame::count); without a maxLength it
+// counts only up to minLength.
+void count_char(Frame& f, const GrammarNode& n) {
+  if (n.max_len != UINT32_MAX ? f.count < n.max_len : f.count < n.min_len) ++f.count;
+}
+}  // namespace
+
 JsonMatcher::Step JsonMatcher::step_string(Frame& f, const GrammarNode& n, uint8_t b) const {
   switch (f.mode) {
     case kStrOpen:
@@ -244,7 +252,11 @@ JsonMatcher::Step JsonMatcher::step_string(Frame& f, const GrammarNode& n, uint8
         return kConsumed;
       }
       if (f.pos == 0) {
-        if (b == '"') return kConsumedPop;
+        // A character boundary: the string may close at minLength, and take a character below
+        // maxLength (f.count: characters so far; past minLength without a maxLength it stays
+        // at minLength, so states do not multiply).
+        if (b == '"') return f.count >= n.min_len ? kConsumedPop : kReject;
+        if (f.count >= n.max_len) return kReject;
         if (b == '\\') {
           if (n.key) return kReject;
           f.mode = kStrEscape;
@@ -255,6 +267,7 @@ JsonMatcher::Step JsonMatcher::step_string(Frame& f, const GrammarNode& n, uint8
       {
         bool ok;
         f.pos = utf8_next(f.pos, b, &ok);
+        if (ok && f.pos == 0) count_char(f, n);
         return ok ? kConsumed : kReject;
       }
     case kStrEscape:
@@ -265,6 +278,7 @@ JsonMatcher::Step JsonMatcher::step_string(Frame& f, const GrammarNode& n, uint8
       }
       if (b == '"' || b == '\\' || b == '/' || b == 'b' || b == 'f' || b == 'n' || b == 'r' || b == 't') {
         f.mode = kStrBody;
+        count_char(f, n);
         return kConsumed;
       }
       return kReject;
@@ -275,6 +289,7 @@ JsonMatcher::Step JsonMatcher::step_string(Frame& f, const GrammarNode& n, uint8
       if (++f.aux == 4) {
         f.mode = kStrBody;
         f.aux = 0;
+        count_char(f, n);
       }
       return kConsumed;
   }
@@ -492,6 +507,13 @@ bool JsonMatcher::in_free_string(const MatchState& s) const {
   const Frame& f = s.f[s.depth - 1];
   const GrammarNode& n = g_.nodes[size_t(f.node)];
   return n.kind == NodeKind::kString && f.mode == kStrBody && n.format == StringFormat::kNone;
+}
+
+uint32_t JsonMatcher::string_room(const MatchState& s) const {
+  if (s.depth == 0) return 0;
+  const Frame& f = s.f[s.depth - 1];
+  const GrammarNode& n = g_.nodes[size_t(f.node)];
+  return n.max_len == UINT32_MAX ? UINT32_MAX : n.max_len - f.count;
 }
 
 }  // namespace gptoss::structured

@@ -21,7 +21,7 @@ struct Frame {
   int32_t node = 0;
   uint32_t pos = 0;    // literal/key trie node, number digits, string UTF-8 or format state
   uint64_t seen = 0;   // object: properties given so far
-  uint16_t count = 0;  // array: items so far; object: the property whose value comes next
+  uint16_t count = 0;  // array: items so far; object: the property whose value comes next; string: characters (with length limits)
   uint8_t mode = 0;    // phase within the value (per kind)
   uint8_t aux = 0;     // whitespace run; string: \u digits or the format's previous byte
 };
@@ -56,6 +56,9 @@ class JsonMatcher {
   // True when the top value is a free string in its body: every byte but '"', '\\' and control
   // bytes only moves its UTF-8 state (the mask's fast path).
   bool in_free_string(const MatchState& s) const;
+  // In a string: the characters it may still take (maxLength less those so far; UINT32_MAX: no
+  // limit). The mask's fast path holds only where every token fits.
+  uint32_t string_room(const MatchState& s) const;
   const Grammar& grammar() const { return g_; }
 
  private:

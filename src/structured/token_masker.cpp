@@ -144,7 +144,7 @@ JsonTokenMasker::JsonTokenMasker(std::shared_ptr<const Grammar> grammar, std::sh
 
 TokenBitset JsonTokenMasker::compute(const MatchState& state) const {
   const TokenVocabulary& v = *vocab_;
-  if (matcher_.in_free_string(state)) {
+  if (matcher_.in_free_string(state) && matcher_.string_room(state) >= uint32_t(v.max_token_len())) {
     TokenBitset out = *v.plain_string_tokens(state.f[state.depth - 1].pos);
     MatchState s;
     for (int32_t id : v.string_breakers()) {

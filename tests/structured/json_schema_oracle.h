@@ -66,6 +66,12 @@ inline bool valid(const json& s, const json& v, const json& root) {
       for (const auto& x : v)
         if (!valid(s["items"], x, root)) return false;
   }
+  if (v.is_string() && (s.contains("minLength") || s.contains("maxLength"))) {
+    size_t chars = 0;  // code points: UTF-8 bytes that start a character
+    for (unsigned char c : v.get_ref<const std::string&>()) chars += (c & 0xC0) != 0x80;
+    if (s.contains("minLength") && chars < s["minLength"].get<size_t>()) return false;
+    if (s.contains("maxLength") && chars > s["maxLength"].get<size_t>()) return false;
+  }
   if (v.is_string() && s.contains("format")) {
     static const std::regex date(R"(\d{4}-(0[1-9]|1[0-2])-(0[1-9]|[12]\d|3[01]))");
     static const std::regex time(R"(([01]\d|2[0-3]):[0-5]\d:[0-5]\d(\.\d{1,9})?(Z|[+-]([01]\d|2[0-3]):[0-5]\d))");

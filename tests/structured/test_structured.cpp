@@ -50,6 +50,9 @@ const std::vector<json>& test_schemas() {
       json::parse(R"({"enum":[1,12,"x",[1,2],{"a":null}]})"),
       json::parse(R"({"type":"number"})"),
       json::parse(R"({})"),
+      json::parse(R"({"type":"object","properties":{"code":{"type":"string","minLength":3,"maxLength":5},
+                     "note":{"type":"string","maxLength":40},"tag":{"type":["string","null"],"minLength":2}},
+                     "required":["code","note","tag"],"additionalProperties":false})"),
   };
   return v;
 }
@@ -112,6 +115,10 @@ TEST(StructuredSchema, MatcherAcceptsAndRefuses) {
   auto n = compile_json_schema(test_schemas()[7], true);
   for (const char* ok : {"0", "-1.5e+3", "12.25", "1E9"}) EXPECT_TRUE(matches(*n, ok)) << ok;
   for (const char* bad : {"01", "-", "1.", ".5", "1e", "+1", "1.5e1000"}) EXPECT_FALSE(matches(*n, bad)) << bad;
+  // Lengths in characters: an escape or a multi-byte character is one.
+  auto l = compile_json_schema(json::parse(R"({"type":"string","minLength":2,"maxLength":4})"), true);
+  for (const char* ok : {"\"ab\"", "\"abcd\"", "\"\\n\u00e9\"", "\"\\u00e9x\\\"y\""}) EXPECT_TRUE(matches(*l, ok)) << ok;
+  for (const char* bad : {"\"a\"", "\"\"", "\"abcde\"", "\"\u00e9\u00e9\u00e9\u00e9\u00e9\""}) EXPECT_FALSE(matches(*l, bad)) << bad;
   auto any = any_json_object_grammar();
   EXPECT_TRUE(matches(*any, R"({"a":[1,{"b":null},"c",true,false,-0.5]})"));
   EXPECT_FALSE(matches(*any, "[1]")) << "json_object is an object";
@@ -187,9 +194,12 @@ TEST(StructuredSchema, ErrorsNameTheProblem) {
                 .find("'b' is required"),
             std::string::npos);
   EXPECT_NE(err("false", false).find("allows no value"), std::string::npos);
-  std::string u = err(R"({"type":"object","properties":{"s":{"type":"string","pattern":"^a","minLength":2}}})", true);
+  std::string u = err(R"({"type":"object","properties":{"s":{"type":"string","pattern":"^a"},"n":{"minimum":2}}})", true);
   EXPECT_NE(u.find("pattern at /properties/s"), std::string::npos) << u;
-  EXPECT_NE(u.find("minLength"), std::string::npos) << u;
+  EXPECT_NE(u.find("minimum at /properties/n"), std::string::npos) << u;
+  EXPECT_NE(err(R"({"type":"string","minLength":5,"maxLength":2})", false).find("minLength is larger"), std::string::npos);
+  EXPECT_NE(err(R"({"type":"string","format":"date","maxLength":4})", true).find("beside a format"), std::string::npos);
+  EXPECT_EQ(err(R"({"type":"string","minLength":1,"maxLength":12})", true), "") << "lengths are supported";
   EXPECT_EQ(err(R"({"type":"object","properties":{"s":{"type":"string","pattern":"^a"}}})", false), "")
       << "not strict: ignored";
   // Ignored, yet not taken on trust: a malformed pattern, length or bound is refused either way.
@@ -313,7 +323,7 @@ std::shared_ptr<const TokenVocabulary> o200k_vocab() {
 
 TEST(StructuredMask, O200kMatchesBruteForce) {
   std::mt19937_64 rng(11);
-  for (size_t i : {size_t(0), size_t(2), size_t(3)}) {
+  for (size_t i : {size_t(0), size_t(2), size_t(3), size_t(9)}) {
     JsonTokenMasker masker(compile_json_schema(test_schemas()[i], false), o200k_vocab());
     check_masks(masker, rng, 25);
   }
