@@ -75,11 +75,6 @@ int32_t sample_row(const float* logits, int V, const RowSampling& s, std::vector
   return last >= 0 ? last : argmax();
 }
 
-void mask_row(float* logits, int V, const uint64_t* allowed) {
-  for (int i = 0; i < V; ++i)
-    if (!((allowed[size_t(i) >> 6] >> (i & 63)) & 1)) logits[i] = -INFINITY;
-}
-
 int32_t sample_row_adjusted(float* logits, int V, const RowSampling& s, const LogitAdd* adds,
                             std::vector<float>& scratch) {
   if (s.adds_count <= 0) return sample_row(logits, V, s, scratch);
@@ -140,7 +135,8 @@ void Backend::forward_sample(const ForwardBatch& batch, const RowSampling* rows,
     }
     if ((rows[r].adds_count > 0 && !changes.adds) || (rows[r].allowed_row >= 0 && !changes.allowed))
       throw Error("forward_sample: a row with logit changes and no LogitChanges");
-    if (rows[r].allowed_row >= 0) mask_row(row, V, changes.allowed + size_t(rows[r].allowed_row) * allowed_words(V));
+    if (rows[r].allowed_row >= 0)
+      apply_mask(changes.allowed + size_t(rows[r].allowed_row) * allowed_words(V), allowed_words(V), row, V);
     tokens_out[r] = sample_row_adjusted(row, V, rows[r], changes.adds ? changes.adds + rows[r].adds_begin : nullptr, scratch);
     if (logprobs_out) {
       const double lse = row_logsumexp(row, V);

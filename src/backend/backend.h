@@ -13,6 +13,7 @@
 
 #include "backend/eagle3_head.h"
 #include "common/dtype.h"
+#include "common/token_mask.h"
 #include "model/config.h"
 
 namespace gptoss {
@@ -72,7 +73,6 @@ struct LogitChanges {
   const LogitAdd* adds = nullptr;
   const uint64_t* allowed = nullptr;
 };
-inline size_t allowed_words(int vocab) { return vocab > 0 ? (size_t(vocab) + 63) / 64 : 0; }
 
 // The most top logprobs a backend gives for a row it draws (RowSampling::top_logprobs; the
 // OpenAI API's limit), and one row's list: its best tokens, best first.
@@ -111,9 +111,6 @@ struct RowSampling {
 // The host implementation of that rule (the reference the CUDA sampler is tested against).
 // `scratch` avoids reallocations.
 int32_t sample_row(const float* logits, int vocab, const RowSampling& s, std::vector<float>& scratch);
-// Sets logits[i] = -inf for every i < vocab whose bit is clear in `allowed` (allowed_words(vocab)
-// words), in place: the host's form of a structured-output mask.
-void mask_row(float* logits, int vocab, const uint64_t* allowed);
 // sample_row after adding `adds` (s.adds_count entries, the row's own) to the row in place; the
 // row is given back as it was (each changed logit restored from its saved value, not by
 // subtraction).

@@ -586,8 +586,7 @@ std::unique_ptr<Engine::Launched> Engine::launch(Planned planned) {
             Error("injected fault: GPTOSS_TEST_FAIL_AT_OUTPUT_TOKEN=" + std::to_string(cfg_.test_fail_at_output_token)));
   l->toks.resize(rows);
   // A sequence's rows (1 + drafts, contiguous) go to the backend or the host together.
-  auto backend_may_draw = [&](const Sequence* s, int n_rows) {
-    const bool masked = s->sp.constraint && s->sp.constraint->active();
+  auto backend_may_draw = [&](const Sequence* s, int n_rows, bool masked) {
     return (s->sp.logprobs < 0 || (s->sp.logprobs == 0 && backend_.samples_logprobs()) ||
             (s->sp.logprobs <= kMaxTopLogprobs && backend_.samples_top_logprobs())) &&
            (!cfg_.batch_invariant || s->sp.temperature < 1e-5f) &&
@@ -608,8 +607,9 @@ std::unique_ptr<Engine::Launched> Engine::launch(Planned planned) {
     Sequence* s = l->row_seq[r];
     int end = r;
     while (end < rows && l->row_seq[end] == s) ++end;
-    bool host = !backend_may_draw(s, end - r);
-    if (!host && s->sp.constraint && s->sp.constraint->active()) {
+    const bool masked = s->sp.constraint && s->sp.constraint->active();
+    bool host = !backend_may_draw(s, end - r, masked);
+    if (!host && masked) {
       const size_t at = l->allowed.size();
       l->allowed.resize(at + mask_words);
       if (s->sp.constraint->allowed_tokens(l->allowed.data() + at, vocab_)) {

@@ -76,7 +76,7 @@ bool JsonConstraint::stays_inactive(int32_t t) const {
 }
 
 bool JsonConstraint::allowed_tokens(uint64_t* words, int vocab) {
-  const size_t n_words = words_for(vocab);
+  const size_t n_words = allowed_words(vocab);
   auto clear = [&](int32_t id) {
     if (id >= 0 && id < vocab) words[size_t(id) >> 6] &= ~(uint64_t(1) << (id & 63));
   };

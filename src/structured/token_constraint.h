@@ -10,6 +10,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "common/token_mask.h"
+
 namespace gptoss::structured {
 
 class TokenConstraint {
@@ -17,11 +19,10 @@ class TokenConstraint {
   virtual ~TokenConstraint() = default;
   // True when the next token must be drawn from masked logits.
   virtual bool active() const = 0;
-  // The tokens allowed next, a bit each: bit i % 64 of words[i / 64], words_for(vocab) words, ids
-  // at or past vocab clear (also while inactive, for a row sampled on the host anyway). False
-  // when no token is allowed.
+  // The tokens allowed next, a bit each (common/token_mask.h: allowed_words(vocab) words, ids at
+  // or past vocab clear; also while inactive, for a row sampled on the host anyway). False when
+  // no token is allowed.
   virtual bool allowed_tokens(uint64_t* words, int vocab) = 0;
-  static size_t words_for(int vocab) { return vocab > 0 ? (size_t(vocab) + 63) / 64 : 0; }
   // Sets the logits of the tokens allowed_tokens() leaves out to -infinity. False when no token
   // is allowed.
   bool mask_logits(float* logits, int vocab);

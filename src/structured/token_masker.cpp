@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <bit>
-#include <limits>
 #include <numeric>
 
 namespace gptoss::structured {
@@ -11,42 +10,6 @@ size_t TokenBitset::count() const {
   size_t n = 0;
   for (uint64_t w : words) n += size_t(std::popcount(w));
   return n;
-}
-
-namespace {
-// kAdd[byte][i]: 0 where bit i of the byte is set, -inf where clear; adding it masks 8 logits
-// at once (vectorized), so a mask costs about a pass over the row.
-struct AddTable {
-  float v[256][8];
-  AddTable() {
-    for (int b = 0; b < 256; ++b)
-      for (int i = 0; i < 8; ++i) v[b][i] = (b >> i) & 1 ? 0.0f : -std::numeric_limits<float>::infinity();
-  }
-};
-const AddTable kAdd;
-}  // namespace
-
-void apply_mask(const uint64_t* words, size_t n_words, float* logits, int vocab) {
-  const float ninf = -std::numeric_limits<float>::infinity();
-  const size_t n = size_t(std::max(vocab, 0));
-  for (size_t w = 0; w * 64 < n; ++w) {
-    uint64_t bits = w < n_words ? words[w] : 0;
-    float* row = logits + w * 64;
-    const size_t len = std::min<size_t>(64, n - w * 64);
-    if (len < 64) {
-      for (size_t i = 0; i < len; ++i) row[i] = ((bits >> i) & 1) ? row[i] : ninf;
-      continue;
-    }
-    if (bits == ~uint64_t(0)) continue;
-    if (bits == 0) {
-      std::fill(row, row + 64, ninf);
-      continue;
-    }
-    for (int k = 0; k < 8; ++k) {
-      const float* add = kAdd.v[(bits >> (8 * k)) & 0xFF];
-      for (int i = 0; i < 8; ++i) row[8 * k + i] += add[i];
-    }
-  }
 }
 
 namespace {

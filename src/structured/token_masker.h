@@ -16,6 +16,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "common/token_mask.h"
 #include "structured/json_matcher.h"
 
 namespace gptoss::structured {
@@ -29,9 +30,7 @@ struct TokenBitset {
   size_t count() const;
 };
 
-// Sets logits[i] = -inf for every i < vocab whose bit is clear in words[0, n_words) (ids past
-// them included).
-void apply_mask(const uint64_t* words, size_t n_words, float* logits, int vocab);
+using gptoss::apply_mask;  // common/token_mask.h
 inline void apply_mask(const TokenBitset& allowed, float* logits, int vocab) {
   apply_mask(allowed.words.data(), allowed.words.size(), logits, vocab);
 }

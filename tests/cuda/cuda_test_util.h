@@ -161,7 +161,7 @@ inline void expect_kept_rows(Backend& be, const ForwardBatch& b, const std::vect
 // other ids, so its greedy id moves; rows 1, 4, 7, ... are masked to every third id (a
 // structured-output mask). Rows are drawn at `temperature` with spread uniforms. Every row's id
 // against the host rule on forward()'s logits (`logits`, [rows, V] in logit-row order) with the
-// same mask and changes (mask_row, sample_row_adjusted): greedy exactly, sampled but for float
+// same mask and changes (apply_mask, sample_row_adjusted): greedy exactly, sampled but for float
 // rounding at a boundary (at most one row); each drawn token's logprob against the masked row's
 // log-softmax before the changes, and rows 0, 3, 6, ... also their top 5 (row_top_logprobs).
 inline void expect_adjusted_rows(Backend& be, const ForwardBatch& b, const std::vector<float>& logits, int V,
@@ -202,7 +202,7 @@ inline void expect_adjusted_rows(Backend& be, const ForwardBatch& b, const std::
   for (size_t i = 0; i < n; ++i) {
     row.assign(logits.begin() + i * size_t(V), logits.begin() + (i + 1) * size_t(V));
     if (how[i].allowed_row >= 0) {
-      mask_row(row.data(), V, allowed.data() + size_t(how[i].allowed_row) * words);
+      apply_mask(allowed.data() + size_t(how[i].allowed_row) * words, words, row.data(), V);
       EXPECT_EQ(ids[i] % 3, 0) << "masked row " << i << " drew a refused token";
     }
     const int32_t want = sample_row_adjusted(row.data(), V, how[i], adds.data() + how[i].adds_begin, scratch);

@@ -116,7 +116,7 @@ TEST_F(Kernels, SampleRowsMatchHostRule) {
 // Logit changes (logit_bias, penalties) and structured-output masks applied by the sampler: rows
 // with 0, 1, a few and thousands of changed ids (the first and last id among them, the row's
 // best pushed down, a NaN logit changed), every third row masked (half the ids allowed at
-// random, or only a handful), against the host's mask_row + sample_row_adjusted on the same
+// random, or only a handful), against the host's apply_mask + sample_row_adjusted on the same
 // rows; the logprob the masked row's before its changes; add_raw those logits; rows without
 // changes as before. Most rows ask for a top list (1 to 20 tokens: the masked rows' lists run
 // into ties at -inf, which go to the lower ids), against row_top_logprobs: the same ids.
@@ -179,7 +179,7 @@ TEST_F(Kernels, SampleRowsApplyLogitAdds) {
   int differ = 0;
   for (int i = 0; i < n; ++i) {
     row.assign(l.begin() + size_t(i) * V, l.begin() + size_t(i + 1) * V);
-    if (how[i].allowed_row >= 0) mask_row(row.data(), V, allowed.data() + size_t(how[i].allowed_row) * words);
+    if (how[i].allowed_row >= 0) apply_mask(allowed.data() + size_t(how[i].allowed_row) * words, words, row.data(), V);
     for (int k = 0; k < how[i].adds_count; ++k) {
       const float want_raw = row[adds[size_t(how[i].adds_begin + k)].token];
       if (std::isnan(want_raw)) EXPECT_TRUE(std::isnan(raw[size_t(how[i].adds_begin + k)])) << "row " << i;

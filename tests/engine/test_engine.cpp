@@ -913,7 +913,7 @@ class EvenIdsConstraint : public structured::TokenConstraint {
   std::vector<int32_t> seen;
   bool active() const override { return int(seen.size()) >= free; }
   bool allowed_tokens(uint64_t* words, int vocab) override {
-    std::fill(words, words + words_for(vocab), uint64_t(0));
+    std::fill(words, words + allowed_words(vocab), uint64_t(0));
     if (allow_none) return false;
     for (int i = 0; i < std::min(vocab, 10); i += 2) words[i / 64] |= uint64_t(1) << (i % 64);
     return true;
@@ -990,7 +990,7 @@ class NoOddIdsConstraint : public structured::TokenConstraint {
   std::vector<int32_t> seen;
   bool active() const override { return always_mask || redraw; }
   bool allowed_tokens(uint64_t* words, int vocab) override {
-    std::fill(words, words + words_for(vocab), uint64_t(0));
+    std::fill(words, words + allowed_words(vocab), uint64_t(0));
     for (int i = 0; i < vocab; i += 2) words[i / 64] |= uint64_t(1) << (i % 64);
     return true;
   }

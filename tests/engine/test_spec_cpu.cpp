@@ -367,7 +367,7 @@ class ModuloConstraint : public structured::TokenConstraint {
   std::vector<int32_t> seen;
   bool active() const override { return redraw || masked_left > 0; }
   bool allowed_tokens(uint64_t* words, int vocab) override {
-    std::fill(words, words + words_for(vocab), uint64_t(0));
+    std::fill(words, words + allowed_words(vocab), uint64_t(0));
     for (int i = 0; i < vocab; ++i)
       if (masked_left > 0 ? i % 5 == 0 : i % 3 != 1) words[i / 64] |= uint64_t(1) << (i % 64);
     return true;

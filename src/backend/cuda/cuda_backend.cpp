@@ -913,20 +913,18 @@ void CudaBackend::forward_sample(const ForwardBatch& batch, const RowSampling* r
       if (!changes.adds || tp_.active() || rows[i].adds_begin < 0)
         throw Error("cuda backend: logit adds need their list (and one GPU)");
       n_adds = std::max(n_adds, size_t(rows[i].adds_begin) + size_t(rows[i].adds_count));
+      // The entries must be in the vocabulary (the sampler writes their logits) and distinct (one
+      // thread a token): the order logit_adds gives them.
+      const LogitAdd* a = changes.adds + rows[i].adds_begin;
+      for (int32_t k = 0; k < rows[i].adds_count; ++k)
+        if (a[k].token < 0 || a[k].token >= cfg_.vocab || (k > 0 && a[k - 1].token >= a[k].token))
+          throw Error("cuda backend: a row's logit adds must be distinct vocabulary ids in increasing order");
     }
     if (rows[i].allowed_row >= 0) {
       if (!changes.allowed || tp_.active()) throw Error("cuda backend: a masked row needs its masks (and one GPU)");
       n_masks = std::max(n_masks, size_t(rows[i].allowed_row) + 1);
     }
   }
-  // Each row's entries must be in the vocabulary (the sampler writes their logits) and distinct
-  // (one thread a token): the order logit_adds gives them.
-  for (size_t i = 0; i < batch.logit_rows.size(); ++i)
-    for (int32_t k = 0; k < rows[i].adds_count && !rows[i].keep_logits; ++k) {
-      const LogitAdd& a = changes.adds[rows[i].adds_begin + k];
-      if (a.token < 0 || a.token >= cfg_.vocab || (k > 0 && changes.adds[rows[i].adds_begin + k - 1].token >= a.token))
-        throw Error("cuda backend: a row's logit adds must be distinct vocabulary ids in increasing order");
-    }
   if (kept > 0 && (!kept_logits || !keeps_logits()))
     throw Error("cuda backend: keep_logits rows need kept_logits (and one GPU)");
   // Kept rows come through pinned staging (a copy to pageable memory is staged by the driver in

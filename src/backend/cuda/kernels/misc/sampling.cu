@@ -166,7 +166,7 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(float* __restrict__ lo
   }
 
   // A structured-output mask (s.allowed_row): the refused logits -inf, in place, as the host's
-  // mask_row does; the row so masked is the one the logprob is of.
+  // apply_mask does; the row so masked is the one the logprob is of.
   if (kChanges && s.allowed_row >= 0 && allowed) {
     const uint64_t* w = allowed + size_t(s.allowed_row) * ((size_t(V) + 63) / 64);
     for (int i = tid; i < V; i += kThreads)
