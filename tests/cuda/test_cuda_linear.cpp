@@ -2,12 +2,16 @@
 // shapes (hidden 2880, qkv 5120, o_proj 4096 in, vocab 201088) and awkward ones; outputs are poisoned
 // (NaN) first.
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <string>
 #include <cstring>
 
 #include "backend/backend.h"
 #include "backend/cpu/cpu_ops.h"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/kernels/linear/lm_head_screen.h"
 
 #include "kernel_test_fixture.h"
 
@@ -204,6 +208,122 @@ TEST_F(Kernels, SkinnyDense) {
     for (auto fmt : {WeightMat::kFragBF16, WeightMat::kFragFP8, WeightMat::kFragMXFP4})
       for (const DenseCase& c : cases) check_skinny_dense(fmt, c);
   }
+}
+
+// The int8 screen of lm_head (kernels/linear/lm_head_screen.cu): for greedy rows it must give the
+// ids argmax_rows gives over the full skinny kernel's logits, bit for bit, and leave every row it
+// recomputes equal to that kernel's logit. Fresh random weights and activations at the real
+// vocabulary and at awkward sizes (the smallest grid the skinny kernel's 8x2 shape takes, a K
+// without a compile-time chunk count), 1-8 rows, an exact tie for the maximum moved to a lower id,
+// and the fallback (every pair recomputed) where the bounds are not finite: a NaN in a row, an
+// activation past fp16's range.
+enum class ScreenInput { kRandom, kTie, kNaN, kPastFp16 };
+
+void check_screen(int N, int K, const std::vector<int>& Ms, ScreenInput in) {
+  FastRng r(fresh_seed());
+  auto wb = to_bf16(rand_f32(size_t(N) * K, r, 0.02f));
+  const int maxM = *std::max_element(Ms.begin(), Ms.end());
+  auto x = round_bf16(rand_f32(size_t(maxM) * K, r));
+  Dev<uint16_t> dx(to_bf16(x));
+  Dev<int32_t> ids_full(8), ids(8);
+  Dev<float> full(size_t(maxM) * N);
+  auto full_argmax = [&](const WeightMat& P, int M) {
+    cuda::linear(P, dx.p(), K, M, Epilogue{Epilogue::kStoreF32, full.p(), N}, 0);
+    cuda::argmax_rows(full.p(), M, N, ids_full.p(), 0);
+  };
+  Dev<uint8_t> dwf(cuda::frag_weight_bytes(WeightMat::kFragBF16, 1, N, K));
+  Dev<int> flag(std::vector<int>{0});
+  int tie_low = -1;  // kTie: the lower id of the two equal rows that hold row 0's maximum
+  if (in == ScreenInput::kTie) {
+    // The first row's winner copied to a row of another pair at a lower id: two exact maxima.
+    Dev<uint16_t> dw(wb);
+    WeightMat P = cuda::pack_frag(WeightMat{WeightMat::kBF16, dw.p(), nullptr, nullptr, N, K}, 1, false,
+                                  WeightMat::kFragBF16, dwf.p(), nullptr, flag.p(), 0);
+    full_argmax(P, 1);
+    const int win = ids_full.download()[0];
+    const int to = win >= 64 ? win / 2 - 32 : win + 64;  // another 32-row pair
+    std::copy(wb.begin() + size_t(win) * K, wb.begin() + size_t(win + 1) * K, wb.begin() + size_t(to) * K);
+    tie_low = std::min(win, to);
+  }
+  if (in == ScreenInput::kNaN) x[size_t(maxM - 1) * K + 7] = std::nanf("");
+  if (in == ScreenInput::kPastFp16) x[5] = 70144.f;  // a bf16 that fp16 holds as inf
+  dx.upload(to_bf16(x));
+  Dev<uint16_t> dw(wb);
+  const WeightMat W{WeightMat::kBF16, dw.p(), nullptr, nullptr, N, K};
+  const WeightMat P = cuda::pack_frag(W, 1, false, WeightMat::kFragBF16, dwf.p(), nullptr, flag.p(), 0);
+  cuda::LmHeadScreen sc;
+  sc.build(W, 0);
+  long long pairs_before = 0;
+  for (int M : Ms) {
+    const std::string what = "N=" + std::to_string(N) + " K=" + std::to_string(K) + " M=" + std::to_string(M) +
+                             " input " + std::to_string(int(in));
+    ASSERT_TRUE(cuda::lm_head_screen_takes(P, M, false)) << what;
+    full_argmax(P, M);
+    const std::vector<int32_t> want = ids_full.download();
+    const std::vector<float> fl = full.download();
+    for (int rep = 0; rep < 2; ++rep) {  // again: the step's scratch was reset by its last block
+      Dev<float> part(size_t(M) * N);  // poisoned: NaN bits where no pair was recomputed
+      ids.poison();
+      sc.argmax(P, dx.p(), K, M, part.p(), N, ids.p(), false, 0);
+      const std::vector<int32_t> got = ids.download();
+      for (int t = 0; t < M; ++t) EXPECT_EQ(got[t], want[t]) << what << " row " << t << " rep " << rep;
+      if (in == ScreenInput::kTie) {
+        EXPECT_EQ(got[0], tie_low) << what;  // the lower copy, as argmax_rows picks
+      }
+      const std::vector<float> pl = part.download();
+      size_t written = 0;
+      uint32_t poison;
+      std::memset(&poison, 0xff, 4);
+      for (size_t i = 0; i < pl.size(); ++i) {
+        uint32_t a, b;
+        std::memcpy(&a, &pl[i], 4);
+        std::memcpy(&b, &fl[i], 4);
+        if (a == poison) continue;
+        ++written;
+        ASSERT_EQ(a, b) << what << " logit " << i % N << " of row " << i / N << " differs from the full kernel's";
+      }
+      for (int t = 0; t < M; ++t) {  // each row's winner was recomputed
+        uint32_t a;
+        std::memcpy(&a, &pl[size_t(t) * N + want[t]], 4);
+        if (std::isfinite(fl[size_t(t) * N + want[t]])) {
+          EXPECT_NE(a, poison) << what << " row " << t;
+        }
+      }
+      const cuda::LmHeadScreen::Stats st = sc.stats(0);
+      const long long pairs = st.pairs - pairs_before;
+      pairs_before = st.pairs;
+      EXPECT_EQ(size_t(pairs) * 32 * M, written) << what;
+      if (in == ScreenInput::kRandom || in == ScreenInput::kTie) {
+        EXPECT_LT(pairs, N / 32 / 4) << what;  // a screen, not the whole matrix again
+      } else {
+        EXPECT_EQ(pairs, N / 32) << what;  // the fallback: every pair
+      }
+      if (rep == 0)
+        std::printf("lm_head screen %s: %lld of %d tile pairs recomputed\n", what.c_str(), pairs, N / 32);
+    }
+  }
+}
+
+TEST_F(Kernels, LmHeadScreenMatchesArgmaxRows) {
+  cuda::set_decode_kernel_choice(1);  // the block-per-tile skinny kernel (the default family)
+  const int small_n = 16 * 8 * 132;   // the smallest grid the full kernel runs in its 8x2 shape
+  if (!small_mode()) {
+    check_screen(201088, 2880, {1, 2, 7, 8}, ScreenInput::kRandom);
+    check_screen(201088, 2880, {1}, ScreenInput::kNaN);
+  }
+  check_screen(small_n, 64, {1, 3, 8}, ScreenInput::kRandom);
+  check_screen(small_n + 5 * 32, 192, {1, 8}, ScreenInput::kRandom);
+  check_screen(small_n, 128, {1, 2}, ScreenInput::kTie);
+  check_screen(small_n, 64, {2, 5}, ScreenInput::kNaN);
+  check_screen(small_n, small_mode() ? 192 : 2880, {1, 4}, ScreenInput::kPastFp16);
+  // The shapes it declines: past 8 rows, a grid the 8x2 shape does not run, fp8 decode copies.
+  WeightMat P{WeightMat::kFragBF16, nullptr, nullptr, nullptr, 201088, 2880};
+  EXPECT_FALSE(cuda::lm_head_screen_takes(P, 9, false));
+  P.N = small_n - 32;
+  EXPECT_FALSE(cuda::lm_head_screen_takes(P, 1, false));
+  P.N = 201088;
+  P.fmt = WeightMat::kFragFP8;
+  EXPECT_FALSE(cuda::lm_head_screen_takes(P, 1, false));
 }
 
 // Stream-K sums a split tile's partials in warp order: the same bits on every run (its job

@@ -12,6 +12,7 @@
 
 #include "backend/backend_factory.h"
 #include "backend/cuda/cublaslt_gemm.h"
+#include "backend/cuda/kernels/linear/lm_head_screen.h"
 #include "backend/cuda/pass_meta_layout.h"
 #include "backend/decode_batch.h"
 #include "backend/solo_sequence.h"
@@ -524,6 +525,40 @@ void check_batched_120b_shapes(Backend& gpu, Backend& cpu, FastRng& r) {
   EXPECT_LE(over, 3) << "rows over the bound";
 }
 
+// Greedy passes of 1-8 rows read lm_head through its int8 screen (kernels/linear/lm_head_screen.h):
+// the ids must be the full lm_head's, bit for bit. One sequence and three (bucket 4, a padding
+// row), pipelined, with the screen and without it (set_lm_head_screen), at the real vocabulary.
+void check_screened_greedy(Backend& gpu, FastRng& r) {
+  const int V = gpu.config().vocab, per = 4, steps = 24;
+  for (int S : {1, 3}) {
+    std::vector<std::vector<int32_t>> prompts(S), got[2];
+    for (int q = 0; q < S; ++q)
+      for (int i = 0, n = 2 + int(r.next() % 9); i < n; ++i) prompts[q].push_back(int(r.next() % V));
+    for (int screened : {1, 0}) {
+      cuda::set_lm_head_screen(screened);
+      KvCacheConfig kv;
+      kv.page_size = 16;
+      kv.num_pages[kKvFull] = kv.num_pages[kKvSliding] = S * per;
+      gpu.init_kv_cache(kv);
+      std::vector<std::vector<int32_t>> pages(S);
+      for (int q = 0; q < S; ++q)
+        for (int i = 0; i < per; ++i) pages[q].push_back(q + S * i);
+      DecodeBatch batch(gpu, pages);
+      for (int q = 0; q < S; ++q) batch.prefill(q, prompts[q]);
+      const long long before = cuda::lm_head_screen_passes();
+      got[screened] = batch.decode(steps, true);
+      if (screened) {
+        EXPECT_EQ(cuda::lm_head_screen_passes() - before, steps) << "every step through the screen";
+      } else {
+        EXPECT_EQ(cuda::lm_head_screen_passes(), before);
+      }
+    }
+    cuda::set_lm_head_screen(-1);
+    EXPECT_EQ(got[1], got[0]) << S << " sequences";
+    std::printf("lm_head screen: %d sequences, %d greedy steps equal to the full lm_head's\n", S, steps);
+  }
+}
+
 TEST_F(CudaModel, TwoLayers120bShapesMatchCpu) {
   if (small_mode()) GTEST_SKIP() << "large";
   namespace fs = std::filesystem;
@@ -567,6 +602,7 @@ TEST_F(CudaModel, TwoLayers120bShapesMatchCpu) {
     RecordProperty("whole_prompt_rel_err", std::to_string(c.prefill_err));
     RecordProperty("greedy_equal", std::to_string(c.greedy_equal));
     check_batched_120b_shapes(*gpu, *cpu, r);
+    check_screened_greedy(*gpu, r);
   }
   fs::remove_all(dir);
 }

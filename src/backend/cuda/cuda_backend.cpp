@@ -284,6 +284,10 @@ CudaBackend::PassMeta CudaBackend::upload_meta(const Staged& st, int n, int n_ro
 
 void CudaBackend::lm_head(const int32_t* rows, int n_rows) {
   rmsnorm(x_, final_norm_, n_rows, cfg_.hidden, cfg_.rms_eps, rows, xn_, stream_);
+  if (screen_pass_) {
+    screen_.argmax(lm_head_dec_, xn_, cfg_.hidden, n_rows, d_logits_, cfg_.vocab, d_greedy_, invariant_, stream_);
+    return;
+  }
   // Tensor-parallel: this rank's vocab slice into its part of the gather buffer (the caller
   // follows with tp_greedy or tp_gather_logits).
   float* out = tp_.active() ? d_vocab_gather_ + size_t(tp_.rank) * n_rows * vocab_ld_ : d_logits_;
@@ -657,7 +661,10 @@ void CudaBackend::run_batch_impl(const ForwardBatch& b, float* logits, int32_t* 
     // Graphs with device taps are their own (they hold the tap stores), per set of tapped layers;
     // decode passes (one token a sequence) have their own, per decode attention plan.
     const int attn_key = plan_decode_attention(st, B, one_each, true, &pm);
-    const GraphKey key{B, attn_key, taps_dev ? b.tap_layers : std::vector<int32_t>{}};
+    // Greedy passes that want no logits (forward_greedy, launch_greedy) of 1-8 rows take the
+    // int8 screen of lm_head: the same ids as the full lm_head and argmax_rows, half the bytes.
+    const bool screened = greedy && !how && !taps && !tp_.active() && screen_serves(B);
+    const GraphKey key{B, attn_key, taps_dev ? b.tap_layers : std::vector<int32_t>{}, screened};
     auto it = graphs_.find(key);
     if (it == graphs_.end()) {
       cudaGraph_t graph;
@@ -669,9 +676,16 @@ void CudaBackend::run_batch_impl(const ForwardBatch& b, float* logits, int32_t* 
         tap_dst0_ = 0;
       }
       GPTOSS_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
-      run_pass(B, pm, B, splits_for(B));
+      {
+        screen_pass_ = screened;
+        struct Reset {
+          bool& f;
+          ~Reset() { f = false; }
+        } reset{screen_pass_};
+        run_pass(B, pm, B, splits_for(B));
+      }
       tap_layers_ = nullptr;
-      if (!tp_.active()) argmax_rows(d_logits_, B, V, d_greedy_, stream_);
+      if (!tp_.active() && !screened) argmax_rows(d_logits_, B, V, d_greedy_, stream_);
       GPTOSS_CUDA_CHECK(cudaStreamEndCapture(stream_, &graph));
       cudaGraphExec_t exec;
       GPTOSS_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
@@ -679,6 +693,7 @@ void CudaBackend::run_batch_impl(const ForwardBatch& b, float* logits, int32_t* 
       it = graphs_.emplace(key, exec).first;
     }
     GPTOSS_CUDA_CHECK(cudaGraphLaunch(it->second, stream_));
+    if (screened) note_lm_head_screen_pass();
     if (taps_dev) last_taps_ = DeviceTaps{graph_taps_, M};
     // Tensor-parallel: the graph ends at each rank's vocab slice; greedy exchanges row maxima,
     // logits and sampling gather the rows (queued while the graph runs).

@@ -26,6 +26,7 @@
 #include "backend/cuda/eagle3_head.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/kernels/eagle3/eagle3_kernels.h"
+#include "backend/cuda/kernels/linear/lm_head_screen.h"
 #include "backend/cuda/pass_meta_layout.h"
 #include "backend/cuda/tp_slices.h"
 #include "backend/cuda/step_timeline.h"
@@ -161,7 +162,16 @@ class CudaBackend final : public Backend {
   // Tensor-parallel: lm_head leaves this rank's vocab slice in d_vocab_gather_; then either the
   // greedy ids (tp_greedy: (value, id) pairs, no logits moved) or the full rows in d_logits_
   // (tp_gather_logits: for the host's logits and for sampling).
+  // With screen_pass_ (a greedy pass of 1-8 rows, lm_head_screen_takes): the ids straight into
+  // d_greedy_ through the int8 screen (lm_head_screen.h); d_logits_ then holds only the
+  // recomputed tile pairs' rows.
   void lm_head(const int32_t* rows, int n_rows);
+  LmHeadScreen screen_;       // built at load where the screen serves lm_head's decode copy
+  bool screen_pass_ = false;  // set while a screened pass is recorded
+  bool screen_serves(int n_rows) const {  // (lm_head() would run the decode copy: the screen's recompute)
+    return screen_.built() && lm_head_screen_enabled() && dense_decode_copies(n_rows) &&
+           lm_head_screen_takes(lm_head_dec_, n_rows, invariant_);
+  }
   void tp_greedy(int n_rows, bool sampler_rule) {
     vocab_parallel_argmax(*comm_, model_cfg_, tp_, d_vocab_gather_, vocab_ld_, n_rows, d_vocab_pairs_, d_greedy_, stream_,
                           sampler_rule);
@@ -353,7 +363,8 @@ class CudaBackend final : public Backend {
 
   // Captured decode passes by padded size (and tapped layers: graphs that store device taps).
   // (padded size, decode attention plan key, tapped layers)
-  using GraphKey = std::tuple<int, int, std::vector<int32_t>>;
+  // (bucket, attention plan, device tap layers, greedy through the lm_head screen)
+  using GraphKey = std::tuple<int, int, std::vector<int32_t>, bool>;
   std::map<GraphKey, cudaGraphExec_t> graphs_;
   StepTimeline timeline_;  // GPTOSS_CUDA_TIMELINE=1: GPU idle time between passes
   Mxfp4Layers mx_layers_;  // dense layers stored as MXFP4 (--mxfp4-layers)

@@ -356,6 +356,14 @@ void CudaBackend::repack_weights() {
                 "has down_proj K = " + std::to_string(layers_[0].down.K));
   if (mma && lm_head_.fmt == WeightMat::kMXFP4) in_place(lm_head_, 1, false);
   lm_head_dec_ = lm_head_.fmt == WeightMat::kBF16 ? dec_copy(lm_head_) : WeightMat{};
+  // Greedy steps of 1-8 rows then read lm_head through its int8 screen (lm_head_screen.h): one
+  // GPU only (a tensor-parallel rank's slice takes the vocab-parallel argmax).
+  if (lm_head_screen_enabled() && !tp_.active() && lm_head_.fmt == WeightMat::kBF16 &&
+      lm_head_screen_takes(lm_head_dec_, 1, invariant_)) {
+    screen_.build(lm_head_, stream_);
+    std::fprintf(stderr, "gptoss: greedy steps screen lm_head through an int8 copy (%.0f MB; GPTOSS_LM_HEAD_SCREEN=0: off)\n",
+                 screen_.bytes() / 1e6);
+  }
   int flag = 0;
   GPTOSS_CUDA_CHECK(cudaMemcpyAsync(&flag, d_flag_, 4, cudaMemcpyDeviceToHost, stream_));
   GPTOSS_CUDA_CHECK(cudaStreamSynchronize(stream_));

@@ -6,12 +6,15 @@
 #include <algorithm>
 #include <cstdio>
 #include <functional>
+#include <memory>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "backend/cuda/cuda_common.h"
 #include "common/error.h"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/kernels/linear/lm_head_screen.h"
 #include "backend/cuda/kernels/moe/expert_gemm_v5.h"
 #include "backend/parallel/tp_shard.h"
 #include "model/config.h"
@@ -56,6 +59,50 @@ T* dev_alloc(size_t n, std::vector<void*>& owned) {
 }
 
 }  // namespace
+
+// Greedy ids over lm_head at 1-8 rows: the bf16 decode copy's full launch and argmax_rows, against
+// the int8 screen (kernels/linear/lm_head_screen.h: the int8 bytes, then the candidates' 32-row
+// tile pairs again in bf16). GB/s counts the int8 bytes only for the screen; the line after the
+// rows gives the pairs it recomputed a step (random weights, N(0, 1) rows).
+template <class Row>
+void bench_lm_head_screen(const std::vector<WeightMat>& ws, const std::vector<WeightMat>& ps, const bf16_t* xb, int M,
+                          float* out, Timer& timer, cudaStream_t s, int iters, Row&& row) {
+  if (!lm_head_screen_takes(ps[0], M, false)) return;
+  const int N = ps[0].N, K = ps[0].K, copies = int(ps.size());
+  DeviceBuffer ids(8 * sizeof(int32_t));
+  std::vector<std::unique_ptr<LmHeadScreen>> scs;
+  for (const WeightMat& W : ws) {
+    scs.push_back(std::make_unique<LmHeadScreen>());
+    scs.back()->build(W, s);
+  }
+  const std::string shape = std::to_string(M) + "x" + std::to_string(N) + "x" + std::to_string(K);
+  const double bytes = double(N) * K * 2;
+  set_decode_kernel_choice(1);
+  const double full = timer.us(iters, [&](int i) {
+    linear(ps[i % copies], xb, K, M, Epilogue{Epilogue::kStoreF32, out, N}, s);
+    argmax_rows(out, M, N, ids.get<int32_t>(), s);
+  });
+  row("lm_head greedy", shape, "skinny_mma bf16 + argmax_rows", full, bytes);
+  const int pf0 = lm_head_screen_pf();
+  for (int pf : {2, 1, 3, 4}) {  // the default first (its line below counts all)
+    set_lm_head_screen_pf(pf);
+    const double scr = timer.us(iters, [&](int i) {
+      scs[i % copies]->argmax(ps[i % copies], xb, K, M, out, N, ids.get<int32_t>(), false, s);
+    });
+    row("lm_head greedy", shape, (std::string("int8 screen + candidates in bf16, pf ") + std::to_string(pf)).c_str(),
+        scr, bytes / 2);
+  }
+  set_lm_head_screen_pf(pf0);
+  long long pairs = 0, steps = 0;
+  for (const auto& sc : scs) {
+    const LmHeadScreen::Stats st = sc->stats(s);
+    pairs += st.pairs;
+    steps += st.steps;
+  }
+  std::printf("(lm_head screen at %d rows: %.1f of %d tile pairs recomputed a step)\n", M,
+              steps ? double(pairs) / steps : 0.0, N / 32);
+  set_decode_kernel_choice(-1);
+}
 
 int run_kernel_bench(const KernelBenchOptions& o) {
   if (!cuda_device_available()) throw Error("bench-kernels: no CUDA device is available");
@@ -180,6 +227,7 @@ int run_kernel_bench(const KernelBenchOptions& o) {
         });
         set_decode_kernel_choice(0);  // stream-K for its shapes below
         row(sname, shape, (std::string("skinny_mma ") + fname).c_str(), us, double(frag_weight_bytes(fmt, 1, d.N, d.K)));
+        if (fmt == WeightMat::kFragBF16 && std::string(d.name) == "lm_head") bench_lm_head_screen(ws, ps, xb, M, out, timer, s, o.iters, row);
         if (M <= 8)
           for (int v = 0; v < kStreamKVariants; ++v) {
             set_streamk_variant(v);

@@ -173,6 +173,10 @@ bool linear_router_fold(const WeightMat& W, const bf16_t* A, int lda, int M, con
 // as it stages it (qkv after a folded combine: its staged one-token kernel). Returns false without
 // launching where that kernel does not take the problem.
 bool linear_norm_in(const WeightMat& W, const NormIn& in, int M, const Epilogue& epi, cudaStream_t s);
+// Whether linear(W, A, lda, M, epi, s, invariant) over dense weights runs the skinny kernel's
+// 8-warp, two-row-tile block shape (skinny_dense_8x2); the int8 screen of lm_head recomputes its
+// candidates with that kernel's arithmetic (lm_head_screen.h).
+bool linear_runs_dense_8x2(const WeightMat& W, int M, bool invariant);
 // out = rmsnorm(x; norm_w) . W^T + bias, with x the f32 residual stream [M, K]. Decode-sized M
 // with bf16 W: the norm runs inside the GEMV (no normalized copy, no extra launch), and xn gets
 // the normalized rows only if need_xn. Otherwise rmsnorm() into xn, then linear(). xn: bf16
@@ -306,6 +310,10 @@ bool skinny_router_fold(const WeightMat& W, const bf16_t* A, int lda, const Epil
                         cudaStream_t s);
 // qkv's one-token staged kernel staging its row as rmsnorm(x + moe) (linear_norm_in).
 bool skinny_norm_in(const WeightMat& W, const NormIn& in, const Epilogue& epi, cudaStream_t s);
+// Whether skinny_linear over dense bf16 weights W (kFragBF16) at M tokens (one n-tile) with this
+// ks_override launches skinny_mma_kernel with 8 warps over K and two row tiles a block (the shape
+// launch_fmt picks for large grids such as lm_head's).
+bool skinny_dense_8x2(const WeightMat& W, int M, int ks_override);
 // The stream-K decode kernel (kernels/linear/streamk_mma.cu): what skinny_linear computes for
 // <= 8 tokens a group, with the launch's chunks spread evenly over every warp of a full-GPU grid
 // and split tiles finished in a fixed order (deterministic). streamk_takes: the problem fits its

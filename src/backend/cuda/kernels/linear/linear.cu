@@ -138,6 +138,11 @@ bool linear_router_fold(const WeightMat& W, const bf16_t* A, int lda, int M, con
   return skinny_router_fold(W, A, lda, epi, fold, s);
 }
 
+bool linear_runs_dense_8x2(const WeightMat& W, int M, bool invariant) {
+  if (M <= 0 || W.fmt != WeightMat::kFragBF16) return false;
+  return pick(W, M, M, false, invariant) == LinearKernel::kSkinnyMma && skinny_dense_8x2(W, M, invariant ? 8 : 0);
+}
+
 bool linear_norm_in(const WeightMat& W, const NormIn& in, int M, const Epilogue& epi, cudaStream_t s) {
   if (M != 1) return false;
   check_args(W, epi);

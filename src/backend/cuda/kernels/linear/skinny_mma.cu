@@ -764,7 +764,7 @@ void launch_fmt(const SkinnyArgs& a, int tiles, int groups, int ks, cudaStream_t
     launch_shape<FMT, NT, 4, 2, kPF, XF16>(a, tiles, groups, s);
   else if (one_tile)
     launch_shape<FMT, NT, 8, 1, kPF, XF16, NT == 1>(a, tiles, groups, s);
-  else
+  else  // (skinny_dense_8x2 says when a dense bf16 launch lands here: the lm_head screen's recompute)
     launch_shape<FMT, NT, 8, 2, kPF, XF16, NT == 1>(a, tiles, groups, s);
 }
 
@@ -867,6 +867,15 @@ bool skinny_norm_in(const WeightMat& W, const NormIn& in, const Epilogue& epi, c
   }
   if (ok) GPTOSS_CUDA_LAUNCH_CHECK();
   return ok;
+}
+
+bool skinny_dense_8x2(const WeightMat& W, int M, int ks_override) {
+  // launch_fmt<kFragBF16, 1> for a dense launch: no variant forced, a grid past one tile a block
+  // (one_tile false, so neither the K = 2880 nor the K = 4096 shape), no 4-warp override: its
+  // last line, launch_shape<kFragBF16, 1, 8, 2, 1, false, true>.
+  const int tiles = W.N / 16;
+  return W.fmt == WeightMat::kFragBF16 && frag_packable(W) && M >= 1 && M <= 8 && g_skinny_variant == 0 &&
+         size_t(tiles) >= size_t(8 * 132) && ks_override != 4;
 }
 
 void skinny_linear(const WeightMat& W, const void* A, bool a_f16, int lda, int M, int pairs, int E, bool grouped,
