@@ -350,6 +350,9 @@ bool frag_packable(const WeightMat& W);
 size_t frag_weight_bytes(WeightMat::Format fmt, int E, int N, int K);
 WeightMat pack_frag(const WeightMat& W, int E, bool swiglu_rows, WeightMat::Format to, void* w_out, void* aux_out,
                     int* d_flag, cudaStream_t s);
+// The int8 codes of the lm_head screen (lm_head_screen.h) in kFragFP8's byte layout: each bf16
+// weight of row r as screen::quantize(w, scale[r * scale_stride]) + 128.
+void pack_frag_i8(const WeightMat& W, const float* scale, int scale_stride, void* w_out, cudaStream_t s);
 // The MoE's weighted sum in a fixed order (deterministic, unlike atomics): x[t] += sum_j
 // topk_w[t, j] * y[slot_pair[t, j]] for n tokens of width H, y f32 [pairs][H]. If norm_w: also
 // xn[t] = rmsnorm(x[t]) * norm_w (bf16), the next layer's input. Past decode sizes a block per token

@@ -4,11 +4,12 @@
 # logit bit for bit; real vocabulary, awkward sizes, ties, the non-finite fallback), the model's
 # greedy steps with and without it (2-layer 120b shapes, also checked against the CPU), sanitizers;
 # then bench-kernels' lm_head greedy rows at 1 and 8 tokens (full bf16 copy + argmax_rows against
-# the screen; the pairs it recomputes a step).
+# the screen; the pairs it recomputes a step). SkinnyDense re-checks the fp8 packer, which now shares
+# its byte loop with the int8 one.
 # Pack: PACK_TESTS="test_cuda_kernels test_cuda_model test_cuda_spec" EXTRA_BINS=build/tests/engine/bench_engine_host tools/gpu/pack.sh
 source tools/gpu/rounds/prelude.sh
 ts tests
-t screen 240 $K --gtest_filter='Kernels.LmHeadScreen*'
+t screen 400 $K --gtest_filter='Kernels.LmHeadScreen*:Kernels.SkinnyDense'
 grep -E "^lm_head screen" $out/screen.log | head -12 >> $S
 t sampler 120 $K --gtest_filter='Kernels.SampleRows*'
 t model 400 $bin/test_cuda_model --gtest_filter='*TwoLayers120b*:*PipelinedGreedy*:*BatchedDecode*:*BatchInvariantDecode*:*GraphReplay*'

@@ -6,6 +6,7 @@
 #include "backend/cuda/device_utils.cuh"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/kernels/linear/frag_layout.cuh"
+#include "backend/cuda/kernels/linear/lm_head_screen_math.h"
 
 namespace gptoss::cuda {
 
@@ -100,25 +101,38 @@ __global__ void fp8_row_scale_kernel(const uint16_t* __restrict__ src, int K, fl
   }
 }
 
-__global__ void pack_fp8_kernel(const uint16_t* __restrict__ src, const float* __restrict__ row_scale, PackGeom p,
-                                uint4* __restrict__ dst) {
+// Byte codes in kFragFP8's layout: Code::row(r) gives row r's parameter, code(w, that) a weight's
+// byte (e4m3 at the row's scale for --dense-dtype fp8; the int8 screen of lm_head's codes + 128).
+struct Fp8Code {
+  const float* row_scale;
+  __device__ float row(size_t r) const { return 1.f / row_scale[r]; }
+  __device__ uint32_t operator()(float w, float inv) const { return f32_to_fp8_bits(w * inv); }
+};
+struct I8Code {
+  const float* scale;  // row r's at scale[r * stride]
+  int stride;
+  __device__ float row(size_t r) const { return scale[r * stride]; }
+  __device__ uint32_t operator()(float w, float sc) const { return uint32_t(screen::quantize(w, sc) + 128); }
+};
+
+template <class Code>
+__global__ void pack_bytes_kernel(const uint16_t* __restrict__ src, Code code, PackGeom p, uint4* __restrict__ dst) {
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < p.items(); i += size_t(gridDim.x) * blockDim.x) {
     int e, t, c, lane;
     unpack_item(p, i, e, t, c, lane);
     const int g = lane / 4, tq = lane % 4;
     const size_t r0 = size_t(e) * p.N + tile_row(t, g, p.swiglu), r1 = size_t(e) * p.N + tile_row(t, g + 8, p.swiglu);
     const uint16_t* rows[2] = {src + r0 * p.K + size_t(c) * 64, src + r1 * p.K + size_t(c) * 64};
-    const float inv[2] = {1.f / row_scale[r0], 1.f / row_scale[r1]};
+    const float rp[2] = {code.row(r0), code.row(r1)};
     for (int h = 0; h < 2; ++h) {
       uint32_t words[4];
       for (int jj = 0; jj < 2; ++jj) {
         const int j = 2 * h + jj;
-        uint8_t b[8];
+        uint32_t b[8];
         for (int r = 0; r < 4; ++r)
-          for (int el = 0; el < 2; ++el)
-            b[2 * r + el] = f32_to_fp8_bits(bf16_bits_to_f32(rows[r & 1][chunk_k(j, tq, r, el)]) * inv[r & 1]);
-        words[2 * jj] = b[0] | (b[1] << 8) | (b[2] << 16) | (uint32_t(b[3]) << 24);
-        words[2 * jj + 1] = b[4] | (b[5] << 8) | (b[6] << 16) | (uint32_t(b[7]) << 24);
+          for (int el = 0; el < 2; ++el) b[2 * r + el] = code(bf16_bits_to_f32(rows[r & 1][chunk_k(j, tq, r, el)]), rp[r & 1]);
+        words[2 * jj] = b[0] | (b[1] << 8) | (b[2] << 16) | (b[3] << 24);
+        words[2 * jj + 1] = b[4] | (b[5] << 8) | (b[6] << 16) | (b[7] << 24);
       }
       dst[(((size_t(e) * p.T + t) * p.C + c) * 2 + h) * 32 + lane] = make_uint4(words[0], words[1], words[2], words[3]);
     }
@@ -165,13 +179,21 @@ WeightMat pack_frag(const WeightMat& W, int E, bool swiglu_rows, WeightMat::Form
   } else if (W.fmt == WeightMat::kBF16 && to == WeightMat::kFragFP8) {
     float* rs = static_cast<float*>(aux_out);
     fp8_row_scale_kernel<<<E * W.N, 256, 0, s>>>(static_cast<const uint16_t*>(W.w), W.K, rs);
-    pack_fp8_kernel<<<grid, 256, 0, s>>>(static_cast<const uint16_t*>(W.w), rs, p, static_cast<uint4*>(w_out));
+    pack_bytes_kernel<<<grid, 256, 0, s>>>(static_cast<const uint16_t*>(W.w), Fp8Code{rs}, p, static_cast<uint4*>(w_out));
     o.row_scale = rs;
   } else {
     throw Error("pack_frag: unsupported conversion");
   }
   GPTOSS_CUDA_LAUNCH_CHECK();
   return o;
+}
+
+void pack_frag_i8(const WeightMat& W, const float* scale, int scale_stride, void* w_out, cudaStream_t s) {
+  if (W.fmt != WeightMat::kBF16) throw Error("pack_frag_i8: needs bf16 weights");
+  const PackGeom p = geom(W, 1, false);
+  pack_bytes_kernel<<<grid_for(p.items()), 256, 0, s>>>(static_cast<const uint16_t*>(W.w), I8Code{scale, scale_stride}, p,
+                                                        static_cast<uint4*>(w_out));
+  GPTOSS_CUDA_LAUNCH_CHECK();
 }
 
 }  // namespace gptoss::cuda

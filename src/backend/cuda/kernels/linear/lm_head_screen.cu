@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstddef>
 #include <string>
 
 #include "backend/cuda/device_utils.cuh"
@@ -91,31 +92,29 @@ __global__ void row_constants_kernel(const uint16_t* __restrict__ w, int K, RowC
   }
 }
 
-// The codes (+ 128) in kFragFP8's byte layout (frag_layout.cuh; pack_fp8_kernel's loop), one
-// thread per (tile, chunk, lane).
-__global__ void pack_i8_kernel(const uint16_t* __restrict__ src, const RowConst* __restrict__ rowc, int N, int K,
-                               uint4* __restrict__ dst) {
-  const int T = N / 16, C = K / 64;
-  const size_t items = size_t(T) * C * 32;
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < items; i += size_t(gridDim.x) * blockDim.x) {
-    const int lane = int(i % 32), c = int(i / 32 % C), t = int(i / 32 / C);
-    const int g = lane / 4, tq = lane % 4;
-    const int r0 = frag::tile_row(t, g, false), r1 = frag::tile_row(t, g + 8, false);
-    const uint16_t* rows[2] = {src + size_t(r0) * K + size_t(c) * 64, src + size_t(r1) * K + size_t(c) * 64};
-    const float sc[2] = {rowc[r0].scale, rowc[r1].scale};
-    for (int h = 0; h < 2; ++h) {
-      uint32_t words[4];
-      for (int jj = 0; jj < 2; ++jj) {
-        const int j = 2 * h + jj;
-        uint32_t b[8];
-        for (int r = 0; r < 4; ++r)
-          for (int el = 0; el < 2; ++el)
-            b[2 * r + el] =
-                uint32_t(screen::quantize(bf16_bits_to_f32(rows[r & 1][frag::chunk_k(j, tq, r, el)]), sc[r & 1]) + 128);
-        words[2 * jj] = b[0] | (b[1] << 8) | (b[2] << 16) | (b[3] << 24);
-        words[2 * jj + 1] = b[4] | (b[5] << 8) | (b[6] << 16) | (b[7] << 24);
+// This warp's chunks n = 0 .. my_n - 1 (chunk warp + 8 n of each row tile) in order, PF in flight
+// (their first PF already asked for by load(u, u)): mma(wbuf[u][r], x, r) for each row tile r, with
+// the lane's activations of the chunk from the staged rows as skinny_mma_kernel's x_from_smem takes
+// them (zeros for the lanes past the pass's rows: !live).
+template <int PF, class WC, class Load, class Mma>
+__device__ __forceinline__ void walk_chunks(int my_n, int warp, const uint16_t* xs_lane, bool live, WC (&wbuf)[PF][kRT],
+                                            Load&& load, Mma&& mma) {
+  for (int n0 = 0; n0 < my_n; n0 += PF) {
+#pragma unroll
+    for (int u = 0; u < PF; ++u) {
+      const int n = n0 + u;
+      if (n >= my_n) break;
+      uint4 xb[1][2];
+      if (live) {
+        const uint4* p = reinterpret_cast<const uint4*>(xs_lane + (warp + n * kKS) * 64);
+        xb[0][0] = p[0];
+        xb[0][1] = p[4];
+      } else {
+        xb[0][0] = xb[0][1] = make_uint4(0, 0, 0, 0);
       }
-      dst[((size_t(t) * C + c) * 2 + h) * 32 + lane] = make_uint4(words[0], words[1], words[2], words[3]);
+#pragma unroll
+      for (int r = 0; r < kRT; ++r) mma(wbuf[u][r], xb, r);
+      if (n + PF < my_n) load(u, n + PF);
     }
   }
 }
@@ -244,24 +243,8 @@ __global__ void __launch_bounds__(kThreads, PF >= 3 ? 2 : 3) screen_kernel(Scree
 #pragma unroll
   for (int r = 0; r < kRT; ++r) acc[r][0][0] = acc[r][0][1] = acc[r][0][2] = acc[r][0][3] = 0.f;
   const uint16_t* xs_lane = xs + size_t(g) * xs_ld + 8 * tq;
-  for (int n0 = 0; n0 < my_n; n0 += PF) {
-#pragma unroll
-    for (int u = 0; u < PF; ++u) {
-      const int n = n0 + u;
-      if (n >= my_n) break;
-      uint4 xb[1][2];
-      if (g < a.M) {
-        const uint4* p = reinterpret_cast<const uint4*>(xs_lane + (warp + n * kKS) * 64);
-        xb[0][0] = p[0];
-        xb[0][1] = p[4];
-      } else {
-        xb[0][0] = xb[0][1] = make_uint4(0, 0, 0, 0);
-      }
-#pragma unroll
-      for (int r = 0; r < kRT; ++r) chunk_mma_i8(wbuf[u][r], xb, acc[r]);
-      if (n + PF < my_n) load(u, n + PF);
-    }
-  }
+  walk_chunks<PF>(my_n, warp, xs_lane, g < a.M, wbuf, load,
+                  [&](const WChunk<WeightMat::kFragFP8>& w, const uint4(&xb)[1][2], int r) { chunk_mma_i8(w, xb, acc[r]); });
   float fin[1][4];
   if (!skinny::sum_tile_slices<1, kKS, kRT>(red, acc, kRT, fin)) return;
   // Warp r: rows g, g + 8 of tile tile0 + r; tokens 2 tq, 2 tq + 1 (fin[0][c], fin[0][2 + c]).
@@ -334,24 +317,10 @@ __global__ void __launch_bounds__(kThreads, 2) recompute_kernel(RecomputeArgs ra
     float acc[kRT][1][4];
 #pragma unroll
     for (int r = 0; r < kRT; ++r) acc[r][0][0] = acc[r][0][1] = acc[r][0][2] = acc[r][0][3] = 0.f;
-    for (int n0 = 0; n0 < my_n; n0 += kPF) {
-#pragma unroll
-      for (int u = 0; u < kPF; ++u) {
-        const int n = n0 + u;
-        if (n >= my_n) break;
-        uint4 xb[1][2];
-        if (g < a.M) {  // (x_from_smem)
-          const uint4* p = reinterpret_cast<const uint4*>(xs_lane + (warp + n * kKS) * 64);
-          xb[0][0] = p[0];
-          xb[0][1] = p[4];
-        } else {
-          xb[0][0] = xb[0][1] = make_uint4(0, 0, 0, 0);
-        }
-#pragma unroll
-        for (int r = 0; r < kRT; ++r) skinny::chunk_mma<WeightMat::kFragBF16, 1, false>(wbuf[u][r], xb, acc[r]);
-        if (n + kPF < my_n) load(u, n + kPF);
-      }
-    }
+    walk_chunks<kPF>(my_n, warp, xs_lane, g < a.M, wbuf, load,
+                     [&](const WChunk<WeightMat::kFragBF16>& w, const uint4(&xb)[1][2], int r) {
+                       skinny::chunk_mma<WeightMat::kFragBF16, 1, false>(w, xb, acc[r]);
+                     });
     float fin[1][4];
     if (skinny::sum_tile_slices<1, kKS, kRT>(red, acc, kRT, fin)) {  // (finish_tiles)
       const int tile = tile0 + warp;
@@ -432,10 +401,9 @@ void LmHeadScreen::build(const WeightMat& W, cudaStream_t s) {
   const uint16_t* w = static_cast<const uint16_t*>(W.w);
   row_constants_kernel<<<N_, 256, 0, s>>>(w, K_, rowc_.get<RowConst>());
   GPTOSS_CUDA_LAUNCH_CHECK();
-  const size_t items = size_t(N_ / 16) * (K_ / 64) * 32;
-  pack_i8_kernel<<<int(std::min<size_t>((items + 255) / 256, 4096)), 256, 0, s>>>(w, rowc_.get<RowConst>(), N_, K_,
-                                                                                 q_.get<uint4>());
-  GPTOSS_CUDA_LAUNCH_CHECK();
+  // (RowConst's first float is the scale: a stride of four floats.)
+  static_assert(offsetof(RowConst, scale) == 0 && sizeof(RowConst) == 4 * sizeof(float));
+  pack_frag_i8(W, reinterpret_cast<const float*>(rowc_.get<RowConst>()), 4, q_.get(), s);
 }
 
 void LmHeadScreen::argmax(const WeightMat& W_dec, const bf16_t* x, int lda, int M, float* logits, int ldo,
