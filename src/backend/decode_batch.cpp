@@ -64,4 +64,15 @@ std::vector<std::vector<int32_t>> DecodeBatch::decode(int steps, bool pipelined)
   return ids;
 }
 
+std::vector<std::vector<int32_t>> DecodeBatch::decode_sampled(int steps, const RowSampling& how) {
+  std::vector<std::vector<int32_t>> ids(steps, std::vector<int32_t>(size()));
+  const std::vector<RowSampling> rows(size(), how);
+  for (int i = 0; i < steps; ++i) {
+    b_.forward_sample(step_batch(), rows.data(), ids[i].data());
+    next_ = ids[i];
+    for (int& l : len_) ++l;
+  }
+  return ids;
+}
+
 }  // namespace gptoss

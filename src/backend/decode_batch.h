@@ -23,6 +23,9 @@ class DecodeBatch {
   // with its tokens taken from step i on the device, before step i's ids are read; else each
   // step's ids are read (forward_greedy) before the next is launched.
   std::vector<std::vector<int32_t>> decode(int steps, bool pipelined);
+  // `steps` steps through forward_sample, every row drawn by `how` (no logprobs, no logit changes):
+  // the engine's way; at temperature 0 the same ids as decode().
+  std::vector<std::vector<int32_t>> decode_sampled(int steps, const RowSampling& how);
   const std::vector<int32_t>& next() const { return next_; }
   int size() const { return int(pages_.size()); }
 

@@ -304,6 +304,39 @@ void check_screen(int N, int K, const std::vector<int>& Ms, ScreenInput in) {
   }
 }
 
+// Where every logit is -inf or NaN the sampler's greedy rule gives id 0 and argmax_rows the lowest
+// -inf: row 0 NaN (a NaN weight), the others -inf (a positive column against an activation of
+// -inf). The screen gives either, as asked (every pair recomputed: no bound is finite).
+TEST_F(Kernels, LmHeadScreenSamplerRuleAtMinusInfinity) {
+  const int N = 16 * 8 * 132, K = 64;
+  FastRng r(fresh_seed());
+  auto w = rand_f32(size_t(N) * K, r, 0.02f);
+  for (int n = 0; n < N; ++n) w[size_t(n) * K] = 0.01f;
+  w[3] = std::nanf("");
+  auto x = round_bf16(rand_f32(K, r));
+  x[0] = -INFINITY;
+  Dev<uint16_t> dw(to_bf16(w)), dx(to_bf16(x));
+  const WeightMat W{WeightMat::kBF16, dw.p(), nullptr, nullptr, N, K};
+  Dev<uint8_t> dwf(cuda::frag_weight_bytes(WeightMat::kFragBF16, 1, N, K));
+  Dev<int> flag(std::vector<int>{0});
+  const WeightMat P = cuda::pack_frag(W, 1, false, WeightMat::kFragBF16, dwf.p(), nullptr, flag.p(), 0);
+  cuda::set_decode_kernel_choice(1);
+  Dev<float> full{size_t(N)}, part{size_t(N)};
+  Dev<int32_t> ids(1);
+  cuda::linear(P, dx.p(), K, 1, Epilogue{Epilogue::kStoreF32, full.p(), N}, 0);
+  cuda::argmax_rows(full.p(), 1, N, ids.p(), 0);
+  ASSERT_EQ(ids.download()[0], 1);
+  const std::vector<float> fl = full.download();
+  ASSERT_TRUE(std::isnan(fl[0]));
+  ASSERT_EQ(fl[1], -INFINITY);
+  cuda::LmHeadScreen sc;
+  sc.build(W, 0);
+  sc.argmax(P, dx.p(), K, 1, part.p(), N, ids.p(), false, 0);
+  EXPECT_EQ(ids.download()[0], 1) << "argmax_rows's rule";
+  sc.argmax(P, dx.p(), K, 1, part.p(), N, ids.p(), false, 0, true);
+  EXPECT_EQ(ids.download()[0], 0) << "the sampler's rule";
+}
+
 TEST_F(Kernels, LmHeadScreenMatchesArgmaxRows) {
   cuda::set_decode_kernel_choice(1);  // the block-per-tile skinny kernel (the default family)
   const int small_n = 16 * 8 * 132;   // the smallest grid the full kernel runs in its 8x2 shape

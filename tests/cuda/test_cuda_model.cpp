@@ -527,10 +527,12 @@ void check_batched_120b_shapes(Backend& gpu, Backend& cpu, FastRng& r) {
 
 // Greedy passes of 1-8 rows read lm_head through its int8 screen (kernels/linear/lm_head_screen.h):
 // the ids must be the full lm_head's, bit for bit. One sequence and three (bucket 4, a padding
-// row), pipelined, with the screen and without it (set_lm_head_screen), at the real vocabulary.
+// row), pipelined greedy steps and forward_sample steps at temperature 0 (the engine's way), with
+// the screen and without it (set_lm_head_screen), at the real vocabulary.
 void check_screened_greedy(Backend& gpu, FastRng& r) {
   const int V = gpu.config().vocab, per = 4, steps = 24;
-  for (int S : {1, 3}) {
+  for (int S : {1, 3})
+    for (bool sampled : {false, true}) {
     std::vector<std::vector<int32_t>> prompts(S), got[2];
     for (int q = 0; q < S; ++q)
       for (int i = 0, n = 2 + int(r.next() % 9); i < n; ++i) prompts[q].push_back(int(r.next() % V));
@@ -546,7 +548,9 @@ void check_screened_greedy(Backend& gpu, FastRng& r) {
       DecodeBatch batch(gpu, pages);
       for (int q = 0; q < S; ++q) batch.prefill(q, prompts[q]);
       const long long before = cuda::lm_head_screen_passes();
-      got[screened] = batch.decode(steps, true);
+      RowSampling greedy;
+      greedy.temperature = 0.f;
+      got[screened] = sampled ? batch.decode_sampled(steps, greedy) : batch.decode(steps, true);
       if (screened) {
         EXPECT_EQ(cuda::lm_head_screen_passes() - before, steps) << "every step through the screen";
       } else {
@@ -554,8 +558,9 @@ void check_screened_greedy(Backend& gpu, FastRng& r) {
       }
     }
     cuda::set_lm_head_screen(-1);
-    EXPECT_EQ(got[1], got[0]) << S << " sequences";
-    std::printf("lm_head screen: %d sequences, %d greedy steps equal to the full lm_head's\n", S, steps);
+    EXPECT_EQ(got[1], got[0]) << S << " sequences" << (sampled ? ", forward_sample" : "");
+    std::printf("lm_head screen: %d sequences, %d %s steps equal to the full lm_head's\n", S, steps,
+                sampled ? "forward_sample (temperature 0)" : "pipelined greedy");
   }
 }
 

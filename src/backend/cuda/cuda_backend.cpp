@@ -284,8 +284,9 @@ CudaBackend::PassMeta CudaBackend::upload_meta(const Staged& st, int n, int n_ro
 
 void CudaBackend::lm_head(const int32_t* rows, int n_rows) {
   rmsnorm(x_, final_norm_, n_rows, cfg_.hidden, cfg_.rms_eps, rows, xn_, stream_);
-  if (screen_pass_) {
-    screen_.argmax(lm_head_dec_, xn_, cfg_.hidden, n_rows, d_logits_, cfg_.vocab, d_greedy_, invariant_, stream_);
+  if (screen_pass_ != kScreenNone) {
+    screen_.argmax(lm_head_dec_, xn_, cfg_.hidden, n_rows, d_logits_, cfg_.vocab, d_greedy_, invariant_, stream_,
+                   screen_pass_ == kScreenSampler);
     return;
   }
   // Tensor-parallel: this rank's vocab slice into its part of the gather buffer (the caller
@@ -661,10 +662,21 @@ void CudaBackend::run_batch_impl(const ForwardBatch& b, float* logits, int32_t* 
     // Graphs with device taps are their own (they hold the tap stores), per set of tapped layers;
     // decode passes (one token a sequence) have their own, per decode attention plan.
     const int attn_key = plan_decode_attention(st, B, one_each, true, &pm);
-    // Greedy passes that want no logits (forward_greedy, launch_greedy) of 1-8 rows take the
-    // int8 screen of lm_head: the same ids as the full lm_head and argmax_rows, half the bytes.
-    const bool screened = greedy && !how && !taps && !tp_.active() && screen_serves(B);
-    const GraphKey key{B, attn_key, taps_dev ? b.tap_layers : std::vector<int32_t>{}, screened};
+    // Greedy passes that want no logits of 1-8 rows take the int8 screen of lm_head: the same ids
+    // as the full lm_head and argmax_rows (forward_greedy, launch_greedy) or the sampler
+    // (forward_sample with every row plain greedy: temperature 0, nothing kept, changed, masked or
+    // listed, no logprobs), half the bytes.
+    int screen_mode = kScreenNone;
+    if (greedy && !taps && !tp_.active() && screen_serves(B)) {
+      const bool plain_greedy =
+          how && !logprobs && std::all_of(how, how + b.logit_rows.size(), [](const RowSampling& s) {
+            return s.temperature < 1e-5f && !s.keep_logits && s.adds_count == 0 && s.allowed_row < 0 &&
+                   s.top_logprobs == 0;
+          });
+      screen_mode = !how ? kScreenArgmax : plain_greedy ? kScreenSampler : kScreenNone;
+    }
+    const bool screened = screen_mode != kScreenNone;
+    const GraphKey key{B, attn_key, taps_dev ? b.tap_layers : std::vector<int32_t>{}, screen_mode};
     auto it = graphs_.find(key);
     if (it == graphs_.end()) {
       cudaGraph_t graph;
@@ -677,10 +689,10 @@ void CudaBackend::run_batch_impl(const ForwardBatch& b, float* logits, int32_t* 
       }
       GPTOSS_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
       {
-        screen_pass_ = screened;
+        screen_pass_ = screen_mode;
         struct Reset {
-          bool& f;
-          ~Reset() { f = false; }
+          int& f;
+          ~Reset() { f = kScreenNone; }
         } reset{screen_pass_};
         run_pass(B, pm, B, splits_for(B));
       }
@@ -699,7 +711,7 @@ void CudaBackend::run_batch_impl(const ForwardBatch& b, float* logits, int32_t* 
     // logits and sampling gather the rows (queued while the graph runs).
     if (tp_pairs) tp_greedy(B, how != nullptr);
     else if (tp_.active()) tp_gather_logits(B);
-    if (how && !tp_pairs) {
+    if (how && !tp_pairs && !screened) {
       std::vector<RowSampling> per(B);  // padding rows draw too, harmlessly
       for (size_t i = 0; i < b.logit_rows.size(); ++i) per[row_of[b.logit_rows[i]]] = how[i];
       sample_on_device(per, B, logprobs != nullptr);

@@ -166,8 +166,12 @@ class CudaBackend final : public Backend {
   // d_greedy_ through the int8 screen (lm_head_screen.h); d_logits_ then holds only the
   // recomputed tile pairs' rows.
   void lm_head(const int32_t* rows, int n_rows);
-  LmHeadScreen screen_;       // built at load where the screen serves lm_head's decode copy
-  bool screen_pass_ = false;  // set while a screened pass is recorded
+  LmHeadScreen screen_;  // built at load where the screen serves lm_head's decode copy
+  // How a pass's ids come: kNone (lm_head in full, then argmax_rows or the sampler), kArgmax
+  // (forward_greedy, launch_greedy: the screen, argmax_rows's rule), kSampler (forward_sample with
+  // every row plain greedy: the screen, the sampler's greedy rule, no sampler launch).
+  enum ScreenMode { kScreenNone = 0, kScreenArgmax = 1, kScreenSampler = 2 };
+  int screen_pass_ = kScreenNone;  // set while a screened pass is recorded
   bool screen_serves(int n_rows) const {  // (lm_head() would run the decode copy: the screen's recompute)
     return screen_.built() && lm_head_screen_enabled() && dense_decode_copies(n_rows) &&
            lm_head_screen_takes(lm_head_dec_, n_rows, invariant_);
@@ -363,8 +367,8 @@ class CudaBackend final : public Backend {
 
   // Captured decode passes by padded size (and tapped layers: graphs that store device taps).
   // (padded size, decode attention plan key, tapped layers)
-  // (bucket, attention plan, device tap layers, greedy through the lm_head screen)
-  using GraphKey = std::tuple<int, int, std::vector<int32_t>, bool>;
+  // (bucket, attention plan, device tap layers, ids through the lm_head screen: ScreenMode)
+  using GraphKey = std::tuple<int, int, std::vector<int32_t>, int>;
   std::map<GraphKey, cudaGraphExec_t> graphs_;
   StepTimeline timeline_;  // GPTOSS_CUDA_TIMELINE=1: GPU idle time between passes
   Mxfp4Layers mx_layers_;  // dense layers stored as MXFP4 (--mxfp4-layers)

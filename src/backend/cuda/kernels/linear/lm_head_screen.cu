@@ -285,6 +285,7 @@ struct RecomputeArgs {
   const int* list;
   State* st;
   int32_t* ids;
+  bool sampler_rule;  // a maximum of -inf gives id 0 (sample_rows' greedy rule)
 };
 
 __global__ void __launch_bounds__(kThreads, 2) recompute_kernel(RecomputeArgs ra) {
@@ -348,7 +349,9 @@ __global__ void __launch_bounds__(kThreads, 2) recompute_kernel(RecomputeArgs ra
     if (atomicAdd(&ra.st->blocks_done, 1) == int(gridDim.x) - 1) {
       __threadfence();
       for (int t = 0; t < a.M; ++t) {
-        ra.ids[t] = screen::argmax_key_id(atomicExch(&ra.st->best[t], 0ull));
+        const unsigned long long k = atomicExch(&ra.st->best[t], 0ull);
+        const bool neg_inf = (k >> 32) == screen::order_key(-INFINITY);
+        ra.ids[t] = ra.sampler_rule && neg_inf ? 0 : screen::argmax_key_id(k);
         ra.st->lower_max[t] = 0;
       }
       ra.st->pairs += listed;
@@ -407,7 +410,7 @@ void LmHeadScreen::build(const WeightMat& W, cudaStream_t s) {
 }
 
 void LmHeadScreen::argmax(const WeightMat& W_dec, const bf16_t* x, int lda, int M, float* logits, int ldo,
-                          int32_t* ids, bool invariant, cudaStream_t s) const {
+                          int32_t* ids, bool invariant, cudaStream_t s, bool sampler_rule) const {
   if (!built() || W_dec.N != N_ || W_dec.K != K_ || !lm_head_screen_takes(W_dec, M, invariant))
     throw Error("lm_head screen: not built for this matrix, or " + std::to_string(M) + " rows it does not take");
   State* st = state_.get<State>();
@@ -431,7 +434,7 @@ void LmHeadScreen::argmax(const WeightMat& W_dec, const bf16_t* x, int lda, int 
   SkinnyArgs a{W_dec, x, lda, M, false, false, MoeRouting{}, Epilogue{Epilogue::kStoreF32, logits, ldo}};
   a.xs_rows = M;
   a.stage_async = true;
-  RecomputeArgs ra{a, list_.get<int>(), st, ids};
+  RecomputeArgs ra{a, list_.get<int>(), st, ids, sampler_rule};
   allow_dynamic_smem(recompute_kernel, smem);
   launch_pdl(recompute_kernel, dim3(std::min(pairs, 2 * sm_count())), dim3(kThreads), smem, s, ra);
   GPTOSS_CUDA_LAUNCH_CHECK();

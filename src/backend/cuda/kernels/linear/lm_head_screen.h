@@ -31,11 +31,12 @@ class LmHeadScreen {
   void build(const WeightMat& row_major_bf16, cudaStream_t s);
 
   // ids[0..M) = argmax over each row of x . W^T, as argmax_rows over linear(W_dec, x)'s logits
-  // would pick it. W_dec: lm_head's bf16 decode copy (kFragBF16), the matrix the full path runs;
-  // lm_head_screen_takes(W_dec, M, invariant) must hold. The recomputed tile pairs' logits land in
-  // logits ([M][ldo]); the other entries are left as they were.
+  // would pick it (sampler_rule: as the sampler's greedy rule does, which differs only where the
+  // maximum is -inf: id 0). W_dec: lm_head's bf16 decode copy (kFragBF16), the matrix the full path
+  // runs; lm_head_screen_takes(W_dec, M, invariant) must hold. The recomputed tile pairs' logits
+  // land in logits ([M][ldo]); the other entries are left as they were.
   void argmax(const WeightMat& W_dec, const bf16_t* x, int lda, int M, float* logits, int ldo, int32_t* ids,
-              bool invariant, cudaStream_t s) const;
+              bool invariant, cudaStream_t s, bool sampler_rule = false) const;
 
   // Tile pairs (32 rows) recomputed and steps run since build (reads the device; not in graphs).
   struct Stats {
