@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <string>
+#include <utility>
 
 #include "common/error.h"
 
@@ -30,11 +31,19 @@ WarmUpResult warm_up(Engine& engine, int prompt_len, int new_tokens) {
   prompt_len = std::max(1, std::min(prompt_len, engine.max_model_len() - new_tokens));
   const int vocab_span = std::max(2, std::min(engine.vocab(), 100000) - 1);
   uint64_t salt = 0x9e3779b97f4a7c15ull;
-  for (int b : warm_up_batch_sizes(engine.config().max_num_seqs, engine.decode_batch_buckets())) {
+  std::vector<std::pair<int, bool>> runs;  // (batch size, sampled)
+  const std::vector<int> buckets = engine.decode_batch_buckets();
+  for (int b : warm_up_batch_sizes(engine.config().max_num_seqs, buckets)) {
+    const bool sampled = runs.size() % 2 == 1;
+    runs.push_back({b, sampled});
+    // A backend with decode graphs (buckets), up to kWarmUpBothModesRows: both, since the CUDA
+    // backend's greedy passes there have graphs of their own (lm_head through its int8 screen).
+    if (!buckets.empty() && b <= kWarmUpBothModesRows) runs.push_back({b, !sampled});
+  }
+  for (const auto& [b, sampled] : runs) {
     SamplingParams sp;
     sp.max_tokens = new_tokens;
     sp.ignore_eos = true;
-    const bool sampled = res.batch_sizes.size() % 2 == 1;
     sp.temperature = sampled ? 1.0f : 0.0f;
     sp.logprobs = sampled ? 0 : -1;
     sp.seed = 1;
@@ -66,7 +75,7 @@ WarmUpResult warm_up(Engine& engine, int prompt_len, int new_tokens) {
         throw Error("warm-up: a request ended with " + std::to_string(got) + " of " + std::to_string(new_tokens) +
                     " tokens");
     }
-    res.batch_sizes.push_back(b);
+    if (res.batch_sizes.empty() || res.batch_sizes.back() != b) res.batch_sizes.push_back(b);
     res.requests += b;
     res.tokens += int64_t(b) * (len + new_tokens);
   }

@@ -14,7 +14,7 @@
 namespace gptoss {
 
 struct WarmUpResult {
-  std::vector<int> batch_sizes;  // the decode batch sizes run, in order
+  std::vector<int> batch_sizes;  // the decode batch sizes run, in order (once each)
   int requests = 0;
   int64_t tokens = 0;            // prompt + generated tokens of the warm-up requests
   double seconds = 0;
@@ -25,11 +25,17 @@ struct WarmUpResult {
 // doublings of the largest (or powers of two, with no buckets) below it, and max_num_seqs itself.
 std::vector<int> warm_up_batch_sizes(int max_num_seqs, const std::vector<int>& buckets = {});
 
+// Batch sizes up to which the warm-up runs both a greedy batch and a sampled one, on a backend
+// with decode batch buckets (graphs).
+constexpr int kWarmUpBothModesRows = 8;
+
 // Runs, for each of warm_up_batch_sizes(max_num_seqs, the backend's buckets), that many requests at once (distinct
 // prompts of prompt_len tokens, a few greedy decode steps; every other batch sampled with
-// logprobs so the sampling kernels load too), on the caller's thread: call it before
-// Engine::start(). The engine's metrics are reset afterwards (the warm-up is not traffic).
-// Throws gptoss::Error if a warm-up request does not finish with all its tokens.
+// logprobs so the sampling kernels load too; with buckets, sizes up to kWarmUpBothModesRows both
+// ways), on the
+// caller's thread: call it before Engine::start(). The engine's metrics are reset afterwards (the
+// warm-up is not traffic). Throws gptoss::Error if a warm-up request does not finish with all its
+// tokens.
 WarmUpResult warm_up(Engine& engine, int prompt_len = 32, int new_tokens = 4);
 
 }  // namespace gptoss

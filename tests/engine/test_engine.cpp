@@ -1136,6 +1136,22 @@ TEST(Engine, WarmUpRunsEachBatchSizeAndLeavesNoTrace) {
   EXPECT_EQ(e.metrics().requests_finished.load(), 1);
 }
 
+// A backend with decode graphs (buckets, as the CUDA backend's) gets a greedy and a sampled batch
+// at each size up to kWarmUpBothModesRows (its greedy passes there have graphs of their own), one
+// above.
+TEST(Engine, WarmUpRunsBothModesAtSmallBucketedSizes) {
+  struct Bucketed : FakeBackend {
+    std::vector<int> decode_batch_buckets() const override { return {1, 2, 4, 8, 16}; }
+  } be;
+  EngineConfig c = small_cfg();
+  c.max_num_seqs = 16;
+  Engine e(be, c);
+  WarmUpResult w = warm_up(e, 4, 2);
+  EXPECT_EQ(w.batch_sizes, (std::vector<int>{1, 2, 4, 8, 16}));
+  EXPECT_EQ(w.requests, 2 * (1 + 2 + 4 + 8) + 16);
+  EXPECT_EQ(e.num_active(), 0);
+}
+
 // A context too short for the default prompt and tokens: the warm-up shortens both (down to the
 // smallest context serve accepts, 2 tokens).
 TEST(Engine, WarmUpFitsASmallContext) {
