@@ -1,19 +1,7 @@
 # Session 43, round 4: compute-sanitizer over the lm_head screen's kernel tests (small cases:
 # memcheck, racecheck, synccheck), and the dense decode kernels' test, which re-checks the fp8
-# packer (its byte loop now shared with the screen's int8 one, aa7ce87); Nsight Compute of the
-# screen's three kernels.
+# packer (its byte loop now shared with the screen's int8 one, aa7ce87). Nsight Compute: s43r5.
 source tools/gpu/rounds/prelude.sh
 t skinny 200 $K --gtest_filter='Kernels.SkinnyDense'
 sanitize 'Kernels.LmHeadScreen*' memcheck racecheck synccheck
-# Nsight Compute of the screen's kernels at one token (bench-kernels 120b; the first screen launch is
-# the default's, 2 chunks in flight): DRAM throughput against the fp8 copy's kernel, stalls.
-sec="--section SpeedOfLight --section WarpStateStats --section MemoryWorkloadAnalysis --section LaunchStats --section Occupancy"
-for k in screen_kernel recompute_kernel select_kernel; do
-  ts "ncu $k (bench-kernels 120b, 1 token)"
-  timeout 140 ncu --clock-control none -k "regex:$k" --launch-count 1 $sec -o $out/ncu_$k \
-    $g bench-kernels --model 120b --tokens 1 --iters 2 > $out/ncu_$k.txt 2>&1
-  echo "ncu rc=$?" >> $S
-  ncu -i $out/ncu_$k.ncu-rep --page details 2>&1 | grep -E "Duration|DRAM Throughput|Memory Throughput|Registers|Achieved Occupancy|Warp Cycles Per Issued|Stall|Grid Size|Block Size" | head -20 >> $S
-  rm -f $out/ncu_$k.ncu-rep
-done
 ts done
