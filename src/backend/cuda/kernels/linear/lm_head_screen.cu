@@ -28,7 +28,9 @@ using skinny::SkinnyArgs;
 using skinny::WChunk;
 
 constexpr int kKS = 8, kRT = 2, kThreads = kKS * 32;  // warps over K, row tiles a block
-constexpr int kPF = 2;  // chunks in flight a warp and row tile (the recompute; the screen's: screen_pf())
+// The recompute's chunks in flight a warp and row tile: a warp's 5-6 chunks of K = 2880 in two
+// rounds of loads (126 registers, two blocks an SM; the screen's: lm_head_screen_pf()).
+constexpr int kPF = 3;
 constexpr int kMaxRows = LmHeadScreen::kMaxRows;
 constexpr int kMaxK = 8192;  // the staged rows: kMaxRows x (K + 8) halves of shared memory
 constexpr size_t kRedBytes = size_t(kKS) * kRT * 4 * 32 * sizeof(float);
