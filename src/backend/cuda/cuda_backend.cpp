@@ -666,7 +666,7 @@ void CudaBackend::run_batch_impl(const ForwardBatch& b, float* logits, int32_t* 
     // as the full lm_head and argmax_rows (forward_greedy, launch_greedy) or the sampler
     // (forward_sample with every row plain greedy: temperature 0, nothing kept, changed, masked or
     // listed, no logprobs), half the bytes.
-    int screen_mode = kScreenNone;
+    ScreenMode screen_mode = kScreenNone;
     if (greedy && !taps && !tp_.active() && screen_serves(B)) {
       const bool plain_greedy =
           how && !logprobs && std::all_of(how, how + b.logit_rows.size(), [](const RowSampling& s) {
@@ -691,7 +691,7 @@ void CudaBackend::run_batch_impl(const ForwardBatch& b, float* logits, int32_t* 
       {
         screen_pass_ = screen_mode;
         struct Reset {
-          int& f;
+          ScreenMode& f;
           ~Reset() { f = kScreenNone; }
         } reset{screen_pass_};
         run_pass(B, pm, B, splits_for(B));

@@ -171,7 +171,7 @@ class CudaBackend final : public Backend {
   // (forward_greedy, launch_greedy: the screen, argmax_rows's rule), kSampler (forward_sample with
   // every row plain greedy: the screen, the sampler's greedy rule, no sampler launch).
   enum ScreenMode { kScreenNone = 0, kScreenArgmax = 1, kScreenSampler = 2 };
-  int screen_pass_ = kScreenNone;  // set while a screened pass is recorded
+  ScreenMode screen_pass_ = kScreenNone;  // set while a screened pass is recorded
   bool screen_serves(int n_rows) const {  // (lm_head() would run the decode copy: the screen's recompute)
     return screen_.built() && lm_head_screen_enabled() && dense_decode_copies(n_rows) &&
            lm_head_screen_takes(lm_head_dec_, n_rows, invariant_);

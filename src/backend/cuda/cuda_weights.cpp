@@ -358,8 +358,8 @@ void CudaBackend::repack_weights() {
   lm_head_dec_ = lm_head_.fmt == WeightMat::kBF16 ? dec_copy(lm_head_) : WeightMat{};
   // Greedy steps of 1-8 rows then read lm_head through its int8 screen (lm_head_screen.h): one
   // GPU only (a tensor-parallel rank's slice takes the vocab-parallel argmax).
-  if (lm_head_screen_enabled() && !tp_.active() && lm_head_.fmt == WeightMat::kBF16 &&
-      lm_head_screen_takes(lm_head_dec_, 1, invariant_)) {
+  // (A bf16 decode copy means lm_head_ is row-major bf16, what build() reads.)
+  if (lm_head_screen_enabled() && !tp_.active() && lm_head_screen_takes(lm_head_dec_, 1, invariant_)) {
     screen_.build(lm_head_, stream_);
     std::fprintf(stderr, "gptoss: greedy steps screen lm_head through an int8 copy (%.0f MB; GPTOSS_LM_HEAD_SCREEN=0: off)\n",
                  screen_.bytes() / 1e6);

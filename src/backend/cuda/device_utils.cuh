@@ -60,6 +60,43 @@ __device__ __forceinline__ float warp_max(float v) {
   return v;
 }
 
+// Sum / max of one value per thread over a block of THREADS threads (red: THREADS / 32 slots of
+// shared memory); every thread gets the result. Callable back to back with the same red (the
+// first barrier waits for the previous reduction's reads).
+template <int THREADS>
+__device__ __forceinline__ float block_sum(float v, float* red) {
+  v = warp_sum(v);
+  const int w = threadIdx.x / 32, lane = threadIdx.x & 31;
+  __syncthreads();
+  if (lane == 0) red[w] = v;
+  __syncthreads();
+  float t = lane < THREADS / 32 ? red[lane] : 0.0f;
+  return warp_sum(t);
+}
+template <int THREADS>
+__device__ __forceinline__ double block_sum_d(double v, double* red) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  const int w = threadIdx.x / 32, lane = threadIdx.x & 31;
+  __syncthreads();
+  if (lane == 0) red[w] = v;
+  __syncthreads();
+  double t = lane < THREADS / 32 ? red[lane] : 0.0;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) t += __shfl_xor_sync(0xffffffffu, t, o);
+  return t;
+}
+template <int THREADS>
+__device__ __forceinline__ float block_max(float v, float* red) {
+  v = warp_max(v);
+  const int w = threadIdx.x / 32, lane = threadIdx.x & 31;
+  __syncthreads();
+  if (lane == 0) red[w] = v;
+  __syncthreads();
+  float t = lane < THREADS / 32 ? red[lane] : -INFINITY;
+  return warp_max(t);
+}
+
 // e8m0 scale byte -> 2^(s-127) (s = 0 gives the subnormal 2^-127; 255 is NaN).
 __device__ __forceinline__ float e8m0_to_f32_dev(uint32_t s) {
   if (s == 0) return __uint_as_float(0x00400000u);

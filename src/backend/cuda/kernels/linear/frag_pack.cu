@@ -85,20 +85,16 @@ __global__ void pack_mxfp4_kernel(const uint8_t* __restrict__ blocks, const uint
   }
 }
 
-// One block per row: the row's largest magnitude -> scale = amax / 448 (e4m3's largest finite).
-__global__ void fp8_row_scale_kernel(const uint16_t* __restrict__ src, int K, float* __restrict__ row_scale) {
+// One block per row (256 threads): the row's largest magnitude -> scale = amax / 448 (e4m3's
+// largest finite).
+__global__ void __launch_bounds__(256) fp8_row_scale_kernel(const uint16_t* __restrict__ src, int K,
+                                                            float* __restrict__ row_scale) {
   const uint16_t* row = src + size_t(blockIdx.x) * K;
+  __shared__ float red[256 / 32];
   float m = 0.f;
-  for (int k = threadIdx.x; k < K; k += blockDim.x) m = fmaxf(m, fabsf(bf16_bits_to_f32(row[k])));
-  m = warp_max(m);
-  __shared__ float red[32];
-  if ((threadIdx.x & 31) == 0) red[threadIdx.x / 32] = m;
-  __syncthreads();
-  if (threadIdx.x < 32) {
-    float v = threadIdx.x < blockDim.x / 32 ? red[threadIdx.x] : 0.f;
-    v = warp_max(v);
-    if (threadIdx.x == 0) row_scale[blockIdx.x] = v > 0.f ? v / 448.f : 1.f;
-  }
+  for (int k = threadIdx.x; k < K; k += 256) m = fmaxf(m, fabsf(bf16_bits_to_f32(row[k])));
+  const float v = block_max<256>(m, red);
+  if (threadIdx.x == 0) row_scale[blockIdx.x] = v > 0.f ? v / 448.f : 1.f;
 }
 
 // Byte codes in kFragFP8's layout: Code::row(r) gives row r's parameter, code(w, that) a weight's

@@ -47,23 +47,19 @@ size_t smem_bytes(int M, int K) { return kRedBytes + size_t(M) * (K + 8) * 2; }
 
 // ---- Load time ----
 
-// One block a row: the scale (largest magnitude / 127), then the row's exact sums in double
-// (err^2, w^2, q^2 over the codes quantize() gives), then its constants.
-__global__ void row_constants_kernel(const uint16_t* __restrict__ w, int K, RowConst* __restrict__ out) {
+// One block a row (kRowThreads): the scale (largest magnitude / 127), then the row's exact sums in
+// double (err^2, w^2, q^2 over the codes quantize() gives), then its constants.
+constexpr int kRowThreads = 256;
+__global__ void __launch_bounds__(kRowThreads) row_constants_kernel(const uint16_t* __restrict__ w, int K,
+                                                                    RowConst* __restrict__ out) {
   const uint16_t* row = w + size_t(blockIdx.x) * K;
-  __shared__ float amax_s[32];
-  __shared__ double sums_s[3][32];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  __shared__ float red[kRowThreads / 32];
+  __shared__ double redd[kRowThreads / 32];
   float m = 0.f;  // (fmaxf drops NaN; an inf makes the scale 1: row_scale)
-  for (int k = threadIdx.x; k < K; k += blockDim.x) m = fmaxf(m, fabsf(bf16_bits_to_f32(row[k])));
-  m = warp_max(m);
-  if (lane == 0) amax_s[warp] = m;
-  __syncthreads();
-  float amax = 0.f;
-  for (int i = 0; i < warps; ++i) amax = fmaxf(amax, amax_s[i]);
-  const float scale = screen::row_scale(amax);
+  for (int k = threadIdx.x; k < K; k += kRowThreads) m = fmaxf(m, fabsf(bf16_bits_to_f32(row[k])));
+  const float scale = screen::row_scale(block_max<kRowThreads>(m, red));
   double e2 = 0, w2 = 0, q2 = 0;
-  for (int k = threadIdx.x; k < K; k += blockDim.x) {
+  for (int k = threadIdx.x; k < K; k += kRowThreads) {
     const float wf = bf16_bits_to_f32(row[k]);
     const int q = screen::quantize(wf, scale);
     const double d = double(wf) - double(scale) * q;
@@ -71,27 +67,10 @@ __global__ void row_constants_kernel(const uint16_t* __restrict__ w, int K, RowC
     w2 += double(wf) * wf;
     q2 += double(q) * q;
   }
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    e2 += __shfl_xor_sync(0xffffffffu, e2, o);
-    w2 += __shfl_xor_sync(0xffffffffu, w2, o);
-    q2 += __shfl_xor_sync(0xffffffffu, q2, o);
-  }
-  if (lane == 0) {
-    sums_s[0][warp] = e2;
-    sums_s[1][warp] = w2;
-    sums_s[2][warp] = q2;
-  }
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    double E = 0, Wn = 0, Q = 0;
-    for (int i = 0; i < warps; ++i) {
-      E += sums_s[0][i];
-      Wn += sums_s[1][i];
-      Q += sums_s[2][i];
-    }
-    out[blockIdx.x] = screen::row_constants(scale, E, Wn, Q, K);
-  }
+  e2 = block_sum_d<kRowThreads>(e2, redd);
+  w2 = block_sum_d<kRowThreads>(w2, redd);
+  q2 = block_sum_d<kRowThreads>(q2, redd);
+  if (threadIdx.x == 0) out[blockIdx.x] = screen::row_constants(scale, e2, w2, q2, K);
 }
 
 // This warp's chunks n = 0 .. my_n - 1 (chunk warp + 8 n of each row tile) in order, PF in flight
@@ -404,7 +383,7 @@ void LmHeadScreen::build(const WeightMat& W, cudaStream_t s) {
   state_.alloc(sizeof(State));
   GPTOSS_CUDA_CHECK(cudaMemsetAsync(state_.get(), 0, sizeof(State), s));
   const uint16_t* w = static_cast<const uint16_t*>(W.w);
-  row_constants_kernel<<<N_, 256, 0, s>>>(w, K_, rowc_.get<RowConst>());
+  row_constants_kernel<<<N_, kRowThreads, 0, s>>>(w, K_, rowc_.get<RowConst>());
   GPTOSS_CUDA_LAUNCH_CHECK();
   // (RowConst's first float is the scale: a stride of four floats.)
   static_assert(offsetof(RowConst, scale) == 0 && sizeof(RowConst) == 4 * sizeof(float));

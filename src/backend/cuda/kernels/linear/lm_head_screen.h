@@ -24,7 +24,6 @@ class LmHeadScreen {
   static constexpr int kMaxRows = 8;  // one n-tile of the decode kernels
 
   bool built() const { return N_ > 0; }
-  int rows() const { return N_; }
   size_t bytes() const;  // device memory held
 
   // The int8 copy and its row constants from lm_head as stored row-major in bf16 (W.fmt kBF16).

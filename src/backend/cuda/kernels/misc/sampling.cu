@@ -12,38 +12,6 @@ namespace {
 
 constexpr int kThreads = 1024;
 
-// Sum / max of one value per thread over the block; every thread gets the result.
-__device__ float block_sum(float v, float* red) {
-  v = warp_sum(v);
-  const int w = threadIdx.x / 32, lane = threadIdx.x & 31;
-  __syncthreads();  // red may still be read by the previous reduction
-  if (lane == 0) red[w] = v;
-  __syncthreads();
-  float t = lane < kThreads / 32 ? red[lane] : 0.0f;
-  return warp_sum(t);
-}
-__device__ double block_sum_d(double v, double* red) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  const int w = threadIdx.x / 32, lane = threadIdx.x & 31;
-  __syncthreads();
-  if (lane == 0) red[w] = v;
-  __syncthreads();
-  double t = lane < kThreads / 32 ? red[lane] : 0.0;
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) t += __shfl_xor_sync(0xffffffffu, t, o);
-  return t;
-}
-__device__ float block_max(float v, float* red) {
-  v = warp_max(v);
-  const int w = threadIdx.x / 32, lane = threadIdx.x & 31;
-  __syncthreads();
-  if (lane == 0) red[w] = v;
-  __syncthreads();
-  float t = lane < kThreads / 32 ? red[lane] : -INFINITY;
-  return warp_max(t);
-}
-
 // lp_out (optional): the drawn token's logprob under the row's logits, logit - (max + log sum
 // exp(logit - max)) with the sum in double over the numbers (NaNs left out), as the host's
 // row_logsumexp, clamped at -9999 (NaN -> -9999). A sampled row's logits are overwritten by
@@ -189,13 +157,13 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(float* __restrict__ lo
   if (raw_lse) {
     float m = -INFINITY;
     for (int i = tid; i < V; i += kThreads) m = fmaxf(m, p[i]);  // fmaxf leaves NaNs out
-    mx0 = block_max(m, red);
+    mx0 = block_max<kThreads>(m, red);
     double e = 0;
     for (int i = tid; i < V; i += kThreads) {
       const float v = p[i];
       if (!isnan(v)) e += exp(double(v) - double(mx0));
     }
-    se0 = block_sum_d(e, redd);  // its barriers also end every read of the row
+    se0 = block_sum_d<kThreads>(e, redd);  // its barriers also end every read of the row
     if (top_n > 0)
       top_logprobs_of_row(p, V, top_n, double(mx0) + log(se0), top_out + blockIdx.x, top_hist, top_counts, top_cand,
                           &top_misc[0], &top_misc[1]);
@@ -217,12 +185,12 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(float* __restrict__ lo
     float v = p[i];
     if (v > best) { best = v; bi = i; }
   }
-  const float mx = block_max(best, red);
+  const float mx = block_max<kThreads>(best, red);
   if (s.temperature < 1e-5f || !isfinite(mx)) {
     if (best != mx) bi = 0x7fffffff;
     // lowest id holding the maximum
     float fbi = float(bi);  // ids < 2^24 are exact in float
-    float lowest = -block_max(-fbi, red);
+    float lowest = -block_max<kThreads>(-fbi, red);
     const int32_t id = lowest >= float(V) ? 0 : int32_t(lowest);
     if (raw_lse) {
       if (tid == 0) lp_out[blockIdx.x] = clamp_lp(raw_logit(id, a, raw, n_adds, double(p[id])) - (double(mx0) + log(se0)));
@@ -232,7 +200,7 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(float* __restrict__ lo
         const float v = p[i];
         if (!isnan(v)) se += exp(double(v) - double(mx));
       }
-      se = block_sum_d(se, redd);
+      se = block_sum_d<kThreads>(se, redd);
       if (tid == 0) lp_out[blockIdx.x] = clamp_lp(double(p[id]) - (double(mx) + log(se)));
     }
     if (tid == 0) out[blockIdx.x] = id;
@@ -245,13 +213,13 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(float* __restrict__ lo
     if (lp_out && !raw_lse && !isnan(v)) se += exp(double(v) - double(mx));
     p[i] = isnan(v) ? 0.0f : expf((v - mx) * inv_t);  // accurate exp: the host rule uses std::exp
   }
-  if (lp_out && !raw_lse) se = block_sum_d(se, redd);
+  if (lp_out && !raw_lse) se = block_sum_d<kThreads>(se, redd);
   __syncthreads();
 
   auto count = [&](float t) {
     float c = 0;
     for (int i = tid; i < V; i += kThreads) c += p[i] >= t ? 1.0f : 0.0f;
-    return block_sum(c, red);
+    return block_sum<kThreads>(c, red);
   };
   // Masses in double, as on the host: float sums over 201088 terms drift by more than a
   // token's share.
@@ -259,7 +227,7 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(float* __restrict__ lo
     double m = 0;
     for (int i = tid; i < V; i += kThreads)
       if (p[i] >= t) m += p[i];
-    return block_sum_d(m, redd);
+    return block_sum_d<kThreads>(m, redd);
   };
   // Largest t in [lo, 1] with keep(t): bisection on bit patterns (non-negative floats order as
   // their bits), about 30 block-wide passes.
@@ -289,7 +257,7 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(float* __restrict__ lo
   for (int i = lo; i < hi; ++i)
     if (p[i] >= thr) { local += p[i]; last_kept = i; }
   prefix[tid] = local;
-  float last = block_max(float(last_kept), red);  // the fallback: the highest kept id
+  float last = block_max<kThreads>(float(last_kept), red);  // the fallback: the highest kept id
   __syncthreads();
   if (tid == 0) {
     double acc = 0;
