@@ -362,8 +362,9 @@ void note_lm_head_screen_pass() { ++g_screen_passes; }
 long long lm_head_screen_passes() { return g_screen_passes.load(); }
 
 bool lm_head_screen_takes(const WeightMat& W, int M, bool invariant) {
-  return W.fmt == WeightMat::kFragBF16 && W.N % 32 == 0 && W.K % 64 == 0 && W.K <= kMaxK && !W.bias && M >= 1 &&
-         M <= kMaxRows && linear_runs_dense_8x2(W, M, invariant);
+  // (The screen and select walk rows in their natural order: no gate/up pairing inside tiles.)
+  return W.fmt == WeightMat::kFragBF16 && !W.swiglu_rows && W.N % 32 == 0 && W.K % 64 == 0 && W.K <= kMaxK &&
+         !W.bias && M >= 1 && M <= kMaxRows && linear_runs_dense_8x2(W, M, invariant);
 }
 
 size_t LmHeadScreen::bytes() const {
@@ -374,20 +375,25 @@ void LmHeadScreen::build(const WeightMat& W, cudaStream_t s) {
   if (W.fmt != WeightMat::kBF16 || W.N <= 0 || W.N % 32 != 0 || W.K % 64 != 0 || W.K > kMaxK || W.bias)
     throw Error("lm_head screen: needs a row-major bf16 matrix without bias, rows % 32 == 0, K % 64 == 0, K <= " +
                 std::to_string(kMaxK) + " (got " + std::to_string(W.N) + " x " + std::to_string(W.K) + ")");
-  N_ = W.N;
-  K_ = W.K;
-  q_.alloc(size_t(N_) * K_);
-  rowc_.alloc(size_t(N_) * sizeof(RowConst));
-  upper_.alloc(size_t(kMaxRows) * N_ * sizeof(float));
-  list_.alloc(size_t(N_ / 32) * sizeof(int));
+  N_ = 0;  // built() stays false unless everything below succeeds
+  q_.alloc(size_t(W.N) * W.K);
+  rowc_.alloc(size_t(W.N) * sizeof(RowConst));
+  upper_.alloc(size_t(kMaxRows) * W.N * sizeof(float));
+  list_.alloc(size_t(W.N / 32) * sizeof(int));
   state_.alloc(sizeof(State));
   GPTOSS_CUDA_CHECK(cudaMemsetAsync(state_.get(), 0, sizeof(State), s));
   const uint16_t* w = static_cast<const uint16_t*>(W.w);
-  row_constants_kernel<<<N_, kRowThreads, 0, s>>>(w, K_, rowc_.get<RowConst>());
+  row_constants_kernel<<<W.N, kRowThreads, 0, s>>>(w, W.K, rowc_.get<RowConst>());
   GPTOSS_CUDA_LAUNCH_CHECK();
   // (RowConst's first float is the scale: a stride of four floats.)
   static_assert(offsetof(RowConst, scale) == 0 && sizeof(RowConst) == 4 * sizeof(float));
   pack_frag_i8(W, reinterpret_cast<const float*>(rowc_.get<RowConst>()), 4, q_.get(), s);
+  // The screen loads its first codes before griddepcontrol.wait, and a plain launch's writes are
+  // only promised to a programmatic successor after that wait: the codes must be whole before any
+  // argmax() is queued behind them.
+  GPTOSS_CUDA_CHECK(cudaStreamSynchronize(s));
+  N_ = W.N;
+  K_ = W.K;
 }
 
 void LmHeadScreen::argmax(const WeightMat& W_dec, const bf16_t* x, int lda, int M, float* logits, int ldo,
@@ -409,16 +415,23 @@ void LmHeadScreen::argmax(const WeightMat& W_dec, const bf16_t* x, int lda, int 
   }
   GPTOSS_CUDA_LAUNCH_CHECK();
   const int pairs = N_ / 32;
-  launch_pdl(select_kernel, dim3((pairs + 7) / 8), dim3(256), 0, s, static_cast<const float*>(upper_.get<float>()), M,
-             N_, list_.get<int>(), st);
-  GPTOSS_CUDA_LAUNCH_CHECK();
   SkinnyArgs a{W_dec, x, lda, M, false, false, MoeRouting{}, Epilogue{Epilogue::kStoreF32, logits, ldo}};
   a.xs_rows = M;
   a.stage_async = true;
   RecomputeArgs ra{a, list_.get<int>(), st, ids, sampler_rule};
-  allow_dynamic_smem(recompute_kernel, smem);
-  launch_pdl(recompute_kernel, dim3(std::min(pairs, 2 * sm_count())), dim3(kThreads), smem, s, ra);
-  GPTOSS_CUDA_LAUNCH_CHECK();
+  try {
+    launch_pdl(select_kernel, dim3((pairs + 7) / 8), dim3(256), 0, s, static_cast<const float*>(upper_.get<float>()),
+               M, N_, list_.get<int>(), st);
+    GPTOSS_CUDA_LAUNCH_CHECK();
+    allow_dynamic_smem(recompute_kernel, smem);
+    launch_pdl(recompute_kernel, dim3(std::min(pairs, 2 * sm_count())), dim3(kThreads), smem, s, ra);
+    GPTOSS_CUDA_LAUNCH_CHECK();
+  } catch (...) {
+    // Only the recompute's last block resets the step's scratch: a step that stops after the
+    // screen would leave its lower bounds behind to mislead the next one.
+    cudaMemsetAsync(state_.get(), 0, sizeof(State), s);
+    throw;
+  }
 }
 
 LmHeadScreen::Stats LmHeadScreen::stats(cudaStream_t s) const {
