@@ -12,6 +12,7 @@
 #include "backend/cpu/cpu_ops.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/kernels/linear/lm_head_screen.h"
+#include "backend/cuda/kernels/linear/lm_head_screen_math.h"
 
 #include "kernel_test_fixture.h"
 
@@ -216,8 +217,11 @@ TEST_F(Kernels, SkinnyDense) {
 // vocabulary and at awkward sizes (the smallest grid the skinny kernel's 8x2 shape takes, a K
 // without a compile-time chunk count), 1-8 rows, an exact tie for the maximum moved to a lower id,
 // and the fallback (every pair recomputed) where the bounds are not finite: a NaN in a row, an
-// activation past fp16's range.
-enum class ScreenInput { kRandom, kTie, kNaN, kPastFp16 };
+// activation past fp16's range. Where the bounds are finite, every full logit of every row is
+// checked against its upper bound as the screen kernel left it (the radius as the GPU computes it,
+// over the tensor cores' own sums), also for an activation along one row's int8 rounding error,
+// where the bound's main term is nearly reached (kAligned).
+enum class ScreenInput { kRandom, kTie, kNaN, kPastFp16, kAligned };
 
 void check_screen(int N, int K, const std::vector<int>& Ms, ScreenInput in) {
   FastRng r(fresh_seed());
@@ -247,6 +251,23 @@ void check_screen(int N, int K, const std::vector<int>& Ms, ScreenInput in) {
     tie_high = std::max(win, to);
   }
   if (in == ScreenInput::kNaN) x[7] = std::nanf("");  // (row 0: in every M)
+  if (in == ScreenInput::kAligned) {
+    // Activation row 0 along weight row 5's error w - s q (the screen's own rounding rule), so
+    // F_5 - S_5 is ~||w - s q|| ||x||, the radius's first term at its Cauchy-Schwarz size.
+    const int row = 5;
+    float amax = 0.f;
+    for (int k = 0; k < K; ++k) amax = std::max(amax, std::fabs(bf16_to_f32(wb[size_t(row) * K + k])));
+    const float scale = cuda::screen::row_scale(amax);
+    double en = 0;
+    std::vector<double> e(K);
+    for (int k = 0; k < K; ++k) {
+      const float w = bf16_to_f32(wb[size_t(row) * K + k]);
+      e[k] = double(w) - double(scale) * cuda::screen::quantize(w, scale);
+      en += e[k] * e[k];
+    }
+    en = std::sqrt(en);
+    for (int k = 0; k < K; ++k) x[k] = round_bf16(std::vector<float>{float(e[k] / en * 40.0)})[0];
+  }
   if (in == ScreenInput::kPastFp16) x[5] = 70144.f;  // a bf16 that fp16 holds as inf
   dx.upload(to_bf16(x));
   Dev<uint16_t> dw(wb);
@@ -290,11 +311,24 @@ void check_screen(int N, int K, const std::vector<int>& Ms, ScreenInput in) {
           EXPECT_NE(a, poison) << what << " row " << t;
         }
       }
+      const bool finite_bounds = in != ScreenInput::kNaN && in != ScreenInput::kPastFp16;
+      if (finite_bounds) {  // every full logit at or below the screen's upper bound for it
+        std::vector<float> up(size_t(cuda::LmHeadScreen::kMaxRows) * N);
+        ASSERT_EQ(cudaSuccess, cudaMemcpy(up.data(), sc.upper_bounds(), up.size() * 4, cudaMemcpyDeviceToHost));
+        double min_gap = INFINITY;
+        for (int t = 0; t < M; ++t)
+          for (int n = 0; n < N; ++n) {
+            const float F = fl[size_t(t) * N + n], U = up[size_t(t) * N + n];
+            ASSERT_LE(F, U) << what << " row " << t << " logit " << n << ": above its upper bound";
+            min_gap = std::min(min_gap, double(U) - F);
+          }
+        if (rep == 0) std::printf("lm_head screen %s: smallest upper bound - logit %.3g\n", what.c_str(), min_gap);
+      }
       const cuda::LmHeadScreen::Stats st = sc.stats(0);
       const long long pairs = st.pairs - pairs_before;
       pairs_before = st.pairs;
       EXPECT_EQ(size_t(pairs) * 32 * M, written) << what;
-      if (in == ScreenInput::kRandom || in == ScreenInput::kTie) {
+      if (in == ScreenInput::kRandom || in == ScreenInput::kTie || in == ScreenInput::kAligned) {
         EXPECT_LT(pairs, N / 32 / 4) << what;  // a screen, not the whole matrix again
       } else {
         EXPECT_EQ(pairs, N / 32) << what;  // the fallback: every pair
@@ -348,6 +382,7 @@ TEST_F(Kernels, LmHeadScreenMatchesArgmaxRows) {
   check_screen(small_n, 64, {1, 3, 8}, ScreenInput::kRandom);
   check_screen(small_n + 5 * 32, 192, {1, 8}, ScreenInput::kRandom);
   check_screen(small_n, 128, {1, 2}, ScreenInput::kTie);
+  check_screen(small_mode() ? small_n : 201088, small_mode() ? 192 : 2880, {1, 3}, ScreenInput::kAligned);
   check_screen(small_n, 64, {2, 5}, ScreenInput::kNaN);
   check_screen(small_n, small_mode() ? 192 : 2880, {1, 4}, ScreenInput::kPastFp16);
   // The shapes it declines: past 8 rows, a grid the 8x2 shape does not run, fp8 decode copies.

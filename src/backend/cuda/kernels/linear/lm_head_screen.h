@@ -43,6 +43,10 @@ class LmHeadScreen {
   };
   Stats stats(cudaStream_t s) const;
 
+  // [kMaxRows][N] f32 on the device: each row's upper bound S_t + r_t from the last step (tests:
+  // every full logit must be at or below it).
+  const float* upper_bounds() const { return upper_.get<float>(); }
+
  private:
   int N_ = 0, K_ = 0;
   DeviceBuffer q_;         // int8 codes + 128, in kFragFP8's byte layout (frag_layout.cuh)
