@@ -67,7 +67,11 @@ T* dev_alloc(size_t n, std::vector<void*>& owned) {
 template <class Row>
 void bench_lm_head_screen(const std::vector<WeightMat>& ws, const std::vector<WeightMat>& ps, const bf16_t* xb, int M,
                           float* out, Timer& timer, cudaStream_t s, int iters, Row&& row) {
-  if (!lm_head_screen_takes(ps[0], M, false)) return;
+  set_decode_kernel_choice(1);  // (the caller left stream-K chosen: the screen serves the skinny family)
+  if (!lm_head_screen_takes(ps[0], M, false)) {
+    set_decode_kernel_choice(0);
+    return;
+  }
   const int N = ps[0].N, K = ps[0].K, copies = int(ps.size());
   DeviceBuffer ids(8 * sizeof(int32_t));
   std::vector<std::unique_ptr<LmHeadScreen>> scs;
@@ -77,7 +81,6 @@ void bench_lm_head_screen(const std::vector<WeightMat>& ws, const std::vector<We
   }
   const std::string shape = std::to_string(M) + "x" + std::to_string(N) + "x" + std::to_string(K);
   const double bytes = double(N) * K * 2;
-  set_decode_kernel_choice(1);
   const double full = timer.us(iters, [&](int i) {
     linear(ps[i % copies], xb, K, M, Epilogue{Epilogue::kStoreF32, out, N}, s);
     argmax_rows(out, M, N, ids.get<int32_t>(), s);
@@ -101,7 +104,7 @@ void bench_lm_head_screen(const std::vector<WeightMat>& ws, const std::vector<We
   }
   std::printf("(lm_head screen at %d rows: %.1f of %d tile pairs recomputed a step)\n", M,
               steps ? double(pairs) / steps : 0.0, N / 32);
-  set_decode_kernel_choice(-1);
+  set_decode_kernel_choice(0);  // as the caller had it
 }
 
 int run_kernel_bench(const KernelBenchOptions& o) {
