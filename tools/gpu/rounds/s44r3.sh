@@ -1,5 +1,5 @@
 # Session 44, round 3: the lm_head screen's kernels alone (bench-kernels' "lm_head greedy" rows,
-# which s44r1 missed: bench-kernels reached them with stream-K chosen,),
+# which s44r1 missed: bench-kernels reached them with stream-K chosen; fixed now),
 # Nsight Compute of its three kernels (s43r5), and the step at the screen's chunks in flight 1-3.
 source tools/gpu/rounds/prelude.sh
 for tok in 1 8; do
