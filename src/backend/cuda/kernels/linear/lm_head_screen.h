@@ -33,7 +33,8 @@ class LmHeadScreen {
   // would pick it (sampler_rule: as the sampler's greedy rule does, which differs only where the
   // maximum is -inf: id 0). W_dec: lm_head's bf16 decode copy (kFragBF16), the matrix the full path
   // runs; lm_head_screen_takes(W_dec, M, invariant) must hold. The recomputed tile pairs' logits
-  // land in logits ([M][ldo]); the other entries are left as they were.
+  // land in logits ([M][ldo]); the other entries are left as they were. (const, but a step uses
+  // the screen's device scratch: steps on one screen must be ordered, as on one stream.)
   void argmax(const WeightMat& W_dec, const bf16_t* x, int lda, int M, float* logits, int ldo, int32_t* ids,
               bool invariant, cudaStream_t s, bool sampler_rule = false) const;
 
