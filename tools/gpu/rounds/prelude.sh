@@ -28,6 +28,8 @@
 #                                  in / 128-384 out, seed 1; TTFT, TPOT, ITL and output in the summary
 #   mixed NAME ARGS...             on a serve_up server: 64 requests at 32 streams, 512 in / 256 out,
 #                                  bench-serve's ARGS added (e.g. --extra-body '{...}' --extra-body-every 8)
+#   left SECONDS                   true while the round has run less than SECONDS (start a part only
+#                                  if it can end within the call's limit: `left 300 && t ...`)
 # The summary is $OUT/summary.txt ($S); logs go beside it. Rounds of sessions 7-11 spell this out
 # in each script; later ones source it.
 set -uo pipefail
@@ -39,6 +41,7 @@ export NCCL_NVLS_ENABLE=0  # never NVLink SHARP / multicast on the shared machin
 g=$bin/gptoss; K=$bin/test_cuda_kernels; S=$out/summary.txt
 T0=$SECONDS
 ts() { echo "[t=$((SECONDS-T0))s] $*" >> $S; }
+left() { [ $((SECONDS-T0)) -lt $1 ]; }
 t() {
   local name=$1 to=$2; shift 2
   timeout $to "$@" --gtest_color=no > $out/$name.log 2>&1; echo "$name rc=$?" >> $S

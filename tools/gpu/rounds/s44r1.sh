@@ -3,7 +3,6 @@
 # re-check) and session 42's device sampler (s42r1's tests and sanitizers), then s43r1's
 # bench-kernels rows while time is left. Same pack as s43r1 (adc7c9d).
 source tools/gpu/rounds/prelude.sh
-left() { [ $((SECONDS-T0)) -lt $1 ]; }   # start a part only if it can end within the call's limit
 ts tests
 t screen 200 $K --gtest_filter='Kernels.LmHeadScreen*'
 grep -E "^lm_head screen" $out/screen.log | head -14 >> $S

@@ -3,7 +3,6 @@
 # `gptoss bench` tg128, bf16 dense layers, screen off (GPTOSS_LM_HEAD_SCREEN=0) and on alternating
 # at one sequence; 20b the same; x8 once each while time is left.
 source tools/gpu/rounds/prelude.sh
-left() { [ $((SECONDS-T0)) -lt $1 ]; }
 ts "does the screen engage (its line at load)"
 timeout 100 $g bench --device cuda --random-weights 20b --pp '' --tg 8 --batch 1 --runs 1 2>&1 | grep -E "screen lm_head|^\| random|rror" >> $S
 for screen in 0 1 0 1; do left 400 && GPTOSS_LM_HEAD_SCREEN=$screen b "screen=$screen" $g 120b 128 1; done

@@ -1,9 +1,8 @@
-# Session 44, round 5: s44r4 within ~200 s (the device minutes left): s44r3's kernel rows and step sweep of the lm_head
+# Session 44, round 5 (prepared for the last device minutes, ~200 s; not run): the kernel rows, Nsight Compute and step sweep of the lm_head
 # screen, then s42r2's serving checks of the device sampler (one request in 8 with a penalty, top
 # logprobs or a json_object format; every request a json_object format; chat) on the device path
 # only, while time is left.
 source tools/gpu/rounds/prelude.sh
-left() { [ $((SECONDS-T0)) -lt $1 ]; }
 for tok in 1 8; do
   timeout 60 $g bench-kernels --model 120b --tokens $tok --iters 50 > $out/bk$tok.txt 2>&1
   grep -E "lm_head greedy|lm_head screen at|\| lm_head \|.*\| skinny_mma bf16 \|" $out/bk$tok.txt >> $S
