@@ -49,52 +49,45 @@ __device__ __forceinline__ uint8_t f32_to_fp8_bits(float f) {
   return __nv_cvt_float_to_fp8(f, __NV_SATFINITE, __NV_E4M3);
 }
 
-__device__ __forceinline__ float warp_sum(float v) {
+// The reductions' operations, and one butterfly over the warp (every lane gets the result).
+struct SumOp {
+  template <class T>
+  __device__ __forceinline__ T operator()(T a, T b) const { return a + b; }
+};
+struct MaxOp {
+  __device__ __forceinline__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+template <class T, class Op>
+__device__ __forceinline__ T warp_reduce(T v, Op op) {
 #pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
   return v;
 }
-__device__ __forceinline__ float warp_max(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
-}
+__device__ __forceinline__ float warp_sum(float v) { return warp_reduce(v, SumOp{}); }
+__device__ __forceinline__ float warp_max(float v) { return warp_reduce(v, MaxOp{}); }
 
 // Sum / max of one value per thread over a block of THREADS threads (red: THREADS / 32 slots of
 // shared memory); every thread gets the result. Callable back to back with the same red (the
 // first barrier waits for the previous reduction's reads).
-template <int THREADS>
-__device__ __forceinline__ float block_sum(float v, float* red) {
-  v = warp_sum(v);
+template <int THREADS, class T, class Op>
+__device__ __forceinline__ T block_reduce(T v, T* red, T identity, Op op) {
+  v = warp_reduce(v, op);
   const int w = threadIdx.x / 32, lane = threadIdx.x & 31;
   __syncthreads();
   if (lane == 0) red[w] = v;
   __syncthreads();
-  float t = lane < THREADS / 32 ? red[lane] : 0.0f;
-  return warp_sum(t);
+  const T t = lane < THREADS / 32 ? red[lane] : identity;
+  return warp_reduce(t, op);
 }
 template <int THREADS>
+__device__ __forceinline__ float block_sum(float v, float* red) { return block_reduce<THREADS>(v, red, 0.0f, SumOp{}); }
+template <int THREADS>
 __device__ __forceinline__ double block_sum_d(double v, double* red) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  const int w = threadIdx.x / 32, lane = threadIdx.x & 31;
-  __syncthreads();
-  if (lane == 0) red[w] = v;
-  __syncthreads();
-  double t = lane < THREADS / 32 ? red[lane] : 0.0;
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) t += __shfl_xor_sync(0xffffffffu, t, o);
-  return t;
+  return block_reduce<THREADS>(v, red, 0.0, SumOp{});
 }
 template <int THREADS>
 __device__ __forceinline__ float block_max(float v, float* red) {
-  v = warp_max(v);
-  const int w = threadIdx.x / 32, lane = threadIdx.x & 31;
-  __syncthreads();
-  if (lane == 0) red[w] = v;
-  __syncthreads();
-  float t = lane < THREADS / 32 ? red[lane] : -INFINITY;
-  return warp_max(t);
+  return block_reduce<THREADS>(v, red, -INFINITY, MaxOp{});
 }
 
 // e8m0 scale byte -> 2^(s-127) (s = 0 gives the subnormal 2^-127; 255 is NaN).
