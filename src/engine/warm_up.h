@@ -32,10 +32,9 @@ constexpr int kWarmUpBothModesRows = 8;
 // Runs, for each of warm_up_batch_sizes(max_num_seqs, the backend's buckets), that many requests at once (distinct
 // prompts of prompt_len tokens, a few greedy decode steps; every other batch sampled with
 // logprobs so the sampling kernels load too; with buckets, sizes up to kWarmUpBothModesRows both
-// ways), on the
-// caller's thread: call it before Engine::start(). The engine's metrics are reset afterwards (the
-// warm-up is not traffic). Throws gptoss::Error if a warm-up request does not finish with all its
-// tokens.
+// ways), on the caller's thread: call it before Engine::start(). The engine's metrics are reset
+// afterwards (the warm-up is not traffic). Throws gptoss::Error if a warm-up request does not
+// finish with all its tokens.
 WarmUpResult warm_up(Engine& engine, int prompt_len = 32, int new_tokens = 4);
 
 }  // namespace gptoss

@@ -2,7 +2,6 @@
 
 #include <vector>
 
-
 namespace gptoss::structured {
 
 bool TokenConstraint::mask_logits(float* logits, int vocab) {
