@@ -531,36 +531,37 @@ void check_batched_120b_shapes(Backend& gpu, Backend& cpu, FastRng& r) {
 // the screen and without it (set_lm_head_screen), at the real vocabulary.
 void check_screened_greedy(Backend& gpu, FastRng& r) {
   const int V = gpu.config().vocab, per = 4, steps = 24;
-  for (int S : {1, 3})
+  for (int S : {1, 3}) {
     for (bool sampled : {false, true}) {
-    std::vector<std::vector<int32_t>> prompts(S), got[2];
-    for (int q = 0; q < S; ++q)
-      for (int i = 0, n = 2 + int(r.next() % 9); i < n; ++i) prompts[q].push_back(int(r.next() % V));
-    for (int screened : {1, 0}) {
-      cuda::set_lm_head_screen(screened);
-      KvCacheConfig kv;
-      kv.page_size = 16;
-      kv.num_pages[kKvFull] = kv.num_pages[kKvSliding] = S * per;
-      gpu.init_kv_cache(kv);
-      std::vector<std::vector<int32_t>> pages(S);
+      std::vector<std::vector<int32_t>> prompts(S), got[2];
       for (int q = 0; q < S; ++q)
-        for (int i = 0; i < per; ++i) pages[q].push_back(q + S * i);
-      DecodeBatch batch(gpu, pages);
-      for (int q = 0; q < S; ++q) batch.prefill(q, prompts[q]);
-      const long long before = cuda::lm_head_screen_passes();
-      RowSampling greedy;
-      greedy.temperature = 0.f;
-      got[screened] = sampled ? batch.decode_sampled(steps, greedy) : batch.decode(steps, true);
-      if (screened) {
-        EXPECT_EQ(cuda::lm_head_screen_passes() - before, steps) << "every step through the screen";
-      } else {
-        EXPECT_EQ(cuda::lm_head_screen_passes(), before);
+        for (int i = 0, n = 2 + int(r.next() % 9); i < n; ++i) prompts[q].push_back(int(r.next() % V));
+      for (int screened : {1, 0}) {
+        cuda::set_lm_head_screen(screened);
+        KvCacheConfig kv;
+        kv.page_size = 16;
+        kv.num_pages[kKvFull] = kv.num_pages[kKvSliding] = S * per;
+        gpu.init_kv_cache(kv);
+        std::vector<std::vector<int32_t>> pages(S);
+        for (int q = 0; q < S; ++q)
+          for (int i = 0; i < per; ++i) pages[q].push_back(q + S * i);
+        DecodeBatch batch(gpu, pages);
+        for (int q = 0; q < S; ++q) batch.prefill(q, prompts[q]);
+        const long long before = cuda::lm_head_screen_passes();
+        RowSampling greedy;
+        greedy.temperature = 0.f;
+        got[screened] = sampled ? batch.decode_sampled(steps, greedy) : batch.decode(steps, true);
+        if (screened) {
+          EXPECT_EQ(cuda::lm_head_screen_passes() - before, steps) << "every step through the screen";
+        } else {
+          EXPECT_EQ(cuda::lm_head_screen_passes(), before);
+        }
       }
+      cuda::set_lm_head_screen(-1);
+      EXPECT_EQ(got[1], got[0]) << S << " sequences" << (sampled ? ", forward_sample" : "");
+      std::printf("lm_head screen: %d sequences, %d %s steps equal to the full lm_head's\n", S, steps,
+                  sampled ? "forward_sample (temperature 0)" : "pipelined greedy");
     }
-    cuda::set_lm_head_screen(-1);
-    EXPECT_EQ(got[1], got[0]) << S << " sequences" << (sampled ? ", forward_sample" : "");
-    std::printf("lm_head screen: %d sequences, %d %s steps equal to the full lm_head's\n", S, steps,
-                sampled ? "forward_sample (temperature 0)" : "pipelined greedy");
   }
 }
 
