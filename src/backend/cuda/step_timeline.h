@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 #include <vector>
 
 namespace gptoss::cuda {
@@ -105,6 +106,19 @@ class StepTimeline {
         std::fprintf(stderr, "cuda timeline: %s passes %zu, GPU %.1f ms (%.1f%%), mean %.1f tokens %.3f ms a pass\n",
                      names[k], kind_n[k], kind_ms[k], 100.0 * kind_ms[k] / std::max(1e-9, busy),
                      kind_tokens[k] / kind_n[k], kind_ms[k] / kind_n[k]);
+    // The prefill passes one by one, in order: a pass's cost a token falls with its size (the
+    // expert GEMM reads every expert's weights once a pass), so what sizes a server's arrivals
+    // make says what batching them differently could buy.
+    std::string sizes;
+    size_t listed = 0;
+    for (const auto& st : steps_) {
+      if (st.kind != 2) continue;
+      if (++listed > 64) { sizes += " ..."; break; }
+      char one[48];
+      std::snprintf(one, sizeof one, " %d/%.1f", st.tokens, std::max(0.f, ms(st.work, st.end)));
+      sizes += one;
+    }
+    if (listed) std::fprintf(stderr, "cuda timeline: prefill passes, tokens/ms in order:%s\n", sizes.c_str());
   }
   bool on_;
   bool work_marked_ = false;
