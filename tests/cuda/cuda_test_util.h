@@ -127,6 +127,25 @@ inline double rel_err(const std::vector<float>& a, const std::vector<float>& ref
   return std::sqrt(num / std::max(den, 1e-30));
 }
 
+// One mixed prefill pass over several sequences, in order: sequence s brings lens[s] random
+// tokens below V (appended to toks[s]) from position 0, its pages (both KV groups) pages[s], and
+// asks for its last token's logits. The batch points into `pages`, which must outlive it.
+inline ForwardBatch mixed_prefill_batch(const std::vector<std::vector<int32_t>>& pages, const std::vector<int>& lens,
+                                        int V, FastRng& r, std::vector<std::vector<int32_t>>& toks) {
+  ForwardBatch fb;
+  for (size_t s = 0; s < lens.size(); ++s) {
+    SeqBatchInfo si;
+    si.first_token = int(fb.tokens.size());
+    si.n_tokens = lens[s];
+    si.start_pos = 0;
+    for (int g = 0; g < 2; ++g) { si.pages[g] = pages[s].data(); si.n_pages[g] = int(pages[s].size()); }
+    for (int i = 0; i < lens[s]; ++i) { toks[s].push_back(int(r.next() % uint64_t(V))); fb.tokens.push_back(toks[s].back()); }
+    fb.seqs.push_back(si);
+    fb.logit_rows.push_back(si.first_token + lens[s] - 1);
+  }
+  return fb;
+}
+
 // forward_sample of batch b, greedy, with the rows `keep` marks kept for the host (the engine's
 // mixed sampling): a kept row is not drawn (-1) and holds the logits forward() gave (`logits`,
 // [rows, V] in logit-row order); every other row is its greedy id.

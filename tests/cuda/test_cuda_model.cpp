@@ -182,18 +182,8 @@ void check_batched_decode(bool invariant, int S = 3, bool grow_pt = false) {
     std::swap(pages[S - 1][0], pages[2][0]);  // page 2 (seq 2's first) becomes the last sequence's first
   }
   // Prefill all three in one mixed batch.
-  ForwardBatch fb;
   std::vector<std::vector<int32_t>> toks(S);
-  for (int s = 0; s < S; ++s) {
-    SeqBatchInfo si;
-    si.first_token = int(fb.tokens.size());
-    si.n_tokens = lens[s];
-    si.start_pos = 0;
-    for (int g = 0; g < 2; ++g) { si.pages[g] = pages[s].data(); si.n_pages[g] = int(pages[s].size()); }
-    for (int i = 0; i < lens[s]; ++i) { toks[s].push_back(int(r.next() % V)); fb.tokens.push_back(toks[s].back()); }
-    fb.seqs.push_back(si);
-    fb.logit_rows.push_back(si.first_token + lens[s] - 1);
-  }
+  ForwardBatch fb = mixed_prefill_batch(pages, lens, V, r, toks);
   std::vector<float> lg(size_t(S) * V);
   gpu->forward(fb, lg.data());
   // One decode step of all three (graph bucket 4, one padding token).

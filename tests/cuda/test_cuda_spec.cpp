@@ -57,17 +57,7 @@ void check_verify_pass(bool invariant) {
   FastRng r(fresh_seed());
   const std::vector<int> lens = {5, 17, 40}, verify = {1, 3, 5};
   std::vector<std::vector<int32_t>> prompt(S), cont(S);
-  ForwardBatch fb;
-  for (int s = 0; s < S; ++s) {
-    SeqBatchInfo si;
-    si.first_token = int(fb.tokens.size());
-    si.n_tokens = lens[s];
-    si.start_pos = 0;
-    for (int g = 0; g < 2; ++g) { si.pages[g] = pages[s].data(); si.n_pages[g] = int(pages[s].size()); }
-    for (int i = 0; i < lens[s]; ++i) { prompt[s].push_back(int(r.next() % V)); fb.tokens.push_back(prompt[s].back()); }
-    fb.seqs.push_back(si);
-    fb.logit_rows.push_back(si.first_token + lens[s] - 1);
-  }
+  ForwardBatch fb = mixed_prefill_batch(pages, lens, V, r, prompt);
   std::vector<float> lp(size_t(S) * V);
   gpu->forward(fb, lp.data());
   // The verify pass: each sequence's greedy next token, then "drafts" (random tokens).
