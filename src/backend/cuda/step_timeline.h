@@ -71,7 +71,7 @@ class StepTimeline {
     };
     std::vector<float> gaps, engine_part, staging_part;
     double busy = 0;
-    size_t long_gaps = 0;
+    size_t long_gaps = 0, first_wait = 0;  // first_wait: the first pass after a gap over 50 ms
     double kind_ms[3] = {0, 0, 0}, kind_tokens[3] = {0, 0, 0};
     size_t kind_n[3] = {0, 0, 0};
     for (size_t i = 0; i < steps_.size(); ++i) {
@@ -84,7 +84,10 @@ class StepTimeline {
       const float gap = ms(steps_[i - 1].end, steps_[i].work);
       if (gap < 0) continue;
       // Gaps longer than 50 ms are the server waiting for requests, not host overhead.
-      if (gap >= 50.f) { ++long_gaps; continue; }
+      if (gap >= 50.f) {
+        if (long_gaps++ == 0) first_wait = i;
+        continue;
+      }
       gaps.push_back(gap);
       engine_part.push_back(std::max(0.f, ms(steps_[i - 1].end, steps_[i].arrive)));
       staging_part.push_back(std::max(0.f, ms(steps_[i].arrive, steps_[i].work)));
@@ -106,6 +109,23 @@ class StepTimeline {
         std::fprintf(stderr, "cuda timeline: %s passes %zu, GPU %.1f ms (%.1f%%), mean %.1f tokens %.3f ms a pass\n",
                      names[k], kind_n[k], kind_ms[k], 100.0 * kind_ms[k] / std::max(1e-9, busy),
                      kind_tokens[k] / kind_n[k], kind_ms[k] / kind_n[k]);
+    // A server's warm-up passes (every batch size, prompts of 32-2048 tokens) come before its
+    // first wait for requests: the prefill passes again without them.
+    if (first_wait > 0) {
+      double ms_sum = 0, tokens = 0;
+      size_t n = 0;
+      for (size_t i = first_wait; i < steps_.size(); ++i)
+        if (steps_[i].kind == 2) {
+          ms_sum += std::max(0.f, ms(steps_[i].work, steps_[i].end));
+          tokens += steps_[i].tokens;
+          ++n;
+        }
+      if (n)
+        std::fprintf(stderr,
+                     "cuda timeline: prefill passes after the first wait for requests %zu, GPU %.1f ms, mean %.1f "
+                     "tokens %.3f ms a pass (%.2f us a token)\n",
+                     n, ms_sum, tokens / n, ms_sum / n, 1000.0 * ms_sum / std::max(1.0, tokens));
+    }
     // The prefill passes one by one, in order: a pass's cost a token falls with its size (the
     // expert GEMM reads every expert's weights once a pass), so what sizes a server's arrivals
     // make says what batching them differently could buy.
