@@ -15,6 +15,7 @@
 #include "server/openai_api.h"
 #include "tokenizer/harmony.h"
 #include "tools/command.h"
+#include "tools/json_lines.h"
 #include "tools/options.h"
 #include "tools/prompt_ids.h"
 
@@ -102,18 +103,7 @@ gptoss::tools::RegisterCommand reg_parse(
        sub->add_flag("--lenient", *lenient, "Non-strict parsing of malformed headers");
        return [=]() {
          auto tok = load(*path);
-         std::string line;
-         size_t line_no = 0;
-         while (std::getline(std::cin, line)) {
-           ++line_no;
-           if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-           const std::string where = "harmony-parse: line " + std::to_string(line_no);
-           nlohmann::json v;
-           try {
-             v = nlohmann::json::parse(line);
-           } catch (const nlohmann::json::exception& e) {
-             throw gptoss::Error(where + ": invalid JSON: " + e.what());
-           }
+         gptoss::tools::for_each_json_line(std::cin, "harmony-parse", [&](const nlohmann::json& v, const std::string& where) {
            const auto ids = gptoss::tools::ids_of_json_array(v, where);
            for (auto id : ids)
              if (!tok.has_token(id)) throw gptoss::Error(where + ": unknown token id " + std::to_string(id));
@@ -133,7 +123,7 @@ gptoss::tools::RegisterCommand reg_parse(
            }
            std::printf("%s\n", out.dump().c_str());
            std::fflush(stdout);
-         }
+         });
          return 0;
        };
      }});

@@ -15,6 +15,7 @@
 #include "common/files.h"
 #include "tokenizer/tokenizer.h"
 #include "tools/command.h"
+#include "tools/json_lines.h"
 #include "tools/options.h"
 #include "tools/prompt_ids.h"
 
@@ -35,26 +36,14 @@ gptoss::tools::RegisterCommand reg_tokenize(
        sub->add_flag("--no-special", *no_special, "Encode special-token text as ordinary text");
        return [=]() {
          auto tok = load(*path);
-         std::string line;
-         size_t line_no = 0;
-         while (std::getline(std::cin, line)) {
-           ++line_no;
-           if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-           nlohmann::json v;
-           try {
-             v = nlohmann::json::parse(line);
-           } catch (const nlohmann::json::exception& e) {
-             throw gptoss::Error("tokenize: line " + std::to_string(line_no) +
-                                 ": invalid JSON: " + e.what());
-           }
+         gptoss::tools::for_each_json_line(std::cin, "tokenize", [&](const nlohmann::json& v, const std::string& where) {
            std::string out;
            if (*decode) {
-             const std::vector<gptoss::TokenId> ids =
-                 gptoss::tools::ids_of_json_array(v, "tokenize: line " + std::to_string(line_no));
+             const std::vector<gptoss::TokenId> ids = gptoss::tools::ids_of_json_array(v, where);
              try {
                out = nlohmann::json(tok.decode(ids)).dump();
              } catch (const gptoss::Error& e) {
-               throw gptoss::Error("tokenize: line " + std::to_string(line_no) + ": " + e.what());
+               throw gptoss::Error(where + ": " + e.what());
              }
            } else {
              std::string text;
@@ -63,8 +52,7 @@ gptoss::tools::RegisterCommand reg_tokenize(
              else if (v.is_object() && v.contains("text") && v["text"].is_string())
                text = v["text"].get<std::string>();
              else
-               throw gptoss::Error("tokenize: line " + std::to_string(line_no) +
-                                   ": expected a JSON string or {\"text\": ...}");
+               throw gptoss::Error(where + ": expected a JSON string or {\"text\": ...}");
              auto ids = tok.encode(text, !*no_special);
              out.reserve(ids.size() * 7 + 2);
              out += '[';
@@ -77,7 +65,7 @@ gptoss::tools::RegisterCommand reg_tokenize(
            out += '\n';
            std::fwrite(out.data(), 1, out.size(), stdout);
            std::fflush(stdout);
-         }
+         });
          return 0;
        };
      }});
