@@ -67,11 +67,8 @@ T* dev_alloc(size_t n, std::vector<void*>& owned) {
 template <class Row>
 void bench_lm_head_screen(const std::vector<WeightMat>& ws, const std::vector<WeightMat>& ps, const bf16_t* xb, int M,
                           float* out, Timer& timer, cudaStream_t s, int iters, Row&& row) {
-  set_decode_kernel_choice(1);  // (the caller left stream-K chosen: the screen serves the skinny family)
-  if (!lm_head_screen_takes(ps[0], M, false)) {
-    set_decode_kernel_choice(0);
-    return;
-  }
+  // (Called with the skinny family chosen: the screen serves only that family's copies.)
+  if (!lm_head_screen_takes(ps[0], M, false)) return;
   const int N = ps[0].N, K = ps[0].K, copies = int(ps.size());
   DeviceBuffer ids(8 * sizeof(int32_t));
   std::vector<std::unique_ptr<LmHeadScreen>> scs;
@@ -104,7 +101,6 @@ void bench_lm_head_screen(const std::vector<WeightMat>& ws, const std::vector<We
   }
   std::printf("(lm_head screen at %d rows: %.1f of %d tile pairs recomputed a step)\n", M,
               steps ? double(pairs) / steps : 0.0, N / 32);
-  set_decode_kernel_choice(0);  // as the caller had it
 }
 
 int run_kernel_bench(const KernelBenchOptions& o) {
@@ -228,9 +224,9 @@ int run_kernel_bench(const KernelBenchOptions& o) {
         double us = timer.us(o.iters, [&](int i) {
           linear(ps[i % copies], xb, d.K, M, Epilogue{Epilogue::kStoreF32, out, d.N}, s);
         });
-        set_decode_kernel_choice(0);  // stream-K for its shapes below
         row(sname, shape, (std::string("skinny_mma ") + fname).c_str(), us, double(frag_weight_bytes(fmt, 1, d.N, d.K)));
         if (fmt == WeightMat::kFragBF16 && std::string(d.name) == "lm_head") bench_lm_head_screen(ws, ps, xb, M, out, timer, s, o.iters, row);
+        set_decode_kernel_choice(0);  // stream-K for its shapes below
         if (M <= 8)
           for (int v = 0; v < kStreamKVariants; ++v) {
             set_streamk_variant(v);

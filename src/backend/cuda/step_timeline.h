@@ -69,13 +69,13 @@ class StepTimeline {
       float v = -1;
       return cudaEventElapsedTime(&v, a, b) == cudaSuccess ? v : -1.f;
     };
-    std::vector<float> gaps, engine_part, staging_part;
+    std::vector<float> gaps, engine_part, staging_part, pass_ms(steps_.size());
     double busy = 0;
     size_t long_gaps = 0, first_wait = 0;  // first_wait: the first pass after a gap over 50 ms
     double kind_ms[3] = {0, 0, 0}, kind_tokens[3] = {0, 0, 0};
     size_t kind_n[3] = {0, 0, 0};
     for (size_t i = 0; i < steps_.size(); ++i) {
-      const float b = std::max(0.f, ms(steps_[i].work, steps_[i].end));
+      const float b = pass_ms[i] = std::max(0.f, ms(steps_[i].work, steps_[i].end));
       busy += b;
       kind_ms[steps_[i].kind] += b;
       kind_tokens[steps_[i].kind] += steps_[i].tokens;
@@ -109,35 +109,33 @@ class StepTimeline {
         std::fprintf(stderr, "cuda timeline: %s passes %zu, GPU %.1f ms (%.1f%%), mean %.1f tokens %.3f ms a pass\n",
                      names[k], kind_n[k], kind_ms[k], 100.0 * kind_ms[k] / std::max(1e-9, busy),
                      kind_tokens[k] / kind_n[k], kind_ms[k] / kind_n[k]);
-    // A server's warm-up passes (every batch size, prompts of 32-2048 tokens) come before its
-    // first wait for requests: the prefill passes again without them.
-    if (first_wait > 0) {
-      double ms_sum = 0, tokens = 0;
-      size_t n = 0;
-      for (size_t i = first_wait; i < steps_.size(); ++i)
-        if (steps_[i].kind == 2) {
-          ms_sum += std::max(0.f, ms(steps_[i].work, steps_[i].end));
-          tokens += steps_[i].tokens;
-          ++n;
-        }
-      if (n)
-        std::fprintf(stderr,
-                     "cuda timeline: prefill passes after the first wait for requests %zu, GPU %.1f ms, mean %.1f "
-                     "tokens %.3f ms a pass (%.2f us a token)\n",
-                     n, ms_sum, tokens / n, ms_sum / n, 1000.0 * ms_sum / std::max(1.0, tokens));
-    }
     // The prefill passes one by one, in order: a pass's cost a token falls with its size (the
     // expert GEMM reads every expert's weights once a pass), so what sizes a server's arrivals
-    // make says what batching them differently could buy.
+    // make says what batching them differently could buy. A server's warm-up passes (every batch
+    // size, prompts of 32-2048 tokens) come before its first wait for requests: the prefill passes
+    // are summed again without them.
     std::string sizes;
-    size_t listed = 0;
-    for (const auto& st : steps_) {
-      if (st.kind != 2) continue;
-      if (++listed > 64) { sizes += " ..."; break; }
+    size_t listed = 0, after_n = 0;
+    double after_ms = 0, after_tokens = 0;
+    for (size_t i = 0; i < steps_.size(); ++i) {
+      if (steps_[i].kind != 2) continue;
+      if (first_wait > 0 && i >= first_wait) {
+        after_ms += pass_ms[i];
+        after_tokens += steps_[i].tokens;
+        ++after_n;
+      }
+      if (++listed == 65) sizes += " ...";
+      if (listed > 64) continue;
       char one[48];
-      std::snprintf(one, sizeof one, " %d/%.1f", st.tokens, std::max(0.f, ms(st.work, st.end)));
+      std::snprintf(one, sizeof one, " %d/%.1f", steps_[i].tokens, pass_ms[i]);
       sizes += one;
     }
+    if (after_n)
+      std::fprintf(stderr,
+                   "cuda timeline: prefill passes after the first wait for requests %zu, GPU %.1f ms, mean %.1f "
+                   "tokens %.3f ms a pass (%.2f us a token)\n",
+                   after_n, after_ms, after_tokens / after_n, after_ms / after_n,
+                   1000.0 * after_ms / std::max(1.0, after_tokens));
     if (listed) std::fprintf(stderr, "cuda timeline: prefill passes, tokens/ms in order:%s\n", sizes.c_str());
   }
   bool on_;
