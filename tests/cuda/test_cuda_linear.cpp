@@ -266,7 +266,7 @@ void check_screen(int N, int K, const std::vector<int>& Ms, ScreenInput in) {
       en += e[k] * e[k];
     }
     en = std::sqrt(en);
-    for (int k = 0; k < K; ++k) x[k] = round_bf16(std::vector<float>{float(e[k] / en * 40.0)})[0];
+    for (int k = 0; k < K; ++k) x[k] = bf16_to_f32(f32_to_bf16(float(e[k] / en * 40.0)));
   }
   if (in == ScreenInput::kPastFp16) x[5] = 70144.f;  // a bf16 that fp16 holds as inf
   dx.upload(to_bf16(x));
