@@ -123,6 +123,23 @@ __device__ __forceinline__ void pdl_begin() {
   pdl_wait();
   pdl_trigger();
 }
+// A counter blocks of one launch meet on (skinny_units.cu's pair kernel). The adder: its block's
+// writes, then a barrier, then this add with release semantics at GPU scope (cumulative: the
+// block's writes the barrier ordered before it are released with it). The waiter: relaxed loads
+// while it polls (an acquire load at GPU scope also invalidates the SM's L1, which the other
+// blocks of the SM are using), then one acquire fence once the count is reached.
+__device__ __forceinline__ void red_add_release_gpu(int* p, int v) {
+  asm volatile("red.release.gpu.global.add.s32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
+}
+__device__ __forceinline__ void wait_count_acquire_gpu(const int* p, int count) {
+  for (;;) {
+    int v;
+    asm volatile("ld.relaxed.gpu.global.s32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+    if (v >= count) break;
+    __nanosleep(64);
+  }
+  asm volatile("fence.acq_rel.gpu;\n" ::: "memory");
+}
 
 // GPTOSS_PDL=0 (measurements only): launches without programmatic stream serialization, so no
 // kernel starts before its predecessor has completed (bench-kernels' back-to-back timings then

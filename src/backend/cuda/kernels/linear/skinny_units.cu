@@ -262,6 +262,66 @@ __device__ __forceinline__ void stage_row_fold(const SkinnyArgs& a, const float*
   __syncthreads();
 }
 
+// A unit of skinny_units_kernel (and of the pair kernel below): its first row tile, expert, and
+// the pass's sorted pairs [tok0, tok_end).
+struct Unit {
+  int tile0, expert, tok0, tok_end;
+};
+using MxChunk = WChunk<WeightMat::kFragMXFP4>;
+
+// A lane's weight and scale pointers at its first chunk of unit x (T row tiles an expert, CC
+// chunks a row tile; its warp's K slice starts at chunk `warp`), and the unit's first PF chunk
+// steps into wbuf.
+template <int KS, int RT, int PF, int CC>
+__device__ __forceinline__ void unit_load_first(const SkinnyArgs& a, int T, const Unit& x, int my_n,
+                                                MxChunk (&wbuf)[PF][RT], const uint4*& wl, const uint32_t*& sl) {
+  constexpr int FMT = WeightMat::kFragMXFP4;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, g = lane >> 2;
+  const size_t tc0 = (size_t(x.expert) * T + x.tile0) * CC + warp;
+  wl = static_cast<const uint4*>(a.W.w) + tc0 * (chunk_bytes<FMT>() / 16) + lane;
+  sl = reinterpret_cast<const uint32_t*>(a.W.scales) + tc0 * 8 + g;
+#pragma unroll
+  for (int u = 0; u < PF; ++u)
+    if (u < my_n)
+#pragma unroll
+      for (int r = 0; r < RT; ++r) load_w_at<FMT, kExpertWeightLoad>(wl, sl, r * CC + u * KS, wbuf[u][r]);
+}
+
+// A unit's chunk steps over the warp's K slice (my_n chunks, KS apart): each step's MMAs on its
+// staged activations (xs_lane: the lane's row of xs, zeros where !row), then that step's ring slot
+// refilled PF steps ahead. acc accumulates (the caller zeroes it).
+template <int KS, int RT, int PF, int CC>
+__device__ __forceinline__ void unit_chunks(MxChunk (&wbuf)[PF][RT], const uint4*& wl, const uint32_t*& sl,
+                                            const uint16_t* xs_lane, bool row, int my_n, float (&acc)[RT][1][4]) {
+  constexpr int FMT = WeightMat::kFragMXFP4;
+  const int warp = threadIdx.x / 32;
+  for (int base = 0; base < my_n; base += PF) {
+#pragma unroll
+    for (int v = 0; v < PF; ++v) {
+      if (base + v < my_n) {
+        uint4 x[1][2];
+        if (row) {
+          const uint4* p = reinterpret_cast<const uint4*>(xs_lane + (warp + (base + v) * KS) * 64);
+          x[0][0] = p[0];
+          x[0][1] = p[4];
+        } else {
+          x[0][0] = x[0][1] = make_uint4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int r = 0; r < RT; ++r) chunk_mma<FMT, 1, true>(wbuf[v][r], x, acc[r]);
+        if (base + v + PF < my_n) {
+          // As in skinny_mma_kernel: the loads after this chunk's MMAs, which free their registers.
+          if constexpr (RT >= 4) asm volatile("" ::: "memory");
+#pragma unroll
+          for (int r = 0; r < RT; ++r) load_w_at<FMT, kExpertWeightLoad>(wl, sl, r * CC + (v + PF) * KS, wbuf[v][r]);
+        }
+      }
+    }
+    wl += PF * KS * (chunk_bytes<FMT>() / 16);
+    sl += PF * KS * 8;
+  }
+}
+
 // Grouped one-n-tile MXFP4 launches (1-64 tokens touch 4-111 experts: 360-10,000 (group, row-tile
 // block) pairs at 120b's gate_up with four row tiles a block). The work is cut into units of one pass (<= 8
 // of a group's tokens) over one block of RT row tiles, in (group, pass, row-tile block) order,
@@ -328,9 +388,6 @@ __global__ void __launch_bounds__(KS * 32, skinny_min_blocks(1, KS, RT, PF)) ski
     return;
   }
 
-  struct Unit {
-    int tile0, expert, tok0, tok_end;
-  };
   int cursor = 0;  // the group of the last unit decoded (units only grow within a block)
   auto unit_at = [&](int u) {
     while (s_unit0[cursor + 1] <= u) ++cursor;
@@ -342,20 +399,10 @@ __global__ void __launch_bounds__(KS * 32, skinny_min_blocks(1, KS, RT, PF)) ski
     x.tok_end = min(x.tok0 + 8, s_end[cursor]);
     return x;
   };
-  WChunk<FMT> wbuf[PF][RT];
+  MxChunk wbuf[PF][RT];
   const uint4* wl = nullptr;
   const uint32_t* sl = nullptr;
-  // This lane's weight and scale pointers at its first chunk of a unit, and the unit's first PF chunks.
-  auto load_first = [&](const Unit& x) {
-    const size_t tc0 = (size_t(x.expert) * T + x.tile0) * C + warp;
-    wl = static_cast<const uint4*>(a.W.w) + tc0 * (chunk_bytes<FMT>() / 16) + lane;
-    sl = reinterpret_cast<const uint32_t*>(a.W.scales) + tc0 * 8 + g;
-#pragma unroll
-    for (int u = 0; u < PF; ++u)
-      if (u < my_n)
-#pragma unroll
-        for (int r = 0; r < RT; ++r) load_w_at<FMT, kExpertWeightLoad>(wl, sl, r * CC + u * KS, wbuf[u][r]);
-  };
+  auto load_first = [&](const Unit& x) { unit_load_first<KS, RT, PF, CC>(a, T, x, my_n, wbuf, wl, sl); };
   Unit cur = unit_at(u0);
   load_first(cur);
   if (a.r.settled) pdl_wait();
@@ -380,31 +427,7 @@ __global__ void __launch_bounds__(KS * 32, skinny_min_blocks(1, KS, RT, PF)) ski
     float acc[RT][1][4];
 #pragma unroll
     for (int r = 0; r < RT; ++r) acc[r][0][0] = acc[r][0][1] = acc[r][0][2] = acc[r][0][3] = 0.f;
-    for (int base = 0; base < my_n; base += PF) {
-#pragma unroll
-      for (int v = 0; v < PF; ++v) {
-        if (base + v < my_n) {
-          uint4 x[1][2];
-          if (g < ntok) {
-            const uint4* p = reinterpret_cast<const uint4*>(xs_lane + (warp + (base + v) * KS) * 64);
-            x[0][0] = p[0];
-            x[0][1] = p[4];
-          } else {
-            x[0][0] = x[0][1] = make_uint4(0, 0, 0, 0);
-          }
-#pragma unroll
-          for (int r = 0; r < RT; ++r) chunk_mma<FMT, 1, true>(wbuf[v][r], x, acc[r]);
-          if (base + v + PF < my_n) {
-            // As in skinny_mma_kernel: the loads after this chunk's MMAs, which free their registers.
-            if constexpr (RT >= 4) asm volatile("" ::: "memory");
-#pragma unroll
-            for (int r = 0; r < RT; ++r) load_w_at<FMT, kExpertWeightLoad>(wl, sl, r * CC + (v + PF) * KS, wbuf[v][r]);
-          }
-        }
-      }
-      wl += PF * KS * (chunk_bytes<FMT>() / 16);
-      sl += PF * KS * 8;
-    }
+    unit_chunks<KS, RT, PF, CC>(wbuf, wl, sl, xs_lane, g < ntok, my_n, acc);
 #ifdef GPTOSS_DIAG_UNITS_CLOCKS
     if (u == u0) UNITS_CLOCK(4);
 #endif
@@ -431,6 +454,85 @@ __global__ void __launch_bounds__(KS * 32, skinny_min_blocks(1, KS, RT, PF)) ski
     atomicAdd(&g_units_clocks[kind][7], 1ull);
   }
 #endif
+}
+
+// One token after a folded router (RouterFold, n == 1): gate_up and down in one launch. Block b
+// takes gate_up's unit b, then down's unit b: both cut an expert into the same number of units
+// (gate_up's 360 row tiles in fours, down's 180 in twos, four row tiles a warp's K slice would
+// not fit beside gate_up's), so block b's down unit is of the expert its gate_up unit was. An
+// expert's down units need only that expert's gate_up rows: each block counts its finished
+// gate_up unit into sync[slot] (release), and its down unit waits on sync[slot] (acquire) with
+// the routing already known (gate_up's) and its first weights already asked for. Two launches
+// cost down the whole of gate_up's end (its last block, the grid's flush), its own blocks'
+// start (gate_up's grid fills the GPU), routing again from the fold's sums and only then its
+// first weight loads: ~3,300 cycles to route and ~3,200 more to its loop in the thirty-third
+// session's clocks (H200, 120b fp8), ~3.3 us of the 9.6 down added to the step.
+// Every block must be resident at once (a waiting block holds its SM slot until the blocks it
+// waits for have run): the launcher takes the grid only where it fits the GPU in one wave. The
+// last of a slot's down blocks to pass its wait resets both of the slot's counters
+// (sync[kMaxTopK + slot] counts the passes) for the next launch. Each row's sums are the two
+// kernels' (the same unit helpers and shapes): the outputs equal theirs bit for bit.
+constexpr int kPairKs = 8, kPairRtGateUp = 4, kPairRtDown = 2, kPairPfDown = 2, kPairCc = 45;
+template <bool XF16, int FOLD_CAP>
+__global__ void __launch_bounds__(kPairKs * 32, skinny_min_blocks(1, kPairKs, kPairRtGateUp, 1))
+    skinny_units_pair_kernel(SkinnyArgs gu, SkinnyArgs dn, int* sync) {
+  constexpr int FMT = WeightMat::kFragMXFP4, KS = kPairKs, RTG = kPairRtGateUp, RTD = kPairRtDown, C = kPairCc;
+  constexpr int kMaxGroups = KS * 32;
+  static_assert(skinny_min_blocks(1, KS, RTD, kPairPfDown) >= skinny_min_blocks(1, KS, RTG, 1), "down's shape fits");
+  const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, g = lane >> 2;
+  extern __shared__ __align__(128) float red[];  // K floats (the row's copy), then the K slices' sums
+  uint16_t* xs = reinterpret_cast<uint16_t*>(red + KS * RTG * 4 * 32);
+  const int xs_ld = C * 64 + 8;
+  const int my_n = C > warp ? (C - 1 - warp) / KS + 1 : 0;
+  __shared__ int s_unit0[kMaxGroups], s_expert[kMaxGroups], s_start[kMaxGroups], s_end[kMaxGroups];
+  __shared__ float s_inv_rms[FOLD_CAP], s_w[kMaxTopK];
+  __shared__ int s_tok[FOLD_CAP * kMaxTopK];
+
+  // gate_up: routes from the fold's sums after its wait, its one row staged from xg.
+  const int Tg = gu.W.N / 16, TB = Tg / RTG;
+  scan_units_fold<FOLD_CAP>(gu, TB, s_unit0, s_expert, s_start, s_end, red, s_inv_rms, s_w, s_tok);
+  const int slot = blockIdx.x / TB;  // (the launcher: gridDim.x = k * TB, one pair a slot)
+  const Unit x{int(blockIdx.x - slot * TB) * RTG, s_expert[slot], s_start[slot], s_end[slot]};
+  MxChunk wg[1][RTG];
+  const uint4* wl = nullptr;
+  const uint32_t* sl = nullptr;
+  unit_load_first<KS, RTG, 1, C>(gu, Tg, x, my_n, wg, wl, sl);
+  pdl_trigger();
+  stage_row_fold(gu, red, s_inv_rms, xs, xs_ld);  // under the first weight loads
+  if (warp < RTG) prefetch_tile_rows<FMT>(gu, x.expert, x.tile0 + warp, g);
+  {
+    const uint16_t* xs_lane = xs + size_t(g < 1 ? s_tok[x.tok0 + g] : 0) * xs_ld + 8 * (lane & 3);
+    float acc[RTG][1][4] = {};
+    unit_chunks<KS, RTG, 1, C>(wg, wl, sl, xs_lane, g < 1, my_n, acc);
+    // down's first weights go out now; gate_up's reduction and stores run under them.
+    MxChunk wd[kPairPfDown][RTD];
+    const int Td = dn.W.N / 16;
+    const Unit y{int(blockIdx.x - slot * TB) * RTD, x.expert, x.tok0, x.tok_end};
+    unit_load_first<KS, RTD, kPairPfDown, C>(dn, Td, y, my_n, wd, wl, sl);
+    finish_tiles<FMT, 1, KS, RTG>(gu, red, acc, RTG, x.tile0, x.expert, x.tok0, x.tok_end);
+    // This unit's rows are out: count it for the slot's down units (the block's stores, a
+    // barrier, one release).
+    __syncthreads();
+    if (threadIdx.x == 0) red_add_release_gpu(sync + slot, 1);
+    if (warp < RTD) prefetch_tile_rows<FMT>(dn, y.expert, y.tile0 + warp, g);
+    if (threadIdx.x == 0) {
+      wait_count_acquire_gpu(sync + slot, TB);
+      if (atomicAdd(sync + kMaxTopK + slot, 1) == TB - 1) {  // the slot's last down block: reset
+        sync[slot] = 0;
+        sync[kMaxTopK + slot] = 0;
+      }
+    }
+    __syncthreads();
+    // The slot's act row, written by other blocks of this launch: through L2 (cp.async.cg), not L1.
+    stage_rows<!XF16, true>(dn, y.tok0, 1, xs, xs_ld);
+    __syncthreads();
+    float acc2[RTD][1][4] = {};
+    unit_chunks<KS, RTD, kPairPfDown, C>(wd, wl, sl, xs + size_t(g) * xs_ld + 8 * (lane & 3), g < 1, my_n, acc2);
+    if (dn.r.fold.moe_out)
+      finish_tiles_moe_out<KS, RTD>(dn, red, acc2, y.tile0, y.expert, s_w[y.tok0]);
+    else
+      finish_tiles<FMT, 1, KS, RTD>(dn, red, acc2, RTD, y.tile0, y.expert, y.tok0, y.tok_end);
+  }
 }
 
 // The warp-per-tile walk: the same units (one pass of <= 8 of a group's tokens over a block of
@@ -700,6 +802,31 @@ bool units_rt6_enabled() {
   return on;
 }
 
+// The pair kernel's launch (launch_experts_pair), or false where it does not take the problem.
+template <bool XF16>
+bool launch_pair(const SkinnyArgs& gu, const SkinnyArgs& dn, int* sync, cudaStream_t s) {
+  return with_router_fold_capacity(1, [&](auto cap) {
+    constexpr int CAP = decltype(cap)::value;
+    auto k = skinny_units_pair_kernel<XF16, CAP>;
+    const int K = gu.W.K;
+    const size_t smem = size_t(kPairKs) * kPairRtGateUp * 4 * 32 * sizeof(float) + size_t(K + 8) * 2;
+    thread_local std::unordered_map<int, int> blocks_an_sm;  // by device
+    int dev = 0;
+    GPTOSS_CUDA_CHECK(cudaGetDevice(&dev));
+    auto it = blocks_an_sm.find(dev);
+    if (it == blocks_an_sm.end()) {
+      allow_dynamic_smem(k, smem);
+      int b = 0;
+      GPTOSS_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, k, kPairKs * 32, smem));
+      it = blocks_an_sm.emplace(dev, b).first;
+    }
+    const int units = gu.r.fold.k * (gu.W.N / 16 / kPairRtGateUp);
+    if (size_t(units) > size_t(sm_count()) * it->second) return false;  // not one wave: a wait could hold a slot forever
+    launch_pdl(k, dim3(unsigned(units)), dim3(kPairKs * 32), smem, s, gu, dn, sync);
+    return true;
+  });
+}
+
 }  // namespace
 
 bool router_fold_experts_take(const WeightMat& W) {
@@ -793,6 +920,19 @@ bool launch_skinny_units(const SkinnyArgs& a, int tiles, int groups, bool xf16, 
     }
   };
   return xf16 ? run(std::true_type{}) : run(std::false_type{});
+}
+
+bool launch_experts_pair(const SkinnyArgs& gu, const SkinnyArgs& dn, bool xf16, int* sync, cudaStream_t s) {
+  const RouterFold& f = gu.r.fold;
+  if (!sync || !f.acc || !f.gate_up || f.n != 1 || dn.r.fold.gate_up || f.k > kMaxTopK)
+    return false;
+  if (!gu.grouped || !dn.grouped || dn.gather_a || !skinny_cc_enabled() || gu.W.K != 2880 || dn.W.K != 2880)
+    return false;
+  // The same units an expert: gate_up's row tiles in fours, down's in twos.
+  if (gu.W.N % (16 * kPairRtGateUp) != 0 || dn.W.N % (16 * kPairRtDown) != 0 ||
+      gu.W.N / (16 * kPairRtGateUp) != dn.W.N / (16 * kPairRtDown))
+    return false;
+  return xf16 ? launch_pair<true>(gu, dn, sync, s) : launch_pair<false>(gu, dn, sync, s);
 }
 
 }  // namespace skinny

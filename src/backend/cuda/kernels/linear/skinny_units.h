@@ -24,4 +24,10 @@ bool skinny_tp_cc_enabled();
 bool launch_skinny_units(const SkinnyArgs& a, int tiles, int groups, bool xf16, int shape, bool k_split_only,
                          cudaStream_t s);
 
+// gate_up (gu) then down (dn) over one token after a folded router in one launch (the pair
+// kernel: skinny_units.cu), their outputs those of launch_skinny_units' two launches bit for bit;
+// sync: kExpertPairSyncInts ints (kernels.h), zero before the first launch (each launch leaves them
+// zero). Returns false without launching where it does not take the problem.
+bool launch_experts_pair(const SkinnyArgs& gu, const SkinnyArgs& dn, bool xf16, int* sync, cudaStream_t s);
+
 }  // namespace gptoss::cuda::skinny
