@@ -472,6 +472,9 @@ __global__ void __launch_bounds__(KS * 32, skinny_min_blocks(1, KS, RT, PF)) ski
 // last of a slot's down blocks to pass its wait resets both of the slot's counters
 // (sync[kMaxTopK + slot] counts the passes) for the next launch. Each row's sums are the two
 // kernels' (the same unit helpers and shapes): the outputs equal theirs bit for bit.
+// Measured slower (H100, forty-sixth session, s46r2-r3, traced 120b fp8 one-token step): 28.35 us
+// a layer against 18.48 + 9.01 for the two launches, tg128 -1 to -3%, whether the waits polled
+// with acquire loads or relaxed ones; so the backend runs it only where GPTOSS_EXPERT_PAIR=1.
 constexpr int kPairKs = 8, kPairRtGateUp = 4, kPairRtDown = 2, kPairPfDown = 2, kPairCc = 45;
 template <bool XF16, int FOLD_CAP>
 __global__ void __launch_bounds__(kPairKs * 32, skinny_min_blocks(1, kPairKs, kPairRtGateUp, 1))
