@@ -390,7 +390,9 @@ bool check_router_fold(WeightMat::Format ofmt, const FoldCase& c, uint64_t seed,
   fold.n = n;
   fold.n_valid = nv < n ? dvalid.p() : nullptr;
   std::vector<float> first;
-  for (int pass = 0; pass < 2; ++pass) {
+  // Passes: the two expert launches, then at one token the pair kernel, then the pair kernel with
+  // down's unit staged by the bulk-copy engine; each must give the first pass's bits.
+  for (int pass = 0; pass < (n == 1 ? 3 : 2); ++pass) {
     acc.upload(std::vector<long long>(nacc, 0));
     dx.upload(x0);
     y.poison();
@@ -408,12 +410,10 @@ bool check_router_fold(WeightMat::Format ofmt, const FoldCase& c, uint64_t seed,
     rd.settled = true;
     Epilogue ge{Epilogue::kSwiGLU, act.p(), I};
     ge.out_f16 = true;
-    // One token, second pass: gate_up and down in one launch (linear_grouped_pair), which must
-    // give the two launches' bits (the second-pass check below).
     const Epilogue de{Epilogue::kStoreF32, y.p(), H};
-    if (n == 1 && pass == 1) {
+    if (n == 1 && pass >= 1) {
       const bool paired = cuda::linear_grouped_pair(pgu, act.p(), H, rg, ge, pdn, act.p(), I, rd, de, E, true,
-                                                    pair_sync.p(), 0);
+                                                    pass == 2, pair_sync.p(), 0);
       EXPECT_TRUE(paired) << at << ": the pair kernel declined";
       if (!paired) return true;
     } else {
@@ -464,7 +464,7 @@ bool check_router_fold(WeightMat::Format ofmt, const FoldCase& c, uint64_t seed,
       std::printf("router fold %s: rel err %.3g\n", at.c_str(), rel_err(got, real_rows(ref)));
     } else {
       EXPECT_EQ(0, std::memcmp(first.data(), got.data(), got.size() * 4))
-          << at << ": a second pass, other bits" << (n == 1 ? " (the pair kernel's)" : "");
+          << at << ": pass " << pass << ", other bits" << (n == 1 ? " (the pair kernel's)" : "");
     }
   }
   if (n == 1) EXPECT_EQ(pair_sync.download(), std::vector<int>(cuda::kExpertPairSyncInts, 0)) << at << ": counters left";
@@ -483,10 +483,11 @@ bool check_router_fold(WeightMat::Format ofmt, const FoldCase& c, uint64_t seed,
     Dev<float> dnw2(nw2);
     Dev<long long> moe(H), acc2(E + 1);
     Dev<uint16_t> dq(c.QKV), da2(to_bf16(a2));
-    // Twice: the two expert launches, then the pair kernel, whose sums must be the same bits.
+    // Three times: the two expert launches, then the pair kernel, then the pair kernel with down's
+    // unit staged by the bulk-copy engine, whose sums must be the same bits.
     std::vector<long long> moe_two;
     bool ok = true;
-    for (int paired = 0; paired < 2; ++paired) {
+    for (int paired = 0; paired < 3; ++paired) {
       acc.upload(std::vector<long long>(E + 1, 0));
       acc2.upload(std::vector<long long>(E + 1, 0));
       moe.upload(std::vector<long long>(H, 0));
@@ -506,10 +507,12 @@ bool check_router_fold(WeightMat::Format ofmt, const FoldCase& c, uint64_t seed,
       ge.out_f16 = true;
       const Epilogue de{Epilogue::kStoreF32, y.p(), H};
       if (paired) {
-        ok = cuda::linear_grouped_pair(pgu, act.p(), H, rg, ge, pdn, act.p(), I, rd, de, E, true, pair_sync.p(), 0);
-        EXPECT_TRUE(ok) << at << ": the pair kernel declined (combine fold)";
+        ok = cuda::linear_grouped_pair(pgu, act.p(), H, rg, ge, pdn, act.p(), I, rd, de, E, true, paired == 2,
+                                       pair_sync.p(), 0);
+        EXPECT_TRUE(ok) << at << ": the pair kernel declined (combine fold, variant " << paired << ")";
         if (!ok) return true;
-        EXPECT_EQ(moe.download(), moe_two) << at << ": the pair kernel's MoE sums differ from the two launches'";
+        EXPECT_EQ(moe.download(), moe_two)
+            << at << ": the pair kernel's MoE sums (variant " << paired << ") differ from the two launches'";
       } else {
         cuda::linear_grouped(pgu, act.p(), H, k, E, true, rg, ge, 0, 1, true);
         cuda::linear_grouped(pdn, act.p(), I, k, E, false, rd, de, 0, 1, true);

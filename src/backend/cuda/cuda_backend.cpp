@@ -456,9 +456,9 @@ void CudaBackend::run_pass(int n, const PassMeta& m, int n_rows, int nsplit) {
     if (folded) routing_settled.fold = fold;
     // One token after the fold: both in one launch where it takes them (gate_up's blocks go on
     // into down's units, each waiting only for its own expert's rows).
-    const bool paired = expert_pair_ && folded && n == 1 && !inv && !kperm && !skip("experts") && xn_f16 &&
+    const bool paired = expert_pair_ != 0 && folded && n == 1 && !inv && !kperm && !skip("experts") && xn_f16 &&
                         linear_grouped_pair(Wgu, gu_in, H, routing_gu, gu, Wdn, act_, c.intermediate,
-                                            routing_settled, dn, E, skinny, pair_sync_, stream_);
+                                            routing_settled, dn, E, skinny, expert_pair_ == 2, pair_sync_, stream_);
     if (!paired && !skip("experts"))
       linear_grouped(Wgu, gu_in, H, n * k, E, true, routing_gu, gu, stream_, n, xn_f16, inv, kperm);
     mark("gate_up");

@@ -131,11 +131,20 @@ __device__ __forceinline__ void pdl_begin() {
 __device__ __forceinline__ void red_add_release_gpu(int* p, int v) {
   asm volatile("red.release.gpu.global.add.s32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
 }
-__device__ __forceinline__ void wait_count_acquire_gpu(const int* p, int count) {
+// After `timeout_us` (the GPU's global timer) the thread traps: a launch error at the next
+// synchronize instead of a hang, should the blocks it waits for never run.
+__device__ __forceinline__ void wait_count_acquire_gpu(const int* p, int count, uint32_t timeout_us) {
+  uint64_t start = 0;
   for (;;) {
     int v;
     asm volatile("ld.relaxed.gpu.global.s32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
     if (v >= count) break;
+    uint64_t ns;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ns));
+    if (start == 0)
+      start = ns;
+    else if (ns - start > uint64_t(timeout_us) * 1000u)
+      __trap();
     __nanosleep(64);
   }
   asm volatile("fence.acq_rel.gpu;\n" ::: "memory");

@@ -202,12 +202,14 @@ void linear_grouped(const WeightMat& W, const void* A, int lda, int pairs, int E
 // into down's units, each waiting only for its own expert's gate_up rows (skinny_units.cu's pair
 // kernel). Outputs (act, dn's epilogue, the combine's routing) equal the two launches' bit for
 // bit. sync: kExpertPairSyncInts ints of device memory, zero before the first launch (each launch
-// leaves them zero). Returns false without launching where it does not take the problem; the
-// caller then makes the two launches. (The backend makes it only where GPTOSS_EXPERT_PAIR=1.)
+// leaves them zero). stage_down: down's unit comes into shared memory by a bulk copy as soon as
+// the routing is known, beside gate_up's stream (sm_90+). Returns false without launching where it
+// does not take the problem; the caller then makes the two launches. (The backend makes it only
+// where GPTOSS_EXPERT_PAIR is 1, or 2 for stage_down.)
 constexpr int kExpertPairSyncInts = 16;
 bool linear_grouped_pair(const WeightMat& Wgu, const void* A, int lda, const MoeRouting& r_gu, const Epilogue& gu,
                          const WeightMat& Wdn, const void* act, int lda_dn, const MoeRouting& r_dn,
-                         const Epilogue& dn, int E, bool a_f16, int* sync, cudaStream_t s);
+                         const Epilogue& dn, int E, bool a_f16, bool stage_down, int* sync, cudaStream_t s);
 // Whether linear_grouped with these arguments runs expert GEMM version 5 (so k-permuted
 // activations and epilogues may be used).
 bool expert_gemm_v5_runs(const WeightMat& W, const void* A, int lda, int pairs, int E, bool gather_a,
@@ -319,7 +321,7 @@ void skinny_linear(const WeightMat& W, const void* A, bool a_f16, int lda, int M
 // does not take the problem (nothing launched).
 bool skinny_linear_pair(const WeightMat& Wgu, const void* A, int lda, const MoeRouting& r_gu, const Epilogue& gu,
                         const WeightMat& Wdn, const void* act, int lda_dn, const MoeRouting& r_dn, const Epilogue& dn,
-                        int E, bool a_f16, int* sync, cudaStream_t s);
+                        int E, bool a_f16, bool stage_down, int* sync, cudaStream_t s);
 // o_proj's staged kernel (1-8 tokens) with the router's partial sums in its epilogue
 // (linear_router_fold); false where that kernel does not take the problem (nothing launched).
 bool skinny_router_fold(const WeightMat& W, const bf16_t* A, int lda, const Epilogue& epi, const RouterFold& fold,

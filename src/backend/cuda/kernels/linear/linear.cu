@@ -186,7 +186,7 @@ bool v5_takes(LinearKernel k, const WeightMat& W, const void* A, int lda, int pa
 
 bool linear_grouped_pair(const WeightMat& Wgu, const void* A, int lda, const MoeRouting& r_gu, const Epilogue& gu,
                          const WeightMat& Wdn, const void* act, int lda_dn, const MoeRouting& r_dn,
-                         const Epilogue& dn, int E, bool a_f16, int* sync, cudaStream_t s) {
+                         const Epilogue& dn, int E, bool a_f16, bool stage_down, int* sync, cudaStream_t s) {
   const int k = r_gu.fold.k;
   if (!r_gu.fold.acc || r_gu.fold.n != 1 || k <= 0) return false;
   // Where linear_grouped would run both on the skinny kernels (the pair kernel's halves).
@@ -195,7 +195,7 @@ bool linear_grouped_pair(const WeightMat& Wgu, const void* A, int lda, const Moe
     return false;
   check_args(Wgu, gu);
   check_args(Wdn, dn);
-  return skinny_linear_pair(Wgu, A, lda, r_gu, gu, Wdn, act, lda_dn, r_dn, dn, E, a_f16, sync, s);
+  return skinny_linear_pair(Wgu, A, lda, r_gu, gu, Wdn, act, lda_dn, r_dn, dn, E, a_f16, stage_down, sync, s);
 }
 
 bool expert_gemm_v5_runs(const WeightMat& W, const void* A, int lda, int pairs, int E, bool gather_a,

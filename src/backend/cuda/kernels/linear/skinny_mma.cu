@@ -900,12 +900,12 @@ SkinnyArgs skinny_args(const WeightMat& W, const void* A, bool a_f16, int lda, i
 
 bool skinny_linear_pair(const WeightMat& Wgu, const void* A, int lda, const MoeRouting& r_gu, const Epilogue& gu,
                         const WeightMat& Wdn, const void* act, int lda_dn, const MoeRouting& r_dn, const Epilogue& dn,
-                        int E, bool a_f16, int* sync, cudaStream_t s) {
+                        int E, bool a_f16, bool stage_down, int* sync, cudaStream_t s) {
   if (Wgu.fmt != WeightMat::kFragMXFP4 || Wdn.fmt != WeightMat::kFragMXFP4 || !a_f16 || !gu.out_f16) return false;
   const int k = r_gu.fold.k;
   const SkinnyArgs ga = skinny_args(Wgu, A, true, lda, 1, k, E, true, true, r_gu, gu);
   const SkinnyArgs da = skinny_args(Wdn, act, true, lda_dn, 1, k, E, true, false, r_dn, dn);
-  const bool ok = launch_experts_pair(ga, da, true, sync, s);
+  const bool ok = launch_experts_pair(ga, da, true, stage_down, sync, s);
   if (ok) GPTOSS_CUDA_LAUNCH_CHECK();
   return ok;
 }

@@ -12,6 +12,7 @@
 #include <unordered_map>
 #include <utility>
 
+#include "backend/cuda/bulk_copy_ptx.cuh"
 #include "backend/cuda/device_utils.cuh"
 #include "backend/cuda/diag_clocks.h"
 #include "backend/cuda/kernels.h"
@@ -272,25 +273,33 @@ using MxChunk = WChunk<WeightMat::kFragMXFP4>;
 // A lane's weight and scale pointers at its first chunk of unit x (T row tiles an expert, CC
 // chunks a row tile; its warp's K slice starts at chunk `warp`), and the unit's first PF chunk
 // steps into wbuf.
-template <int KS, int RT, int PF, int CC>
+// L = WLoad::kStaged: the unit's chunks and scale words wait in shared memory in their global
+// order, from `staged_w` / `staged_s` on (the pair kernel's staged down unit).
+template <int KS, int RT, int PF, int CC, WLoad L = kExpertWeightLoad>
 __device__ __forceinline__ void unit_load_first(const SkinnyArgs& a, int T, const Unit& x, int my_n,
-                                                MxChunk (&wbuf)[PF][RT], const uint4*& wl, const uint32_t*& sl) {
+                                                MxChunk (&wbuf)[PF][RT], const uint4*& wl, const uint32_t*& sl,
+                                                const uint4* staged_w = nullptr, const uint32_t* staged_s = nullptr) {
   constexpr int FMT = WeightMat::kFragMXFP4;
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, g = lane >> 2;
-  const size_t tc0 = (size_t(x.expert) * T + x.tile0) * CC + warp;
-  wl = static_cast<const uint4*>(a.W.w) + tc0 * (chunk_bytes<FMT>() / 16) + lane;
-  sl = reinterpret_cast<const uint32_t*>(a.W.scales) + tc0 * 8 + g;
+  if constexpr (L == WLoad::kStaged) {
+    wl = staged_w + size_t(warp) * (chunk_bytes<FMT>() / 16) + lane;
+    sl = staged_s + size_t(warp) * 8 + g;
+  } else {
+    const size_t tc0 = (size_t(x.expert) * T + x.tile0) * CC + warp;
+    wl = static_cast<const uint4*>(a.W.w) + tc0 * (chunk_bytes<FMT>() / 16) + lane;
+    sl = reinterpret_cast<const uint32_t*>(a.W.scales) + tc0 * 8 + g;
+  }
 #pragma unroll
   for (int u = 0; u < PF; ++u)
     if (u < my_n)
 #pragma unroll
-      for (int r = 0; r < RT; ++r) load_w_at<FMT, kExpertWeightLoad>(wl, sl, r * CC + u * KS, wbuf[u][r]);
+      for (int r = 0; r < RT; ++r) load_w_at<FMT, L>(wl, sl, r * CC + u * KS, wbuf[u][r]);
 }
 
 // A unit's chunk steps over the warp's K slice (my_n chunks, KS apart): each step's MMAs on its
 // staged activations (xs_lane: the lane's row of xs, zeros where !row), then that step's ring slot
 // refilled PF steps ahead. acc accumulates (the caller zeroes it).
-template <int KS, int RT, int PF, int CC>
+template <int KS, int RT, int PF, int CC, WLoad L = kExpertWeightLoad>
 __device__ __forceinline__ void unit_chunks(MxChunk (&wbuf)[PF][RT], const uint4*& wl, const uint32_t*& sl,
                                             const uint16_t* xs_lane, bool row, int my_n, float (&acc)[RT][1][4]) {
   constexpr int FMT = WeightMat::kFragMXFP4;
@@ -313,7 +322,7 @@ __device__ __forceinline__ void unit_chunks(MxChunk (&wbuf)[PF][RT], const uint4
           // As in skinny_mma_kernel: the loads after this chunk's MMAs, which free their registers.
           if constexpr (RT >= 4) asm volatile("" ::: "memory");
 #pragma unroll
-          for (int r = 0; r < RT; ++r) load_w_at<FMT, kExpertWeightLoad>(wl, sl, r * CC + (v + PF) * KS, wbuf[v][r]);
+          for (int r = 0; r < RT; ++r) load_w_at<FMT, L>(wl, sl, r * CC + (v + PF) * KS, wbuf[v][r]);
         }
       }
     }
@@ -475,8 +484,22 @@ __global__ void __launch_bounds__(KS * 32, skinny_min_blocks(1, KS, RT, PF)) ski
 // Measured slower (H100, forty-sixth session, s46r2-r3, traced 120b fp8 one-token step): 28.35 us
 // a layer against 18.48 + 9.01 for the two launches, tg128 -1 to -3%, whether the waits polled
 // with acquire loads or relaxed ones; so the backend runs it only where GPTOSS_EXPERT_PAIR=1.
+// SD (GPTOSS_EXPERT_PAIR=2): down's whole unit (its two row tiles' 45 chunks, 46 KB, and their
+// scale words, 2.8 KB: contiguous in the fragment layout) comes into shared memory by one bulk copy
+// as soon as the routing is known, beside gate_up's stream, so that down's bytes are read while
+// gate_up's are and only its math waits for the count (three blocks an SM: 3 x ~75 KB).
+// A wait that outlasts kPairWaitUs traps (a launch error, not a hang) where the grid did not all
+// come resident after all.
 constexpr int kPairKs = 8, kPairRtGateUp = 4, kPairRtDown = 2, kPairPfDown = 2, kPairCc = 45;
-template <bool XF16, int FOLD_CAP>
+constexpr uint32_t kPairWaitUs = 200000;
+constexpr size_t kPairStagedW = size_t(kPairRtDown) * kPairCc * 512, kPairStagedS = size_t(kPairRtDown) * kPairCc * 32;
+// The dynamic shared memory: the K slices' sums (and gate_up's row copy), the staged row, and with SD
+// down's unit and an mbarrier.
+constexpr size_t pair_smem_bytes(int K, bool sd) {
+  return size_t(kPairKs) * kPairRtGateUp * 4 * 32 * sizeof(float) + ((size_t(K + 8) * 2 + 15) / 16) * 16 +
+         (sd ? kPairStagedW + kPairStagedS + 16 : 0);
+}
+template <bool XF16, int FOLD_CAP, bool SD>
 __global__ void __launch_bounds__(kPairKs * 32, skinny_min_blocks(1, kPairKs, kPairRtGateUp, 1))
     skinny_units_pair_kernel(SkinnyArgs gu, SkinnyArgs dn, int* sync) {
   constexpr int FMT = WeightMat::kFragMXFP4, KS = kPairKs, RTG = kPairRtGateUp, RTD = kPairRtDown, C = kPairCc;
@@ -496,10 +519,27 @@ __global__ void __launch_bounds__(kPairKs * 32, skinny_min_blocks(1, kPairKs, kP
   scan_units_fold<FOLD_CAP>(gu, TB, s_unit0, s_expert, s_start, s_end, red, s_inv_rms, s_w, s_tok);
   const int slot = blockIdx.x / TB;  // (the launcher: gridDim.x = k * TB, one pair a slot)
   const Unit x{int(blockIdx.x - slot * TB) * RTG, s_expert[slot], s_start[slot], s_end[slot]};
+  const int Td = dn.W.N / 16;
+  const Unit y{int(blockIdx.x - slot * TB) * RTD, x.expert, x.tok0, x.tok_end};
   MxChunk wg[1][RTG];
   const uint4* wl = nullptr;
   const uint32_t* sl = nullptr;
   unit_load_first<KS, RTG, 1, C>(gu, Tg, x, my_n, wg, wl, sl);
+  // SD: down's unit after gate_up's first loads, into shared memory past the staged row.
+  unsigned char* staged = reinterpret_cast<unsigned char*>(xs) + ((size_t(xs_ld) * 2 + 15) / 16) * 16;
+  const uint32_t bar = ptx::smem_u32(staged + kPairStagedW + kPairStagedS);
+  if constexpr (SD) {
+    if (threadIdx.x == 0) {
+      ptx::mbar_init(bar, 1);
+      ptx::mbar_init_fence();
+      const size_t tc0 = (size_t(y.expert) * Td + y.tile0) * C;
+      ptx::mbar_arrive_expect_tx(bar, uint32_t(kPairStagedW + kPairStagedS));
+      ptx::bulk_copy_g2s(ptx::smem_u32(staged), static_cast<const unsigned char*>(dn.W.w) + tc0 * 512,
+                         uint32_t(kPairStagedW), bar);
+      ptx::bulk_copy_g2s(ptx::smem_u32(staged + kPairStagedW), static_cast<const unsigned char*>(dn.W.scales) + tc0 * 32,
+                         uint32_t(kPairStagedS), bar);
+    }
+  }
   pdl_trigger();
   stage_row_fold(gu, red, s_inv_rms, xs, xs_ld);  // under the first weight loads
   if (warp < RTG) prefetch_tile_rows<FMT>(gu, x.expert, x.tile0 + warp, g);
@@ -507,11 +547,10 @@ __global__ void __launch_bounds__(kPairKs * 32, skinny_min_blocks(1, kPairKs, kP
     const uint16_t* xs_lane = xs + size_t(g < 1 ? s_tok[x.tok0 + g] : 0) * xs_ld + 8 * (lane & 3);
     float acc[RTG][1][4] = {};
     unit_chunks<KS, RTG, 1, C>(wg, wl, sl, xs_lane, g < 1, my_n, acc);
-    // down's first weights go out now; gate_up's reduction and stores run under them.
+    // down's first weights go out now (SD: they are on their way); gate_up's reduction and stores
+    // run under them.
     MxChunk wd[kPairPfDown][RTD];
-    const int Td = dn.W.N / 16;
-    const Unit y{int(blockIdx.x - slot * TB) * RTD, x.expert, x.tok0, x.tok_end};
-    unit_load_first<KS, RTD, kPairPfDown, C>(dn, Td, y, my_n, wd, wl, sl);
+    if constexpr (!SD) unit_load_first<KS, RTD, kPairPfDown, C>(dn, Td, y, my_n, wd, wl, sl);
     finish_tiles<FMT, 1, KS, RTG>(gu, red, acc, RTG, x.tile0, x.expert, x.tok0, x.tok_end);
     // This unit's rows are out: count it for the slot's down units (the block's stores, a
     // barrier, one release).
@@ -519,7 +558,7 @@ __global__ void __launch_bounds__(kPairKs * 32, skinny_min_blocks(1, kPairKs, kP
     if (threadIdx.x == 0) red_add_release_gpu(sync + slot, 1);
     if (warp < RTD) prefetch_tile_rows<FMT>(dn, y.expert, y.tile0 + warp, g);
     if (threadIdx.x == 0) {
-      wait_count_acquire_gpu(sync + slot, TB);
+      wait_count_acquire_gpu(sync + slot, TB, kPairWaitUs);
       if (atomicAdd(sync + kMaxTopK + slot, 1) == TB - 1) {  // the slot's last down block: reset
         sync[slot] = 0;
         sync[kMaxTopK + slot] = 0;
@@ -530,7 +569,16 @@ __global__ void __launch_bounds__(kPairKs * 32, skinny_min_blocks(1, kPairKs, kP
     stage_rows<!XF16, true>(dn, y.tok0, 1, xs, xs_ld);
     __syncthreads();
     float acc2[RTD][1][4] = {};
-    unit_chunks<KS, RTD, kPairPfDown, C>(wd, wl, sl, xs + size_t(g) * xs_ld + 8 * (lane & 3), g < 1, my_n, acc2);
+    const uint16_t* xs_lane2 = xs + size_t(g) * xs_ld + 8 * (lane & 3);
+    if constexpr (SD) {
+      ptx::mbar_wait_bounded(bar, 0, kPairWaitUs);
+      unit_load_first<KS, RTD, kPairPfDown, C, WLoad::kStaged>(dn, Td, y, my_n, wd, wl, sl,
+                                                               reinterpret_cast<const uint4*>(staged),
+                                                               reinterpret_cast<const uint32_t*>(staged + kPairStagedW));
+      unit_chunks<KS, RTD, kPairPfDown, C, WLoad::kStaged>(wd, wl, sl, xs_lane2, g < 1, my_n, acc2);
+    } else {
+      unit_chunks<KS, RTD, kPairPfDown, C>(wd, wl, sl, xs_lane2, g < 1, my_n, acc2);
+    }
     if (dn.r.fold.moe_out)
       finish_tiles_moe_out<KS, RTD>(dn, red, acc2, y.tile0, y.expert, s_w[y.tok0]);
     else
@@ -806,19 +854,20 @@ bool units_rt6_enabled() {
 }
 
 // The pair kernel's launch (launch_experts_pair), or false where it does not take the problem.
-template <bool XF16>
+template <bool XF16, bool SD>
 bool launch_pair(const SkinnyArgs& gu, const SkinnyArgs& dn, int* sync, cudaStream_t s) {
   return with_router_fold_capacity(1, [&](auto cap) {
     constexpr int CAP = decltype(cap)::value;
-    auto k = skinny_units_pair_kernel<XF16, CAP>;
-    const int K = gu.W.K;
-    const size_t smem = size_t(kPairKs) * kPairRtGateUp * 4 * 32 * sizeof(float) + size_t(K + 8) * 2;
+    auto k = skinny_units_pair_kernel<XF16, CAP, SD>;
+    const size_t smem = pair_smem_bytes(gu.W.K, SD);
     thread_local std::unordered_map<int, int> blocks_an_sm;  // by device
     int dev = 0;
     GPTOSS_CUDA_CHECK(cudaGetDevice(&dev));
     auto it = blocks_an_sm.find(dev);
     if (it == blocks_an_sm.end()) {
       allow_dynamic_smem(k, smem);
+      // SD's three blocks an SM need nearly all of it as shared memory.
+      if (SD) GPTOSS_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributePreferredSharedMemoryCarveout, 100));
       int b = 0;
       GPTOSS_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, k, kPairKs * 32, smem));
       it = blocks_an_sm.emplace(dev, b).first;
@@ -925,7 +974,8 @@ bool launch_skinny_units(const SkinnyArgs& a, int tiles, int groups, bool xf16, 
   return xf16 ? run(std::true_type{}) : run(std::false_type{});
 }
 
-bool launch_experts_pair(const SkinnyArgs& gu, const SkinnyArgs& dn, bool xf16, int* sync, cudaStream_t s) {
+bool launch_experts_pair(const SkinnyArgs& gu, const SkinnyArgs& dn, bool xf16, bool stage_down, int* sync,
+                         cudaStream_t s) {
   const RouterFold& f = gu.r.fold;
   if (!sync || !f.acc || !f.gate_up || f.n != 1 || dn.r.fold.gate_up || f.k > kMaxTopK)
     return false;
@@ -935,7 +985,16 @@ bool launch_experts_pair(const SkinnyArgs& gu, const SkinnyArgs& dn, bool xf16, 
   if (gu.W.N % (16 * kPairRtGateUp) != 0 || dn.W.N % (16 * kPairRtDown) != 0 ||
       gu.W.N / (16 * kPairRtGateUp) != dn.W.N / (16 * kPairRtDown))
     return false;
-  return xf16 ? launch_pair<true>(gu, dn, sync, s) : launch_pair<false>(gu, dn, sync, s);
+  if (stage_down) {
+    // The bulk-copy engine (sm_90+); the staged unit's 16-byte alignment holds in the fragment layout.
+    int dev = 0, major = 0;
+    GPTOSS_CUDA_CHECK(cudaGetDevice(&dev));
+    GPTOSS_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    if (major < 9 || reinterpret_cast<uintptr_t>(dn.W.w) % 16 != 0 || reinterpret_cast<uintptr_t>(dn.W.scales) % 16 != 0)
+      return false;
+    return xf16 ? launch_pair<true, true>(gu, dn, sync, s) : launch_pair<false, true>(gu, dn, sync, s);
+  }
+  return xf16 ? launch_pair<true, false>(gu, dn, sync, s) : launch_pair<false, false>(gu, dn, sync, s);
 }
 
 }  // namespace skinny

@@ -28,6 +28,8 @@ bool launch_skinny_units(const SkinnyArgs& a, int tiles, int groups, bool xf16, 
 // kernel: skinny_units.cu), their outputs those of launch_skinny_units' two launches bit for bit;
 // sync: kExpertPairSyncInts ints (kernels.h), zero before the first launch (each launch leaves them
 // zero). Returns false without launching where it does not take the problem.
-bool launch_experts_pair(const SkinnyArgs& gu, const SkinnyArgs& dn, bool xf16, int* sync, cudaStream_t s);
+// stage_down: down's unit comes into shared memory by a bulk copy beside gate_up's stream.
+bool launch_experts_pair(const SkinnyArgs& gu, const SkinnyArgs& dn, bool xf16, bool stage_down, int* sync,
+                         cudaStream_t s);
 
 }  // namespace gptoss::cuda::skinny
