@@ -9,6 +9,7 @@ virtual registers and labels (numbered in order of appearance), the anonymous na
 internal statics' path hashes, and .loc line records.
 
     tools/gpu/ptx_same.py REV src/backend/cuda/kernels/moe/expert_gemm_wgmma_wa.cu [MORE.cu ...]
+    tools/gpu/ptx_same.py REV src/a.cu --moved-to src/b.cu   (kernels of a.cu at REV now in a.cu or b.cu)
 
 Needs build/ configured with Ninja. Prints each source's verdict; exits 1 if any kernel differs
 (then `--diff` prints the first differing kernel's unified diff).
@@ -69,8 +70,9 @@ def ptx(command, root, source, out):
 
 def kernels(path):
     text = open(path).read()
-    text = re.sub(r"_GLOBAL__N__[0-9a-f]+_\d+_\w+?_cu_[0-9a-f]+", "ANON", text)
-    text = re.sub(r"_INTERNAL_[0-9a-f]+_\d+_\w+?_cu_[0-9a-f]+", "INTERNAL", text)
+    # (With the mangled length before them: a kernel moved to another file keeps its name.)
+    text = re.sub(r"\d*_GLOBAL__N__[0-9a-f]+_\d+_\w+?_cu_[0-9a-f]+", "ANON", text)
+    text = re.sub(r"\d*_INTERNAL_[0-9a-f]+_\d+_\w+?_cu_[0-9a-f]+", "INTERNAL", text)
     text = re.sub(r"^\s*\.loc.*$", "", text, flags=re.M)
     text = re.sub(r"//.*", "", text)
     out = {}
@@ -93,6 +95,8 @@ def main():
     ap.add_argument("rev")
     ap.add_argument("sources", nargs="+")
     ap.add_argument("--diff", action="store_true", help="print the first differing kernel's diff")
+    ap.add_argument("--moved-to", nargs="+", default=[], metavar="SOURCE",
+                    help="sources (new in the working tree) that now hold some of the kernels: theirs count as now's")
     o = ap.parse_args()
     ok = True
     with tempfile.TemporaryDirectory() as tmp:
@@ -105,6 +109,10 @@ def main():
                 ptx(cmd, wt, src, a)
                 ptx(cmd, ROOT, src, b)
                 ka, kb = kernels(a), kernels(b)
+                for i, moved in enumerate(o.moved_to):
+                    m = os.path.join(tmp, f"moved{i}.ptx")
+                    ptx(compile_command(moved), ROOT, moved, m)
+                    kb.update(kernels(m))
                 if set(ka) != set(kb):
                     ok = False
                     print(f"{src}: kernels differ: {len(ka)} at {o.rev}, {len(kb)} now "
