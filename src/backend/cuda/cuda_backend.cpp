@@ -455,8 +455,9 @@ void CudaBackend::run_pass(int n, const PassMeta& m, int n_rows, int nsplit) {
     routing_settled.settled = true;
     if (folded) routing_settled.fold = fold;
     // One token after the fold: both in one launch where it takes them (gate_up's blocks go on
-    // into down's units, each waiting only for its own expert's rows).
-    const bool paired = expert_pair_ != 0 && folded && n == 1 && !inv && !kperm && !skip("experts") && xn_f16 &&
+    // into down's units, each waiting only for its own expert's rows). It declines every other
+    // pass (no fold in routing_gu, more tokens, bf16 activations).
+    const bool paired = expert_pair_ != 0 && !skip("experts") &&
                         linear_grouped_pair(Wgu, gu_in, H, routing_gu, gu, Wdn, act_, c.intermediate,
                                             routing_settled, dn, E, skinny, expert_pair_ == 2, pair_sync_, stream_);
     if (!paired && !skip("experts"))

@@ -123,7 +123,7 @@ __device__ __forceinline__ void pdl_begin() {
   pdl_wait();
   pdl_trigger();
 }
-// A counter blocks of one launch meet on (skinny_units.cu's pair kernel). The adder: its block's
+// A counter blocks of one launch meet on (skinny_units_pair.cu's pair kernel). The adder: its block's
 // writes, then a barrier, then this add with release semantics at GPU scope (cumulative: the
 // block's writes the barrier ordered before it are released with it). The waiter: relaxed loads
 // while it polls (an acquire load at GPU scope also invalidates the SM's L1, which the other

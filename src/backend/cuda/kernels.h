@@ -199,8 +199,8 @@ void linear_grouped(const WeightMat& W, const void* A, int lda, int pairs, int E
                     bool invariant = false, bool a_k_permuted = false);
 // The two linear_grouped launches of a one-token MoE after a folded router (RouterFold, n == 1;
 // r_gu.fold.gate_up set, r_dn's fold the down launch's) in one launch: gate_up's blocks go on
-// into down's units, each waiting only for its own expert's gate_up rows (skinny_units.cu's pair
-// kernel). Outputs (act, dn's epilogue, the combine's routing) equal the two launches' bit for
+// into down's units, each waiting only for its own expert's gate_up rows (skinny_units_pair.cu's
+// pair kernel). Outputs (act, dn's epilogue, the combine's routing) equal the two launches' bit for
 // bit. sync: kExpertPairSyncInts ints of device memory, zero before the first launch (each launch
 // leaves them zero). stage_down: down's unit comes into shared memory by a bulk copy as soon as
 // the routing is known, beside gate_up's stream (sm_90+). Returns false without launching where it

@@ -332,7 +332,7 @@ constexpr int skinny_min_blocks(int NT, int KS, int RT, int PF = 1) {
 // L2 round trip a staging); the register copy waits on each load before its store, and its loop
 // is not pipelined: ~11 round trips for 8 rows at K = 2880 and 256 threads, each time a unit
 // walk crosses into a new pass.
-// L2: the rows were written by other blocks of the same launch (skinny_units.cu's pair kernel):
+// L2: the rows were written by other blocks of the same launch (skinny_units_pair.cu's pair kernel):
 // read through L2 only, never from a line this SM's L1 may hold from before they were written.
 template <bool F16, bool L2 = false>
 __device__ __forceinline__ void stage_rows(const SkinnyArgs& a, int tok0, int ntok, uint16_t* xs, int xs_ld) {

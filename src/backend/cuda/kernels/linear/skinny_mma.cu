@@ -905,7 +905,7 @@ bool skinny_linear_pair(const WeightMat& Wgu, const void* A, int lda, const MoeR
   const int k = r_gu.fold.k;
   const SkinnyArgs ga = skinny_args(Wgu, A, true, lda, 1, k, E, true, true, r_gu, gu);
   const SkinnyArgs da = skinny_args(Wdn, act, true, lda_dn, 1, k, E, true, false, r_dn, dn);
-  const bool ok = launch_experts_pair(ga, da, true, stage_down, sync, s);
+  const bool ok = launch_experts_pair(ga, da, stage_down, sync, s);
   if (ok) GPTOSS_CUDA_LAUNCH_CHECK();
   return ok;
 }

@@ -52,11 +52,11 @@ constexpr size_t pair_smem_bytes(int K, bool sd) {
   return size_t(kPairKs) * kPairRtGateUp * 4 * 32 * sizeof(float) + ((size_t(K + 8) * 2 + 15) / 16) * 16 +
          (sd ? kPairStagedW + kPairStagedS + 16 : 0);
 }
-template <bool XF16, int FOLD_CAP, bool SD>
+template <bool SD>
 __global__ void __launch_bounds__(kPairKs * 32, skinny_min_blocks(1, kPairKs, kPairRtGateUp, 1))
     skinny_units_pair_kernel(SkinnyArgs gu, SkinnyArgs dn, int* sync) {
   constexpr int FMT = WeightMat::kFragMXFP4, KS = kPairKs, RTG = kPairRtGateUp, RTD = kPairRtDown, C = kPairCc;
-  constexpr int kMaxGroups = KS * 32;
+  constexpr int kMaxGroups = KS * 32, FOLD_CAP = router_fold_capacity(1);
   static_assert(skinny_min_blocks(1, KS, RTD, kPairPfDown) >= skinny_min_blocks(1, KS, RTG, 1), "down's shape fits");
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, g = lane >> 2;
   extern __shared__ __align__(128) float red[];  // K floats (the row's copy), then the K slices' sums
@@ -119,7 +119,7 @@ __global__ void __launch_bounds__(kPairKs * 32, skinny_min_blocks(1, kPairKs, kP
     }
     __syncthreads();
     // The slot's act row, written by other blocks of this launch: through L2 (cp.async.cg), not L1.
-    stage_rows<!XF16, true>(dn, y.tok0, 1, xs, xs_ld);
+    stage_rows<false, true>(dn, y.tok0, 1, xs, xs_ld);  // (gate_up's fp16 rows: no conversion)
     __syncthreads();
     float acc2[RTD][1][4] = {};
     const uint16_t* xs_lane2 = xs + size_t(g) * xs_ld + 8 * (lane & 3);
@@ -139,57 +139,50 @@ __global__ void __launch_bounds__(kPairKs * 32, skinny_min_blocks(1, kPairKs, kP
   }
 }
 
-// The pair kernel's launch (launch_experts_pair), or false where it does not take the problem.
-template <bool XF16, bool SD>
+// The pair kernel's launch (launch_experts_pair), or false where it does not take the problem:
+// SD needs the bulk-copy engine (sm_90+), and every block resident at once.
+template <bool SD>
 bool launch_pair(const SkinnyArgs& gu, const SkinnyArgs& dn, int* sync, cudaStream_t s) {
-  return with_router_fold_capacity(1, [&](auto cap) {
-    constexpr int CAP = decltype(cap)::value;
-    auto k = skinny_units_pair_kernel<XF16, CAP, SD>;
-    const size_t smem = pair_smem_bytes(gu.W.K, SD);
-    thread_local std::unordered_map<int, int> blocks_an_sm;  // by device
-    int dev = 0;
-    GPTOSS_CUDA_CHECK(cudaGetDevice(&dev));
-    auto it = blocks_an_sm.find(dev);
-    if (it == blocks_an_sm.end()) {
+  auto k = skinny_units_pair_kernel<SD>;
+  const size_t smem = pair_smem_bytes(gu.W.K, SD);
+  thread_local std::unordered_map<int, int> blocks_an_sm;  // by device; 0 where it cannot run
+  int dev = 0;
+  GPTOSS_CUDA_CHECK(cudaGetDevice(&dev));
+  auto it = blocks_an_sm.find(dev);
+  if (it == blocks_an_sm.end()) {
+    int major = 0, b = 0;
+    GPTOSS_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    if (!SD || major >= 9) {
       allow_dynamic_smem(k, smem);
       // SD's three blocks an SM need nearly all of it as shared memory.
       if (SD) GPTOSS_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributePreferredSharedMemoryCarveout, 100));
-      int b = 0;
       GPTOSS_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, k, kPairKs * 32, smem));
-      it = blocks_an_sm.emplace(dev, b).first;
     }
-    const int units = gu.r.fold.k * (gu.W.N / 16 / kPairRtGateUp);
-    if (size_t(units) > size_t(sm_count()) * it->second) return false;  // not one wave: a wait could hold a slot forever
-    launch_pdl(k, dim3(unsigned(units)), dim3(kPairKs * 32), smem, s, gu, dn, sync);
-    return true;
-  });
+    it = blocks_an_sm.emplace(dev, b).first;
+  }
+  const int units = gu.r.fold.k * (gu.W.N / 16 / kPairRtGateUp);
+  if (size_t(units) > size_t(sm_count()) * it->second) return false;  // not one wave: a wait could hold a slot forever
+  launch_pdl(k, dim3(unsigned(units)), dim3(kPairKs * 32), smem, s, gu, dn, sync);
+  return true;
 }
 
 }  // namespace
 
 namespace skinny {
 
-bool launch_experts_pair(const SkinnyArgs& gu, const SkinnyArgs& dn, bool xf16, bool stage_down, int* sync,
-                         cudaStream_t s) {
+bool launch_experts_pair(const SkinnyArgs& gu, const SkinnyArgs& dn, bool stage_down, int* sync, cudaStream_t s) {
   const RouterFold& f = gu.r.fold;
-  if (!sync || !f.acc || !f.gate_up || f.n != 1 || dn.r.fold.gate_up || f.k > kMaxTopK)
-    return false;
+  if (!sync || !f.acc || !f.gate_up || f.n != 1 || dn.r.fold.gate_up || f.k < 1 || f.k > kMaxTopK) return false;
   if (!gu.grouped || !dn.grouped || dn.gather_a || !skinny_cc_enabled() || gu.W.K != 2880 || dn.W.K != 2880)
     return false;
   // The same units an expert: gate_up's row tiles in fours, down's in twos.
   if (gu.W.N % (16 * kPairRtGateUp) != 0 || dn.W.N % (16 * kPairRtDown) != 0 ||
       gu.W.N / (16 * kPairRtGateUp) != dn.W.N / (16 * kPairRtDown))
     return false;
-  if (stage_down) {
-    // The bulk-copy engine (sm_90+); the staged unit's 16-byte alignment holds in the fragment layout.
-    int dev = 0, major = 0;
-    GPTOSS_CUDA_CHECK(cudaGetDevice(&dev));
-    GPTOSS_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-    if (major < 9 || reinterpret_cast<uintptr_t>(dn.W.w) % 16 != 0 || reinterpret_cast<uintptr_t>(dn.W.scales) % 16 != 0)
-      return false;
-    return xf16 ? launch_pair<true, true>(gu, dn, sync, s) : launch_pair<false, true>(gu, dn, sync, s);
-  }
-  return xf16 ? launch_pair<true, false>(gu, dn, sync, s) : launch_pair<false, false>(gu, dn, sync, s);
+  if (!stage_down) return launch_pair<false>(gu, dn, sync, s);
+  // The staged unit's bulk copies need 16-byte aligned sources (the fragment layout's offsets are).
+  if (reinterpret_cast<uintptr_t>(dn.W.w) % 16 != 0 || reinterpret_cast<uintptr_t>(dn.W.scales) % 16 != 0) return false;
+  return launch_pair<true>(gu, dn, sync, s);
 }
 
 }  // namespace skinny
