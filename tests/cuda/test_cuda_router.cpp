@@ -384,15 +384,12 @@ bool check_router_fold(WeightMat::Format ofmt, const FoldCase& c, uint64_t seed,
   auto rt = cuda::moe_routing_carve(rmem.p(), n * k, E);
   Dev<uint16_t> act(size_t(n) * k * I);
   Dev<float> y(size_t(n) * k * H);
-  Dev<int> pair_sync(std::vector<int>(cuda::kExpertPairSyncInts, 0));
   cuda::RouterFold fold{acc.p(), reinterpret_cast<const cuda::bf16_t*>(dwt.p()), dnw.p(), drb.p(),
                         dbias_l2.p(), dxg.p(), 1e-5f, E, k, H, false};
   fold.n = n;
   fold.n_valid = nv < n ? dvalid.p() : nullptr;
   std::vector<float> first;
-  // Passes: the two expert launches, then at one token the pair kernel, then the pair kernel with
-  // down's unit staged by the bulk-copy engine; each must give the first pass's bits.
-  for (int pass = 0; pass < (n == 1 ? 3 : 2); ++pass) {
+  for (int pass = 0; pass < 2; ++pass) {
     acc.upload(std::vector<long long>(nacc, 0));
     dx.upload(x0);
     y.poison();
@@ -410,16 +407,8 @@ bool check_router_fold(WeightMat::Format ofmt, const FoldCase& c, uint64_t seed,
     rd.settled = true;
     Epilogue ge{Epilogue::kSwiGLU, act.p(), I};
     ge.out_f16 = true;
-    const Epilogue de{Epilogue::kStoreF32, y.p(), H};
-    if (n == 1 && pass >= 1) {
-      const bool paired = cuda::linear_grouped_pair(pgu, act.p(), H, rg, ge, pdn, act.p(), I, rd, de, E, true,
-                                                    pass == 2, pair_sync.p(), 0);
-      EXPECT_TRUE(paired) << at << ": the pair kernel declined";
-      if (!paired) return true;
-    } else {
-      cuda::linear_grouped(pgu, act.p(), H, n * k, E, true, rg, ge, 0, n, true);  // (A unused: the rows come from xg)
-      cuda::linear_grouped(pdn, act.p(), I, n * k, E, false, rd, de, 0, n, true);
-    }
+    cuda::linear_grouped(pgu, act.p(), H, n * k, E, true, rg, ge, 0, n, true);  // (A unused: the rows come from xg)
+    cuda::linear_grouped(pdn, act.p(), I, n * k, E, false, rd, Epilogue{Epilogue::kStoreF32, y.p(), H}, 0, n, true);
     if (pass == 0) {  // o_proj's residual, sums and xg, before the combine (every token's)
       // (Against the device's own residual: the CPU's fp8 o_proj is the bound's approximation.)
       const auto x1d = dx.download();
@@ -463,11 +452,9 @@ bool check_router_fold(WeightMat::Format ofmt, const FoldCase& c, uint64_t seed,
       first = got;
       std::printf("router fold %s: rel err %.3g\n", at.c_str(), rel_err(got, real_rows(ref)));
     } else {
-      EXPECT_EQ(0, std::memcmp(first.data(), got.data(), got.size() * 4))
-          << at << ": pass " << pass << ", other bits" << (n == 1 ? " (the pair kernel's)" : "");
+      EXPECT_EQ(0, std::memcmp(first.data(), got.data(), got.size() * 4)) << at << ": a second pass, other bits";
     }
   }
-  if (n == 1) EXPECT_EQ(pair_sync.download(), std::vector<int>(cuda::kExpertPairSyncInts, 0)) << at << ": counters left";
   if (n > 1) {  // (the combine folds at one token only)
     EXPECT_EQ(flag.download()[0], 0);
     return true;
@@ -483,43 +470,25 @@ bool check_router_fold(WeightMat::Format ofmt, const FoldCase& c, uint64_t seed,
     Dev<float> dnw2(nw2);
     Dev<long long> moe(H), acc2(E + 1);
     Dev<uint16_t> dq(c.QKV), da2(to_bf16(a2));
-    // Three times: the two expert launches, then the pair kernel, then the pair kernel with down's
-    // unit staged by the bulk-copy engine, whose sums must be the same bits.
-    std::vector<long long> moe_two;
-    bool ok = true;
-    for (int paired = 0; paired < 3; ++paired) {
-      acc.upload(std::vector<long long>(E + 1, 0));
-      acc2.upload(std::vector<long long>(E + 1, 0));
-      moe.upload(std::vector<long long>(H, 0));
-      dx.upload(x0);
-      cuda::RouterFold f1 = fold;
-      ok = cuda::linear_router_fold(Po, reinterpret_cast<const cuda::bf16_t*>(da.p()), Q, 1,
-                                    Epilogue{Epilogue::kAddF32, dx.p(), H}, f1, 0);
-      EXPECT_TRUE(ok) << at;
-      if (!ok) return true;
-      cuda::MoeRouting rg = rt, rd = rt;
-      rg.fold = f1;
-      rg.fold.gate_up = true;
-      rd.fold = f1;
-      rd.fold.moe_out = moe.p();
-      rd.settled = true;
-      Epilogue ge{Epilogue::kSwiGLU, act.p(), I};
-      ge.out_f16 = true;
-      const Epilogue de{Epilogue::kStoreF32, y.p(), H};
-      if (paired) {
-        ok = cuda::linear_grouped_pair(pgu, act.p(), H, rg, ge, pdn, act.p(), I, rd, de, E, true, paired == 2,
-                                       pair_sync.p(), 0);
-        EXPECT_TRUE(ok) << at << ": the pair kernel declined (combine fold, variant " << paired << ")";
-        if (!ok) return true;
-        EXPECT_EQ(moe.download(), moe_two)
-            << at << ": the pair kernel's MoE sums (variant " << paired << ") differ from the two launches'";
-      } else {
-        cuda::linear_grouped(pgu, act.p(), H, k, E, true, rg, ge, 0, 1, true);
-        cuda::linear_grouped(pdn, act.p(), I, k, E, false, rd, de, 0, 1, true);
-        moe_two = moe.download();
-      }
-    }
-    EXPECT_EQ(pair_sync.download(), std::vector<int>(cuda::kExpertPairSyncInts, 0)) << at << ": counters left";
+    acc.upload(std::vector<long long>(E + 1, 0));
+    acc2.upload(std::vector<long long>(E + 1, 0));
+    moe.upload(std::vector<long long>(H, 0));
+    dx.upload(x0);
+    cuda::RouterFold f1 = fold;
+    bool ok = cuda::linear_router_fold(Po, reinterpret_cast<const cuda::bf16_t*>(da.p()), Q, 1,
+                                       Epilogue{Epilogue::kAddF32, dx.p(), H}, f1, 0);
+    EXPECT_TRUE(ok) << at;
+    if (!ok) return true;
+    cuda::MoeRouting rg = rt, rd = rt;
+    rg.fold = f1;
+    rg.fold.gate_up = true;
+    rd.fold = f1;
+    rd.fold.moe_out = moe.p();
+    rd.settled = true;
+    Epilogue ge{Epilogue::kSwiGLU, act.p(), I};
+    ge.out_f16 = true;
+    cuda::linear_grouped(pgu, act.p(), H, k, E, true, rg, ge, 0, 1, true);
+    cuda::linear_grouped(pdn, act.p(), I, k, E, false, rd, Epilogue{Epilogue::kStoreF32, y.p(), H}, 0, 1, true);
     // qkv's norm-in kernel with its row staged by each block alone, by clusters of 2, 8 and 4
     // blocks, and by clusters of 4 through the bulk-copy engine's multicast (last: the cluster
     // size left at the default), each against the CPU below. The multicast staging runs each

@@ -157,8 +157,6 @@ void CudaBackend::alloc_workspace() {
     fold_moe_ = fold_acc_ + layers_.size() * fold_acc_layer();
     fold_xg_ = dalloc<float>(size_t(kRouterFoldMaxTokens) * H);
     fold_bias_ = dalloc<float>(E);
-    pair_sync_ = dalloc<int>(kExpertPairSyncInts);
-    GPTOSS_CUDA_CHECK(cudaMemsetAsync(pair_sync_, 0, kExpertPairSyncInts * sizeof(int), stream_));
   }
   GPTOSS_CUDA_CHECK(cudaMemsetAsync(d_ticket_, 0, sizeof(int), stream_));
   d_how_ = dalloc<RowSampling>(kMaxLogitRows);
@@ -449,21 +447,14 @@ void CudaBackend::run_pass(int n, const PassMeta& m, int n_rows, int nsplit) {
       routing_gu.fold.gate_up = true;
       routing_gu.fold.moe_out = nullptr;  // down's
     }
+    if (!skip("experts")) linear_grouped(Wgu, gu_in, H, n * k, E, true, routing_gu, gu, stream_, n, xn_f16, inv, kperm);
+    mark("gate_up");
     // The routing came two launches back (gate_up ran between): down reads it, and issues its
     // first weight loads, before waiting on gate_up (MoeRouting::settled).
     MoeRouting routing_settled = routing_;
     routing_settled.settled = true;
     if (folded) routing_settled.fold = fold;
-    // One token after the fold: both in one launch where it takes them (gate_up's blocks go on
-    // into down's units, each waiting only for its own expert's rows). It declines every other
-    // pass (no fold in routing_gu, more tokens, bf16 activations).
-    const bool paired = expert_pair_ != 0 && !skip("experts") &&
-                        linear_grouped_pair(Wgu, gu_in, H, routing_gu, gu, Wdn, act_, c.intermediate,
-                                            routing_settled, dn, E, skinny, expert_pair_ == 2, pair_sync_, stream_);
-    if (!paired && !skip("experts"))
-      linear_grouped(Wgu, gu_in, H, n * k, E, true, routing_gu, gu, stream_, n, xn_f16, inv, kperm);
-    mark("gate_up");
-    if (!paired && !skip("experts"))
+    if (!skip("experts"))
       linear_grouped(Wdn, act_, c.intermediate, n * k, E, false, routing_settled, dn, stream_, n, skinny, inv, kperm);
     mark("down");
     const float* next_norm = li + 1 < layers_.size() ? layers_[li + 1].attn_norm : nullptr;

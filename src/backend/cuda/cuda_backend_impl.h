@@ -311,12 +311,6 @@ class CudaBackend final : public Backend {
   long long* fold_acc_ = nullptr;
   float* fold_xg_ = nullptr;
   float* fold_bias_ = nullptr;
-  // One token's gate_up and down in one launch after the fold (linear_grouped_pair), where
-  // GPTOSS_EXPERT_PAIR=1, or 2 with down's unit staged by a bulk copy (off by default: 1 measured
-  // slower, docs/BENCHMARKS.md, forty-sixth session; 2 not yet run); its expert slots' counters
-  // (kExpertPairSyncInts), zero between launches.
-  int expert_pair_ = 0;
-  int* pair_sync_ = nullptr;
   float* d_lp_ = nullptr;    // [kMaxLogitRows] the drawn tokens' logprobs (sample_rows)
   RowSampling* d_how_ = nullptr;
   DeviceBuffer meta_;

@@ -342,7 +342,6 @@ void CudaBackend::repack_weights() {
   router_fold_mode_ = env_int("GPTOSS_ROUTER_FOLD", 1);
   fold_tokens_ = std::clamp(env_int("GPTOSS_ROUTER_FOLD_TOKENS", kRouterFoldMaxTokens), 1, kRouterFoldMaxTokens);
   combine_fold_ = env_int("GPTOSS_COMBINE_FOLD", 2);
-  expert_pair_ = env_int("GPTOSS_EXPERT_PAIR", 0);
   router_fold_ = router_fold_mode_ != 0 && !tp_.active() && !invariant_ &&
                  cfg_.num_experts <= kRouterFoldMaxE && cfg_.experts_per_token <= 8;
   for (Layer& L : layers_) {

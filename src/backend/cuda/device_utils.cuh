@@ -123,32 +123,6 @@ __device__ __forceinline__ void pdl_begin() {
   pdl_wait();
   pdl_trigger();
 }
-// A counter blocks of one launch meet on (skinny_units_pair.cu's pair kernel). The adder: its block's
-// writes, then a barrier, then this add with release semantics at GPU scope (cumulative: the
-// block's writes the barrier ordered before it are released with it). The waiter: relaxed loads
-// while it polls (an acquire load at GPU scope also invalidates the SM's L1, which the other
-// blocks of the SM are using), then one acquire fence once the count is reached.
-__device__ __forceinline__ void red_add_release_gpu(int* p, int v) {
-  asm volatile("red.release.gpu.global.add.s32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
-}
-// After `timeout_us` (the GPU's global timer) the thread traps: a launch error at the next
-// synchronize instead of a hang, should the blocks it waits for never run.
-__device__ __forceinline__ void wait_count_acquire_gpu(const int* p, int count, uint32_t timeout_us) {
-  uint64_t start = 0;
-  for (;;) {
-    int v;
-    asm volatile("ld.relaxed.gpu.global.s32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
-    if (v >= count) break;
-    uint64_t ns;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ns));
-    if (start == 0)
-      start = ns;
-    else if (ns - start > uint64_t(timeout_us) * 1000u)
-      __trap();
-    __nanosleep(64);
-  }
-  asm volatile("fence.acq_rel.gpu;\n" ::: "memory");
-}
 
 // GPTOSS_PDL=0 (measurements only): launches without programmatic stream serialization, so no
 // kernel starts before its predecessor has completed (bench-kernels' back-to-back timings then

@@ -197,19 +197,6 @@ inline bool linear_rmsnorm_fuses(const WeightMat& W, int M) { return W.fmt == We
 void linear_grouped(const WeightMat& W, const void* A, int lda, int pairs, int E, bool gather_a,
                     const MoeRouting& r, const Epilogue& epi, cudaStream_t s, int tokens = 0, bool a_f16 = false,
                     bool invariant = false, bool a_k_permuted = false);
-// The two linear_grouped launches of a one-token MoE after a folded router (RouterFold, n == 1;
-// r_gu.fold.gate_up set, r_dn's fold the down launch's) in one launch: gate_up's blocks go on
-// into down's units, each waiting only for its own expert's gate_up rows (skinny_units_pair.cu's
-// pair kernel). Outputs (act, dn's epilogue, the combine's routing) equal the two launches' bit for
-// bit. sync: kExpertPairSyncInts ints of device memory, zero before the first launch (each launch
-// leaves them zero). stage_down: down's unit comes into shared memory by a bulk copy as soon as
-// the routing is known, beside gate_up's stream (sm_90+). Returns false without launching where it
-// does not take the problem; the caller then makes the two launches. (The backend makes it only
-// where GPTOSS_EXPERT_PAIR is 1, or 2 for stage_down.)
-constexpr int kExpertPairSyncInts = 16;
-bool linear_grouped_pair(const WeightMat& Wgu, const void* A, int lda, const MoeRouting& r_gu, const Epilogue& gu,
-                         const WeightMat& Wdn, const void* act, int lda_dn, const MoeRouting& r_dn,
-                         const Epilogue& dn, int E, bool a_f16, bool stage_down, int* sync, cudaStream_t s);
 // Whether linear_grouped with these arguments runs expert GEMM version 5 (so k-permuted
 // activations and epilogues may be used).
 bool expert_gemm_v5_runs(const WeightMat& W, const void* A, int lda, int pairs, int E, bool gather_a,
@@ -317,11 +304,6 @@ int cublas_min_rows();
 // where one measured faster; 4 or 8 force that count, as the batch-invariant mode does with 8).
 void skinny_linear(const WeightMat& W, const void* A, bool a_f16, int lda, int M, int pairs, int E, bool grouped,
                    bool gather_a, const MoeRouting& r, const Epilogue& epi, int ks_override, cudaStream_t s);
-// linear_grouped_pair's launch on the skinny kernels (fp16 activations and act); false where it
-// does not take the problem (nothing launched).
-bool skinny_linear_pair(const WeightMat& Wgu, const void* A, int lda, const MoeRouting& r_gu, const Epilogue& gu,
-                        const WeightMat& Wdn, const void* act, int lda_dn, const MoeRouting& r_dn, const Epilogue& dn,
-                        int E, bool a_f16, bool stage_down, int* sync, cudaStream_t s);
 // o_proj's staged kernel (1-8 tokens) with the router's partial sums in its epilogue
 // (linear_router_fold); false where that kernel does not take the problem (nothing launched).
 bool skinny_router_fold(const WeightMat& W, const bf16_t* A, int lda, const Epilogue& epi, const RouterFold& fold,

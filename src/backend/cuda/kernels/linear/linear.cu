@@ -184,21 +184,6 @@ bool v5_takes(LinearKernel k, const WeightMat& W, const void* A, int lda, int pa
 }
 }  // namespace
 
-bool linear_grouped_pair(const WeightMat& Wgu, const void* A, int lda, const MoeRouting& r_gu, const Epilogue& gu,
-                         const WeightMat& Wdn, const void* act, int lda_dn, const MoeRouting& r_dn,
-                         const Epilogue& dn, int E, bool a_f16, bool stage_down, int* sync, cudaStream_t s) {
-  // A folded router at one token (the launcher checks the rest: the shapes, the GPU), where
-  // linear_grouped would run both on the skinny kernels (the pair kernel's halves).
-  if (!r_gu.fold.acc || r_gu.fold.n != 1) return false;
-  const int k = r_gu.fold.k;
-  if (pick(Wgu, k, 1, true, false, false, E) != LinearKernel::kSkinnyMma ||
-      pick(Wdn, k, 1, true, false, false, E) != LinearKernel::kSkinnyMma)
-    return false;
-  check_args(Wgu, gu);
-  check_args(Wdn, dn);
-  return skinny_linear_pair(Wgu, A, lda, r_gu, gu, Wdn, act, lda_dn, r_dn, dn, E, a_f16, stage_down, sync, s);
-}
-
 bool expert_gemm_v5_runs(const WeightMat& W, const void* A, int lda, int pairs, int E, bool gather_a,
                          const Epilogue& epi, int tokens, bool invariant) {
   if (pairs <= 0) return false;

@@ -332,9 +332,7 @@ constexpr int skinny_min_blocks(int NT, int KS, int RT, int PF = 1) {
 // L2 round trip a staging); the register copy waits on each load before its store, and its loop
 // is not pipelined: ~11 round trips for 8 rows at K = 2880 and 256 threads, each time a unit
 // walk crosses into a new pass.
-// L2: the rows were written by other blocks of the same launch (skinny_units_pair.cu's pair kernel):
-// read through L2 only, never from a line this SM's L1 may hold from before they were written.
-template <bool F16, bool L2 = false>
+template <bool F16>
 __device__ __forceinline__ void stage_rows(const SkinnyArgs& a, int tok0, int ntok, uint16_t* xs, int xs_ld) {
   const char* A = static_cast<const char*>(a.A);
   const int vecs = a.W.K / 8;
@@ -343,10 +341,7 @@ __device__ __forceinline__ void stage_rows(const SkinnyArgs& a, int tok0, int nt
       const int t = i / vecs, v = i - t * vecs;
       const int p = tok0 + t;
       const int ar = a.gather_a ? __ldg(a.r.pair_token + p) : p;
-      if constexpr (L2)
-        ptx::cp_async16(xs + size_t(t) * xs_ld + v * 8, A + size_t(ar) * a.lda * 2 + size_t(v) * 16, true);
-      else
-        ptx::cp_async16_ca(xs + size_t(t) * xs_ld + v * 8, A + size_t(ar) * a.lda * 2 + size_t(v) * 16);
+      ptx::cp_async16_ca(xs + size_t(t) * xs_ld + v * 8, A + size_t(ar) * a.lda * 2 + size_t(v) * 16);
     }
     ptx::cp_async_commit();
     ptx::cp_async_wait<0>();
@@ -364,8 +359,7 @@ __device__ __forceinline__ void stage_rows(const SkinnyArgs& a, int tok0, int nt
     const int t = i / vecs, v = i % vecs;
     const int p = tok0 + t;
     const int ar = a.gather_a ? a.r.pair_token[p] : p;
-    const uint4* src = reinterpret_cast<const uint4*>(A + size_t(ar) * a.lda * 2) + v;
-    uint4 x = L2 ? __ldcg(src) : __ldg(src);
+    uint4 x = __ldg(reinterpret_cast<const uint4*>(A + size_t(ar) * a.lda * 2) + v);
     if constexpr (F16) x = bf16x8_to_f16x8(x);
     *reinterpret_cast<uint4*>(xs + size_t(t) * xs_ld + v * 8) = x;
   }

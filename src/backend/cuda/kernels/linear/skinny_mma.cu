@@ -878,11 +878,8 @@ bool skinny_dense_8x2(const WeightMat& W, int M, int ks_override) {
          size_t(tiles) >= size_t(8 * 132) && ks_override != 4;
 }
 
-namespace {
-
-// skinny_linear's arguments, checked (the pair kernel's two launches build theirs the same way).
-SkinnyArgs skinny_args(const WeightMat& W, const void* A, bool a_f16, int lda, int M, int pairs, int E, bool grouped,
-                       bool gather_a, const MoeRouting& r, const Epilogue& epi) {
+void skinny_linear(const WeightMat& W, const void* A, bool a_f16, int lda, int M, int pairs, int E, bool grouped,
+                   bool gather_a, const MoeRouting& r, const Epilogue& epi, int ks_override, cudaStream_t s) {
   if (!frag_packable(W)) throw Error("skinny_linear: weights not in the fragment layout");
   if (epi.mode == Epilogue::kScatterAdd) throw Error("skinny_linear: scatter-add is done by moe_combine");
   if (epi.mode == Epilogue::kSwiGLU && !W.swiglu_rows) throw Error("skinny_linear: SwiGLU needs paired rows");
@@ -891,30 +888,10 @@ SkinnyArgs skinny_args(const WeightMat& W, const void* A, bool a_f16, int lda, i
   SkinnyArgs a{W, A, lda, M, grouped, gather_a, r, epi};
   a.xs_rows = std::min(M, 8);  // a one-n-tile pass stages at most min(M, 8) rows (a group has <= M)
   a.stage_async = stage_async_enabled();
-  a.groups = grouped ? moe_max_groups(pairs, E) : 1;
-  a.pairs = pairs;
-  return a;
-}
-
-}  // namespace
-
-bool skinny_linear_pair(const WeightMat& Wgu, const void* A, int lda, const MoeRouting& r_gu, const Epilogue& gu,
-                        const WeightMat& Wdn, const void* act, int lda_dn, const MoeRouting& r_dn, const Epilogue& dn,
-                        int E, bool a_f16, bool stage_down, int* sync, cudaStream_t s) {
-  if (Wgu.fmt != WeightMat::kFragMXFP4 || Wdn.fmt != WeightMat::kFragMXFP4 || !a_f16 || !gu.out_f16) return false;
-  const int k = r_gu.fold.k;
-  const SkinnyArgs ga = skinny_args(Wgu, A, true, lda, 1, k, E, true, true, r_gu, gu);
-  const SkinnyArgs da = skinny_args(Wdn, act, true, lda_dn, 1, k, E, true, false, r_dn, dn);
-  const bool ok = launch_experts_pair(ga, da, stage_down, sync, s);
-  if (ok) GPTOSS_CUDA_LAUNCH_CHECK();
-  return ok;
-}
-
-void skinny_linear(const WeightMat& W, const void* A, bool a_f16, int lda, int M, int pairs, int E, bool grouped,
-                   bool gather_a, const MoeRouting& r, const Epilogue& epi, int ks_override, cudaStream_t s) {
-  SkinnyArgs a = skinny_args(W, A, a_f16, lda, M, pairs, E, grouped, gather_a, r, epi);
   const int tiles = W.N / 16;
-  const int groups = a.groups;
+  const int groups = grouped ? moe_max_groups(pairs, E) : 1;
+  a.groups = groups;
+  a.pairs = pairs;
   // Tokens an n-tile pass covers: dense, all M; grouped, sized by the mean group (pairs over the
   // experts they can touch), since a group with more tokens takes another pass (its weights then
   // come from L2) while padding every group to the largest possible one wastes MMAs and

@@ -4,8 +4,7 @@
 // through shared memory) and skinny_warp_units_kernel (whole row tiles a warp, no reduction).
 // The per-chunk math is skinny_chunk.cuh's, shared with skinny_mma.cu, so each row's sums match
 // the block-per-tile kernel's with the same split bit for bit; the steps around it (routing scans,
-// a unit's loads and chunk loop) are skinny_units_device.cuh's, shared with the one-token pair
-// kernel (skinny_units_pair.cu).
+// a unit's loads and chunk loop) are skinny_units_device.cuh's.
 #include "backend/cuda/kernels/linear/skinny_units.h"
 
 #include <algorithm>

@@ -24,12 +24,4 @@ bool skinny_tp_cc_enabled();
 bool launch_skinny_units(const SkinnyArgs& a, int tiles, int groups, bool xf16, int shape, bool k_split_only,
                          cudaStream_t s);
 
-// gate_up (gu) then down (dn) over one token after a folded router in one launch (the pair
-// kernel: skinny_units_pair.cu), their outputs those of launch_skinny_units' two launches bit for
-// bit; down's activations (gate_up's output) fp16. sync: kExpertPairSyncInts ints (kernels.h), zero
-// before the first launch (each launch leaves them zero). Returns false without launching where it
-// does not take the problem (no folded router at one token among them).
-// stage_down: down's unit comes into shared memory by a bulk copy beside gate_up's stream.
-bool launch_experts_pair(const SkinnyArgs& gu, const SkinnyArgs& dn, bool stage_down, int* sync, cudaStream_t s);
-
 }  // namespace gptoss::cuda::skinny

@@ -1,6 +1,6 @@
 #pragma once
-// The device steps the unit-walking MXFP4 expert kernels share (skinny_units.cu's two walks and
-// skinny_units_pair.cu's pair kernel): the routing scans (from the router's arrays, or from the
+// The device steps of the unit-walking MXFP4 expert kernels (skinny_units.cu's two walks): the
+// routing scans (from the router's arrays, or from the
 // router fold's sums), a unit's first loads and chunk loop, the fold's row staging and the folded
 // combine's epilogue. Included by those files only (an anonymous namespace: each has its copy).
 #include <cstdint>
@@ -248,7 +248,7 @@ __device__ __forceinline__ void stage_row_fold(const SkinnyArgs& a, const float*
   __syncthreads();
 }
 
-// A unit of skinny_units_kernel (and of the pair kernel below): its first row tile, expert, and
+// A unit of skinny_units_kernel: its first row tile, expert, and
 // the pass's sorted pairs [tok0, tok_end).
 struct Unit {
   int tile0, expert, tok0, tok_end;
@@ -258,33 +258,25 @@ using MxChunk = WChunk<WeightMat::kFragMXFP4>;
 // A lane's weight and scale pointers at its first chunk of unit x (T row tiles an expert, CC
 // chunks a row tile; its warp's K slice starts at chunk `warp`), and the unit's first PF chunk
 // steps into wbuf.
-// L = WLoad::kStaged: the unit's chunks and scale words wait in shared memory in their global
-// order, from `staged_w` / `staged_s` on (the pair kernel's staged down unit).
-template <int KS, int RT, int PF, int CC, WLoad L = kExpertWeightLoad>
+template <int KS, int RT, int PF, int CC>
 __device__ __forceinline__ void unit_load_first(const SkinnyArgs& a, int T, const Unit& x, int my_n,
-                                                MxChunk (&wbuf)[PF][RT], const uint4*& wl, const uint32_t*& sl,
-                                                const uint4* staged_w = nullptr, const uint32_t* staged_s = nullptr) {
+                                                MxChunk (&wbuf)[PF][RT], const uint4*& wl, const uint32_t*& sl) {
   constexpr int FMT = WeightMat::kFragMXFP4;
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, g = lane >> 2;
-  if constexpr (L == WLoad::kStaged) {
-    wl = staged_w + size_t(warp) * (chunk_bytes<FMT>() / 16) + lane;
-    sl = staged_s + size_t(warp) * 8 + g;
-  } else {
-    const size_t tc0 = (size_t(x.expert) * T + x.tile0) * CC + warp;
-    wl = static_cast<const uint4*>(a.W.w) + tc0 * (chunk_bytes<FMT>() / 16) + lane;
-    sl = reinterpret_cast<const uint32_t*>(a.W.scales) + tc0 * 8 + g;
-  }
+  const size_t tc0 = (size_t(x.expert) * T + x.tile0) * CC + warp;
+  wl = static_cast<const uint4*>(a.W.w) + tc0 * (chunk_bytes<FMT>() / 16) + lane;
+  sl = reinterpret_cast<const uint32_t*>(a.W.scales) + tc0 * 8 + g;
 #pragma unroll
   for (int u = 0; u < PF; ++u)
     if (u < my_n)
 #pragma unroll
-      for (int r = 0; r < RT; ++r) load_w_at<FMT, L>(wl, sl, r * CC + u * KS, wbuf[u][r]);
+      for (int r = 0; r < RT; ++r) load_w_at<FMT, kExpertWeightLoad>(wl, sl, r * CC + u * KS, wbuf[u][r]);
 }
 
 // A unit's chunk steps over the warp's K slice (my_n chunks, KS apart): each step's MMAs on its
 // staged activations (xs_lane: the lane's row of xs, zeros where !row), then that step's ring slot
 // refilled PF steps ahead. acc accumulates (the caller zeroes it).
-template <int KS, int RT, int PF, int CC, WLoad L = kExpertWeightLoad>
+template <int KS, int RT, int PF, int CC>
 __device__ __forceinline__ void unit_chunks(MxChunk (&wbuf)[PF][RT], const uint4*& wl, const uint32_t*& sl,
                                             const uint16_t* xs_lane, bool row, int my_n, float (&acc)[RT][1][4]) {
   constexpr int FMT = WeightMat::kFragMXFP4;
@@ -307,7 +299,7 @@ __device__ __forceinline__ void unit_chunks(MxChunk (&wbuf)[PF][RT], const uint4
           // As in skinny_mma_kernel: the loads after this chunk's MMAs, which free their registers.
           if constexpr (RT >= 4) asm volatile("" ::: "memory");
 #pragma unroll
-          for (int r = 0; r < RT; ++r) load_w_at<FMT, L>(wl, sl, r * CC + (v + PF) * KS, wbuf[v][r]);
+          for (int r = 0; r < RT; ++r) load_w_at<FMT, kExpertWeightLoad>(wl, sl, r * CC + (v + PF) * KS, wbuf[v][r]);
         }
       }
     }
