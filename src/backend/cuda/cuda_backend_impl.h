@@ -1,8 +1,10 @@
 #pragma once
 // The CUDA backend's class, shared by the files that define it: cuda_backend.cpp (construction,
-// workspaces, the KV pools and the forward pass: staging, run_pass, graphs and eager chunks) and
-// cuda_weights.cpp (weights: checkpoint upload, random weights, tensor-parallel shards, the
-// repacks into the kernels' layouts). Batches of decode and speculative-verify shape (at most
+// workspaces, the KV pools), cuda_forward_pass.cpp (one pass over the model: its metadata,
+// run_pass, lm_head, a chunk's staging), cuda_batches.cpp (a batch's passes: eager chunks and
+// graph replays, the pipelined greedy steps, the device sampler) and cuda_weights.cpp (weights:
+// checkpoint upload, random weights, tensor-parallel shards, the repacks into the kernels'
+// layouts). Batches of decode and speculative-verify shape (at most
 // kMaxGraphSeqTokens tokens a sequence, kMaxGraphBatch in all) run as CUDA graphs captured per
 // padded-size bucket; everything else (longer prefill chunks, big mixed batches) runs eagerly, in
 // chunks of at most max_chunk_ tokens. Only the backend's own files include this header; the rest
