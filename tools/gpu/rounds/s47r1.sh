@@ -5,6 +5,8 @@
 # chunk steps in flight (GPTOSS_FOLD_GATE_UP_PF=2). The fold tests run under each shape (their
 # printed errors against the CPU must be the default's to the digit: the K-split sums are the same
 # whatever the row tiles and depth), then tg128 x1 alternating, then the traced one-token step.
+# The two knobs lived only in that round's build (bc5b5df's tree plus their switch in
+# launch_skinny_units); they were dropped after it (docs/BENCHMARKS.md, forty-seventh session).
 # Pack: PACK_TESTS="test_cuda_kernels test_cuda_model" EXTRA_BINS="build/libgptoss_kernel_trace.so"
 source tools/gpu/rounds/prelude.sh
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader >> $S
