@@ -1,8 +1,10 @@
 // See kernel_bench.h: the dense GEMMs on our mma.sync GEMM against cuBLASLt.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -30,6 +32,110 @@ std::vector<float> download(const void* p, size_t n, bool bf16) {
     GPTOSS_CUDA_CHECK(cudaMemcpy(h.data(), p, n * 4, cudaMemcpyDeviceToHost));
   }
   return h;
+}
+
+// Random e4m3 codes of magnitude 2^-9 .. 2^-3 (exponent fields 6-12, either sign): finite, and
+// the size of 0.02-scale weights or of activations after a per-row scale.
+std::vector<uint8_t> random_e4m3(size_t n, uint32_t seed) {
+  std::mt19937 g(seed);
+  std::vector<uint8_t> v(n);
+  for (auto& x : v) {
+    const uint32_t r = g();
+    x = uint8_t((r & 0x80u) | ((6u + (r >> 8) % 7u) << 3) | ((r >> 16) & 7u));
+  }
+  return v;
+}
+
+// What an fp8 dense path at decode sizes would buy (issue 14's 17-64-token dense layers, which run
+// on cuBLASLt over the bf16 weights whatever --dense-dtype says): cuBLASLt's e4m3 x e4m3 GEMM with
+// a scale a weight row and a scale a token (CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F), no bias,
+// timed over weight copies rotated past the L2 as the table above. A probe: nothing in the model
+// runs it yet. Prints "no algorithm" where this cuBLASLt and GPU offer none.
+void bench_fp8_outer_vec(const CublasLtLibrary& lib, int M, int N, int K, const char* name, bool f32_out, int iters,
+                         cudaStream_t s) {
+  cublasLtHandle_t h = nullptr;
+  if (lib.Create(&h) != CUBLAS_STATUS_SUCCESS) return;
+  std::vector<DeviceBuffer> owned;
+  const size_t wbytes = size_t(N) * K;
+  const int copies = int(std::max<size_t>(1, (kRotateBytes + wbytes - 1) / wbytes));
+  std::vector<void*> ws;
+  for (int i = 0; i < copies; ++i) {
+    owned.emplace_back(wbytes);
+    const std::vector<uint8_t> w = random_e4m3(wbytes, 700 + i);
+    GPTOSS_CUDA_CHECK(cudaMemcpy(owned.back().get(), w.data(), wbytes, cudaMemcpyHostToDevice));
+    ws.push_back(owned.back().get());
+  }
+  DeviceBuffer a(size_t(M) * K), sw(size_t(N) * 4), sa(size_t(M) * 4), out(size_t(M) * N * 4);
+  DeviceBuffer work(CublasLtGemm::kWorkspaceBytes);
+  const std::vector<uint8_t> ah = random_e4m3(size_t(M) * K, 900);
+  GPTOSS_CUDA_CHECK(cudaMemcpy(a.get(), ah.data(), ah.size(), cudaMemcpyHostToDevice));
+  const std::vector<float> ones_n(N, 1.f), ones_m(M, 1.f);
+  GPTOSS_CUDA_CHECK(cudaMemcpy(sw.get(), ones_n.data(), size_t(N) * 4, cudaMemcpyHostToDevice));
+  GPTOSS_CUDA_CHECK(cudaMemcpy(sa.get(), ones_m.data(), size_t(M) * 4, cudaMemcpyHostToDevice));
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t la = nullptr, lb = nullptr, ld = nullptr;
+  cublasLtMatmulPreference_t pref = nullptr;
+  const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+  const int32_t mode = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
+  const void* swp = sw.get();
+  const void* sap = sa.get();
+  const uint64_t wsb = work.bytes();
+  bool ok = lib.MatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F) == CUBLAS_STATUS_SUCCESS &&
+            lib.MatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta) == CUBLAS_STATUS_SUCCESS &&
+            lib.MatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb) == CUBLAS_STATUS_SUCCESS &&
+            lib.MatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode, sizeof mode) ==
+                CUBLAS_STATUS_SUCCESS &&
+            lib.MatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode, sizeof mode) ==
+                CUBLAS_STATUS_SUCCESS &&
+            lib.MatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &swp, sizeof swp) ==
+                CUBLAS_STATUS_SUCCESS &&
+            lib.MatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sap, sizeof sap) ==
+                CUBLAS_STATUS_SUCCESS &&
+            lib.MatrixLayoutCreate(&la, CUDA_R_8F_E4M3, K, N, K) == CUBLAS_STATUS_SUCCESS &&
+            lib.MatrixLayoutCreate(&lb, CUDA_R_8F_E4M3, K, M, K) == CUBLAS_STATUS_SUCCESS &&
+            lib.MatrixLayoutCreate(&ld, f32_out ? CUDA_R_32F : CUDA_R_16BF, N, M, N) == CUBLAS_STATUS_SUCCESS &&
+            lib.MatmulPreferenceCreate(&pref) == CUBLAS_STATUS_SUCCESS &&
+            lib.MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb, sizeof wsb) ==
+                CUBLAS_STATUS_SUCCESS;
+  cublasLtMatmulHeuristicResult_t res[1] = {};
+  int n = 0;
+  cublasStatus_t st = CUBLAS_STATUS_NOT_SUPPORTED;
+  if (ok) st = lib.MatmulAlgoGetHeuristic(h, desc, la, lb, ld, ld, pref, 1, res, &n);
+  const char* out_name = f32_out ? "f32 store" : "bf16 store";
+  if (!ok || st != CUBLAS_STATUS_SUCCESS || n == 0) {
+    std::printf("| %s | %dx%dx%d | %s | cublaslt fp8 outer-vector: no algorithm (%s) | | |\n", name, M, N, K, out_name,
+                ok ? lib.GetStatusString(st) : "descriptor refused");
+  } else {
+    const float alpha = 1.f, beta = 0.f;
+    auto call = [&](int i) {
+      return lib.Matmul(h, desc, &alpha, ws[i % copies], la, a.get(), lb, &beta, out.get(), ld, out.get(), ld,
+                        &res[0].algo, work.get(), wsb, s);
+    };
+    st = call(0);
+    cudaEvent_t ev[2];
+    for (auto& e : ev) GPTOSS_CUDA_CHECK(cudaEventCreate(&e));
+    for (int i = 0; i < 5 && st == CUBLAS_STATUS_SUCCESS; ++i) st = call(i);
+    GPTOSS_CUDA_CHECK(cudaEventRecord(ev[0], s));
+    for (int i = 0; i < iters && st == CUBLAS_STATUS_SUCCESS; ++i) st = call(i);
+    GPTOSS_CUDA_CHECK(cudaEventRecord(ev[1], s));
+    GPTOSS_CUDA_CHECK(cudaEventSynchronize(ev[1]));
+    float ms = 0;
+    GPTOSS_CUDA_CHECK(cudaEventElapsedTime(&ms, ev[0], ev[1]));
+    for (auto& e : ev) cudaEventDestroy(e);
+    const double us = 1000.0 * ms / iters;
+    if (st != CUBLAS_STATUS_SUCCESS)
+      std::printf("| %s | %dx%dx%d | %s | cublaslt fp8 outer-vector: %s | | |\n", name, M, N, K, out_name,
+                  lib.GetStatusString(st));
+    else
+      std::printf("| %s | %dx%dx%d | %s | cublaslt fp8 outer-vector | %.2f | %.2f |\n", name, M, N, K, out_name, us,
+                  double(wbytes) / us / 1e6);
+  }
+  std::fflush(stdout);
+  if (pref) lib.MatmulPreferenceDestroy(pref);
+  for (cublasLtMatrixLayout_t l : {la, lb, ld})
+    if (l) lib.MatrixLayoutDestroy(l);
+  if (desc) lib.MatmulDescDestroy(desc);
+  lib.Destroy(h);
 }
 
 }  // namespace
@@ -135,6 +241,13 @@ void bench_prefill_dense(const GptOssConfig& c, int M, int iters) {
       std::fflush(stdout);
     }
     set_linear_path(0);
+  }
+  if (lib && M <= 64) {
+    std::printf("\nThe same layers' GEMMs in fp8 (e4m3 weights and activations, a scale a row and a token), "
+                "weight bytes over time\n\n| layer | MxNxK | output | kernel | us/launch | TB/s |\n|---|---|---|---|---|---|\n");
+    bench_fp8_outer_vec(*lib, M, QKV, c.hidden, "qkv", false, iters, s);
+    bench_fp8_outer_vec(*lib, M, c.hidden, c.q_dim(), "o_proj", true, iters, s);
+    bench_fp8_outer_vec(*lib, M, c.vocab, c.hidden, "lm_head", true, iters, s);
   }
   for (auto& e : ev) cudaEventDestroy(e);
   cudaStreamDestroy(s);

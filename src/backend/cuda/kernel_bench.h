@@ -38,7 +38,9 @@ void bench_decode_attention(const GptOssConfig& c, int tokens, int iters);
 // The dense GEMMs (qkv, o_proj, router, lm_head) at M tokens (M >= 16; else nothing) on our
 // mma.sync GEMM and on cuBLASLt when it loads (dense_gemm_bench.cpp): us, TFLOP/s and cuBLASLt's
 // relative difference to ours. (At decode sizes the model runs the skinny kernels below
-// cublas_min_rows(); bench-kernels' main table times those.)
+// cublas_min_rows(); bench-kernels' main table times those.) At 16-64 tokens a second table
+// times cuBLASLt's e4m3 GEMM with a scale a weight row and a token at qkv, o_proj and lm_head's
+// shapes: what an fp8 dense path at those sizes would buy (a probe; the model does not run it).
 void bench_prefill_dense(const GptOssConfig& c, int M, int iters);
 
 }  // namespace gptoss::cuda
