@@ -1,8 +1,8 @@
 #pragma once
 // The device steps of the unit-walking MXFP4 expert kernels (skinny_units.cu's two walks): the
-// routing scans (from the router's arrays, or from the
-// router fold's sums), a unit's first loads and chunk loop, the fold's row staging and the folded
-// combine's epilogue. Included by those files only (an anonymous namespace: each has its copy).
+// routing scans (from the router's arrays, or from the router fold's sums), a unit's first loads
+// and chunk loop, the fold's row staging and the folded combine's epilogue. Included by
+// skinny_units.cu only (an anonymous namespace, and the diagnostic clocks' globals, are its own).
 #include <cstdint>
 
 #include "backend/cuda/device_utils.cuh"
