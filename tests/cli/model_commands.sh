@@ -171,7 +171,9 @@ serve_banner "$tmp/s4" "$bin" serve --model "$fx" --tp 2 --max-model-len 64
 check "serve --tp 2 says so" 'grep -q "tensor parallel: 2 ranks, one thread each, experts split by intermediate" "$tmp/s4"'
 # Two serve processes from torchrun-style variables: rank 1 serves rank 0's passes (no HTTP);
 # rank 0 stopping (SIGTERM) stops it cleanly.
-port=$(( 20000 + RANDOM % 20000 ))
+# The port below Linux's ephemeral range (ip_local_port_range, 32768-60999 by default): there a
+# concurrent test's outgoing connection may hold it for longer than rank 0's 5 s of bind retries.
+port=$(( 20000 + RANDOM % 12000 ))
 tp="MASTER_ADDR=127.0.0.1 MASTER_PORT=$port WORLD_SIZE=2"  # env execs gptoss: $! is its pid
 env $tp RANK=1 "$bin" serve --model "$fx" --tp 2 --port 0 >"$tmp/w.out" 2>"$tmp/w.err" & wpid=$!
 env $tp RANK=0 "$bin" serve --model "$fx" --tp 2 --max-model-len 64 --port 0 >/dev/null 2>"$tmp/r0.err" & rpid=$!
@@ -180,8 +182,12 @@ kill $rpid 2>/dev/null; wait $rpid 2>/dev/null
 for _ in $(seq 300); do kill -0 $wpid 2>/dev/null || break; sleep 0.1; done
 kill -9 $wpid 2>/dev/null  # a worker left running is a failure below, not a hung test
 wait $wpid; wrc=$?
+fail_before=$fail
 check "serve as rank 0 of 2 processes" 'grep -q "one process each (torchrun, rank 0 at 127.0.0.1:$port), this is rank 0" "$tmp/r0.err"'
 check "serve as rank 1 serves no HTTP and stops with rank 0 (rc $wrc)" '[ $wrc -eq 0 ] && grep -q "rank 1/2: ready" "$tmp/w.err" && ! grep -q "http://" "$tmp/w.err"'
+if [ $fail -gt $fail_before ]; then  # either of the two: what each rank said
+  echo "--- rank 0 stderr:"; tail -20 "$tmp/r0.err"; echo "--- rank 1 stderr:"; tail -20 "$tmp/w.err"
+fi
 
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]
