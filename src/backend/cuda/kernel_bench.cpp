@@ -421,8 +421,10 @@ int run_kernel_bench(const KernelBenchOptions& o) {
                                   "warp-walk pattern, weights + scales",
                                   "warp-walk pattern, 8 tiles interleaved by chunk",
                                   "warp-walk pattern, 2 blocks an SM (the walk's 16 warps)",
-                                  "warp-walk pattern, 1 block an SM (8 warps)"};
-      for (int mode = 0; mode < 9; ++mode) {
+                                  "warp-walk pattern, 1 block an SM (8 warps)",
+                                  "warp-walk pattern, the walk's grid, 8 chunks asked for at once",
+                                  "warp-walk pattern, the walk's grid, the walk's sliding ring"};
+      for (int mode = 0; mode < 11; ++mode) {
         const double us_u = timer.us(o.iters, [&](int i) {
           stream_experts_units(pgu, P, E, routes[i % R], mode, reinterpret_cast<uint32_t*>(y), s, inl);
         });

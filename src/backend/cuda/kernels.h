@@ -339,7 +339,10 @@ void stream_experts(const WeightMat& W, int pairs, int E, const MoeRouting& r, u
 // rounded up to whole groups); 4: the scale array in 128-byte requests, one every fourth chunk step;
 // 5: the warp-per-tile walk's pattern (a warp streams a whole row tile, 8 tiles a block); 6: the
 // same reads at the addresses of a layout interleaving 8 tiles chunk by chunk (timing only); 7 / 8:
-// mode 5 at 2 blocks an SM (the walk's 16 warps) / 1 block (shared memory reserved to hold it there).
+// mode 5 at 2 blocks an SM (the walk's 16 warps) / 1 block (shared memory reserved to hold it
+// there); 9 / 10: the walk's own grid (two blocks an SM, a contiguous run of 8-tile units a block),
+// each warp asking for 8 chunks at once (9) or refilling its ring a slot at a time as the walk
+// does (10).
 void stream_experts_units(const WeightMat& W, int pairs, int E, const MoeRouting& r, int mode, uint32_t* sink,
                           cudaStream_t s, const void* inline_buf = nullptr);
 // Repacking into the fragment layout (once, at load): kBF16 -> kFragBF16 or kFragFP8 (aux_out:

@@ -1,30 +1,45 @@
 # Session 48, round 1 (an H200 came in s48r0, which ran s45r1: issue 10's bf16 targets met with the
-# lm_head screen, 554.4-554.9 / 806.9-809.3 tok/s): the H200's own per-kernel tables, which issue 10
-# asks for and which sessions 42-47 could take only on H100s.
-# - the traced one-token step: 120b fp8, bf16 (screen on), --mxfp4-layers all; 20b fp8;
-# - the traced 32- and 64-sequence steps (120b, bf16 dense layers: what serving runs);
-# - bench-kernels' expert rows at 32 and 64 tokens (1 and 8 came in s48r0).
-# Each trace report is kept whole in $OUT (r_NAME_BATCH.txt).
-# - the decode router's stage clocks at 32 and 64 sequences (diagnostic binary gptoss_router_clocks:
-#   tools/gpu/diag_binary.sh router_clocks src/backend/cuda/kernels/moe/route_decode.cu GPTOSS_DIAG_ROUTER_CLOCKS).
-# Pack: PACK_TESTS="test_cuda_kernels test_cuda_model test_cuda_spec"
-#   EXTRA_BINS="build/libgptoss_kernel_trace.so build/diag/gptoss_router_clocks"
+# lm_head screen; loans then paused, so this and s48r2 wait for a later session):
+# 1. Why the 8-64-token warp walk reads DRAM at ~75-80% of peak where the plain read of its own
+#    pattern reaches ~92% (twenty-sixth session): bench-kernels' new plain-read modes 9 and 10 read
+#    the walk's bytes over the walk's own grid (two blocks an SM, contiguous unit runs), a warp
+#    asking for 8 adjacent chunks at once (9) or refilling its ring a slot at a time, as the walk
+#    does (10). And the walk itself with its ring refilled 2 or 4 slots at once (diagnostic
+#    binaries gptoss_walk_lg2 / _lg4: tools/gpu/diag_binary.sh walk_lgN
+#    src/backend/cuda/kernels/linear/skinny_units.cu GPTOSS_DIAG_WALK_LOAD_GROUP=N; their outputs
+#    are exact, the loads only move later), in bench-kernels and in the step (tg128 x8/x32/x64);
+#    the walk without its activations' shared-memory reads (gptoss_walk_no_act,
+#    GPTOSS_DIAG_WALK_NO_ACT: garbage sums, bench-kernels only); Nsight Compute of the walk and of
+#    modes 9 / 10 at 64 tokens (DRAM throughput, warp stalls).
+# (2 and 3: s48r2.sh.)
+# Pack: PACK_TESTS= EXTRA_BINS="build/diag/gptoss_walk_lg2 build/diag/gptoss_walk_lg4 build/diag/gptoss_walk_no_act"
 source tools/gpu/rounds/prelude.sh
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader >> $S
-export TRACE_GREP="replay to replay|sum of adds"
-trace_bench fp8 1 --random-weights 120b --dense-dtype fp8
-trace_bench bf16 1 --random-weights 120b
-trace_bench mxfp4 1 --random-weights 120b --mxfp4-layers all
-trace_bench fp8_20b 1 --random-weights 20b --dense-dtype fp8
-trace_bench bf16 32 --random-weights 120b
-trace_bench bf16 64 --random-weights 120b
 for tk in 32 64; do
-  left 400 && { timeout 90 $g bench-kernels --model 120b --tokens $tk --iters 20 > $out/bk$tk.txt 2>&1
-  grep -E "gate_up \+ down|plain read|router \+ route" $out/bk$tk.txt | head -40 >> $S; }
+  for v in main lg4 lg2 no_act; do
+    bin_=$g; [ $v != main ] && bin_=$bin/gptoss_walk_$v
+    timeout 90 $bin_ bench-kernels --model 120b --tokens $tk --iters 20 > $out/bk${tk}_$v.txt 2>&1
+    echo "== bench-kernels $tk tokens, $v" >> $S
+    if [ $v = main ]; then grep -E "gate_up \+ down|plain read|\(mxfp4\).*\(fragments\)" $out/bk${tk}_$v.txt | head -20 >> $S
+    else grep -E "gate_up \+ down \+ combine|\(mxfp4\).*\(fragments\)" $out/bk${tk}_$v.txt | head -6 >> $S; fi
+  done
 done
-for x in 32 64; do
-  left 450 && { ts "router clocks x$x"
-  timeout 100 $bin/gptoss_router_clocks bench --device cuda --random-weights 120b --pp '' --tg 16 --batch $x --runs 1 \
-    > $out/rclk$x.txt 2>&1; grep -E "^\| random|router|block|->" $out/rclk$x.txt | head -14 >> $S; }
+ts "step A/B"
+for x in 32 64 8; do
+  for i in 1 2; do
+    for v in main lg4 lg2; do
+      bin_=$g; [ $v != main ] && bin_=$bin/gptoss_walk_$v
+      left 300 && RUNS=1 b "$v" $bin_ 120b 128 $x
+    done
+  done
 done
+left 330 && { ts "ncu, 64 tokens"
+  timeout 150 ncu --clock-control none --kernel-name-base demangled \
+    -k "regex:skinny_warp_units_kernel|stream_experts_walk_grid_kernel" --launch-count 6 \
+    --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy \
+    -o $out/walk $g bench-kernels --model 120b --tokens 64 --iters 1 > $out/walk_run.txt 2>&1; echo "ncu rc=$?" >> $S
+  ncu -i $out/walk.ncu-rep --page details > $out/walk_d.txt 2>&1
+  grep -E "skinny_warp_units_kernel|stream_experts_walk_grid|Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Stall Long|Stall Short|Warp Cycles Per Issued|L2 Hit" \
+    $out/walk_d.txt | head -60 >> $S
+  rm -f $out/walk.ncu-rep; xz -6 $out/walk_d.txt; }
 ts done

@@ -126,11 +126,85 @@ __global__ void __launch_bounds__(256) stream_experts_walk_kernel(const uint4* _
   if (acc == 0x9e3779b9u) sink[0] = acc;  // keeps the loads
 }
 
+// Diagnostic (bench-kernels): the walk's pattern over the walk's own grid: two blocks an SM (shared
+// memory reserved), each taking a contiguous, equal run of units (a unit: 8 row tiles of one group,
+// a whole tile a warp), as skinny_warp_units_kernel deals them. SLIDING false: a warp asks for 8
+// chunks, then uses them (mode 5's order: 4 KB of adjacent bytes asked for at once); true: the
+// walk's own ring, each slot asked for again as soon as it is used (8 in flight, one request at
+// a time). What the walk's order of requests costs the DRAM, apart from its math.
+template <bool SLIDING>
+__global__ void __launch_bounds__(256) stream_experts_walk_grid_kernel(const uint4* __restrict__ w,
+                                                                       const uint32_t* __restrict__ sc, int T, int C,
+                                                                       MoeRouting r, uint32_t* sink) {
+  pdl_wait();
+  const int ng = r.counts[0];
+  pdl_trigger();
+  const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+  const int TB = T / 8, units = ng * TB;
+  const int u0 = int(int64_t(blockIdx.x) * units / gridDim.x), u1 = int(int64_t(blockIdx.x + 1) * units / gridDim.x);
+  constexpr int kRing = 8;
+  uint32_t acc = 0;
+  for (int u = u0; u < u1; ++u) {
+    const int gi = u / TB, tb = u - gi * TB;
+    const size_t base = (size_t(r.group_expert[gi]) * T + size_t(tb) * 8 + warp) * C;
+    uint4 v[kRing];
+    uint32_t s[kRing];
+    if constexpr (!SLIDING) {
+      for (int c0 = 0; c0 < C; c0 += kRing) {
+#pragma unroll
+        for (int k = 0; k < kRing; ++k)
+          if (c0 + k < C) {
+            v[k] = ld_stream(w + (base + c0 + k) * 32 + lane);
+            s[k] = __ldg(sc + (base + c0 + k) * 8 + lane / 4);
+          }
+#pragma unroll
+        for (int k = 0; k < kRing; ++k)
+          if (c0 + k < C) acc ^= v[k].x ^ v[k].y ^ v[k].z ^ v[k].w ^ s[k];
+      }
+    } else {
+#pragma unroll
+      for (int k = 0; k < kRing; ++k)
+        if (k < C) {
+          v[k] = ld_stream(w + (base + k) * 32 + lane);
+          s[k] = __ldg(sc + (base + k) * 8 + lane / 4);
+        }
+      for (int c0 = 0; c0 < C; c0 += kRing) {
+#pragma unroll
+        for (int k = 0; k < kRing; ++k) {
+          if (c0 + k < C) {
+            acc ^= v[k].x ^ v[k].y ^ v[k].z ^ v[k].w ^ s[k];
+            // (acc feeds the next address: the slot's new request waits for the use of its last)
+            const size_t ch = base + c0 + k + kRing + (acc == 0x9e3779b9u);
+            if (c0 + k + kRing < C) {
+              v[k] = ld_stream(w + ch * 32 + lane);
+              s[k] = __ldg(sc + ch * 8 + lane / 4);
+            }
+          }
+        }
+      }
+    }
+  }
+  if (acc == 0x9e3779b9u) sink[0] = acc;  // keeps the loads
+}
+
 }  // namespace
 
 void stream_experts_units(const WeightMat& W, int pairs, int E, const MoeRouting& r, int mode, uint32_t* sink,
                           cudaStream_t s, const void* inline_buf) {
   const bool inl = mode == 2 || mode == 3;  // the codes (and scales) come from inline_buf
+  if (mode == 9 || mode == 10) {
+    if (W.N / 16 % 8 != 0) return;
+    auto k = mode == 10 ? stream_experts_walk_grid_kernel<true> : stream_experts_walk_grid_kernel<false>;
+    const size_t smem = 100 * 1024;  // two blocks an SM, as the walk runs
+    allow_dynamic_smem(k, smem);
+    int sms = 0, dev = 0;
+    GPTOSS_CUDA_CHECK(cudaGetDevice(&dev));
+    GPTOSS_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    launch_pdl(k, dim3(2 * sms), dim3(256), smem, s, static_cast<const uint4*>(W.w),
+               reinterpret_cast<const uint32_t*>(W.scales), W.N / 16, W.K / 64, r, sink);
+    GPTOSS_CUDA_LAUNCH_CHECK();
+    return;
+  }
   if (mode >= 5 && mode <= 8) {
     // 5: the warp walk's pattern; 6: the same at interleaved addresses; 7 / 8: 5 with shared
     // memory reserved so that only 2 blocks (16 warps: the walk's occupancy) / 1 fit an SM.

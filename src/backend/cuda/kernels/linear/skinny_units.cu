@@ -172,6 +172,14 @@ __global__ void __launch_bounds__(KS * 32, skinny_min_blocks(1, KS, RT, PF)) ski
 #endif
 }
 
+// The walk's ring refilled a slot at a time (1), or LG slots at once after the LG-th is used: a
+// measurement knob, set only in diagnostic builds (tools/gpu/diag_binary.sh ...
+// GPTOSS_DIAG_WALK_LOAD_GROUP=4).
+#ifndef GPTOSS_DIAG_WALK_LOAD_GROUP
+#define GPTOSS_DIAG_WALK_LOAD_GROUP 1
+#endif
+constexpr int kWalkLoadGroup = GPTOSS_DIAG_WALK_LOAD_GROUP;
+
 // The warp-per-tile walk: the same units (one pass of <= 8 of a group's tokens over a block of
 // row tiles, (group, pass, block) order, an equal contiguous run a block of a GPU-sized grid), but
 // each warp takes RTW whole row tiles over all of K instead of a K slice of every tile. So a unit
@@ -286,9 +294,16 @@ __global__ void __launch_bounds__(NW * 32, MINB) skinny_warp_units_kernel(Skinny
 #pragma unroll
         for (int i = 0; i < NT; ++i) {
           if (g + 8 * i < ntok) {
+#ifdef GPTOSS_DIAG_WALK_NO_ACT
+            // Diagnostic builds only: no shared-memory reads of the activations (garbage sums), to
+            // time the walk without them.
+            x[i][0] = make_uint4(0x3c003c00u ^ c, 0x3c003c00u ^ lane, 0x3c003c00u, 0x3c003c00u);
+            x[i][1] = x[i][0];
+#else
             const uint4* p = reinterpret_cast<const uint4*>(xs_lane + size_t(8 * i) * xs_ld + c * 64);
             x[i][0] = p[0];
             x[i][1] = p[4];
+#endif
           } else {
             x[i][0] = x[i][1] = make_uint4(0, 0, 0, 0);
           }
@@ -303,15 +318,21 @@ __global__ void __launch_bounds__(NW * 32, MINB) skinny_warp_units_kernel(Skinny
         for (int i = 0; i < NT; ++i) acc[r][i][0] = acc[r][i][1] = acc[r][i][2] = acc[r][i][3] = 0.f;
       const uint4* w = wl;
       const uint32_t* sc = sl;
-      // Every turn but the last: chunk base + v, then its slot takes chunk base + v + PF.
+      // Every turn but the last: chunk base + v, then its slot takes chunk base + v + PF (LG > 1, a
+      // measurement build's GPTOSS_DIAG_WALK_LOAD_GROUP: the slots refilled LG at a time, after
+      // the LG-th of them is used, so that a warp asks for LG adjacent chunks at once).
+      constexpr int LG = PF % kWalkLoadGroup == 0 ? kWalkLoadGroup : 1;
 #pragma unroll 1
       for (int base = 0; base < CP - PF; base += PF) {
 #pragma unroll
         for (int v = 0; v < PF; ++v) {
           chunk(base + v, wbuf[v], acc);
-          if (base + v + PF < C)
+          if ((v + 1) % LG == 0)
 #pragma unroll
-            for (int r = 0; r < RTW; ++r) load_w_at<FMT, kExpertWeightLoad>(w, sc, r * CC + v + PF, wbuf[v][r]);
+            for (int j = v + 1 - LG; j <= v; ++j)
+              if (base + j + PF < C)
+#pragma unroll
+                for (int r = 0; r < RTW; ++r) load_w_at<FMT, kExpertWeightLoad>(w, sc, r * CC + j + PF, wbuf[j][r]);
         }
         w += PF * (chunk_bytes<FMT>() / 16);
         sc += PF * 8;
