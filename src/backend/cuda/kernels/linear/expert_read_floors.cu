@@ -173,8 +173,9 @@ __global__ void __launch_bounds__(256) stream_experts_walk_grid_kernel(const uin
         for (int k = 0; k < kRing; ++k) {
           if (c0 + k < C) {
             acc ^= v[k].x ^ v[k].y ^ v[k].z ^ v[k].w ^ s[k];
-            // (acc feeds the next address: the slot's new request waits for the use of its last)
-            const size_t ch = base + c0 + k + kRing + (acc == 0x9e3779b9u);
+            // (acc feeds the next address, so the slot's new request waits for the use of its
+            // last; the other choice, never taken, stays inside the tile)
+            const size_t ch = acc == 0x9e3779b9u ? base : base + c0 + k + kRing;
             if (c0 + k + kRing < C) {
               v[k] = ld_stream(w + ch * 32 + lane);
               s[k] = __ldg(sc + ch * 8 + lane / 4);
