@@ -34,6 +34,19 @@ std::vector<float> download(const void* p, size_t n, bool bf16) {
   return h;
 }
 
+// Mean microseconds a call of f(i) over iters calls, after 5 warm-up calls, between ev[0] and ev[1].
+template <typename F>
+double mean_us(cudaEvent_t (&ev)[2], cudaStream_t s, int iters, F&& f) {
+  for (int i = 0; i < 5; ++i) f(i);
+  GPTOSS_CUDA_CHECK(cudaEventRecord(ev[0], s));
+  for (int i = 0; i < iters; ++i) f(i);
+  GPTOSS_CUDA_CHECK(cudaEventRecord(ev[1], s));
+  GPTOSS_CUDA_CHECK(cudaEventSynchronize(ev[1]));
+  float ms = 0;
+  GPTOSS_CUDA_CHECK(cudaEventElapsedTime(&ms, ev[0], ev[1]));
+  return 1000.0 * ms / iters;
+}
+
 // Random e4m3 codes of magnitude 2^-9 .. 2^-3 (exponent fields 6-12, either sign): finite, and
 // the size of 0.02-scale weights or of activations after a per-row scale.
 std::vector<uint8_t> random_e4m3(size_t n, uint32_t seed) {
@@ -52,7 +65,7 @@ std::vector<uint8_t> random_e4m3(size_t n, uint32_t seed) {
 // timed over weight copies rotated past the L2 as the table above. A probe: nothing in the model
 // runs it yet. Prints "no algorithm" where this cuBLASLt and GPU offer none.
 void bench_fp8_outer_vec(const CublasLtLibrary& lib, int M, int N, int K, const char* name, bool f32_out, int iters,
-                         cudaStream_t s) {
+                         cudaEvent_t (&ev)[2], cudaStream_t s) {
   cublasLtHandle_t h = nullptr;
   if (lib.Create(&h) != CUBLAS_STATUS_SUCCESS) return;
   std::vector<DeviceBuffer> owned;
@@ -112,17 +125,9 @@ void bench_fp8_outer_vec(const CublasLtLibrary& lib, int M, int N, int K, const 
                         &res[0].algo, work.get(), wsb, s);
     };
     st = call(0);
-    cudaEvent_t ev[2];
-    for (auto& e : ev) GPTOSS_CUDA_CHECK(cudaEventCreate(&e));
-    for (int i = 0; i < 5 && st == CUBLAS_STATUS_SUCCESS; ++i) st = call(i);
-    GPTOSS_CUDA_CHECK(cudaEventRecord(ev[0], s));
-    for (int i = 0; i < iters && st == CUBLAS_STATUS_SUCCESS; ++i) st = call(i);
-    GPTOSS_CUDA_CHECK(cudaEventRecord(ev[1], s));
-    GPTOSS_CUDA_CHECK(cudaEventSynchronize(ev[1]));
-    float ms = 0;
-    GPTOSS_CUDA_CHECK(cudaEventElapsedTime(&ms, ev[0], ev[1]));
-    for (auto& e : ev) cudaEventDestroy(e);
-    const double us = 1000.0 * ms / iters;
+    const double us = mean_us(ev, s, iters, [&](int i) {
+      if (st == CUBLAS_STATUS_SUCCESS) st = call(i);  // (after a failure: nothing more to time)
+    });
     if (st != CUBLAS_STATUS_SUCCESS)
       std::printf("| %s | %dx%dx%d | %s | cublaslt fp8 outer-vector: %s | | |\n", name, M, N, K, out_name,
                   lib.GetStatusString(st));
@@ -228,14 +233,7 @@ void bench_prefill_dense(const GptOssConfig& c, int M, int iters) {
         std::snprintf(b, sizeof b, "%.2e", std::sqrt(num / std::max(den, 1e-30)));
         diff = b;
       }
-      for (int i = 0; i < 5; ++i) call(i);
-      GPTOSS_CUDA_CHECK(cudaEventRecord(ev[0], s));
-      for (int i = 0; i < iters; ++i) call(i);
-      GPTOSS_CUDA_CHECK(cudaEventRecord(ev[1], s));
-      GPTOSS_CUDA_CHECK(cudaEventSynchronize(ev[1]));
-      float ms = 0;
-      GPTOSS_CUDA_CHECK(cudaEventElapsedTime(&ms, ev[0], ev[1]));
-      const double us = 1000.0 * ms / iters;
+      const double us = mean_us(ev, s, iters, call);
       std::printf("| %s | %dx%dx%d | %s | %s | %.2f | %.0f | %s |\n", l.name, M, l.N, l.K, l.epi,
                   linear_kernel_name(k), us, flop / us / 1e6, diff.c_str());
       std::fflush(stdout);
@@ -245,9 +243,9 @@ void bench_prefill_dense(const GptOssConfig& c, int M, int iters) {
   if (lib && M <= 64) {
     std::printf("\nThe same layers' GEMMs in fp8 (e4m3 weights and activations, a scale a row and a token), "
                 "weight bytes over time\n\n| layer | MxNxK | output | kernel | us/launch | TB/s |\n|---|---|---|---|---|---|\n");
-    bench_fp8_outer_vec(*lib, M, QKV, c.hidden, "qkv", false, iters, s);
-    bench_fp8_outer_vec(*lib, M, c.hidden, c.q_dim(), "o_proj", true, iters, s);
-    bench_fp8_outer_vec(*lib, M, c.vocab, c.hidden, "lm_head", true, iters, s);
+    bench_fp8_outer_vec(*lib, M, QKV, c.hidden, "qkv", false, iters, ev, s);
+    bench_fp8_outer_vec(*lib, M, c.hidden, c.q_dim(), "o_proj", true, iters, ev, s);
+    bench_fp8_outer_vec(*lib, M, c.vocab, c.hidden, "lm_head", true, iters, ev, s);
   }
   for (auto& e : ev) cudaEventDestroy(e);
   cudaStreamDestroy(s);

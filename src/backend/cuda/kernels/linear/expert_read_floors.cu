@@ -198,10 +198,7 @@ void stream_experts_units(const WeightMat& W, int pairs, int E, const MoeRouting
     auto k = mode == 10 ? stream_experts_walk_grid_kernel<true> : stream_experts_walk_grid_kernel<false>;
     const size_t smem = 100 * 1024;  // two blocks an SM, as the walk runs
     allow_dynamic_smem(k, smem);
-    int sms = 0, dev = 0;
-    GPTOSS_CUDA_CHECK(cudaGetDevice(&dev));
-    GPTOSS_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-    launch_pdl(k, dim3(2 * sms), dim3(256), smem, s, static_cast<const uint4*>(W.w),
+    launch_pdl(k, dim3(2 * sm_count()), dim3(256), smem, s, static_cast<const uint4*>(W.w),
                reinterpret_cast<const uint32_t*>(W.scales), W.N / 16, W.K / 64, r, sink);
     GPTOSS_CUDA_LAUNCH_CHECK();
     return;

@@ -248,8 +248,8 @@ __device__ __forceinline__ void stage_row_fold(const SkinnyArgs& a, const float*
   __syncthreads();
 }
 
-// A unit of skinny_units_kernel: its first row tile, expert, and
-// the pass's sorted pairs [tok0, tok_end).
+// A unit of skinny_units_kernel: its first row tile, expert, and the pass's sorted pairs
+// [tok0, tok_end).
 struct Unit {
   int tile0, expert, tok0, tok_end;
 };
