@@ -12,7 +12,7 @@ namespace {
 
 struct Args {
   std::string model = "120b";
-  int iters = 200, tokens = 1, tp = 1, tp_rank = 0;
+  int iters = 200, tokens = 1, tp = 1, tp_rank = 0, sm_limit = 0;
   bool attention_only = false;
 };
 
@@ -30,6 +30,11 @@ gptoss::tools::RegisterCommand reg({"bench-kernels", "Time each decode kernel (a
       ->capture_default_str()
       ->check(int_range(1, 8));
   app->add_option("--tp-rank", a->tp_rank, "The rank whose shapes --tp times")->capture_default_str()->check(int_range(0, 7));
+  app->add_option("--sm-limit", a->sm_limit,
+                  "Time only the expert rows, on this many SMs, the others held idle (0: all SMs, every row): a "
+                  "bigger card's memory bandwidth per SM, e.g. an H200's on an H100 at 92")
+      ->capture_default_str()
+      ->check(int_range(0, 1024));
   app->add_flag("--attention-only", a->attention_only, "Only the attention rows (decode: three launches vs the fused kernel; prefill: per-token vs flash kernel)");
   return [a]() {
 #ifdef GPTOSS_HAVE_CUDA
@@ -40,6 +45,7 @@ gptoss::tools::RegisterCommand reg({"bench-kernels", "Time each decode kernel (a
     o.attention_only = a->attention_only;
     o.tp = a->tp;
     o.tp_rank = a->tp_rank;
+    o.sm_limit = a->sm_limit;
     return gptoss::cuda::run_kernel_bench(o);
 #else
     std::fprintf(stderr, "bench-kernels: this build has no CUDA backend\n");

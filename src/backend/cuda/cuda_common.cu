@@ -44,7 +44,11 @@ bool cuda_device_available() {
   return n > 0;
 }
 
-int sm_count() {
+namespace {
+std::atomic<int> g_sm_count_limit{0};
+}
+
+int sm_count_all() {
   static std::atomic<int> sms[64];  // by device ordinal; TP ranks in one process each have theirs
   int dev = 0;
   cudaGetDevice(&dev);
@@ -57,6 +61,13 @@ int sm_count() {
   }
   return n;
 }
+
+int sm_count() {
+  const int n = sm_count_all(), limit = g_sm_count_limit.load(std::memory_order_relaxed);
+  return limit > 0 && limit < n ? limit : n;
+}
+
+void set_sm_count_limit(int n) { g_sm_count_limit.store(n, std::memory_order_relaxed); }
 
 bool pdl_launches_enabled() {
   static const bool on = env_int("GPTOSS_PDL", 1) != 0;

@@ -59,8 +59,13 @@ class DeviceBuffer {
 bool cuda_device_available();
 
 // Streaming multiprocessors of the current device (read once per device; kernels that size
-// their grid to the GPU).
+// their grid to the GPU), or fewer while a limit is set.
 int sm_count();
+// All the device's SMs, whatever the limit.
+int sm_count_all();
+// For `bench-kernels --sm-limit` only (kernels/misc/sm_blocker.h holds the other SMs): grids sized
+// by sm_count() then fit the SMs left. 0 lifts the limit.
+void set_sm_count_limit(int n);
 
 // Runs set() once per device for the flag word `done` (a bit a device ordinal): kernel attributes
 // (the shared-memory and cluster-size opt-ins) hold per kernel and device, and tensor-parallel

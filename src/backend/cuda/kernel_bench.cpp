@@ -15,6 +15,7 @@
 #include "common/error.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/kernels/linear/lm_head_screen.h"
+#include "backend/cuda/kernels/misc/sm_blocker.h"
 #include "backend/cuda/kernels/moe/expert_gemm_v5.h"
 #include "backend/parallel/tp_shard.h"
 #include "model/config.h"
@@ -28,6 +29,7 @@ constexpr size_t kRotateBytes = size_t(256) << 20;  // well above the H200's 50 
 struct Timer {
   cudaStream_t s;
   cudaEvent_t a, b;
+  int held_sms = 0;  // --sm-limit: SMs an SmBlocker holds during each timing
   explicit Timer(cudaStream_t st) : s(st) {
     GPTOSS_CUDA_CHECK(cudaEventCreate(&a));
     GPTOSS_CUDA_CHECK(cudaEventCreate(&b));
@@ -38,6 +40,7 @@ struct Timer {
   }
   // Mean microseconds per call of f(i) over iters calls, after a warm-up of 10.
   double us(int iters, const std::function<void(int)>& f) {
+    SmBlocker hold(held_sms);
     for (int i = 0; i < 10; ++i) f(i);
     GPTOSS_CUDA_CHECK(cudaEventRecord(a, s));
     for (int i = 0; i < iters; ++i) f(i);
@@ -128,6 +131,14 @@ int run_kernel_bench(const KernelBenchOptions& o) {
   cudaStream_t s;
   GPTOSS_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   Timer timer(s);
+  if (o.sm_limit > 0) {
+    const int all = sm_count_all();
+    if (o.sm_limit >= all) throw Error("bench-kernels: --sm-limit must be under the GPU's " + std::to_string(all) + " SMs");
+    set_sm_count_limit(o.sm_limit);
+    timer.held_sms = all - o.sm_limit;
+    std::printf("(--sm-limit %d: %d of %d SMs held idle during each timing; grids sized to %d SMs)\n", o.sm_limit,
+                all - o.sm_limit, all, o.sm_limit);
+  }
   std::mt19937 rng(1);
   auto fill = [&](void* p, size_t bytes) {
     fill_random_u8(static_cast<uint8_t*>(p), bytes, rng(), 0, 255, s);
@@ -158,9 +169,13 @@ int run_kernel_bench(const KernelBenchOptions& o) {
     bool norm;
     const char* decode_copy;
   };
+  // --sm-limit times the expert rows only: cuBLASLt's kernels and the cluster kernels of the other
+  // rows may size their grids by the whole GPU and wait on blocks that never start.
+  const bool experts_only = o.sm_limit > 0;
   for (const Dense& d : {Dense{"qkv (+rmsnorm)", QKV, H, true, "qkv (rows normalized before)"},
                          Dense{"o_proj", H, c.q_dim(), false, "o_proj"}, Dense{"router (+rmsnorm)", E, H, true, nullptr},
                          Dense{"lm_head", c.vocab, H, false, "lm_head"}}) {
+    if (experts_only) break;
     const size_t bytes = size_t(d.N) * d.K * 2;
     const int copies = int(std::max<size_t>(1, (kRotateBytes + bytes - 1) / bytes));
     std::vector<WeightMat> ws;
@@ -506,6 +521,12 @@ int run_kernel_bench(const KernelBenchOptions& o) {
       set_combine_variant(0);
       std::printf("| experts gate_up + down + combine | %s | %.1f experts touched | %.2f | %.0f |\n", shape.c_str(),
                   touched, us_gu + us_dn + us_c, touched * 3 * I * H * 17 / 32 / (us_gu + us_dn + us_c) / 1e3);
+    }
+    if (experts_only) {
+      GPTOSS_CUDA_CHECK(cudaStreamSynchronize(s));
+      for (void* p : owned) cudaFree(p);
+      cudaStreamDestroy(s);
+      return 0;
     }
     auto* router_w = dev_alloc<bf16_t>(size_t(E) * H, owned);
     fill_random_bf16(router_w, size_t(E) * H, 13, 0.f, 0.02f, s);

@@ -14,6 +14,8 @@ struct KernelBenchOptions {
   int tokens = 1;              // decode batch
   bool attention_only = false; // only the attention rows (bench_prefill_attention, bench_decode_attention)
   int tp = 1, tp_rank = 0;     // tp > 1: the shapes one tensor-parallel rank runs (experts split on the intermediate)
+  int sm_limit = 0;            // > 0: only the expert rows, on this many SMs, the rest held idle
+                               // (kernels/misc/sm_blocker.h: a bigger card's bandwidth per SM)
 };
 
 int run_kernel_bench(const KernelBenchOptions& opts);
