@@ -10,6 +10,9 @@ internal statics' path hashes, and .loc line records.
 
     tools/gpu/ptx_same.py REV src/backend/cuda/kernels/moe/expert_gemm_wgmma_wa.cu [MORE.cu ...]
     tools/gpu/ptx_same.py REV src/a.cu --moved-to src/b.cu   (kernels of a.cu at REV now in a.cu or b.cu)
+    tools/gpu/ptx_same.py REV src/a.cu --rename 'REGEX=REPL' --allow-new
+        (a template parameter added with a default: now's mangled names mapped back to REV's by
+        re.sub over now's PTX; kernels only now, the new instantiations, allowed)
 
 Needs build/ configured with Ninja. Prints each source's verdict; exits 1 if any kernel differs
 (then `--diff` prints the first differing kernel's unified diff).
@@ -68,8 +71,10 @@ def ptx(command, root, source, out):
     subprocess.run(res, cwd=os.path.join(ROOT, "build"), check=True)
 
 
-def kernels(path):
+def kernels(path, renames=()):
     text = open(path).read()
+    for pat, repl in renames:
+        text = re.sub(pat, repl, text)
     # (With the mangled length before them: a kernel moved to another file keeps its name.)
     text = re.sub(r"\d*_GLOBAL__N__[0-9a-f]+_\d+_\w+?_cu_[0-9a-f]+", "ANON", text)
     text = re.sub(r"\d*_INTERNAL_[0-9a-f]+_\d+_\w+?_cu_[0-9a-f]+", "INTERNAL", text)
@@ -97,7 +102,11 @@ def main():
     ap.add_argument("--diff", action="store_true", help="print the first differing kernel's diff")
     ap.add_argument("--moved-to", nargs="+", default=[], metavar="SOURCE",
                     help="sources (new in the working tree) that now hold some of the kernels: theirs count as now's")
+    ap.add_argument("--rename", action="append", default=[], metavar="REGEX=REPL",
+                    help="re.sub over now's PTX before comparing (e.g. a defaulted template argument's mangling)")
+    ap.add_argument("--allow-new", action="store_true", help="kernels only now (new instantiations) do not count")
     o = ap.parse_args()
+    renames = [tuple(r.split("=", 1)) for r in o.rename]
     ok = True
     with tempfile.TemporaryDirectory() as tmp:
         wt = os.path.join(tmp, "base")
@@ -108,11 +117,14 @@ def main():
                 a, b = os.path.join(tmp, "base.ptx"), os.path.join(tmp, "new.ptx")
                 ptx(cmd, wt, src, a)
                 ptx(cmd, ROOT, src, b)
-                ka, kb = kernels(a), kernels(b)
+                ka, kb = kernels(a), kernels(b, renames)
                 for i, moved in enumerate(o.moved_to):
                     m = os.path.join(tmp, f"moved{i}.ptx")
                     ptx(compile_command(moved), ROOT, moved, m)
-                    kb.update(kernels(m))
+                    kb.update(kernels(m, renames))
+                if o.allow_new and set(ka) <= set(kb):
+                    print(f"{src}: {len(set(kb) - set(ka))} kernels only now (allowed)")
+                    kb = {n: kb[n] for n in ka}
                 if set(ka) != set(kb):
                     ok = False
                     print(f"{src}: kernels differ: {len(ka)} at {o.rev}, {len(kb)} now "
