@@ -6,6 +6,7 @@
 # skinny variants 27-29), bit-equal to the register walk (Kernels.SkinnyUnitsKernelMatchesBlockPerTile).
 # At 64 and 32 tokens: main at all SMs, at 92 (H100) / 110 (H200), and the walk without its
 # activations' shared-memory reads (no_act) at the same limit. On an H200, then s48r2's tables.
+# Then s49r2.sh: the step with the ring in shared memory (GPTOSS_WALK_RING).
 # (With --sm-limit, bench-kernels times only the expert rows: the first form of this round hung in
 # cuBLASLt's rows, whose grids assume every SM.)
 # Pack: PACK_TESTS=test_cuda_kernels EXTRA_BINS="build/diag/gptoss_walk_no_act build/libgptoss_kernel_trace.so"
@@ -21,15 +22,15 @@ bk() {  # NAME BINARY TOKENS LIMIT
 }
 if [[ $name == *H200* ]]; then lim=110; else lim=92; fi
 for tk in 64 32; do
-  left 280 && bk main $g $tk 0
-  left 300 && bk main $g $tk $lim
-  left 320 && bk no_act $bin/gptoss_walk_no_act $tk $lim
+  left 300 && bk main $g $tk 0
+  left 320 && bk main $g $tk $lim
+  left 340 && bk no_act $bin/gptoss_walk_no_act $tk $lim
 done
 ts "sm-limit study done"
 if [[ $name == *H200* ]]; then
   export TRACE_GREP="replay to replay|sum of adds"
-  left 300 && trace_bench fp8 1 --random-weights 120b --dense-dtype fp8
-  left 330 && trace_bench bf16 32 --random-weights 120b
-  left 360 && trace_bench bf16 64 --random-weights 120b
+  left 380 && trace_bench fp8 1 --random-weights 120b --dense-dtype fp8
+  left 420 && trace_bench bf16 32 --random-weights 120b
+  left 450 && trace_bench bf16 64 --random-weights 120b
 fi
 ts done

@@ -506,6 +506,15 @@ int warp_units_min_fill() {
   static const int fill = env_int("GPTOSS_WARP_UNITS", 2);
   return fill;
 }
+// The default walk's ring: 0 in registers (8 chunk steps); 8, 12 or 14: in shared memory, that
+// many chunk steps (GPTOSS_WALK_RING, a measurement knob: forty-ninth session, for the H200).
+int walk_ring() {
+  static const int ring = [] {
+    const int r = env_int("GPTOSS_WALK_RING", 0);
+    return r == 8 || r == 12 || r == 14 ? r : 0;
+  }();
+  return ring;
+}
 int warp_units_16_min_mean() {
   static const int mean = env_int("GPTOSS_WARP_UNITS_16", 7);
   return mean;
@@ -608,7 +617,12 @@ bool launch_skinny_units(const SkinnyArgs& a, int tiles, int groups, bool xf16, 
           if (warp_units_16_min_mean() > 0 && mean_group >= warp_units_16_min_mean() &&
               launch_warp_units<8, 1, 6, 2, X, 2>(a, tiles, groups, warp_units_min_fill(), s))
             return true;
-          if (launch_warp_units<8, 1, 8, 2, X>(a, tiles, groups, warp_units_min_fill(), s)) return true;
+          const int ring = walk_ring();
+          if (ring == 0 ? launch_warp_units<8, 1, 8, 2, X>(a, tiles, groups, warp_units_min_fill(), s)
+              : ring == 8 ? launch_warp_units<8, 1, 8, 2, X, 1, 0, true>(a, tiles, groups, warp_units_min_fill(), s)
+              : ring == 12 ? launch_warp_units<8, 1, 12, 2, X, 1, 0, true>(a, tiles, groups, warp_units_min_fill(), s)
+                           : launch_warp_units<8, 1, 14, 2, X, 1, 0, true>(a, tiles, groups, warp_units_min_fill(), s))
+            return true;
         }
         return (units_rt6_enabled() && launch_units<8, 6, 1, X>(a, tiles, groups, 4, s)) ||
                launch_units<8, 4, 1, X>(a, tiles, groups, 0.5, s) || launch_units<8, 2, 2, X>(a, tiles, groups, 0, s);
