@@ -22,24 +22,30 @@ __device__ __forceinline__ uint64_t global_ns() {
   return t;
 }
 
-// 1024 threads holding 64 registers each fill an SM's 65,536 registers: the 56 values the asm
-// keeps live (plus the loop's own) make ptxas give each thread 64. The launch's dynamic shared
-// memory (the most a block may have) keeps out blocks that use none of the other limits.
+// 1024 threads at 64 registers each fill an SM's 65,536 registers for the block's life: the 56
+// values the asm keeps live (plus the loop's own) make ptxas give the kernel 64. The launch's
+// dynamic shared memory (the most a block may have) keeps out blocks that use none of the other
+// limits.
 __global__ void __launch_bounds__(kThreads, 1) hold_sm_kernel(volatile int* flags, uint32_t seed) {
   extern __shared__ uint32_t unused[];
   uint32_t v[56];
 #pragma unroll
   for (int i = 0; i < 56; ++i) v[i] = seed * (i + 1) + threadIdx.x;
-  if (threadIdx.x == 0) atomicAdd_system(const_cast<int*>(flags), 1);
-  const uint64_t t0 = global_ns();
-  while (true) {
+  if (threadIdx.x == 0) {
+    flags[2 + blockIdx.x] = 1;  // each block its own word: a PCIe host may not support atomics
+    const uint64_t t0 = global_ns();
+    // One thread polls the release word (over PCIe); the block's registers stay allocated to it
+    // while the others wait at the barrier.
+    while (true) {
 #pragma unroll
-    for (int i = 0; i < 56; i += 8)
-      asm volatile("" : "+r"(v[i]), "+r"(v[i + 1]), "+r"(v[i + 2]), "+r"(v[i + 3]), "+r"(v[i + 4]), "+r"(v[i + 5]),
-                   "+r"(v[i + 6]), "+r"(v[i + 7]));
-    if (flags[1] != 0 || global_ns() - t0 > kMaxHoldNs) break;
-    __nanosleep(2000);
+      for (int i = 0; i < 56; i += 8)
+        asm volatile("" : "+r"(v[i]), "+r"(v[i + 1]), "+r"(v[i + 2]), "+r"(v[i + 3]), "+r"(v[i + 4]), "+r"(v[i + 5]),
+                     "+r"(v[i + 6]), "+r"(v[i + 7]));
+      if (flags[1] != 0 || global_ns() - t0 > kMaxHoldNs) break;
+      __nanosleep(2000);
+    }
   }
+  __syncthreads();
   uint32_t s = 0;
 #pragma unroll
   for (int i = 0; i < 56; ++i) s ^= v[i];
@@ -56,20 +62,26 @@ SmBlocker::SmBlocker(int sms) : sms_(sms) {
   GPTOSS_CUDA_CHECK(cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
   GPTOSS_CUDA_CHECK(cudaFuncSetAttribute(hold_sm_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   void* host = nullptr;
-  GPTOSS_CUDA_CHECK(cudaHostAlloc(&host, 2 * sizeof(int), cudaHostAllocMapped));
+  GPTOSS_CUDA_CHECK(cudaHostAlloc(&host, (2 + size_t(sms_)) * sizeof(int), cudaHostAllocMapped));
   flags_ = static_cast<volatile int*>(host);
-  flags_[0] = 0;
-  flags_[1] = 0;
+  for (int i = 0; i < 2 + sms_; ++i) flags_[i] = 0;
   int* dflags = nullptr;
   GPTOSS_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&dflags), host, 0));
   GPTOSS_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   hold_sm_kernel<<<sms_, kThreads, smem, stream_>>>(dflags, 1u);
   GPTOSS_CUDA_CHECK(cudaGetLastError());
   const auto t0 = std::chrono::steady_clock::now();
-  while (flags_[0] < sms_) {
-    if (std::chrono::steady_clock::now() - t0 > std::chrono::seconds(5))
-      throw Error("SmBlocker: only " + std::to_string(flags_[0]) + " of " + std::to_string(sms_) +
+  auto resident = [&] {
+    int n = 0;
+    for (int i = 0; i < sms_; ++i) n += flags_[2 + i];
+    return n;
+  };
+  while (resident() < sms_) {
+    if (std::chrono::steady_clock::now() - t0 > std::chrono::seconds(5)) {
+      flags_[1] = 1;  // let those that started go
+      throw Error("SmBlocker: only " + std::to_string(resident()) + " of " + std::to_string(sms_) +
                   " holding blocks became resident");
+    }
     std::this_thread::yield();
   }
 }
