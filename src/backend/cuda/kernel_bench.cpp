@@ -522,57 +522,55 @@ int run_kernel_bench(const KernelBenchOptions& o) {
       std::printf("| experts gate_up + down + combine | %s | %.1f experts touched | %.2f | %.0f |\n", shape.c_str(),
                   touched, us_gu + us_dn + us_c, touched * 3 * I * H * 17 / 32 / (us_gu + us_dn + us_c) / 1e3);
     }
-    if (experts_only) {
-      GPTOSS_CUDA_CHECK(cudaStreamSynchronize(s));
-      for (void* p : owned) cudaFree(p);
-      cudaStreamDestroy(s);
-      return 0;
-    }
-    auto* router_w = dev_alloc<bf16_t>(size_t(E) * H, owned);
-    fill_random_bf16(router_w, size_t(E) * H, 13, 0.f, 0.02f, s);
-    us = timer.us(o.iters, [&](int i) {
-      linear_rmsnorm(WeightMat{WeightMat::kBF16, router_w, nullptr, nullptr, E, H}, x, normw, 1e-5f, M, xn, true,
-                     Epilogue{Epilogue::kStoreF32, logits, E}, s);
-      moe_route(logits, M, E, k, routes[i % R], s);
-    });
-    row("router + route", std::to_string(M) + "x" + std::to_string(E), "norm+GEMV, then route", us, double(E) * H * 2);
-    // The fused router variants (kernels.h: old up to 8 tokens, version 2's cluster shapes up to 64),
-    // router rows resident in L2 (as the loop above) and rotated over copies that exceed it (as in
-    // a decode step, where the experts' weights pass through L2 between two layers' routers).
-    auto* ticket = dev_alloc<int>(1, owned);
-    GPTOSS_CUDA_CHECK(cudaMemsetAsync(ticket, 0, sizeof(int), s));
-    const size_t rbytes = size_t(E) * H * 2;
-    const int rcopies = int(std::max<size_t>(1, (kRotateBytes / 2 + rbytes - 1) / rbytes));
-    std::vector<bf16_t*> router_ws;
-    for (int v = 0; v < kRouterVariants; ++v) {
-      set_router_variant(v);
-      if (!router_route_fuses(M, H, E, k)) continue;
-      if (router_ws.empty())
-        for (int i = 0; i < rcopies; ++i) {
-          router_ws.push_back(dev_alloc<bf16_t>(size_t(E) * H, owned));
-          fill_random_bf16(router_ws.back(), size_t(E) * H, 1000 + i, 0.f, 0.02f, s);
+    if (!experts_only) {  // (the router rows: cluster kernels)
+      auto* router_w = dev_alloc<bf16_t>(size_t(E) * H, owned);
+      fill_random_bf16(router_w, size_t(E) * H, 13, 0.f, 0.02f, s);
+      us = timer.us(o.iters, [&](int i) {
+        linear_rmsnorm(WeightMat{WeightMat::kBF16, router_w, nullptr, nullptr, E, H}, x, normw, 1e-5f, M, xn, true,
+                       Epilogue{Epilogue::kStoreF32, logits, E}, s);
+        moe_route(logits, M, E, k, routes[i % R], s);
+      });
+      row("router + route", std::to_string(M) + "x" + std::to_string(E), "norm+GEMV, then route", us, double(E) * H * 2);
+      // The fused router variants (kernels.h: old up to 8 tokens, version 2's cluster shapes up to 64),
+      // router rows resident in L2 (as the loop above) and rotated over copies that exceed it (as in
+      // a decode step, where the experts' weights pass through L2 between two layers' routers).
+      auto* ticket = dev_alloc<int>(1, owned);
+      GPTOSS_CUDA_CHECK(cudaMemsetAsync(ticket, 0, sizeof(int), s));
+      const size_t rbytes = size_t(E) * H * 2;
+      const int rcopies = int(std::max<size_t>(1, (kRotateBytes / 2 + rbytes - 1) / rbytes));
+      std::vector<bf16_t*> router_ws;
+      for (int v = 0; v < kRouterVariants; ++v) {
+        set_router_variant(v);
+        if (!router_route_fuses(M, H, E, k)) continue;
+        if (router_ws.empty())
+          for (int i = 0; i < rcopies; ++i) {
+            router_ws.push_back(dev_alloc<bf16_t>(size_t(E) * H, owned));
+            fill_random_bf16(router_ws.back(), size_t(E) * H, 1000 + i, 0.f, 0.02f, s);
+          }
+        for (bool rotate : {false, true}) {
+          us = timer.us(o.iters, [&](int i) {
+            moe_router_route(rotate ? router_ws[i % rcopies] : router_w, nullptr, E, H, x, normw, 1e-5f, M, xn, M <= 8,
+                             logits, k, routes[i % R], ticket, s);
+          });
+          const std::string vn = std::string("fused, variant ") + router_variant_name(v) +
+                                 (v == 0 ? std::string(" (") + router_variant_name(router_variant()) + ")" : "") +
+                                 (rotate ? ", rows from DRAM" : ", rows in L2");
+          row("router + route", std::to_string(M) + "x" + std::to_string(E), vn.c_str(), us, double(rbytes));
         }
-      for (bool rotate : {false, true}) {
-        us = timer.us(o.iters, [&](int i) {
-          moe_router_route(rotate ? router_ws[i % rcopies] : router_w, nullptr, E, H, x, normw, 1e-5f, M, xn, M <= 8,
-                           logits, k, routes[i % R], ticket, s);
-        });
-        const std::string vn = std::string("fused, variant ") + router_variant_name(v) +
-                               (v == 0 ? std::string(" (") + router_variant_name(router_variant()) + ")" : "") +
-                               (rotate ? ", rows from DRAM" : ", rows in L2");
-        row("router + route", std::to_string(M) + "x" + std::to_string(E), vn.c_str(), us, double(rbytes));
       }
+      set_router_variant(0);
     }
-    set_router_variant(0);
   }
-  {
+  if (!experts_only) {
     double us = timer.us(o.iters, [&](int) { argmax_rows(out, M, c.vocab, reinterpret_cast<int32_t*>(xn), s); });
     row("argmax", std::to_string(M) + "x" + std::to_string(c.vocab), "default", us, 0);
   }
   GPTOSS_CUDA_CHECK(cudaStreamSynchronize(s));
-  bench_prefill_dense(c, M, o.iters);
-  bench_decode_attention(c, M, o.iters);
-  bench_prefill_attention(c, o.iters);
+  if (!experts_only) {
+    bench_prefill_dense(c, M, o.iters);
+    bench_decode_attention(c, M, o.iters);
+    bench_prefill_attention(c, o.iters);
+  }
   for (void* p : owned) cudaFree(p);
   cudaStreamDestroy(s);
   return 0;

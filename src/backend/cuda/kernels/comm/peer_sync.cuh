@@ -1,18 +1,14 @@
 #pragma once
 // Device helpers the peer-memory collectives share (ll_allreduce.cu, twoshot_allreduce.cu,
-// oneshot_allreduce.cu): the GPU clock for their timeouts, system-scope flags, and the call epoch
-// kept in device memory.
+// oneshot_allreduce.cu): system-scope flags and the call epoch kept in device memory (their
+// timeouts read device_utils.cuh's global_timer_ns).
 #include <cuda_runtime.h>
 
 #include <cstdint>
 
-namespace gptoss::cuda {
+#include "backend/cuda/device_utils.cuh"  // global_timer_ns
 
-__device__ __forceinline__ uint64_t global_timer_ns() {
-  uint64_t t;
-  asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
-  return t;
-}
+namespace gptoss::cuda {
 
 // Flags are written and read at system scope: the peers are other GPUs.
 __device__ __forceinline__ void store_release_sys(uint32_t* p, uint32_t v) {

@@ -684,7 +684,7 @@ void launch_fmt(const SkinnyArgs& a, int tiles, int groups, int ks, cudaStream_t
       case 10: return launch_shape<FMT, NT, 8, 4, 1, XF16, true>(a, tiles, groups, s);
       case 20: return launch_shape<FMT, NT, 1, 1, 4, XF16, true>(a, tiles, groups, s);  // the warp walks' reference
       default: {
-        // 11-19: the unit kernel's K-split shapes 1-9; 21-26: its warp-per-tile shapes 10-15
+        // 11-19: the unit kernel's K-split shapes 1-9; 21-29: its warp-per-tile shapes 10-18
         // (launch_skinny_units), wherever the kernel takes the problem.
         const int v = g_skinny_variant, shape = v >= 11 && v <= 19 ? v - 10 : v >= 21 && v <= 29 ? v - 11 : 0;
         if (shape > 0 && launch_skinny_units(a, tiles, groups, XF16, shape, false, s)) return;

@@ -196,10 +196,10 @@ constexpr int kWalkLoadGroup = GPTOSS_DIAG_WALK_LOAD_GROUP;
 // both n-tiles on each decoded chunk (a group of 9-16 tokens walks its weights once, not twice);
 // one of 8 or fewer runs the one-n-tile path. Each n-tile's sums are the one-n-tile path's.
 // FOLD_CAP (NTM = 1, 2-8 tokens: 4 or 8): after a folded router, as skinny_units_kernel's.
-// SRING (bench-kernels' variants only, not after a fold): the ring in shared memory instead of
-// registers, each slot (a chunk's 512 code bytes and 32 scale bytes, kSlotBytes) filled by
-// cp.async and waited for by cp.async.wait_group, so the bytes in flight no longer cost registers
-// (a deeper ring at the same occupancy); the sums are the register ring's, bit for bit.
+// SRING (bench-kernels' variants 27-29 and GPTOSS_WALK_RING; not after a fold): the ring in shared
+// memory instead of registers, each slot (a chunk's 512 code bytes and 32 scale bytes, kSlotBytes)
+// filled by cp.async and waited for by cp.async.wait_group, so the bytes in flight no longer cost
+// registers (a deeper ring at the same occupancy); the sums are the register ring's, bit for bit.
 constexpr int kSlotBytes = 512 + 32;
 template <int NW, int RTW, int PF, int MINB, bool XF16, int CC, int NTM = 1, int FOLD_CAP = 0, bool SRING = false>
 __global__ void __launch_bounds__(NW * 32, MINB) skinny_warp_units_kernel(SkinnyArgs a) {

@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "backend/cuda/cuda_common.h"
+#include "backend/cuda/device_utils.cuh"
 #include "common/error.h"
 
 namespace gptoss::cuda {
@@ -15,12 +16,6 @@ namespace {
 
 constexpr int kThreads = 1024;
 constexpr uint64_t kMaxHoldNs = 10'000'000'000ull;
-
-__device__ __forceinline__ uint64_t global_ns() {
-  uint64_t t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
 
 // 1024 threads at 64 registers each fill an SM's 65,536 registers for the block's life: the 56
 // values the asm keeps live (plus the loop's own) make ptxas give the kernel 64. The launch's
@@ -33,7 +28,7 @@ __global__ void __launch_bounds__(kThreads, 1) hold_sm_kernel(volatile int* flag
   for (int i = 0; i < 56; ++i) v[i] = seed * (i + 1) + threadIdx.x;
   if (threadIdx.x == 0) {
     flags[2 + blockIdx.x] = 1;  // each block its own word: a PCIe host may not support atomics
-    const uint64_t t0 = global_ns();
+    const uint64_t t0 = global_timer_ns();
     // One thread polls the release word (over PCIe); the block's registers stay allocated to it
     // while the others wait at the barrier.
     while (true) {
@@ -41,7 +36,7 @@ __global__ void __launch_bounds__(kThreads, 1) hold_sm_kernel(volatile int* flag
       for (int i = 0; i < 56; i += 8)
         asm volatile("" : "+r"(v[i]), "+r"(v[i + 1]), "+r"(v[i + 2]), "+r"(v[i + 3]), "+r"(v[i + 4]), "+r"(v[i + 5]),
                      "+r"(v[i + 6]), "+r"(v[i + 7]));
-      if (flags[1] != 0 || global_ns() - t0 > kMaxHoldNs) break;
+      if (flags[1] != 0 || global_timer_ns() - t0 > kMaxHoldNs) break;
       __nanosleep(2000);
     }
   }
