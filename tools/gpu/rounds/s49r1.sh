@@ -14,17 +14,11 @@ source tools/gpu/rounds/prelude.sh
 name=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader >> $S
 t units_variants 150 $K --gtest_filter='Kernels.SkinnyUnitsKernelMatchesBlockPerTile'
-rows="gate_up \+ down \+|plain read.*(stream \(memory|walk's grid, 8|2 blocks an SM)|\(mxfp4\).*(\(fragments\)|rt1 pf8 16w\b|smem ring)|sm-limit"
-bk() {  # NAME BINARY TOKENS LIMIT
-  timeout 60 $2 bench-kernels --model 120b --tokens $3 --iters 20 --sm-limit $4 > $out/bk$3_$1_$4.txt 2>&1
-  echo "== bench-kernels $3 tokens, $1, --sm-limit $4 (rc $?)" >> $S
-  grep -E "$rows" $out/bk$3_$1_$4.txt | grep -v "16-token" | head -16 >> $S
-}
 if [[ $name == *H200* ]]; then lim=110; else lim=92; fi
 for tk in 64 32; do
-  left 300 && bk main $g $tk 0
-  left 320 && bk main $g $tk $lim
-  left 340 && bk no_act $bin/gptoss_walk_no_act $tk $lim
+  left 300 && bk_walk main $g $tk 0
+  left 320 && bk_walk main $g $tk $lim
+  left 340 && bk_walk no_act $bin/gptoss_walk_no_act $tk $lim
 done
 ts "sm-limit study done"
 if [[ $name == *H200* ]]; then

@@ -10,14 +10,8 @@ source tools/gpu/rounds/prelude.sh
 name=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader >> $S
 t units_variants 150 $K --gtest_filter='Kernels.SkinnyUnitsKernelMatchesBlockPerTile'
-rows="gate_up \+ down \+|plain read.*(stream \(memory|walk's grid, 8|2 blocks an SM)|\(mxfp4\).*(\(fragments\)|rt1 pf8 16w\b|smem ring)|sm-limit"
-bk() {  # NAME BINARY TOKENS LIMIT
-  timeout 60 $2 bench-kernels --model 120b --tokens $3 --iters 20 --sm-limit $4 > $out/bk$3_$1_$4.txt 2>&1
-  echo "== bench-kernels $3 tokens, $1, --sm-limit $4 (rc $?)" >> $S
-  grep -E "$rows" $out/bk$3_$1_$4.txt | grep -v "16-token" | head -16 >> $S
-}
-left 200 && bk main $g 64 0
-left 260 && bk main $g 32 0
+left 200 && bk_walk main $g 64 0
+left 260 && bk_walk main $g 32 0
 ts "bench-kernels done"
 for i in 1 2; do
   for r in 0 12 14 8; do
@@ -26,6 +20,6 @@ for i in 1 2; do
 done
 ts "step A/B done"
 if [[ $name == *H200* ]]; then lim=110; else lim=92; fi
-left 470 && bk main $g 64 $lim
-left 500 && bk no_act $bin/gptoss_walk_no_act 64 $lim
+left 470 && bk_walk main $g 64 $lim
+left 500 && bk_walk no_act $bin/gptoss_walk_no_act 64 $lim
 ts done

@@ -7,10 +7,7 @@ source tools/gpu/rounds/prelude.sh
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader >> $S
 t units_variants 120 $K --gtest_filter='Kernels.SkinnyUnitsKernelMatchesBlockPerTile'
 ts "test done"
-rows="gate_up \+ down \+|plain read.*(stream \(memory|walk's grid, 8|2 blocks an SM)|\(mxfp4\).*(\(fragments\)|rt1 pf8 16w\b|smem ring)"
-timeout 50 $g bench-kernels --model 120b --tokens 64 --iters 20 > $out/bk64.txt 2>&1
-echo "== bench-kernels 64 tokens (rc $?)" >> $S
-grep -E "$rows" $out/bk64.txt | grep -v "16-token" | head -16 >> $S
+bk_walk main $g 64 0
 ts "bench-kernels done"
 for r in 0 12 0 12 14 8; do
   left 330 && GPTOSS_WALK_RING=$r RUNS=1 b "ring $r" $g 120b 128 32,64
