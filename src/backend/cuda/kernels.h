@@ -368,7 +368,7 @@ void set_linear_path(int path);
 // Picks a dense GEMV kernel (benchmarks and tests): 0 = best known, 1 = the row-pair GEMV for all.
 void set_gemv_variant(int v);
 // bench-kernels: the MXFP4 skinny kernel's shape for one n-tile (0 = the default; 1..kSkinnyVariants-1 others).
-constexpr int kSkinnyVariants = 30;
+constexpr int kSkinnyVariants = 27;
 void set_skinny_variant(int v);
 const char* skinny_variant_name(int v);
 // Tests: the blocks a cluster of qkv's one-token norm-in kernel stages its row with (1, 2, 4 or 8;

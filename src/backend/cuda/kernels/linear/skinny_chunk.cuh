@@ -76,11 +76,23 @@ struct WChunk<WeightMat::kFragBF16> {
   uint4 q[4];
 };
 
+// Measurement builds only (tools/gpu/diag_binary.sh ... GPTOSS_DIAG_L2_PREFETCH=256|128): the
+// streaming loads below ask L2 to fetch 256 (128) bytes around each request from DRAM
+// (`.L2::256B`), and GPTOSS_DIAG_L2_PREFETCH_SCALES=256 does so for the MXFP4 scale words (a
+// chunk's 32 scale bytes, so L2 holds the next 7 chunks' scales when they are asked for).
+#if defined(GPTOSS_DIAG_L2_PREFETCH) && GPTOSS_DIAG_L2_PREFETCH == 256
+#define GPTOSS_LD_PREFETCH ".L2::256B"
+#elif defined(GPTOSS_DIAG_L2_PREFETCH) && GPTOSS_DIAG_L2_PREFETCH == 128
+#define GPTOSS_LD_PREFETCH ".L2::128B"
+#else
+#define GPTOSS_LD_PREFETCH ""
+#endif
+
 // Weights are read once: 16-byte loads that skip L1 (the activations, read by every warp of the
 // SM, keep it).
 __device__ __forceinline__ uint4 ld_stream(const uint4* p) {
   uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+  asm volatile("ld.global.nc.L1::no_allocate" GPTOSS_LD_PREFETCH ".v4.u32 {%0, %1, %2, %3}, [%4];"
                : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
                : "l"(p));
   return v;
@@ -89,7 +101,7 @@ __device__ __forceinline__ uint4 ld_stream(const uint4* p) {
 // The same load as ld_stream without `volatile`: the compiler may move it as it moves __ldg.
 __device__ __forceinline__ uint4 ld_no_l1(const uint4* p) {
   uint4 v;
-  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+  asm("ld.global.nc.L1::no_allocate" GPTOSS_LD_PREFETCH ".v4.u32 {%0, %1, %2, %3}, [%4];"
       : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
       : "l"(p));
   return v;
@@ -131,8 +143,13 @@ __device__ __forceinline__ void load_w_at(const uint4* wl, const uint32_t* sl, s
 #else
     if constexpr (L == WLoad::kStaged)
       w.s = sl[off * 8];  // staged MXFP4 chunks: sl points at their scale words in shared memory too
-    else
+    else {
+#ifdef GPTOSS_DIAG_L2_PREFETCH_SCALES
+      asm("ld.global.nc.L2::256B.u32 %0, [%1];" : "=r"(w.s) : "l"(sl + off * 8));
+#else
       w.s = __ldg(sl + off * 8);
+#endif
+    }
 #endif
   } else if constexpr (FMT == WeightMat::kFragFP8) {
 #pragma unroll

@@ -684,9 +684,9 @@ void launch_fmt(const SkinnyArgs& a, int tiles, int groups, int ks, cudaStream_t
       case 10: return launch_shape<FMT, NT, 8, 4, 1, XF16, true>(a, tiles, groups, s);
       case 20: return launch_shape<FMT, NT, 1, 1, 4, XF16, true>(a, tiles, groups, s);  // the warp walks' reference
       default: {
-        // 11-19: the unit kernel's K-split shapes 1-9; 21-29: its warp-per-tile shapes 10-18
+        // 11-19: the unit kernel's K-split shapes 1-9; 21-26: its warp-per-tile shapes 10-15
         // (launch_skinny_units), wherever the kernel takes the problem.
-        const int v = g_skinny_variant, shape = v >= 11 && v <= 19 ? v - 10 : v >= 21 && v <= 29 ? v - 11 : 0;
+        const int v = g_skinny_variant, shape = v >= 11 && v <= 19 ? v - 10 : v >= 21 && v <= 26 ? v - 11 : 0;
         if (shape > 0 && launch_skinny_units(a, tiles, groups, XF16, shape, false, s)) return;
         break;
       }
@@ -799,8 +799,7 @@ const char* skinny_variant_name(int v) {
                                 "units ks8 rt2 pf6 16w", "units ks8 rt4 pf3 16w", "units ks8 rt6 pf2 16w",
                                 "ks1 rt1 pf4", "warp units rt1 pf4", "warp units rt1 pf8 16w",
                                 "warp units rt2 pf4 16w", "warp units rt1 pf4 32w", "warp units rt1 pf8 16w 16-token passes",
-                                "warp units rt1 pf6 16w 16-token passes", "warp units rt1 pf8 16w smem ring",
-                                "warp units rt1 pf12 16w smem ring", "warp units rt1 pf14 16w smem ring"};
+                                "warp units rt1 pf6 16w 16-token passes"};
   return v >= 0 && v < kSkinnyVariants ? names[v] : "?";
 }
 

@@ -196,16 +196,13 @@ constexpr int kWalkLoadGroup = GPTOSS_DIAG_WALK_LOAD_GROUP;
 // both n-tiles on each decoded chunk (a group of 9-16 tokens walks its weights once, not twice);
 // one of 8 or fewer runs the one-n-tile path. Each n-tile's sums are the one-n-tile path's.
 // FOLD_CAP (NTM = 1, 2-8 tokens: 4 or 8): after a folded router, as skinny_units_kernel's.
-// SRING (bench-kernels' variants 27-29 and GPTOSS_WALK_RING; not after a fold): the ring in shared
-// memory instead of registers, each slot (a chunk's 512 code bytes and 32 scale bytes, kSlotBytes)
-// filled by cp.async and waited for by cp.async.wait_group, so the bytes in flight no longer cost
-// registers (a deeper ring at the same occupancy); the sums are the register ring's, bit for bit.
-constexpr int kSlotBytes = 512 + 32;
-template <int NW, int RTW, int PF, int MINB, bool XF16, int CC, int NTM = 1, int FOLD_CAP = 0, bool SRING = false>
+// (The ring in shared memory instead, filled by cp.async, 8, 12 or 14 chunk steps deep, was slower
+// on the H200 at every depth, in bench-kernels and in the step: fifty-first session, branch
+// s49-smem-ring.)
+template <int NW, int RTW, int PF, int MINB, bool XF16, int CC, int NTM = 1, int FOLD_CAP = 0>
 __global__ void __launch_bounds__(NW * 32, MINB) skinny_warp_units_kernel(SkinnyArgs a) {
   constexpr bool FOLD = FOLD_CAP > 0;
   static_assert(!FOLD || NTM == 1, "the fold's groups hold at most 8 tokens");
-  static_assert(!SRING || !FOLD, "the shared-memory ring follows the activation rows, which the fold sizes otherwise");
   constexpr int FMT = WeightMat::kFragMXFP4, C = CC, kMaxGroups = NW * 32, UT = NW * RTW, PT = 8 * NTM;
   constexpr int CP = (C + PF - 1) / PF * PF;  // a unit's chunk steps, padded to whole turns of the ring
   static_assert(PF >= 1 && CC > 0, "ring depth; fixed K");
@@ -248,41 +245,14 @@ __global__ void __launch_bounds__(NW * 32, MINB) skinny_warp_units_kernel(Skinny
     wl = static_cast<const uint4*>(a.W.w) + tc0 * (chunk_bytes<FMT>() / 16) + lane;
     sl = reinterpret_cast<const uint32_t*>(a.W.scales) + tc0 * 8 + g;
   };
-  WChunk<FMT> wbuf[SRING ? 1 : PF][RTW];
-  // SRING: this warp's PF x RTW slots after the activation rows. A lane copies its 16 code bytes;
-  // lanes 0 and 1 (g = 0: sc at the chunk's first scale word) the chunk's 32 scale bytes. Every
-  // ring step commits one group, empty or not, so the slot read next is always the oldest of PF.
-  uint8_t* const ring = reinterpret_cast<uint8_t*>(xs + size_t(a.xs_rows) * xs_ld) + size_t(warp) * PF * RTW * kSlotBytes;
-  auto slot_load = [&](const uint4* w, const uint32_t* sc, int off, int v, int r) {
-    uint8_t* slot = ring + (v * RTW + r) * kSlotBytes;
-    ptx::cp_async16(slot + 16 * lane, w + size_t(off) * 32, true);
-    if (lane < 2) ptx::cp_async16(slot + 512 + 16 * lane, sc + size_t(off) * 8 + 4 * lane, true);
-  };
-  auto slot_read = [&](int v, WChunk<FMT> (&wc)[RTW]) {
-    ptx::cp_async_wait<PF - 1>();
-    __syncwarp();
-#pragma unroll
-    for (int r = 0; r < RTW; ++r) {
-      const uint8_t* slot = ring + (v * RTW + r) * kSlotBytes;
-      wc[r].q = *reinterpret_cast<const uint4*>(slot + 16 * lane);
-      wc[r].s = *reinterpret_cast<const uint32_t*>(slot + 512 + 4 * g);
-    }
-    __syncwarp();  // every lane's reads of the slot before lanes 0-1 copy into it again
-  };
+  WChunk<FMT> wbuf[PF][RTW];
   // A unit's first PF chunk steps into the ring (at a walk's start, and after a unit without a tile).
   auto load_first = [&](const uint4* w, const uint32_t* sc) {
 #pragma unroll
-    for (int v = 0; v < PF; ++v) {
+    for (int v = 0; v < PF; ++v)
       if (v < C)
 #pragma unroll
-        for (int r = 0; r < RTW; ++r) {
-          if constexpr (SRING)
-            slot_load(w, sc, r * CC + v, v, r);
-          else
-            load_w_at<FMT, kExpertWeightLoad>(w, sc, r * CC + v, wbuf[v][r]);
-        }
-      if constexpr (SRING) ptx::cp_async_commit();
-    }
+        for (int r = 0; r < RTW; ++r) load_w_at<FMT, kExpertWeightLoad>(w, sc, r * CC + v, wbuf[v][r]);
   };
   Unit cur = unit_at(u0);
   const uint4* wl;
@@ -354,31 +324,18 @@ __global__ void __launch_bounds__(NW * 32, MINB) skinny_warp_units_kernel(Skinny
       // Every turn but the last: chunk base + v, then its slot takes chunk base + v + PF (LG > 1, a
       // measurement build's GPTOSS_DIAG_WALK_LOAD_GROUP: the slots refilled LG at a time, after
       // the LG-th of them is used, so that a warp asks for LG adjacent chunks at once).
+      constexpr int LG = PF % kWalkLoadGroup == 0 ? kWalkLoadGroup : 1;
 #pragma unroll 1
       for (int base = 0; base < CP - PF; base += PF) {
-        if constexpr (SRING) {
 #pragma unroll
-          for (int v = 0; v < PF; ++v) {
-            WChunk<FMT> wc[RTW];
-            slot_read(v, wc);
-            if (base + v + PF < C)
+        for (int v = 0; v < PF; ++v) {
+          chunk(base + v, wbuf[v], acc);
+          if ((v + 1) % LG == 0)
 #pragma unroll
-              for (int r = 0; r < RTW; ++r) slot_load(w, sc, r * CC + v + PF, v, r);
-            ptx::cp_async_commit();
-            chunk(base + v, wc, acc);
-          }
-        } else {
-          constexpr int LG = PF % kWalkLoadGroup == 0 ? kWalkLoadGroup : 1;
+            for (int j = v + 1 - LG; j <= v; ++j)
+              if (base + j + PF < C)
 #pragma unroll
-          for (int v = 0; v < PF; ++v) {
-            chunk(base + v, wbuf[v], acc);
-            if ((v + 1) % LG == 0)
-#pragma unroll
-              for (int j = v + 1 - LG; j <= v; ++j)
-                if (base + j + PF < C)
-#pragma unroll
-                  for (int r = 0; r < RTW; ++r) load_w_at<FMT, kExpertWeightLoad>(w, sc, r * CC + j + PF, wbuf[j][r]);
-          }
+                for (int r = 0; r < RTW; ++r) load_w_at<FMT, kExpertWeightLoad>(w, sc, r * CC + j + PF, wbuf[j][r]);
         }
         w += PF * (chunk_bytes<FMT>() / 16);
         sc += PF * 8;
@@ -387,20 +344,10 @@ __global__ void __launch_bounds__(NW * 32, MINB) skinny_warp_units_kernel(Skinny
       next_unit();
 #pragma unroll
       for (int v = 0; v < PF; ++v) {
-        if constexpr (SRING) {
-          WChunk<FMT> wc[RTW];
-          slot_read(v, wc);
-          if (nwl && v < C)
+        if (CP - PF + v < C) chunk(CP - PF + v, wbuf[v], acc);
+        if (nwl && v < C)
 #pragma unroll
-            for (int r = 0; r < RTW; ++r) slot_load(nwl, nsl, r * CC + v, v, r);
-          ptx::cp_async_commit();
-          if (CP - PF + v < C) chunk(CP - PF + v, wc, acc);
-        } else {
-          if (CP - PF + v < C) chunk(CP - PF + v, wbuf[v], acc);
-          if (nwl && v < C)
-#pragma unroll
-            for (int r = 0; r < RTW; ++r) load_w_at<FMT, kExpertWeightLoad>(nwl, nsl, r * CC + v, wbuf[v][r]);
-        }
+          for (int r = 0; r < RTW; ++r) load_w_at<FMT, kExpertWeightLoad>(nwl, nsl, r * CC + v, wbuf[v][r]);
       }
 #pragma unroll
       for (int r = 0; r < RTW; ++r) {
@@ -479,23 +426,23 @@ bool launch_units(const SkinnyArgs& a, int tiles, int groups, double min_fill, c
 // The warp-per-tile kernel (skinny_warp_units_kernel) for this launch, if it takes it (units_take_k,
 // T % RTW == 0, fewer groups than threads) and its units fill at least `min_fill` of the blocks
 // the GPU holds at once.
-template <int NW, int RTW, int PF, int MINB, bool XF16, int NTM = 1, int FOLD_CAP = 0, bool SRING = false>
+template <int NW, int RTW, int PF, int MINB, bool XF16, int NTM = 1, int FOLD_CAP = 0>
 bool launch_warp_units(const SkinnyArgs& a_in, int tiles, int groups, double min_fill, cudaStream_t s) {
   SkinnyArgs a = a_in;
   a.xs_rows = std::min(a.M, 8 * NTM);  // a pass's rows (a group has <= M)
   const int K = a.W.K;
   if (!a.grouped || !skinny_cc_enabled() || tiles % RTW != 0 || !units_take_k(K) || groups >= NW * 32) return false;
-  const size_t smem = size_t(a.xs_rows) * (K + 8) * 2 + (SRING ? size_t(NW) * PF * RTW * kSlotBytes : 0);
+  const size_t smem = size_t(a.xs_rows) * (K + 8) * 2;
   const size_t units = size_t((tiles + NW * RTW - 1) / (NW * RTW)) * groups;
   if constexpr (FOLD_CAP > 0) {  // gpt-oss's experts (K = 2880) only
     if (K != 2880) return false;
     return launch_walk(skinny_warp_units_kernel<NW, RTW, PF, MINB, XF16, 45, 1, FOLD_CAP>, NW * 32, smem, units, min_fill,
                        a, s);
   }
-  auto k = K == 2880 ? skinny_warp_units_kernel<NW, RTW, PF, MINB, XF16, 45, NTM, 0, SRING>
-           : K == 4096 ? skinny_warp_units_kernel<NW, RTW, PF, MINB, XF16, 64, NTM, 0, SRING>
-           : K == 1472 ? skinny_warp_units_kernel<NW, RTW, PF, MINB, XF16, 23, NTM, 0, SRING>
-                       : skinny_warp_units_kernel<NW, RTW, PF, MINB, XF16, 22, NTM, 0, SRING>;  // 1408
+  auto k = K == 2880 ? skinny_warp_units_kernel<NW, RTW, PF, MINB, XF16, 45, NTM>
+           : K == 4096 ? skinny_warp_units_kernel<NW, RTW, PF, MINB, XF16, 64, NTM>
+           : K == 1472 ? skinny_warp_units_kernel<NW, RTW, PF, MINB, XF16, 23, NTM>
+                       : skinny_warp_units_kernel<NW, RTW, PF, MINB, XF16, 22, NTM>;  // 1408
   return launch_walk(k, NW * 32, smem, units, min_fill, a, s);
 }
 
@@ -505,15 +452,6 @@ bool launch_warp_units(const SkinnyArgs& a_in, int tiles, int groups, double min
 int warp_units_min_fill() {
   static const int fill = env_int("GPTOSS_WARP_UNITS", 2);
   return fill;
-}
-// The default walk's ring: 0 in registers (8 chunk steps); 8, 12 or 14: in shared memory, that
-// many chunk steps (GPTOSS_WALK_RING, a measurement knob: forty-ninth session, for the H200).
-int walk_ring() {
-  static const int ring = [] {
-    const int r = env_int("GPTOSS_WALK_RING", 0);
-    return r == 8 || r == 12 || r == 14 ? r : 0;
-  }();
-  return ring;
 }
 int warp_units_16_min_mean() {
   static const int mean = env_int("GPTOSS_WARP_UNITS_16", 7);
@@ -584,13 +522,6 @@ bool launch_skinny_units(const SkinnyArgs& a, int tiles, int groups, bool xf16, 
       // The default warp walk with passes of 16 tokens (two n-tiles on a unit of 9-16).
       case 14: return launch_warp_units<8, 1, 8, 2, X, 2>(a, tiles, groups, 0, s);
       case 15: return launch_warp_units<8, 1, 6, 2, X, 2>(a, tiles, groups, 0, s);
-      // The default walk with its ring in shared memory (SRING: cp.async, no registers held by
-      // the bytes in flight) at 8, 12 and 14 chunk steps: at 14, two blocks' activation rows
-      // and rings (2 x 107 KB) still fit an SM. Does a deeper ring close the H200's gap between
-      // the walk and a plain read of its bytes (forty-ninth session)?
-      case 16: return launch_warp_units<8, 1, 8, 2, X, 1, 0, true>(a, tiles, groups, 0, s);
-      case 17: return launch_warp_units<8, 1, 12, 2, X, 1, 0, true>(a, tiles, groups, 0, s);
-      case 18: return launch_warp_units<8, 1, 14, 2, X, 1, 0, true>(a, tiles, groups, 0, s);
       // The default. First the warp-per-tile walk, 8 warps a block, one row tile a warp, eight
       // chunk steps in flight, two blocks an SM, where its units fill the GPU's blocks twice over
       // (3 tokens and up at gate_up's shapes, 6 at down's; H200, twenty-first session,
@@ -617,12 +548,7 @@ bool launch_skinny_units(const SkinnyArgs& a, int tiles, int groups, bool xf16, 
           if (warp_units_16_min_mean() > 0 && mean_group >= warp_units_16_min_mean() &&
               launch_warp_units<8, 1, 6, 2, X, 2>(a, tiles, groups, warp_units_min_fill(), s))
             return true;
-          const int ring = walk_ring();
-          if (ring == 0 ? launch_warp_units<8, 1, 8, 2, X>(a, tiles, groups, warp_units_min_fill(), s)
-              : ring == 8 ? launch_warp_units<8, 1, 8, 2, X, 1, 0, true>(a, tiles, groups, warp_units_min_fill(), s)
-              : ring == 12 ? launch_warp_units<8, 1, 12, 2, X, 1, 0, true>(a, tiles, groups, warp_units_min_fill(), s)
-                           : launch_warp_units<8, 1, 14, 2, X, 1, 0, true>(a, tiles, groups, warp_units_min_fill(), s))
-            return true;
+          if (launch_warp_units<8, 1, 8, 2, X>(a, tiles, groups, warp_units_min_fill(), s)) return true;
         }
         return (units_rt6_enabled() && launch_units<8, 6, 1, X>(a, tiles, groups, 4, s)) ||
                launch_units<8, 4, 1, X>(a, tiles, groups, 0.5, s) || launch_units<8, 2, 2, X>(a, tiles, groups, 0, s);
