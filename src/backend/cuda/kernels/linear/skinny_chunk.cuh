@@ -99,11 +99,21 @@ __device__ __forceinline__ uint4 ld_stream(const uint4* p) {
 }
 
 // The same load as ld_stream without `volatile`: the compiler may move it as it moves __ldg.
+// (GPTOSS_DIAG_L2_EVICT_FIRST, measurement builds only: with an L2 evict-first policy, so the
+// streamed weights leave L2 before the activations, scales and rows that are read again.)
 __device__ __forceinline__ uint4 ld_no_l1(const uint4* p) {
   uint4 v;
+#ifdef GPTOSS_DIAG_L2_EVICT_FIRST
+  uint64_t pol;
+  asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+  asm("ld.global.nc.L1::no_allocate.L2::cache_hint" GPTOSS_LD_PREFETCH ".v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "l"(p), "l"(pol));
+#else
   asm("ld.global.nc.L1::no_allocate" GPTOSS_LD_PREFETCH ".v4.u32 {%0, %1, %2, %3}, [%4];"
       : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
       : "l"(p));
+#endif
   return v;
 }
 
