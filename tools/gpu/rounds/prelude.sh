@@ -124,7 +124,7 @@ trace_bench() {
 }
 WALK_ROWS="gate_up \+ down \+|plain read.*(stream \(memory|walk's grid, 8|2 blocks an SM)|\(mxfp4\).*(\(fragments\)|rt1 pf8 16w\b|smem ring)|sm-limit"
 bk_walk() {
-  timeout 60 $2 bench-kernels --model 120b --tokens $3 --iters 20 --sm-limit $4 > $out/bk$3_$1_$4.txt 2>&1
+  timeout $(( $4 > 0 ? 150 : 60 )) $2 bench-kernels --model 120b --tokens $3 --iters 20 --sm-limit $4 > $out/bk$3_$1_$4.txt 2>&1
   echo "== bench-kernels $3 tokens, $1, --sm-limit $4 (rc $?)" >> $S
   grep -E "$WALK_ROWS" $out/bk$3_$1_$4.txt | grep -v "16-token" | head -16 >> $S
 }
