@@ -27,7 +27,7 @@ __global__ void __launch_bounds__(kThreads, 1) hold_sm_kernel(volatile int* flag
 #pragma unroll
   for (int i = 0; i < 56; ++i) v[i] = seed * (i + 1) + threadIdx.x;
   if (threadIdx.x == 0) {
-    flags[2 + blockIdx.x] = 1;  // each block its own word: a PCIe host may not support atomics
+    flags[1 + blockIdx.x] = 1;  // each block its own word: a PCIe host may not support atomics
     const uint64_t t0 = global_timer_ns();
     // One thread polls the release word (over PCIe); the block's registers stay allocated to it
     // while the others wait at the barrier.
@@ -36,7 +36,7 @@ __global__ void __launch_bounds__(kThreads, 1) hold_sm_kernel(volatile int* flag
       for (int i = 0; i < 56; i += 8)
         asm volatile("" : "+r"(v[i]), "+r"(v[i + 1]), "+r"(v[i + 2]), "+r"(v[i + 3]), "+r"(v[i + 4]), "+r"(v[i + 5]),
                      "+r"(v[i + 6]), "+r"(v[i + 7]));
-      if (flags[1] != 0 || global_timer_ns() - t0 > kMaxHoldNs) break;
+      if (flags[0] != 0 || global_timer_ns() - t0 > kMaxHoldNs) break;
       __nanosleep(2000);
     }
   }
@@ -57,9 +57,9 @@ SmBlocker::SmBlocker(int sms) : sms_(sms) {
   GPTOSS_CUDA_CHECK(cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
   GPTOSS_CUDA_CHECK(cudaFuncSetAttribute(hold_sm_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   void* host = nullptr;
-  GPTOSS_CUDA_CHECK(cudaHostAlloc(&host, (2 + size_t(sms_)) * sizeof(int), cudaHostAllocMapped));
+  GPTOSS_CUDA_CHECK(cudaHostAlloc(&host, (1 + size_t(sms_)) * sizeof(int), cudaHostAllocMapped));
   flags_ = static_cast<volatile int*>(host);
-  for (int i = 0; i < 2 + sms_; ++i) flags_[i] = 0;
+  for (int i = 0; i < 1 + sms_; ++i) flags_[i] = 0;
   int* dflags = nullptr;
   GPTOSS_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&dflags), host, 0));
   GPTOSS_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
@@ -68,12 +68,12 @@ SmBlocker::SmBlocker(int sms) : sms_(sms) {
   const auto t0 = std::chrono::steady_clock::now();
   auto resident = [&] {
     int n = 0;
-    for (int i = 0; i < sms_; ++i) n += flags_[2 + i];
+    for (int i = 0; i < sms_; ++i) n += flags_[1 + i];
     return n;
   };
   while (resident() < sms_) {
     if (std::chrono::steady_clock::now() - t0 > std::chrono::seconds(5)) {
-      flags_[1] = 1;  // let those that started go
+      flags_[0] = 1;  // let those that started go
       throw Error("SmBlocker: only " + std::to_string(resident()) + " of " + std::to_string(sms_) +
                   " holding blocks became resident");
     }
@@ -83,7 +83,7 @@ SmBlocker::SmBlocker(int sms) : sms_(sms) {
 
 SmBlocker::~SmBlocker() {
   if (sms_ <= 0) return;
-  flags_[1] = 1;
+  flags_[0] = 1;
   cudaStreamSynchronize(stream_);
   cudaStreamDestroy(stream_);
   cudaFreeHost(const_cast<int*>(flags_));

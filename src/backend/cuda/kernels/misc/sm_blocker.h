@@ -22,7 +22,7 @@ class SmBlocker {
  private:
   int sms_ = 0;
   cudaStream_t stream_ = nullptr;
-  volatile int* flags_ = nullptr;  // mapped host memory: [1] release, [2 + b] block b resident
+  volatile int* flags_ = nullptr;  // mapped host memory: [0] release, [1 + b] block b resident
 };
 
 }  // namespace gptoss::cuda
