@@ -33,6 +33,10 @@
 #                                  (WALK_ROWS, a regex) in the summary, the whole table in $out
 #   left SECONDS                   true while the round has run less than SECONDS (start a part only
 #                                  if it can end within the call's limit: `left 300 && t ...`)
+#   binof V                        main's binary for V = main, else the diagnostic copy $bin/gptoss_V
+#   moe64 V                        V's "gate_up + down + combine" us in bk_walk's 64-token table
+#   serve_each BEFORE V...         120b serving at 32 and 64 streams with each V's binary, each
+#                                  started only while the round has run less than BEFORE seconds
 # The summary is $OUT/summary.txt ($S); logs go beside it. Rounds of sessions 7-11 spell this out
 # in each script; later ones source it.
 set -uo pipefail
@@ -143,4 +147,14 @@ bk_v5() {
   GPTOSS_BENCH_V5_KPERM_ONLY=1 timeout 90 $g bench-kernels --model $m --tokens $tk --iters 5 > "$log" 2>&1
   grep -E "gate_up \+ down.*v5.*kperm" "$log" | grep -E "$pat" |
     sed -E 's/^\| experts gate_up \+ down \| [^|]*\| //' >> $S
+}
+binof() { if [ $1 = main ]; then echo $g; else echo $bin/gptoss_$1; fi; }
+moe64() { grep -E "gate_up \+ down \+ combine" $out/bk64_$1_0.txt 2>/dev/null | awk -F'|' '{print $5+0}' | head -1; }
+serve_each() {
+  local before=$1 g0=$g v; shift
+  for v in "$@"; do
+    g=$(binof $v)
+    if left $before; then ts "serve $v"; serve_cs 120b -- 32 64; fi
+  done
+  g=$g0
 }

@@ -12,7 +12,6 @@
 # build/diag/gptoss_ef"
 source tools/gpu/rounds/prelude.sh
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader >> $S
-binof() { if [ $1 = main ]; then echo $g; else echo $bin/gptoss_$1; fi; }
 for tk in 64 32; do
   for v in main pf256 cd256 sc256 ef; do
     left 250 && bk_walk $v $(binof $v) $tk 0
@@ -20,7 +19,6 @@ for tk in 64 32; do
 done
 left 270 && bk_walk fl256 $bin/gptoss_fl256 64 0
 ts "bench-kernels done"
-moe64() { grep -E "gate_up \+ down \+ combine" $out/bk64_$1_0.txt 2>/dev/null | awk -F'|' '{print $5+0}' | head -1; }
 best=main; bestus=$(moe64 main)
 for v in pf256 cd256 sc256 ef; do
   us=$(moe64 $v)
@@ -33,12 +31,7 @@ if [ $best != main ] && awk -v a=$bestus -v b=$mainus 'BEGIN{exit !(a < 0.98 * b
     left 330 && RUNS=1 b "$v" $(binof $v) 120b 128 32,64
   done; done
   ts "steps done"
-  g0=$g
-  for v in main $best; do
-    g=$(binof $v)
-    if left 470; then ts "serve $v"; serve_cs 120b -- 32 64; fi
-  done
-  g=$g0
+  serve_each 470 main $best
 else
   for i in 1 2; do for v in main pf256 cd256 sc256 ef; do
     left 480 && RUNS=1 b "$v" $(binof $v) 120b 128 32,64

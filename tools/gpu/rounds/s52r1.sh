@@ -16,14 +16,12 @@
 # build/diag/gptoss_pf256 build/diag/gptoss_ef"
 source tools/gpu/rounds/prelude.sh
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader >> $S
-binof() { if [ $1 = main ]; then echo $g; else echo $bin/gptoss_$1; fi; }
 for tk in 64 32; do
   for v in main lg4 lg8 walk_no_act pf256 ef; do
     left 280 && bk_walk $v $(binof $v) $tk 0
   done
 done
 ts "bench-kernels done"
-moe64() { grep -E "gate_up \+ down \+ combine" $out/bk64_$1_0.txt 2>/dev/null | awk -F'|' '{print $5+0}' | head -1; }
 mainus=$(moe64 main)
 rank=$(for v in lg4 lg8 pf256 ef; do us=$(moe64 $v); [ -n "$us" ] && echo "$us $v"; done | sort -n | head -2 | awk '{print $2}')
 echo "main $mainus us at 64 tokens; best exact variants: $(echo $rank)" >> $S
@@ -33,11 +31,6 @@ done; done
 ts "steps done"
 best=$(echo $rank | awk '{print $1}'); bestus=$(moe64 $best)
 if [ -n "$best" ] && [ -n "$mainus" ] && awk -v a=$bestus -v b=$mainus 'BEGIN{exit !(a < 0.98 * b)}'; then
-  g0=$g
-  for v in main $best; do
-    g=$(binof $v)
-    if left 520; then ts "serve $v"; serve_cs 120b -- 32 64; fi
-  done
-  g=$g0
+  serve_each 520 main $best
 fi
 ts done
