@@ -29,7 +29,7 @@
 #   mixed NAME ARGS...             on a serve_up server: 64 requests at 32 streams, 512 in / 256 out,
 #                                  bench-serve's ARGS added (e.g. --extra-body '{...}' --extra-body-every 8)
 #   bk_walk NAME BINARY TOKENS LIMIT  bench-kernels (120b, TOKENS, --sm-limit LIMIT; 0: every SM) under
-#                                  "== bench-kernels ..."; the walk's, plain reads' and ring rows
+#                                  "== bench-kernels ..."; the walk's and plain reads' rows
 #                                  (WALK_ROWS, a regex) in the summary, the whole table in $out
 #   left SECONDS                   true while the round has run less than SECONDS (start a part only
 #                                  if it can end within the call's limit: `left 300 && t ...`)
@@ -126,7 +126,7 @@ trace_bench() {
   fi
   rm -f $out/t_${name}_$batch.csv  # (a call brings back few files)
 }
-WALK_ROWS="gate_up \+ down \+|plain read.*(stream \(memory|walk's grid, 8|2 blocks an SM)|\(mxfp4\).*(\(fragments\)|rt1 pf8 16w\b|smem ring)|sm-limit"
+WALK_ROWS="gate_up \+ down \+|plain read.*(stream \(memory|walk's grid, 8|2 blocks an SM)|\(mxfp4\).*(\(fragments\)|rt1 pf8 16w\b)|sm-limit"
 bk_walk() {
   timeout $(( $4 > 0 ? 150 : 60 )) $2 bench-kernels --model 120b --tokens $3 --iters 20 --sm-limit $4 > $out/bk$3_$1_$4.txt 2>&1
   echo "== bench-kernels $3 tokens, $1, --sm-limit $4 (rc $?)" >> $S

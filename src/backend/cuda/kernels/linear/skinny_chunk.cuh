@@ -76,14 +76,13 @@ struct WChunk<WeightMat::kFragBF16> {
   uint4 q[4];
 };
 
-// Measurement builds only (tools/gpu/diag_binary.sh ... GPTOSS_DIAG_L2_PREFETCH=256|128): the
-// streaming loads below ask L2 to fetch 256 (128) bytes around each request from DRAM
-// (`.L2::256B`), and GPTOSS_DIAG_L2_PREFETCH_SCALES=256 does so for the MXFP4 scale words (a
-// chunk's 32 scale bytes, so L2 holds the next 7 chunks' scales when they are asked for).
+// Measurement builds only (tools/gpu/diag_binary.sh ... GPTOSS_DIAG_L2_PREFETCH=256): the
+// streaming loads below ask L2 to fetch 256 bytes around each request from DRAM (`.L2::256B`),
+// and GPTOSS_DIAG_L2_PREFETCH_SCALES does so for the MXFP4 scale words (a chunk's 32 scale bytes,
+// so L2 holds the next 7 chunks' scales when they are asked for). No change on the H100
+// (fifty-first session).
 #if defined(GPTOSS_DIAG_L2_PREFETCH) && GPTOSS_DIAG_L2_PREFETCH == 256
 #define GPTOSS_LD_PREFETCH ".L2::256B"
-#elif defined(GPTOSS_DIAG_L2_PREFETCH) && GPTOSS_DIAG_L2_PREFETCH == 128
-#define GPTOSS_LD_PREFETCH ".L2::128B"
 #else
 #define GPTOSS_LD_PREFETCH ""
 #endif
