@@ -40,6 +40,8 @@ struct AttnRun {
   // With fused: rope_kv_store first, then attention_decode in its stored mode (sequences may bring
   // several tokens: speculative verify passes).
   bool kv_stored = false;
+  // attention_decode's qkv_overlaps (false: the tensor-core kernel asks for its row before its ring).
+  bool qkv_overlaps = true;
   std::vector<uint8_t>* pool_after = nullptr;  // if set: the KV pages after the pass
   // Check against the CPU reference (false: only run the pass and return its rows, for tests that
   // compare two GPU paths each already checked against the CPU elsewhere).
@@ -108,7 +110,7 @@ std::vector<float> check_attention(const std::vector<AttnSeq>& seqs, int window,
     Dev<uint16_t> out(size_t(n) * Hq * D);
     if (run.fused)
       cuda::attention_decode(dq.p(), n, Hq, Hkv, D, window, dsinks.p(), dinv.p(), yarn.attention_scaling, tm, kv,
-                             run.plan, part.p(), out.p(), 0, run.kv_stored);
+                             run.plan, part.p(), out.p(), 0, run.kv_stored, run.qkv_overlaps);
     else
       cuda::attention(dq.p(), n, Hq, Hkv, D, window, dsinks.p(), tm, kv, nsplit, part.p(), out.p(), 0, run.path,
                       run.info);
@@ -355,6 +357,44 @@ TEST_F(Kernels, AttentionDecodeStoredMatchesFused) {
           EXPECT_EQ(elements_differing(f, g), 0u) << at << ": output elements differing";
           EXPECT_TRUE(pool_fused == pool_stored) << at << ": KV pages differ";
         }
+}
+
+// The tensor-core kernel's two orders of its first loads (the q, k, v row after the ring of K/V
+// tiles, as after a kernel that launched it early; the row first, as after cuBLASLt's qkv) give
+// the same bits and the same KV pages, fused and stored, every plan shape (full and sliding
+// layers, bf16 and fp8 pages in turn); the row-first order against the CPU too.
+TEST_F(Kernels, AttentionDecodeRowFirstMatchesRingFirst) {
+  const int Hq = small_mode() ? 8 : 64, Hkv = small_mode() ? 1 : 8;
+  const uint64_t seed = fresh_seed() | 1;
+  const std::vector<cuda::DecodeAttentionPlan> plans = {{1, true, true}, {2, true, true}, {1, false, true},
+                                                         {5, false, true}};
+  const auto batches = decode_batches();
+  for (size_t bi = 0; bi < batches.size(); ++bi)
+    for (size_t pi = 0; pi < plans.size(); ++pi)
+      for (bool stored : {false, true}) {
+        const auto& b = batches[bi];
+        const auto& plan = plans[pi];
+        const size_t c = bi + pi;  // each plan meets every (window, page type) over the batches
+        const int window = c % 2 ? 128 : 0;
+        const bool fp8 = (c / 2) % 2;
+        std::vector<uint8_t> pool_ring, pool_row;
+        AttnRun ring{.path = cuda::AttentionPath::kPerToken, .page_size = 16, .seed = seed};
+        ring.cpu_reference = false;  // the ring-first order meets the CPU in AttentionDecodeFused / Stored
+        ring.fused = true;
+        ring.kv_stored = stored;
+        ring.plan = plan;
+        ring.pool_after = &pool_ring;
+        AttnRun row = ring;
+        row.qkv_overlaps = false;
+        row.pool_after = &pool_row;
+        row.cpu_reference = b.size() <= 7;  // (CPU time)
+        auto f = check_attention(b, window, fp8, plan.nsplit, Hq, Hkv, 64, ring);
+        auto g = check_attention(b, window, fp8, plan.nsplit, Hq, Hkv, 64, row);
+        const std::string at = decode_case(b, window, fp8, plan) + (stored ? " stored" : " fused");
+        ASSERT_EQ(f.size(), g.size()) << at;
+        EXPECT_EQ(elements_differing(f, g), 0u) << at << ": output elements differing";
+        EXPECT_TRUE(pool_ring == pool_row) << at << ": KV pages differ";
+      }
 }
 
 // The decode plan (host only, runs without a GPU): a cluster of a power-of-two splits up to 8

@@ -103,8 +103,9 @@ void CudaBackend::run_pass(int n, const PassMeta& m, int n_rows, int nsplit) {
     TokenMeta tm{m.pos, m.pt_off[g], m.pt};
     const WeightMat& Wqkv = dense_decode_copy && L.qkv_dec.fmt != WeightMat::kBF16 ? L.qkv_dec : L.qkv;
     const WeightMat& Wo = dense_decode_copy && L.o_dec.fmt != WeightMat::kBF16 ? L.o_dec : L.o;
+    const Epilogue qe{Epilogue::kStoreBF16, qkv_, QKV};
+    const bool qkv_overlaps = moe_pending || !linear_on_cublas(Wqkv, H, n, qe, inv, blas_.get());
     if (!skip("dense")) {
-      const Epilogue qe{Epilogue::kStoreBF16, qkv_, QKV};
       if (moe_pending) {  // the previous layer's combine folded: qkv normalizes x + its MoE output
         if (!linear_norm_in(Wqkv, NormIn{x_, moe_pending, L.attn_norm, c.rms_eps}, n, qe, stream_))
           throw Error("combine fold: qkv's kernel does not take the previous layer's MoE output");
@@ -121,7 +122,7 @@ void CudaBackend::run_pass(int n, const PassMeta& m, int n_rows, int nsplit) {
       }
       attention_decode(qkv_, n, c.num_heads, c.num_kv_heads, c.head_dim, L.sliding ? c.sliding_window : 0, L.sinks,
                        inv_freq_, yarn_.attention_scaling, tm, kv, L.sliding ? m.attn_sliding : m.attn_full, partial_,
-                       attn_, stream_, m.attn_kv_stored);
+                       attn_, stream_, m.attn_kv_stored, qkv_overlaps);
     } else if (!skip("attn")) {
       rope_kv_store(qkv_, n, c.num_heads, c.num_kv_heads, c.head_dim, inv_freq_, yarn_.attention_scaling, tm, kv,
                     stream_);

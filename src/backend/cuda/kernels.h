@@ -163,6 +163,9 @@ MoeRouting moe_routing_carve(void* mem, int max_pairs, int E);
 // a row's numerics do not depend on its batch companions (see choose_linear_kernel).
 void linear(const WeightMat& W, const bf16_t* A, int lda, int M, const Epilogue& epi, cudaStream_t s,
             bool invariant = false, CublasLtGemm* blas = nullptr);
+// Whether linear() with these arguments runs cuBLASLt, whose kernels let no programmatic dependent
+// launch start early (the next kernel's wait then returns at once: attention_decode's row order).
+bool linear_on_cublas(const WeightMat& W, int lda, int M, const Epilogue& epi, bool invariant, CublasLtGemm* blas);
 // linear() with the router folded in (RouterFold): M = fold.n tokens (at most
 // kRouterFoldMaxTokens and the rows o_proj's staged kernel stages), a residual-add epilogue,
 // fragment weights whose decode kernel takes the fold (o_proj's staged shape). Returns false
@@ -474,11 +477,14 @@ DecodeAttentionPlan decode_attention_plan(int n, int Hkv, int max_keys, int spli
 // pages), so a sequence may bring several tokens (speculative verify passes): each token attends
 // to the pages up to its position, on the tensor-core kernel in its stored mode where plan.mma and
 // the shape allow (the same K/V bytes, so a pass of one token a sequence gives the fused mode's
-// bits), else attention()'s per-token kernel with plan.nsplit splits.
+// bits), else attention()'s per-token kernel with plan.nsplit splits. qkv_overlaps: the kernel
+// that wrote qkv lets this one launch early (programmatic dependent launch), so the tensor-core
+// kernel fills its ring of K/V tiles before its wait and asks for its row after; false (cuBLASLt
+// wrote qkv, the wait returns at once): the row first, so it does not queue behind the ring.
 void attention_decode(const bf16_t* qkv, int n, int Hq, int Hkv, int D, int window, const float* sinks,
                       const float* inv_freq, float attn_scaling, const TokenMeta& tm, const KvLayer& kv,
                       const DecodeAttentionPlan& plan, float* partial, bf16_t* out, cudaStream_t s,
-                      bool kv_stored = false);
+                      bool kv_stored = false, bool qkv_overlaps = true);
 // Flash attention on tensor cores (kernels/attention/flash_attention.cu) for passes of long
 // runs of tokens per sequence: same inputs and output as attention(), no KV splits. Shapes:
 // head_dim 64 and 1, 2, 4 or 8 query heads per kv head (flash_attention_supported). all_blocks

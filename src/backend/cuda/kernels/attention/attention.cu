@@ -435,7 +435,7 @@ void launch_decode(const uint16_t* q, int n, int Hq, int Hkv, int window, const 
 void attention_decode(const bf16_t* qkv, int n, int Hq, int Hkv, int D, int window, const float* sinks,
                       const float* inv_freq, float attn_scaling, const TokenMeta& tm, const KvLayer& kv,
                       const DecodeAttentionPlan& plan, float* partial, bf16_t* out, cudaStream_t s,
-                      bool kv_stored) {
+                      bool kv_stored, bool qkv_overlaps) {
   if (n <= 0) return;
   if (kv_stored && !(plan.mma && attention_decode_mma_supported(Hq, Hkv, D))) {
     attention(qkv, n, Hq, Hkv, D, window, sinks, tm, kv, plan.nsplit, partial, out, s, AttentionPath::kPerToken);
@@ -451,7 +451,7 @@ void attention_decode(const bf16_t* qkv, int n, int Hq, int Hkv, int D, int wind
   auto* o = reinterpret_cast<uint16_t*>(out);
   if (plan.mma && attention_decode_mma_supported(Hq, Hkv, D)) {
     attention_decode_mma(q, n, Hq, Hkv, window, sinks, inv_freq, attn_scaling, tm, kv, plan.nsplit, plan.cluster,
-                         kv_stored, partial, o, s);
+                         kv_stored, partial, o, s, !qkv_overlaps);
     if (!plan.cluster && plan.nsplit > 1)  // (one split: the kernel stores the output rows)
       launch_pdl(attention_combine_kernel<64>, dim3(n, (Hq + 1) / 2), dim3(64), 0, s,
                  static_cast<const float*>(partial), Hq, plan.nsplit, sinks, o, tm.pt_off, n, 0, 0);

@@ -85,7 +85,7 @@ template <bool FP8, bool CLUSTER, bool STORED>
 __global__ void __launch_bounds__(kThreads) attention_decode_mma_kernel(
     const uint16_t* __restrict__ qkv, int Hq, int Hkv, int window, TokenMeta tm, KvLayer kv, int nsplit,
     float* __restrict__ partial, const float* __restrict__ inv_freq, float rope_scaling,
-    const float* __restrict__ sinks, uint16_t* __restrict__ out, int trigger_at) {
+    const float* __restrict__ sinks, uint16_t* __restrict__ out, int trigger_at, bool row_first) {
   extern __shared__ __align__(128) uint8_t smem[];
   __shared__ __align__(16) uint16_t q_s[kMaxG][kD];  // roped q, bf16 bits; rows >= G zero
   __shared__ __align__(16) uint16_t kv_new[2][kD];    // the token's own k and v as stored (bf16 bits)
@@ -187,26 +187,36 @@ __global__ void __launch_bounds__(kThreads) attention_decode_mma_kernel(
   // The split that holds the last tile holds the token's position: it stores k and v.
   const bool stores = !STORED && tile0 < tile1 && tile1 == ntiles;
   const int page = stores ? pt[pos / ps] : 0, slot = pos % ps;
-#pragma unroll
-  for (int s = 0; s < kStages; ++s) load_tile(tile0 + s, s);
+  // The group's q heads (and, in the storing split, k and v) as qkv wrote them: one 16-byte load
+  // a thread, all in flight together (one round trip to L2).
+  const int nq = G * (kD / 8), n16 = nq + (stores ? 2 * (kD / 8) : 0);
+  const uint16_t* row_src = tid < nq ? row + size_t(kvh * G) * kD + tid * 8
+                                     : row + size_t(Hq + (tid - nq >= kD / 8 ? Hkv : 0) + kvh) * kD + (tid - nq) % (kD / 8) * 8;
+  uint4 row_v = make_uint4(0u, 0u, 0u, 0u);
   // trigger_at: where the fused mode lets the next kernel (o_proj) launch: 0 right after its own
   // wait, as every kernel does, 1 after the tile loop, 2 at its end (GPTOSS_ATTN_TRIGGER, a
   // measurement knob).
-  if (!STORED) {
+  // row_first: the row is asked for before the ring's copies, not after them. Where qkv's kernel
+  // lets no dependent launch start early (cuBLASLt, 17-64 tokens) the wait returns at once, and a
+  // row asked for behind the ring's 48 KB a block came back thousands of cycles later (s46r1's
+  // clocks at 64 sequences: 6,700 full / 9,900 sliding against the ring's 13,200 / 4,600).
+  if (row_first) {
+    if (!STORED) {
+      pdl_wait();
+      if (trigger_at == 0) pdl_trigger();
+    }
+    if (tid < n16) row_v = *reinterpret_cast<const uint4*>(row_src);
+  }
+#pragma unroll
+  for (int s = 0; s < kStages; ++s) load_tile(tile0 + s, s);
+  if (!STORED && !row_first) {
     pdl_wait();
     if (trigger_at == 0) pdl_trigger();
   }
   ATTN_CLOCK(1);
-  // The group's q heads (and, in the storing split, k and v) as qkv wrote them: one 16-byte load
-  // a thread, all in flight together (one round trip to L2).
-  {
-    const int nq = G * (kD / 8), n16 = nq + (stores ? 2 * (kD / 8) : 0);
-    if (tid < n16) {
-      const uint16_t* src = tid < nq ? row + size_t(kvh * G) * kD + tid * 8
-                                     : row + size_t(Hq + (tid - nq >= kD / 8 ? Hkv : 0) + kvh) * kD + (tid - nq) % (kD / 8) * 8;
-      *reinterpret_cast<uint4*>(&row_s[0][0] + (tid < nq ? tid * 8 : kMaxG * kD + (tid - nq) * 8)) =
-          *reinterpret_cast<const uint4*>(src);
-    }
+  if (tid < n16) {
+    if (!row_first) row_v = *reinterpret_cast<const uint4*>(row_src);
+    *reinterpret_cast<uint4*>(&row_s[0][0] + (tid < nq ? tid * 8 : kMaxG * kD + (tid - nq) * 8)) = row_v;
   }
   __syncthreads();  // rope_c / rope_s, row_s
   ATTN_CLOCK(2);
@@ -498,9 +508,12 @@ void print_attn_clocks() {
 template <bool FP8, bool CLUSTER, bool STORED>
 void launch(const uint16_t* q, int n, int Hq, int Hkv, int window, const float* sinks, const float* inv_freq,
             float scaling, const TokenMeta& tm, const KvLayer& kv, int nsplit, float* partial, uint16_t* o,
-            cudaStream_t s) {
+            bool row_first, cudaStream_t s) {
   opt_in<FP8, CLUSTER, STORED>(nsplit);
   static const int trigger_at = env_int("GPTOSS_ATTN_TRIGGER", 0);
+  // GPTOSS_ATTN_ROW_FIRST: 0 never, 1 always, else the caller's choice (a measurement knob).
+  static const int row_first_env = env_int("GPTOSS_ATTN_ROW_FIRST", -1);
+  if (row_first_env == 0 || row_first_env == 1) row_first = row_first_env == 1;
 #ifdef GPTOSS_DIAG_ATTN_CLOCKS
   static bool registered = false;
   if (!registered) {
@@ -511,7 +524,7 @@ void launch(const uint16_t* q, int n, int Hq, int Hkv, int window, const float* 
   const dim3 cluster(1, 1, CLUSTER ? unsigned(nsplit) : 1u);
   launch_pdl_cluster(attention_decode_mma_kernel<FP8, CLUSTER, STORED>, dim3(n, Hkv, nsplit), dim3(kThreads),
                      FP8 ? kSmemFp8 : kSmemBf16, cluster, s, q, Hq, Hkv, window, tm, kv, nsplit, partial, inv_freq,
-                     scaling, sinks, o, STORED ? 0 : trigger_at);
+                     scaling, sinks, o, STORED ? 0 : trigger_at, row_first);
   GPTOSS_CUDA_LAUNCH_CHECK();
 }
 
@@ -542,11 +555,12 @@ bool attention_decode_mma_supported(int Hq, int Hkv, int D) {
 
 void attention_decode_mma(const uint16_t* q, int n, int Hq, int Hkv, int window, const float* sinks,
                           const float* inv_freq, float scaling, const TokenMeta& tm, const KvLayer& kv, int nsplit,
-                          bool cluster, bool kv_stored, float* partial, uint16_t* out, cudaStream_t s) {
+                          bool cluster, bool kv_stored, float* partial, uint16_t* out, cudaStream_t s,
+                          bool row_first) {
   // Eight instantiations: (fp8 pages, cluster merge, stored mode) as template flags.
   auto go = [&](auto fp8, auto clu, auto stored) {
     launch<decltype(fp8)::value, decltype(clu)::value, decltype(stored)::value>(
-        q, n, Hq, Hkv, window, sinks, inv_freq, scaling, tm, kv, nsplit, partial, out, s);
+        q, n, Hq, Hkv, window, sinks, inv_freq, scaling, tm, kv, nsplit, partial, out, row_first, s);
   };
   auto with_stored = [&](auto fp8, auto clu) {
     if (kv_stored)

@@ -25,8 +25,11 @@ bool attention_decode_mma_supported(int Hq, int Hkv, int D);
 // nsplit blocks (cluster: a power of two <= kDecodeClusterMax) or written to `partial` for the
 // merge launch (which the caller runs). kv_stored: rope_kv_store already ran over the pass (q
 // rotated in place, every token's K/V in the pages), so tokens of one sequence may share the pass.
+// row_first: the blocks ask for their q, k, v row before their ring of K/V tiles (where the kernel
+// before lets no dependent launch start early, so the wait costs nothing; attention_decode says).
 void attention_decode_mma(const uint16_t* q, int n, int Hq, int Hkv, int window, const float* sinks,
                           const float* inv_freq, float scaling, const TokenMeta& tm, const KvLayer& kv, int nsplit,
-                          bool cluster, bool kv_stored, float* partial, uint16_t* out, cudaStream_t s);
+                          bool cluster, bool kv_stored, float* partial, uint16_t* out, cudaStream_t s,
+                          bool row_first = false);
 
 }  // namespace gptoss::cuda

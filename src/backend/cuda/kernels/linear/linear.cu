@@ -130,6 +130,10 @@ void linear(const WeightMat& W, const bf16_t* A, int lda, int M, const Epilogue&
   launch(a, path, path == 1 ? 1 : (M + kGemmBM - 1) / kGemmBM, s);
 }
 
+bool linear_on_cublas(const WeightMat& W, int lda, int M, const Epilogue& epi, bool invariant, CublasLtGemm* blas) {
+  return M > 0 && blas && pick(W, M, M, false, invariant, CublasLtGemm::supports(W, lda, epi)) == LinearKernel::kCublasLt;
+}
+
 bool linear_router_fold(const WeightMat& W, const bf16_t* A, int lda, int M, const Epilogue& epi,
                         const RouterFold& fold, cudaStream_t s) {
   if (M < 1 || M > kRouterFoldMaxTokens || M != fold.n || !fold.acc || epi.mode != Epilogue::kAddF32) return false;
