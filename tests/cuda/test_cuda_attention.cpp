@@ -223,6 +223,20 @@ std::string decode_case(const std::vector<AttnSeq>& b, int window, bool fp8, con
          " nsplit=" + std::to_string(plan.nsplit) + (plan.cluster ? " cluster" : " split");
 }
 
+// attention_decode under two runs' options (x and y differ in one; their KV pages are read back
+// here) over the same data: the same output bits and the same KV pages.
+void expect_same_decode(const std::vector<AttnSeq>& b, int window, bool fp8, int Hq, int Hkv, AttnRun x, AttnRun y,
+                        const std::string& at) {
+  std::vector<uint8_t> pool_x, pool_y;
+  x.pool_after = &pool_x;
+  y.pool_after = &pool_y;
+  const auto f = check_attention(b, window, fp8, x.plan.nsplit, Hq, Hkv, 64, x);
+  const auto g = check_attention(b, window, fp8, y.plan.nsplit, Hq, Hkv, 64, y);
+  ASSERT_EQ(f.size(), g.size()) << at;
+  EXPECT_EQ(elements_differing(f, g), 0u) << at << ": output elements differing";
+  EXPECT_TRUE(pool_x == pool_y) << at << ": KV pages differ";
+}
+
 // Decode batches for the fused kernel: one new token a sequence at positions around the 128-key
 // window, the 32-key tiles and the pages (16 and 7 slots), 1, 7, 33 and 64 sequences of
 // different lengths.
@@ -341,21 +355,13 @@ TEST_F(Kernels, AttentionDecodeStoredMatchesFused) {
       for (bool fp8 : {false, true})
         for (auto plan : {cuda::DecodeAttentionPlan{2, true, true}, cuda::DecodeAttentionPlan{5, false, true}}) {
           if (b.size() > 33) continue;
-          std::vector<uint8_t> pool_fused, pool_stored;
           AttnRun fused{.path = cuda::AttentionPath::kPerToken, .page_size = 16, .seed = seed};
           fused.cpu_reference = false;  // both meet the CPU in AttentionDecodeFused / AttentionDecodeStored
           fused.fused = true;
           fused.plan = plan;
-          fused.pool_after = &pool_fused;
           AttnRun stored = fused;
           stored.kv_stored = true;
-          stored.pool_after = &pool_stored;
-          auto f = check_attention(b, window, fp8, plan.nsplit, Hq, Hkv, 64, fused);
-          auto g = check_attention(b, window, fp8, plan.nsplit, Hq, Hkv, 64, stored);
-          const std::string at = decode_case(b, window, fp8, plan);
-          ASSERT_EQ(f.size(), g.size()) << at;
-          EXPECT_EQ(elements_differing(f, g), 0u) << at << ": output elements differing";
-          EXPECT_TRUE(pool_fused == pool_stored) << at << ": KV pages differ";
+          expect_same_decode(b, window, fp8, Hq, Hkv, fused, stored, decode_case(b, window, fp8, plan));
         }
 }
 
@@ -377,23 +383,16 @@ TEST_F(Kernels, AttentionDecodeRowFirstMatchesRingFirst) {
         const size_t c = bi + pi;  // each plan meets every (window, page type) over the batches
         const int window = c % 2 ? 128 : 0;
         const bool fp8 = (c / 2) % 2;
-        std::vector<uint8_t> pool_ring, pool_row;
         AttnRun ring{.path = cuda::AttentionPath::kPerToken, .page_size = 16, .seed = seed};
         ring.cpu_reference = false;  // the ring-first order meets the CPU in AttentionDecodeFused / Stored
         ring.fused = true;
         ring.kv_stored = stored;
         ring.plan = plan;
-        ring.pool_after = &pool_ring;
         AttnRun row = ring;
         row.qkv_overlaps = false;
-        row.pool_after = &pool_row;
         row.cpu_reference = b.size() <= 7;  // (CPU time)
-        auto f = check_attention(b, window, fp8, plan.nsplit, Hq, Hkv, 64, ring);
-        auto g = check_attention(b, window, fp8, plan.nsplit, Hq, Hkv, 64, row);
-        const std::string at = decode_case(b, window, fp8, plan) + (stored ? " stored" : " fused");
-        ASSERT_EQ(f.size(), g.size()) << at;
-        EXPECT_EQ(elements_differing(f, g), 0u) << at << ": output elements differing";
-        EXPECT_TRUE(pool_ring == pool_row) << at << ": KV pages differ";
+        expect_same_decode(b, window, fp8, Hq, Hkv, ring, row,
+                           decode_case(b, window, fp8, plan) + (stored ? " stored" : " fused"));
       }
 }
 
