@@ -104,7 +104,6 @@ void CudaBackend::run_pass(int n, const PassMeta& m, int n_rows, int nsplit) {
     const WeightMat& Wqkv = dense_decode_copy && L.qkv_dec.fmt != WeightMat::kBF16 ? L.qkv_dec : L.qkv;
     const WeightMat& Wo = dense_decode_copy && L.o_dec.fmt != WeightMat::kBF16 ? L.o_dec : L.o;
     const Epilogue qe{Epilogue::kStoreBF16, qkv_, QKV};
-    const bool qkv_overlaps = moe_pending || !linear_on_cublas(Wqkv, H, n, qe, inv, blas_.get());
     if (!skip("dense")) {
       if (moe_pending) {  // the previous layer's combine folded: qkv normalizes x + its MoE output
         if (!linear_norm_in(Wqkv, NormIn{x_, moe_pending, L.attn_norm, c.rms_eps}, n, qe, stream_))
@@ -120,6 +119,8 @@ void CudaBackend::run_pass(int n, const PassMeta& m, int n_rows, int nsplit) {
                       stream_);
         mark("rope_kv");
       }
+      // cuBLASLt's qkv lets no dependent launch start early: attention then asks for its row first.
+      const bool qkv_overlaps = !linear_on_cublas(Wqkv, H, n, qe, inv, blas_.get());
       attention_decode(qkv_, n, c.num_heads, c.num_kv_heads, c.head_dim, L.sliding ? c.sliding_window : 0, L.sinks,
                        inv_freq_, yarn_.attention_scaling, tm, kv, L.sliding ? m.attn_sliding : m.attn_full, partial_,
                        attn_, stream_, m.attn_kv_stored, qkv_overlaps);

@@ -200,19 +200,19 @@ __global__ void __launch_bounds__(kThreads) attention_decode_mma_kernel(
   // lets no dependent launch start early (cuBLASLt, 17-64 tokens) the wait returns at once, and a
   // row asked for behind the ring's 48 KB a block came back thousands of cycles later (s46r1's
   // clocks at 64 sequences: 6,700 full / 9,900 sliding against the ring's 13,200 / 4,600).
-  if (row_first) {
+  auto wait_for_qkv = [&] {  // (stored mode waited at its start)
     if (!STORED) {
       pdl_wait();
       if (trigger_at == 0) pdl_trigger();
     }
+  };
+  if (row_first) {
+    wait_for_qkv();
     if (tid < n16) row_v = *reinterpret_cast<const uint4*>(row_src);
   }
 #pragma unroll
   for (int s = 0; s < kStages; ++s) load_tile(tile0 + s, s);
-  if (!STORED && !row_first) {
-    pdl_wait();
-    if (trigger_at == 0) pdl_trigger();
-  }
+  if (!row_first) wait_for_qkv();
   ATTN_CLOCK(1);
   if (tid < n16) {
     if (!row_first) row_v = *reinterpret_cast<const uint4*>(row_src);
